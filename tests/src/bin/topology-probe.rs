@@ -1,0 +1,168 @@
+//! The traffic probe: a backend server or a client, optionally placed in a network namespace and a
+//! cgroup first. Clients print a JSON `Report` on stdout.
+
+use std::{
+    fs::File,
+    io::Write as _,
+    net::SocketAddr,
+    os::fd::AsRawFd as _,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use anyhow::{Context as _, bail};
+use clap::{Parser, Subcommand};
+use topology_tests::traffic::{self, Client, UdpMode};
+
+#[derive(Parser)]
+#[command(about = "Backend server and traffic client for topology-agent tests and demos")]
+struct Args {
+    /// Network namespace (`ip netns` name) to enter first.
+    #[arg(long)]
+    netns: Option<String>,
+    /// cgroup v2 directory to join first (before any socket exists).
+    #[arg(long)]
+    cgroup: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Mode,
+}
+
+#[derive(Subcommand)]
+enum Mode {
+    /// Answer TCP connections and UDP datagrams with a name.
+    Serve {
+        /// Name to answer with.
+        #[arg(long)]
+        name: String,
+        /// TCP address to listen on (repeatable).
+        #[arg(long)]
+        tcp: Vec<SocketAddr>,
+        /// UDP address to listen on (repeatable).
+        #[arg(long)]
+        udp: Vec<SocketAddr>,
+    },
+    /// Dial a target and report where each attempt landed.
+    Client {
+        /// Address to dial.
+        #[arg(long)]
+        target: SocketAddr,
+        /// Timeout of each connect or reply, in milliseconds.
+        #[arg(long, default_value_t = 2000)]
+        timeout_ms: u64,
+        /// Record every connect() duration.
+        #[arg(long)]
+        time_connects: bool,
+        #[command(subcommand)]
+        traffic: Traffic,
+    },
+}
+
+#[derive(Subcommand)]
+enum Traffic {
+    /// TCP connections.
+    Tcp {
+        #[arg(long)]
+        count: u64,
+    },
+    /// UDP request/response exchanges.
+    Udp {
+        #[arg(long)]
+        count: u64,
+        #[arg(long, value_enum, default_value = "unconnected")]
+        mode: UdpMode,
+    },
+    /// Connect in a loop until the stop file exists.
+    Loop {
+        #[arg(long)]
+        stop_file: PathBuf,
+        /// File created once the first attempt is done.
+        #[arg(long)]
+        started_file: Option<PathBuf>,
+        /// Upper bound on the loop's duration, in milliseconds.
+        #[arg(long, default_value_t = 60_000)]
+        max_ms: u64,
+        /// UDP exchanges instead of TCP connections.
+        #[arg(long)]
+        udp: bool,
+        /// Pause between attempts, in microseconds.
+        #[arg(long, default_value_t = 0)]
+        pause_us: u64,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    // Both must happen before any thread or socket exists: cgroup membership and namespace are
+    // what the kernel stamps on every socket this process creates.
+    if let Some(cgroup) = &args.cgroup {
+        join_cgroup(cgroup)?;
+    }
+    if let Some(netns) = &args.netns {
+        enter_netns(netns)?;
+    }
+    match args.command {
+        Mode::Serve { name, tcp, udp } => {
+            traffic::serve(&name, &tcp, &udp, || {
+                println!("ready");
+                let _ = std::io::stdout().flush();
+            })
+            .with_context(|| format!("serving {name}"))?;
+        }
+        Mode::Client {
+            target,
+            timeout_ms,
+            time_connects,
+            traffic,
+        } => {
+            let client = Client {
+                target,
+                timeout: Duration::from_millis(timeout_ms),
+                time_connects,
+            };
+            let report = match traffic {
+                Traffic::Tcp { count } => client.tcp(count),
+                Traffic::Udp { count, mode } => client.udp(count, mode),
+                Traffic::Loop {
+                    stop_file,
+                    started_file,
+                    max_ms,
+                    udp,
+                    pause_us,
+                } => {
+                    let started = || {
+                        if let Some(path) = &started_file {
+                            // The parent polls for this file; a failure to write it shows as a timeout there.
+                            let _ = std::fs::write(path, b"started");
+                        }
+                    };
+                    client.until(
+                        &stop_file,
+                        Duration::from_millis(max_ms),
+                        udp,
+                        Duration::from_micros(pause_us),
+                        started,
+                    )
+                }
+            };
+            println!("{}", serde_json::to_string(&report)?);
+        }
+    }
+    Ok(())
+}
+
+fn join_cgroup(cgroup: &Path) -> anyhow::Result<()> {
+    let procs = cgroup.join("cgroup.procs");
+    std::fs::write(&procs, std::process::id().to_string())
+        .with_context(|| format!("joining {}", procs.display()))
+}
+
+fn enter_netns(name: &str) -> anyhow::Result<()> {
+    let path = Path::new("/var/run/netns").join(name);
+    let file = File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: `file` is an open namespace descriptor; setns only changes this thread's namespace,
+    // and this runs before any other thread exists.
+    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        bail!("setns({name}): {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}

@@ -1,0 +1,306 @@
+//! An isolated network: one "fabric" namespace holding a bridge, and hosts (clients, backends),
+//! each in its own namespace with a veth on the bridge. Hosts get 10.244.0.0/16 and fd00:244::/64
+//! addresses and no default route, so nothing can leave and an unrewritten ClusterIP (10.96.x.x,
+//! fd00:96::x) fails with ENETUNREACH.
+
+use std::{
+    io::{BufRead as _, BufReader},
+    net::{Ipv4Addr, Ipv6Addr, SocketAddr},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    sync::atomic::{AtomicU32, Ordering},
+    time::{Duration, Instant},
+};
+
+use crate::{
+    sandbox::{NetnsGuard, ProcessGuard, run},
+    traffic::{Report, UdpMode},
+};
+
+/// The fabric and the hosts attached to it.
+#[derive(Debug)]
+pub struct Network {
+    prefix: String,
+    hosts: u32,
+    // Declared last: dropped after every host guard held here.
+    fabric: NetnsGuard,
+}
+
+/// A host namespace with one address per family.
+#[derive(Debug)]
+pub struct Host {
+    /// The namespace.
+    pub netns: NetnsGuard,
+    /// IPv4 address.
+    pub v4: Ipv4Addr,
+    /// IPv6 address.
+    pub v6: Ipv6Addr,
+}
+
+impl Network {
+    /// Creates the fabric namespace `<prefix>-fab` with its bridge.
+    pub fn new(prefix: &str) -> Self {
+        let fabric = NetnsGuard::new(&format!("{prefix}-fab"));
+        run(
+            "ip",
+            &["-n", fabric.name(), "link", "add", "br0", "type", "bridge"],
+        );
+        run("ip", &["-n", fabric.name(), "link", "set", "br0", "up"]);
+        Self {
+            prefix: prefix.to_owned(),
+            hosts: 0,
+            fabric,
+        }
+    }
+
+    /// Adds a host namespace `<prefix>-<role><n>` with a veth on the bridge.
+    pub fn host(&mut self, role: &str) -> Host {
+        self.hosts += 1;
+        let n = self.hosts;
+        assert!(n < 65_000, "too many hosts");
+        let netns = NetnsGuard::new(&format!("{}-{role}{n}", self.prefix));
+        let fab = self.fabric.name();
+        let port = format!("h{n}");
+        run(
+            "ip",
+            &[
+                "-n",
+                fab,
+                "link",
+                "add",
+                &port,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                netns.name(),
+            ],
+        );
+        run(
+            "ip",
+            &["-n", fab, "link", "set", &port, "master", "br0", "up"],
+        );
+        let v4 = Ipv4Addr::new(10, 244, (n >> 8) as u8, (n & 0xff) as u8);
+        let v6 = Ipv6Addr::new(0xfd00, 0x244, 0, 0, 0, 0, 0, n as u16);
+        let ns = netns.name();
+        run(
+            "ip",
+            &["-n", ns, "addr", "add", &format!("{v4}/16"), "dev", "eth0"],
+        );
+        run(
+            "ip",
+            &[
+                "-n",
+                ns,
+                "addr",
+                "add",
+                &format!("{v6}/64"),
+                "dev",
+                "eth0",
+                "nodad",
+            ],
+        );
+        run("ip", &["-n", ns, "link", "set", "eth0", "up"]);
+        Host { netns, v4, v6 }
+    }
+}
+
+/// Path of the probe binary: `$TOPOLOGY_PROBE`, else next to the running test's target directory.
+pub fn probe_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("TOPOLOGY_PROBE") {
+        return PathBuf::from(path);
+    }
+    sibling_binary("topology-probe")
+}
+
+/// Path of the agent binary: `$TOPOLOGY_AGENT`, else next to the running test's target directory.
+pub fn agent_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("TOPOLOGY_AGENT") {
+        return PathBuf::from(path);
+    }
+    sibling_binary("topology-agent")
+}
+
+/// `target/<profile>/<name>` for a test binary running from `target/<profile>/deps/`.
+fn sibling_binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current executable");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps layout");
+    let path = profile_dir.join(name);
+    assert!(
+        path.exists(),
+        "{} not built; run `cargo xtask test` (it builds every binary first)",
+        path.display()
+    );
+    path
+}
+
+/// A backend server process answering with its name.
+#[derive(Debug)]
+pub struct Server {
+    _process: ProcessGuard,
+}
+
+impl Server {
+    /// Starts `name` in `host`'s namespace on the given ports of both its addresses, TCP and UDP,
+    /// and waits until it listens.
+    pub fn start(host: &Host, name: &str, ports: &[u16]) -> Self {
+        let mut command = Command::new(probe_binary());
+        command.args(["--netns", host.netns.name(), "serve", "--name", name]);
+        for port in ports {
+            for addr in [
+                SocketAddr::from((host.v4, *port)),
+                SocketAddr::from((host.v6, *port)),
+            ] {
+                command.args(["--tcp", &addr.to_string(), "--udp", &addr.to_string()]);
+            }
+        }
+        let mut process = ProcessGuard::new(
+            command
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("spawn probe server"),
+        );
+        let stdout = process.child().stdout.take().expect("piped stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("server readiness line");
+        assert_eq!(line.trim(), "ready", "server {name} did not start");
+        Self { _process: process }
+    }
+}
+
+/// Where and how a probe client runs.
+#[derive(Clone, Debug)]
+pub struct ClientPlace {
+    /// Network namespace.
+    pub netns: String,
+    /// cgroup the client joins (where the programs are attached).
+    pub cgroup: PathBuf,
+}
+
+impl ClientPlace {
+    fn command(&self, target: SocketAddr) -> Command {
+        let mut command = Command::new(probe_binary());
+        command
+            .args(["--netns", &self.netns, "--cgroup"])
+            .arg(&self.cgroup);
+        command.args([
+            "client",
+            "--target",
+            &target.to_string(),
+            "--timeout-ms",
+            "2000",
+        ]);
+        command
+    }
+
+    /// `count` TCP connections to `target`.
+    pub fn tcp(&self, target: SocketAddr, count: u64) -> Report {
+        let mut command = self.command(target);
+        command.args(["tcp", "--count", &count.to_string()]);
+        run_report(command)
+    }
+
+    /// `count` UDP exchanges with `target`.
+    pub fn udp(&self, target: SocketAddr, count: u64, mode: UdpMode) -> Report {
+        let mut command = self.command(target);
+        let mode = match mode {
+            UdpMode::Unconnected => "unconnected",
+            UdpMode::SameSocket => "same-socket",
+            UdpMode::Connected => "connected",
+        };
+        command.args(["udp", "--count", &count.to_string(), "--mode", mode]);
+        run_report(command)
+    }
+
+    /// Starts a client that connects in a loop until told to stop (or `max` passes), and waits
+    /// until its first attempt is done. `scratch` is a directory for its control files.
+    pub fn spawn_loop(
+        &self,
+        target: SocketAddr,
+        scratch: &Path,
+        max: Duration,
+        udp: bool,
+    ) -> LoopClient {
+        static SEQ: AtomicU32 = AtomicU32::new(0);
+        let n = SEQ.fetch_add(1, Ordering::Relaxed);
+        let stop = scratch.join(format!("loop{n}.stop"));
+        let started = scratch.join(format!("loop{n}.started"));
+        let _ = std::fs::remove_file(&stop);
+        let _ = std::fs::remove_file(&started);
+        let mut command = self.command(target);
+        command
+            .args(["loop", "--stop-file"])
+            .arg(&stop)
+            .arg("--started-file")
+            .arg(&started);
+        command.args(["--max-ms", &max.as_millis().to_string()]);
+        if udp {
+            command.arg("--udp");
+        }
+        let process = ProcessGuard::new(
+            command
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("spawn probe loop"),
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !started.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "loop client did not start within 10 s"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        LoopClient {
+            process,
+            stop,
+            started,
+        }
+    }
+}
+
+/// A client looping in the background.
+#[derive(Debug)]
+pub struct LoopClient {
+    process: ProcessGuard,
+    stop: PathBuf,
+    started: PathBuf,
+}
+
+impl LoopClient {
+    /// Stops the loop and returns its report.
+    pub fn finish(mut self) -> Report {
+        std::fs::write(&self.stop, b"stop").expect("write stop file");
+        let child = self.process.child();
+        let mut out = String::new();
+        std::io::Read::read_to_string(&mut child.stdout.take().expect("piped stdout"), &mut out)
+            .expect("read report");
+        let status = child.wait().expect("wait for loop client");
+        let _ = std::fs::remove_file(&self.stop);
+        let _ = std::fs::remove_file(&self.started);
+        assert!(status.success(), "loop client failed: {status}");
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("loop report {out:?}: {e}"))
+    }
+}
+
+fn run_report(mut command: Command) -> Report {
+    let output = command.output().expect("run probe client");
+    assert!(
+        output.status.success(),
+        "probe client failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "probe report {:?}: {e}",
+            String::from_utf8_lossy(&output.stdout)
+        )
+    })
+}

@@ -1,0 +1,249 @@
+//! Kernel state a test owns and always gives back: a child cgroup, network namespaces, a pin
+//! directory and processes, each behind a guard whose `Drop` removes it, on panic too. Names carry
+//! the creating process id, so state left by a killed run is recognised and swept by the next one.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::{Child, Command},
+    sync::{
+        Once,
+        atomic::{AtomicU32, Ordering},
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use topology_agent::{dataplane, mounts};
+
+/// Prefix of every test-made object's name; followed by the pid, `x` and a sequence number.
+pub const PREFIX: &str = "tt";
+
+/// True when running as root.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Returns early from a test that needs root, saying why.
+#[macro_export]
+macro_rules! require_root {
+    () => {
+        if !$crate::sandbox::is_root() {
+            eprintln!(
+                "SKIPPED {}: needs root (BPF programs, cgroups and network namespaces); run `cargo xtask test` as root",
+                module_path!()
+            );
+            return;
+        }
+    };
+}
+
+/// A fresh name unique to this process: `tt<pid>x<seq>`.
+pub fn unique_id() -> String {
+    static SEQ: AtomicU32 = AtomicU32::new(0);
+    sweep_stale_once();
+    format!(
+        "{PREFIX}{}x{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Runs a command, panicking with its stderr if it fails.
+pub fn run(program: &str, args: &[&str]) -> String {
+    let output = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{program} {}: {e}", args.join(" ")));
+    assert!(
+        output.status.success(),
+        "{program} {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// A child cgroup of the cgroup v2 root, removed with everything in it.
+#[derive(Debug)]
+pub struct CgroupGuard {
+    path: PathBuf,
+}
+
+impl CgroupGuard {
+    /// Creates `<cgroup2 root>/<name>`.
+    pub fn new(name: &str) -> Self {
+        let root = mounts::cgroup2_root().expect("cgroup v2 mount");
+        let path = root.join(name);
+        fs::create_dir(&path).unwrap_or_else(|e| panic!("creating cgroup {}: {e}", path.display()));
+        Self { path }
+    }
+
+    /// The cgroup directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for CgroupGuard {
+    fn drop(&mut self) {
+        remove_cgroup(&self.path);
+    }
+}
+
+/// Kills every process in the cgroup and removes it, waiting up to five seconds.
+fn remove_cgroup(path: &Path) {
+    // cgroup.kill (Linux 5.14+) kills the whole subtree at once.
+    let _ = fs::write(path.join("cgroup.kill"), "1");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while fs::remove_dir(path).is_err() && path.exists() && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A network namespace made with `ip netns add`.
+#[derive(Debug)]
+pub struct NetnsGuard {
+    name: String,
+}
+
+impl NetnsGuard {
+    /// Creates the namespace with its loopback up.
+    pub fn new(name: &str) -> Self {
+        run("ip", &["netns", "add", name]);
+        let guard = Self {
+            name: name.to_owned(),
+        };
+        run("ip", &["-n", name, "link", "set", "lo", "up"]);
+        guard
+    }
+
+    /// The namespace name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Drop for NetnsGuard {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
+    }
+}
+
+/// A pin directory under /sys/fs/bpf, cleaned up (links detached, pins removed) on drop.
+#[derive(Debug)]
+pub struct PinGuard {
+    path: PathBuf,
+}
+
+impl PinGuard {
+    /// Reserves `/sys/fs/bpf/<name>`; the dataplane creates it.
+    pub fn new(name: &str) -> Self {
+        ensure_bpffs();
+        Self {
+            path: Path::new("/sys/fs/bpf").join(name),
+        }
+    }
+
+    /// The pin directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for PinGuard {
+    fn drop(&mut self) {
+        if let Err(error) = dataplane::cleanup(&self.path) {
+            eprintln!("cleaning up {}: {error}", self.path.display());
+        }
+    }
+}
+
+/// A child process killed and reaped on drop.
+#[derive(Debug)]
+pub struct ProcessGuard {
+    child: Child,
+}
+
+impl ProcessGuard {
+    /// Guards `child`.
+    pub fn new(child: Child) -> Self {
+        Self { child }
+    }
+
+    /// The guarded process.
+    pub fn child(&mut self) -> &mut Child {
+        &mut self.child
+    }
+
+    /// The process id.
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for ProcessGuard {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Mounts bpffs at /sys/fs/bpf if nothing is mounted there (`cargo xtask setup` does the same).
+pub fn ensure_bpffs() {
+    let dir = Path::new("/sys/fs/bpf");
+    if !mounts::is_bpffs(dir).unwrap_or(false) {
+        run("mount", &["-t", "bpf", "bpf", "/sys/fs/bpf"]);
+    }
+}
+
+fn sweep_stale_once() {
+    static SWEEP: Once = Once::new();
+    SWEEP.call_once(|| {
+        if is_root() {
+            sweep_stale();
+        }
+    });
+}
+
+/// Removes namespaces, cgroups and pin directories left by test runs whose process is gone.
+pub fn sweep_stale() {
+    let dead = |name: &str| -> bool {
+        let Some(rest) = name.strip_prefix(PREFIX) else {
+            return false;
+        };
+        let Some((pid, _)) = rest.split_once('x') else {
+            return false;
+        };
+        pid.parse::<u32>()
+            .is_ok_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+    };
+    let pins = Path::new("/sys/fs/bpf");
+    if let Ok(entries) = fs::read_dir(pins) {
+        for entry in entries.flatten() {
+            if dead(&entry.file_name().to_string_lossy()) {
+                let _ = dataplane::cleanup(&entry.path());
+            }
+        }
+    }
+    if let Ok(root) = mounts::cgroup2_root()
+        && let Ok(entries) = fs::read_dir(&root)
+    {
+        for entry in entries.flatten() {
+            if dead(&entry.file_name().to_string_lossy()) {
+                remove_cgroup(&entry.path());
+            }
+        }
+    }
+    if let Ok(output) = Command::new("ip").args(["netns", "list"]).output() {
+        for line in String::from_utf8_lossy(&output.stdout).lines() {
+            let name = line.split_whitespace().next().unwrap_or_default();
+            if dead(name) {
+                let _ = Command::new("ip").args(["netns", "del", name]).output();
+            }
+        }
+    }
+}

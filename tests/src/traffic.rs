@@ -1,0 +1,281 @@
+//! Traffic the tests and the demo generate and serve: backends that answer with their name, and
+//! clients that record where each connection or datagram landed and what errno came back.
+
+use std::{
+    collections::BTreeMap,
+    io::{self, Read as _, Write as _},
+    net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket},
+    path::Path,
+    thread,
+    time::{Duration, Instant},
+};
+
+use serde::{Deserialize, Serialize};
+
+/// Where a batch of attempts landed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Report {
+    /// Attempts made.
+    pub attempts: u64,
+    /// Successful attempts by the name of the backend that answered.
+    pub landed: BTreeMap<String, u64>,
+    /// Failed attempts by errno name (`ECONNREFUSED`, `ENETUNREACH`, `timeout`, ...).
+    pub errors: BTreeMap<String, u64>,
+    /// Answers whose peer (`getpeername()` or `recvfrom()` source) was not the address dialled.
+    pub peer_mismatch: u64,
+    /// `connect()` durations in nanoseconds, when requested.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub connect_ns: Vec<u64>,
+}
+
+impl Report {
+    /// Successful attempts.
+    pub fn successes(&self) -> u64 {
+        self.landed.values().sum()
+    }
+
+    /// Failed attempts.
+    pub fn failures(&self) -> u64 {
+        self.errors.values().sum()
+    }
+
+    /// Attempts that landed on `name`.
+    pub fn landed_on(&self, name: &str) -> u64 {
+        self.landed.get(name).copied().unwrap_or(0)
+    }
+
+    /// Failures with errno `name`.
+    pub fn errno(&self, name: &str) -> u64 {
+        self.errors.get(name).copied().unwrap_or(0)
+    }
+
+    fn record(&mut self, outcome: io::Result<String>) {
+        self.attempts += 1;
+        match outcome {
+            Ok(name) => *self.landed.entry(name).or_default() += 1,
+            Err(error) => *self.errors.entry(errno_name(&error)).or_default() += 1,
+        }
+    }
+
+    /// Adds another report's counts to this one.
+    pub fn merge(&mut self, other: &Report) {
+        self.attempts += other.attempts;
+        for (name, count) in &other.landed {
+            *self.landed.entry(name.clone()).or_default() += count;
+        }
+        for (name, count) in &other.errors {
+            *self.errors.entry(name.clone()).or_default() += count;
+        }
+        self.peer_mismatch += other.peer_mismatch;
+        self.connect_ns.extend(&other.connect_ns);
+    }
+}
+
+/// How a UDP client talks to the target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+pub enum UdpMode {
+    /// A new unconnected socket per request (`sendto`/`recvfrom`).
+    Unconnected,
+    /// One unconnected socket for every request, like a resolver.
+    SameSocket,
+    /// A new connected socket per request (`connect`/`send`/`recv`).
+    Connected,
+}
+
+/// Options shared by the clients.
+#[derive(Clone, Copy, Debug)]
+pub struct Client {
+    /// Address dialled (a ClusterIP or a backend).
+    pub target: SocketAddr,
+    /// Timeout of each connect or reply.
+    pub timeout: Duration,
+    /// Record `connect()` durations.
+    pub time_connects: bool,
+}
+
+impl Client {
+    /// `count` TCP connections; each reads the backend's name and checks `getpeername()`.
+    pub fn tcp(&self, count: u64) -> Report {
+        let mut report = Report::default();
+        for _ in 0..count {
+            self.tcp_once(&mut report);
+        }
+        report
+    }
+
+    /// `count` UDP request/response exchanges.
+    pub fn udp(&self, count: u64, mode: UdpMode) -> Report {
+        let mut report = Report::default();
+        let mut shared: Option<UdpSocket> = None;
+        for _ in 0..count {
+            let outcome = match mode {
+                UdpMode::Unconnected => self
+                    .udp_socket()
+                    .and_then(|socket| self.udp_exchange(&socket, &mut report)),
+                UdpMode::SameSocket => match &shared {
+                    Some(socket) => self.udp_exchange(socket, &mut report),
+                    None => self.udp_socket().and_then(|socket| {
+                        let outcome = self.udp_exchange(&socket, &mut report);
+                        shared = Some(socket);
+                        outcome
+                    }),
+                },
+                UdpMode::Connected => self.udp_connected(&mut report),
+            };
+            report.record(outcome);
+        }
+        report
+    }
+
+    /// Repeats TCP (or UDP, one socket each) attempts until `stop` exists or `max` elapsed;
+    /// `started` is called once after the first attempt.
+    pub fn until(
+        &self,
+        stop: &Path,
+        max: Duration,
+        udp: bool,
+        pause: Duration,
+        started: impl FnOnce(),
+    ) -> Report {
+        let mut report = Report::default();
+        let begin = Instant::now();
+        let mut started = Some(started);
+        while !stop.exists() && begin.elapsed() < max {
+            if udp {
+                let outcome = self
+                    .udp_socket()
+                    .and_then(|socket| self.udp_exchange(&socket, &mut report));
+                report.record(outcome);
+            } else {
+                self.tcp_once(&mut report);
+            }
+            if let Some(started) = started.take() {
+                started();
+            }
+            if !pause.is_zero() {
+                thread::sleep(pause);
+            }
+        }
+        report
+    }
+
+    fn tcp_once(&self, report: &mut Report) {
+        let started = Instant::now();
+        let stream = TcpStream::connect_timeout(&self.target, self.timeout);
+        if self.time_connects {
+            report.connect_ns.push(started.elapsed().as_nanos() as u64);
+        }
+        let outcome = stream.and_then(|mut stream| {
+            if stream.peer_addr()? != self.target {
+                report.peer_mismatch += 1;
+            }
+            stream.set_read_timeout(Some(self.timeout))?;
+            let mut name = String::new();
+            stream.read_to_string(&mut name)?;
+            Ok(name.trim().to_owned())
+        });
+        report.record(outcome);
+    }
+
+    fn udp_socket(&self) -> io::Result<UdpSocket> {
+        let socket = UdpSocket::bind(unspecified(&self.target))?;
+        socket.set_read_timeout(Some(self.timeout))?;
+        Ok(socket)
+    }
+
+    fn udp_exchange(&self, socket: &UdpSocket, report: &mut Report) -> io::Result<String> {
+        socket.send_to(b"who", self.target)?;
+        let mut buf = [0u8; 256];
+        let (len, from) = socket.recv_from(&mut buf)?;
+        if from != self.target {
+            report.peer_mismatch += 1;
+        }
+        Ok(String::from_utf8_lossy(&buf[..len]).trim().to_owned())
+    }
+
+    fn udp_connected(&self, report: &mut Report) -> io::Result<String> {
+        let socket = self.udp_socket()?;
+        socket.connect(self.target)?;
+        if socket.peer_addr()? != self.target {
+            report.peer_mismatch += 1;
+        }
+        socket.send(b"who")?;
+        let mut buf = [0u8; 256];
+        let len = socket.recv(&mut buf)?;
+        Ok(String::from_utf8_lossy(&buf[..len]).trim().to_owned())
+    }
+}
+
+/// Serves `name` on every TCP and UDP address until the process ends: TCP connections get the
+/// name and are closed, UDP datagrams get the name back. Calls `ready` once everything is bound.
+pub fn serve(
+    name: &str,
+    tcp: &[SocketAddr],
+    udp: &[SocketAddr],
+    ready: impl FnOnce(),
+) -> io::Result<()> {
+    let mut threads = Vec::new();
+    for addr in tcp {
+        let listener = TcpListener::bind(addr)?;
+        let name = name.to_owned();
+        threads.push(thread::spawn(move || {
+            // A failed accept or a client that left before the answer is not the server's failure.
+            for mut stream in listener.incoming().flatten() {
+                let _ = stream.write_all(format!("{name}\n").as_bytes());
+            }
+        }));
+    }
+    for addr in udp {
+        let socket = UdpSocket::bind(addr)?;
+        let name = name.to_owned();
+        threads.push(thread::spawn(move || {
+            let mut buf = [0u8; 512];
+            loop {
+                if let Ok((_, from)) = socket.recv_from(&mut buf) {
+                    let _ = socket.send_to(name.as_bytes(), from);
+                }
+            }
+        }));
+    }
+    ready();
+    for thread in threads {
+        let _ = thread.join();
+    }
+    Ok(())
+}
+
+/// The wildcard address of the target's family.
+fn unspecified(target: &SocketAddr) -> SocketAddr {
+    match target {
+        SocketAddr::V4(_) => SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
+        SocketAddr::V6(_) => SocketAddr::from((Ipv6Addr::UNSPECIFIED, 0)),
+    }
+}
+
+/// A short name for an I/O error: the errno constant, or `timeout`.
+pub fn errno_name(error: &io::Error) -> String {
+    if matches!(
+        error.kind(),
+        io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+    ) {
+        return "timeout".into();
+    }
+    let known = [
+        (libc::ECONNREFUSED, "ECONNREFUSED"),
+        (libc::ENETUNREACH, "ENETUNREACH"),
+        (libc::EHOSTUNREACH, "EHOSTUNREACH"),
+        (libc::ECONNRESET, "ECONNRESET"),
+        (libc::EPERM, "EPERM"),
+        (libc::EACCES, "EACCES"),
+        (libc::EADDRNOTAVAIL, "EADDRNOTAVAIL"),
+        (libc::ETIMEDOUT, "timeout"),
+        (libc::EAGAIN, "timeout"),
+    ];
+    match error.raw_os_error() {
+        Some(code) => known
+            .iter()
+            .find(|(errno, _)| *errno == code)
+            .map_or_else(|| format!("errno {code}"), |(_, name)| (*name).to_owned()),
+        None => format!("{:?}", error.kind()),
+    }
+}

@@ -1,0 +1,132 @@
+//! Errors of the dataplane: every one names the map, program, path or service it is about.
+
+use std::{io, path::PathBuf};
+
+use crate::desired::ServicePort;
+
+/// A dataplane failure.
+#[derive(Debug, thiserror::Error)]
+pub enum DataplaneError {
+    /// The pin directory could not be created or read.
+    #[error("pin directory {path}: {source}")]
+    PinDir {
+        /// The directory.
+        path: PathBuf,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// The pin directory is not on a BPF filesystem.
+    #[error(
+        "{path} is not on a BPF filesystem; mount one (`mount -t bpf bpf /sys/fs/bpf`) or choose \
+         another --pin-path"
+    )]
+    NotBpffs {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// The cgroup directory could not be opened.
+    #[error("cgroup {path}: {source}")]
+    Cgroup {
+        /// The cgroup directory.
+        path: PathBuf,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// The cgroup directory is not on a cgroup v2 filesystem.
+    #[error("{path} is not a cgroup v2 directory")]
+    NotCgroup2 {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// The eBPF object could not be loaded (maps created or opened, relocations applied).
+    #[error("loading the eBPF object: {0}")]
+    Load(#[from] aya::EbpfError),
+    /// A program could not be loaded, attached or pinned.
+    #[error("program {program}: {source}")]
+    Program {
+        /// Program name.
+        program: &'static str,
+        /// The aya error.
+        source: aya::programs::ProgramError,
+    },
+    /// A link pin could not be created, opened, renamed or removed.
+    #[error("link {path}: {source}")]
+    Link {
+        /// The pin path.
+        path: PathBuf,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// A map is missing from the object or the pin directory.
+    #[error("map {map} is missing from {location}")]
+    MapMissing {
+        /// Map name.
+        map: &'static str,
+        /// Where it was looked for.
+        location: String,
+    },
+    /// A map operation failed.
+    #[error("map {map}: {source}")]
+    Map {
+        /// Map name.
+        map: &'static str,
+        /// The aya error.
+        source: aya::maps::MapError,
+    },
+    /// Writing would exceed a map's capacity; nothing was written.
+    #[error("map {map} is full: {needed} entries needed, capacity {capacity}")]
+    MapFull {
+        /// Map name.
+        map: &'static str,
+        /// Entries the map would need to hold.
+        needed: u64,
+        /// The map's `max_entries`.
+        capacity: u32,
+    },
+    /// A pinned map exists with a different capacity than configured.
+    #[error(
+        "pinned map {map} has capacity {pinned} but {configured} is configured; keep the old \
+         capacity or run `topology-agent cleanup` to recreate the maps"
+    )]
+    CapacityMismatch {
+        /// Map name.
+        map: &'static str,
+        /// Capacity of the pinned map.
+        pinned: u32,
+        /// Configured capacity.
+        configured: u32,
+    },
+    /// A desired service cannot be expressed in the maps.
+    #[error("service {service}: {reason}")]
+    InvalidService {
+        /// The service port.
+        service: ServicePort,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The number of possible CPUs (the size of per-CPU values) could not be read.
+    #[error("reading {path}: {source}")]
+    Cpus {
+        /// What was read.
+        path: &'static str,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// The kernel log reader could not be set up.
+    #[error("kernel log: {0}")]
+    Logger(#[from] aya_log::Error),
+}
+
+impl DataplaneError {
+    /// Wraps an aya map error for `map`.
+    pub(crate) fn map(map: &'static str) -> impl FnOnce(aya::maps::MapError) -> Self {
+        move |source| Self::Map { map, source }
+    }
+
+    /// Wraps an aya program error for `program`.
+    pub(crate) fn program(
+        program: &'static str,
+    ) -> impl FnOnce(aya::programs::ProgramError) -> Self {
+        move |source| Self::Program { program, source }
+    }
+}

@@ -1,0 +1,119 @@
+//! Pinned cgroup links: replaced without a gap, detached by force on cleanup.
+
+use std::{
+    ffi::CString,
+    io,
+    os::{
+        fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+        unix::ffi::OsStrExt as _,
+    },
+    path::{Path, PathBuf},
+};
+
+use aya::programs::links::FdLink;
+
+use super::error::DataplaneError;
+
+/// `BPF_OBJ_GET` from `enum bpf_cmd`.
+const BPF_OBJ_GET: libc::c_long = 7;
+/// `BPF_LINK_DETACH` from `enum bpf_cmd`.
+const BPF_LINK_DETACH: libc::c_long = 34;
+
+/// Pins `link` at `path`, replacing any link pinned there. The new link is attached before the old
+/// one is detached, so for a moment both programs run; they share the maps, so whichever rewrites
+/// first produces a backend the other leaves alone, and no connection is ever unhandled.
+pub fn replace_pinned(link: FdLink, path: &Path) -> Result<(), DataplaneError> {
+    let staging = staging_path(path);
+    if staging.exists() {
+        // Left by an agent that died between pinning and renaming: it is attached, drop it.
+        detach_pinned(&staging)?;
+    }
+    let pinned = link.pin(&staging).map_err(|error| DataplaneError::Link {
+        path: staging.clone(),
+        source: io::Error::other(error),
+    })?;
+    if path.exists() {
+        detach_pinned(path)?;
+    }
+    std::fs::rename(&staging, path).map_err(|source| DataplaneError::Link {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    // Closing our descriptor leaves the link attached: the pin holds it now.
+    drop(pinned);
+    Ok(())
+}
+
+/// Detaches the link pinned at `path` even if other processes hold it, then removes the pin.
+pub fn detach_pinned(path: &Path) -> Result<(), DataplaneError> {
+    let link_error = |source: io::Error| DataplaneError::Link {
+        path: path.to_path_buf(),
+        source,
+    };
+    let fd = obj_get(path).map_err(link_error)?;
+    link_detach(&fd).map_err(link_error)?;
+    std::fs::remove_file(path).map_err(link_error)
+}
+
+/// The temporary name a new link is pinned under before it replaces the old one (bpffs rejects
+/// dots in names).
+pub fn staging_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push("_next");
+    path.with_file_name(name)
+}
+
+/// `BPF_OBJ_GET`: a descriptor for the object pinned at `path`.
+fn obj_get(path: &Path) -> io::Result<OwnedFd> {
+    /// The `obj_get` member of `union bpf_attr`.
+    #[repr(C)]
+    struct ObjGetAttr {
+        pathname: u64,
+        bpf_fd: u32,
+        file_flags: u32,
+    }
+    let c_path = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))?;
+    let attr = ObjGetAttr {
+        pathname: c_path.as_ptr() as u64,
+        bpf_fd: 0,
+        file_flags: 0,
+    };
+    // SAFETY: `attr` is a valid `obj_get` attribute whose path outlives the call.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET,
+            &attr as *const ObjGetAttr,
+            size_of::<ObjGetAttr>(),
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// `BPF_LINK_DETACH`: the program stops running now, whoever else holds the link.
+fn link_detach(link: &OwnedFd) -> io::Result<()> {
+    let attr: u32 = link.as_raw_fd() as u32;
+    // SAFETY: `attr` is the `link_detach` member of `union bpf_attr` (one u32); the kernel reads
+    // that many bytes and treats the rest as zero.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_LINK_DETACH,
+            &attr as *const u32,
+            size_of::<u32>(),
+        )
+    };
+    if ret < 0 {
+        let error = io::Error::last_os_error();
+        // ENOLINK: already detached, e.g. its cgroup was removed.
+        if error.raw_os_error() != Some(libc::ENOLINK) {
+            return Err(error);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,215 @@
+//! Typed handles on the maps the agent reads and writes, opened from a freshly loaded object or
+//! from the pins a previous agent left, and the configured capacities.
+
+use std::path::{Path, PathBuf};
+
+use aya::{
+    Ebpf,
+    maps::{HashMap, IterableMap as _, Map, MapData, PerCpuHashMap},
+};
+use serde::{Deserialize, Serialize};
+use topology_common::{
+    ServiceCounters, ServiceKey4, ServiceKey6, ServiceMeta, ServiceValue, Slot, SlotKey, capacity,
+    map_names,
+};
+
+use super::error::DataplaneError;
+
+/// `max_entries` of every map; an agent restarted with different capacities refuses to adopt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Capacities {
+    /// IPv4 service ports. Default 65,536.
+    pub services_v4: u32,
+    /// IPv6 service ports. Default 65,536.
+    pub services_v6: u32,
+    /// Backend slots across all service ports, plus room for one set being swapped. Default 262,144.
+    pub slots: u32,
+    /// Service ids (counters and names), both families. Default 131,072.
+    pub service_ids: u32,
+    /// Unconnected UDP sockets' backend affinity entries (LRU). Default 65,536.
+    pub affinity: u32,
+    /// Unconnected UDP reply translations (LRU). Default 65,536.
+    pub revnat: u32,
+}
+
+impl Default for Capacities {
+    fn default() -> Self {
+        Self {
+            services_v4: capacity::SERVICES_V4,
+            services_v6: capacity::SERVICES_V6,
+            slots: capacity::SLOTS,
+            service_ids: capacity::SERVICE_IDS,
+            affinity: capacity::AFFINITY,
+            revnat: capacity::REVNAT,
+        }
+    }
+}
+
+impl Capacities {
+    /// `(map name, max_entries)` for every map with a configurable capacity.
+    pub fn by_map(&self) -> [(&'static str, u32); 7] {
+        [
+            (map_names::SERVICES_V4, self.services_v4),
+            (map_names::SERVICES_V6, self.services_v6),
+            (map_names::SLOTS, self.slots),
+            (map_names::COUNTERS, self.service_ids),
+            (map_names::SERVICE_META, self.service_ids),
+            (map_names::AFFINITY, self.affinity),
+            (map_names::REVNAT, self.revnat),
+        ]
+    }
+}
+
+/// Layout of a pin directory.
+#[derive(Clone, Debug)]
+pub struct PinLayout {
+    root: PathBuf,
+}
+
+impl PinLayout {
+    /// The layout under `root` (e.g. `/sys/fs/bpf/topology`).
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into() }
+    }
+
+    /// The pin directory itself.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Directory of the pinned maps.
+    pub fn maps_dir(&self) -> PathBuf {
+        self.root.join("maps")
+    }
+
+    /// Directory of the pinned links.
+    pub fn links_dir(&self) -> PathBuf {
+        self.root.join("links")
+    }
+
+    /// Pin path of a map.
+    pub fn map(&self, name: &str) -> PathBuf {
+        self.maps_dir().join(name)
+    }
+
+    /// Pin path of the link of a program.
+    pub fn link(&self, program: &str) -> PathBuf {
+        self.links_dir().join(program)
+    }
+}
+
+/// The maps that hold the programmed state.
+pub struct MapSet {
+    /// IPv4 service ports.
+    pub services4: HashMap<MapData, ServiceKey4, ServiceValue>,
+    /// IPv6 service ports.
+    pub services6: HashMap<MapData, ServiceKey6, ServiceValue>,
+    /// Backend slots.
+    pub slots: HashMap<MapData, SlotKey, Slot>,
+    /// Per-CPU counters by service id.
+    pub counters: PerCpuHashMap<MapData, u32, ServiceCounters>,
+    /// Names by service id.
+    pub meta: HashMap<MapData, u32, ServiceMeta>,
+    /// Capacities as the kernel reports them.
+    pub capacities: Capacities,
+}
+
+impl MapSet {
+    /// Takes the maps out of a loaded object.
+    pub fn from_ebpf(ebpf: &mut Ebpf) -> Result<Self, DataplaneError> {
+        let mut take = |name: &'static str| {
+            ebpf.take_map(name).ok_or(DataplaneError::MapMissing {
+                map: name,
+                location: "the eBPF object".into(),
+            })
+        };
+        let maps = [
+            take(map_names::SERVICES_V4)?,
+            take(map_names::SERVICES_V6)?,
+            take(map_names::SLOTS)?,
+            take(map_names::COUNTERS)?,
+            take(map_names::SERVICE_META)?,
+        ];
+        Self::from_maps(maps)
+    }
+
+    /// Opens the maps pinned under `layout`.
+    pub fn from_pins(layout: &PinLayout) -> Result<Self, DataplaneError> {
+        let open = |name: &'static str| -> Result<Map, DataplaneError> {
+            let path = layout.map(name);
+            if !path.exists() {
+                return Err(DataplaneError::MapMissing {
+                    map: name,
+                    location: layout.maps_dir().display().to_string(),
+                });
+            }
+            let data = MapData::from_pin(&path).map_err(DataplaneError::map(name))?;
+            Map::from_map_data(data).map_err(DataplaneError::map(name))
+        };
+        Self::from_maps([
+            open(map_names::SERVICES_V4)?,
+            open(map_names::SERVICES_V6)?,
+            open(map_names::SLOTS)?,
+            open(map_names::COUNTERS)?,
+            open(map_names::SERVICE_META)?,
+        ])
+    }
+
+    fn from_maps(
+        [services4, services6, slots, counters, meta]: [Map; 5],
+    ) -> Result<Self, DataplaneError> {
+        let services4: HashMap<_, ServiceKey4, ServiceValue> = services4
+            .try_into()
+            .map_err(DataplaneError::map(map_names::SERVICES_V4))?;
+        let services6: HashMap<_, ServiceKey6, ServiceValue> = services6
+            .try_into()
+            .map_err(DataplaneError::map(map_names::SERVICES_V6))?;
+        let slots: HashMap<_, SlotKey, Slot> = slots
+            .try_into()
+            .map_err(DataplaneError::map(map_names::SLOTS))?;
+        let counters: PerCpuHashMap<_, u32, ServiceCounters> = counters
+            .try_into()
+            .map_err(DataplaneError::map(map_names::COUNTERS))?;
+        let meta: HashMap<_, u32, ServiceMeta> = meta
+            .try_into()
+            .map_err(DataplaneError::map(map_names::SERVICE_META))?;
+        let max_entries = |data: &MapData, name: &'static str| -> Result<u32, DataplaneError> {
+            Ok(data
+                .info()
+                .map_err(DataplaneError::map(name))?
+                .max_entries())
+        };
+        let ids = max_entries(meta.map(), map_names::SERVICE_META)?;
+        let capacities = Capacities {
+            services_v4: max_entries(services4.map(), map_names::SERVICES_V4)?,
+            services_v6: max_entries(services6.map(), map_names::SERVICES_V6)?,
+            slots: max_entries(slots.map(), map_names::SLOTS)?,
+            service_ids: ids,
+            // The LRU maps are not opened here; their capacities are checked at load.
+            affinity: 0,
+            revnat: 0,
+        };
+        Ok(Self {
+            services4,
+            services6,
+            slots,
+            counters,
+            meta,
+            capacities,
+        })
+    }
+}
+
+/// The `max_entries` of the map pinned at `path`, if it exists.
+pub fn pinned_capacity(path: &Path, name: &'static str) -> Result<Option<u32>, DataplaneError> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    let data = MapData::from_pin(path).map_err(DataplaneError::map(name))?;
+    Ok(Some(
+        data.info()
+            .map_err(DataplaneError::map(name))?
+            .max_entries(),
+    ))
+}

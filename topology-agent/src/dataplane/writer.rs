@@ -1,0 +1,609 @@
+//! Applies a desired state to the maps as a minimal diff. The only code that writes BPF maps.
+//!
+//! # Swap protocol
+//!
+//! A program reads a service entry `{service_id, set_id, count}` and then one slot
+//! `{set_id, index < count}`. To replace a backend set without a connect ever seeing half of it:
+//!
+//! 1. write every slot of a new, unused `set_id`;
+//! 2. overwrite the service entry with the new `set_id` and `count` (one atomic map update);
+//! 3. delete the slots of the old `set_id`.
+//!
+//! A program that read the old entry before step 2 finds either an old slot (a consistent old
+//! choice) or, if step 3 already ran, no slot; it then reads the entry again and gets the new set
+//! (`CHOICE_ATTEMPTS` in `topology-ebpf/src/balance.rs`). A new service's entry is written last
+//! and a removed service's entry is deleted first, so a program never finds an entry without slots
+//! except in that window.
+//!
+//! Capacity is checked before the first write for a service, and a failed write removes what
+//! that service wrote, so a map is never left holding part of a set.
+
+use std::{collections::HashSet, io};
+
+use aya::maps::{MapError, PerCpuValues};
+use topology_common::{
+    ServiceCounters, ServiceKey4, ServiceKey6, ServiceValue, Slot, SlotKey, map_names,
+};
+
+use super::{
+    alias,
+    error::DataplaneError,
+    maps::MapSet,
+    state::{KernelState, ProgrammedService, meta_from_name},
+};
+use crate::desired::{DesiredService, DesiredState, ServicePort};
+
+/// What one `apply` did.
+#[derive(Debug, Default)]
+pub struct ApplyReport {
+    /// Service ports written for the first time.
+    pub added: usize,
+    /// Service ports whose backend set was swapped.
+    pub updated: usize,
+    /// Service ports removed.
+    pub removed: usize,
+    /// Service ports already as desired (not rewritten).
+    pub unchanged: usize,
+    /// Slot entries written.
+    pub slots_written: usize,
+    /// Service ports that could not be programmed; the kernel keeps their previous state.
+    pub failed: Vec<(ServicePort, DataplaneError)>,
+    /// Leftovers (slots of a dead set, ids of a removed service) that could not be deleted yet;
+    /// they are retried on the next apply and never visible to the programs.
+    pub housekeeping: Vec<DataplaneError>,
+}
+
+/// Allocator of ids that are unique among those in use; ids wrap around and skip live ones.
+#[derive(Debug, Default)]
+pub struct IdPool {
+    used: HashSet<u32>,
+    cursor: u32,
+}
+
+impl IdPool {
+    /// A pool where `used` are taken; allocation continues after the largest.
+    pub fn new(used: impl IntoIterator<Item = u32>) -> Self {
+        let used: HashSet<u32> = used.into_iter().filter(|&id| id != 0).collect();
+        let cursor = used.iter().copied().max().unwrap_or(0);
+        Self { used, cursor }
+    }
+
+    /// A fresh non-zero id.
+    pub fn allocate(&mut self) -> u32 {
+        loop {
+            self.cursor = self.cursor.wrapping_add(1).max(1);
+            if self.used.insert(self.cursor) {
+                return self.cursor;
+            }
+        }
+    }
+
+    /// Returns `id` to the pool.
+    pub fn release(&mut self, id: u32) {
+        self.used.remove(&id);
+    }
+
+    /// Number of ids in use.
+    pub fn len(&self) -> usize {
+        self.used.len()
+    }
+}
+
+/// The dataplane's view of the kernel and the means to change it.
+pub struct Writer {
+    maps: MapSet,
+    kernel: KernelState,
+    service_ids: IdPool,
+    set_ids: IdPool,
+    slot_entries: u64,
+    nr_cpus: usize,
+}
+
+impl Writer {
+    /// Adopts what the kernel holds.
+    pub fn adopt(maps: MapSet, kernel: KernelState) -> Result<Self, DataplaneError> {
+        let service_ids = IdPool::new(
+            kernel
+                .services
+                .values()
+                .map(|s| s.service_id)
+                .chain(kernel.orphan_ids.iter().copied()),
+        );
+        let set_ids = IdPool::new(
+            kernel
+                .services
+                .values()
+                .map(|s| s.set_id)
+                .chain(kernel.orphan_slots.iter().map(|k| k.set_id)),
+        );
+        let slot_entries = kernel.slot_entries();
+        let nr_cpus =
+            aya::util::nr_cpus().map_err(|(path, source)| DataplaneError::Cpus { path, source })?;
+        Ok(Self {
+            maps,
+            kernel,
+            service_ids,
+            set_ids,
+            slot_entries,
+            nr_cpus,
+        })
+    }
+
+    /// What the kernel holds, as last written or adopted.
+    pub fn kernel(&self) -> &KernelState {
+        &self.kernel
+    }
+
+    /// The maps, for reading counters.
+    pub fn maps(&self) -> &MapSet {
+        &self.maps
+    }
+
+    /// Makes the kernel hold `desired`, touching only what differs.
+    pub fn apply(&mut self, desired: &DesiredState) -> ApplyReport {
+        let mut report = ApplyReport::default();
+        self.remove_orphans(&mut report);
+
+        let stale: Vec<ServicePort> = self
+            .kernel
+            .services
+            .keys()
+            .filter(|port| !desired.services.contains_key(port))
+            .copied()
+            .collect();
+        for port in stale {
+            match self.remove(&port) {
+                Ok(()) => report.removed += 1,
+                Err(error) => report.failed.push((port, error)),
+            }
+        }
+
+        for (port, service) in &desired.services {
+            let slots = match validated_slots(port, service) {
+                Ok(slots) => slots,
+                Err(error) => {
+                    report.failed.push((*port, error));
+                    continue;
+                }
+            };
+            let result = match self.kernel.services.get(port) {
+                Some(current) if current.intact() && current.slots == slots => {
+                    let renamed = current.name != service.name;
+                    let outcome = if renamed {
+                        self.rename(port, &service.name)
+                    } else {
+                        Ok(())
+                    };
+                    outcome.map(|()| report.unchanged += 1)
+                }
+                Some(_) => self
+                    .swap(port, &service.name, slots, &mut report)
+                    .map(|()| report.updated += 1),
+                None => self
+                    .add(port, &service.name, slots, &mut report)
+                    .map(|()| report.added += 1),
+            };
+            if let Err(error) = result {
+                report.failed.push((*port, error));
+            }
+        }
+        report
+    }
+
+    fn add(
+        &mut self,
+        port: &ServicePort,
+        name: &str,
+        slots: Vec<Slot>,
+        report: &mut ApplyReport,
+    ) -> Result<(), DataplaneError> {
+        let ipv4 = port.vip.is_ipv4();
+        let (family_map, family_used, family_capacity) = if ipv4 {
+            (
+                map_names::SERVICES_V4,
+                self.count_family(true),
+                self.maps.capacities.services_v4,
+            )
+        } else {
+            (
+                map_names::SERVICES_V6,
+                self.count_family(false),
+                self.maps.capacities.services_v6,
+            )
+        };
+        check_room(family_map, family_used, 1, family_capacity)?;
+        check_room(
+            map_names::COUNTERS,
+            self.service_ids.len() as u64,
+            1,
+            self.maps.capacities.service_ids,
+        )?;
+        check_room(
+            map_names::SLOTS,
+            self.slot_entries,
+            slots.len() as u64,
+            self.maps.capacities.slots,
+        )?;
+
+        let service_id = self.service_ids.allocate();
+        let set_id = if slots.is_empty() {
+            0
+        } else {
+            self.set_ids.allocate()
+        };
+        let written = self
+            .write_counters(service_id)
+            .and_then(|()| self.write_meta(service_id, name))
+            .and_then(|()| self.write_slots(set_id, &slots))
+            .and_then(|()| {
+                self.write_entry(
+                    port,
+                    ServiceValue {
+                        service_id,
+                        set_id,
+                        count: slots.len() as u32,
+                    },
+                )
+            });
+        if let Err(error) = written {
+            // Roll back everything this service wrote; the entry was the last write, so a failed
+            // entry write leaves nothing visible to the programs.
+            self.delete_slots(set_id, slots.len() as u32);
+            self.delete_ids(service_id);
+            self.service_ids.release(service_id);
+            self.set_ids.release(set_id);
+            return Err(error);
+        }
+        self.slot_entries += slots.len() as u64;
+        report.slots_written += slots.len();
+        self.kernel.services.insert(
+            *port,
+            ProgrammedService {
+                service_id,
+                set_id,
+                count: slots.len() as u32,
+                slots,
+                name: name.to_owned(),
+            },
+        );
+        Ok(())
+    }
+
+    fn swap(
+        &mut self,
+        port: &ServicePort,
+        name: &str,
+        slots: Vec<Slot>,
+        report: &mut ApplyReport,
+    ) -> Result<(), DataplaneError> {
+        let current = self.kernel.services[port].clone();
+        check_room(
+            map_names::SLOTS,
+            self.slot_entries,
+            slots.len() as u64,
+            self.maps.capacities.slots,
+        )?;
+        let set_id = if slots.is_empty() {
+            0
+        } else {
+            self.set_ids.allocate()
+        };
+        let value = ServiceValue {
+            service_id: current.service_id,
+            set_id,
+            count: slots.len() as u32,
+        };
+        // Steps 1 and 2 of the swap protocol.
+        if let Err(error) = self
+            .write_slots(set_id, &slots)
+            .and_then(|()| self.write_entry(port, value))
+        {
+            self.delete_slots(set_id, slots.len() as u32);
+            self.set_ids.release(set_id);
+            return Err(error);
+        }
+        self.slot_entries += slots.len() as u64;
+        report.slots_written += slots.len();
+        // Step 3: the old generation goes; a slot that cannot be deleted is retried as an orphan.
+        let leftover = self.delete_slots(current.set_id, current.slots.len() as u32);
+        self.slot_entries -= (current.slots.len() - leftover.len()) as u64;
+        self.kernel.orphan_slots.extend(leftover);
+        if leftover_is_empty_set(current.set_id, &self.kernel.orphan_slots) {
+            self.set_ids.release(current.set_id);
+        }
+        if current.name != name {
+            self.write_meta(current.service_id, name)?;
+        }
+        self.kernel.services.insert(
+            *port,
+            ProgrammedService {
+                service_id: current.service_id,
+                set_id,
+                count: slots.len() as u32,
+                slots,
+                name: name.to_owned(),
+            },
+        );
+        Ok(())
+    }
+
+    fn remove(&mut self, port: &ServicePort) -> Result<(), DataplaneError> {
+        let current = self.kernel.services[port].clone();
+        self.delete_entry(port)?;
+        self.kernel.services.remove(port);
+        let leftover = self.delete_slots(current.set_id, current.slots.len() as u32);
+        self.slot_entries -= (current.slots.len() - leftover.len()) as u64;
+        self.kernel.orphan_slots.extend(leftover);
+        if leftover_is_empty_set(current.set_id, &self.kernel.orphan_slots) {
+            self.set_ids.release(current.set_id);
+        }
+        if self.delete_ids(current.service_id) {
+            self.service_ids.release(current.service_id);
+        } else {
+            self.kernel.orphan_ids.insert(current.service_id);
+        }
+        Ok(())
+    }
+
+    fn rename(&mut self, port: &ServicePort, name: &str) -> Result<(), DataplaneError> {
+        let service_id = self.kernel.services[port].service_id;
+        self.write_meta(service_id, name)?;
+        if let Some(service) = self.kernel.services.get_mut(port) {
+            service.name = name.to_owned();
+        }
+        Ok(())
+    }
+
+    fn remove_orphans(&mut self, report: &mut ApplyReport) {
+        let orphans = std::mem::take(&mut self.kernel.orphan_slots);
+        for key in orphans {
+            match ignore_missing(self.maps.slots.remove(&key)) {
+                Ok(()) => {
+                    self.slot_entries -= 1;
+                    if leftover_is_empty_set(key.set_id, &self.kernel.orphan_slots) {
+                        self.set_ids.release(key.set_id);
+                    }
+                }
+                Err(source) => {
+                    self.kernel.orphan_slots.push(key);
+                    report.housekeeping.push(DataplaneError::Map {
+                        map: map_names::SLOTS,
+                        source,
+                    });
+                }
+            }
+        }
+        let ids = std::mem::take(&mut self.kernel.orphan_ids);
+        for id in ids {
+            if self.delete_ids(id) {
+                self.service_ids.release(id);
+            } else {
+                self.kernel.orphan_ids.insert(id);
+            }
+        }
+    }
+
+    fn count_family(&self, ipv4: bool) -> u64 {
+        self.kernel
+            .services
+            .keys()
+            .filter(|p| p.vip.is_ipv4() == ipv4)
+            .count() as u64
+    }
+
+    fn write_slots(&mut self, set_id: u32, slots: &[Slot]) -> Result<(), DataplaneError> {
+        for (index, slot) in slots.iter().enumerate() {
+            let key = SlotKey {
+                set_id,
+                index: index as u32,
+            };
+            self.maps
+                .slots
+                .insert(key, slot, 0)
+                .map_err(DataplaneError::map(map_names::SLOTS))?;
+        }
+        Ok(())
+    }
+
+    /// Deletes slots `0..count` of `set_id`; returns those that could not be deleted.
+    fn delete_slots(&mut self, set_id: u32, count: u32) -> Vec<SlotKey> {
+        (0..count)
+            .map(|index| SlotKey { set_id, index })
+            .filter(|key| ignore_missing(self.maps.slots.remove(key)).is_err())
+            .collect()
+    }
+
+    fn write_entry(
+        &mut self,
+        port: &ServicePort,
+        value: ServiceValue,
+    ) -> Result<(), DataplaneError> {
+        match key_of(port) {
+            Key::V4(key) => self
+                .maps
+                .services4
+                .insert(key, value, 0)
+                .map_err(DataplaneError::map(map_names::SERVICES_V4)),
+            Key::V6(key) => self
+                .maps
+                .services6
+                .insert(key, value, 0)
+                .map_err(DataplaneError::map(map_names::SERVICES_V6)),
+        }
+    }
+
+    fn delete_entry(&mut self, port: &ServicePort) -> Result<(), DataplaneError> {
+        match key_of(port) {
+            Key::V4(key) => ignore_missing(self.maps.services4.remove(&key))
+                .map_err(DataplaneError::map(map_names::SERVICES_V4)),
+            Key::V6(key) => ignore_missing(self.maps.services6.remove(&key))
+                .map_err(DataplaneError::map(map_names::SERVICES_V6)),
+        }
+    }
+
+    fn write_counters(&mut self, service_id: u32) -> Result<(), DataplaneError> {
+        let zero = PerCpuValues::try_from(vec![ServiceCounters::default(); self.nr_cpus]).map_err(
+            |source| DataplaneError::Cpus {
+                path: "possible CPUs",
+                source,
+            },
+        )?;
+        self.maps
+            .counters
+            .insert(service_id, zero, 0)
+            .map_err(DataplaneError::map(map_names::COUNTERS))
+    }
+
+    fn write_meta(&mut self, service_id: u32, name: &str) -> Result<(), DataplaneError> {
+        self.maps
+            .meta
+            .insert(service_id, meta_from_name(name), 0)
+            .map_err(DataplaneError::map(map_names::SERVICE_META))
+    }
+
+    /// Deletes the counters and name of a service id; false if either is still there.
+    fn delete_ids(&mut self, service_id: u32) -> bool {
+        let counters = ignore_missing(self.maps.counters.remove(&service_id));
+        let meta = ignore_missing(self.maps.meta.remove(&service_id));
+        counters.is_ok() && meta.is_ok()
+    }
+}
+
+enum Key {
+    V4(ServiceKey4),
+    V6(ServiceKey6),
+}
+
+fn key_of(port: &ServicePort) -> Key {
+    let proto = port.protocol.number();
+    match port.vip {
+        std::net::IpAddr::V4(vip) => Key::V4(ServiceKey4 {
+            addr: vip.octets(),
+            port: port.port,
+            proto,
+            _pad: 0,
+        }),
+        std::net::IpAddr::V6(vip) => Key::V6(ServiceKey6 {
+            addr: vip.octets(),
+            port: port.port,
+            proto,
+            _pad: 0,
+        }),
+    }
+}
+
+/// The slots for a desired service, after checking every backend has the ClusterIP's family.
+fn validated_slots(
+    port: &ServicePort,
+    service: &DesiredService,
+) -> Result<Vec<Slot>, DataplaneError> {
+    if let Some(backend) = service
+        .backends
+        .iter()
+        .find(|b| b.addr.is_ipv4() != port.vip.is_ipv4())
+    {
+        return Err(DataplaneError::InvalidService {
+            service: *port,
+            reason: format!(
+                "backend {} is not of the ClusterIP's address family",
+                backend.addr
+            ),
+        });
+    }
+    let slots = alias::build(&service.backends);
+    if slots.len() > u32::MAX as usize {
+        return Err(DataplaneError::InvalidService {
+            service: *port,
+            reason: "too many backends".into(),
+        });
+    }
+    Ok(slots)
+}
+
+fn check_room(
+    map: &'static str,
+    used: u64,
+    more: u64,
+    capacity: u32,
+) -> Result<(), DataplaneError> {
+    if used + more > u64::from(capacity) {
+        return Err(DataplaneError::MapFull {
+            map,
+            needed: used + more,
+            capacity,
+        });
+    }
+    Ok(())
+}
+
+/// True when no orphan slot of `set_id` remains, so the id may be reused.
+fn leftover_is_empty_set(set_id: u32, orphans: &[SlotKey]) -> bool {
+    set_id != 0 && !orphans.iter().any(|key| key.set_id == set_id)
+}
+
+/// A delete of an entry that is already gone succeeded.
+fn ignore_missing(result: Result<(), MapError>) -> Result<(), MapError> {
+    match result {
+        Err(MapError::SyscallError(aya::sys::SyscallError { io_error, .. }))
+            if io_error.kind() == io::ErrorKind::NotFound =>
+        {
+            Ok(())
+        }
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_unique_non_zero_and_reused_only_after_release() {
+        let mut pool = IdPool::new([3, 5]);
+        assert_eq!(pool.allocate(), 6);
+        assert_eq!(pool.allocate(), 7);
+        pool.release(6);
+        assert_eq!(pool.len(), 3);
+        let mut wrapped = IdPool::new([u32::MAX, 1]);
+        assert_eq!(
+            wrapped.allocate(),
+            2,
+            "wraps past u32::MAX, skipping 0 and live ids"
+        );
+    }
+
+    #[test]
+    fn room_is_checked_before_writing() {
+        assert!(check_room("topo_slots", 10, 5, 15).is_ok());
+        let error = check_room("topo_slots", 10, 6, 15).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "map topo_slots is full: 16 entries needed, capacity 15"
+        );
+    }
+
+    #[test]
+    fn backends_must_match_the_cluster_ip_family() {
+        let port = ServicePort {
+            vip: "10.96.0.1".parse().unwrap(),
+            port: 80,
+            protocol: crate::desired::Protocol::Tcp,
+        };
+        let service = DesiredService {
+            name: "default/web:http".into(),
+            backends: vec![crate::desired::WeightedBackend {
+                addr: "fd00::1".parse().unwrap(),
+                port: 8080,
+                weight: 1,
+                locality: crate::desired::Locality::Zone,
+            }],
+        };
+        let error = validated_slots(&port, &service).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("fd00::1 is not of the ClusterIP's address family"),
+            "{error}"
+        );
+    }
+}

@@ -1,0 +1,214 @@
+//! The desired datapath state: for each service port (ClusterIP, port, protocol), the weighted
+//! backends this node may use. Policy produces it, the dataplane programs it, `status` reads it back.
+
+use std::{collections::BTreeMap, fmt, net::IpAddr, str::FromStr};
+
+use serde::{Deserialize, Serialize};
+use topology_common::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, locality};
+
+/// Transport protocol of a service port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Protocol {
+    /// TCP.
+    Tcp,
+    /// UDP.
+    Udp,
+    /// SCTP.
+    Sctp,
+}
+
+impl Protocol {
+    /// The IP protocol number the kernel reports for sockets of this protocol.
+    pub fn number(self) -> u8 {
+        match self {
+            Self::Tcp => IPPROTO_TCP,
+            Self::Udp => IPPROTO_UDP,
+            Self::Sctp => IPPROTO_SCTP,
+        }
+    }
+
+    /// The protocol with the given IP protocol number.
+    pub fn from_number(number: u8) -> Option<Self> {
+        match number {
+            IPPROTO_TCP => Some(Self::Tcp),
+            IPPROTO_UDP => Some(Self::Udp),
+            IPPROTO_SCTP => Some(Self::Sctp),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Tcp => "TCP",
+            Self::Udp => "UDP",
+            Self::Sctp => "SCTP",
+        })
+    }
+}
+
+impl FromStr for Protocol {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_uppercase().as_str() {
+            "TCP" => Ok(Self::Tcp),
+            "UDP" => Ok(Self::Udp),
+            "SCTP" => Ok(Self::Sctp),
+            other => Err(format!(
+                "unknown protocol {other:?}; expected TCP, UDP or SCTP"
+            )),
+        }
+    }
+}
+
+/// Where a backend sits relative to the node the state is computed for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Locality {
+    /// On this node.
+    Node,
+    /// Another node in this node's zone.
+    Zone,
+    /// Another zone of this node's region.
+    Region,
+    /// Anywhere else, or unknown.
+    Other,
+}
+
+impl Locality {
+    /// Every class, in the order of the kernel counters.
+    pub const ALL: [Self; locality::CLASSES] = [Self::Node, Self::Zone, Self::Region, Self::Other];
+
+    /// The class number stored in the maps.
+    pub fn class(self) -> u8 {
+        match self {
+            Self::Node => locality::NODE,
+            Self::Zone => locality::ZONE,
+            Self::Region => locality::REGION,
+            Self::Other => locality::OTHER,
+        }
+    }
+
+    /// The class for a number read from the maps; unknown numbers are `Other`.
+    pub fn from_class(class: u8) -> Self {
+        match class {
+            locality::NODE => Self::Node,
+            locality::ZONE => Self::Zone,
+            locality::REGION => Self::Region,
+            _ => Self::Other,
+        }
+    }
+
+    /// Lower-case name, as used in metrics labels and tables.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Node => "node",
+            Self::Zone => "zone",
+            Self::Region => "region",
+            Self::Other => "other",
+        }
+    }
+}
+
+/// A service port as the kernel matches it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ServicePort {
+    /// ClusterIP.
+    pub vip: IpAddr,
+    /// Service port.
+    pub port: u16,
+    /// Transport protocol.
+    pub protocol: Protocol,
+}
+
+impl fmt::Display for ServicePort {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.vip {
+            IpAddr::V4(vip) => write!(f, "{vip}:{}/{}", self.port, self.protocol),
+            IpAddr::V6(vip) => write!(f, "[{vip}]:{}/{}", self.port, self.protocol),
+        }
+    }
+}
+
+/// One backend with its relative weight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct WeightedBackend {
+    /// Endpoint address; must be of the same family as the ClusterIP.
+    pub addr: IpAddr,
+    /// Endpoint (target) port.
+    pub port: u16,
+    /// Relative weight; a backend of weight 0 receives nothing.
+    pub weight: u32,
+    /// Locality class relative to this node, counted by the kernel on each rewrite.
+    pub locality: Locality,
+}
+
+/// What one service port should do on this node.
+#[derive(Clone, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct DesiredService {
+    /// `namespace/name:port`, shown by `status` and used as a metrics label.
+    pub name: String,
+    /// Backends to choose from. Empty, or all of weight 0, means connections are refused.
+    pub backends: Vec<WeightedBackend>,
+}
+
+/// Everything this node's kernel should hold.
+#[derive(Clone, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct DesiredState {
+    /// Service ports and their backends.
+    pub services: BTreeMap<ServicePort, DesiredService>,
+}
+
+impl DesiredState {
+    /// Total number of backends across all service ports.
+    pub fn backend_count(&self) -> usize {
+        self.services
+            .values()
+            .map(|service| service.backends.len())
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn protocol_round_trips_through_numbers_and_names() {
+        for protocol in [Protocol::Tcp, Protocol::Udp, Protocol::Sctp] {
+            assert_eq!(Protocol::from_number(protocol.number()), Some(protocol));
+            assert_eq!(protocol.to_string().parse::<Protocol>(), Ok(protocol));
+        }
+        assert_eq!("udp".parse::<Protocol>(), Ok(Protocol::Udp));
+        assert!("ICMP".parse::<Protocol>().is_err());
+        assert_eq!(Protocol::from_number(1), None);
+    }
+
+    #[test]
+    fn locality_classes_match_the_kernel_counters() {
+        for (index, class) in Locality::ALL.iter().enumerate() {
+            assert_eq!(usize::from(class.class()), index);
+            assert_eq!(Locality::from_class(class.class()), *class);
+        }
+        assert_eq!(Locality::from_class(200), Locality::Other);
+    }
+
+    #[test]
+    fn service_port_display_brackets_ipv6() {
+        let v4 = ServicePort {
+            vip: "10.96.0.10".parse().unwrap(),
+            port: 53,
+            protocol: Protocol::Udp,
+        };
+        let v6 = ServicePort {
+            vip: "fd00::10".parse().unwrap(),
+            port: 80,
+            protocol: Protocol::Tcp,
+        };
+        assert_eq!(v4.to_string(), "10.96.0.10:53/UDP");
+        assert_eq!(v6.to_string(), "[fd00::10]:80/TCP");
+    }
+}

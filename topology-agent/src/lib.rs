@@ -1,0 +1,10 @@
+//! topology-agent: computes, for the node it runs on, which backends each Service port may use,
+//! and programs those sets into cgroup socket hooks that rewrite ClusterIP connections in the
+//! kernel.
+//!
+//! The data flows one way: source -> cluster state -> policy -> desired state -> dataplane.
+
+pub mod dataplane;
+pub mod desired;
+pub mod mounts;
+pub mod status;

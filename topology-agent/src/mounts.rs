@@ -1,0 +1,157 @@
+//! Where cgroup v2 is mounted (from `/proc/self/mountinfo`, never assumed) and what filesystem a
+//! path is on.
+
+use std::{
+    ffi::CString,
+    io,
+    os::unix::ffi::OsStrExt as _,
+    path::{Path, PathBuf},
+};
+
+/// `statfs` magic of cgroup v2.
+const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+/// `statfs` magic of bpffs.
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+/// Failure to find the cgroup v2 mount.
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    /// `/proc/self/mountinfo` could not be read.
+    #[error("reading /proc/self/mountinfo: {0}")]
+    Read(#[from] io::Error),
+    /// No cgroup v2 filesystem is mounted.
+    #[error("no cgroup v2 filesystem is mounted (no `cgroup2` entry in /proc/self/mountinfo)")]
+    NoCgroup2,
+}
+
+/// The mount point of the cgroup v2 hierarchy's root.
+pub fn cgroup2_root() -> Result<PathBuf, MountError> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
+    cgroup2_root_in(&mountinfo).ok_or(MountError::NoCgroup2)
+}
+
+/// The first cgroup v2 mount of the hierarchy's root in `mountinfo` text. A mount of a
+/// sub-cgroup (root field other than `/`, as inside a container) is used only when there is no
+/// full mount.
+pub fn cgroup2_root_in(mountinfo: &str) -> Option<PathBuf> {
+    let mut partial = None;
+    for line in mountinfo.lines() {
+        let Some((mount, fs)) = line.split_once(" - ") else {
+            continue;
+        };
+        if fs.split_whitespace().next() != Some("cgroup2") {
+            continue;
+        }
+        let fields: Vec<&str> = mount.split_whitespace().collect();
+        let (Some(root), Some(point)) = (fields.get(3), fields.get(4)) else {
+            continue;
+        };
+        let point = PathBuf::from(unescape(point));
+        if *root == "/" {
+            return Some(point);
+        }
+        partial.get_or_insert(point);
+    }
+    partial
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo` octal.
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && i + 3 < bytes.len()
+            && bytes[i + 1..i + 4]
+                .iter()
+                .all(|b| (b'0'..=b'7').contains(b))
+        {
+            let value =
+                (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
+            out.push(value);
+            i += 4;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// True if `path` is on a cgroup v2 filesystem.
+pub fn is_cgroup2(path: &Path) -> io::Result<bool> {
+    Ok(fs_magic(path)? == CGROUP2_SUPER_MAGIC)
+}
+
+/// True if `path` is on a BPF filesystem.
+pub fn is_bpffs(path: &Path) -> io::Result<bool> {
+    Ok(fs_magic(path)? == BPF_FS_MAGIC)
+}
+
+fn fs_magic(path: &Path) -> io::Result<i64> {
+    let c_path = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))?;
+    // SAFETY: `statfs` only writes into the zeroed struct we pass; the path is NUL-terminated.
+    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::statfs(c_path.as_ptr(), &mut stat) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(stat.f_type as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HYBRID: &str = "\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+";
+
+    #[test]
+    fn finds_the_unified_mount_of_a_hybrid_layout() {
+        assert_eq!(
+            cgroup2_root_in(HYBRID),
+            Some(PathBuf::from("/sys/fs/cgroup/unified"))
+        );
+    }
+
+    #[test]
+    fn finds_a_pure_v2_mount_with_optional_fields() {
+        let info =
+            "29 23 0:26 / /sys/fs/cgroup rw,nosuid shared:4 - cgroup2 cgroup2 rw,nsdelegate\n";
+        assert_eq!(cgroup2_root_in(info), Some(PathBuf::from("/sys/fs/cgroup")));
+    }
+
+    #[test]
+    fn prefers_the_root_of_the_hierarchy_over_a_sub_cgroup_mount() {
+        let info = "\
+50 40 0:26 /kubepods/pod1 /host/cg rw - cgroup2 cgroup2 rw
+51 40 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw
+";
+        assert_eq!(cgroup2_root_in(info), Some(PathBuf::from("/sys/fs/cgroup")));
+        let only_partial = "50 40 0:26 /kubepods /host/cg rw - cgroup2 cgroup2 rw\n";
+        assert_eq!(
+            cgroup2_root_in(only_partial),
+            Some(PathBuf::from("/host/cg"))
+        );
+    }
+
+    #[test]
+    fn unescapes_octal_in_mount_points() {
+        let info = "41 31 0:38 / /mnt/my\\040cgroup rw - cgroup2 cgroup2 rw\n";
+        assert_eq!(cgroup2_root_in(info), Some(PathBuf::from("/mnt/my cgroup")));
+    }
+
+    #[test]
+    fn no_cgroup2_mount() {
+        assert_eq!(
+            cgroup2_root_in("32 31 0:29 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n"),
+            None
+        );
+        assert_eq!(cgroup2_root_in(""), None);
+    }
+}

@@ -1,0 +1,349 @@
+//! Map layouts and constants shared by the topology eBPF programs and the agent.
+//!
+//! Everything here is plain old data: fixed-width integers and arrays with explicit padding, so the
+//! kernel and userspace agree on every byte and `bpftool map dump` prints named fields from BTF.
+//!
+//! Conventions used by every type below:
+//! - IPv4 addresses are `[u8; 4]` and IPv6 addresses `[u8; 16]`, in network byte order (the bytes
+//!   as they appear on the wire). A backend of either family uses `[u8; 16]` with an IPv4 address in
+//!   the first four bytes and zeros after it.
+//! - Ports are in host byte order, so dumps read naturally; the programs convert at the boundary.
+//! - `family` is `AF_INET` (2) or `AF_INET6` (10); `proto` is the IP protocol number.
+//! - Every type holding an address is at least 4-byte aligned, so the programs move addresses as
+//!   32-bit words.
+#![no_std]
+
+use core::mem::size_of;
+
+/// `AF_INET`, as stored in the `family` fields.
+pub const AF_INET: u8 = 2;
+/// `AF_INET6`, as stored in the `family` fields.
+pub const AF_INET6: u8 = 10;
+/// IP protocol number of TCP.
+pub const IPPROTO_TCP: u8 = 6;
+/// IP protocol number of UDP.
+pub const IPPROTO_UDP: u8 = 17;
+/// IP protocol number of SCTP.
+pub const IPPROTO_SCTP: u8 = 132;
+
+/// Map names: the ELF symbol, the kernel object name and the pin file name are all this string.
+pub mod map_names {
+    /// IPv4 services: [`ServiceKey4`](crate::ServiceKey4) -> [`ServiceValue`](crate::ServiceValue).
+    pub const SERVICES_V4: &str = "topo_svc4";
+    /// IPv6 services: [`ServiceKey6`](crate::ServiceKey6) -> [`ServiceValue`](crate::ServiceValue).
+    pub const SERVICES_V6: &str = "topo_svc6";
+    /// Backend slots of every generation: [`SlotKey`](crate::SlotKey) -> [`Slot`](crate::Slot).
+    pub const SLOTS: &str = "topo_slots";
+    /// Per-CPU counters by service id: `u32` -> [`ServiceCounters`](crate::ServiceCounters).
+    pub const COUNTERS: &str = "topo_counters";
+    /// Human-readable name by service id: `u32` -> [`ServiceMeta`](crate::ServiceMeta).
+    pub const SERVICE_META: &str = "topo_svc_meta";
+    /// Backend kept by an unconnected UDP socket: [`AffinityKey`](crate::AffinityKey) -> [`AffinityValue`](crate::AffinityValue).
+    pub const AFFINITY: &str = "topo_affinity";
+    /// Reverse translation for unconnected UDP replies: [`RevNatKey`](crate::RevNatKey) -> [`RevNatValue`](crate::RevNatValue).
+    pub const REVNAT: &str = "topo_revnat";
+    /// Socket-local storage of a connected socket's original destination: [`SockOrigin`](crate::SockOrigin).
+    pub const SOCK_ORIGIN: &str = "topo_sock_vip";
+
+    /// Every map the agent pins and keeps across restarts, in a stable order.
+    pub const PINNED: [&str; 8] = [
+        SERVICES_V4,
+        SERVICES_V6,
+        SLOTS,
+        COUNTERS,
+        SERVICE_META,
+        AFFINITY,
+        REVNAT,
+        SOCK_ORIGIN,
+    ];
+}
+
+/// Program names (ELF symbols); each is attached at the cgroup hook of the same name.
+pub mod program_names {
+    /// `connect()` on AF_INET sockets.
+    pub const CONNECT4: &str = "connect4";
+    /// `connect()` on AF_INET6 sockets, including IPv4-mapped destinations.
+    pub const CONNECT6: &str = "connect6";
+    /// `sendmsg()`/`sendto()` with a destination on unconnected AF_INET UDP sockets.
+    pub const SENDMSG4: &str = "sendmsg4";
+    /// `sendmsg()`/`sendto()` with a destination on unconnected AF_INET6 UDP sockets.
+    pub const SENDMSG6: &str = "sendmsg6";
+    /// `recvmsg()`/`recvfrom()` source address on AF_INET UDP sockets.
+    pub const RECVMSG4: &str = "recvmsg4";
+    /// `recvmsg()`/`recvfrom()` source address on AF_INET6 UDP sockets.
+    pub const RECVMSG6: &str = "recvmsg6";
+    /// `getpeername()` on AF_INET sockets.
+    pub const GETPEERNAME4: &str = "getpeername4";
+    /// `getpeername()` on AF_INET6 sockets.
+    pub const GETPEERNAME6: &str = "getpeername6";
+
+    /// Every program, in attach order.
+    pub const ALL: [&str; 8] = [
+        CONNECT4,
+        CONNECT6,
+        SENDMSG4,
+        SENDMSG6,
+        RECVMSG4,
+        RECVMSG6,
+        GETPEERNAME4,
+        GETPEERNAME6,
+    ];
+}
+
+/// Default capacities (`max_entries`); the agent can override each at load time.
+pub mod capacity {
+    /// IPv4 service ports.
+    pub const SERVICES_V4: u32 = 65_536;
+    /// IPv6 service ports.
+    pub const SERVICES_V6: u32 = 65_536;
+    /// Backend slots across all services, including the new generation written during a swap.
+    pub const SLOTS: u32 = 262_144;
+    /// Service ids (counters and names), both families together.
+    pub const SERVICE_IDS: u32 = 131_072;
+    /// Unconnected UDP (socket, service) pairs remembered for backend affinity (LRU).
+    pub const AFFINITY: u32 = 65_536;
+    /// Unconnected UDP (socket, backend) pairs remembered for reply translation (LRU).
+    pub const REVNAT: u32 = 65_536;
+}
+
+/// Global (`.rodata`) variable the agent overrides to set the kernel log level (0 = off).
+pub const LOG_LEVEL_GLOBAL: &str = "AYA_LOG_LEVEL";
+
+/// Where the backend sits relative to the node the maps were written for.
+pub mod locality {
+    /// Same node.
+    pub const NODE: u8 = 0;
+    /// Same zone, other node.
+    pub const ZONE: u8 = 1;
+    /// Same region, other zone.
+    pub const REGION: u8 = 2;
+    /// Anywhere else, or unknown.
+    pub const OTHER: u8 = 3;
+    /// Number of classes; the length of [`ServiceCounters::rewritten`](crate::ServiceCounters::rewritten).
+    pub const CLASSES: usize = 4;
+}
+
+/// Probability scale of [`Slot::threshold`]: a slot picks its primary backend when a uniformly random
+/// `u32 >> 1` is below the threshold, so `THRESHOLD_ONE` means "always the primary".
+pub const THRESHOLD_ONE: u32 = 1 << 31;
+
+/// Key of the IPv4 services map: a ClusterIP, port and protocol.
+#[repr(C, align(4))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct ServiceKey4 {
+    /// ClusterIP, network byte order.
+    pub addr: [u8; 4],
+    /// Service port, host byte order.
+    pub port: u16,
+    /// IP protocol number.
+    pub proto: u8,
+    /// Always zero.
+    pub _pad: u8,
+}
+const _: () = assert!(size_of::<ServiceKey4>() == 8);
+
+/// Key of the IPv6 services map: a ClusterIP, port and protocol.
+#[repr(C, align(4))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct ServiceKey6 {
+    /// ClusterIP, network byte order.
+    pub addr: [u8; 16],
+    /// Service port, host byte order.
+    pub port: u16,
+    /// IP protocol number.
+    pub proto: u8,
+    /// Always zero.
+    pub _pad: u8,
+}
+const _: () = assert!(size_of::<ServiceKey6>() == 20);
+
+/// Value of both services maps: which backend set a service port currently uses.
+///
+/// Swap protocol (see `topology-agent/src/dataplane/writer.rs`): the agent writes the slots of a
+/// new `set_id` first, then replaces this value in one map update, then deletes the old slots. A
+/// program that read the old value and finds its slot already gone reads this value again.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct ServiceValue {
+    /// Stable id of the service port: the key of the counters and name maps.
+    pub service_id: u32,
+    /// Generation of the backend set; the slots live at `SlotKey { set_id, index: 0..count }`.
+    pub set_id: u32,
+    /// Number of slots. Zero means the set is empty and connections are refused.
+    pub count: u32,
+}
+const _: () = assert!(size_of::<ServiceValue>() == 12);
+
+/// Key of the slots map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct SlotKey {
+    /// Backend set generation.
+    pub set_id: u32,
+    /// Slot index, `0..count`.
+    pub index: u32,
+}
+const _: () = assert!(size_of::<SlotKey>() == 8);
+
+/// One backend as the programs rewrite to it.
+#[repr(C, align(4))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Backend {
+    /// Address, network byte order; IPv4 in the first four bytes.
+    pub addr: [u8; 16],
+    /// Port, host byte order.
+    pub port: u16,
+    /// Locality class relative to this node, one of [`locality`].
+    pub locality: u8,
+    /// Always zero.
+    pub _pad: u8,
+}
+const _: () = assert!(size_of::<Backend>() == 20);
+
+/// One slot of a backend set, laid out for Walker's alias method: choose a slot uniformly, then its
+/// primary with probability `threshold / THRESHOLD_ONE`, else its alias. Any weights cost one lookup.
+#[repr(C, align(4))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Slot {
+    /// Probability of `primary`, scaled to [`THRESHOLD_ONE`].
+    pub threshold: u32,
+    /// Backend chosen when the random draw is below `threshold`.
+    pub primary: Backend,
+    /// Backend chosen otherwise.
+    pub alias: Backend,
+}
+const _: () = assert!(size_of::<Slot>() == 44);
+
+/// Per-CPU counters of one service port.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ServiceCounters {
+    /// Connections and first datagrams rewritten, indexed by the chosen backend's locality class.
+    pub rewritten: [u64; locality::CLASSES],
+    /// Connections and datagrams refused because the backend set was empty.
+    pub refused: u64,
+    /// Internal failures (a slot missing after retries, socket storage unavailable).
+    pub errors: u64,
+}
+const _: () = assert!(size_of::<ServiceCounters>() == 48);
+
+/// Length of [`ServiceMeta::name`].
+pub const SERVICE_NAME_LEN: usize = 152;
+
+/// Human-readable identity of a service port, for `status` and `bpftool`; the programs never read it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServiceMeta {
+    /// `namespace/name:port`, UTF-8, zero-padded.
+    pub name: [u8; SERVICE_NAME_LEN],
+}
+const _: () = assert!(size_of::<ServiceMeta>() == SERVICE_NAME_LEN);
+
+impl Default for ServiceMeta {
+    fn default() -> Self {
+        Self {
+            name: [0; SERVICE_NAME_LEN],
+        }
+    }
+}
+
+/// Key of the UDP affinity map: one socket talking to one service port.
+#[repr(C, align(4))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct AffinityKey {
+    /// Socket cookie (`bpf_get_socket_cookie`), unique for the life of the system.
+    pub cookie: u64,
+    /// ClusterIP the application sent to, network byte order; IPv4 in the first four bytes.
+    pub vip: [u8; 16],
+    /// Service port, host byte order.
+    pub port: u16,
+    /// IP protocol number.
+    pub proto: u8,
+    /// `AF_INET` or `AF_INET6`: the family of `vip`.
+    pub family: u8,
+    /// Always zero.
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<AffinityKey>() == 32);
+
+/// Value of the UDP affinity map.
+#[repr(C, align(4))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct AffinityValue {
+    /// Backend set generation the choice was made from; a newer set means choose again.
+    pub set_id: u32,
+    /// The backend the socket keeps using.
+    pub backend: Backend,
+}
+const _: () = assert!(size_of::<AffinityValue>() == 24);
+
+/// Key of the reverse translation map: a backend a given socket sent to.
+#[repr(C, align(4))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct RevNatKey {
+    /// Socket cookie.
+    pub cookie: u64,
+    /// Backend address, network byte order; IPv4 in the first four bytes.
+    pub addr: [u8; 16],
+    /// Backend port, host byte order.
+    pub port: u16,
+    /// `AF_INET` or `AF_INET6`: the family of `addr`.
+    pub family: u8,
+    /// Always zero.
+    pub _pad: u8,
+    /// Always zero.
+    pub _pad2: u32,
+}
+const _: () = assert!(size_of::<RevNatKey>() == 32);
+
+/// Value of the reverse translation map: the service the application addressed.
+#[repr(C, align(4))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct RevNatValue {
+    /// ClusterIP, network byte order; IPv4 in the first four bytes.
+    pub vip: [u8; 16],
+    /// Service port, host byte order.
+    pub port: u16,
+    /// Always zero.
+    pub _pad: u16,
+}
+const _: () = assert!(size_of::<RevNatValue>() == 20);
+
+/// Socket-local storage of a socket whose `connect()` was rewritten: lives and dies with the socket,
+/// so `getpeername()` and `recvmsg()` report the ClusterIP for as long as the connection exists.
+#[repr(C, align(4))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct SockOrigin {
+    /// ClusterIP the application connected to; IPv4 in the first four bytes.
+    pub vip: [u8; 16],
+    /// Backend the connection was rewritten to; IPv4 in the first four bytes.
+    pub backend: [u8; 16],
+    /// Service port, host byte order.
+    pub vip_port: u16,
+    /// Backend port, host byte order.
+    pub backend_port: u16,
+    /// `AF_INET` or `AF_INET6`: the family of both addresses.
+    pub family: u8,
+    /// Always zero.
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(size_of::<SockOrigin>() == 40);
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: every type is `repr(C)`, `Copy`, made only of integers and integer arrays, and has
+    // its padding spelled out as fields, so any byte pattern is a valid value.
+    unsafe impl aya::Pod for super::ServiceKey4 {}
+    unsafe impl aya::Pod for super::ServiceKey6 {}
+    unsafe impl aya::Pod for super::ServiceValue {}
+    unsafe impl aya::Pod for super::SlotKey {}
+    unsafe impl aya::Pod for super::Backend {}
+    unsafe impl aya::Pod for super::Slot {}
+    unsafe impl aya::Pod for super::ServiceCounters {}
+    unsafe impl aya::Pod for super::ServiceMeta {}
+    unsafe impl aya::Pod for super::AffinityKey {}
+    unsafe impl aya::Pod for super::AffinityValue {}
+    unsafe impl aya::Pod for super::RevNatKey {}
+    unsafe impl aya::Pod for super::RevNatValue {}
+    unsafe impl aya::Pod for super::SockOrigin {}
+}

@@ -1,0 +1,259 @@
+//! Cgroup socket-address programs: a connection or datagram to a service port (ClusterIP, port,
+//! protocol) is rewritten to a backend chosen by weight from the set the agent wrote for this node,
+//! before a packet exists. Replies and `getpeername()` are translated back to the ClusterIP.
+//! Every other destination passes untouched.
+#![no_std]
+#![no_main]
+
+mod balance;
+mod maps;
+mod sockaddr;
+
+use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
+use aya_log_ebpf::{debug, warn};
+use balance::{Choice, Error};
+use sockaddr::{ALLOW, Words};
+use topology_common::{AF_INET, AF_INET6, AffinityKey, ServiceValue};
+
+/// A destination as the maps see it: the family of the service (an IPv4-mapped address on an
+/// AF_INET6 socket is an IPv4 service) and its address in the maps' 16-byte form.
+#[derive(Clone, Copy)]
+struct Dest {
+    family: u8,
+    addr: Words,
+    port: u16,
+}
+
+impl Dest {
+    /// The destination of an AF_INET context.
+    #[inline(always)]
+    fn of4(ctx: &SockAddrContext) -> Self {
+        Self {
+            family: AF_INET,
+            addr: sockaddr::widen_v4(sockaddr::ip4(ctx)),
+            port: sockaddr::port(ctx),
+        }
+    }
+
+    /// The destination of an AF_INET6 context, native or IPv4-mapped.
+    #[inline(always)]
+    fn of6(ctx: &SockAddrContext) -> Self {
+        let addr = sockaddr::ip6(ctx);
+        let port = sockaddr::port(ctx);
+        match sockaddr::unmap_v4(&addr) {
+            Some(v4) => Self {
+                family: AF_INET,
+                addr: sockaddr::widen_v4(v4),
+                port,
+            },
+            None => Self {
+                family: AF_INET6,
+                addr,
+                port,
+            },
+        }
+    }
+
+    /// The service at this destination, if any.
+    #[inline(always)]
+    fn service(&self, proto: u8) -> Option<ServiceValue> {
+        if self.family == AF_INET {
+            balance::service4(self.addr[0], self.port, proto)
+        } else {
+            balance::service6(self.addr, self.port, proto)
+        }
+    }
+
+    /// Writes `addr:port` (same family as `self`) into an AF_INET context.
+    #[inline(always)]
+    fn write4(ctx: &SockAddrContext, addr: Words, port: u16) {
+        sockaddr::set_ip4(ctx, addr[0]);
+        sockaddr::set_port(ctx, port);
+    }
+
+    /// Writes `addr:port` of `family` into an AF_INET6 context; IPv4 is written IPv4-mapped.
+    #[inline(always)]
+    fn write6(ctx: &SockAddrContext, family: u8, addr: Words, port: u16) {
+        let addr = if family == AF_INET {
+            sockaddr::map_v4(addr[0])
+        } else {
+            addr
+        };
+        sockaddr::set_ip6(ctx, addr);
+        sockaddr::set_port(ctx, port);
+    }
+}
+
+#[cgroup_sock_addr(connect4)]
+pub fn connect4(ctx: SockAddrContext) -> i32 {
+    let dest = Dest::of4(&ctx);
+    finish(
+        &ctx,
+        connect(&ctx, dest).map(|choice| {
+            if let Some(choice) = choice {
+                Dest::write4(&ctx, choice.addr(), choice.backend.port);
+            }
+        }),
+    )
+}
+
+#[cgroup_sock_addr(connect6)]
+pub fn connect6(ctx: SockAddrContext) -> i32 {
+    let dest = Dest::of6(&ctx);
+    finish(
+        &ctx,
+        connect(&ctx, dest).map(|choice| {
+            if let Some(choice) = choice {
+                Dest::write6(&ctx, dest.family, choice.addr(), choice.backend.port);
+            }
+        }),
+    )
+}
+
+/// TCP and connected UDP: choose, and record the original destination on the socket.
+#[inline(always)]
+fn connect(ctx: &SockAddrContext, dest: Dest) -> Result<Option<Choice>, Error> {
+    let Some(choice) = balance::choose(|| dest.service(sockaddr::protocol(ctx)))? else {
+        balance::forget_origin(ctx);
+        return Ok(None);
+    };
+    balance::remember_origin(ctx, dest.family, dest.addr, dest.port, &choice);
+    balance::count_rewrite(&choice);
+    debug!(
+        ctx,
+        "connect {}:{} -> {:i}:{}",
+        choice.service.service_id,
+        dest.port,
+        choice.backend.addr,
+        choice.backend.port
+    );
+    Ok(Some(choice))
+}
+
+#[cgroup_sock_addr(sendmsg4)]
+pub fn sendmsg4(ctx: SockAddrContext) -> i32 {
+    let dest = Dest::of4(&ctx);
+    finish(
+        &ctx,
+        send(&ctx, dest).map(|choice| {
+            if let Some(choice) = choice {
+                Dest::write4(&ctx, choice.addr(), choice.backend.port);
+            }
+        }),
+    )
+}
+
+#[cgroup_sock_addr(sendmsg6)]
+pub fn sendmsg6(ctx: SockAddrContext) -> i32 {
+    let dest = Dest::of6(&ctx);
+    finish(
+        &ctx,
+        send(&ctx, dest).map(|choice| {
+            if let Some(choice) = choice {
+                Dest::write6(&ctx, dest.family, choice.addr(), choice.backend.port);
+            }
+        }),
+    )
+}
+
+/// Unconnected UDP: choose with per-socket affinity, and record the reverse translation.
+#[inline(always)]
+fn send(ctx: &SockAddrContext, dest: Dest) -> Result<Option<Choice>, Error> {
+    let proto = sockaddr::protocol(ctx);
+    let cookie = sockaddr::cookie(ctx);
+    let key = AffinityKey {
+        cookie,
+        vip: sockaddr::bytes(dest.addr),
+        port: dest.port,
+        proto,
+        family: dest.family,
+        _pad: 0,
+    };
+    let Some(choice) = balance::choose_sticky(&key, || dest.service(proto))? else {
+        return Ok(None);
+    };
+    balance::remember_reply_source(cookie, dest.family, dest.addr, dest.port, &choice);
+    balance::count_rewrite(&choice);
+    Ok(Some(choice))
+}
+
+#[cgroup_sock_addr(recvmsg4)]
+pub fn recvmsg4(ctx: SockAddrContext) -> i32 {
+    let source = Dest::of4(&ctx);
+    if let Some((vip, port)) = original(&ctx, source) {
+        Dest::write4(&ctx, vip, port);
+    }
+    // recvmsg hooks cannot fail the call.
+    ALLOW
+}
+
+#[cgroup_sock_addr(recvmsg6)]
+pub fn recvmsg6(ctx: SockAddrContext) -> i32 {
+    let source = Dest::of6(&ctx);
+    if let Some((vip, port)) = original(&ctx, source) {
+        Dest::write6(&ctx, source.family, vip, port);
+    }
+    ALLOW
+}
+
+#[cgroup_sock_addr(getpeername4)]
+pub fn getpeername4(ctx: SockAddrContext) -> i32 {
+    let peer = Dest::of4(&ctx);
+    if let Some((vip, port)) = balance::origin_of(&ctx, peer.family, peer.addr, peer.port) {
+        Dest::write4(&ctx, vip, port);
+    }
+    // getpeername hooks cannot fail the call.
+    ALLOW
+}
+
+#[cgroup_sock_addr(getpeername6)]
+pub fn getpeername6(ctx: SockAddrContext) -> i32 {
+    let peer = Dest::of6(&ctx);
+    if let Some((vip, port)) = balance::origin_of(&ctx, peer.family, peer.addr, peer.port) {
+        Dest::write6(&ctx, peer.family, vip, port);
+    }
+    ALLOW
+}
+
+/// The ClusterIP and port a reply from `source` answers on this socket: from the socket's
+/// connect-time origin, else from the unconnected-UDP reverse translation.
+#[inline(always)]
+fn original(ctx: &SockAddrContext, source: Dest) -> Option<(Words, u16)> {
+    balance::origin_of(ctx, source.family, source.addr, source.port).or_else(|| {
+        balance::reply_source(
+            sockaddr::cookie(ctx),
+            source.family,
+            source.addr,
+            source.port,
+        )
+    })
+}
+
+/// Turns a program's result into its return value, counting and logging failures.
+#[inline(always)]
+fn finish(ctx: &SockAddrContext, result: Result<(), Error>) -> i32 {
+    match result {
+        Ok(()) => ALLOW,
+        Err(error) => {
+            if let Error::SlotMissing { service_id } = &error {
+                warn!(
+                    ctx,
+                    "service {}: backend slot missing after retries", *service_id
+                );
+            }
+            error.verdict()
+        }
+    }
+}
+
+// On the host (clippy, the library target's build) a dependency links std, which has its own.
+#[cfg(target_arch = "bpf")]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    // The verifier rejects any reachable panic, so this is never entered at run time.
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

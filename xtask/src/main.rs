@@ -1,0 +1,34 @@
+//! Project tasks. `cargo xtask setup` installs what the build and tests need; `cargo xtask test`
+//! runs every test tier this machine can run.
+
+mod cmd;
+mod setup;
+mod test;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(about = "topology-agent project tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what is missing: rust-src for nightly, bpf-linker, bpftool/iproute2/iptables, bpffs.
+    Setup,
+    /// Set up, then run formatting and lint checks, unit tests, root integration tests and the
+    /// kind end-to-end suite, each where this machine can run it.
+    Test(test::TestArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().task {
+        Task::Setup => setup::run(),
+        Task::Test(args) => {
+            setup::run()?;
+            test::run(&args)
+        }
+    }
+}

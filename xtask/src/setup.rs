@@ -1,0 +1,196 @@
+//! `cargo xtask setup`: makes a fresh machine able to build and test, idempotently. Each step
+//! checks first and changes nothing when the tool already works.
+
+use std::{
+    fs,
+    os::unix::fs::symlink,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, bail};
+
+use crate::cmd::{self, is_root, on_path, succeeds};
+
+/// The bpf-linker release known to build against nightly's LLVM here.
+const BPF_LINKER_VERSION: &str = "0.13.0";
+/// Debian packages the tests and benchmarks call, with a command each provides.
+const PACKAGES: [(&str, &str); 3] = [
+    ("bpftool", "bpftool"),
+    ("iproute2", "ip"),
+    ("iptables", "iptables-restore"),
+];
+
+pub fn run() -> anyhow::Result<()> {
+    ensure_nightly()?;
+    ensure_rust_src()?;
+    ensure_bpf_linker()?;
+    ensure_packages()?;
+    ensure_bpffs()?;
+    eprintln!("setup: everything is in place");
+    Ok(())
+}
+
+fn nightly_sysroot() -> anyhow::Result<PathBuf> {
+    let sysroot = cmd::output(Command::new("rustup").args(["run", "nightly", "rustc", "--print", "sysroot"]))
+        .context("the nightly toolchain is required to build the eBPF programs (`rustup toolchain install nightly`)")?;
+    Ok(PathBuf::from(sysroot))
+}
+
+fn ensure_nightly() -> anyhow::Result<()> {
+    nightly_sysroot().map(|_| ())
+}
+
+fn ensure_rust_src() -> anyhow::Result<()> {
+    let core = nightly_sysroot()?.join("lib/rustlib/src/rust/library/core/Cargo.toml");
+    if core.exists() {
+        return Ok(());
+    }
+    cmd::run(Command::new("rustup").args([
+        "component",
+        "add",
+        "rust-src",
+        "--toolchain",
+        "nightly",
+    ]))
+}
+
+fn ensure_bpf_linker() -> anyhow::Result<()> {
+    let llvm = llvm_library()?;
+    let prefix = cargo_home().join("bpf-linker-llvm");
+    link_llvm(&prefix, &llvm)?;
+    if succeeds(Command::new("bpf-linker").arg("--version")) {
+        return Ok(());
+    }
+    let major = llvm_major(&llvm).with_context(|| format!("LLVM version of {}", llvm.display()))?;
+    eprintln!(
+        "setup: building bpf-linker {BPF_LINKER_VERSION} against nightly's LLVM {major} (about a minute)"
+    );
+    cmd::run(
+        cmd::cargo()
+            .args([
+                "install",
+                "bpf-linker",
+                "--version",
+                BPF_LINKER_VERSION,
+                "--no-default-features",
+            ])
+            .args(["--features", &format!("llvm-{major}")])
+            .env("LLVM_PREFIX", &prefix),
+    )?;
+    if !succeeds(Command::new("bpf-linker").arg("--version")) {
+        bail!(
+            "bpf-linker was installed but does not run; is {} on PATH?",
+            cargo_home().join("bin").display()
+        );
+    }
+    Ok(())
+}
+
+/// The shared LLVM library of the nightly toolchain (`libLLVM.so.<major>.<minor>-rust-...`).
+fn llvm_library() -> anyhow::Result<PathBuf> {
+    let lib = nightly_sysroot()?.join("lib");
+    let mut candidates: Vec<PathBuf> = fs::read_dir(&lib)
+        .with_context(|| format!("reading {}", lib.display()))?
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .filter(|path| {
+            path.file_name()
+                .is_some_and(|name| name.to_string_lossy().starts_with("libLLVM.so."))
+        })
+        .collect();
+    candidates.sort();
+    candidates
+        .pop()
+        .with_context(|| format!("no libLLVM.so.* in {}", lib.display()))
+}
+
+fn llvm_major(library: &Path) -> Option<u32> {
+    let name = library.file_name()?.to_string_lossy().into_owned();
+    let version = name.strip_prefix("libLLVM.so.")?;
+    version.split(['.', '-']).next()?.parse().ok()
+}
+
+/// `<prefix>/lib` with `libLLVM.so` (what bpf-linker's build links against) and the library's own
+/// file name (what the installed binary's RUNPATH resolves at run time), both pointing at `llvm`.
+fn link_llvm(prefix: &Path, llvm: &Path) -> anyhow::Result<()> {
+    let lib = prefix.join("lib");
+    fs::create_dir_all(&lib).with_context(|| format!("creating {}", lib.display()))?;
+    let file_name = llvm.file_name().context("LLVM library file name")?;
+    for name in [Path::new("libLLVM.so"), Path::new(file_name)] {
+        let link = lib.join(name);
+        if fs::read_link(&link).is_ok_and(|target| target == llvm) {
+            continue;
+        }
+        let _ = fs::remove_file(&link);
+        symlink(llvm, &link)
+            .with_context(|| format!("linking {} -> {}", link.display(), llvm.display()))?;
+    }
+    Ok(())
+}
+
+fn cargo_home() -> PathBuf {
+    std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cargo")
+        })
+}
+
+fn ensure_packages() -> anyhow::Result<()> {
+    let missing: Vec<&str> = PACKAGES
+        .iter()
+        .filter(|(_, command)| !on_path(command) && !Path::new("/usr/sbin").join(command).exists())
+        .map(|(package, _)| *package)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    if !is_root() || !on_path("apt-get") {
+        eprintln!(
+            "setup: missing packages {missing:?}; install them (root tests will skip without them)"
+        );
+        return Ok(());
+    }
+    cmd::run(Command::new("apt-get").args(["update", "-qq"]))?;
+    cmd::run(
+        Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+}
+
+/// The agent pins under /sys/fs/bpf by default; mount bpffs there if nothing is.
+fn ensure_bpffs() -> anyhow::Result<()> {
+    let dir = Path::new("/sys/fs/bpf");
+    if !is_root() || !dir.exists() {
+        return Ok(());
+    }
+    let mounts =
+        fs::read_to_string("/proc/self/mountinfo").context("reading /proc/self/mountinfo")?;
+    let mounted = mounts.lines().any(|line| {
+        line.split_once(" - ").is_some_and(|(mount, fs)| {
+            fs.starts_with("bpf ") && mount.split_whitespace().nth(4) == Some("/sys/fs/bpf")
+        })
+    });
+    if mounted {
+        return Ok(());
+    }
+    cmd::run(Command::new("mount").args(["-t", "bpf", "bpf", "/sys/fs/bpf"]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llvm_major_comes_from_the_library_name() {
+        assert_eq!(
+            llvm_major(Path::new("/x/libLLVM.so.22.1-rust-1.97.0-nightly")),
+            Some(22)
+        );
+        assert_eq!(llvm_major(Path::new("/x/libLLVM.so.19")), Some(19));
+        assert_eq!(llvm_major(Path::new("/x/libLLVM-22.so")), None);
+    }
+}
