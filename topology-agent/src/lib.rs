@@ -4,7 +4,10 @@
 //!
 //! The data flows one way: source -> cluster state -> policy -> desired state -> dataplane.
 
+pub mod cluster;
 pub mod dataplane;
 pub mod desired;
+pub mod explain;
 pub mod mounts;
+pub mod policy;
 pub mod status;

@@ -4,7 +4,11 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
-use topology_agent::{dataplane, status::StatusReport};
+use topology_agent::{
+    cluster::{ObjectKey, file},
+    dataplane, explain,
+    status::StatusReport,
+};
 
 #[derive(Parser)]
 #[command(
@@ -18,6 +22,22 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Show, per Service port, which backends this node would use and why: the same decision the
+    /// agent programs into the kernel.
+    Explain {
+        /// Cluster objects (Nodes, Services, EndpointSlices) as multi-document YAML or a List.
+        #[arg(long)]
+        cluster: PathBuf,
+        /// The node to decide for.
+        #[arg(long, env = "NODE_NAME")]
+        node: String,
+        /// Only this Service (NAMESPACE/NAME).
+        #[arg(long)]
+        service: Option<ObjectKey>,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
     /// Print what the kernel holds now, service by service, from the pinned maps.
     Status {
         /// Pin directory of the agent.
@@ -51,6 +71,19 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match cli.command {
+        Command::Explain {
+            cluster,
+            node,
+            service,
+            output,
+        } => {
+            let state = file::load(&cluster)?;
+            let report = explain::explain(&state, &node, service.as_ref())?;
+            match output {
+                Output::Table => print!("{}", report.table()),
+                Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+            }
+        }
         Command::Status { pin_path, output } => {
             let snapshot = dataplane::snapshot(&pin_path).with_context(|| {
                 format!("reading the pinned state under {}", pin_path.display())

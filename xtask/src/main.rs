@@ -1,6 +1,7 @@
 //! Project tasks. `cargo xtask setup` installs what the build and tests need; `cargo xtask test`
 //! runs every test tier this machine can run.
 
+mod bench;
 mod cmd;
 mod setup;
 mod test;
@@ -21,6 +22,8 @@ enum Task {
     /// Set up, then run formatting and lint checks, unit tests, root integration tests and the
     /// kind end-to-end suite, each where this machine can run it.
     Test(test::TestArgs),
+    /// Set up, then run benchmarks and print their tables.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -29,6 +32,10 @@ fn main() -> anyhow::Result<()> {
         Task::Test(args) => {
             setup::run()?;
             test::run(&args)
+        }
+        Task::Bench(args) => {
+            setup::run()?;
+            bench::run(&args)
         }
     }
 }

@@ -1,0 +1,137 @@
+//! Policy speed: the full decision for one node over 10,000 Services x 10 endpoints (target
+//! < 200 ms) and for one Service (target < 50 us). `cargo xtask bench policy`.
+
+use std::{collections::BTreeMap, hint::black_box, net::IpAddr};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use topology_agent::{
+    cluster::{
+        ClusterState, Endpoint, EndpointSlice, Family, Node, ObjectKey, Service, ServicePort,
+        SlicePort, TopologyKeysSource, TopologyKeysSpec, TrafficDistribution,
+    },
+    desired::Protocol,
+    policy,
+};
+
+const NODES: usize = 60;
+const ZONES: usize = 3;
+
+/// 60 nodes in 3 zones; `services` Services with 10 endpoints each, hinted like the EndpointSlice
+/// controller does for PreferClose, and a mix of every mode.
+fn cluster(services: usize) -> ClusterState {
+    let mut state = ClusterState::default();
+    for n in 0..NODES {
+        let labels = BTreeMap::from([
+            ("kubernetes.io/hostname".to_owned(), format!("node-{n}")),
+            (
+                "topology.kubernetes.io/zone".to_owned(),
+                format!("zone-{}", n % ZONES),
+            ),
+            (
+                "topology.kubernetes.io/region".to_owned(),
+                "region-0".to_owned(),
+            ),
+        ]);
+        state.upsert_node(Node {
+            name: format!("node-{n}"),
+            labels,
+            allocatable_cpu_millis: 8000,
+            ready: true,
+        });
+    }
+    for s in 0..services {
+        let key = ObjectKey::new("bench", format!("svc-{s}"));
+        let (traffic_distribution, topology_keys, topology_mode, internal_traffic_local) =
+            match s % 5 {
+                0 => (Some(TrafficDistribution::PreferClose), None, None, false),
+                1 => (
+                    None,
+                    Some(keys(&[
+                        "kubernetes.io/hostname",
+                        "topology.kubernetes.io/zone",
+                        "*",
+                    ])),
+                    None,
+                    false,
+                ),
+                2 => (None, None, Some("Auto".to_owned()), false),
+                3 => (Some(TrafficDistribution::PreferSameNode), None, None, false),
+                _ => (None, None, None, s % 10 == 4),
+            };
+        state.upsert_service(Service {
+            key: key.clone(),
+            cluster_ips: vec![IpAddr::from([10, 96, (s >> 8) as u8, s as u8])],
+            ports: vec![ServicePort {
+                name: "http".into(),
+                port: 80,
+                protocol: Protocol::Tcp,
+            }],
+            internal_traffic_local,
+            traffic_distribution,
+            topology_keys,
+            topology_mode,
+            agent_annotations: BTreeMap::new(),
+        });
+        let endpoints = (0..10)
+            .map(|e| {
+                let node = (s * 7 + e * 13) % NODES;
+                let zone = format!("zone-{}", node % ZONES);
+                Endpoint {
+                    address: IpAddr::from([10, (s >> 8) as u8 + 100, s as u8, e as u8]),
+                    ready: true,
+                    serving: true,
+                    terminating: false,
+                    node_name: Some(format!("node-{node}")),
+                    zone: Some(zone.clone()),
+                    hint_zones: vec![zone],
+                    hint_nodes: vec![format!("node-{node}")],
+                }
+            })
+            .collect();
+        state.upsert_slice(EndpointSlice {
+            key: ObjectKey::new("bench", format!("svc-{s}-abcde")),
+            service: Some(key),
+            family: Family::V4,
+            ports: vec![SlicePort {
+                name: "http".into(),
+                port: 8080,
+                protocol: Protocol::Tcp,
+            }],
+            endpoints,
+        });
+    }
+    state
+}
+
+fn keys(keys: &[&str]) -> TopologyKeysSpec {
+    TopologyKeysSpec {
+        source: TopologyKeysSource::Annotation,
+        keys: keys.iter().map(|k| (*k).to_owned()).collect(),
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let state = cluster(10_000);
+    let mut group = c.benchmark_group("policy");
+    group.sample_size(20);
+    group.bench_function(
+        "10k services x 10 endpoints, one node (decide + desired state)",
+        |b| {
+            b.iter(|| {
+                let selections = policy::compute(black_box(&state), "node-1").expect("node exists");
+                black_box(policy::desired::desired_state(&selections))
+            })
+        },
+    );
+    group.finish();
+    let this = state.node("node-1").expect("node-1");
+    let one = state
+        .service(&ObjectKey::new("bench", "svc-0"))
+        .expect("svc-0");
+    c.bench_function("policy/one service (10 endpoints, PreferClose)", |b| {
+        b.iter(|| black_box(policy::compute_service(black_box(&state), this, one)))
+    });
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

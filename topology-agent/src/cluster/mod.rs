@@ -1,0 +1,13 @@
+//! The cluster as the agent knows it: objects reduced to what decides routing, from a file or
+//! from Kubernetes watches, indexed in one state the policy reads.
+
+pub mod convert;
+pub mod file;
+pub mod model;
+pub mod state;
+
+pub use model::{
+    Endpoint, EndpointSlice, Family, Kind, Node, ObjectError, ObjectKey, Service, ServicePort,
+    SlicePort, TopologyKeysSource, TopologyKeysSpec, TrafficDistribution,
+};
+pub use state::ClusterState;

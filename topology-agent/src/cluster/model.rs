@@ -1,0 +1,280 @@
+//! The cluster as the policy sees it: Nodes, Services and EndpointSlices reduced to the fields that
+//! decide routing. Bulk (managedFields, status of Pods, ...) never gets this far.
+
+use std::{collections::BTreeMap, fmt, net::IpAddr};
+
+use crate::desired::Protocol;
+
+/// `kubernetes.io/hostname`.
+pub const LABEL_HOSTNAME: &str = "kubernetes.io/hostname";
+/// `topology.kubernetes.io/zone`.
+pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
+/// `topology.kubernetes.io/region`.
+pub const LABEL_REGION: &str = "topology.kubernetes.io/region";
+/// Label joining an EndpointSlice to its Service.
+pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
+
+/// `namespace/name` of a namespaced object.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectKey {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+impl ObjectKey {
+    /// A key from its parts.
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl std::str::FromStr for ObjectKey {
+    type Err = String;
+
+    /// Parses `namespace/name`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.split_once('/') {
+            Some((namespace, name))
+                if !namespace.is_empty() && !name.is_empty() && !name.contains('/') =>
+            {
+                Ok(Self::new(namespace, name))
+            }
+            _ => Err(format!("{s:?} is not NAMESPACE/NAME")),
+        }
+    }
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// IP family of a ClusterIP, an EndpointSlice or an address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Family {
+    /// IPv4.
+    V4,
+    /// IPv6.
+    V6,
+}
+
+impl Family {
+    /// The family of an address.
+    pub fn of(addr: &IpAddr) -> Self {
+        if addr.is_ipv4() { Self::V4 } else { Self::V6 }
+    }
+}
+
+/// A Node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Node {
+    /// Name.
+    pub name: String,
+    /// Labels (topology keys are read from here).
+    pub labels: BTreeMap<String, String>,
+    /// `status.allocatable.cpu` in millicores (0 when absent).
+    pub allocatable_cpu_millis: u64,
+    /// The Ready condition is True.
+    pub ready: bool,
+}
+
+impl Node {
+    /// The value of a topology label, with `kubernetes.io/hostname` defaulting to the node name.
+    pub fn topology_value(&self, key: &str) -> Option<&str> {
+        match self.labels.get(key) {
+            Some(value) => Some(value),
+            None if key == LABEL_HOSTNAME => Some(&self.name),
+            None => None,
+        }
+    }
+
+    /// The node's zone, if labelled (an empty label is no zone).
+    pub fn zone(&self) -> Option<&str> {
+        self.labels
+            .get(LABEL_ZONE)
+            .map(String::as_str)
+            .filter(|z| !z.is_empty())
+    }
+
+    /// The node's region, if labelled.
+    pub fn region(&self) -> Option<&str> {
+        self.labels
+            .get(LABEL_REGION)
+            .map(String::as_str)
+            .filter(|r| !r.is_empty())
+    }
+}
+
+/// `spec.trafficDistribution`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TrafficDistribution {
+    /// Prefer endpoints in the same zone (the original name of `PreferSameZone`).
+    PreferClose,
+    /// Prefer endpoints in the same zone.
+    PreferSameZone,
+    /// Prefer endpoints on the same node, then in the same zone.
+    PreferSameNode,
+    /// A value this agent does not know; ignored, as kube-proxy ignores it.
+    Unknown(String),
+}
+
+impl TrafficDistribution {
+    /// Parses the field's value.
+    pub fn parse(value: &str) -> Self {
+        match value {
+            "PreferClose" => Self::PreferClose,
+            "PreferSameZone" => Self::PreferSameZone,
+            "PreferSameNode" => Self::PreferSameNode,
+            other => Self::Unknown(other.to_owned()),
+        }
+    }
+}
+
+/// One port of a Service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServicePort {
+    /// Port name ("" when the Service has a single unnamed port).
+    pub name: String,
+    /// Service port number.
+    pub port: u16,
+    /// Protocol.
+    pub protocol: Protocol,
+}
+
+/// A Service of type ClusterIP (or any type with a ClusterIP).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Service {
+    /// Namespace and name.
+    pub key: ObjectKey,
+    /// ClusterIPs, one per family; empty for headless and ExternalName Services.
+    pub cluster_ips: Vec<IpAddr>,
+    /// Ports.
+    pub ports: Vec<ServicePort>,
+    /// `spec.internalTrafficPolicy: Local`.
+    pub internal_traffic_local: bool,
+    /// `spec.trafficDistribution`.
+    pub traffic_distribution: Option<TrafficDistribution>,
+    /// Topology keys as written, and where: the `topology-agent.io/topology-keys` annotation or
+    /// `spec.topologyKeys` (Kubernetes 1.17-1.21). Validated by the policy.
+    pub topology_keys: Option<TopologyKeysSpec>,
+    /// The Topology Aware Routing annotation value (`service.kubernetes.io/topology-mode`, else
+    /// the older `service.kubernetes.io/topology-aware-hints`).
+    pub topology_mode: Option<String>,
+    /// Annotations of this agent (`topology-agent.io/...`), for modes added later.
+    pub agent_annotations: BTreeMap<String, String>,
+}
+
+/// Where topology keys came from, and their raw entries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopologyKeysSpec {
+    /// `annotation` or `spec.topologyKeys`.
+    pub source: TopologyKeysSource,
+    /// The keys as written, in order.
+    pub keys: Vec<String>,
+}
+
+/// Where a Service's topology keys came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TopologyKeysSource {
+    /// The `topology-agent.io/topology-keys` annotation.
+    Annotation,
+    /// `spec.topologyKeys`.
+    Spec,
+}
+
+impl fmt::Display for TopologyKeysSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Annotation => "annotation topology-agent.io/topology-keys",
+            Self::Spec => "spec.topologyKeys",
+        })
+    }
+}
+
+/// One port of an EndpointSlice.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlicePort {
+    /// Port name, matched against the Service port's name.
+    pub name: String,
+    /// Target port number on the endpoints.
+    pub port: u16,
+    /// Protocol.
+    pub protocol: Protocol,
+}
+
+/// One endpoint of an EndpointSlice.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    /// The endpoint's address (the first of `addresses`, as kube-proxy uses).
+    pub address: IpAddr,
+    /// `conditions.ready` (absent means true).
+    pub ready: bool,
+    /// `conditions.serving` (absent means true).
+    pub serving: bool,
+    /// `conditions.terminating` (absent means false).
+    pub terminating: bool,
+    /// `nodeName`.
+    pub node_name: Option<String>,
+    /// `zone`.
+    pub zone: Option<String>,
+    /// `hints.forZones[].name`.
+    pub hint_zones: Vec<String>,
+    /// `hints.forNodes[].name`.
+    pub hint_nodes: Vec<String>,
+}
+
+/// An EndpointSlice of an IP family.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointSlice {
+    /// Namespace and name.
+    pub key: ObjectKey,
+    /// The Service it belongs to (`kubernetes.io/service-name`), in the same namespace.
+    pub service: Option<ObjectKey>,
+    /// Address family; FQDN slices are not kept.
+    pub family: Family,
+    /// Ports.
+    pub ports: Vec<SlicePort>,
+    /// Endpoints.
+    pub endpoints: Vec<Endpoint>,
+}
+
+/// Kind of a Kubernetes object this agent reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    /// v1 Node.
+    Node,
+    /// v1 Service.
+    Service,
+    /// discovery.k8s.io/v1 EndpointSlice.
+    EndpointSlice,
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Node => "Node",
+            Self::Service => "Service",
+            Self::EndpointSlice => "EndpointSlice",
+        })
+    }
+}
+
+/// An object that cannot be used, with the field at fault.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{kind} {name}: {field}: {message}")]
+pub struct ObjectError {
+    /// Kind of the object.
+    pub kind: Kind,
+    /// `namespace/name`, or the name of a Node.
+    pub name: String,
+    /// Path of the offending field (`spec.clusterIPs[1]`).
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+}

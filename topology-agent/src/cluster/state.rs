@@ -1,0 +1,193 @@
+//! The cluster state: every usable Node, Service and EndpointSlice, indexed for the policy and
+//! for incremental recomputation. Sources (file, Kubernetes watches) write it; the policy reads it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::model::{EndpointSlice, Node, ObjectKey, Service};
+
+/// Nodes, Services and EndpointSlices, with slices indexed by their Service.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterState {
+    nodes: BTreeMap<String, Node>,
+    services: BTreeMap<ObjectKey, Service>,
+    slices: BTreeMap<ObjectKey, EndpointSlice>,
+    slices_by_service: BTreeMap<ObjectKey, BTreeSet<ObjectKey>>,
+}
+
+impl ClusterState {
+    /// Adds or replaces a Node; true if anything changed.
+    pub fn upsert_node(&mut self, node: Node) -> bool {
+        if self.nodes.get(&node.name) == Some(&node) {
+            return false;
+        }
+        self.nodes.insert(node.name.clone(), node);
+        true
+    }
+
+    /// Removes a Node; the removed Node, if it existed.
+    pub fn remove_node(&mut self, name: &str) -> Option<Node> {
+        self.nodes.remove(name)
+    }
+
+    /// Adds or replaces a Service; true if anything changed.
+    pub fn upsert_service(&mut self, service: Service) -> bool {
+        if self.services.get(&service.key) == Some(&service) {
+            return false;
+        }
+        self.services.insert(service.key.clone(), service);
+        true
+    }
+
+    /// Removes a Service; true if it existed. Its slices stay: they may outlive it briefly.
+    pub fn remove_service(&mut self, key: &ObjectKey) -> bool {
+        self.services.remove(key).is_some()
+    }
+
+    /// Adds or replaces an EndpointSlice. Returns the Services whose endpoints changed (the old and
+    /// the new owner, if the label moved), empty if nothing changed.
+    pub fn upsert_slice(&mut self, slice: EndpointSlice) -> Vec<ObjectKey> {
+        if self.slices.get(&slice.key) == Some(&slice) {
+            return Vec::new();
+        }
+        let mut affected = self.remove_slice(&slice.key.clone());
+        if let Some(service) = &slice.service {
+            self.slices_by_service
+                .entry(service.clone())
+                .or_default()
+                .insert(slice.key.clone());
+            if !affected.contains(service) {
+                affected.push(service.clone());
+            }
+        }
+        self.slices.insert(slice.key.clone(), slice);
+        affected
+    }
+
+    /// Removes an EndpointSlice; returns the Service it belonged to, if any.
+    pub fn remove_slice(&mut self, key: &ObjectKey) -> Vec<ObjectKey> {
+        let Some(old) = self.slices.remove(key) else {
+            return Vec::new();
+        };
+        let Some(service) = old.service else {
+            return Vec::new();
+        };
+        if let Some(keys) = self.slices_by_service.get_mut(&service) {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.slices_by_service.remove(&service);
+            }
+        }
+        vec![service]
+    }
+
+    /// A Node by name.
+    pub fn node(&self, name: &str) -> Option<&Node> {
+        self.nodes.get(name)
+    }
+
+    /// Every Node, by name.
+    pub fn nodes(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.values()
+    }
+
+    /// A Service by key.
+    pub fn service(&self, key: &ObjectKey) -> Option<&Service> {
+        self.services.get(key)
+    }
+
+    /// Every Service, by key.
+    pub fn services(&self) -> impl Iterator<Item = &Service> {
+        self.services.values()
+    }
+
+    /// The EndpointSlices of a Service, by slice name.
+    pub fn slices_of<'a>(
+        &'a self,
+        service: &ObjectKey,
+    ) -> impl Iterator<Item = &'a EndpointSlice> + 'a {
+        self.slices_by_service
+            .get(service)
+            .into_iter()
+            .flatten()
+            .filter_map(|key| self.slices.get(key))
+    }
+
+    /// Every EndpointSlice, by key.
+    pub fn slices(&self) -> impl Iterator<Item = &EndpointSlice> {
+        self.slices.values()
+    }
+
+    /// Services with at least one endpoint on `node`: those a change of that Node's labels can
+    /// re-route.
+    pub fn services_with_endpoints_on(&self, node: &str) -> BTreeSet<ObjectKey> {
+        self.slices
+            .values()
+            .filter(|slice| {
+                slice
+                    .endpoints
+                    .iter()
+                    .any(|e| e.node_name.as_deref() == Some(node))
+            })
+            .filter_map(|slice| slice.service.clone())
+            .collect()
+    }
+
+    /// Number of Nodes, Services and EndpointSlices.
+    pub fn counts(&self) -> (usize, usize, usize) {
+        (self.nodes.len(), self.services.len(), self.slices.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::model::{Endpoint, Family};
+
+    fn slice(name: &str, service: &str, node: &str) -> EndpointSlice {
+        EndpointSlice {
+            key: ObjectKey::new("ns", name),
+            service: Some(ObjectKey::new("ns", service)),
+            family: Family::V4,
+            ports: vec![],
+            endpoints: vec![Endpoint {
+                address: "10.0.0.1".parse().unwrap(),
+                ready: true,
+                serving: true,
+                terminating: false,
+                node_name: Some(node.into()),
+                zone: None,
+                hint_zones: vec![],
+                hint_nodes: vec![],
+            }],
+        }
+    }
+
+    #[test]
+    fn slices_are_indexed_by_service_and_moves_report_both_owners() {
+        let mut state = ClusterState::default();
+        assert_eq!(
+            state.upsert_slice(slice("s1", "web", "a")),
+            vec![ObjectKey::new("ns", "web")]
+        );
+        assert!(
+            state.upsert_slice(slice("s1", "web", "a")).is_empty(),
+            "no change, nothing affected"
+        );
+        assert_eq!(state.slices_of(&ObjectKey::new("ns", "web")).count(), 1);
+        let moved = state.upsert_slice(slice("s1", "api", "a"));
+        assert_eq!(
+            moved,
+            vec![ObjectKey::new("ns", "web"), ObjectKey::new("ns", "api")]
+        );
+        assert_eq!(state.slices_of(&ObjectKey::new("ns", "web")).count(), 0);
+        assert_eq!(
+            state.services_with_endpoints_on("a"),
+            BTreeSet::from([ObjectKey::new("ns", "api")])
+        );
+        assert_eq!(
+            state.remove_slice(&ObjectKey::new("ns", "s1")),
+            vec![ObjectKey::new("ns", "api")]
+        );
+        assert_eq!(state.counts(), (0, 0, 0));
+    }
+}

@@ -1,0 +1,258 @@
+//! `topology-agent explain`: the policy's decision for every Service port, as a table or as the
+//! stable JSON documented in the README. It prints exactly what the agent programs.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::{
+    cluster::{ClusterState, Family, ObjectKey},
+    desired::{Locality, Protocol},
+    policy::{self, PolicyError, PolicyKind, PortSelection},
+};
+
+/// The decisions of one node.
+#[derive(Debug, Serialize)]
+pub struct ExplainReport {
+    /// The node deciding.
+    pub node: String,
+    /// One entry per Service port and IP family.
+    pub services: Vec<ServiceEntry>,
+}
+
+/// The decision for one Service port and family.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceEntry {
+    /// `namespace/name`.
+    pub service: String,
+    /// Service port.
+    pub port: u16,
+    /// Protocol.
+    pub protocol: Protocol,
+    /// Port name ("" when unnamed).
+    pub port_name: String,
+    /// ClusterIPs of this family.
+    #[serde(rename = "clusterIPs")]
+    pub cluster_ips: Vec<String>,
+    /// Mode that decided.
+    pub policy: PolicyKind,
+    /// Why.
+    pub reason: String,
+    /// Connections are refused.
+    pub reject: bool,
+    /// Backends and weights.
+    pub backends: Vec<BackendEntry>,
+    /// Inputs ignored, and why.
+    pub warnings: Vec<String>,
+}
+
+/// One backend.
+#[derive(Debug, Serialize)]
+pub struct BackendEntry {
+    /// Address.
+    pub address: String,
+    /// Target port.
+    pub port: u16,
+    /// Node of the endpoint, if known.
+    pub node: Option<String>,
+    /// Zone of the endpoint, if known.
+    pub zone: Option<String>,
+    /// Relative weight.
+    pub weight: f64,
+    /// Where it is relative to the deciding node.
+    pub locality: Locality,
+}
+
+/// Errors of `explain`.
+#[derive(Debug, thiserror::Error)]
+pub enum ExplainError {
+    /// The policy could not run.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    /// `--service` names no Service.
+    #[error("service {0} is not in the cluster")]
+    UnknownService(ObjectKey),
+}
+
+/// The report for `node`, optionally for one Service.
+pub fn explain(
+    state: &ClusterState,
+    node: &str,
+    service: Option<&ObjectKey>,
+) -> Result<ExplainReport, ExplainError> {
+    let selections = match service {
+        None => policy::compute(state, node)?,
+        Some(key) => {
+            let this = state
+                .node(node)
+                .ok_or_else(|| PolicyError::UnknownNode(node.to_owned()))?;
+            let service = state
+                .service(key)
+                .ok_or_else(|| ExplainError::UnknownService(key.clone()))?;
+            policy::compute_service(state, this, service)
+        }
+    };
+    Ok(ExplainReport {
+        node: node.to_owned(),
+        services: selections.iter().map(entry).collect(),
+    })
+}
+
+fn entry(selected: &PortSelection) -> ServiceEntry {
+    let selection = &selected.selection;
+    ServiceEntry {
+        service: selected.service.to_string(),
+        port: selected.port.port,
+        protocol: selected.port.protocol,
+        port_name: selected.port.name.clone(),
+        cluster_ips: selected
+            .cluster_ips
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
+        policy: selection.policy,
+        reason: selection.reason.clone(),
+        reject: selection.reject,
+        backends: selection
+            .backends
+            .iter()
+            .map(|b| BackendEntry {
+                address: b.address.to_string(),
+                port: b.port,
+                node: b.node.clone(),
+                zone: b.zone.clone(),
+                weight: b.weight,
+                locality: b.locality,
+            })
+            .collect(),
+        warnings: selection.warnings.clone(),
+    }
+}
+
+impl ExplainReport {
+    /// Human-readable table.
+    pub fn table(&self) -> String {
+        let mut out = format!("node {}\n", self.node);
+        for service in &self.services {
+            let family = if service.cluster_ips.iter().any(|ip| ip.contains(':')) {
+                Family::V6
+            } else {
+                Family::V4
+            };
+            let name = if service.port_name.is_empty() {
+                service.service.clone()
+            } else {
+                format!("{}:{}", service.service, service.port_name)
+            };
+            let _ = writeln!(
+                out,
+                "\n{name}  {}/{} {}  {:?}{}",
+                service.port,
+                service.protocol,
+                service.cluster_ips.join(","),
+                service.policy,
+                if family == Family::V6 { "  (IPv6)" } else { "" }
+            );
+            let _ = writeln!(out, "  why: {}", service.reason);
+            for warning in &service.warnings {
+                let _ = writeln!(out, "  warning: {warning}");
+            }
+            if service.reject {
+                let _ = writeln!(out, "  REFUSED: connections fail with ECONNREFUSED");
+            }
+            for backend in &service.backends {
+                let _ = writeln!(
+                    out,
+                    "  {:<28} {:<7} node {:<16} zone {:<12} weight {}",
+                    format!("{}:{}", backend.address, backend.port),
+                    backend.locality.as_str(),
+                    backend.node.as_deref().unwrap_or("-"),
+                    backend.zone.as_deref().unwrap_or("-"),
+                    backend.weight
+                );
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::file;
+
+    const CLUSTER: &str = r#"
+apiVersion: v1
+kind: List
+items:
+- {apiVersion: v1, kind: Node, metadata: {name: node-a, labels: {topology.kubernetes.io/zone: zone-a}}}
+- {apiVersion: v1, kind: Node, metadata: {name: node-b, labels: {topology.kubernetes.io/zone: zone-b}}}
+- apiVersion: v1
+  kind: Service
+  metadata: {name: web, namespace: default}
+  spec: {clusterIPs: [10.96.0.10], ports: [{name: http, port: 80, protocol: TCP}], trafficDistribution: PreferClose}
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}
+  addressType: IPv4
+  ports: [{name: http, port: 8080, protocol: TCP}]
+  endpoints:
+  - {addresses: [10.1.2.3], nodeName: node-b, zone: zone-a}
+  - {addresses: [10.1.9.9], nodeName: node-b}
+"#;
+
+    #[test]
+    fn the_json_has_the_documented_shape() {
+        let state = file::parse(CLUSTER, "c.yaml").unwrap();
+        let report = explain(&state, "node-a", None).unwrap();
+        let json = serde_json::to_value(&report).unwrap();
+        // Node labels win over the endpoint's zone field: node-b is in zone-b, so nothing is close.
+        assert_eq!(json["node"], "node-a");
+        let web = &json["services"][0];
+        assert_eq!(web["service"], "default/web");
+        assert_eq!(web["port"], 80);
+        assert_eq!(web["protocol"], "TCP");
+        assert_eq!(web["portName"], "http");
+        assert_eq!(web["clusterIPs"], serde_json::json!(["10.96.0.10"]));
+        assert_eq!(web["policy"], "PreferClose");
+        assert_eq!(web["reject"], false);
+        let backend = &web["backends"][0];
+        assert_eq!(backend["address"], "10.1.2.3");
+        assert_eq!(backend["port"], 8080);
+        assert_eq!(backend["node"], "node-b");
+        assert_eq!(backend["zone"], "zone-b");
+        assert_eq!(backend["weight"], 1.0);
+        assert!(
+            web["reason"]
+                .as_str()
+                .unwrap()
+                .starts_with("PreferClose: no endpoint in zone zone-a"),
+            "{web}"
+        );
+    }
+
+    #[test]
+    fn one_service_or_an_error_naming_it() {
+        let state = file::parse(CLUSTER, "c.yaml").unwrap();
+        let report = explain(&state, "node-b", Some(&ObjectKey::new("default", "web"))).unwrap();
+        assert_eq!(report.services.len(), 1);
+        assert_eq!(
+            report.services[0].backends.len(),
+            2,
+            "both endpoints are in zone-b"
+        );
+        let table = report.table();
+        assert!(
+            table.contains("default/web:http  80/TCP 10.96.0.10  PreferClose"),
+            "{table}"
+        );
+        let missing =
+            explain(&state, "node-b", Some(&ObjectKey::new("default", "nope"))).unwrap_err();
+        assert_eq!(
+            missing.to_string(),
+            "service default/nope is not in the cluster"
+        );
+        assert!(explain(&state, "node-z", None).is_err());
+    }
+}

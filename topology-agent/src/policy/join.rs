@@ -1,0 +1,162 @@
+//! Joins a Service port to its endpoints: slices by the `kubernetes.io/service-name` label, ports
+//! by name and protocol, one IP family at a time, each endpoint once, with its topology resolved
+//! from its Node.
+
+use std::{collections::BTreeMap, net::IpAddr};
+
+use crate::cluster::{ClusterState, Family, Node, Service, ServicePort, model::LABEL_ZONE};
+
+/// An endpoint of one Service port, as the policy weighs it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Candidate<'a> {
+    /// Address.
+    pub address: IpAddr,
+    /// Target port (from the slice that listed it).
+    pub port: u16,
+    /// Ready condition.
+    pub ready: bool,
+    /// Serving condition.
+    pub serving: bool,
+    /// Terminating condition.
+    pub terminating: bool,
+    /// `nodeName`.
+    pub node_name: Option<&'a str>,
+    /// The endpoint's Node, when the cluster state has it.
+    pub node: Option<&'a Node>,
+    /// Zone: the Node's zone label, else the endpoint's `zone` field.
+    pub zone: Option<&'a str>,
+    /// `hints.forZones`.
+    pub hint_zones: &'a [String],
+    /// `hints.forNodes`.
+    pub hint_nodes: &'a [String],
+}
+
+impl Candidate<'_> {
+    /// Usable while other endpoints are ready.
+    pub fn is_ready(&self) -> bool {
+        self.ready
+    }
+
+    /// Usable only when no endpoint is ready (KEP-1669).
+    pub fn is_serving_terminating(&self) -> bool {
+        !self.ready && self.serving && self.terminating
+    }
+
+    /// The endpoint's value for a topology key: its Node's label, falling back to the endpoint's
+    /// own `zone` for the zone key and to `nodeName` for `kubernetes.io/hostname`.
+    pub fn topology_value(&self, key: &str) -> Option<&str> {
+        if let Some(value) = self.node.and_then(|node| node.labels.get(key)) {
+            return Some(value);
+        }
+        match key {
+            LABEL_ZONE => self.zone,
+            crate::cluster::model::LABEL_HOSTNAME => self.node_name,
+            _ => None,
+        }
+    }
+
+    /// The endpoint's region, from its Node.
+    pub fn region(&self) -> Option<&str> {
+        self.node.and_then(Node::region)
+    }
+
+    fn rank(&self) -> u8 {
+        if self.is_ready() {
+            2
+        } else if self.is_serving_terminating() {
+            1
+        } else {
+            0
+        }
+    }
+
+    /// Between two listings of the same endpoint: the more usable one, and among equally usable
+    /// ones a fixed order of their topology fields, so the result never depends on listing order.
+    fn preferred_over(&self, other: &Self) -> bool {
+        let key = |c: &Self| {
+            (
+                std::cmp::Reverse(c.rank()),
+                c.node_name,
+                c.zone,
+                c.hint_zones,
+                c.hint_nodes,
+            )
+        };
+        key(self) < key(other)
+    }
+}
+
+/// What the join found for one Service port and family.
+#[derive(Debug)]
+pub struct Joined<'a> {
+    /// Every distinct endpoint, sorted by address and port.
+    pub candidates: Vec<Candidate<'a>>,
+    /// Set when slices of this family exist but none has a port of this name and protocol.
+    pub unmatched_port: Option<String>,
+}
+
+/// The endpoints of `port` in `family`. An endpoint listed by several slices appears once, with
+/// the most usable conditions any of them reports.
+pub fn candidates<'a>(
+    state: &'a ClusterState,
+    service: &Service,
+    port: &ServicePort,
+    family: Family,
+) -> Joined<'a> {
+    let mut by_address: BTreeMap<(IpAddr, u16), Candidate<'a>> = BTreeMap::new();
+    let mut family_slices = 0;
+    let mut other_names = Vec::new();
+    for slice in state
+        .slices_of(&service.key)
+        .filter(|slice| slice.family == family)
+    {
+        family_slices += 1;
+        let Some(slice_port) = slice
+            .ports
+            .iter()
+            .find(|p| p.name == port.name && p.protocol == port.protocol)
+        else {
+            other_names.extend(slice.ports.iter().map(|p| format!("{:?}", p.name)));
+            continue;
+        };
+        for endpoint in &slice.endpoints {
+            let node = endpoint
+                .node_name
+                .as_deref()
+                .and_then(|name| state.node(name));
+            let candidate = Candidate {
+                address: endpoint.address,
+                port: slice_port.port,
+                ready: endpoint.ready,
+                serving: endpoint.serving,
+                terminating: endpoint.terminating,
+                node_name: endpoint.node_name.as_deref(),
+                node,
+                zone: node.and_then(Node::zone).or(endpoint.zone.as_deref()),
+                hint_zones: &endpoint.hint_zones,
+                hint_nodes: &endpoint.hint_nodes,
+            };
+            match by_address.get(&(candidate.address, candidate.port)) {
+                Some(existing) if !candidate.preferred_over(existing) => {}
+                _ => {
+                    by_address.insert((candidate.address, candidate.port), candidate);
+                }
+            }
+        }
+    }
+    let unmatched_port = (by_address.is_empty() && family_slices > 0 && !other_names.is_empty())
+        .then(|| {
+            other_names.sort();
+            other_names.dedup();
+            format!(
+                "no EndpointSlice port named {:?} with protocol {} (slices have {})",
+                port.name,
+                port.protocol,
+                other_names.join(", ")
+            )
+        });
+    Joined {
+        candidates: by_address.into_values().collect(),
+        unmatched_port,
+    }
+}

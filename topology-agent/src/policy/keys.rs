@@ -1,0 +1,166 @@
+//! Topology keys (KEP-536, `spec.topologyKeys` of Kubernetes 1.17-1.21, or the
+//! `topology-agent.io/topology-keys` annotation): walk the keys in order, take the endpoints whose
+//! node has this node's value for the key; the first key with any match wins; `*` matches every
+//! endpoint; nothing matched and no `*` means refuse (a hard requirement).
+
+use std::fmt;
+
+use super::{Candidate, PolicyKind, Selection, describe};
+use crate::cluster::Node;
+
+/// At most this many keys (KEP-536).
+pub const MAX_KEYS: usize = 16;
+
+/// One topology key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TopologyKey {
+    /// `*`: any endpoint.
+    Any,
+    /// A node label key.
+    Label(String),
+}
+
+impl fmt::Display for TopologyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Any => f.write_str("*"),
+            Self::Label(key) => f.write_str(key),
+        }
+    }
+}
+
+/// Validates keys as the KEP does: at most 16, each a valid label key or `*`, `*` only last, no
+/// duplicates. An invalid list is rejected as a whole.
+pub fn parse(raw: &[String]) -> Result<Vec<TopologyKey>, String> {
+    if raw.len() > MAX_KEYS {
+        return Err(format!(
+            "{} keys; at most {MAX_KEYS} are allowed",
+            raw.len()
+        ));
+    }
+    let mut keys = Vec::with_capacity(raw.len());
+    for (index, key) in raw.iter().enumerate() {
+        if key == "*" {
+            if index + 1 != raw.len() {
+                return Err("\"*\" must be the last key".into());
+            }
+            keys.push(TopologyKey::Any);
+            continue;
+        }
+        label_key(key).map_err(|why| format!("{key:?} is not a valid label key: {why}"))?;
+        if raw[..index].contains(key) {
+            return Err(format!("{key:?} appears more than once"));
+        }
+        keys.push(TopologyKey::Label(key.clone()));
+    }
+    Ok(keys)
+}
+
+/// Walks `keys` over the usable endpoints.
+pub fn select(
+    this: &Node,
+    keys: &[TopologyKey],
+    usable: &[Candidate<'_>],
+    terminating: bool,
+) -> Selection {
+    let listed = keys
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    if usable.is_empty() {
+        let reason = format!(
+            "topology keys [{listed}]: no ready or serving-and-terminating endpoint; connections are refused"
+        );
+        return Selection::equal(PolicyKind::TopologyKeys, reason, this, &[]);
+    }
+    let mut tried = Vec::new();
+    for key in keys {
+        let label = match key {
+            TopologyKey::Any => {
+                let before = if tried.is_empty() {
+                    String::new()
+                } else {
+                    format!("{}; ", tried.join("; "))
+                };
+                let reason = format!(
+                    "topology keys [{listed}]: {before}\"*\" takes all {}",
+                    describe(usable.len(), terminating)
+                );
+                return Selection::equal(PolicyKind::TopologyKeys, reason, this, usable);
+            }
+            TopologyKey::Label(label) => label,
+        };
+        let Some(value) = this.topology_value(label) else {
+            tried.push(format!("node {} has no {label} label", this.name));
+            continue;
+        };
+        let matched: Vec<Candidate<'_>> = usable
+            .iter()
+            .filter(|c| c.topology_value(label) == Some(value))
+            .cloned()
+            .collect();
+        if !matched.is_empty() {
+            let before = if tried.is_empty() {
+                String::new()
+            } else {
+                format!("{}; ", tried.join("; "))
+            };
+            let reason = format!(
+                "topology keys [{listed}]: {before}{label}={value} matched {} of {}",
+                matched.len(),
+                describe(usable.len(), terminating)
+            );
+            return Selection::equal(PolicyKind::TopologyKeys, reason, this, &matched);
+        }
+        tried.push(format!("{label}={value} matched none"));
+    }
+    let reason = format!(
+        "topology keys [{listed}]: {}; no \"*\" fallback, so connections are refused",
+        tried.join("; ")
+    );
+    Selection::equal(PolicyKind::TopologyKeys, reason, this, &[])
+}
+
+/// Checks a Kubernetes label key: an optional DNS-subdomain prefix and `/`, then a name of at most
+/// 63 characters, alphanumeric at both ends, with `-`, `_` and `.` inside.
+pub fn label_key(key: &str) -> Result<(), String> {
+    let (prefix, name) = match key.split_once('/') {
+        Some((prefix, name)) => (Some(prefix), name),
+        None => (None, key),
+    };
+    if let Some(prefix) = prefix {
+        if prefix.is_empty() || prefix.len() > 253 {
+            return Err("the prefix must be 1 to 253 characters".into());
+        }
+        for label in prefix.split('.') {
+            let ok = !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-');
+            if !ok {
+                return Err(format!(
+                    "the prefix {prefix:?} is not a lowercase DNS subdomain"
+                ));
+            }
+        }
+    }
+    if name.is_empty() || name.len() > 63 {
+        return Err("the name must be 1 to 63 characters".into());
+    }
+    let alnum = |b: u8| b.is_ascii_alphanumeric();
+    let bytes = name.as_bytes();
+    if !alnum(bytes[0]) || !alnum(bytes[bytes.len() - 1]) {
+        return Err("the name must start and end with a letter or digit".into());
+    }
+    if !bytes
+        .iter()
+        .all(|&b| alnum(b) || b == b'-' || b == b'_' || b == b'.')
+    {
+        return Err("the name may only contain letters, digits, '-', '_' and '.'".into());
+    }
+    Ok(())
+}

@@ -1,0 +1,268 @@
+//! The decision: from THIS node, which backends may each Service port use, and with which weights.
+//! Pure: no I/O, no clock. `explain` prints exactly what this returns, and the agent programs it.
+//!
+//! Modes, in precedence order:
+//! 1. `internalTrafficPolicy: Local` ([`local`]);
+//! 2. topology keys, KEP-536 ([`keys`]);
+//! 3. Topology Aware Routing hints ([`hints`]);
+//! 4. `spec.trafficDistribution` ([`distribution`]);
+//! 5. default: every usable endpoint.
+//!
+//! "Usable" endpoints are the ready ones or, when none is ready, the serving-and-terminating ones.
+
+pub mod desired;
+pub mod distribution;
+pub mod hints;
+pub mod join;
+pub mod keys;
+pub mod local;
+
+use std::net::IpAddr;
+
+pub use join::Candidate;
+use serde::Serialize;
+
+use crate::{
+    cluster::{ClusterState, Family, Node, ObjectKey, Service, ServicePort},
+    desired::Locality,
+};
+
+/// Which mode decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub enum PolicyKind {
+    /// Every usable endpoint.
+    Default,
+    /// `internalTrafficPolicy: Local`.
+    Local,
+    /// Topology keys (KEP-536).
+    TopologyKeys,
+    /// Topology Aware Routing hints (`service.kubernetes.io/topology-mode`).
+    TopologyAwareHints,
+    /// `trafficDistribution: PreferClose`.
+    PreferClose,
+    /// `trafficDistribution: PreferSameZone`.
+    PreferSameZone,
+    /// `trafficDistribution: PreferSameNode`.
+    PreferSameNode,
+}
+
+/// One chosen backend.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Backend {
+    /// Endpoint address.
+    pub address: IpAddr,
+    /// Target port.
+    pub port: u16,
+    /// Node of the endpoint.
+    pub node: Option<String>,
+    /// Zone of the endpoint.
+    pub zone: Option<String>,
+    /// Where it is relative to this node.
+    pub locality: Locality,
+    /// Relative weight.
+    pub weight: f64,
+}
+
+/// The decision for one Service port and family.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Selection {
+    /// The mode that decided.
+    pub policy: PolicyKind,
+    /// One line: which mode, which key or level matched, which fallback and why.
+    pub reason: String,
+    /// Connections are refused: no backend may be used.
+    pub reject: bool,
+    /// The backends, sorted by address and port.
+    pub backends: Vec<Backend>,
+    /// Inputs that were ignored (an invalid annotation, an unknown value), with why.
+    pub warnings: Vec<String>,
+}
+
+impl Selection {
+    /// A selection of `chosen` with equal weights; empty means refuse.
+    pub fn equal(
+        policy: PolicyKind,
+        reason: String,
+        this: &Node,
+        chosen: &[Candidate<'_>],
+    ) -> Self {
+        let backends: Vec<Backend> = chosen
+            .iter()
+            .map(|c| Backend {
+                address: c.address,
+                port: c.port,
+                node: c.node_name.map(str::to_owned),
+                zone: c.zone.map(str::to_owned),
+                locality: locality(this, c),
+                weight: 1.0,
+            })
+            .collect();
+        Self {
+            policy,
+            reason,
+            reject: backends.is_empty(),
+            backends,
+            warnings: Vec::new(),
+        }
+    }
+
+    fn warn(mut self, warnings: Vec<String>) -> Self {
+        self.warnings.extend(warnings);
+        self
+    }
+}
+
+/// A Service port of one family and what this node should do with it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PortSelection {
+    /// The Service.
+    pub service: ObjectKey,
+    /// The port.
+    pub port: ServicePort,
+    /// The family.
+    pub family: Family,
+    /// The Service's ClusterIPs of this family.
+    pub cluster_ips: Vec<IpAddr>,
+    /// The decision.
+    pub selection: Selection,
+}
+
+/// The policy cannot run for this node.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    /// The node is not in the cluster state.
+    #[error(
+        "node {0:?} is not in the cluster (no Node object of that name); refusing to route without knowing where this node is"
+    )]
+    UnknownNode(String),
+}
+
+/// Every Service port of every Service, for `node`, sorted by Service, port and family.
+pub fn compute(state: &ClusterState, node: &str) -> Result<Vec<PortSelection>, PolicyError> {
+    let this = state
+        .node(node)
+        .ok_or_else(|| PolicyError::UnknownNode(node.to_owned()))?;
+    Ok(state
+        .services()
+        .flat_map(|service| compute_service(state, this, service))
+        .collect())
+}
+
+/// Every port and family of one Service, for `this` node.
+pub fn compute_service(state: &ClusterState, this: &Node, service: &Service) -> Vec<PortSelection> {
+    let mut families: Vec<Family> = service.cluster_ips.iter().map(Family::of).collect();
+    families.sort();
+    families.dedup();
+    let mut out = Vec::new();
+    for port in &service.ports {
+        for &family in &families {
+            let joined = join::candidates(state, service, port, family);
+            let mut selection = select(this, service, &joined.candidates);
+            if let Some(note) = joined.unmatched_port {
+                selection.warnings.push(note);
+            }
+            out.push(PortSelection {
+                service: service.key.clone(),
+                port: port.clone(),
+                family,
+                cluster_ips: service
+                    .cluster_ips
+                    .iter()
+                    .filter(|ip| Family::of(ip) == family)
+                    .copied()
+                    .collect(),
+                selection,
+            });
+        }
+    }
+    out
+}
+
+/// The decision for one Service port from `this` node, given all its endpoints.
+pub fn select(this: &Node, service: &Service, candidates: &[Candidate<'_>]) -> Selection {
+    if service.internal_traffic_local {
+        return local::select(this, candidates);
+    }
+    let (usable, terminating) = usable(candidates);
+    let mut warnings = Vec::new();
+    if let Some(spec) = &service.topology_keys {
+        match keys::parse(&spec.keys) {
+            Ok(keys) => return keys::select(this, &keys, &usable, terminating),
+            Err(reason) => warnings.push(format!("{} ignored: {reason}", spec.source)),
+        }
+    }
+    if let Some(mode) = service
+        .topology_mode
+        .as_deref()
+        .filter(|mode| hints::enabled(mode))
+    {
+        return hints::select(this, mode, &usable, terminating).warn(warnings);
+    }
+    if let Some(distribution) = &service.traffic_distribution {
+        match distribution::select(this, distribution, &usable, terminating) {
+            Ok(selection) => return selection.warn(warnings),
+            Err(reason) => warnings.push(reason),
+        }
+    }
+    Selection::equal(
+        PolicyKind::Default,
+        default_reason(usable.len(), terminating),
+        this,
+        &usable,
+    )
+    .warn(warnings)
+}
+
+/// The usable endpoints (ready, else serving-and-terminating), and whether they are the
+/// terminating fallback.
+pub fn usable<'a>(candidates: &[Candidate<'a>]) -> (Vec<Candidate<'a>>, bool) {
+    let ready: Vec<Candidate<'a>> = candidates
+        .iter()
+        .filter(|c| c.is_ready())
+        .cloned()
+        .collect();
+    if !ready.is_empty() {
+        return (ready, false);
+    }
+    let terminating: Vec<Candidate<'a>> = candidates
+        .iter()
+        .filter(|c| c.is_serving_terminating())
+        .cloned()
+        .collect();
+    let fallback = !terminating.is_empty();
+    (terminating, fallback)
+}
+
+/// "3 ready endpoints", "2 serving-and-terminating endpoints (none is ready)".
+pub fn describe(count: usize, terminating: bool) -> String {
+    let noun = if count == 1 { "endpoint" } else { "endpoints" };
+    if terminating {
+        format!("{count} serving-and-terminating {noun} (none is ready)")
+    } else {
+        format!("{count} ready {noun}")
+    }
+}
+
+fn default_reason(count: usize, terminating: bool) -> String {
+    if count == 0 {
+        "default: no ready or serving-and-terminating endpoint; connections are refused".into()
+    } else {
+        format!("default: all {}", describe(count, terminating))
+    }
+}
+
+/// Where `candidate` is relative to `this` node.
+pub fn locality(this: &Node, candidate: &Candidate<'_>) -> Locality {
+    if candidate.node_name == Some(this.name.as_str()) {
+        Locality::Node
+    } else if this.zone().is_some() && candidate.zone == this.zone() {
+        Locality::Zone
+    } else if this.region().is_some() && candidate.region() == this.region() {
+        Locality::Region
+    } else {
+        Locality::Other
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,6 @@
+//! Policy tests: tables per mode, joins, and properties.
+
+mod join;
+mod props;
+mod tables;
+mod world;

@@ -1,0 +1,33 @@
+//! `cargo xtask bench [policy|datapath|control-plane]`: the benchmarks whose tables go into the
+//! issue notes.
+
+use clap::{Args, ValueEnum};
+
+use crate::cmd::{self, cargo};
+
+/// Which benchmarks to run.
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Benchmarks to run (default: all).
+    #[arg(value_enum)]
+    suites: Vec<Suite>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Suite {
+    /// Policy computation (criterion).
+    Policy,
+}
+
+pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    let wants = |suite| args.suites.is_empty() || args.suites.contains(&suite);
+    let root = cmd::workspace_root();
+    if wants(Suite::Policy) {
+        cmd::run(
+            cargo()
+                .args(["bench", "-p", "topology-agent", "--bench", "policy"])
+                .current_dir(&root),
+        )?;
+    }
+    Ok(())
+}
