@@ -4,10 +4,7 @@ use anyhow::{Context as _, anyhow};
 use aya_build::{Package, Toolchain};
 
 fn main() -> anyhow::Result<()> {
-    let metadata = cargo_metadata::MetadataCommand::new()
-        .no_deps()
-        .exec()
-        .context("cargo metadata")?;
+    let metadata = cargo_metadata::MetadataCommand::new().no_deps().exec().context("cargo metadata")?;
     let ebpf = metadata
         .packages
         .into_iter()
@@ -20,11 +17,7 @@ fn main() -> anyhow::Result<()> {
         .as_str()
         .to_owned();
     aya_build::build_ebpf(
-        [Package {
-            name: ebpf.name.as_str(),
-            root_dir: &root_dir,
-            ..Default::default()
-        }],
+        [Package { name: ebpf.name.as_str(), root_dir: &root_dir, ..Default::default() }],
         Toolchain::default(),
     )
 }

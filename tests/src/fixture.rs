@@ -30,11 +30,7 @@ pub struct Backend {
 impl Backend {
     /// The backend's IPv4 or IPv6 address.
     pub fn addr(&self, ipv6: bool) -> IpAddr {
-        if ipv6 {
-            IpAddr::V6(self.host.v6)
-        } else {
-            IpAddr::V4(self.host.v4)
-        }
+        if ipv6 { IpAddr::V6(self.host.v6) } else { IpAddr::V4(self.host.v4) }
     }
 
     /// The backend's server address of one family.
@@ -44,12 +40,7 @@ impl Backend {
 
     /// A weighted backend for desired states.
     pub fn weighted(&self, ipv6: bool, weight: u32) -> WeightedBackend {
-        WeightedBackend {
-            addr: self.addr(ipv6),
-            port: BACKEND_PORT,
-            weight,
-            locality: Locality::Zone,
-        }
+        WeightedBackend { addr: self.addr(ipv6), port: BACKEND_PORT, weight, locality: Locality::Zone }
     }
 }
 
@@ -82,21 +73,10 @@ impl Fixture {
                 let host = network.host("b");
                 let name = format!("b{i}");
                 let server = Server::start(&host, &name, &[BACKEND_PORT]);
-                Backend {
-                    name,
-                    _server: server,
-                    host,
-                }
+                Backend { name, _server: server, host }
             })
             .collect();
-        Self {
-            backends,
-            pins: PinGuard::new(&id),
-            cgroup: CgroupGuard::new(&id),
-            client,
-            network,
-            id,
-        }
+        Self { backends, pins: PinGuard::new(&id), cgroup: CgroupGuard::new(&id), client, network, id }
     }
 
     /// Dataplane configuration for this fixture.
@@ -118,33 +98,20 @@ impl Fixture {
 
     /// Where clients run: the client namespace, inside the cgroup.
     pub fn place(&self) -> ClientPlace {
-        ClientPlace {
-            netns: self.client.netns.name().to_owned(),
-            cgroup: self.cgroup.path().to_path_buf(),
-        }
+        ClientPlace { netns: self.client.netns.name().to_owned(), cgroup: self.cgroup.path().to_path_buf(), cpu: None }
     }
 
     /// A desired state with one service port.
     pub fn one_service(port: ServicePort, backends: Vec<WeightedBackend>) -> DesiredState {
         let mut desired = DesiredState::default();
-        desired.services.insert(
-            port,
-            DesiredService {
-                name: format!("test/{port}"),
-                backends,
-            },
-        );
+        desired.services.insert(port, DesiredService { name: format!("test/{port}"), backends });
         desired
     }
 }
 
 /// A service port.
 pub fn service(vip: &str, port: u16, protocol: Protocol) -> ServicePort {
-    ServicePort {
-        vip: vip.parse().expect("ClusterIP"),
-        port,
-        protocol,
-    }
+    ServicePort { vip: vip.parse().expect("ClusterIP"), port, protocol }
 }
 
 impl Drop for Fixture {

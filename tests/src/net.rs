@@ -41,16 +41,9 @@ impl Network {
     /// Creates the fabric namespace `<prefix>-fab` with its bridge.
     pub fn new(prefix: &str) -> Self {
         let fabric = NetnsGuard::new(&format!("{prefix}-fab"));
-        run(
-            "ip",
-            &["-n", fabric.name(), "link", "add", "br0", "type", "bridge"],
-        );
+        run("ip", &["-n", fabric.name(), "link", "add", "br0", "type", "bridge"]);
         run("ip", &["-n", fabric.name(), "link", "set", "br0", "up"]);
-        Self {
-            prefix: prefix.to_owned(),
-            hosts: 0,
-            fabric,
-        }
+        Self { prefix: prefix.to_owned(), hosts: 0, fabric }
     }
 
     /// Adds a host namespace `<prefix>-<role><n>` with a veth on the bridge.
@@ -61,47 +54,13 @@ impl Network {
         let netns = NetnsGuard::new(&format!("{}-{role}{n}", self.prefix));
         let fab = self.fabric.name();
         let port = format!("h{n}");
-        run(
-            "ip",
-            &[
-                "-n",
-                fab,
-                "link",
-                "add",
-                &port,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                "eth0",
-                "netns",
-                netns.name(),
-            ],
-        );
-        run(
-            "ip",
-            &["-n", fab, "link", "set", &port, "master", "br0", "up"],
-        );
+        run("ip", &["-n", fab, "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", netns.name()]);
+        run("ip", &["-n", fab, "link", "set", &port, "master", "br0", "up"]);
         let v4 = Ipv4Addr::new(10, 244, (n >> 8) as u8, (n & 0xff) as u8);
         let v6 = Ipv6Addr::new(0xfd00, 0x244, 0, 0, 0, 0, 0, n as u16);
         let ns = netns.name();
-        run(
-            "ip",
-            &["-n", ns, "addr", "add", &format!("{v4}/16"), "dev", "eth0"],
-        );
-        run(
-            "ip",
-            &[
-                "-n",
-                ns,
-                "addr",
-                "add",
-                &format!("{v6}/64"),
-                "dev",
-                "eth0",
-                "nodad",
-            ],
-        );
+        run("ip", &["-n", ns, "addr", "add", &format!("{v4}/16"), "dev", "eth0"]);
+        run("ip", &["-n", ns, "addr", "add", &format!("{v6}/64"), "dev", "eth0", "nodad"]);
         run("ip", &["-n", ns, "link", "set", "eth0", "up"]);
         Host { netns, v4, v6 }
     }
@@ -126,16 +85,9 @@ pub fn agent_binary() -> PathBuf {
 /// `target/<profile>/<name>` for a test binary running from `target/<profile>/deps/`.
 fn sibling_binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current executable");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>/deps layout");
+    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps layout");
     let path = profile_dir.join(name);
-    assert!(
-        path.exists(),
-        "{} not built; run `cargo xtask test` (it builds every binary first)",
-        path.display()
-    );
+    assert!(path.exists(), "{} not built; run `cargo xtask test` (it builds every binary first)", path.display());
     path
 }
 
@@ -149,27 +101,26 @@ impl Server {
     /// Starts `name` in `host`'s namespace on the given ports of both its addresses, TCP and UDP,
     /// and waits until it listens.
     pub fn start(host: &Host, name: &str, ports: &[u16]) -> Self {
+        Self::start_on(host, name, ports, None)
+    }
+
+    /// Like [`Server::start`], pinned to `cpu` when given.
+    pub fn start_on(host: &Host, name: &str, ports: &[u16], cpu: Option<usize>) -> Self {
         let mut command = Command::new(probe_binary());
-        command.args(["--netns", host.netns.name(), "serve", "--name", name]);
+        command.args(["--netns", host.netns.name()]);
+        if let Some(cpu) = cpu {
+            command.args(["--cpu", &cpu.to_string()]);
+        }
+        command.args(["serve", "--name", name]);
         for port in ports {
-            for addr in [
-                SocketAddr::from((host.v4, *port)),
-                SocketAddr::from((host.v6, *port)),
-            ] {
+            for addr in [SocketAddr::from((host.v4, *port)), SocketAddr::from((host.v6, *port))] {
                 command.args(["--tcp", &addr.to_string(), "--udp", &addr.to_string()]);
             }
         }
-        let mut process = ProcessGuard::new(
-            command
-                .stdout(Stdio::piped())
-                .spawn()
-                .expect("spawn probe server"),
-        );
+        let mut process = ProcessGuard::new(command.stdout(Stdio::piped()).spawn().expect("spawn probe server"));
         let stdout = process.child().stdout.take().expect("piped stdout");
         let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("server readiness line");
+        BufReader::new(stdout).read_line(&mut line).expect("server readiness line");
         assert_eq!(line.trim(), "ready", "server {name} did not start");
         Self { _process: process }
     }
@@ -182,21 +133,18 @@ pub struct ClientPlace {
     pub netns: String,
     /// cgroup the client joins (where the programs are attached).
     pub cgroup: PathBuf,
+    /// CPU the client is pinned to, if any.
+    pub cpu: Option<usize>,
 }
 
 impl ClientPlace {
     fn command(&self, target: SocketAddr) -> Command {
         let mut command = Command::new(probe_binary());
-        command
-            .args(["--netns", &self.netns, "--cgroup"])
-            .arg(&self.cgroup);
-        command.args([
-            "client",
-            "--target",
-            &target.to_string(),
-            "--timeout-ms",
-            "2000",
-        ]);
+        command.args(["--netns", &self.netns, "--cgroup"]).arg(&self.cgroup);
+        if let Some(cpu) = self.cpu {
+            command.args(["--cpu", &cpu.to_string()]);
+        }
+        command.args(["client", "--target", &target.to_string(), "--timeout-ms", "2000"]);
         command
     }
 
@@ -204,6 +152,20 @@ impl ClientPlace {
     pub fn tcp(&self, target: SocketAddr, count: u64) -> Report {
         let mut command = self.command(target);
         command.args(["tcp", "--count", &count.to_string()]);
+        run_report(command)
+    }
+
+    /// `count` TCP connections to `target`, recording every `connect()` duration.
+    pub fn timed_tcp(&self, target: SocketAddr, count: u64) -> Report {
+        let mut command = self.command(target);
+        command.args(["--time-connects", "tcp", "--count", &count.to_string()]);
+        run_report(command)
+    }
+
+    /// `count` timed `connect()` calls of fresh UDP sockets to `target`, sending nothing.
+    pub fn timed_udp_connect(&self, target: SocketAddr, count: u64) -> Report {
+        let mut command = self.command(target);
+        command.args(["udp-connect", "--count", &count.to_string()]);
         run_report(command)
     }
 
@@ -221,13 +183,7 @@ impl ClientPlace {
 
     /// Starts a client that connects in a loop until told to stop (or `max` passes), and waits
     /// until its first attempt is done. `scratch` is a directory for its control files.
-    pub fn spawn_loop(
-        &self,
-        target: SocketAddr,
-        scratch: &Path,
-        max: Duration,
-        udp: bool,
-    ) -> LoopClient {
+    pub fn spawn_loop(&self, target: SocketAddr, scratch: &Path, max: Duration, udp: bool) -> LoopClient {
         static SEQ: AtomicU32 = AtomicU32::new(0);
         let n = SEQ.fetch_add(1, Ordering::Relaxed);
         let stop = scratch.join(format!("loop{n}.stop"));
@@ -235,34 +191,18 @@ impl ClientPlace {
         let _ = std::fs::remove_file(&stop);
         let _ = std::fs::remove_file(&started);
         let mut command = self.command(target);
-        command
-            .args(["loop", "--stop-file"])
-            .arg(&stop)
-            .arg("--started-file")
-            .arg(&started);
+        command.args(["loop", "--stop-file"]).arg(&stop).arg("--started-file").arg(&started);
         command.args(["--max-ms", &max.as_millis().to_string()]);
         if udp {
             command.arg("--udp");
         }
-        let process = ProcessGuard::new(
-            command
-                .stdout(Stdio::piped())
-                .spawn()
-                .expect("spawn probe loop"),
-        );
+        let process = ProcessGuard::new(command.stdout(Stdio::piped()).spawn().expect("spawn probe loop"));
         let deadline = Instant::now() + Duration::from_secs(10);
         while !started.exists() {
-            assert!(
-                Instant::now() < deadline,
-                "loop client did not start within 10 s"
-            );
+            assert!(Instant::now() < deadline, "loop client did not start within 10 s");
             std::thread::sleep(Duration::from_millis(5));
         }
-        LoopClient {
-            process,
-            stop,
-            started,
-        }
+        LoopClient { process, stop, started }
     }
 }
 
@@ -280,8 +220,7 @@ impl LoopClient {
         std::fs::write(&self.stop, b"stop").expect("write stop file");
         let child = self.process.child();
         let mut out = String::new();
-        std::io::Read::read_to_string(&mut child.stdout.take().expect("piped stdout"), &mut out)
-            .expect("read report");
+        std::io::Read::read_to_string(&mut child.stdout.take().expect("piped stdout"), &mut out).expect("read report");
         let status = child.wait().expect("wait for loop client");
         let _ = std::fs::remove_file(&self.stop);
         let _ = std::fs::remove_file(&self.started);
@@ -292,15 +231,7 @@ impl LoopClient {
 
 fn run_report(mut command: Command) -> Report {
     let output = command.output().expect("run probe client");
-    assert!(
-        output.status.success(),
-        "probe client failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
-        panic!(
-            "probe report {:?}: {e}",
-            String::from_utf8_lossy(&output.stdout)
-        )
-    })
+    assert!(output.status.success(), "probe client failed: {}", String::from_utf8_lossy(&output.stderr));
+    serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("probe report {:?}: {e}", String::from_utf8_lossy(&output.stdout)))
 }

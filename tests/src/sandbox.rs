@@ -43,19 +43,13 @@ macro_rules! require_root {
 pub fn unique_id() -> String {
     static SEQ: AtomicU32 = AtomicU32::new(0);
     sweep_stale_once();
-    format!(
-        "{PREFIX}{}x{}",
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::Relaxed)
-    )
+    format!("{PREFIX}{}x{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed))
 }
 
 /// Runs a command, panicking with its stderr if it fails.
 pub fn run(program: &str, args: &[&str]) -> String {
-    let output = Command::new(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{program} {}: {e}", args.join(" ")));
+    let output =
+        Command::new(program).args(args).output().unwrap_or_else(|e| panic!("{program} {}: {e}", args.join(" ")));
     assert!(
         output.status.success(),
         "{program} {} failed: {}",
@@ -112,9 +106,7 @@ impl NetnsGuard {
     /// Creates the namespace with its loopback up.
     pub fn new(name: &str) -> Self {
         run("ip", &["netns", "add", name]);
-        let guard = Self {
-            name: name.to_owned(),
-        };
+        let guard = Self { name: name.to_owned() };
         run("ip", &["-n", name, "link", "set", "lo", "up"]);
         guard
     }
@@ -127,9 +119,7 @@ impl NetnsGuard {
 
 impl Drop for NetnsGuard {
     fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .output();
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
     }
 }
 
@@ -143,9 +133,7 @@ impl PinGuard {
     /// Reserves `/sys/fs/bpf/<name>`; the dataplane creates it.
     pub fn new(name: &str) -> Self {
         ensure_bpffs();
-        Self {
-            path: Path::new("/sys/fs/bpf").join(name),
-        }
+        Self { path: Path::new("/sys/fs/bpf").join(name) }
     }
 
     /// The pin directory.
@@ -218,8 +206,7 @@ pub fn sweep_stale() {
         let Some((pid, _)) = rest.split_once('x') else {
             return false;
         };
-        pid.parse::<u32>()
-            .is_ok_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+        pid.parse::<u32>().is_ok_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
     };
     let pins = Path::new("/sys/fs/bpf");
     if let Ok(entries) = fs::read_dir(pins) {

@@ -103,15 +103,29 @@ impl Client {
         report
     }
 
+    /// `count` `connect()` calls on fresh UDP sockets, timed, without sending anything: the
+    /// syscall does no network I/O, so its duration is the route lookup plus any cgroup hook.
+    pub fn udp_connects(&self, count: u64) -> Report {
+        let mut report = Report::default();
+        for _ in 0..count {
+            let outcome = self.udp_socket().and_then(|socket| {
+                let started = Instant::now();
+                let connected = socket.connect(self.target);
+                report.connect_ns.push(started.elapsed().as_nanos() as u64);
+                connected.map(|()| "connected".to_owned())
+            });
+            report.record(outcome);
+        }
+        report
+    }
+
     /// `count` UDP request/response exchanges.
     pub fn udp(&self, count: u64, mode: UdpMode) -> Report {
         let mut report = Report::default();
         let mut shared: Option<UdpSocket> = None;
         for _ in 0..count {
             let outcome = match mode {
-                UdpMode::Unconnected => self
-                    .udp_socket()
-                    .and_then(|socket| self.udp_exchange(&socket, &mut report)),
+                UdpMode::Unconnected => self.udp_socket().and_then(|socket| self.udp_exchange(&socket, &mut report)),
                 UdpMode::SameSocket => match &shared {
                     Some(socket) => self.udp_exchange(socket, &mut report),
                     None => self.udp_socket().and_then(|socket| {
@@ -129,22 +143,13 @@ impl Client {
 
     /// Repeats TCP (or UDP, one socket each) attempts until `stop` exists or `max` elapsed;
     /// `started` is called once after the first attempt.
-    pub fn until(
-        &self,
-        stop: &Path,
-        max: Duration,
-        udp: bool,
-        pause: Duration,
-        started: impl FnOnce(),
-    ) -> Report {
+    pub fn until(&self, stop: &Path, max: Duration, udp: bool, pause: Duration, started: impl FnOnce()) -> Report {
         let mut report = Report::default();
         let begin = Instant::now();
         let mut started = Some(started);
         while !stop.exists() && begin.elapsed() < max {
             if udp {
-                let outcome = self
-                    .udp_socket()
-                    .and_then(|socket| self.udp_exchange(&socket, &mut report));
+                let outcome = self.udp_socket().and_then(|socket| self.udp_exchange(&socket, &mut report));
                 report.record(outcome);
             } else {
                 self.tcp_once(&mut report);
@@ -208,12 +213,7 @@ impl Client {
 
 /// Serves `name` on every TCP and UDP address until the process ends: TCP connections get the
 /// name and are closed, UDP datagrams get the name back. Calls `ready` once everything is bound.
-pub fn serve(
-    name: &str,
-    tcp: &[SocketAddr],
-    udp: &[SocketAddr],
-    ready: impl FnOnce(),
-) -> io::Result<()> {
+pub fn serve(name: &str, tcp: &[SocketAddr], udp: &[SocketAddr], ready: impl FnOnce()) -> io::Result<()> {
     let mut threads = Vec::new();
     for addr in tcp {
         let listener = TcpListener::bind(addr)?;
@@ -254,10 +254,7 @@ fn unspecified(target: &SocketAddr) -> SocketAddr {
 
 /// A short name for an I/O error: the errno constant, or `timeout`.
 pub fn errno_name(error: &io::Error) -> String {
-    if matches!(
-        error.kind(),
-        io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
-    ) {
+    if matches!(error.kind(), io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock) {
         return "timeout".into();
     }
     let known = [

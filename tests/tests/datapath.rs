@@ -21,10 +21,7 @@ fn addr(text: &str) -> SocketAddr {
 fn program_all(fx: &Fixture, vip: &str, port: u16, protocol: Protocol, ipv6: bool) -> Dataplane {
     let mut dp = Dataplane::open(&fx.config()).expect("open dataplane");
     let backends = fx.backends.iter().map(|b| b.weighted(ipv6, 1)).collect();
-    let report = dp.apply(&Fixture::one_service(
-        service(vip, port, protocol),
-        backends,
-    ));
+    let report = dp.apply(&Fixture::one_service(service(vip, port, protocol), backends));
     assert!(report.failed.is_empty(), "{:?}", report.failed);
     assert_eq!(report.added, 1);
     dp
@@ -37,10 +34,7 @@ fn tcp_ipv4_lands_on_every_backend_and_getpeername_shows_the_cluster_ip() {
     let _dp = program_all(&fx, "10.96.0.10", 80, Protocol::Tcp, false);
     let result = fx.place().tcp(addr("10.96.0.10:80"), 300);
     assert_eq!(result.failures(), 0, "{result:?}");
-    assert_eq!(
-        result.peer_mismatch, 0,
-        "getpeername must return the ClusterIP: {result:?}"
-    );
+    assert_eq!(result.peer_mismatch, 0, "getpeername must return the ClusterIP: {result:?}");
     for backend in &fx.backends {
         assert!(result.landed_on(&backend.name) > 30, "{result:?}");
     }
@@ -55,10 +49,7 @@ fn tcp_ipv6_lands_on_backends() {
     assert_eq!(result.failures(), 0, "{result:?}");
     assert_eq!(result.peer_mismatch, 0, "{result:?}");
     assert_eq!(result.successes(), 200);
-    assert!(
-        fx.backends.iter().all(|b| result.landed_on(&b.name) > 20),
-        "{result:?}"
-    );
+    assert!(fx.backends.iter().all(|b| result.landed_on(&b.name) > 20), "{result:?}");
 }
 
 #[test]
@@ -71,10 +62,7 @@ fn tcp_ipv4_mapped_from_an_ipv6_socket() {
     let result = fx.place().tcp(addr("[::ffff:10.96.0.10]:80"), 200);
     assert_eq!(result.failures(), 0, "{result:?}");
     assert_eq!(result.peer_mismatch, 0, "{result:?}");
-    assert!(
-        fx.backends.iter().all(|b| result.landed_on(&b.name) > 20),
-        "{result:?}"
-    );
+    assert!(fx.backends.iter().all(|b| result.landed_on(&b.name) > 20), "{result:?}");
 }
 
 #[test]
@@ -82,18 +70,10 @@ fn unconnected_udp_replies_come_from_the_cluster_ip() {
     require_root!();
     let fx = Fixture::new(3);
     let _dp = program_all(&fx, "10.96.0.53", 53, Protocol::Udp, false);
-    let result = fx
-        .place()
-        .udp(addr("10.96.0.53:53"), 300, UdpMode::Unconnected);
+    let result = fx.place().udp(addr("10.96.0.53:53"), 300, UdpMode::Unconnected);
     assert_eq!(result.failures(), 0, "{result:?}");
-    assert_eq!(
-        result.peer_mismatch, 0,
-        "recvfrom must report the ClusterIP: {result:?}"
-    );
-    assert!(
-        fx.backends.iter().all(|b| result.landed_on(&b.name) > 30),
-        "{result:?}"
-    );
+    assert_eq!(result.peer_mismatch, 0, "recvfrom must report the ClusterIP: {result:?}");
+    assert!(fx.backends.iter().all(|b| result.landed_on(&b.name) > 30), "{result:?}");
 }
 
 #[test]
@@ -101,35 +81,19 @@ fn unconnected_udp_ipv6_and_ipv4_mapped() {
     require_root!();
     let fx = Fixture::new(2);
     let _dp6 = program_all(&fx, "fd00:96::53", 53, Protocol::Udp, true);
-    let result = fx
-        .place()
-        .udp(addr("[fd00:96::53]:53"), 100, UdpMode::Unconnected);
-    assert_eq!(
-        (result.failures(), result.peer_mismatch),
-        (0, 0),
-        "{result:?}"
-    );
+    let result = fx.place().udp(addr("[fd00:96::53]:53"), 100, UdpMode::Unconnected);
+    assert_eq!((result.failures(), result.peer_mismatch), (0, 0), "{result:?}");
 
     let mut dp = _dp6;
     let backends = fx.backends.iter().map(|b| b.weighted(false, 1)).collect();
     let mut desired = Fixture::one_service(service("10.96.0.53", 53, Protocol::Udp), backends);
     let v6 = fx.backends.iter().map(|b| b.weighted(true, 1)).collect();
-    desired.services.insert(
-        service("fd00:96::53", 53, Protocol::Udp),
-        DesiredService {
-            name: "v6".into(),
-            backends: v6,
-        },
-    );
+    desired
+        .services
+        .insert(service("fd00:96::53", 53, Protocol::Udp), DesiredService { name: "v6".into(), backends: v6 });
     assert!(dp.apply(&desired).failed.is_empty());
-    let mapped = fx
-        .place()
-        .udp(addr("[::ffff:10.96.0.53]:53"), 100, UdpMode::Unconnected);
-    assert_eq!(
-        (mapped.failures(), mapped.peer_mismatch),
-        (0, 0),
-        "{mapped:?}"
-    );
+    let mapped = fx.place().udp(addr("[::ffff:10.96.0.53]:53"), 100, UdpMode::Unconnected);
+    assert_eq!((mapped.failures(), mapped.peer_mismatch), (0, 0), "{mapped:?}");
     assert_eq!(mapped.successes(), 100);
 }
 
@@ -139,15 +103,9 @@ fn a_udp_socket_keeps_its_backend() {
     let fx = Fixture::new(3);
     let _dp = program_all(&fx, "10.96.0.53", 53, Protocol::Udp, false);
     for _ in 0..3 {
-        let result = fx
-            .place()
-            .udp(addr("10.96.0.53:53"), 50, UdpMode::SameSocket);
+        let result = fx.place().udp(addr("10.96.0.53:53"), 50, UdpMode::SameSocket);
         assert_eq!(result.failures(), 0, "{result:?}");
-        assert_eq!(
-            result.landed.len(),
-            1,
-            "one socket, one backend: {result:?}"
-        );
+        assert_eq!(result.landed.len(), 1, "one socket, one backend: {result:?}");
         assert_eq!(result.peer_mismatch, 0);
     }
 }
@@ -157,15 +115,10 @@ fn connected_udp_is_rewritten_and_getpeername_shows_the_cluster_ip() {
     require_root!();
     let fx = Fixture::new(2);
     let _dp = program_all(&fx, "10.96.0.53", 53, Protocol::Udp, false);
-    let result = fx
-        .place()
-        .udp(addr("10.96.0.53:53"), 200, UdpMode::Connected);
+    let result = fx.place().udp(addr("10.96.0.53:53"), 200, UdpMode::Connected);
     assert_eq!(result.failures(), 0, "{result:?}");
     assert_eq!(result.peer_mismatch, 0, "{result:?}");
-    assert!(
-        fx.backends.iter().all(|b| result.landed_on(&b.name) > 20),
-        "{result:?}"
-    );
+    assert!(fx.backends.iter().all(|b| result.landed_on(&b.name) > 20), "{result:?}");
 }
 
 #[test]
@@ -174,18 +127,12 @@ fn an_empty_set_refuses_tcp_and_udp() {
     let fx = Fixture::new(1);
     let mut dp = Dataplane::open(&fx.config()).expect("open dataplane");
     let mut desired = DesiredState::default();
-    for (vip, protocol) in [
-        ("10.96.0.20", Protocol::Tcp),
-        ("10.96.0.20", Protocol::Udp),
-        ("fd00:96::20", Protocol::Tcp),
-    ] {
-        desired.services.insert(
-            service(vip, 80, protocol),
-            DesiredService {
-                name: "refused".into(),
-                backends: vec![],
-            },
-        );
+    for (vip, protocol) in
+        [("10.96.0.20", Protocol::Tcp), ("10.96.0.20", Protocol::Udp), ("fd00:96::20", Protocol::Tcp)]
+    {
+        desired
+            .services
+            .insert(service(vip, 80, protocol), DesiredService { name: "refused".into(), backends: vec![] });
     }
     assert!(dp.apply(&desired).failed.is_empty());
 
@@ -193,17 +140,9 @@ fn an_empty_set_refuses_tcp_and_udp() {
     assert_eq!(tcp.errno("ECONNREFUSED"), 20, "{tcp:?}");
     let tcp6 = fx.place().tcp(addr("[fd00:96::20]:80"), 20);
     assert_eq!(tcp6.errno("ECONNREFUSED"), 20, "{tcp6:?}");
-    let udp = fx
-        .place()
-        .udp(addr("10.96.0.20:80"), 20, UdpMode::Unconnected);
-    assert_eq!(
-        udp.errno("ECONNREFUSED"),
-        20,
-        "sendto must fail, not time out: {udp:?}"
-    );
-    let connected = fx
-        .place()
-        .udp(addr("10.96.0.20:80"), 20, UdpMode::Connected);
+    let udp = fx.place().udp(addr("10.96.0.20:80"), 20, UdpMode::Unconnected);
+    assert_eq!(udp.errno("ECONNREFUSED"), 20, "sendto must fail, not time out: {udp:?}");
+    let connected = fx.place().udp(addr("10.96.0.20:80"), 20, UdpMode::Connected);
     assert_eq!(connected.errno("ECONNREFUSED"), 20, "{connected:?}");
 
     let counters = dp.counters().expect("counters");
@@ -224,9 +163,7 @@ fn destinations_that_are_not_service_ports_pass_untouched() {
     // with no route to 10.96.0.0/16, fails with ENETUNREACH.
     let other_port = fx.place().tcp(addr("10.96.0.10:81"), 5);
     assert_eq!(other_port.errno("ENETUNREACH"), 5, "{other_port:?}");
-    let other_protocol = fx
-        .place()
-        .udp(addr("10.96.0.10:80"), 5, UdpMode::Unconnected);
+    let other_protocol = fx.place().udp(addr("10.96.0.10:80"), 5, UdpMode::Unconnected);
     assert_eq!(other_protocol.errno("ENETUNREACH"), 5, "{other_protocol:?}");
 }
 
@@ -236,20 +173,8 @@ fn weighted_choice_follows_the_weights_over_20000_connects() {
     let fx = Fixture::new(4);
     let mut dp = Dataplane::open(&fx.config()).expect("open dataplane");
     let weights = [1u32, 2, 3, 4];
-    let backends = fx
-        .backends
-        .iter()
-        .zip(weights)
-        .map(|(b, w)| b.weighted(false, w))
-        .collect();
-    assert!(
-        dp.apply(&Fixture::one_service(
-            service("10.96.0.30", 80, Protocol::Tcp),
-            backends
-        ))
-        .failed
-        .is_empty()
-    );
+    let backends = fx.backends.iter().zip(weights).map(|(b, w)| b.weighted(false, w)).collect();
+    assert!(dp.apply(&Fixture::one_service(service("10.96.0.30", 80, Protocol::Tcp), backends)).failed.is_empty());
 
     let result = fx.place().tcp(addr("10.96.0.30:80"), 20_000);
     assert_eq!(result.failures(), 0, "{result:?}");
@@ -257,21 +182,11 @@ fn weighted_choice_follows_the_weights_over_20000_connects() {
     for (backend, weight) in fx.backends.iter().zip(weights) {
         let share = result.landed_on(&backend.name) as f64 / 20_000.0;
         let expected = f64::from(weight) / f64::from(total);
-        assert!(
-            (share - expected).abs() <= 0.02,
-            "{}: share {share:.4}, weight {expected:.4}",
-            backend.name
-        );
+        assert!((share - expected).abs() <= 0.02, "{}: share {share:.4}, weight {expected:.4}", backend.name);
     }
     let counters = dp.counters().expect("counters");
-    let rewritten: u64 = counters
-        .values()
-        .map(|c| c.rewritten.iter().sum::<u64>())
-        .sum();
-    assert_eq!(
-        rewritten, 20_000,
-        "every rewrite is counted (locality zone): {counters:?}"
-    );
+    let rewritten: u64 = counters.values().map(|c| c.rewritten.iter().sum::<u64>()).sum();
+    assert_eq!(rewritten, 20_000, "every rewrite is counted (locality zone): {counters:?}");
 }
 
 #[test]
@@ -284,23 +199,12 @@ fn a_thousand_swaps_under_load_fail_no_connection() {
         .map(|i| {
             // Rotate through {b0,b1}, {b1,b2}, {b2,b0} with changing weights.
             let pair = [&fx.backends[i], &fx.backends[(i + 1) % 3]];
-            Fixture::one_service(
-                port,
-                pair.iter()
-                    .enumerate()
-                    .map(|(j, b)| b.weighted(false, 1 + j as u32))
-                    .collect(),
-            )
+            Fixture::one_service(port, pair.iter().enumerate().map(|(j, b)| b.weighted(false, 1 + j as u32)).collect())
         })
         .collect();
     assert!(dp.apply(&sets[0]).failed.is_empty());
 
-    let client = fx.place().spawn_loop(
-        addr("10.96.0.40:80"),
-        &fx.scratch(),
-        Duration::from_secs(60),
-        false,
-    );
+    let client = fx.place().spawn_loop(addr("10.96.0.40:80"), &fx.scratch(), Duration::from_secs(60), false);
     let mut swaps = 0;
     for round in 1..=1000 {
         let report = dp.apply(&sets[round % 3]);
@@ -312,15 +216,8 @@ fn a_thousand_swaps_under_load_fail_no_connection() {
     let result = client.finish();
     eprintln!("swaps under load: {result:?}");
     assert_eq!(swaps, 1000);
-    assert_eq!(
-        result.failures(),
-        0,
-        "no connection may fail during swaps: {result:?}"
-    );
-    assert!(
-        result.attempts > 1000,
-        "the client must have been connecting throughout: {result:?}"
-    );
+    assert_eq!(result.failures(), 0, "no connection may fail during swaps: {result:?}");
+    assert!(result.attempts > 1000, "the client must have been connecting throughout: {result:?}");
     assert_eq!(dp.kernel().slot_entries(), 2, "old generations are deleted");
 }
 
@@ -330,42 +227,16 @@ fn bpftool_dumps_maps_with_field_names() {
     let fx = Fixture::new(1);
     let _dp = program_all(&fx, "10.96.0.10", 80, Protocol::Tcp, false);
     let maps = fx.pins.path().join("maps");
-    let dump = topology_tests::sandbox::run(
-        "bpftool",
-        &[
-            "map",
-            "dump",
-            "pinned",
-            &maps.join("topo_svc4").to_string_lossy(),
-        ],
-    );
-    for field in [
-        "\"addr\"",
-        "\"port\"",
-        "\"proto\"",
-        "\"service_id\"",
-        "\"set_id\"",
-        "\"count\"",
-    ] {
+    let dump =
+        topology_tests::sandbox::run("bpftool", &["map", "dump", "pinned", &maps.join("topo_svc4").to_string_lossy()]);
+    for field in ["\"addr\"", "\"port\"", "\"proto\"", "\"service_id\"", "\"set_id\"", "\"count\""] {
         assert!(dump.contains(field), "bpftool output lacks {field}: {dump}");
     }
-    let slots = topology_tests::sandbox::run(
-        "bpftool",
-        &[
-            "map",
-            "dump",
-            "pinned",
-            &maps.join("topo_slots").to_string_lossy(),
-        ],
-    );
+    let slots =
+        topology_tests::sandbox::run("bpftool", &["map", "dump", "pinned", &maps.join("topo_slots").to_string_lossy()]);
     assert!(
-        slots.contains("\"threshold\"")
-            && slots.contains("\"primary\"")
-            && slots.contains("\"locality\""),
+        slots.contains("\"threshold\"") && slots.contains("\"primary\"") && slots.contains("\"locality\""),
         "{slots}"
     );
-    assert!(
-        slots.contains(&format!("\"port\": {BACKEND_PORT}")),
-        "ports are stored in host order: {slots}"
-    );
+    assert!(slots.contains(&format!("\"port\": {BACKEND_PORT}")), "ports are stored in host order: {slots}");
 }

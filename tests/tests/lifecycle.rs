@@ -22,27 +22,16 @@ fn addr(text: &str) -> SocketAddr {
 fn three_services(fx: &Fixture) -> DesiredState {
     let mut desired = DesiredState::default();
     let all = fx.backends.iter().map(|b| b.weighted(false, 1)).collect();
-    desired.services.insert(
-        service("10.96.1.1", 80, Protocol::Tcp),
-        DesiredService {
-            name: "ns/all:http".into(),
-            backends: all,
-        },
-    );
+    desired
+        .services
+        .insert(service("10.96.1.1", 80, Protocol::Tcp), DesiredService { name: "ns/all:http".into(), backends: all });
     let one = vec![fx.backends[0].weighted(false, 1)];
-    desired.services.insert(
-        service("10.96.1.2", 80, Protocol::Tcp),
-        DesiredService {
-            name: "ns/one:http".into(),
-            backends: one,
-        },
-    );
+    desired
+        .services
+        .insert(service("10.96.1.2", 80, Protocol::Tcp), DesiredService { name: "ns/one:http".into(), backends: one });
     desired.services.insert(
         service("10.96.1.3", 80, Protocol::Tcp),
-        DesiredService {
-            name: "ns/none:http".into(),
-            backends: vec![],
-        },
+        DesiredService { name: "ns/none:http".into(), backends: vec![] },
     );
     desired
 }
@@ -63,20 +52,10 @@ fn traffic_outlives_the_agent_and_a_restart_adopts_without_rewriting() {
     assert_eq!(result.landed_on("b0"), 20, "{result:?}");
 
     let mut dp = Dataplane::open(&fx.config()).expect("reopen");
-    assert_eq!(
-        dp.kernel(),
-        &programmed,
-        "the restarted agent sees exactly what was programmed"
-    );
+    assert_eq!(dp.kernel(), &programmed, "the restarted agent sees exactly what was programmed");
     let report = dp.apply(&desired);
     assert_eq!(
-        (
-            report.unchanged,
-            report.added,
-            report.updated,
-            report.removed,
-            report.slots_written
-        ),
+        (report.unchanged, report.added, report.updated, report.removed, report.slots_written),
         (3, 0, 0, 0, 0),
         "nothing is rewritten: {report:?}"
     );
@@ -90,12 +69,7 @@ fn restarting_under_load_drops_no_connection() {
     let fx = Fixture::new(2);
     let desired = three_services(&fx);
     Dataplane::open(&fx.config()).expect("open").apply(&desired);
-    let client = fx.place().spawn_loop(
-        addr("10.96.1.1:80"),
-        &fx.scratch(),
-        Duration::from_secs(60),
-        false,
-    );
+    let client = fx.place().spawn_loop(addr("10.96.1.1:80"), &fx.scratch(), Duration::from_secs(60), false);
     for _ in 0..10 {
         // Each open loads new programs, attaches them, then detaches the previous links.
         let mut dp = Dataplane::open(&fx.config()).expect("reopen");
@@ -104,10 +78,7 @@ fn restarting_under_load_drops_no_connection() {
     let result = client.finish();
     assert_eq!(result.failures(), 0, "{result:?}");
     assert!(result.attempts > 100, "{result:?}");
-    let attached = run(
-        "bpftool",
-        &["cgroup", "show", &fx.cgroup.path().to_string_lossy()],
-    );
+    let attached = run("bpftool", &["cgroup", "show", &fx.cgroup.path().to_string_lossy()]);
     assert_eq!(
         attached.lines().filter(|l| l.contains("connect4")).count(),
         1,
@@ -122,62 +93,40 @@ fn stale_services_are_removed_on_the_first_apply_after_a_restart() {
     let desired = three_services(&fx);
     Dataplane::open(&fx.config()).expect("open").apply(&desired);
     let mut smaller = desired.clone();
-    smaller
-        .services
-        .remove(&service("10.96.1.2", 80, Protocol::Tcp));
+    smaller.services.remove(&service("10.96.1.2", 80, Protocol::Tcp));
     let mut dp = Dataplane::open(&fx.config()).expect("reopen");
     let report = dp.apply(&smaller);
     assert_eq!((report.removed, report.unchanged), (1, 2), "{report:?}");
     let gone = fx.place().tcp(addr("10.96.1.2:80"), 3);
-    assert_eq!(
-        gone.errno("ENETUNREACH"),
-        3,
-        "a removed service is no longer rewritten: {gone:?}"
-    );
+    assert_eq!(gone.errno("ENETUNREACH"), 3, "a removed service is no longer rewritten: {gone:?}");
     let snapshot = dataplane::snapshot(fx.pins.path()).expect("snapshot");
     assert_eq!(snapshot.kernel.services.len(), 2);
-    assert_eq!(
-        snapshot.counters.len(),
-        2,
-        "counters of the removed service are deleted"
-    );
+    assert_eq!(snapshot.counters.len(), 2, "counters of the removed service are deleted");
 }
 
 #[test]
 fn a_set_left_half_written_by_a_crash_is_collected() {
     require_root!();
     let fx = Fixture::new(1);
-    Dataplane::open(&fx.config())
-        .expect("open")
-        .apply(&three_services(&fx));
+    Dataplane::open(&fx.config()).expect("open").apply(&three_services(&fx));
     // An agent killed between writing a new generation and flipping the entry leaves slots of a
     // set no service refers to: set 999, index 0.
     let slots = fx.pins.path().join("maps/topo_slots");
     let mut args = vec!["map", "update", "pinned"];
     let slots = slots.to_string_lossy().into_owned();
     args.push(&slots);
-    args.extend([
-        "key", "hex", "e7", "03", "00", "00", "00", "00", "00", "00", "value", "hex",
-    ]);
+    args.extend(["key", "hex", "e7", "03", "00", "00", "00", "00", "00", "00", "value", "hex"]);
     let zeros = vec!["00"; 44];
     args.extend(zeros.iter().copied());
     run("bpftool", &args);
 
     let mut dp = Dataplane::open(&fx.config()).expect("reopen");
-    assert_eq!(
-        dp.kernel().orphan_slots.len(),
-        1,
-        "{:?}",
-        dp.kernel().orphan_slots
-    );
+    assert_eq!(dp.kernel().orphan_slots.len(), 1, "{:?}", dp.kernel().orphan_slots);
     let report = dp.apply(&three_services(&fx));
     assert!(report.housekeeping.is_empty(), "{:?}", report.housekeeping);
     assert!(dp.kernel().orphan_slots.is_empty());
     let snapshot = dataplane::snapshot(fx.pins.path()).expect("snapshot");
-    assert!(
-        snapshot.kernel.orphan_slots.is_empty(),
-        "the orphan is gone from the kernel too"
-    );
+    assert!(snapshot.kernel.orphan_slots.is_empty(), "the orphan is gone from the kernel too");
 }
 
 #[test]
@@ -185,78 +134,42 @@ fn a_full_map_is_an_error_naming_it_and_nothing_is_half_written() {
     require_root!();
     let fx = Fixture::new(3);
     let mut config = fx.config();
-    config.capacities = Capacities {
-        slots: 4,
-        services_v4: 2,
-        ..Capacities::default()
-    };
+    config.capacities = Capacities { slots: 4, services_v4: 2, ..Capacities::default() };
     let mut dp = Dataplane::open(&config).expect("open");
     let mut desired = DesiredState::default();
     let all: Vec<_> = fx.backends.iter().map(|b| b.weighted(false, 1)).collect();
     for last in 1..=3 {
         desired.services.insert(
             service(&format!("10.96.2.{last}"), 80, Protocol::Tcp),
-            DesiredService {
-                name: format!("ns/s{last}:http"),
-                backends: all.clone(),
-            },
+            DesiredService { name: format!("ns/s{last}:http"), backends: all.clone() },
         );
     }
     let report = dp.apply(&desired);
     assert_eq!(report.added, 1, "{report:?}");
     assert_eq!(report.failed.len(), 2);
     for (port, error) in &report.failed {
-        assert!(
-            matches!(
-                error,
-                DataplaneError::MapFull {
-                    map: "topo_slots",
-                    ..
-                }
-            ),
-            "{port}: {error}"
-        );
-        assert_eq!(
-            error.to_string(),
-            "map topo_slots is full: 6 entries needed, capacity 4"
-        );
+        assert!(matches!(error, DataplaneError::MapFull { map: "topo_slots", .. }), "{port}: {error}");
+        assert_eq!(error.to_string(), "map topo_slots is full: 6 entries needed, capacity 4");
     }
-    assert_eq!(
-        dp.kernel().slot_entries(),
-        3,
-        "the failed services wrote no slot"
-    );
+    assert_eq!(dp.kernel().slot_entries(), 3, "the failed services wrote no slot");
     let snapshot = dataplane::snapshot(fx.pins.path()).expect("snapshot");
     assert_eq!(snapshot.kernel.slot_entries(), 3);
     assert_eq!(snapshot.kernel.services.len(), 1);
     // The service that fit works; the others are not programmed at all.
     assert_eq!(fx.place().tcp(addr("10.96.2.1:80"), 10).successes(), 10);
-    assert_eq!(
-        fx.place().tcp(addr("10.96.2.2:80"), 2).errno("ENETUNREACH"),
-        2
-    );
+    assert_eq!(fx.place().tcp(addr("10.96.2.2:80"), 2).errno("ENETUNREACH"), 2);
 
     // A third IPv4 service entry exceeds topo_svc4.
     let mut small = DesiredState::default();
     for last in 1..=3 {
         small.services.insert(
             service(&format!("10.96.3.{last}"), 80, Protocol::Tcp),
-            DesiredService {
-                name: format!("ns/e{last}:http"),
-                backends: vec![],
-            },
+            DesiredService { name: format!("ns/e{last}:http"), backends: vec![] },
         );
     }
     let report = dp.apply(&small);
     assert_eq!(report.failed.len(), 1, "{report:?}");
-    assert!(matches!(
-        report.failed[0].1,
-        DataplaneError::MapFull {
-            map: "topo_svc4",
-            needed: 3,
-            capacity: 2
-        }
-    ));
+    assert!(matches!(report.failed[0].1, DataplaneError::MapFull { map: "topo_svc4", needed: 3, capacity: 2 }));
 }
 
 #[test]
@@ -266,20 +179,8 @@ fn reopening_with_other_capacities_is_refused() {
     drop(Dataplane::open(&fx.config()).expect("open"));
     let mut config = fx.config();
     config.capacities.slots = 1000;
-    let Err(error) = Dataplane::open(&config) else {
-        panic!("reopen with another capacity must fail")
-    };
-    assert!(
-        matches!(
-            error,
-            DataplaneError::CapacityMismatch {
-                map: "topo_slots",
-                configured: 1000,
-                ..
-            }
-        ),
-        "{error}"
-    );
+    let Err(error) = Dataplane::open(&config) else { panic!("reopen with another capacity must fail") };
+    assert!(matches!(error, DataplaneError::CapacityMismatch { map: "topo_slots", configured: 1000, .. }), "{error}");
 }
 
 #[test]
@@ -288,14 +189,9 @@ fn a_pin_path_outside_bpffs_is_a_clear_error() {
     let fx = Fixture::new(1);
     let mut config = fx.config();
     config.pin_path = std::env::temp_dir().join(format!("{}-notbpffs", fx.id));
-    let Err(error) = Dataplane::open(&config) else {
-        panic!("must fail")
-    };
+    let Err(error) = Dataplane::open(&config) else { panic!("must fail") };
     assert!(matches!(error, DataplaneError::NotBpffs { .. }), "{error}");
-    assert!(
-        !config.pin_path.exists(),
-        "nothing is created outside bpffs"
-    );
+    assert!(!config.pin_path.exists(), "nothing is created outside bpffs");
 }
 
 #[test]
@@ -308,36 +204,22 @@ fn cleanup_leaves_no_attachment_pin_cgroup_or_namespace() {
         let cgroup = fx.cgroup.path().to_path_buf();
         let attached = run("bpftool", &["cgroup", "show", &cgroup.to_string_lossy()]);
         for program in program_names::ALL {
-            assert!(
-                attached.contains(program),
-                "{program} attached:\n{attached}"
-            );
+            assert!(attached.contains(program), "{program} attached:\n{attached}");
         }
         drop(dp);
         let report = dataplane::cleanup(fx.pins.path()).expect("cleanup");
         assert_eq!(report.links.len(), 8);
         assert_eq!(report.maps.len(), 8);
         let attached = run("bpftool", &["cgroup", "show", &cgroup.to_string_lossy()]);
-        assert!(
-            attached.trim().is_empty(),
-            "nothing stays attached after cleanup:\n{attached}"
-        );
+        assert!(attached.trim().is_empty(), "nothing stays attached after cleanup:\n{attached}");
         assert!(!fx.pins.path().exists());
-        assert!(
-            dataplane::cleanup(fx.pins.path())
-                .expect("idempotent")
-                .links
-                .is_empty()
-        );
+        assert!(dataplane::cleanup(fx.pins.path()).expect("idempotent").links.is_empty());
         let namespaces = run("ip", &["netns", "list"])
             .lines()
             .filter(|l| l.starts_with(&fx.id))
             .map(|l| l.split_whitespace().next().unwrap_or_default().to_owned())
             .collect::<Vec<_>>();
-        assert!(
-            namespaces.len() >= 3,
-            "fabric, client and backend namespaces existed: {namespaces:?}"
-        );
+        assert!(namespaces.len() >= 3, "fabric, client and backend namespaces existed: {namespaces:?}");
         (cgroup, fx.pins.path().to_path_buf(), namespaces)
     };
     assert!(!cgroup.exists(), "the cgroup is removed");
@@ -358,37 +240,18 @@ fn status_prints_what_the_kernel_holds() {
     assert_eq!(fx.place().tcp(addr("10.96.1.1:80"), 10).successes(), 10);
     let pins = fx.pins.path().to_string_lossy().into_owned();
     let agent = topology_tests::net::agent_binary();
-    let json = run(
-        &agent.to_string_lossy(),
-        &["status", "--pin-path", &pins, "--output", "json"],
-    );
+    let json = run(&agent.to_string_lossy(), &["status", "--pin-path", &pins, "--output", "json"]);
     let status: serde_json::Value = serde_json::from_str(&json).expect("status JSON");
-    assert_eq!(
-        status["attached"].as_array().map(Vec::len),
-        Some(8),
-        "{status}"
-    );
+    assert_eq!(status["attached"].as_array().map(Vec::len), Some(8), "{status}");
     let services = status["services"].as_array().expect("services");
-    let all = services
-        .iter()
-        .find(|s| s["service"] == "ns/all:http")
-        .expect("ns/all:http");
+    let all = services.iter().find(|s| s["service"] == "ns/all:http").expect("ns/all:http");
     assert_eq!(all["clusterIp"], "10.96.1.1");
     assert_eq!(all["backends"].as_array().map(Vec::len), Some(2));
     assert!((all["backends"][0]["share"].as_f64().unwrap() - 0.5).abs() < 1e-6);
-    assert_eq!(
-        all["counters"]["zone"], 10,
-        "the kernel counted ten rewrites to zone backends"
-    );
-    let none = services
-        .iter()
-        .find(|s| s["service"] == "ns/none:http")
-        .expect("ns/none:http");
+    assert_eq!(all["counters"]["zone"], 10, "the kernel counted ten rewrites to zone backends");
+    let none = services.iter().find(|s| s["service"] == "ns/none:http").expect("ns/none:http");
     assert_eq!(none["reject"], true);
     let table = run(&agent.to_string_lossy(), &["status", "--pin-path", &pins]);
-    assert!(
-        table.contains("8 of 8 programs attached, 3 service ports"),
-        "{table}"
-    );
+    assert!(table.contains("8 of 8 programs attached, 3 service ports"), "{table}");
     assert!(table.contains("ns/one:http  10.96.1.2:80/TCP"), "{table}");
 }

@@ -6,8 +6,8 @@ use std::{collections::BTreeMap, hint::black_box, net::IpAddr};
 use criterion::{Criterion, criterion_group, criterion_main};
 use topology_agent::{
     cluster::{
-        ClusterState, Endpoint, EndpointSlice, Family, Node, ObjectKey, Service, ServicePort,
-        SlicePort, TopologyKeysSource, TopologyKeysSpec, TrafficDistribution,
+        ClusterState, Endpoint, EndpointSlice, Family, Node, ObjectKey, Service, ServicePort, SlicePort,
+        TopologyKeysSource, TopologyKeysSpec, TrafficDistribution,
     },
     desired::Protocol,
     policy,
@@ -23,49 +23,24 @@ fn cluster(services: usize) -> ClusterState {
     for n in 0..NODES {
         let labels = BTreeMap::from([
             ("kubernetes.io/hostname".to_owned(), format!("node-{n}")),
-            (
-                "topology.kubernetes.io/zone".to_owned(),
-                format!("zone-{}", n % ZONES),
-            ),
-            (
-                "topology.kubernetes.io/region".to_owned(),
-                "region-0".to_owned(),
-            ),
+            ("topology.kubernetes.io/zone".to_owned(), format!("zone-{}", n % ZONES)),
+            ("topology.kubernetes.io/region".to_owned(), "region-0".to_owned()),
         ]);
-        state.upsert_node(Node {
-            name: format!("node-{n}"),
-            labels,
-            allocatable_cpu_millis: 8000,
-            ready: true,
-        });
+        state.upsert_node(Node { name: format!("node-{n}"), labels, allocatable_cpu_millis: 8000, ready: true });
     }
     for s in 0..services {
         let key = ObjectKey::new("bench", format!("svc-{s}"));
-        let (traffic_distribution, topology_keys, topology_mode, internal_traffic_local) =
-            match s % 5 {
-                0 => (Some(TrafficDistribution::PreferClose), None, None, false),
-                1 => (
-                    None,
-                    Some(keys(&[
-                        "kubernetes.io/hostname",
-                        "topology.kubernetes.io/zone",
-                        "*",
-                    ])),
-                    None,
-                    false,
-                ),
-                2 => (None, None, Some("Auto".to_owned()), false),
-                3 => (Some(TrafficDistribution::PreferSameNode), None, None, false),
-                _ => (None, None, None, s % 10 == 4),
-            };
+        let (traffic_distribution, topology_keys, topology_mode, internal_traffic_local) = match s % 5 {
+            0 => (Some(TrafficDistribution::PreferClose), None, None, false),
+            1 => (None, Some(keys(&["kubernetes.io/hostname", "topology.kubernetes.io/zone", "*"])), None, false),
+            2 => (None, None, Some("Auto".to_owned()), false),
+            3 => (Some(TrafficDistribution::PreferSameNode), None, None, false),
+            _ => (None, None, None, s % 10 == 4),
+        };
         state.upsert_service(Service {
             key: key.clone(),
             cluster_ips: vec![IpAddr::from([10, 96, (s >> 8) as u8, s as u8])],
-            ports: vec![ServicePort {
-                name: "http".into(),
-                port: 80,
-                protocol: Protocol::Tcp,
-            }],
+            ports: vec![ServicePort { name: "http".into(), port: 80, protocol: Protocol::Tcp }],
             internal_traffic_local,
             traffic_distribution,
             topology_keys,
@@ -92,11 +67,7 @@ fn cluster(services: usize) -> ClusterState {
             key: ObjectKey::new("bench", format!("svc-{s}-abcde")),
             service: Some(key),
             family: Family::V4,
-            ports: vec![SlicePort {
-                name: "http".into(),
-                port: 8080,
-                protocol: Protocol::Tcp,
-            }],
+            ports: vec![SlicePort { name: "http".into(), port: 8080, protocol: Protocol::Tcp }],
             endpoints,
         });
     }
@@ -104,30 +75,22 @@ fn cluster(services: usize) -> ClusterState {
 }
 
 fn keys(keys: &[&str]) -> TopologyKeysSpec {
-    TopologyKeysSpec {
-        source: TopologyKeysSource::Annotation,
-        keys: keys.iter().map(|k| (*k).to_owned()).collect(),
-    }
+    TopologyKeysSpec { source: TopologyKeysSource::Annotation, keys: keys.iter().map(|k| (*k).to_owned()).collect() }
 }
 
 fn bench(c: &mut Criterion) {
     let state = cluster(10_000);
     let mut group = c.benchmark_group("policy");
     group.sample_size(20);
-    group.bench_function(
-        "10k services x 10 endpoints, one node (decide + desired state)",
-        |b| {
-            b.iter(|| {
-                let selections = policy::compute(black_box(&state), "node-1").expect("node exists");
-                black_box(policy::desired::desired_state(&selections))
-            })
-        },
-    );
+    group.bench_function("10k services x 10 endpoints, one node (decide + desired state)", |b| {
+        b.iter(|| {
+            let selections = policy::compute(black_box(&state), "node-1").expect("node exists");
+            black_box(policy::desired::desired_state(&selections))
+        })
+    });
     group.finish();
     let this = state.node("node-1").expect("node-1");
-    let one = state
-        .service(&ObjectKey::new("bench", "svc-0"))
-        .expect("svc-0");
+    let one = state.service(&ObjectKey::new("bench", "svc-0")).expect("svc-0");
     c.bench_function("policy/one service (10 endpoints, PreferClose)", |b| {
         b.iter(|| black_box(policy::compute_service(black_box(&state), this, one)))
     });

@@ -57,9 +57,7 @@ impl FromStr for Protocol {
             "TCP" => Ok(Self::Tcp),
             "UDP" => Ok(Self::Udp),
             "SCTP" => Ok(Self::Sctp),
-            other => Err(format!(
-                "unknown protocol {other:?}; expected TCP, UDP or SCTP"
-            )),
+            other => Err(format!("unknown protocol {other:?}; expected TCP, UDP or SCTP")),
         }
     }
 }
@@ -165,10 +163,7 @@ pub struct DesiredState {
 impl DesiredState {
     /// Total number of backends across all service ports.
     pub fn backend_count(&self) -> usize {
-        self.services
-            .values()
-            .map(|service| service.backends.len())
-            .sum()
+        self.services.values().map(|service| service.backends.len()).sum()
     }
 }
 
@@ -198,16 +193,8 @@ mod tests {
 
     #[test]
     fn service_port_display_brackets_ipv6() {
-        let v4 = ServicePort {
-            vip: "10.96.0.10".parse().unwrap(),
-            port: 53,
-            protocol: Protocol::Udp,
-        };
-        let v6 = ServicePort {
-            vip: "fd00::10".parse().unwrap(),
-            port: 80,
-            protocol: Protocol::Tcp,
-        };
+        let v4 = ServicePort { vip: "10.96.0.10".parse().unwrap(), port: 53, protocol: Protocol::Udp };
+        let v6 = ServicePort { vip: "fd00::10".parse().unwrap(), port: 80, protocol: Protocol::Tcp };
         assert_eq!(v4.to_string(), "10.96.0.10:53/UDP");
         assert_eq!(v6.to_string(), "[fd00::10]:80/TCP");
     }

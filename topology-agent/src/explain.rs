@@ -76,27 +76,16 @@ pub enum ExplainError {
 }
 
 /// The report for `node`, optionally for one Service.
-pub fn explain(
-    state: &ClusterState,
-    node: &str,
-    service: Option<&ObjectKey>,
-) -> Result<ExplainReport, ExplainError> {
+pub fn explain(state: &ClusterState, node: &str, service: Option<&ObjectKey>) -> Result<ExplainReport, ExplainError> {
     let selections = match service {
         None => policy::compute(state, node)?,
         Some(key) => {
-            let this = state
-                .node(node)
-                .ok_or_else(|| PolicyError::UnknownNode(node.to_owned()))?;
-            let service = state
-                .service(key)
-                .ok_or_else(|| ExplainError::UnknownService(key.clone()))?;
+            let this = state.node(node).ok_or_else(|| PolicyError::UnknownNode(node.to_owned()))?;
+            let service = state.service(key).ok_or_else(|| ExplainError::UnknownService(key.clone()))?;
             policy::compute_service(state, this, service)
         }
     };
-    Ok(ExplainReport {
-        node: node.to_owned(),
-        services: selections.iter().map(entry).collect(),
-    })
+    Ok(ExplainReport { node: node.to_owned(), services: selections.iter().map(entry).collect() })
 }
 
 fn entry(selected: &PortSelection) -> ServiceEntry {
@@ -106,11 +95,7 @@ fn entry(selected: &PortSelection) -> ServiceEntry {
         port: selected.port.port,
         protocol: selected.port.protocol,
         port_name: selected.port.name.clone(),
-        cluster_ips: selected
-            .cluster_ips
-            .iter()
-            .map(ToString::to_string)
-            .collect(),
+        cluster_ips: selected.cluster_ips.iter().map(ToString::to_string).collect(),
         policy: selection.policy,
         reason: selection.reason.clone(),
         reject: selection.reject,
@@ -135,11 +120,7 @@ impl ExplainReport {
     pub fn table(&self) -> String {
         let mut out = format!("node {}\n", self.node);
         for service in &self.services {
-            let family = if service.cluster_ips.iter().any(|ip| ip.contains(':')) {
-                Family::V6
-            } else {
-                Family::V4
-            };
+            let family = if service.cluster_ips.iter().any(|ip| ip.contains(':')) { Family::V6 } else { Family::V4 };
             let name = if service.port_name.is_empty() {
                 service.service.clone()
             } else {
@@ -223,13 +204,7 @@ items:
         assert_eq!(backend["node"], "node-b");
         assert_eq!(backend["zone"], "zone-b");
         assert_eq!(backend["weight"], 1.0);
-        assert!(
-            web["reason"]
-                .as_str()
-                .unwrap()
-                .starts_with("PreferClose: no endpoint in zone zone-a"),
-            "{web}"
-        );
+        assert!(web["reason"].as_str().unwrap().starts_with("PreferClose: no endpoint in zone zone-a"), "{web}");
     }
 
     #[test]
@@ -237,22 +212,11 @@ items:
         let state = file::parse(CLUSTER, "c.yaml").unwrap();
         let report = explain(&state, "node-b", Some(&ObjectKey::new("default", "web"))).unwrap();
         assert_eq!(report.services.len(), 1);
-        assert_eq!(
-            report.services[0].backends.len(),
-            2,
-            "both endpoints are in zone-b"
-        );
+        assert_eq!(report.services[0].backends.len(), 2, "both endpoints are in zone-b");
         let table = report.table();
-        assert!(
-            table.contains("default/web:http  80/TCP 10.96.0.10  PreferClose"),
-            "{table}"
-        );
-        let missing =
-            explain(&state, "node-b", Some(&ObjectKey::new("default", "nope"))).unwrap_err();
-        assert_eq!(
-            missing.to_string(),
-            "service default/nope is not in the cluster"
-        );
+        assert!(table.contains("default/web:http  80/TCP 10.96.0.10  PreferClose"), "{table}");
+        let missing = explain(&state, "node-b", Some(&ObjectKey::new("default", "nope"))).unwrap_err();
+        assert_eq!(missing.to_string(), "service default/nope is not in the cluster");
         assert!(explain(&state, "node-z", None).is_err());
     }
 }

@@ -11,10 +11,7 @@ use topology_agent::{
 };
 
 #[derive(Parser)]
-#[command(
-    version,
-    about = "Topology-aware service routing in cgroup socket hooks"
-)]
+#[command(version, about = "Topology-aware service routing in cgroup socket hooks")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -65,18 +62,11 @@ enum Output {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
     match cli.command {
-        Command::Explain {
-            cluster,
-            node,
-            service,
-            output,
-        } => {
+        Command::Explain { cluster, node, service, output } => {
             let state = file::load(&cluster)?;
             let report = explain::explain(&state, &node, service.as_ref())?;
             match output {
@@ -85,9 +75,8 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Command::Status { pin_path, output } => {
-            let snapshot = dataplane::snapshot(&pin_path).with_context(|| {
-                format!("reading the pinned state under {}", pin_path.display())
-            })?;
+            let snapshot = dataplane::snapshot(&pin_path)
+                .with_context(|| format!("reading the pinned state under {}", pin_path.display()))?;
             let report = StatusReport::new(&pin_path, &snapshot);
             match output {
                 Output::Table => print!("{}", report.table()),
@@ -95,8 +84,8 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Command::Cleanup { pin_path } => {
-            let report = dataplane::cleanup(&pin_path)
-                .with_context(|| format!("cleaning up {}", pin_path.display()))?;
+            let report =
+                dataplane::cleanup(&pin_path).with_context(|| format!("cleaning up {}", pin_path.display()))?;
             println!(
                 "detached {} programs, removed {} map pins under {}",
                 report.links.len(),

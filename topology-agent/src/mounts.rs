@@ -61,14 +61,8 @@ fn unescape(field: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'\\'
-            && i + 3 < bytes.len()
-            && bytes[i + 1..i + 4]
-                .iter()
-                .all(|b| (b'0'..=b'7').contains(b))
-        {
-            let value =
-                (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
+        if bytes[i] == b'\\' && i + 3 < bytes.len() && bytes[i + 1..i + 4].iter().all(|b| (b'0'..=b'7').contains(b)) {
+            let value = (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
             out.push(value);
             i += 4;
         } else {
@@ -113,16 +107,12 @@ mod tests {
 
     #[test]
     fn finds_the_unified_mount_of_a_hybrid_layout() {
-        assert_eq!(
-            cgroup2_root_in(HYBRID),
-            Some(PathBuf::from("/sys/fs/cgroup/unified"))
-        );
+        assert_eq!(cgroup2_root_in(HYBRID), Some(PathBuf::from("/sys/fs/cgroup/unified")));
     }
 
     #[test]
     fn finds_a_pure_v2_mount_with_optional_fields() {
-        let info =
-            "29 23 0:26 / /sys/fs/cgroup rw,nosuid shared:4 - cgroup2 cgroup2 rw,nsdelegate\n";
+        let info = "29 23 0:26 / /sys/fs/cgroup rw,nosuid shared:4 - cgroup2 cgroup2 rw,nsdelegate\n";
         assert_eq!(cgroup2_root_in(info), Some(PathBuf::from("/sys/fs/cgroup")));
     }
 
@@ -134,10 +124,7 @@ mod tests {
 ";
         assert_eq!(cgroup2_root_in(info), Some(PathBuf::from("/sys/fs/cgroup")));
         let only_partial = "50 40 0:26 /kubepods /host/cg rw - cgroup2 cgroup2 rw\n";
-        assert_eq!(
-            cgroup2_root_in(only_partial),
-            Some(PathBuf::from("/host/cg"))
-        );
+        assert_eq!(cgroup2_root_in(only_partial), Some(PathBuf::from("/host/cg")));
     }
 
     #[test]
@@ -148,10 +135,7 @@ mod tests {
 
     #[test]
     fn no_cgroup2_mount() {
-        assert_eq!(
-            cgroup2_root_in("32 31 0:29 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n"),
-            None
-        );
+        assert_eq!(cgroup2_root_in("32 31 0:29 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n"), None);
         assert_eq!(cgroup2_root_in(""), None);
     }
 }

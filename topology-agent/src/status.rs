@@ -81,11 +81,7 @@ impl StatusReport {
             .services
             .iter()
             .map(|(port, programmed)| {
-                let counters = snapshot
-                    .counters
-                    .get(&programmed.service_id)
-                    .copied()
-                    .unwrap_or_default();
+                let counters = snapshot.counters.get(&programmed.service_id).copied().unwrap_or_default();
                 let mut backends: Vec<BackendStatus> = programmed
                     .backends(port.vip.is_ipv4())
                     .into_iter()
@@ -96,9 +92,7 @@ impl StatusReport {
                         share: f64::from(b.weight) / 1e6,
                     })
                     .collect();
-                backends.sort_by(|a, b| {
-                    (a.locality, &a.address, a.port).cmp(&(b.locality, &b.address, b.port))
-                });
+                backends.sort_by(|a, b| (a.locality, &a.address, a.port).cmp(&(b.locality, &b.address, b.port)));
                 ServiceStatus {
                     service: programmed.name.clone(),
                     cluster_ip: port.vip.to_string(),
@@ -117,9 +111,7 @@ impl StatusReport {
                 }
             })
             .collect();
-        services.sort_by(|a, b| {
-            (&a.service, &a.cluster_ip, a.port).cmp(&(&b.service, &b.cluster_ip, b.port))
-        });
+        services.sort_by(|a, b| (&a.service, &a.cluster_ip, a.port).cmp(&(&b.service, &b.cluster_ip, b.port)));
         Self {
             pin_path: pin_path.display().to_string(),
             attached: snapshot.attached.iter().map(|s| (*s).to_owned()).collect(),
@@ -142,11 +134,7 @@ impl StatusReport {
             let _ = writeln!(
                 out,
                 "\n{}  {}:{}/{}  {}  rewritten node {} zone {} region {} other {}, refused {}, errors {}",
-                if service.service.is_empty() {
-                    "(unnamed)"
-                } else {
-                    &service.service
-                },
+                if service.service.is_empty() { "(unnamed)" } else { &service.service },
                 bracket(&service.cluster_ip),
                 service.port,
                 service.protocol,
@@ -173,9 +161,5 @@ impl StatusReport {
 }
 
 fn bracket(address: &str) -> String {
-    if address.contains(':') {
-        format!("[{address}]")
-    } else {
-        address.to_owned()
-    }
+    if address.contains(':') { format!("[{address}]") } else { address.to_owned() }
 }

@@ -40,22 +40,16 @@ pub mod map_names {
     pub const SERVICE_META: &str = "topo_svc_meta";
     /// Backend kept by an unconnected UDP socket: [`AffinityKey`](crate::AffinityKey) -> [`AffinityValue`](crate::AffinityValue).
     pub const AFFINITY: &str = "topo_affinity";
-    /// Reverse translation for unconnected UDP replies: [`RevNatKey`](crate::RevNatKey) -> [`RevNatValue`](crate::RevNatValue).
+    /// Reverse translation of unconnected UDP sockets, for replies:
+    /// [`RevNatKey`](crate::RevNatKey) -> [`RevNatValue`](crate::RevNatValue).
     pub const REVNAT: &str = "topo_revnat";
-    /// Socket-local storage of a connected socket's original destination: [`SockOrigin`](crate::SockOrigin).
-    pub const SOCK_ORIGIN: &str = "topo_sock_vip";
+    /// Reverse translation of connected sockets, for `getpeername()` and replies: a table of
+    /// [`SockTranslation`](crate::SockTranslation) indexed by the low bits of the socket cookie.
+    pub const SOCK_TRANSLATIONS: &str = "topo_sock_xlate";
 
     /// Every map the agent pins and keeps across restarts, in a stable order.
-    pub const PINNED: [&str; 8] = [
-        SERVICES_V4,
-        SERVICES_V6,
-        SLOTS,
-        COUNTERS,
-        SERVICE_META,
-        AFFINITY,
-        REVNAT,
-        SOCK_ORIGIN,
-    ];
+    pub const PINNED: [&str; 8] =
+        [SERVICES_V4, SERVICES_V6, SLOTS, COUNTERS, SERVICE_META, AFFINITY, REVNAT, SOCK_TRANSLATIONS];
 }
 
 /// Program names (ELF symbols); each is attached at the cgroup hook of the same name.
@@ -78,16 +72,7 @@ pub mod program_names {
     pub const GETPEERNAME6: &str = "getpeername6";
 
     /// Every program, in attach order.
-    pub const ALL: [&str; 8] = [
-        CONNECT4,
-        CONNECT6,
-        SENDMSG4,
-        SENDMSG6,
-        RECVMSG4,
-        RECVMSG6,
-        GETPEERNAME4,
-        GETPEERNAME6,
-    ];
+    pub const ALL: [&str; 8] = [CONNECT4, CONNECT6, SENDMSG4, SENDMSG6, RECVMSG4, RECVMSG6, GETPEERNAME4, GETPEERNAME6];
 }
 
 /// Default capacities (`max_entries`); the agent can override each at load time.
@@ -104,10 +89,15 @@ pub mod capacity {
     pub const AFFINITY: u32 = 65_536;
     /// Unconnected UDP (socket, backend) pairs remembered for reply translation (LRU).
     pub const REVNAT: u32 = 65_536;
+    /// Slots of the connected-socket translation table; a power of two. A slot is reused after
+    /// this many newer sockets, so it bounds how long `getpeername()` shows the ClusterIP.
+    pub const SOCK_TRANSLATIONS: u32 = 262_144;
 }
 
 /// Global (`.rodata`) variable the agent overrides to set the kernel log level (0 = off).
 pub const LOG_LEVEL_GLOBAL: &str = "AYA_LOG_LEVEL";
+/// Global (`.rodata`) variable the agent sets to the translation table's capacity minus one.
+pub const SOCK_TRANSLATION_MASK_GLOBAL: &str = "SOCK_TRANSLATION_MASK";
 
 /// Where the backend sits relative to the node the maps were written for.
 pub mod locality {
@@ -241,9 +231,7 @@ const _: () = assert!(size_of::<ServiceMeta>() == SERVICE_NAME_LEN);
 
 impl Default for ServiceMeta {
     fn default() -> Self {
-        Self {
-            name: [0; SERVICE_NAME_LEN],
-        }
+        Self { name: [0; SERVICE_NAME_LEN] }
     }
 }
 
@@ -277,7 +265,7 @@ pub struct AffinityValue {
 }
 const _: () = assert!(size_of::<AffinityValue>() == 24);
 
-/// Key of the reverse translation map: a backend a given socket sent to.
+/// Key of the reverse translation map: a backend a given socket was rewritten to.
 #[repr(C, align(4))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct RevNatKey {
@@ -309,11 +297,16 @@ pub struct RevNatValue {
 }
 const _: () = assert!(size_of::<RevNatValue>() == 20);
 
-/// Socket-local storage of a socket whose `connect()` was rewritten: lives and dies with the socket,
-/// so `getpeername()` and `recvmsg()` report the ClusterIP for as long as the connection exists.
-#[repr(C, align(4))]
+/// One slot of the connected-socket translation table, at `cookie & (capacity - 1)`.
+///
+/// Written without locks at `connect()`: `cookie` is zeroed, the fields written, then `cookie` set.
+/// A reader checks `cookie` before and after copying the fields, and that the backend is the peer
+/// it translates, so a slot being overwritten by a newer socket is never taken for this one.
+#[repr(C, align(8))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub struct SockOrigin {
+pub struct SockTranslation {
+    /// Cookie of the socket the slot describes; 0 while being written or never used.
+    pub cookie: u64,
     /// ClusterIP the application connected to; IPv4 in the first four bytes.
     pub vip: [u8; 16],
     /// Backend the connection was rewritten to; IPv4 in the first four bytes.
@@ -327,7 +320,7 @@ pub struct SockOrigin {
     /// Always zero.
     pub _pad: [u8; 3],
 }
-const _: () = assert!(size_of::<SockOrigin>() == 40);
+const _: () = assert!(size_of::<SockTranslation>() == 48);
 
 #[cfg(feature = "user")]
 mod pod {
@@ -345,5 +338,5 @@ mod pod {
     unsafe impl aya::Pod for super::AffinityValue {}
     unsafe impl aya::Pod for super::RevNatKey {}
     unsafe impl aya::Pod for super::RevNatValue {}
-    unsafe impl aya::Pod for super::SockOrigin {}
+    unsafe impl aya::Pod for super::SockTranslation {}
 }

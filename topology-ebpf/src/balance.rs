@@ -1,13 +1,14 @@
 //! Service lookup and backend choice, the translation records that undo a rewrite, and counters.
 
-use aya_ebpf::programs::SockAddrContext;
+use core::ptr::{addr_of, addr_of_mut, read_volatile, write_volatile};
+
 use topology_common::{
-    AffinityKey, AffinityValue, Backend, RevNatKey, RevNatValue, ServiceKey4, ServiceKey6,
-    ServiceValue, SlotKey, SockOrigin, locality,
+    AffinityKey, AffinityValue, Backend, RevNatKey, RevNatValue, ServiceKey4, ServiceKey6, ServiceValue, SlotKey,
+    THRESHOLD_ONE, locality,
 };
 
 use crate::{
-    maps::{AFFINITY, COUNTERS, REVNAT, SERVICES_V4, SERVICES_V6, SLOTS, SOCK_ORIGIN},
+    maps::{AFFINITY, COUNTERS, REVNAT, SERVICES_V4, SERVICES_V6, SLOTS, SOCK_TRANSLATIONS, translation_slot},
     sockaddr::{self, Words},
 };
 
@@ -60,12 +61,7 @@ impl Choice {
 /// The IPv4 service at `addr:port/proto`, if any.
 #[inline(always)]
 pub fn service4(addr: u32, port: u16, proto: u8) -> Option<ServiceValue> {
-    let key = ServiceKey4 {
-        addr: addr.to_ne_bytes(),
-        port,
-        proto,
-        _pad: 0,
-    };
+    let key = ServiceKey4 { addr: addr.to_ne_bytes(), port, proto, _pad: 0 };
     SERVICES_V4.get_ptr(key).map(|value| {
         // SAFETY: the pointer came from a successful lookup; the value is copied out at once.
         unsafe { *value }
@@ -75,12 +71,7 @@ pub fn service4(addr: u32, port: u16, proto: u8) -> Option<ServiceValue> {
 /// The IPv6 service at `addr:port/proto`, if any.
 #[inline(always)]
 pub fn service6(addr: Words, port: u16, proto: u8) -> Option<ServiceValue> {
-    let key = ServiceKey6 {
-        addr: sockaddr::bytes(addr),
-        port,
-        proto,
-        _pad: 0,
-    };
+    let key = ServiceKey6 { addr: sockaddr::bytes(addr), port, proto, _pad: 0 };
     SERVICES_V6.get_ptr(key).map(|value| {
         // SAFETY: as in `service4`.
         unsafe { *value }
@@ -102,16 +93,13 @@ pub fn choose(lookup: impl Fn() -> Option<ServiceValue>) -> Result<Option<Choice
         }
         // Multiply-shift maps a uniform u32 onto 0..count without a division.
         let index = ((u64::from(sockaddr::random()) * u64::from(service.count)) >> 32) as u32;
-        let key = SlotKey {
-            set_id: service.set_id,
-            index,
-        };
+        let key = SlotKey { set_id: service.set_id, index };
         if let Some(slot) = SLOTS.get_ptr(key) {
             // SAFETY: the pointer came from a successful lookup; fields are copied out at once.
             let slot = unsafe { &*slot };
-            let draw = sockaddr::random() >> 1;
-            // `threshold == THRESHOLD_ONE` always picks the primary: `draw` is below 2^31.
-            let backend = if draw < slot.threshold {
+            // A slot that always picks its primary (every slot, for equal weights) needs no
+            // second draw; otherwise the primary wins with probability threshold / 2^31.
+            let backend = if slot.threshold >= THRESHOLD_ONE || (sockaddr::random() >> 1) < slot.threshold {
                 slot.primary
             } else {
                 slot.alias
@@ -125,34 +113,23 @@ pub fn choose(lookup: impl Fn() -> Option<ServiceValue>) -> Result<Option<Choice
 /// Like [`choose`], but an unconnected UDP socket keeps the backend it got first for as long as
 /// the service's backend set is unchanged, so a resolver's retries reach the same server.
 #[inline(always)]
-pub fn choose_sticky(
-    key: &AffinityKey,
-    lookup: impl Fn() -> Option<ServiceValue>,
-) -> Result<Option<Choice>, Error> {
+pub fn choose_sticky(key: &AffinityKey, lookup: impl Fn() -> Option<ServiceValue>) -> Result<Option<Choice>, Error> {
     let Some(service) = lookup() else {
         return Ok(None);
     };
     if service.count == 0 {
-        return Err(Error::EmptySet {
-            service_id: service.service_id,
-        });
+        return Err(Error::EmptySet { service_id: service.service_id });
     }
     if let Some(kept) = AFFINITY.get_ptr(key) {
         // SAFETY: the pointer came from a successful lookup; fields are copied out at once.
         let kept = unsafe { &*kept };
         if kept.set_id == service.set_id {
-            return Ok(Some(Choice {
-                service,
-                backend: kept.backend,
-            }));
+            return Ok(Some(Choice { service, backend: kept.backend }));
         }
     }
     let choice = choose(lookup)?;
     if let Some(choice) = &choice {
-        let value = AffinityValue {
-            set_id: choice.service.set_id,
-            backend: choice.backend,
-        };
+        let value = AffinityValue { set_id: choice.service.set_id, backend: choice.backend };
         // A failed insert only costs stickiness for the next datagram; the rewrite stands.
         if AFFINITY.insert(key, value, 0).is_err() {
             count(choice.service.service_id, |c| c.errors += 1);
@@ -161,105 +138,76 @@ pub fn choose_sticky(
     Ok(choice)
 }
 
-/// Remembers, for the reply path, that this socket sent to `backend` while addressing `vip:port`.
+/// Records, in the socket's translation slot, that this connected socket reaches `vip:port`
+/// through the chosen backend (the lock-free protocol of `SockTranslation`).
 #[inline(always)]
-pub fn remember_reply_source(cookie: u64, family: u8, vip: Words, port: u16, choice: &Choice) {
-    let key = RevNatKey {
-        cookie,
-        addr: choice.backend.addr,
-        port: choice.backend.port,
-        family,
-        _pad: 0,
-        _pad2: 0,
+pub fn remember_connection(cookie: u64, family: u8, vip: Words, port: u16, choice: &Choice) {
+    let Some(slot) = SOCK_TRANSLATIONS.get_ptr_mut(translation_slot(cookie)) else {
+        // Unreachable: the mask keeps the index below the capacity.
+        count(choice.service.service_id, |c| c.errors += 1);
+        return;
     };
-    // A lookup refreshes the LRU entry and is cheaper than an update on every datagram.
+    // SAFETY: `slot` points into the array's value area for the program's lifetime. Volatile
+    // writes keep the order: cookie cleared, fields, cookie set.
+    unsafe {
+        write_volatile(addr_of_mut!((*slot).cookie), 0);
+        write_volatile(addr_of_mut!((*slot).vip), sockaddr::bytes(vip));
+        write_volatile(addr_of_mut!((*slot).backend), choice.backend.addr);
+        write_volatile(addr_of_mut!((*slot).vip_port), port);
+        write_volatile(addr_of_mut!((*slot).backend_port), choice.backend.port);
+        write_volatile(addr_of_mut!((*slot).family), family);
+        write_volatile(addr_of_mut!((*slot).cookie), cookie);
+    }
+}
+
+/// The ClusterIP and port this connected socket addressed, if its `connect()` was rewritten to
+/// exactly `addr:port`.
+#[inline(always)]
+pub fn connection_translation(cookie: u64, family: u8, addr: Words, port: u16) -> Option<(Words, u16)> {
+    let slot = SOCK_TRANSLATIONS.get_ptr(translation_slot(cookie))?;
+    // SAFETY: as in `remember_connection`; reads mirror its write order.
+    unsafe {
+        if read_volatile(addr_of!((*slot).cookie)) != cookie {
+            return None;
+        }
+        let vip = read_volatile(addr_of!((*slot).vip));
+        let backend = read_volatile(addr_of!((*slot).backend));
+        let vip_port = read_volatile(addr_of!((*slot).vip_port));
+        let backend_port = read_volatile(addr_of!((*slot).backend_port));
+        let slot_family = read_volatile(addr_of!((*slot).family));
+        // A newer socket sharing the slot clears the cookie before touching the fields.
+        if read_volatile(addr_of!((*slot).cookie)) != cookie {
+            return None;
+        }
+        (slot_family == family && backend_port == port && sockaddr::words(&backend) == addr)
+            .then(|| (sockaddr::words(&vip), vip_port))
+    }
+}
+
+/// Records that this unconnected socket reached `vip:port` through the chosen backend, so replies
+/// from it show the ClusterIP. An existing record is only looked up (refreshing its LRU
+/// position): every datagram after the first costs no map update.
+#[inline(always)]
+pub fn remember_datagram(cookie: u64, family: u8, vip: Words, port: u16, choice: &Choice) {
+    let key = RevNatKey { cookie, addr: choice.backend.addr, port: choice.backend.port, family, _pad: 0, _pad2: 0 };
     if REVNAT.get_ptr(key).is_some() {
         return;
     }
-    let value = RevNatValue {
-        vip: sockaddr::bytes(vip),
-        port,
-        _pad: 0,
-    };
+    let value = RevNatValue { vip: sockaddr::bytes(vip), port, _pad: 0 };
     if REVNAT.insert(key, value, 0).is_err() {
         count(choice.service.service_id, |c| c.errors += 1);
     }
 }
 
-/// The service a reply from `addr:port` on this socket answers, if it was rewritten by sendmsg.
+/// The ClusterIP and port an unconnected socket addressed when it sent to `addr:port`.
 #[inline(always)]
-pub fn reply_source(cookie: u64, family: u8, addr: Words, port: u16) -> Option<(Words, u16)> {
-    let key = RevNatKey {
-        cookie,
-        addr: sockaddr::bytes(addr),
-        port,
-        family,
-        _pad: 0,
-        _pad2: 0,
-    };
+pub fn datagram_translation(cookie: u64, family: u8, addr: Words, port: u16) -> Option<(Words, u16)> {
+    let key = RevNatKey { cookie, addr: sockaddr::bytes(addr), port, family, _pad: 0, _pad2: 0 };
     REVNAT.get_ptr(key).map(|value| {
         // SAFETY: as in `service4`.
         let value = unsafe { &*value };
         (sockaddr::words(&value.vip), value.port)
     })
-}
-
-/// Records a connected socket's original destination in its socket storage.
-#[inline(always)]
-pub fn remember_origin(ctx: &SockAddrContext, family: u8, vip: Words, port: u16, choice: &Choice) {
-    let mut origin = SockOrigin {
-        vip: sockaddr::bytes(vip),
-        backend: choice.backend.addr,
-        vip_port: port,
-        backend_port: choice.backend.port,
-        family,
-        _pad: [0; 3],
-    };
-    // SAFETY: `ctx` is the program's context; storage is created with `origin` as its value.
-    let stored = unsafe { SOCK_ORIGIN.get_or_insert_ptr_mut(ctx, Some(&mut origin)) };
-    if stored.is_null() {
-        count(choice.service.service_id, |c| c.errors += 1);
-        return;
-    }
-    // SAFETY: non-null storage of this socket; a re-connect overwrites the previous origin.
-    unsafe { *stored = origin };
-}
-
-/// Drops the origin of a socket that re-connects to something that is not a service, so a later
-/// `getpeername()` is not translated.
-#[inline(always)]
-pub fn forget_origin(ctx: &SockAddrContext) {
-    // SAFETY: `ctx` is the program's context; lookup only, nothing is created.
-    let stored = unsafe { SOCK_ORIGIN.get_ptr_mut(ctx) };
-    if !stored.is_null() {
-        // SAFETY: `sk` is the context's socket, valid for the program's lifetime.
-        let sk = unsafe { (*ctx.sock_addr).__bindgen_anon_1.sk };
-        // SAFETY: `sk` is a full socket owned by the kernel. A failed delete leaves an origin
-        // that only matches this exact backend address, so there is nothing more to do.
-        let _ = unsafe { SOCK_ORIGIN.delete(sk) };
-    }
-}
-
-/// The ClusterIP and port this connected socket addressed, if its `connect()` was rewritten to
-/// exactly `family` `addr:port`.
-#[inline(always)]
-pub fn origin_of(
-    ctx: &SockAddrContext,
-    family: u8,
-    addr: Words,
-    port: u16,
-) -> Option<(Words, u16)> {
-    // SAFETY: `ctx` is the program's context; lookup only.
-    let stored = unsafe { SOCK_ORIGIN.get_ptr_mut(ctx) };
-    if stored.is_null() {
-        return None;
-    }
-    // SAFETY: non-null storage of this socket, read at once.
-    let origin = unsafe { &*stored };
-    (origin.family == family
-        && origin.backend_port == port
-        && sockaddr::words(&origin.backend) == addr)
-        .then(|| (sockaddr::words(&origin.vip), origin.vip_port))
 }
 
 /// Counts a rewrite to a backend of the given locality class.
@@ -268,11 +216,7 @@ pub fn count_rewrite(choice: &Choice) {
     let class = usize::from(choice.backend.locality);
     count(choice.service.service_id, |c| {
         // The class comes from userspace; out-of-range values count as "other".
-        let class = if class < locality::CLASSES {
-            class
-        } else {
-            usize::from(locality::OTHER)
-        };
+        let class = if class < locality::CLASSES { class } else { usize::from(locality::OTHER) };
         c.rewritten[class] += 1;
     });
 }

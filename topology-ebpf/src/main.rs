@@ -28,11 +28,7 @@ impl Dest {
     /// The destination of an AF_INET context.
     #[inline(always)]
     fn of4(ctx: &SockAddrContext) -> Self {
-        Self {
-            family: AF_INET,
-            addr: sockaddr::widen_v4(sockaddr::ip4(ctx)),
-            port: sockaddr::port(ctx),
-        }
+        Self { family: AF_INET, addr: sockaddr::widen_v4(sockaddr::ip4(ctx)), port: sockaddr::port(ctx) }
     }
 
     /// The destination of an AF_INET6 context, native or IPv4-mapped.
@@ -41,16 +37,8 @@ impl Dest {
         let addr = sockaddr::ip6(ctx);
         let port = sockaddr::port(ctx);
         match sockaddr::unmap_v4(&addr) {
-            Some(v4) => Self {
-                family: AF_INET,
-                addr: sockaddr::widen_v4(v4),
-                port,
-            },
-            None => Self {
-                family: AF_INET6,
-                addr,
-                port,
-            },
+            Some(v4) => Self { family: AF_INET, addr: sockaddr::widen_v4(v4), port },
+            None => Self { family: AF_INET6, addr, port },
         }
     }
 
@@ -74,11 +62,7 @@ impl Dest {
     /// Writes `addr:port` of `family` into an AF_INET6 context; IPv4 is written IPv4-mapped.
     #[inline(always)]
     fn write6(ctx: &SockAddrContext, family: u8, addr: Words, port: u16) {
-        let addr = if family == AF_INET {
-            sockaddr::map_v4(addr[0])
-        } else {
-            addr
-        };
+        let addr = if family == AF_INET { sockaddr::map_v4(addr[0]) } else { addr };
         sockaddr::set_ip6(ctx, addr);
         sockaddr::set_port(ctx, port);
     }
@@ -110,22 +94,17 @@ pub fn connect6(ctx: SockAddrContext) -> i32 {
     )
 }
 
-/// TCP and connected UDP: choose, and record the original destination on the socket.
+/// TCP and connected UDP: choose, and record the translation for `getpeername()` and replies.
 #[inline(always)]
 fn connect(ctx: &SockAddrContext, dest: Dest) -> Result<Option<Choice>, Error> {
     let Some(choice) = balance::choose(|| dest.service(sockaddr::protocol(ctx)))? else {
-        balance::forget_origin(ctx);
         return Ok(None);
     };
-    balance::remember_origin(ctx, dest.family, dest.addr, dest.port, &choice);
+    balance::remember_connection(sockaddr::cookie(ctx), dest.family, dest.addr, dest.port, &choice);
     balance::count_rewrite(&choice);
     debug!(
         ctx,
-        "connect {}:{} -> {:i}:{}",
-        choice.service.service_id,
-        dest.port,
-        choice.backend.addr,
-        choice.backend.port
+        "connect {}:{} -> {:i}:{}", choice.service.service_id, dest.port, choice.backend.addr, choice.backend.port
     );
     Ok(Some(choice))
 }
@@ -161,18 +140,12 @@ pub fn sendmsg6(ctx: SockAddrContext) -> i32 {
 fn send(ctx: &SockAddrContext, dest: Dest) -> Result<Option<Choice>, Error> {
     let proto = sockaddr::protocol(ctx);
     let cookie = sockaddr::cookie(ctx);
-    let key = AffinityKey {
-        cookie,
-        vip: sockaddr::bytes(dest.addr),
-        port: dest.port,
-        proto,
-        family: dest.family,
-        _pad: 0,
-    };
+    let key =
+        AffinityKey { cookie, vip: sockaddr::bytes(dest.addr), port: dest.port, proto, family: dest.family, _pad: 0 };
     let Some(choice) = balance::choose_sticky(&key, || dest.service(proto))? else {
         return Ok(None);
     };
-    balance::remember_reply_source(cookie, dest.family, dest.addr, dest.port, &choice);
+    balance::remember_datagram(cookie, dest.family, dest.addr, dest.port, &choice);
     balance::count_rewrite(&choice);
     Ok(Some(choice))
 }
@@ -199,7 +172,9 @@ pub fn recvmsg6(ctx: SockAddrContext) -> i32 {
 #[cgroup_sock_addr(getpeername4)]
 pub fn getpeername4(ctx: SockAddrContext) -> i32 {
     let peer = Dest::of4(&ctx);
-    if let Some((vip, port)) = balance::origin_of(&ctx, peer.family, peer.addr, peer.port) {
+    if let Some((vip, port)) =
+        balance::connection_translation(sockaddr::cookie(&ctx), peer.family, peer.addr, peer.port)
+    {
         Dest::write4(&ctx, vip, port);
     }
     // getpeername hooks cannot fail the call.
@@ -209,24 +184,21 @@ pub fn getpeername4(ctx: SockAddrContext) -> i32 {
 #[cgroup_sock_addr(getpeername6)]
 pub fn getpeername6(ctx: SockAddrContext) -> i32 {
     let peer = Dest::of6(&ctx);
-    if let Some((vip, port)) = balance::origin_of(&ctx, peer.family, peer.addr, peer.port) {
+    if let Some((vip, port)) =
+        balance::connection_translation(sockaddr::cookie(&ctx), peer.family, peer.addr, peer.port)
+    {
         Dest::write6(&ctx, peer.family, vip, port);
     }
     ALLOW
 }
 
-/// The ClusterIP and port a reply from `source` answers on this socket: from the socket's
-/// connect-time origin, else from the unconnected-UDP reverse translation.
+/// The ClusterIP and port a datagram's source stands for on this socket: a connected socket's
+/// translation, else an unconnected socket's.
 #[inline(always)]
 fn original(ctx: &SockAddrContext, source: Dest) -> Option<(Words, u16)> {
-    balance::origin_of(ctx, source.family, source.addr, source.port).or_else(|| {
-        balance::reply_source(
-            sockaddr::cookie(ctx),
-            source.family,
-            source.addr,
-            source.port,
-        )
-    })
+    let cookie = sockaddr::cookie(ctx);
+    balance::connection_translation(cookie, source.family, source.addr, source.port)
+        .or_else(|| balance::datagram_translation(cookie, source.family, source.addr, source.port))
 }
 
 /// Turns a program's result into its return value, counting and logging failures.
@@ -236,10 +208,7 @@ fn finish(ctx: &SockAddrContext, result: Result<(), Error>) -> i32 {
         Ok(()) => ALLOW,
         Err(error) => {
             if let Error::SlotMissing { service_id } = &error {
-                warn!(
-                    ctx,
-                    "service {}: backend slot missing after retries", *service_id
-                );
+                warn!(ctx, "service {}: backend slot missing after retries", *service_id);
             }
             error.verdict()
         }

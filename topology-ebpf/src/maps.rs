@@ -2,13 +2,14 @@
 //! names. The agent pins each under its pin directory and may override any `max_entries`.
 
 use aya_ebpf::{
+    Global,
     bindings::BPF_F_NO_PREALLOC,
-    btf_maps::{HashMap, LruHashMap, PerCpuHashMap, SkStorage},
+    btf_maps::{Array, HashMap, LruHashMap, PerCpuHashMap},
     macros::btf_map,
 };
 use topology_common::{
-    AffinityKey, AffinityValue, RevNatKey, RevNatValue, ServiceCounters, ServiceKey4, ServiceKey6,
-    ServiceMeta, ServiceValue, Slot, SlotKey, SockOrigin, capacity,
+    AffinityKey, AffinityValue, RevNatKey, RevNatValue, ServiceCounters, ServiceKey4, ServiceKey6, ServiceMeta,
+    ServiceValue, Slot, SlotKey, SockTranslation, capacity,
 };
 
 /// Maps only userspace writes are allocated on write, so an idle capacity costs no kernel memory.
@@ -16,56 +17,48 @@ const NO_PREALLOC: usize = BPF_F_NO_PREALLOC as usize;
 
 /// IPv4 service ports.
 #[btf_map(name = "topo_svc4")]
-pub static SERVICES_V4: HashMap<
-    ServiceKey4,
-    ServiceValue,
-    { capacity::SERVICES_V4 as usize },
-    NO_PREALLOC,
-> = HashMap::new();
+pub static SERVICES_V4: HashMap<ServiceKey4, ServiceValue, { capacity::SERVICES_V4 as usize }, NO_PREALLOC> =
+    HashMap::new();
 
 /// IPv6 service ports.
 #[btf_map(name = "topo_svc6")]
-pub static SERVICES_V6: HashMap<
-    ServiceKey6,
-    ServiceValue,
-    { capacity::SERVICES_V6 as usize },
-    NO_PREALLOC,
-> = HashMap::new();
+pub static SERVICES_V6: HashMap<ServiceKey6, ServiceValue, { capacity::SERVICES_V6 as usize }, NO_PREALLOC> =
+    HashMap::new();
 
 /// Backend slots of every live backend-set generation.
 #[btf_map(name = "topo_slots")]
-pub static SLOTS: HashMap<SlotKey, Slot, { capacity::SLOTS as usize }, NO_PREALLOC> =
-    HashMap::new();
+pub static SLOTS: HashMap<SlotKey, Slot, { capacity::SLOTS as usize }, NO_PREALLOC> = HashMap::new();
 
 /// Per-CPU counters by service id; the agent creates the entry with the service.
 #[btf_map(name = "topo_counters")]
-pub static COUNTERS: PerCpuHashMap<
-    u32,
-    ServiceCounters,
-    { capacity::SERVICE_IDS as usize },
-    NO_PREALLOC,
-> = PerCpuHashMap::new();
+pub static COUNTERS: PerCpuHashMap<u32, ServiceCounters, { capacity::SERVICE_IDS as usize }, NO_PREALLOC> =
+    PerCpuHashMap::new();
 
 /// Service names by id, for `status` and `bpftool`; never read here, declared so it is created and
 /// pinned with the others.
 #[btf_map(name = "topo_svc_meta")]
-pub static SERVICE_META: HashMap<
-    u32,
-    ServiceMeta,
-    { capacity::SERVICE_IDS as usize },
-    NO_PREALLOC,
-> = HashMap::new();
+pub static SERVICE_META: HashMap<u32, ServiceMeta, { capacity::SERVICE_IDS as usize }, NO_PREALLOC> = HashMap::new();
 
 /// Backend kept by an unconnected UDP socket per service port.
 #[btf_map(name = "topo_affinity")]
-pub static AFFINITY: LruHashMap<AffinityKey, AffinityValue, { capacity::AFFINITY as usize }> =
-    LruHashMap::new();
+pub static AFFINITY: LruHashMap<AffinityKey, AffinityValue, { capacity::AFFINITY as usize }> = LruHashMap::new();
 
-/// Reverse translation of unconnected UDP replies.
+/// Reverse translation of unconnected UDP sockets, which may talk to several backends each.
 #[btf_map(name = "topo_revnat")]
-pub static REVNAT: LruHashMap<RevNatKey, RevNatValue, { capacity::REVNAT as usize }> =
-    LruHashMap::new();
+pub static REVNAT: LruHashMap<RevNatKey, RevNatValue, { capacity::REVNAT as usize }> = LruHashMap::new();
 
-/// Original destination of a connected socket, freed with the socket.
-#[btf_map(name = "topo_sock_vip")]
-pub static SOCK_ORIGIN: SkStorage<SockOrigin> = SkStorage::new();
+/// Reverse translation of connected sockets, one slot per socket cookie (see `SockTranslation`).
+/// An array: written without a lock, so a `connect()` pays no map update.
+#[btf_map(name = "topo_sock_xlate")]
+pub static SOCK_TRANSLATIONS: Array<SockTranslation, { capacity::SOCK_TRANSLATIONS as usize }> = Array::new();
+
+/// `capacity - 1` of [`SOCK_TRANSLATIONS`], set by the agent at load; a known constant to the
+/// verifier, so the index is provably in range.
+#[unsafe(no_mangle)]
+static SOCK_TRANSLATION_MASK: Global<u32> = Global::new(capacity::SOCK_TRANSLATIONS - 1);
+
+/// The translation slot of a socket cookie.
+#[inline(always)]
+pub fn translation_slot(cookie: u64) -> u32 {
+    (cookie as u32) & SOCK_TRANSLATION_MASK.load()
+}

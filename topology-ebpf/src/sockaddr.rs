@@ -77,12 +77,7 @@ pub fn port(ctx: &SockAddrContext) -> u16 {
 #[inline(always)]
 pub fn set_port(ctx: &SockAddrContext, port: u16) {
     // SAFETY: as in `set_ip4`.
-    unsafe {
-        write_volatile(
-            addr_of_mut!((*ctx.sock_addr).user_port),
-            u32::from(port.to_be()),
-        )
-    }
+    unsafe { write_volatile(addr_of_mut!((*ctx.sock_addr).user_port), u32::from(port.to_be())) }
 }
 
 /// IP protocol of the socket (TCP, UDP, ...).

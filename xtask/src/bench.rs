@@ -17,17 +17,18 @@ pub struct BenchArgs {
 enum Suite {
     /// Policy computation (criterion).
     Policy,
+    /// connect() latency: no hook, our hook, a kube-proxy-shaped iptables ruleset (root).
+    Datapath,
 }
 
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let wants = |suite| args.suites.is_empty() || args.suites.contains(&suite);
     let root = cmd::workspace_root();
     if wants(Suite::Policy) {
-        cmd::run(
-            cargo()
-                .args(["bench", "-p", "topology-agent", "--bench", "policy"])
-                .current_dir(&root),
-        )?;
+        cmd::run(cargo().args(["bench", "-p", "topology-agent", "--bench", "policy"]).current_dir(&root))?;
+    }
+    if wants(Suite::Datapath) {
+        cmd::run(cargo().args(["bench", "-p", "topology-tests", "--bench", "datapath"]).current_dir(&root))?;
     }
     Ok(())
 }

@@ -15,11 +15,7 @@ use crate::cmd::{self, is_root, on_path, succeeds};
 /// The bpf-linker release known to build against nightly's LLVM here.
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Debian packages the tests and benchmarks call, with a command each provides.
-const PACKAGES: [(&str, &str); 3] = [
-    ("bpftool", "bpftool"),
-    ("iproute2", "ip"),
-    ("iptables", "iptables-restore"),
-];
+const PACKAGES: [(&str, &str); 3] = [("bpftool", "bpftool"), ("iproute2", "ip"), ("iptables", "iptables-restore")];
 
 pub fn run() -> anyhow::Result<()> {
     ensure_nightly()?;
@@ -46,13 +42,7 @@ fn ensure_rust_src() -> anyhow::Result<()> {
     if core.exists() {
         return Ok(());
     }
-    cmd::run(Command::new("rustup").args([
-        "component",
-        "add",
-        "rust-src",
-        "--toolchain",
-        "nightly",
-    ]))
+    cmd::run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
 }
 
 fn ensure_bpf_linker() -> anyhow::Result<()> {
@@ -63,26 +53,15 @@ fn ensure_bpf_linker() -> anyhow::Result<()> {
         return Ok(());
     }
     let major = llvm_major(&llvm).with_context(|| format!("LLVM version of {}", llvm.display()))?;
-    eprintln!(
-        "setup: building bpf-linker {BPF_LINKER_VERSION} against nightly's LLVM {major} (about a minute)"
-    );
+    eprintln!("setup: building bpf-linker {BPF_LINKER_VERSION} against nightly's LLVM {major} (about a minute)");
     cmd::run(
         cmd::cargo()
-            .args([
-                "install",
-                "bpf-linker",
-                "--version",
-                BPF_LINKER_VERSION,
-                "--no-default-features",
-            ])
+            .args(["install", "bpf-linker", "--version", BPF_LINKER_VERSION, "--no-default-features"])
             .args(["--features", &format!("llvm-{major}")])
             .env("LLVM_PREFIX", &prefix),
     )?;
     if !succeeds(Command::new("bpf-linker").arg("--version")) {
-        bail!(
-            "bpf-linker was installed but does not run; is {} on PATH?",
-            cargo_home().join("bin").display()
-        );
+        bail!("bpf-linker was installed but does not run; is {} on PATH?", cargo_home().join("bin").display());
     }
     Ok(())
 }
@@ -94,15 +73,10 @@ fn llvm_library() -> anyhow::Result<PathBuf> {
         .with_context(|| format!("reading {}", lib.display()))?
         .filter_map(Result::ok)
         .map(|entry| entry.path())
-        .filter(|path| {
-            path.file_name()
-                .is_some_and(|name| name.to_string_lossy().starts_with("libLLVM.so."))
-        })
+        .filter(|path| path.file_name().is_some_and(|name| name.to_string_lossy().starts_with("libLLVM.so.")))
         .collect();
     candidates.sort();
-    candidates
-        .pop()
-        .with_context(|| format!("no libLLVM.so.* in {}", lib.display()))
+    candidates.pop().with_context(|| format!("no libLLVM.so.* in {}", lib.display()))
 }
 
 fn llvm_major(library: &Path) -> Option<u32> {
@@ -123,8 +97,7 @@ fn link_llvm(prefix: &Path, llvm: &Path) -> anyhow::Result<()> {
             continue;
         }
         let _ = fs::remove_file(&link);
-        symlink(llvm, &link)
-            .with_context(|| format!("linking {} -> {}", link.display(), llvm.display()))?;
+        symlink(llvm, &link).with_context(|| format!("linking {} -> {}", link.display(), llvm.display()))?;
     }
     Ok(())
 }
@@ -132,9 +105,7 @@ fn link_llvm(prefix: &Path, llvm: &Path) -> anyhow::Result<()> {
 fn cargo_home() -> PathBuf {
     std::env::var_os("CARGO_HOME")
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cargo")
-        })
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cargo"))
 }
 
 fn ensure_packages() -> anyhow::Result<()> {
@@ -147,9 +118,7 @@ fn ensure_packages() -> anyhow::Result<()> {
         return Ok(());
     }
     if !is_root() || !on_path("apt-get") {
-        eprintln!(
-            "setup: missing packages {missing:?}; install them (root tests will skip without them)"
-        );
+        eprintln!("setup: missing packages {missing:?}; install them (root tests will skip without them)");
         return Ok(());
     }
     cmd::run(Command::new("apt-get").args(["update", "-qq"]))?;
@@ -167,12 +136,10 @@ fn ensure_bpffs() -> anyhow::Result<()> {
     if !is_root() || !dir.exists() {
         return Ok(());
     }
-    let mounts =
-        fs::read_to_string("/proc/self/mountinfo").context("reading /proc/self/mountinfo")?;
+    let mounts = fs::read_to_string("/proc/self/mountinfo").context("reading /proc/self/mountinfo")?;
     let mounted = mounts.lines().any(|line| {
-        line.split_once(" - ").is_some_and(|(mount, fs)| {
-            fs.starts_with("bpf ") && mount.split_whitespace().nth(4) == Some("/sys/fs/bpf")
-        })
+        line.split_once(" - ")
+            .is_some_and(|(mount, fs)| fs.starts_with("bpf ") && mount.split_whitespace().nth(4) == Some("/sys/fs/bpf"))
     });
     if mounted {
         return Ok(());
@@ -186,10 +153,7 @@ mod tests {
 
     #[test]
     fn llvm_major_comes_from_the_library_name() {
-        assert_eq!(
-            llvm_major(Path::new("/x/libLLVM.so.22.1-rust-1.97.0-nightly")),
-            Some(22)
-        );
+        assert_eq!(llvm_major(Path::new("/x/libLLVM.so.22.1-rust-1.97.0-nightly")), Some(22));
         assert_eq!(llvm_major(Path::new("/x/libLLVM.so.19")), Some(19));
         assert_eq!(llvm_major(Path::new("/x/libLLVM-22.so")), None);
     }

@@ -33,31 +33,13 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
                 .args(["run", "nightly", "cargo", "fmt", "--all", "--", "--check"])
                 .current_dir(&root),
         )?;
-        cmd::run(
-            cargo()
-                .args([
-                    "clippy",
-                    "--workspace",
-                    "--all-targets",
-                    "--",
-                    "-D",
-                    "warnings",
-                ])
-                .current_dir(&root),
-        )?;
+        cmd::run(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]).current_dir(&root))?;
     }
     // Every binary first: the root tests run the agent and the probe as separate processes. The
     // eBPF crate is not a default member: it only links for bpfel-unknown-none, via build.rs.
     cmd::run(cargo().args(["build", "--bins"]).current_dir(&root))?;
     if wants(Tier::Unit) {
-        let unit = [
-            "test",
-            "--workspace",
-            "--exclude",
-            "topology-tests",
-            "--exclude",
-            "topology-ebpf",
-        ];
+        let unit = ["test", "--workspace", "--exclude", "topology-tests", "--exclude", "topology-ebpf"];
         cmd::run(cargo().args(unit).current_dir(&root))?;
     }
     if wants(Tier::Root) {
@@ -66,11 +48,7 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
         }
         // Root tests share kernel state (cgroups, pins, namespaces): one at a time. Without root
         // they print why they skip.
-        cmd::run(
-            cargo()
-                .args(["test", "-p", "topology-tests", "--", "--test-threads=1"])
-                .current_dir(&root),
-        )?;
+        cmd::run(cargo().args(["test", "-p", "topology-tests", "--", "--test-threads=1"]).current_dir(&root))?;
     }
     Ok(())
 }

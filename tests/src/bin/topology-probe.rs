@@ -23,6 +23,9 @@ struct Args {
     /// cgroup v2 directory to join first (before any socket exists).
     #[arg(long)]
     cgroup: Option<PathBuf>,
+    /// Run on this CPU only (benchmarks pin clients and servers apart to cut noise).
+    #[arg(long)]
+    cpu: Option<usize>,
     #[command(subcommand)]
     command: Mode,
 }
@@ -71,6 +74,11 @@ enum Traffic {
         #[arg(long, value_enum, default_value = "unconnected")]
         mode: UdpMode,
     },
+    /// Timed connect() calls on fresh UDP sockets, sending nothing.
+    UdpConnect {
+        #[arg(long)]
+        count: u64,
+    },
     /// Connect in a loop until the stop file exists.
     Loop {
         #[arg(long)]
@@ -100,6 +108,9 @@ fn main() -> anyhow::Result<()> {
     if let Some(netns) = &args.netns {
         enter_netns(netns)?;
     }
+    if let Some(cpu) = args.cpu {
+        pin_to_cpu(cpu)?;
+    }
     match args.command {
         Mode::Serve { name, tcp, udp } => {
             traffic::serve(&name, &tcp, &udp, || {
@@ -108,27 +119,13 @@ fn main() -> anyhow::Result<()> {
             })
             .with_context(|| format!("serving {name}"))?;
         }
-        Mode::Client {
-            target,
-            timeout_ms,
-            time_connects,
-            traffic,
-        } => {
-            let client = Client {
-                target,
-                timeout: Duration::from_millis(timeout_ms),
-                time_connects,
-            };
+        Mode::Client { target, timeout_ms, time_connects, traffic } => {
+            let client = Client { target, timeout: Duration::from_millis(timeout_ms), time_connects };
             let report = match traffic {
                 Traffic::Tcp { count } => client.tcp(count),
+                Traffic::UdpConnect { count } => client.udp_connects(count),
                 Traffic::Udp { count, mode } => client.udp(count, mode),
-                Traffic::Loop {
-                    stop_file,
-                    started_file,
-                    max_ms,
-                    udp,
-                    pause_us,
-                } => {
+                Traffic::Loop { stop_file, started_file, max_ms, udp, pause_us } => {
                     let started = || {
                         if let Some(path) = &started_file {
                             // The parent polls for this file; a failure to write it shows as a timeout there.
@@ -152,8 +149,7 @@ fn main() -> anyhow::Result<()> {
 
 fn join_cgroup(cgroup: &Path) -> anyhow::Result<()> {
     let procs = cgroup.join("cgroup.procs");
-    std::fs::write(&procs, std::process::id().to_string())
-        .with_context(|| format!("joining {}", procs.display()))
+    std::fs::write(&procs, std::process::id().to_string()).with_context(|| format!("joining {}", procs.display()))
 }
 
 fn enter_netns(name: &str) -> anyhow::Result<()> {
@@ -163,6 +159,19 @@ fn enter_netns(name: &str) -> anyhow::Result<()> {
     // and this runs before any other thread exists.
     if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
         bail!("setns({name}): {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn pin_to_cpu(cpu: usize) -> anyhow::Result<()> {
+    // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET writes inside it; sched_setaffinity
+    // reads it. Threads spawned later inherit the mask.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) != 0 {
+            bail!("pinning to CPU {cpu}: {}", std::io::Error::last_os_error());
+        }
     }
     Ok(())
 }

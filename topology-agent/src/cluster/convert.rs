@@ -12,8 +12,8 @@ use k8s_openapi::{
 };
 
 use super::model::{
-    Endpoint, EndpointSlice, Family, Kind, LABEL_SERVICE_NAME, Node, ObjectError, ObjectKey,
-    Service, ServicePort, SlicePort, TopologyKeysSource, TopologyKeysSpec, TrafficDistribution,
+    Endpoint, EndpointSlice, Family, Kind, LABEL_SERVICE_NAME, Node, ObjectError, ObjectKey, Service, ServicePort,
+    SlicePort, TopologyKeysSource, TopologyKeysSpec, TrafficDistribution,
 };
 use crate::desired::Protocol;
 
@@ -39,40 +39,23 @@ pub fn node(node: &K8sNode) -> Result<Node, ObjectError> {
         return Err(error("metadata.name", "missing".into()));
     }
     let status = node.status.as_ref();
-    let allocatable_cpu_millis = match status
-        .and_then(|s| s.allocatable.as_ref())
-        .and_then(|a| a.get("cpu"))
-    {
-        Some(quantity) => {
-            cpu_millis(&quantity.0).map_err(|message| error("status.allocatable.cpu", message))?
-        }
+    let allocatable_cpu_millis = match status.and_then(|s| s.allocatable.as_ref()).and_then(|a| a.get("cpu")) {
+        Some(quantity) => cpu_millis(&quantity.0).map_err(|message| error("status.allocatable.cpu", message))?,
         None => 0,
     };
     let ready = status
         .and_then(|s| s.conditions.as_ref())
         .and_then(|conditions| conditions.iter().find(|c| c.type_ == "Ready"))
         .is_some_and(|c| c.status == "True");
-    Ok(Node {
-        name,
-        labels: node.metadata.labels.clone().unwrap_or_default(),
-        allocatable_cpu_millis,
-        ready,
-    })
+    Ok(Node { name, labels: node.metadata.labels.clone().unwrap_or_default(), allocatable_cpu_millis, ready })
 }
 
 /// A Service into the model. `spec_topology_keys` is `spec.topologyKeys` when the object carries it
 /// (read from the raw object: current API types no longer have the field).
-pub fn service(
-    service: &K8sService,
-    spec_topology_keys: Option<Vec<String>>,
-) -> Result<Service, ObjectError> {
+pub fn service(service: &K8sService, spec_topology_keys: Option<Vec<String>>) -> Result<Service, ObjectError> {
     let key = object_key(&service.metadata);
-    let error = |field: String, message: String| ObjectError {
-        kind: Kind::Service,
-        name: key.to_string(),
-        field,
-        message,
-    };
+    let error =
+        |field: String, message: String| ObjectError { kind: Kind::Service, name: key.to_string(), field, message };
     if key.name.is_empty() {
         return Err(error("metadata.name".into(), "missing".into()));
     }
@@ -82,18 +65,14 @@ pub fn service(
     let external_name = spec.type_.as_deref() == Some("ExternalName");
     let (ips, field) = match &spec.cluster_ips {
         Some(ips) if !ips.is_empty() => (ips.clone(), "spec.clusterIPs"),
-        _ => (
-            spec.cluster_ip.clone().into_iter().collect(),
-            "spec.clusterIP",
-        ),
+        _ => (spec.cluster_ip.clone().into_iter().collect(), "spec.clusterIP"),
     };
     for (i, ip) in ips.iter().enumerate() {
         if ip == "None" || ip.is_empty() || external_name {
             continue;
         }
-        let parsed: IpAddr = ip
-            .parse()
-            .map_err(|_| error(indexed(field, i), format!("{ip:?} is not an IP address")))?;
+        let parsed: IpAddr =
+            ip.parse().map_err(|_| error(indexed(field, i), format!("{ip:?} is not an IP address")))?;
         cluster_ips.push(parsed);
     }
 
@@ -102,29 +81,17 @@ pub fn service(
         let number = u16::try_from(port.port)
             .ok()
             .filter(|&p| p != 0)
-            .ok_or_else(|| {
-                error(
-                    format!("spec.ports[{i}].port"),
-                    format!("{} is not a port number", port.port),
-                )
-            })?;
+            .ok_or_else(|| error(format!("spec.ports[{i}].port"), format!("{} is not a port number", port.port)))?;
         let protocol = protocol(port.protocol.as_deref())
             .map_err(|message| error(format!("spec.ports[{i}].protocol"), message))?;
-        ports.push(ServicePort {
-            name: port.name.clone().unwrap_or_default(),
-            port: number,
-            protocol,
-        });
+        ports.push(ServicePort { name: port.name.clone().unwrap_or_default(), port: number, protocol });
     }
 
     let internal_traffic_local = match spec.internal_traffic_policy.as_deref() {
         None | Some("Cluster") => false,
         Some("Local") => true,
         Some(other) => {
-            return Err(error(
-                "spec.internalTrafficPolicy".into(),
-                format!("{other:?} is neither Cluster nor Local"),
-            ));
+            return Err(error("spec.internalTrafficPolicy".into(), format!("{other:?} is neither Cluster nor Local")));
         }
     };
 
@@ -136,28 +103,20 @@ pub fn service(
         }),
         _ => spec_topology_keys
             .filter(|keys| !keys.is_empty())
-            .map(|keys| TopologyKeysSpec {
-                source: TopologyKeysSource::Spec,
-                keys,
-            }),
+            .map(|keys| TopologyKeysSpec { source: TopologyKeysSource::Spec, keys }),
     };
     let topology_mode = [ANNOTATION_TOPOLOGY_MODE, ANNOTATION_TOPOLOGY_AWARE_HINTS]
         .iter()
         .find_map(|name| annotations.get(*name).filter(|v| !v.is_empty()).cloned());
-    let agent_annotations: BTreeMap<String, String> = annotations
-        .into_iter()
-        .filter(|(name, _)| name.starts_with(AGENT_ANNOTATION_PREFIX))
-        .collect();
+    let agent_annotations: BTreeMap<String, String> =
+        annotations.into_iter().filter(|(name, _)| name.starts_with(AGENT_ANNOTATION_PREFIX)).collect();
 
     Ok(Service {
         key,
         cluster_ips,
         ports,
         internal_traffic_local,
-        traffic_distribution: spec
-            .traffic_distribution
-            .as_deref()
-            .map(TrafficDistribution::parse),
+        traffic_distribution: spec.traffic_distribution.as_deref().map(TrafficDistribution::parse),
         topology_keys,
         topology_mode,
         agent_annotations,
@@ -181,10 +140,7 @@ pub fn endpoint_slice(slice: &K8sEndpointSlice) -> Result<Option<EndpointSlice>,
         "IPv6" => Family::V6,
         "FQDN" => return Ok(None),
         other => {
-            return Err(error(
-                "addressType".into(),
-                format!("{other:?} is not IPv4, IPv6 or FQDN"),
-            ));
+            return Err(error("addressType".into(), format!("{other:?} is not IPv4, IPv6 or FQDN")));
         }
     };
     let service = slice
@@ -201,36 +157,22 @@ pub fn endpoint_slice(slice: &K8sEndpointSlice) -> Result<Option<EndpointSlice>,
         let Some(number) = port.port.filter(|&p| p != 0) else {
             continue;
         };
-        let number = u16::try_from(number).map_err(|_| {
-            error(
-                format!("ports[{i}].port"),
-                format!("{number} is not a port number"),
-            )
-        })?;
-        let protocol = protocol(port.protocol.as_deref())
-            .map_err(|message| error(format!("ports[{i}].protocol"), message))?;
-        ports.push(SlicePort {
-            name: port.name.clone().unwrap_or_default(),
-            port: number,
-            protocol,
-        });
+        let number = u16::try_from(number)
+            .map_err(|_| error(format!("ports[{i}].port"), format!("{number} is not a port number")))?;
+        let protocol =
+            protocol(port.protocol.as_deref()).map_err(|message| error(format!("ports[{i}].protocol"), message))?;
+        ports.push(SlicePort { name: port.name.clone().unwrap_or_default(), port: number, protocol });
     }
 
     let mut endpoints = Vec::with_capacity(slice.endpoints.len());
     for (i, endpoint) in slice.endpoints.iter().enumerate() {
         let field = format!("endpoints[{i}].addresses[0]");
-        let text = endpoint
-            .addresses
-            .first()
-            .ok_or_else(|| error(format!("endpoints[{i}].addresses"), "empty".into()))?;
-        let address: IpAddr = text
-            .parse()
-            .map_err(|_| error(field.clone(), format!("{text:?} is not an IP address")))?;
+        let text =
+            endpoint.addresses.first().ok_or_else(|| error(format!("endpoints[{i}].addresses"), "empty".into()))?;
+        let address: IpAddr =
+            text.parse().map_err(|_| error(field.clone(), format!("{text:?} is not an IP address")))?;
         if Family::of(&address) != family {
-            return Err(error(
-                field,
-                format!("{address} is not an {} address", slice.address_type),
-            ));
+            return Err(error(field, format!("{address} is not an {} address", slice.address_type)));
         }
         let conditions = endpoint.conditions.clone().unwrap_or_default();
         let hints = endpoint.hints.clone().unwrap_or_default();
@@ -242,27 +184,11 @@ pub fn endpoint_slice(slice: &K8sEndpointSlice) -> Result<Option<EndpointSlice>,
             terminating: conditions.terminating.unwrap_or(false),
             node_name: endpoint.node_name.clone().filter(|n| !n.is_empty()),
             zone: endpoint.zone.clone().filter(|z| !z.is_empty()),
-            hint_zones: hints
-                .for_zones
-                .unwrap_or_default()
-                .into_iter()
-                .map(|z| z.name)
-                .collect(),
-            hint_nodes: hints
-                .for_nodes
-                .unwrap_or_default()
-                .into_iter()
-                .map(|n| n.name)
-                .collect(),
+            hint_zones: hints.for_zones.unwrap_or_default().into_iter().map(|z| z.name).collect(),
+            hint_nodes: hints.for_nodes.unwrap_or_default().into_iter().map(|n| n.name).collect(),
         });
     }
-    Ok(Some(EndpointSlice {
-        key,
-        service,
-        family,
-        ports,
-        endpoints,
-    }))
+    Ok(Some(EndpointSlice { key, service, family, ports, endpoints }))
 }
 
 /// `spec.topologyKeys` of a raw Service object, if present.
@@ -271,11 +197,7 @@ pub fn spec_topology_keys(raw: &serde_json::Value) -> Result<Option<Vec<String>>
         None | Some(serde_json::Value::Null) => Ok(None),
         Some(serde_json::Value::Array(items)) => items
             .iter()
-            .map(|item| {
-                item.as_str()
-                    .map(str::to_owned)
-                    .ok_or_else(|| format!("{item} is not a string"))
-            })
+            .map(|item| item.as_str().map(str::to_owned).ok_or_else(|| format!("{item} is not a string")))
             .collect::<Result<Vec<_>, _>>()
             .map(Some),
         Some(other) => Err(format!("{other} is not a list of strings")),
@@ -284,11 +206,7 @@ pub fn spec_topology_keys(raw: &serde_json::Value) -> Result<Option<Vec<String>>
 
 fn object_key(metadata: &ObjectMeta) -> ObjectKey {
     ObjectKey::new(
-        metadata
-            .namespace
-            .clone()
-            .filter(|n| !n.is_empty())
-            .unwrap_or_else(|| "default".into()),
+        metadata.namespace.clone().filter(|n| !n.is_empty()).unwrap_or_else(|| "default".into()),
         metadata.name.clone().unwrap_or_default(),
     )
 }
@@ -299,23 +217,15 @@ fn protocol(value: Option<&str>) -> Result<Protocol, String> {
 }
 
 fn indexed(field: &str, index: usize) -> String {
-    if field == "spec.clusterIP" {
-        field.to_owned()
-    } else {
-        format!("{field}[{index}]")
-    }
+    if field == "spec.clusterIP" { field.to_owned() } else { format!("{field}[{index}]") }
 }
 
 /// A CPU quantity (`4`, `3500m`, `1.5`, `250u`) in millicores.
 pub fn cpu_millis(quantity: &str) -> Result<u64, String> {
     let quantity = quantity.trim();
-    let split = quantity
-        .find(|c: char| c.is_ascii_alphabetic())
-        .unwrap_or(quantity.len());
+    let split = quantity.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(quantity.len());
     let (number, suffix) = quantity.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("{quantity:?} is not a quantity"))?;
+    let value: f64 = number.parse().map_err(|_| format!("{quantity:?} is not a quantity"))?;
     let scale = match suffix {
         "" => 1e3,
         "m" => 1.0,
@@ -367,25 +277,12 @@ mod tests {
         .unwrap();
         assert_eq!(svc.key, ObjectKey::new("default", "web"));
         assert_eq!(svc.cluster_ips.len(), 2);
-        assert_eq!(
-            svc.ports[0],
-            ServicePort {
-                name: String::new(),
-                port: 80,
-                protocol: Protocol::Tcp
-            }
-        );
+        assert_eq!(svc.ports[0], ServicePort { name: String::new(), port: 80, protocol: Protocol::Tcp });
         assert_eq!(svc.ports[1].protocol, Protocol::Udp);
-        assert_eq!(
-            svc.traffic_distribution,
-            Some(TrafficDistribution::PreferClose)
-        );
+        assert_eq!(svc.traffic_distribution, Some(TrafficDistribution::PreferClose));
         let keys = svc.topology_keys.unwrap();
         assert_eq!(keys.source, TopologyKeysSource::Annotation);
-        assert_eq!(
-            keys.keys,
-            ["kubernetes.io/hostname", "topology.kubernetes.io/zone", "*"]
-        );
+        assert_eq!(keys.keys, ["kubernetes.io/hostname", "topology.kubernetes.io/zone", "*"]);
         assert_eq!(svc.topology_mode.as_deref(), Some("auto"));
         assert_eq!(svc.agent_annotations.len(), 2);
     }
@@ -398,10 +295,7 @@ mod tests {
         }))
         .unwrap();
         let keys = svc.topology_keys.unwrap();
-        assert_eq!(
-            (keys.source, keys.keys.len()),
-            (TopologyKeysSource::Spec, 2)
-        );
+        assert_eq!((keys.source, keys.keys.len()), (TopologyKeysSource::Spec, 2));
     }
 
     #[test]
@@ -422,35 +316,30 @@ mod tests {
             serde_json::json!({"clusterIP": "None", "ports": [{"port": 80}]}),
             serde_json::json!({"type": "ExternalName", "externalName": "example.com"}),
         ] {
-            let svc =
-                service_from(serde_json::json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "h"}, "spec": spec}))
-                    .unwrap();
+            let svc = service_from(
+                serde_json::json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "h"}, "spec": spec}),
+            )
+            .unwrap();
             assert!(svc.cluster_ips.is_empty());
         }
     }
 
     #[test]
     fn service_errors_name_the_field() {
-        let bad_ip = service_from(
-            serde_json::json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
-            "spec": {"clusterIPs": ["10.96.0.10", "not-an-ip"]}}),
-        )
-        .unwrap_err();
-        assert_eq!(
-            bad_ip.to_string(),
-            "Service default/web: spec.clusterIPs[1]: \"not-an-ip\" is not an IP address"
-        );
-        let bad_port = service_from(
-            serde_json::json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
-            "spec": {"clusterIP": "10.96.0.10", "ports": [{"port": 70000}]}}),
-        )
-        .unwrap_err();
+        let bad_ip =
+            service_from(serde_json::json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+            "spec": {"clusterIPs": ["10.96.0.10", "not-an-ip"]}}))
+            .unwrap_err();
+        assert_eq!(bad_ip.to_string(), "Service default/web: spec.clusterIPs[1]: \"not-an-ip\" is not an IP address");
+        let bad_port =
+            service_from(serde_json::json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+            "spec": {"clusterIP": "10.96.0.10", "ports": [{"port": 70000}]}}))
+            .unwrap_err();
         assert_eq!(bad_port.field, "spec.ports[0].port");
-        let bad_policy = service_from(
-            serde_json::json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
-            "spec": {"clusterIP": "10.96.0.10", "internalTrafficPolicy": "local"}}),
-        )
-        .unwrap_err();
+        let bad_policy =
+            service_from(serde_json::json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+            "spec": {"clusterIP": "10.96.0.10", "internalTrafficPolicy": "local"}}))
+            .unwrap_err();
         assert_eq!(bad_policy.field, "spec.internalTrafficPolicy");
     }
 
@@ -473,17 +362,10 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(slice.service, Some(ObjectKey::new("shop", "web")));
-        assert_eq!(
-            slice.ports.len(),
-            1,
-            "a port without a number is not routable"
-        );
+        assert_eq!(slice.ports.len(), 1, "a port without a number is not routable");
         let (a, b) = (&slice.endpoints[0], &slice.endpoints[1]);
         assert!(a.ready && a.serving && !a.terminating);
-        assert_eq!(
-            (a.hint_zones.clone(), a.hint_nodes.clone()),
-            (vec!["z1".to_owned()], vec!["a".to_owned()])
-        );
+        assert_eq!((a.hint_zones.clone(), a.hint_nodes.clone()), (vec!["z1".to_owned()], vec!["a".to_owned()]));
         assert!(!b.ready && b.serving && b.terminating);
         assert_eq!(b.node_name, None);
     }
@@ -496,10 +378,7 @@ mod tests {
         }))
         .unwrap_err();
         assert_eq!(wrong_family.field, "endpoints[1].addresses[0]");
-        assert!(
-            wrong_family.message.contains("not an IPv4 address"),
-            "{wrong_family}"
-        );
+        assert!(wrong_family.message.contains("not an IPv4 address"), "{wrong_family}");
         let fqdn = slice_from(serde_json::json!({
             "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "metadata": {"name": "s"},
             "addressType": "FQDN", "endpoints": [{"addresses": ["example.com"]}]
@@ -510,20 +389,18 @@ mod tests {
 
     #[test]
     fn node_topology_and_capacity() {
-        let node = node(&serde_json::from_value(serde_json::json!({
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": "node-a", "labels": {"topology.kubernetes.io/zone": "zone-a"}},
-            "status": {"allocatable": {"cpu": "3500m"}, "conditions": [{"type": "Ready", "status": "True"}]}
-        }))
-        .unwrap())
+        let node = node(
+            &serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": "node-a", "labels": {"topology.kubernetes.io/zone": "zone-a"}},
+                "status": {"allocatable": {"cpu": "3500m"}, "conditions": [{"type": "Ready", "status": "True"}]}
+            }))
+            .unwrap(),
+        )
         .unwrap();
         assert_eq!((node.allocatable_cpu_millis, node.ready), (3500, true));
         assert_eq!(node.zone(), Some("zone-a"));
-        assert_eq!(
-            node.topology_value("kubernetes.io/hostname"),
-            Some("node-a"),
-            "hostname defaults to the name"
-        );
+        assert_eq!(node.topology_value("kubernetes.io/hostname"), Some("node-a"), "hostname defaults to the name");
         assert_eq!(node.region(), None);
     }
 }

@@ -53,10 +53,7 @@ pub enum FileError {
 
 /// Reads and parses a cluster file.
 pub fn load(path: &Path) -> Result<ClusterState, FileError> {
-    let text = std::fs::read_to_string(path).map_err(|source| FileError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let text = std::fs::read_to_string(path).map_err(|source| FileError::Read { path: path.to_path_buf(), source })?;
     parse(&text, &path.display().to_string())
 }
 
@@ -65,27 +62,18 @@ pub fn parse(text: &str, origin: &str) -> Result<ClusterState, FileError> {
     let mut state = ClusterState::default();
     for (index, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
         let document_number = index + 1;
-        let doc_error = |message: String| FileError::Document {
-            origin: origin.to_owned(),
-            document: document_number,
-            message,
-        };
-        let yaml =
-            serde_yaml::Value::deserialize(document).map_err(|e| doc_error(e.to_string()))?;
+        let doc_error =
+            |message: String| FileError::Document { origin: origin.to_owned(), document: document_number, message };
+        let yaml = serde_yaml::Value::deserialize(document).map_err(|e| doc_error(e.to_string()))?;
         if yaml.is_null() {
             continue;
         }
         let value = serde_json::to_value(&yaml).map_err(|e| doc_error(e.to_string()))?;
         let kind = kind_of(&value).map_err(|message| doc_error(message.into()))?;
         if kind.ends_with("List") {
-            let items = value
-                .get("items")
-                .and_then(Value::as_array)
-                .cloned()
-                .unwrap_or_default();
+            let items = value.get("items").and_then(Value::as_array).cloned().unwrap_or_default();
             for (item, object) in items.iter().enumerate() {
-                let kind = kind_of(object)
-                    .map_err(|message| doc_error(format!("item {}: {message}", item + 1)))?;
+                let kind = kind_of(object).map_err(|message| doc_error(format!("item {}: {message}", item + 1)))?;
                 add(&mut state, kind, object).map_err(|error| FileError::Object {
                     origin: origin.to_owned(),
                     document: document_number,
@@ -107,9 +95,7 @@ pub fn parse(text: &str, origin: &str) -> Result<ClusterState, FileError> {
 
 /// The `kind` of a raw object.
 fn kind_of(raw: &Value) -> Result<&str, &'static str> {
-    raw.get("kind")
-        .and_then(Value::as_str)
-        .ok_or("kind: missing; every document must be a Kubernetes object")
+    raw.get("kind").and_then(Value::as_str).ok_or("kind: missing; every document must be a Kubernetes object")
 }
 
 /// Adds one raw object to the state; other kinds than Node, Service and EndpointSlice are ignored.
@@ -147,11 +133,7 @@ fn typed<T: serde::de::DeserializeOwned>(raw: &Value, kind: Kind) -> Result<T, O
         ObjectError {
             kind,
             name: name_of(raw),
-            field: if field == "." {
-                "(object)".into()
-            } else {
-                field
-            },
+            field: if field == "." { "(object)".into() } else { field },
             message: error.into_inner().to_string(),
         }
     })
@@ -159,10 +141,7 @@ fn typed<T: serde::de::DeserializeOwned>(raw: &Value, kind: Kind) -> Result<T, O
 
 /// `namespace/name`, or `name` for cluster-scoped objects, as far as the raw object says.
 fn name_of(raw: &Value) -> String {
-    let name = raw
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .unwrap_or("(unnamed)");
+    let name = raw.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("(unnamed)");
     match raw.pointer("/metadata/namespace").and_then(Value::as_str) {
         Some(namespace) if raw.get("kind").and_then(Value::as_str) != Some("Node") => {
             format!("{namespace}/{name}")
@@ -204,10 +183,7 @@ metadata: {name: ignored}
     fn multi_document_yaml() {
         let state = parse(MULTI, "cluster.yaml").unwrap();
         assert_eq!(state.counts(), (1, 1, 1));
-        assert_eq!(
-            state.slices_of(&ObjectKey::new("default", "web")).count(),
-            1
-        );
+        assert_eq!(state.slices_of(&ObjectKey::new("default", "web")).count(), 1);
     }
 
     #[test]
@@ -233,12 +209,7 @@ items:
         let bad = MULTI.replace("port: 8080", "port: eighty");
         let error = parse(&bad, "cluster.yaml").unwrap_err();
         let text = error.to_string();
-        assert!(
-            text.starts_with(
-                "cluster.yaml: document 4: EndpointSlice default/web-1: ports[0].port: "
-            ),
-            "{text}"
-        );
+        assert!(text.starts_with("cluster.yaml: document 4: EndpointSlice default/web-1: ports[0].port: "), "{text}");
 
         let bad_ip = MULTI.replace("clusterIP: 10.96.0.10", "clusterIP: 10.96.0.999");
         let text = parse(&bad_ip, "cluster.yaml").unwrap_err().to_string();
@@ -249,20 +220,12 @@ items:
 
         let list = "apiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: Node, metadata: {name: a}}\n- {apiVersion: v1, kind: Service, metadata: {name: s}, spec: {ports: [{port: -1}]}}\n";
         let text = parse(list, "l.yaml").unwrap_err().to_string();
-        assert!(
-            text.starts_with("l.yaml: document 1, item 2: Service default/s: spec.ports[0].port"),
-            "{text}"
-        );
+        assert!(text.starts_with("l.yaml: document 1, item 2: Service default/s: spec.ports[0].port"), "{text}");
 
         let not_yaml = parse("a: [unclosed", "x.yaml").unwrap_err();
-        assert!(
-            matches!(not_yaml, FileError::Document { document: 1, .. }),
-            "{not_yaml}"
-        );
+        assert!(matches!(not_yaml, FileError::Document { document: 1, .. }), "{not_yaml}");
 
-        let no_kind = parse("metadata: {name: x}\n", "k.yaml")
-            .unwrap_err()
-            .to_string();
+        let no_kind = parse("metadata: {name: x}\n", "k.yaml").unwrap_err().to_string();
         assert!(no_kind.contains("kind: missing"), "{no_kind}");
     }
 }

@@ -7,7 +7,7 @@ pub mod model;
 pub mod state;
 
 pub use model::{
-    Endpoint, EndpointSlice, Family, Kind, Node, ObjectError, ObjectKey, Service, ServicePort,
-    SlicePort, TopologyKeysSource, TopologyKeysSpec, TrafficDistribution,
+    Endpoint, EndpointSlice, Family, Kind, Node, ObjectError, ObjectKey, Service, ServicePort, SlicePort,
+    TopologyKeysSource, TopologyKeysSpec, TrafficDistribution,
 };
 pub use state::ClusterState;

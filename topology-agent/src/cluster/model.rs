@@ -26,10 +26,7 @@ pub struct ObjectKey {
 impl ObjectKey {
     /// A key from its parts.
     pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
-        Self {
-            namespace: namespace.into(),
-            name: name.into(),
-        }
+        Self { namespace: namespace.into(), name: name.into() }
     }
 }
 
@@ -39,9 +36,7 @@ impl std::str::FromStr for ObjectKey {
     /// Parses `namespace/name`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.split_once('/') {
-            Some((namespace, name))
-                if !namespace.is_empty() && !name.is_empty() && !name.contains('/') =>
-            {
+            Some((namespace, name)) if !namespace.is_empty() && !name.is_empty() && !name.contains('/') => {
                 Ok(Self::new(namespace, name))
             }
             _ => Err(format!("{s:?} is not NAMESPACE/NAME")),
@@ -96,18 +91,12 @@ impl Node {
 
     /// The node's zone, if labelled (an empty label is no zone).
     pub fn zone(&self) -> Option<&str> {
-        self.labels
-            .get(LABEL_ZONE)
-            .map(String::as_str)
-            .filter(|z| !z.is_empty())
+        self.labels.get(LABEL_ZONE).map(String::as_str).filter(|z| !z.is_empty())
     }
 
     /// The node's region, if labelled.
     pub fn region(&self) -> Option<&str> {
-        self.labels
-            .get(LABEL_REGION)
-            .map(String::as_str)
-            .filter(|r| !r.is_empty())
+        self.labels.get(LABEL_REGION).map(String::as_str).filter(|r| !r.is_empty())
     }
 }
 

@@ -51,10 +51,7 @@ impl ClusterState {
         }
         let mut affected = self.remove_slice(&slice.key.clone());
         if let Some(service) = &slice.service {
-            self.slices_by_service
-                .entry(service.clone())
-                .or_default()
-                .insert(slice.key.clone());
+            self.slices_by_service.entry(service.clone()).or_default().insert(slice.key.clone());
             if !affected.contains(service) {
                 affected.push(service.clone());
             }
@@ -101,15 +98,8 @@ impl ClusterState {
     }
 
     /// The EndpointSlices of a Service, by slice name.
-    pub fn slices_of<'a>(
-        &'a self,
-        service: &ObjectKey,
-    ) -> impl Iterator<Item = &'a EndpointSlice> + 'a {
-        self.slices_by_service
-            .get(service)
-            .into_iter()
-            .flatten()
-            .filter_map(|key| self.slices.get(key))
+    pub fn slices_of<'a>(&'a self, service: &ObjectKey) -> impl Iterator<Item = &'a EndpointSlice> + 'a {
+        self.slices_by_service.get(service).into_iter().flatten().filter_map(|key| self.slices.get(key))
     }
 
     /// Every EndpointSlice, by key.
@@ -122,12 +112,7 @@ impl ClusterState {
     pub fn services_with_endpoints_on(&self, node: &str) -> BTreeSet<ObjectKey> {
         self.slices
             .values()
-            .filter(|slice| {
-                slice
-                    .endpoints
-                    .iter()
-                    .any(|e| e.node_name.as_deref() == Some(node))
-            })
+            .filter(|slice| slice.endpoints.iter().any(|e| e.node_name.as_deref() == Some(node)))
             .filter_map(|slice| slice.service.clone())
             .collect()
     }
@@ -165,29 +150,14 @@ mod tests {
     #[test]
     fn slices_are_indexed_by_service_and_moves_report_both_owners() {
         let mut state = ClusterState::default();
-        assert_eq!(
-            state.upsert_slice(slice("s1", "web", "a")),
-            vec![ObjectKey::new("ns", "web")]
-        );
-        assert!(
-            state.upsert_slice(slice("s1", "web", "a")).is_empty(),
-            "no change, nothing affected"
-        );
+        assert_eq!(state.upsert_slice(slice("s1", "web", "a")), vec![ObjectKey::new("ns", "web")]);
+        assert!(state.upsert_slice(slice("s1", "web", "a")).is_empty(), "no change, nothing affected");
         assert_eq!(state.slices_of(&ObjectKey::new("ns", "web")).count(), 1);
         let moved = state.upsert_slice(slice("s1", "api", "a"));
-        assert_eq!(
-            moved,
-            vec![ObjectKey::new("ns", "web"), ObjectKey::new("ns", "api")]
-        );
+        assert_eq!(moved, vec![ObjectKey::new("ns", "web"), ObjectKey::new("ns", "api")]);
         assert_eq!(state.slices_of(&ObjectKey::new("ns", "web")).count(), 0);
-        assert_eq!(
-            state.services_with_endpoints_on("a"),
-            BTreeSet::from([ObjectKey::new("ns", "api")])
-        );
-        assert_eq!(
-            state.remove_slice(&ObjectKey::new("ns", "s1")),
-            vec![ObjectKey::new("ns", "api")]
-        );
+        assert_eq!(state.services_with_endpoints_on("a"), BTreeSet::from([ObjectKey::new("ns", "api")]));
+        assert_eq!(state.remove_slice(&ObjectKey::new("ns", "s1")), vec![ObjectKey::new("ns", "api")]);
         assert_eq!(state.counts(), (0, 0, 0));
     }
 }

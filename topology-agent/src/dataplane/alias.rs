@@ -22,8 +22,7 @@ pub fn build(backends: &[WeightedBackend]) -> Vec<Slot> {
     let total: u128 = live.iter().map(|b| u128::from(b.weight)).sum();
     // Each slot holds `total` units; backend i brings `weight_i * n` units.
     let mut units: Vec<u128> = live.iter().map(|b| u128::from(b.weight) * n).collect();
-    let (mut small, mut large): (Vec<usize>, Vec<usize>) =
-        (0..live.len()).partition(|&i| units[i] < total);
+    let (mut small, mut large): (Vec<usize>, Vec<usize>) = (0..live.len()).partition(|&i| units[i] < total);
     // Reverse so `pop` takes the lowest index first: the order stays easy to reason about in tests.
     small.reverse();
     large.reverse();
@@ -47,11 +46,7 @@ pub fn build(backends: &[WeightedBackend]) -> Vec<Slot> {
         .into_iter()
         .map(|slot| {
             let (threshold, primary, alias) = slot.expect("every index is assigned exactly once");
-            Slot {
-                threshold,
-                primary: backend(live[primary]),
-                alias: backend(live[alias]),
-            }
+            Slot { threshold, primary: backend(live[primary]), alias: backend(live[alias]) }
         })
         .collect()
 }
@@ -60,11 +55,10 @@ pub fn build(backends: &[WeightedBackend]) -> Vec<Slot> {
 /// `status` reports: it is computed from what the kernel holds, not from what was asked.
 pub fn shares(slots: &[Slot]) -> Vec<(Backend, f64)> {
     let mut shares: Vec<(Backend, f64)> = Vec::new();
-    let mut add =
-        |backend: Backend, share: f64| match shares.iter_mut().find(|(b, _)| *b == backend) {
-            Some((_, total)) => *total += share,
-            None => shares.push((backend, share)),
-        };
+    let mut add = |backend: Backend, share: f64| match shares.iter_mut().find(|(b, _)| *b == backend) {
+        Some((_, total)) => *total += share,
+        None => shares.push((backend, share)),
+    };
     let n = slots.len() as f64;
     for slot in slots {
         let primary = f64::from(slot.threshold.min(THRESHOLD_ONE)) / f64::from(THRESHOLD_ONE);
@@ -79,12 +73,7 @@ pub fn shares(slots: &[Slot]) -> Vec<(Backend, f64)> {
 
 /// The map form of a backend.
 pub fn backend(b: &WeightedBackend) -> Backend {
-    Backend {
-        addr: addr_bytes(b.addr),
-        port: b.port,
-        locality: b.locality.class(),
-        _pad: 0,
-    }
+    Backend { addr: addr_bytes(b.addr), port: b.port, locality: b.locality.class(), _pad: 0 }
 }
 
 /// The maps' 16-byte address form: IPv4 first, zeros after.
@@ -101,11 +90,7 @@ pub fn addr_bytes(addr: IpAddr) -> [u8; 16] {
 
 /// An address read back from the maps' 16-byte form.
 pub fn addr_from_bytes(bytes: [u8; 16], ipv4: bool) -> IpAddr {
-    if ipv4 {
-        IpAddr::from([bytes[0], bytes[1], bytes[2], bytes[3]])
-    } else {
-        IpAddr::from(bytes)
-    }
+    if ipv4 { IpAddr::from([bytes[0], bytes[1], bytes[2], bytes[3]]) } else { IpAddr::from(bytes) }
 }
 
 /// A backend read back from a slot, weighted by its share in parts per million.
@@ -125,20 +110,12 @@ mod tests {
     use super::*;
 
     fn wb(last: u8, weight: u32) -> WeightedBackend {
-        WeightedBackend {
-            addr: IpAddr::from([10, 244, 0, last]),
-            port: 8080,
-            weight,
-            locality: Locality::Zone,
-        }
+        WeightedBackend { addr: IpAddr::from([10, 244, 0, last]), port: 8080, weight, locality: Locality::Zone }
     }
 
     fn share_of(slots: &[Slot], b: &WeightedBackend) -> f64 {
         let key = backend(b);
-        shares(slots)
-            .into_iter()
-            .find(|(x, _)| *x == key)
-            .map_or(0.0, |(_, s)| s)
+        shares(slots).into_iter().find(|(x, _)| *x == key).map_or(0.0, |(_, s)| s)
     }
 
     #[test]
@@ -186,10 +163,7 @@ mod tests {
         let bytes = addr_bytes("10.1.2.3".parse().unwrap());
         assert_eq!(&bytes[..4], &[10, 1, 2, 3]);
         assert!(bytes[4..].iter().all(|&b| b == 0));
-        assert_eq!(
-            addr_from_bytes(bytes, true),
-            "10.1.2.3".parse::<IpAddr>().unwrap()
-        );
+        assert_eq!(addr_from_bytes(bytes, true), "10.1.2.3".parse::<IpAddr>().unwrap());
         let v6: IpAddr = "fd00::1".parse().unwrap();
         assert_eq!(addr_from_bytes(addr_bytes(v6), false), v6);
     }

@@ -7,6 +7,9 @@ use crate::desired::ServicePort;
 /// A dataplane failure.
 #[derive(Debug, thiserror::Error)]
 pub enum DataplaneError {
+    /// The configuration cannot be loaded (an invalid capacity).
+    #[error("dataplane configuration: {0}")]
+    Config(String),
     /// The pin directory could not be created or read.
     #[error("pin directory {path}: {source}")]
     PinDir {
@@ -124,9 +127,7 @@ impl DataplaneError {
     }
 
     /// Wraps an aya program error for `program`.
-    pub(crate) fn program(
-        program: &'static str,
-    ) -> impl FnOnce(aya::programs::ProgramError) -> Self {
+    pub(crate) fn program(program: &'static str) -> impl FnOnce(aya::programs::ProgramError) -> Self {
         move |source| Self::Program { program, source }
     }
 }

@@ -28,17 +28,13 @@ pub fn replace_pinned(link: FdLink, path: &Path) -> Result<(), DataplaneError> {
         // Left by an agent that died between pinning and renaming: it is attached, drop it.
         detach_pinned(&staging)?;
     }
-    let pinned = link.pin(&staging).map_err(|error| DataplaneError::Link {
-        path: staging.clone(),
-        source: io::Error::other(error),
-    })?;
+    let pinned = link
+        .pin(&staging)
+        .map_err(|error| DataplaneError::Link { path: staging.clone(), source: io::Error::other(error) })?;
     if path.exists() {
         detach_pinned(path)?;
     }
-    std::fs::rename(&staging, path).map_err(|source| DataplaneError::Link {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    std::fs::rename(&staging, path).map_err(|source| DataplaneError::Link { path: path.to_path_buf(), source })?;
     // Closing our descriptor leaves the link attached: the pin holds it now.
     drop(pinned);
     Ok(())
@@ -46,10 +42,7 @@ pub fn replace_pinned(link: FdLink, path: &Path) -> Result<(), DataplaneError> {
 
 /// Detaches the link pinned at `path` even if other processes hold it, then removes the pin.
 pub fn detach_pinned(path: &Path) -> Result<(), DataplaneError> {
-    let link_error = |source: io::Error| DataplaneError::Link {
-        path: path.to_path_buf(),
-        source,
-    };
+    let link_error = |source: io::Error| DataplaneError::Link { path: path.to_path_buf(), source };
     let fd = obj_get(path).map_err(link_error)?;
     link_detach(&fd).map_err(link_error)?;
     std::fs::remove_file(path).map_err(link_error)
@@ -74,20 +67,9 @@ fn obj_get(path: &Path) -> io::Result<OwnedFd> {
     }
     let c_path = CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))?;
-    let attr = ObjGetAttr {
-        pathname: c_path.as_ptr() as u64,
-        bpf_fd: 0,
-        file_flags: 0,
-    };
+    let attr = ObjGetAttr { pathname: c_path.as_ptr() as u64, bpf_fd: 0, file_flags: 0 };
     // SAFETY: `attr` is a valid `obj_get` attribute whose path outlives the call.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_OBJ_GET,
-            &attr as *const ObjGetAttr,
-            size_of::<ObjGetAttr>(),
-        )
-    };
+    let fd = unsafe { libc::syscall(libc::SYS_bpf, BPF_OBJ_GET, &attr as *const ObjGetAttr, size_of::<ObjGetAttr>()) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -100,14 +82,7 @@ fn link_detach(link: &OwnedFd) -> io::Result<()> {
     let attr: u32 = link.as_raw_fd() as u32;
     // SAFETY: `attr` is the `link_detach` member of `union bpf_attr` (one u32); the kernel reads
     // that many bytes and treats the rest as zero.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_LINK_DETACH,
-            &attr as *const u32,
-            size_of::<u32>(),
-        )
-    };
+    let ret = unsafe { libc::syscall(libc::SYS_bpf, BPF_LINK_DETACH, &attr as *const u32, size_of::<u32>()) };
     if ret < 0 {
         let error = io::Error::last_os_error();
         // ENOLINK: already detached, e.g. its cgroup was removed.

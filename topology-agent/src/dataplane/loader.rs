@@ -9,7 +9,7 @@ use aya::{
 };
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
-use topology_common::{LOG_LEVEL_GLOBAL, map_names, program_names};
+use topology_common::{LOG_LEVEL_GLOBAL, SOCK_TRANSLATION_MASK_GLOBAL, map_names, program_names};
 
 use super::{
     error::DataplaneError,
@@ -23,9 +23,7 @@ static PROGRAMS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/
 
 /// Level of the kernel programs' own diagnostics. Anything but `off` costs a ring-buffer write per
 /// logged event; `off` is removed by the verifier, so the hot path pays nothing.
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, ValueEnum, Serialize, Deserialize,
-)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum KernelLogLevel {
     /// No kernel diagnostics.
@@ -66,21 +64,14 @@ pub struct Loaded {
 }
 
 /// Loads the object with its maps opened from, or created and pinned under, `layout`.
-pub fn load(
-    layout: &PinLayout,
-    capacities: &Capacities,
-    log_level: KernelLogLevel,
-) -> Result<Loaded, DataplaneError> {
+pub fn load(layout: &PinLayout, capacities: &Capacities, log_level: KernelLogLevel) -> Result<Loaded, DataplaneError> {
+    capacities.validate().map_err(DataplaneError::Config)?;
     prepare_pin_dirs(layout)?;
     for (name, configured) in capacities.by_map() {
         if let Some(pinned) = pinned_capacity(&layout.map(name), name)?
             && pinned != configured
         {
-            return Err(DataplaneError::CapacityMismatch {
-                map: name,
-                pinned,
-                configured,
-            });
+            return Err(DataplaneError::CapacityMismatch { map: name, pinned, configured });
         }
     }
     let mut loader = EbpfLoader::new();
@@ -92,6 +83,8 @@ pub fn load(
     }
     let level = log_level.global();
     loader.override_global(LOG_LEVEL_GLOBAL, &level, true);
+    let mask = capacities.sock_translations - 1;
+    loader.override_global(SOCK_TRANSLATION_MASK_GLOBAL, &mask, true);
     let mut ebpf = loader.load(PROGRAMS)?;
     let logger = match log_level {
         KernelLogLevel::Off => None,
@@ -101,43 +94,25 @@ pub fn load(
 }
 
 /// Loads every program and attaches it to `cgroup`, replacing the links a previous agent pinned.
-pub fn attach_all(
-    ebpf: &mut Ebpf,
-    layout: &PinLayout,
-    cgroup: &Path,
-) -> Result<(), DataplaneError> {
-    let cgroup_error = |source| DataplaneError::Cgroup {
-        path: cgroup.to_path_buf(),
-        source,
-    };
+pub fn attach_all(ebpf: &mut Ebpf, layout: &PinLayout, cgroup: &Path) -> Result<(), DataplaneError> {
+    let cgroup_error = |source| DataplaneError::Cgroup { path: cgroup.to_path_buf(), source };
     if !mounts::is_cgroup2(cgroup).map_err(cgroup_error)? {
-        return Err(DataplaneError::NotCgroup2 {
-            path: cgroup.to_path_buf(),
-        });
+        return Err(DataplaneError::NotCgroup2 { path: cgroup.to_path_buf() });
     }
     let cgroup_fd = File::open(cgroup).map_err(cgroup_error)?;
     for name in program_names::ALL {
         let program: &mut CgroupSockAddr = ebpf
             .program_mut(name)
-            .ok_or_else(|| DataplaneError::Program {
-                program: name,
-                source: aya::programs::ProgramError::NotLoaded,
-            })?
+            .ok_or_else(|| DataplaneError::Program { program: name, source: aya::programs::ProgramError::NotLoaded })?
             .try_into()
             .map_err(DataplaneError::program(name))?;
         program.load().map_err(DataplaneError::program(name))?;
         // Cgroup bpf_links always coexist with other programs (BPF_F_ALLOW_MULTI semantics) and the
         // kernel rejects any attach flag on them, so the mode must be the flag-less one.
-        let link_id = program
-            .attach(&cgroup_fd, CgroupAttachMode::Single)
-            .map_err(DataplaneError::program(name))?;
-        let link: FdLink = program
-            .take_link(link_id)
-            .map_err(DataplaneError::program(name))?
-            .try_into()
-            .map_err(|error| DataplaneError::Link {
-                path: layout.link(name),
-                source: std::io::Error::other(error),
+        let link_id = program.attach(&cgroup_fd, CgroupAttachMode::Single).map_err(DataplaneError::program(name))?;
+        let link: FdLink =
+            program.take_link(link_id).map_err(DataplaneError::program(name))?.try_into().map_err(|error| {
+                DataplaneError::Link { path: layout.link(name), source: std::io::Error::other(error) }
             })?;
         links::replace_pinned(link, &layout.link(name))?;
     }
@@ -149,20 +124,13 @@ pub fn attach_all(
 fn prepare_pin_dirs(layout: &PinLayout) -> Result<(), DataplaneError> {
     let root = layout.root();
     let existing = root.ancestors().find(|dir| dir.exists()).unwrap_or(root);
-    let on_bpffs = mounts::is_bpffs(existing).map_err(|source| DataplaneError::PinDir {
-        path: existing.to_path_buf(),
-        source,
-    })?;
+    let on_bpffs =
+        mounts::is_bpffs(existing).map_err(|source| DataplaneError::PinDir { path: existing.to_path_buf(), source })?;
     if !on_bpffs {
-        return Err(DataplaneError::NotBpffs {
-            path: root.to_path_buf(),
-        });
+        return Err(DataplaneError::NotBpffs { path: root.to_path_buf() });
     }
     for dir in [layout.maps_dir(), layout.links_dir()] {
-        std::fs::create_dir_all(&dir).map_err(|source| DataplaneError::PinDir {
-            path: dir.clone(),
-            source,
-        })?;
+        std::fs::create_dir_all(&dir).map_err(|source| DataplaneError::PinDir { path: dir.clone(), source })?;
     }
     Ok(())
 }

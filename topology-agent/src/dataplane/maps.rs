@@ -9,8 +9,7 @@ use aya::{
 };
 use serde::{Deserialize, Serialize};
 use topology_common::{
-    ServiceCounters, ServiceKey4, ServiceKey6, ServiceMeta, ServiceValue, Slot, SlotKey, capacity,
-    map_names,
+    ServiceCounters, ServiceKey4, ServiceKey6, ServiceMeta, ServiceValue, Slot, SlotKey, capacity, map_names,
 };
 
 use super::error::DataplaneError;
@@ -31,6 +30,10 @@ pub struct Capacities {
     pub affinity: u32,
     /// Unconnected UDP reply translations (LRU). Default 65,536.
     pub revnat: u32,
+    /// Slots of the connected-socket translation table; a power of two. A socket's slot is reused
+    /// after this many newer sockets, which bounds how long `getpeername()` shows the ClusterIP.
+    /// Default 262,144.
+    pub sock_translations: u32,
 }
 
 impl Default for Capacities {
@@ -42,13 +45,30 @@ impl Default for Capacities {
             service_ids: capacity::SERVICE_IDS,
             affinity: capacity::AFFINITY,
             revnat: capacity::REVNAT,
+            sock_translations: capacity::SOCK_TRANSLATIONS,
         }
     }
 }
 
 impl Capacities {
+    /// Checks what the kernel and the programs require: every capacity at least 1, the
+    /// translation table a power of two (the programs index it with a mask).
+    pub fn validate(&self) -> Result<(), String> {
+        if let Some((name, _)) = self.by_map().into_iter().find(|(_, capacity)| *capacity == 0) {
+            return Err(format!("capacity of {name} must be at least 1"));
+        }
+        if !self.sock_translations.is_power_of_two() {
+            return Err(format!(
+                "capacity of {} must be a power of two, not {}",
+                map_names::SOCK_TRANSLATIONS,
+                self.sock_translations
+            ));
+        }
+        Ok(())
+    }
+
     /// `(map name, max_entries)` for every map with a configurable capacity.
-    pub fn by_map(&self) -> [(&'static str, u32); 7] {
+    pub fn by_map(&self) -> [(&'static str, u32); 8] {
         [
             (map_names::SERVICES_V4, self.services_v4),
             (map_names::SERVICES_V6, self.services_v6),
@@ -57,6 +77,7 @@ impl Capacities {
             (map_names::SERVICE_META, self.service_ids),
             (map_names::AFFINITY, self.affinity),
             (map_names::REVNAT, self.revnat),
+            (map_names::SOCK_TRANSLATIONS, self.sock_translations),
         ]
     }
 }
@@ -119,10 +140,7 @@ impl MapSet {
     /// Takes the maps out of a loaded object.
     pub fn from_ebpf(ebpf: &mut Ebpf) -> Result<Self, DataplaneError> {
         let mut take = |name: &'static str| {
-            ebpf.take_map(name).ok_or(DataplaneError::MapMissing {
-                map: name,
-                location: "the eBPF object".into(),
-            })
+            ebpf.take_map(name).ok_or(DataplaneError::MapMissing { map: name, location: "the eBPF object".into() })
         };
         let maps = [
             take(map_names::SERVICES_V4)?,
@@ -156,29 +174,18 @@ impl MapSet {
         ])
     }
 
-    fn from_maps(
-        [services4, services6, slots, counters, meta]: [Map; 5],
-    ) -> Result<Self, DataplaneError> {
-        let services4: HashMap<_, ServiceKey4, ServiceValue> = services4
-            .try_into()
-            .map_err(DataplaneError::map(map_names::SERVICES_V4))?;
-        let services6: HashMap<_, ServiceKey6, ServiceValue> = services6
-            .try_into()
-            .map_err(DataplaneError::map(map_names::SERVICES_V6))?;
-        let slots: HashMap<_, SlotKey, Slot> = slots
-            .try_into()
-            .map_err(DataplaneError::map(map_names::SLOTS))?;
-        let counters: PerCpuHashMap<_, u32, ServiceCounters> = counters
-            .try_into()
-            .map_err(DataplaneError::map(map_names::COUNTERS))?;
-        let meta: HashMap<_, u32, ServiceMeta> = meta
-            .try_into()
-            .map_err(DataplaneError::map(map_names::SERVICE_META))?;
+    fn from_maps([services4, services6, slots, counters, meta]: [Map; 5]) -> Result<Self, DataplaneError> {
+        let services4: HashMap<_, ServiceKey4, ServiceValue> =
+            services4.try_into().map_err(DataplaneError::map(map_names::SERVICES_V4))?;
+        let services6: HashMap<_, ServiceKey6, ServiceValue> =
+            services6.try_into().map_err(DataplaneError::map(map_names::SERVICES_V6))?;
+        let slots: HashMap<_, SlotKey, Slot> = slots.try_into().map_err(DataplaneError::map(map_names::SLOTS))?;
+        let counters: PerCpuHashMap<_, u32, ServiceCounters> =
+            counters.try_into().map_err(DataplaneError::map(map_names::COUNTERS))?;
+        let meta: HashMap<_, u32, ServiceMeta> =
+            meta.try_into().map_err(DataplaneError::map(map_names::SERVICE_META))?;
         let max_entries = |data: &MapData, name: &'static str| -> Result<u32, DataplaneError> {
-            Ok(data
-                .info()
-                .map_err(DataplaneError::map(name))?
-                .max_entries())
+            Ok(data.info().map_err(DataplaneError::map(name))?.max_entries())
         };
         let ids = max_entries(meta.map(), map_names::SERVICE_META)?;
         let capacities = Capacities {
@@ -189,15 +196,9 @@ impl MapSet {
             // The LRU maps are not opened here; their capacities are checked at load.
             affinity: 0,
             revnat: 0,
+            sock_translations: 0,
         };
-        Ok(Self {
-            services4,
-            services6,
-            slots,
-            counters,
-            meta,
-            capacities,
-        })
+        Ok(Self { services4, services6, slots, counters, meta, capacities })
     }
 }
 
@@ -207,9 +208,19 @@ pub fn pinned_capacity(path: &Path, name: &'static str) -> Result<Option<u32>, D
         return Ok(None);
     }
     let data = MapData::from_pin(path).map_err(DataplaneError::map(name))?;
-    Ok(Some(
-        data.info()
-            .map_err(DataplaneError::map(name))?
-            .max_entries(),
-    ))
+    Ok(Some(data.info().map_err(DataplaneError::map(name))?.max_entries()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capacities_are_validated() {
+        assert!(Capacities::default().validate().is_ok());
+        let odd = Capacities { sock_translations: 100_000, ..Capacities::default() };
+        assert_eq!(odd.validate().unwrap_err(), "capacity of topo_sock_xlate must be a power of two, not 100000");
+        let zero = Capacities { slots: 0, ..Capacities::default() };
+        assert_eq!(zero.validate().unwrap_err(), "capacity of topo_slots must be at least 1");
+    }
 }

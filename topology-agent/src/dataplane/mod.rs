@@ -62,18 +62,12 @@ impl Dataplane {
     /// adopted state stays in the kernel untouched until the first [`Dataplane::apply`].
     pub fn open(config: &DataplaneConfig) -> Result<Self, DataplaneError> {
         let layout = PinLayout::new(&config.pin_path);
-        let loader::Loaded { mut ebpf, logger } =
-            loader::load(&layout, &config.capacities, config.kernel_log)?;
+        let loader::Loaded { mut ebpf, logger } = loader::load(&layout, &config.capacities, config.kernel_log)?;
         let maps = maps::MapSet::from_ebpf(&mut ebpf)?;
         let kernel = state::read(&maps)?;
         loader::attach_all(&mut ebpf, &layout, &config.cgroup)?;
         let writer = writer::Writer::adopt(maps, kernel)?;
-        Ok(Self {
-            writer,
-            logger,
-            layout,
-            _ebpf: ebpf,
-        })
+        Ok(Self { writer, logger, layout, _ebpf: ebpf })
     }
 
     /// Makes the kernel hold `desired`, rewriting only the service ports that differ.
@@ -126,16 +120,8 @@ pub fn snapshot(pin_path: &Path) -> Result<Snapshot, DataplaneError> {
     let maps = maps::MapSet::from_pins(&layout)?;
     let kernel = state::read(&maps)?;
     let counters = state::read_counters(&maps)?;
-    let attached = program_names::ALL
-        .into_iter()
-        .filter(|name| layout.link(name).exists())
-        .collect();
-    Ok(Snapshot {
-        kernel,
-        counters,
-        attached,
-        capacities: maps.capacities,
-    })
+    let attached = program_names::ALL.into_iter().filter(|name| layout.link(name).exists()).collect();
+    Ok(Snapshot { kernel, counters, attached, capacities: maps.capacities })
 }
 
 /// What [`cleanup`] removed.
@@ -156,17 +142,10 @@ pub fn cleanup(pin_path: &Path) -> Result<CleanupReport, DataplaneError> {
         report.links.push(path);
     }
     for path in entries(&layout.maps_dir())? {
-        std::fs::remove_file(&path).map_err(|source| DataplaneError::PinDir {
-            path: path.clone(),
-            source,
-        })?;
+        std::fs::remove_file(&path).map_err(|source| DataplaneError::PinDir { path: path.clone(), source })?;
         report.maps.push(path);
     }
-    for dir in [
-        layout.links_dir(),
-        layout.maps_dir(),
-        layout.root().to_path_buf(),
-    ] {
+    for dir in [layout.links_dir(), layout.maps_dir(), layout.root().to_path_buf()] {
         match std::fs::remove_dir(&dir) {
             Ok(()) => {}
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
@@ -182,18 +161,12 @@ fn entries(dir: &Path) -> Result<Vec<PathBuf>, DataplaneError> {
         Ok(read) => read,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(source) => {
-            return Err(DataplaneError::PinDir {
-                path: dir.to_path_buf(),
-                source,
-            });
+            return Err(DataplaneError::PinDir { path: dir.to_path_buf(), source });
         }
     };
     let mut paths = Vec::new();
     for entry in read {
-        let entry = entry.map_err(|source| DataplaneError::PinDir {
-            path: dir.to_path_buf(),
-            source,
-        })?;
+        let entry = entry.map_err(|source| DataplaneError::PinDir { path: dir.to_path_buf(), source })?;
         paths.push(entry.path());
     }
     paths.sort();

@@ -67,27 +67,13 @@ pub fn read(maps: &MapSet) -> Result<KernelState, DataplaneError> {
     for item in maps.services4.iter() {
         let (key, value) = item.map_err(DataplaneError::map(map_names::SERVICES_V4))?;
         if let Some(protocol) = Protocol::from_number(key.proto) {
-            entries.push((
-                ServicePort {
-                    vip: IpAddr::from(key.addr),
-                    port: key.port,
-                    protocol,
-                },
-                value,
-            ));
+            entries.push((ServicePort { vip: IpAddr::from(key.addr), port: key.port, protocol }, value));
         }
     }
     for item in maps.services6.iter() {
         let (key, value) = item.map_err(DataplaneError::map(map_names::SERVICES_V6))?;
         if let Some(protocol) = Protocol::from_number(key.proto) {
-            entries.push((
-                ServicePort {
-                    vip: IpAddr::from(key.addr),
-                    port: key.port,
-                    protocol,
-                },
-                value,
-            ));
+            entries.push((ServicePort { vip: IpAddr::from(key.addr), port: key.port, protocol }, value));
         }
     }
 
@@ -103,11 +89,7 @@ pub fn read(maps: &MapSet) -> Result<KernelState, DataplaneError> {
     let mut live_ids = BTreeSet::new();
     for (port, value) in entries {
         live_ids.insert(value.service_id);
-        let found = if value.count == 0 {
-            None
-        } else {
-            sets.remove(&value.set_id)
-        };
+        let found = if value.count == 0 { None } else { sets.remove(&value.set_id) };
         let mut slots = Vec::with_capacity(value.count as usize);
         if let Some(found) = found {
             // Take indexes 0..count in order, stopping at the first gap; extra indexes are orphans.
@@ -118,29 +100,16 @@ pub fn read(maps: &MapSet) -> Result<KernelState, DataplaneError> {
                     None => break,
                 }
             }
-            state
-                .orphan_slots
-                .extend(found.keys().map(|&index| SlotKey {
-                    set_id: value.set_id,
-                    index,
-                }));
+            state.orphan_slots.extend(found.keys().map(|&index| SlotKey { set_id: value.set_id, index }));
         }
         let name = names.get(&value.service_id).cloned().unwrap_or_default();
         state.services.insert(
             port,
-            ProgrammedService {
-                service_id: value.service_id,
-                set_id: value.set_id,
-                count: value.count,
-                slots,
-                name,
-            },
+            ProgrammedService { service_id: value.service_id, set_id: value.set_id, count: value.count, slots, name },
         );
     }
     for (set_id, slots) in sets {
-        state
-            .orphan_slots
-            .extend(slots.keys().map(|&index| SlotKey { set_id, index }));
+        state.orphan_slots.extend(slots.keys().map(|&index| SlotKey { set_id, index }));
     }
     state.orphan_slots.sort();
     let mut known_ids: BTreeSet<u32> = names.keys().copied().collect();
@@ -170,10 +139,7 @@ pub fn read_counters(maps: &MapSet) -> Result<BTreeMap<u32, ServiceCounters>, Da
             // Deleted between listing its key and reading it: the service is gone.
             Err(MapError::KeyNotFound) => continue,
             Err(error) => {
-                return Err(DataplaneError::Map {
-                    map: map_names::COUNTERS,
-                    source: error,
-                });
+                return Err(DataplaneError::Map { map: map_names::COUNTERS, source: error });
             }
         };
         let mut total = ServiceCounters::default();
@@ -202,11 +168,7 @@ pub fn meta_from_name(name: &str) -> ServiceMeta {
 
 /// A service name read back from the map.
 pub fn name_from_meta(meta: &ServiceMeta) -> String {
-    let end = meta
-        .name
-        .iter()
-        .position(|&b| b == 0)
-        .unwrap_or(meta.name.len());
+    let end = meta.name.iter().position(|&b| b == 0).unwrap_or(meta.name.len());
     String::from_utf8_lossy(&meta.name[..end]).into_owned()
 }
 
@@ -216,10 +178,7 @@ mod tests {
 
     #[test]
     fn names_round_trip_and_truncate_on_char_boundaries() {
-        assert_eq!(
-            name_from_meta(&meta_from_name("default/web:http")),
-            "default/web:http"
-        );
+        assert_eq!(name_from_meta(&meta_from_name("default/web:http")), "default/web:http");
         let long = "é".repeat(200);
         let back = name_from_meta(&meta_from_name(&long));
         assert!(back.len() <= topology_common::SERVICE_NAME_LEN);

@@ -21,9 +21,7 @@
 use std::{collections::HashSet, io};
 
 use aya::maps::{MapError, PerCpuValues};
-use topology_common::{
-    ServiceCounters, ServiceKey4, ServiceKey6, ServiceValue, Slot, SlotKey, map_names,
-};
+use topology_common::{ServiceCounters, ServiceKey4, ServiceKey6, ServiceValue, Slot, SlotKey, map_names};
 
 use super::{
     alias,
@@ -102,31 +100,13 @@ pub struct Writer {
 impl Writer {
     /// Adopts what the kernel holds.
     pub fn adopt(maps: MapSet, kernel: KernelState) -> Result<Self, DataplaneError> {
-        let service_ids = IdPool::new(
-            kernel
-                .services
-                .values()
-                .map(|s| s.service_id)
-                .chain(kernel.orphan_ids.iter().copied()),
-        );
-        let set_ids = IdPool::new(
-            kernel
-                .services
-                .values()
-                .map(|s| s.set_id)
-                .chain(kernel.orphan_slots.iter().map(|k| k.set_id)),
-        );
+        let service_ids =
+            IdPool::new(kernel.services.values().map(|s| s.service_id).chain(kernel.orphan_ids.iter().copied()));
+        let set_ids =
+            IdPool::new(kernel.services.values().map(|s| s.set_id).chain(kernel.orphan_slots.iter().map(|k| k.set_id)));
         let slot_entries = kernel.slot_entries();
-        let nr_cpus =
-            aya::util::nr_cpus().map_err(|(path, source)| DataplaneError::Cpus { path, source })?;
-        Ok(Self {
-            maps,
-            kernel,
-            service_ids,
-            set_ids,
-            slot_entries,
-            nr_cpus,
-        })
+        let nr_cpus = aya::util::nr_cpus().map_err(|(path, source)| DataplaneError::Cpus { path, source })?;
+        Ok(Self { maps, kernel, service_ids, set_ids, slot_entries, nr_cpus })
     }
 
     /// What the kernel holds, as last written or adopted.
@@ -144,13 +124,8 @@ impl Writer {
         let mut report = ApplyReport::default();
         self.remove_orphans(&mut report);
 
-        let stale: Vec<ServicePort> = self
-            .kernel
-            .services
-            .keys()
-            .filter(|port| !desired.services.contains_key(port))
-            .copied()
-            .collect();
+        let stale: Vec<ServicePort> =
+            self.kernel.services.keys().filter(|port| !desired.services.contains_key(port)).copied().collect();
         for port in stale {
             match self.remove(&port) {
                 Ok(()) => report.removed += 1,
@@ -169,19 +144,11 @@ impl Writer {
             let result = match self.kernel.services.get(port) {
                 Some(current) if current.intact() && current.slots == slots => {
                     let renamed = current.name != service.name;
-                    let outcome = if renamed {
-                        self.rename(port, &service.name)
-                    } else {
-                        Ok(())
-                    };
+                    let outcome = if renamed { self.rename(port, &service.name) } else { Ok(()) };
                     outcome.map(|()| report.unchanged += 1)
                 }
-                Some(_) => self
-                    .swap(port, &service.name, slots, &mut report)
-                    .map(|()| report.updated += 1),
-                None => self
-                    .add(port, &service.name, slots, &mut report)
-                    .map(|()| report.added += 1),
+                Some(_) => self.swap(port, &service.name, slots, &mut report).map(|()| report.updated += 1),
+                None => self.add(port, &service.name, slots, &mut report).map(|()| report.added += 1),
             };
             if let Err(error) = result {
                 report.failed.push((*port, error));
@@ -199,52 +166,21 @@ impl Writer {
     ) -> Result<(), DataplaneError> {
         let ipv4 = port.vip.is_ipv4();
         let (family_map, family_used, family_capacity) = if ipv4 {
-            (
-                map_names::SERVICES_V4,
-                self.count_family(true),
-                self.maps.capacities.services_v4,
-            )
+            (map_names::SERVICES_V4, self.count_family(true), self.maps.capacities.services_v4)
         } else {
-            (
-                map_names::SERVICES_V6,
-                self.count_family(false),
-                self.maps.capacities.services_v6,
-            )
+            (map_names::SERVICES_V6, self.count_family(false), self.maps.capacities.services_v6)
         };
         check_room(family_map, family_used, 1, family_capacity)?;
-        check_room(
-            map_names::COUNTERS,
-            self.service_ids.len() as u64,
-            1,
-            self.maps.capacities.service_ids,
-        )?;
-        check_room(
-            map_names::SLOTS,
-            self.slot_entries,
-            slots.len() as u64,
-            self.maps.capacities.slots,
-        )?;
+        check_room(map_names::COUNTERS, self.service_ids.len() as u64, 1, self.maps.capacities.service_ids)?;
+        check_room(map_names::SLOTS, self.slot_entries, slots.len() as u64, self.maps.capacities.slots)?;
 
         let service_id = self.service_ids.allocate();
-        let set_id = if slots.is_empty() {
-            0
-        } else {
-            self.set_ids.allocate()
-        };
+        let set_id = if slots.is_empty() { 0 } else { self.set_ids.allocate() };
         let written = self
             .write_counters(service_id)
             .and_then(|()| self.write_meta(service_id, name))
             .and_then(|()| self.write_slots(set_id, &slots))
-            .and_then(|()| {
-                self.write_entry(
-                    port,
-                    ServiceValue {
-                        service_id,
-                        set_id,
-                        count: slots.len() as u32,
-                    },
-                )
-            });
+            .and_then(|()| self.write_entry(port, ServiceValue { service_id, set_id, count: slots.len() as u32 }));
         if let Err(error) = written {
             // Roll back everything this service wrote; the entry was the last write, so a failed
             // entry write leaves nothing visible to the programs.
@@ -258,13 +194,7 @@ impl Writer {
         report.slots_written += slots.len();
         self.kernel.services.insert(
             *port,
-            ProgrammedService {
-                service_id,
-                set_id,
-                count: slots.len() as u32,
-                slots,
-                name: name.to_owned(),
-            },
+            ProgrammedService { service_id, set_id, count: slots.len() as u32, slots, name: name.to_owned() },
         );
         Ok(())
     }
@@ -277,27 +207,11 @@ impl Writer {
         report: &mut ApplyReport,
     ) -> Result<(), DataplaneError> {
         let current = self.kernel.services[port].clone();
-        check_room(
-            map_names::SLOTS,
-            self.slot_entries,
-            slots.len() as u64,
-            self.maps.capacities.slots,
-        )?;
-        let set_id = if slots.is_empty() {
-            0
-        } else {
-            self.set_ids.allocate()
-        };
-        let value = ServiceValue {
-            service_id: current.service_id,
-            set_id,
-            count: slots.len() as u32,
-        };
+        check_room(map_names::SLOTS, self.slot_entries, slots.len() as u64, self.maps.capacities.slots)?;
+        let set_id = if slots.is_empty() { 0 } else { self.set_ids.allocate() };
+        let value = ServiceValue { service_id: current.service_id, set_id, count: slots.len() as u32 };
         // Steps 1 and 2 of the swap protocol.
-        if let Err(error) = self
-            .write_slots(set_id, &slots)
-            .and_then(|()| self.write_entry(port, value))
-        {
+        if let Err(error) = self.write_slots(set_id, &slots).and_then(|()| self.write_entry(port, value)) {
             self.delete_slots(set_id, slots.len() as u32);
             self.set_ids.release(set_id);
             return Err(error);
@@ -366,10 +280,7 @@ impl Writer {
                 }
                 Err(source) => {
                     self.kernel.orphan_slots.push(key);
-                    report.housekeeping.push(DataplaneError::Map {
-                        map: map_names::SLOTS,
-                        source,
-                    });
+                    report.housekeeping.push(DataplaneError::Map { map: map_names::SLOTS, source });
                 }
             }
         }
@@ -384,23 +295,13 @@ impl Writer {
     }
 
     fn count_family(&self, ipv4: bool) -> u64 {
-        self.kernel
-            .services
-            .keys()
-            .filter(|p| p.vip.is_ipv4() == ipv4)
-            .count() as u64
+        self.kernel.services.keys().filter(|p| p.vip.is_ipv4() == ipv4).count() as u64
     }
 
     fn write_slots(&mut self, set_id: u32, slots: &[Slot]) -> Result<(), DataplaneError> {
         for (index, slot) in slots.iter().enumerate() {
-            let key = SlotKey {
-                set_id,
-                index: index as u32,
-            };
-            self.maps
-                .slots
-                .insert(key, slot, 0)
-                .map_err(DataplaneError::map(map_names::SLOTS))?;
+            let key = SlotKey { set_id, index: index as u32 };
+            self.maps.slots.insert(key, slot, 0).map_err(DataplaneError::map(map_names::SLOTS))?;
         }
         Ok(())
     }
@@ -413,52 +314,36 @@ impl Writer {
             .collect()
     }
 
-    fn write_entry(
-        &mut self,
-        port: &ServicePort,
-        value: ServiceValue,
-    ) -> Result<(), DataplaneError> {
+    fn write_entry(&mut self, port: &ServicePort, value: ServiceValue) -> Result<(), DataplaneError> {
         match key_of(port) {
-            Key::V4(key) => self
-                .maps
-                .services4
-                .insert(key, value, 0)
-                .map_err(DataplaneError::map(map_names::SERVICES_V4)),
-            Key::V6(key) => self
-                .maps
-                .services6
-                .insert(key, value, 0)
-                .map_err(DataplaneError::map(map_names::SERVICES_V6)),
+            Key::V4(key) => {
+                self.maps.services4.insert(key, value, 0).map_err(DataplaneError::map(map_names::SERVICES_V4))
+            }
+            Key::V6(key) => {
+                self.maps.services6.insert(key, value, 0).map_err(DataplaneError::map(map_names::SERVICES_V6))
+            }
         }
     }
 
     fn delete_entry(&mut self, port: &ServicePort) -> Result<(), DataplaneError> {
         match key_of(port) {
-            Key::V4(key) => ignore_missing(self.maps.services4.remove(&key))
-                .map_err(DataplaneError::map(map_names::SERVICES_V4)),
-            Key::V6(key) => ignore_missing(self.maps.services6.remove(&key))
-                .map_err(DataplaneError::map(map_names::SERVICES_V6)),
+            Key::V4(key) => {
+                ignore_missing(self.maps.services4.remove(&key)).map_err(DataplaneError::map(map_names::SERVICES_V4))
+            }
+            Key::V6(key) => {
+                ignore_missing(self.maps.services6.remove(&key)).map_err(DataplaneError::map(map_names::SERVICES_V6))
+            }
         }
     }
 
     fn write_counters(&mut self, service_id: u32) -> Result<(), DataplaneError> {
-        let zero = PerCpuValues::try_from(vec![ServiceCounters::default(); self.nr_cpus]).map_err(
-            |source| DataplaneError::Cpus {
-                path: "possible CPUs",
-                source,
-            },
-        )?;
-        self.maps
-            .counters
-            .insert(service_id, zero, 0)
-            .map_err(DataplaneError::map(map_names::COUNTERS))
+        let zero = PerCpuValues::try_from(vec![ServiceCounters::default(); self.nr_cpus])
+            .map_err(|source| DataplaneError::Cpus { path: "possible CPUs", source })?;
+        self.maps.counters.insert(service_id, zero, 0).map_err(DataplaneError::map(map_names::COUNTERS))
     }
 
     fn write_meta(&mut self, service_id: u32, name: &str) -> Result<(), DataplaneError> {
-        self.maps
-            .meta
-            .insert(service_id, meta_from_name(name), 0)
-            .map_err(DataplaneError::map(map_names::SERVICE_META))
+        self.maps.meta.insert(service_id, meta_from_name(name), 0).map_err(DataplaneError::map(map_names::SERVICE_META))
     }
 
     /// Deletes the counters and name of a service id; false if either is still there.
@@ -477,61 +362,29 @@ enum Key {
 fn key_of(port: &ServicePort) -> Key {
     let proto = port.protocol.number();
     match port.vip {
-        std::net::IpAddr::V4(vip) => Key::V4(ServiceKey4 {
-            addr: vip.octets(),
-            port: port.port,
-            proto,
-            _pad: 0,
-        }),
-        std::net::IpAddr::V6(vip) => Key::V6(ServiceKey6 {
-            addr: vip.octets(),
-            port: port.port,
-            proto,
-            _pad: 0,
-        }),
+        std::net::IpAddr::V4(vip) => Key::V4(ServiceKey4 { addr: vip.octets(), port: port.port, proto, _pad: 0 }),
+        std::net::IpAddr::V6(vip) => Key::V6(ServiceKey6 { addr: vip.octets(), port: port.port, proto, _pad: 0 }),
     }
 }
 
 /// The slots for a desired service, after checking every backend has the ClusterIP's family.
-fn validated_slots(
-    port: &ServicePort,
-    service: &DesiredService,
-) -> Result<Vec<Slot>, DataplaneError> {
-    if let Some(backend) = service
-        .backends
-        .iter()
-        .find(|b| b.addr.is_ipv4() != port.vip.is_ipv4())
-    {
+fn validated_slots(port: &ServicePort, service: &DesiredService) -> Result<Vec<Slot>, DataplaneError> {
+    if let Some(backend) = service.backends.iter().find(|b| b.addr.is_ipv4() != port.vip.is_ipv4()) {
         return Err(DataplaneError::InvalidService {
             service: *port,
-            reason: format!(
-                "backend {} is not of the ClusterIP's address family",
-                backend.addr
-            ),
+            reason: format!("backend {} is not of the ClusterIP's address family", backend.addr),
         });
     }
     let slots = alias::build(&service.backends);
     if slots.len() > u32::MAX as usize {
-        return Err(DataplaneError::InvalidService {
-            service: *port,
-            reason: "too many backends".into(),
-        });
+        return Err(DataplaneError::InvalidService { service: *port, reason: "too many backends".into() });
     }
     Ok(slots)
 }
 
-fn check_room(
-    map: &'static str,
-    used: u64,
-    more: u64,
-    capacity: u32,
-) -> Result<(), DataplaneError> {
+fn check_room(map: &'static str, used: u64, more: u64, capacity: u32) -> Result<(), DataplaneError> {
     if used + more > u64::from(capacity) {
-        return Err(DataplaneError::MapFull {
-            map,
-            needed: used + more,
-            capacity,
-        });
+        return Err(DataplaneError::MapFull { map, needed: used + more, capacity });
     }
     Ok(())
 }
@@ -565,30 +418,19 @@ mod tests {
         pool.release(6);
         assert_eq!(pool.len(), 3);
         let mut wrapped = IdPool::new([u32::MAX, 1]);
-        assert_eq!(
-            wrapped.allocate(),
-            2,
-            "wraps past u32::MAX, skipping 0 and live ids"
-        );
+        assert_eq!(wrapped.allocate(), 2, "wraps past u32::MAX, skipping 0 and live ids");
     }
 
     #[test]
     fn room_is_checked_before_writing() {
         assert!(check_room("topo_slots", 10, 5, 15).is_ok());
         let error = check_room("topo_slots", 10, 6, 15).unwrap_err();
-        assert_eq!(
-            error.to_string(),
-            "map topo_slots is full: 16 entries needed, capacity 15"
-        );
+        assert_eq!(error.to_string(), "map topo_slots is full: 16 entries needed, capacity 15");
     }
 
     #[test]
     fn backends_must_match_the_cluster_ip_family() {
-        let port = ServicePort {
-            vip: "10.96.0.1".parse().unwrap(),
-            port: 80,
-            protocol: crate::desired::Protocol::Tcp,
-        };
+        let port = ServicePort { vip: "10.96.0.1".parse().unwrap(), port: 80, protocol: crate::desired::Protocol::Tcp };
         let service = DesiredService {
             name: "default/web:http".into(),
             backends: vec![crate::desired::WeightedBackend {
@@ -599,11 +441,6 @@ mod tests {
             }],
         };
         let error = validated_slots(&port, &service).unwrap_err();
-        assert!(
-            error
-                .to_string()
-                .contains("fd00::1 is not of the ClusterIP's address family"),
-            "{error}"
-        );
+        assert!(error.to_string().contains("fd00::1 is not of the ClusterIP's address family"), "{error}");
     }
 }

@@ -15,18 +15,8 @@ pub fn desired_state(selections: &[PortSelection]) -> DesiredState {
         let name = port_name(selected);
         let backends = weighted(selected);
         for vip in &selected.cluster_ips {
-            let port = ServicePort {
-                vip: *vip,
-                port: selected.port.port,
-                protocol: selected.port.protocol,
-            };
-            desired.services.insert(
-                port,
-                DesiredService {
-                    name: name.clone(),
-                    backends: backends.clone(),
-                },
-            );
+            let port = ServicePort { vip: *vip, port: selected.port.port, protocol: selected.port.protocol };
+            desired.services.insert(port, DesiredService { name: name.clone(), backends: backends.clone() });
         }
     }
     desired
@@ -42,12 +32,7 @@ pub fn port_name(selected: &PortSelection) -> String {
 }
 
 fn weighted(selected: &PortSelection) -> Vec<WeightedBackend> {
-    let max = selected
-        .selection
-        .backends
-        .iter()
-        .map(|b| b.weight)
-        .fold(0.0_f64, f64::max);
+    let max = selected.selection.backends.iter().map(|b| b.weight).fold(0.0_f64, f64::max);
     selected
         .selection
         .backends
@@ -75,11 +60,7 @@ mod tests {
     fn selection(weights: &[f64]) -> PortSelection {
         PortSelection {
             service: ObjectKey::new("ns", "web"),
-            port: SvcPort {
-                name: "http".into(),
-                port: 80,
-                protocol: Protocol::Tcp,
-            },
+            port: SvcPort { name: "http".into(), port: 80, protocol: Protocol::Tcp },
             family: Family::V4,
             cluster_ips: vec!["10.96.0.10".parse().unwrap(), "10.96.0.11".parse().unwrap()],
             selection: Selection {
@@ -110,11 +91,7 @@ mod tests {
         let service = desired.services.values().next().unwrap();
         assert_eq!(service.name, "ns/web:http");
         let weights: Vec<u32> = service.backends.iter().map(|b| b.weight).collect();
-        assert_eq!(
-            weights,
-            vec![1_000_000, 500_000, 1],
-            "zero weights are dropped, tiny ones kept"
-        );
+        assert_eq!(weights, vec![1_000_000, 500_000, 1], "zero weights are dropped, tiny ones kept");
     }
 
     #[test]

@@ -17,9 +17,7 @@ pub fn select(
     let (policy, levels): (PolicyKind, &[Level]) = match distribution {
         TrafficDistribution::PreferClose => (PolicyKind::PreferClose, &[Level::Zone]),
         TrafficDistribution::PreferSameZone => (PolicyKind::PreferSameZone, &[Level::Zone]),
-        TrafficDistribution::PreferSameNode => {
-            (PolicyKind::PreferSameNode, &[Level::Node, Level::Zone])
-        }
+        TrafficDistribution::PreferSameNode => (PolicyKind::PreferSameNode, &[Level::Node, Level::Zone]),
         TrafficDistribution::Unknown(value) => {
             return Err(format!(
                 "spec.trafficDistribution {value:?} ignored: not PreferClose, PreferSameZone or PreferSameNode"
@@ -28,24 +26,14 @@ pub fn select(
     };
     let name = format!("{policy:?}");
     if usable.is_empty() {
-        let reason = format!(
-            "{name}: no ready or serving-and-terminating endpoint; connections are refused"
-        );
+        let reason = format!("{name}: no ready or serving-and-terminating endpoint; connections are refused");
         return Ok(Selection::equal(policy, reason, this, &[]));
     }
     let mut misses = Vec::new();
     for level in levels {
         match preferred(this, *level, usable) {
-            Preferred::Found {
-                chosen,
-                scope,
-                source,
-            } => {
-                let before = if misses.is_empty() {
-                    String::new()
-                } else {
-                    format!("{}; ", misses.join("; "))
-                };
+            Preferred::Found { chosen, scope, source } => {
+                let before = if misses.is_empty() { String::new() } else { format!("{}; ", misses.join("; ")) };
                 let reason = format!(
                     "{name}: {before}{} of {} {scope} ({source})",
                     chosen.len(),
@@ -56,11 +44,7 @@ pub fn select(
             Preferred::None(why) => misses.push(why),
         }
     }
-    let reason = format!(
-        "{name}: {}; all {}",
-        misses.join("; "),
-        describe(usable.len(), terminating)
-    );
+    let reason = format!("{name}: {}; all {}", misses.join("; "), describe(usable.len(), terminating));
     Ok(Selection::equal(policy, reason, this, usable))
 }
 
@@ -71,11 +55,7 @@ enum Level {
 }
 
 enum Preferred<'a> {
-    Found {
-        chosen: Vec<Candidate<'a>>,
-        scope: String,
-        source: String,
-    },
+    Found { chosen: Vec<Candidate<'a>>, scope: String, source: String },
     None(String),
 }
 
@@ -118,21 +98,11 @@ fn preferred<'a>(this: &Node, level: Level, usable: &[Candidate<'a>]) -> Preferr
             Level::Node => "nodeName",
             Level::Zone => "zone",
         };
-        (
-            chosen,
-            format!(
-                "from each endpoint's {what}: hints missing on {unhinted} of {}",
-                usable.len()
-            ),
-        )
+        (chosen, format!("from each endpoint's {what}: hints missing on {unhinted} of {}", usable.len()))
     };
     if chosen.is_empty() {
         Preferred::None(format!("no endpoint {scope} ({source})"))
     } else {
-        Preferred::Found {
-            chosen,
-            scope,
-            source,
-        }
+        Preferred::Found { chosen, scope, source }
     }
 }

@@ -19,10 +19,7 @@ pub fn select(this: &Node, mode: &str, usable: &[Candidate<'_>], terminating: bo
                 "topology-aware hints ({mode}): no ready or serving-and-terminating endpoint; connections are refused"
             )
         } else {
-            format!(
-                "topology-aware hints ({mode}) not applied: {why}; all {}",
-                describe(usable.len(), terminating)
-            )
+            format!("topology-aware hints ({mode}) not applied: {why}; all {}", describe(usable.len(), terminating))
         };
         Selection::equal(PolicyKind::TopologyAwareHints, reason, this, usable)
     };
@@ -35,11 +32,8 @@ pub fn select(this: &Node, mode: &str, usable: &[Candidate<'_>], terminating: bo
     if let Some(unhinted) = usable.iter().find(|c| c.hint_zones.is_empty()) {
         return all(format!("endpoint {} has no zone hint", unhinted.address));
     }
-    let hinted: Vec<Candidate<'_>> = usable
-        .iter()
-        .filter(|c| c.hint_zones.iter().any(|z| z == zone))
-        .cloned()
-        .collect();
+    let hinted: Vec<Candidate<'_>> =
+        usable.iter().filter(|c| c.hint_zones.iter().any(|z| z == zone)).cloned().collect();
     if hinted.is_empty() {
         return all(format!("no endpoint is hinted for zone {zone}"));
     }

@@ -73,15 +73,7 @@ impl Candidate<'_> {
     /// Between two listings of the same endpoint: the more usable one, and among equally usable
     /// ones a fixed order of their topology fields, so the result never depends on listing order.
     fn preferred_over(&self, other: &Self) -> bool {
-        let key = |c: &Self| {
-            (
-                std::cmp::Reverse(c.rank()),
-                c.node_name,
-                c.zone,
-                c.hint_zones,
-                c.hint_nodes,
-            )
-        };
+        let key = |c: &Self| (std::cmp::Reverse(c.rank()), c.node_name, c.zone, c.hint_zones, c.hint_nodes);
         key(self) < key(other)
     }
 }
@@ -97,33 +89,18 @@ pub struct Joined<'a> {
 
 /// The endpoints of `port` in `family`. An endpoint listed by several slices appears once, with
 /// the most usable conditions any of them reports.
-pub fn candidates<'a>(
-    state: &'a ClusterState,
-    service: &Service,
-    port: &ServicePort,
-    family: Family,
-) -> Joined<'a> {
+pub fn candidates<'a>(state: &'a ClusterState, service: &Service, port: &ServicePort, family: Family) -> Joined<'a> {
     let mut by_address: BTreeMap<(IpAddr, u16), Candidate<'a>> = BTreeMap::new();
     let mut family_slices = 0;
     let mut other_names = Vec::new();
-    for slice in state
-        .slices_of(&service.key)
-        .filter(|slice| slice.family == family)
-    {
+    for slice in state.slices_of(&service.key).filter(|slice| slice.family == family) {
         family_slices += 1;
-        let Some(slice_port) = slice
-            .ports
-            .iter()
-            .find(|p| p.name == port.name && p.protocol == port.protocol)
-        else {
+        let Some(slice_port) = slice.ports.iter().find(|p| p.name == port.name && p.protocol == port.protocol) else {
             other_names.extend(slice.ports.iter().map(|p| format!("{:?}", p.name)));
             continue;
         };
         for endpoint in &slice.endpoints {
-            let node = endpoint
-                .node_name
-                .as_deref()
-                .and_then(|name| state.node(name));
+            let node = endpoint.node_name.as_deref().and_then(|name| state.node(name));
             let candidate = Candidate {
                 address: endpoint.address,
                 port: slice_port.port,
@@ -144,19 +121,15 @@ pub fn candidates<'a>(
             }
         }
     }
-    let unmatched_port = (by_address.is_empty() && family_slices > 0 && !other_names.is_empty())
-        .then(|| {
-            other_names.sort();
-            other_names.dedup();
-            format!(
-                "no EndpointSlice port named {:?} with protocol {} (slices have {})",
-                port.name,
-                port.protocol,
-                other_names.join(", ")
-            )
-        });
-    Joined {
-        candidates: by_address.into_values().collect(),
-        unmatched_port,
-    }
+    let unmatched_port = (by_address.is_empty() && family_slices > 0 && !other_names.is_empty()).then(|| {
+        other_names.sort();
+        other_names.dedup();
+        format!(
+            "no EndpointSlice port named {:?} with protocol {} (slices have {})",
+            port.name,
+            port.protocol,
+            other_names.join(", ")
+        )
+    });
+    Joined { candidates: by_address.into_values().collect(), unmatched_port }
 }

@@ -33,10 +33,7 @@ impl fmt::Display for TopologyKey {
 /// duplicates. An invalid list is rejected as a whole.
 pub fn parse(raw: &[String]) -> Result<Vec<TopologyKey>, String> {
     if raw.len() > MAX_KEYS {
-        return Err(format!(
-            "{} keys; at most {MAX_KEYS} are allowed",
-            raw.len()
-        ));
+        return Err(format!("{} keys; at most {MAX_KEYS} are allowed", raw.len()));
     }
     let mut keys = Vec::with_capacity(raw.len());
     for (index, key) in raw.iter().enumerate() {
@@ -57,32 +54,18 @@ pub fn parse(raw: &[String]) -> Result<Vec<TopologyKey>, String> {
 }
 
 /// Walks `keys` over the usable endpoints.
-pub fn select(
-    this: &Node,
-    keys: &[TopologyKey],
-    usable: &[Candidate<'_>],
-    terminating: bool,
-) -> Selection {
-    let listed = keys
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(",");
+pub fn select(this: &Node, keys: &[TopologyKey], usable: &[Candidate<'_>], terminating: bool) -> Selection {
+    let listed = keys.iter().map(ToString::to_string).collect::<Vec<_>>().join(",");
     if usable.is_empty() {
-        let reason = format!(
-            "topology keys [{listed}]: no ready or serving-and-terminating endpoint; connections are refused"
-        );
+        let reason =
+            format!("topology keys [{listed}]: no ready or serving-and-terminating endpoint; connections are refused");
         return Selection::equal(PolicyKind::TopologyKeys, reason, this, &[]);
     }
     let mut tried = Vec::new();
     for key in keys {
         let label = match key {
             TopologyKey::Any => {
-                let before = if tried.is_empty() {
-                    String::new()
-                } else {
-                    format!("{}; ", tried.join("; "))
-                };
+                let before = if tried.is_empty() { String::new() } else { format!("{}; ", tried.join("; ")) };
                 let reason = format!(
                     "topology keys [{listed}]: {before}\"*\" takes all {}",
                     describe(usable.len(), terminating)
@@ -95,17 +78,10 @@ pub fn select(
             tried.push(format!("node {} has no {label} label", this.name));
             continue;
         };
-        let matched: Vec<Candidate<'_>> = usable
-            .iter()
-            .filter(|c| c.topology_value(label) == Some(value))
-            .cloned()
-            .collect();
+        let matched: Vec<Candidate<'_>> =
+            usable.iter().filter(|c| c.topology_value(label) == Some(value)).cloned().collect();
         if !matched.is_empty() {
-            let before = if tried.is_empty() {
-                String::new()
-            } else {
-                format!("{}; ", tried.join("; "))
-            };
+            let before = if tried.is_empty() { String::new() } else { format!("{}; ", tried.join("; ")) };
             let reason = format!(
                 "topology keys [{listed}]: {before}{label}={value} matched {} of {}",
                 matched.len(),
@@ -115,10 +91,8 @@ pub fn select(
         }
         tried.push(format!("{label}={value} matched none"));
     }
-    let reason = format!(
-        "topology keys [{listed}]: {}; no \"*\" fallback, so connections are refused",
-        tried.join("; ")
-    );
+    let reason =
+        format!("topology keys [{listed}]: {}; no \"*\" fallback, so connections are refused", tried.join("; "));
     Selection::equal(PolicyKind::TopologyKeys, reason, this, &[])
 }
 
@@ -136,15 +110,11 @@ pub fn label_key(key: &str) -> Result<(), String> {
         for label in prefix.split('.') {
             let ok = !label.is_empty()
                 && label.len() <= 63
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && label.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
                 && !label.starts_with('-')
                 && !label.ends_with('-');
             if !ok {
-                return Err(format!(
-                    "the prefix {prefix:?} is not a lowercase DNS subdomain"
-                ));
+                return Err(format!("the prefix {prefix:?} is not a lowercase DNS subdomain"));
             }
         }
     }
@@ -156,10 +126,7 @@ pub fn label_key(key: &str) -> Result<(), String> {
     if !alnum(bytes[0]) || !alnum(bytes[bytes.len() - 1]) {
         return Err("the name must start and end with a letter or digit".into());
     }
-    if !bytes
-        .iter()
-        .all(|&b| alnum(b) || b == b'-' || b == b'_' || b == b'.')
-    {
+    if !bytes.iter().all(|&b| alnum(b) || b == b'-' || b == b'_' || b == b'.') {
         return Err("the name may only contain letters, digits, '-', '_' and '.'".into());
     }
     Ok(())

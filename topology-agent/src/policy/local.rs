@@ -6,11 +6,8 @@ use crate::cluster::Node;
 
 /// The local endpoints of `candidates`.
 pub fn select(this: &Node, candidates: &[Candidate<'_>]) -> Selection {
-    let local: Vec<Candidate<'_>> = candidates
-        .iter()
-        .filter(|c| c.node_name == Some(this.name.as_str()))
-        .cloned()
-        .collect();
+    let local: Vec<Candidate<'_>> =
+        candidates.iter().filter(|c| c.node_name == Some(this.name.as_str())).cloned().collect();
     let (usable, terminating) = super::usable(&local);
     let reason = if usable.is_empty() {
         format!(
@@ -18,11 +15,7 @@ pub fn select(this: &Node, candidates: &[Candidate<'_>]) -> Selection {
             this.name
         )
     } else {
-        format!(
-            "internalTrafficPolicy Local: {} on {}",
-            describe(usable.len(), terminating),
-            this.name
-        )
+        format!("internalTrafficPolicy Local: {} on {}", describe(usable.len(), terminating), this.name)
     };
     Selection::equal(PolicyKind::Local, reason, this, &usable)
 }

@@ -80,12 +80,7 @@ pub struct Selection {
 
 impl Selection {
     /// A selection of `chosen` with equal weights; empty means refuse.
-    pub fn equal(
-        policy: PolicyKind,
-        reason: String,
-        this: &Node,
-        chosen: &[Candidate<'_>],
-    ) -> Self {
+    pub fn equal(policy: PolicyKind, reason: String, this: &Node, chosen: &[Candidate<'_>]) -> Self {
         let backends: Vec<Backend> = chosen
             .iter()
             .map(|c| Backend {
@@ -97,13 +92,7 @@ impl Selection {
                 weight: 1.0,
             })
             .collect();
-        Self {
-            policy,
-            reason,
-            reject: backends.is_empty(),
-            backends,
-            warnings: Vec::new(),
-        }
+        Self { policy, reason, reject: backends.is_empty(), backends, warnings: Vec::new() }
     }
 
     fn warn(mut self, warnings: Vec<String>) -> Self {
@@ -139,13 +128,8 @@ pub enum PolicyError {
 
 /// Every Service port of every Service, for `node`, sorted by Service, port and family.
 pub fn compute(state: &ClusterState, node: &str) -> Result<Vec<PortSelection>, PolicyError> {
-    let this = state
-        .node(node)
-        .ok_or_else(|| PolicyError::UnknownNode(node.to_owned()))?;
-    Ok(state
-        .services()
-        .flat_map(|service| compute_service(state, this, service))
-        .collect())
+    let this = state.node(node).ok_or_else(|| PolicyError::UnknownNode(node.to_owned()))?;
+    Ok(state.services().flat_map(|service| compute_service(state, this, service)).collect())
 }
 
 /// Every port and family of one Service, for `this` node.
@@ -165,12 +149,7 @@ pub fn compute_service(state: &ClusterState, this: &Node, service: &Service) -> 
                 service: service.key.clone(),
                 port: port.clone(),
                 family,
-                cluster_ips: service
-                    .cluster_ips
-                    .iter()
-                    .filter(|ip| Family::of(ip) == family)
-                    .copied()
-                    .collect(),
+                cluster_ips: service.cluster_ips.iter().filter(|ip| Family::of(ip) == family).copied().collect(),
                 selection,
             });
         }
@@ -191,11 +170,7 @@ pub fn select(this: &Node, service: &Service, candidates: &[Candidate<'_>]) -> S
             Err(reason) => warnings.push(format!("{} ignored: {reason}", spec.source)),
         }
     }
-    if let Some(mode) = service
-        .topology_mode
-        .as_deref()
-        .filter(|mode| hints::enabled(mode))
-    {
+    if let Some(mode) = service.topology_mode.as_deref().filter(|mode| hints::enabled(mode)) {
         return hints::select(this, mode, &usable, terminating).warn(warnings);
     }
     if let Some(distribution) = &service.traffic_distribution {
@@ -204,31 +179,17 @@ pub fn select(this: &Node, service: &Service, candidates: &[Candidate<'_>]) -> S
             Err(reason) => warnings.push(reason),
         }
     }
-    Selection::equal(
-        PolicyKind::Default,
-        default_reason(usable.len(), terminating),
-        this,
-        &usable,
-    )
-    .warn(warnings)
+    Selection::equal(PolicyKind::Default, default_reason(usable.len(), terminating), this, &usable).warn(warnings)
 }
 
 /// The usable endpoints (ready, else serving-and-terminating), and whether they are the
 /// terminating fallback.
 pub fn usable<'a>(candidates: &[Candidate<'a>]) -> (Vec<Candidate<'a>>, bool) {
-    let ready: Vec<Candidate<'a>> = candidates
-        .iter()
-        .filter(|c| c.is_ready())
-        .cloned()
-        .collect();
+    let ready: Vec<Candidate<'a>> = candidates.iter().filter(|c| c.is_ready()).cloned().collect();
     if !ready.is_empty() {
         return (ready, false);
     }
-    let terminating: Vec<Candidate<'a>> = candidates
-        .iter()
-        .filter(|c| c.is_serving_terminating())
-        .cloned()
-        .collect();
+    let terminating: Vec<Candidate<'a>> = candidates.iter().filter(|c| c.is_serving_terminating()).cloned().collect();
     let fallback = !terminating.is_empty();
     (terminating, fallback)
 }

@@ -10,27 +10,13 @@ use crate::{
 };
 
 const NODES: [&str; 8] = ["a1", "a2", "a3", "b1", "c1", "d1", "nz", "empty-zone"];
-const KEYS: [&str; 3] = [
-    "kubernetes.io/hostname",
-    "topology.kubernetes.io/zone",
-    "topology.kubernetes.io/region",
-];
+const KEYS: [&str; 3] = ["kubernetes.io/hostname", "topology.kubernetes.io/zone", "topology.kubernetes.io/region"];
 
 fn arb_endpoint() -> impl Strategy<Value = Endpoint> {
-    (
-        0u8..10,
-        0usize..NODES.len() + 2,
-        0u8..4,
-        proptest::option::of(0usize..5),
-        proptest::bool::ANY,
-    )
-        .prop_map(|(last, node, condition, hint_zone, hint_node)| {
+    (0u8..10, 0usize..NODES.len() + 2, 0u8..4, proptest::option::of(0usize..5), proptest::bool::ANY).prop_map(
+        |(last, node, condition, hint_zone, hint_node)| {
             // Node indexes past the list: an unknown node, or no nodeName at all.
-            let node_name =
-                NODES
-                    .get(node)
-                    .copied()
-                    .unwrap_or(if node == NODES.len() { "ghost" } else { "" });
+            let node_name = NODES.get(node).copied().unwrap_or(if node == NODES.len() { "ghost" } else { "" });
             let mut e = ep(&format!("10.0.0.{last}"), node_name);
             match condition {
                 0 => e = e.unready(),
@@ -44,23 +30,16 @@ fn arb_endpoint() -> impl Strategy<Value = Endpoint> {
                 e = e.for_nodes(&[node_name]);
             }
             e
-        })
+        },
+    )
 }
 
 fn arb_service() -> impl Strategy<Value = Service> {
     (
         prop::bool::weighted(0.15),
-        proptest::option::of((
-            proptest::sample::subsequence(KEYS.to_vec(), 1..=3),
-            prop::bool::ANY,
-        )),
+        proptest::option::of((proptest::sample::subsequence(KEYS.to_vec(), 1..=3), prop::bool::ANY)),
         proptest::option::of(prop::sample::select(vec!["Auto", "disabled"])),
-        proptest::option::of(prop::sample::select(vec![
-            "PreferClose",
-            "PreferSameZone",
-            "PreferSameNode",
-            "Bogus",
-        ])),
+        proptest::option::of(prop::sample::select(vec!["PreferClose", "PreferSameZone", "PreferSameNode", "Bogus"])),
     )
         .prop_map(|(local, keys, mode, distribution)| {
             let mut svc = service("web");
@@ -88,10 +67,7 @@ fn hard(service: &Service, selection: &Selection) -> bool {
     match selection.policy {
         PolicyKind::Local => true,
         PolicyKind::TopologyKeys => {
-            let keys = service
-                .topology_keys
-                .as_ref()
-                .map(|spec| crate::policy::keys::parse(&spec.keys).unwrap());
+            let keys = service.topology_keys.as_ref().map(|spec| crate::policy::keys::parse(&spec.keys).unwrap());
             !keys.is_some_and(|keys| keys.last() == Some(&TopologyKey::Any))
         }
         _ => false,

@@ -21,30 +21,10 @@ fn check(rows: Vec<Row>) {
     for row in rows {
         let state = with(row.service, row.endpoints);
         let selection = decide(&state, row.node);
-        assert_eq!(
-            chosen(&selection),
-            addrs(row.expect),
-            "{}: {}",
-            row.name,
-            selection.reason
-        );
-        assert_eq!(
-            selection.reject,
-            row.expect.is_empty(),
-            "{}: {}",
-            row.name,
-            selection.reason
-        );
-        assert_eq!(
-            selection.policy, row.policy,
-            "{}: {}",
-            row.name, selection.reason
-        );
-        assert!(
-            selection.backends.iter().all(|b| b.weight == 1.0),
-            "{}: equal weights",
-            row.name
-        );
+        assert_eq!(chosen(&selection), addrs(row.expect), "{}: {}", row.name, selection.reason);
+        assert_eq!(selection.reject, row.expect.is_empty(), "{}: {}", row.name, selection.reason);
+        assert_eq!(selection.policy, row.policy, "{}: {}", row.name, selection.reason);
+        assert!(selection.backends.iter().all(|b| b.weight == 1.0), "{}: equal weights", row.name);
     }
 }
 
@@ -59,14 +39,7 @@ fn topology_keys_follow_the_kep_536_test_plan() {
     use PolicyKind::{Default, TopologyKeys as Keys};
     let svc = || service("web");
     let rows = vec![
-        Row {
-            name: "no keys",
-            service: svc(),
-            endpoints: endpoints(false),
-            node: "a1",
-            expect: ALL,
-            policy: Default,
-        },
+        Row { name: "no keys", service: svc(), endpoints: endpoints(false), node: "a1", expect: ALL, policy: Default },
         Row {
             name: "hard hostname, local endpoint",
             service: svc().keys(&[HOST]),
@@ -190,10 +163,7 @@ fn topology_keys_follow_the_kep_536_test_plan() {
         Row {
             name: "zone from the endpoint's own field when its node is unknown",
             service: svc().keys(&[ZONE]),
-            endpoints: vec![
-                ep("10.0.9.1", "ghost").zone("a"),
-                ep("10.0.9.2", "ghost2").zone("b"),
-            ],
+            endpoints: vec![ep("10.0.9.1", "ghost").zone("a"), ep("10.0.9.2", "ghost2").zone("b")],
             node: "a1",
             expect: &["10.0.9.1"],
             policy: Keys,
@@ -253,60 +223,21 @@ fn invalid_topology_keys_are_ignored_as_a_whole_and_reported() {
     let cases: Vec<(&str, Vec<&str>, &str)> = vec![
         ("too many", seventeen, "17 keys; at most 16 are allowed"),
         ("* not last", vec!["*", HOST], "\"*\" must be the last key"),
-        (
-            "duplicate",
-            vec![HOST, ZONE, HOST],
-            "appears more than once",
-        ),
-        (
-            "empty entry",
-            vec![HOST, "", ZONE],
-            "\"\" is not a valid label key",
-        ),
-        (
-            "space",
-            vec!["bad key"],
-            "\"bad key\" is not a valid label key",
-        ),
-        (
-            "uppercase prefix",
-            vec!["Example.com/zone"],
-            "not a lowercase DNS subdomain",
-        ),
-        (
-            "two slashes",
-            vec!["a/b/c"],
-            "\"a/b/c\" is not a valid label key",
-        ),
-        (
-            "name too long",
-            vec!["x".repeat(64).leak()],
-            "1 to 63 characters",
-        ),
+        ("duplicate", vec![HOST, ZONE, HOST], "appears more than once"),
+        ("empty entry", vec![HOST, "", ZONE], "\"\" is not a valid label key"),
+        ("space", vec!["bad key"], "\"bad key\" is not a valid label key"),
+        ("uppercase prefix", vec!["Example.com/zone"], "not a lowercase DNS subdomain"),
+        ("two slashes", vec!["a/b/c"], "\"a/b/c\" is not a valid label key"),
+        ("name too long", vec!["x".repeat(64).leak()], "1 to 63 characters"),
     ];
     for (name, keys, why) in cases {
-        let state = with(
-            service("web").keys(&keys).distribution("PreferClose"),
-            endpoints(false),
-        );
+        let state = with(service("web").keys(&keys).distribution("PreferClose"), endpoints(false));
         let selection = decide(&state, "a1");
-        assert_eq!(
-            selection.policy,
-            PolicyKind::PreferClose,
-            "{name}: routes as if the keys were absent"
-        );
+        assert_eq!(selection.policy, PolicyKind::PreferClose, "{name}: routes as if the keys were absent");
         assert_eq!(chosen(&selection), addrs(ZONE_A), "{name}");
-        assert_eq!(
-            selection.warnings.len(),
-            1,
-            "{name}: {:?}",
-            selection.warnings
-        );
+        assert_eq!(selection.warnings.len(), 1, "{name}: {:?}", selection.warnings);
         let warning = &selection.warnings[0];
-        assert!(
-            warning.starts_with("annotation topology-agent.io/topology-keys ignored: "),
-            "{name}: {warning}"
-        );
+        assert!(warning.starts_with("annotation topology-agent.io/topology-keys ignored: "), "{name}: {warning}");
         assert!(warning.contains(why), "{name}: {warning}");
     }
 }
@@ -361,22 +292,8 @@ fn topology_aware_hints_follow_kube_proxy() {
             expect: ALL,
             policy: Default,
         },
-        Row {
-            name: "partial hints",
-            service: auto(),
-            endpoints: partial(),
-            node: "a1",
-            expect: ALL,
-            policy: Hints,
-        },
-        Row {
-            name: "no hints",
-            service: auto(),
-            endpoints: endpoints(false),
-            node: "a1",
-            expect: ALL,
-            policy: Hints,
-        },
+        Row { name: "partial hints", service: auto(), endpoints: partial(), node: "a1", expect: ALL, policy: Hints },
+        Row { name: "no hints", service: auto(), endpoints: endpoints(false), node: "a1", expect: ALL, policy: Hints },
         Row {
             name: "zone not represented",
             service: auto(),
@@ -416,10 +333,7 @@ fn topology_aware_hints_follow_kube_proxy() {
         Row {
             name: "hint for another zone than the endpoint's",
             service: auto(),
-            endpoints: vec![
-                ep("10.0.1.1", "a1").for_zones(&["b"]),
-                ep("10.0.2.1", "b1").for_zones(&["a"]),
-            ],
+            endpoints: vec![ep("10.0.1.1", "a1").for_zones(&["b"]), ep("10.0.2.1", "b1").for_zones(&["a"])],
             node: "a1",
             expect: &["10.0.2.1"],
             policy: Hints,
@@ -443,23 +357,14 @@ fn topology_aware_hints_follow_kube_proxy() {
             expect: ALL,
             policy: Hints,
         },
-        Row {
-            name: "no endpoints",
-            service: auto(),
-            endpoints: vec![],
-            node: "a1",
-            expect: &[],
-            policy: Hints,
-        },
+        Row { name: "no endpoints", service: auto(), endpoints: vec![], node: "a1", expect: &[], policy: Hints },
     ];
     check(rows);
 }
 
 #[test]
 fn traffic_distribution_with_and_without_hints() {
-    use PolicyKind::{
-        PreferClose as Close, PreferSameNode as SameNode, PreferSameZone as SameZone,
-    };
+    use PolicyKind::{PreferClose as Close, PreferSameNode as SameNode, PreferSameZone as SameZone};
     let no_node_hints = || {
         let mut e = endpoints(true);
         for x in &mut e {
@@ -518,10 +423,7 @@ fn traffic_distribution_with_and_without_hints() {
         Row {
             name: "PreferClose, endpoint zone field only",
             service: td("PreferClose"),
-            endpoints: vec![
-                ep("10.0.9.1", "ghost").zone("b"),
-                ep("10.0.9.2", "ghost").zone("c"),
-            ],
+            endpoints: vec![ep("10.0.9.1", "ghost").zone("b"), ep("10.0.9.2", "ghost").zone("c")],
             node: "b1",
             expect: &["10.0.9.1"],
             policy: Close,
@@ -593,10 +495,7 @@ fn traffic_distribution_with_and_without_hints() {
         Row {
             name: "terminating fallback",
             service: td("PreferClose"),
-            endpoints: vec![
-                ep("10.0.1.1", "a1").terminating(),
-                ep("10.0.2.1", "b1").terminating(),
-            ],
+            endpoints: vec![ep("10.0.1.1", "a1").terminating(), ep("10.0.2.1", "b1").terminating()],
             node: "b1",
             expect: &["10.0.2.1"],
             policy: Close,
@@ -615,19 +514,12 @@ fn traffic_distribution_with_and_without_hints() {
 
 #[test]
 fn an_unknown_traffic_distribution_is_ignored_with_a_warning() {
-    let state = with(
-        service("web").distribution("PreferNearby"),
-        endpoints(false),
-    );
+    let state = with(service("web").distribution("PreferNearby"), endpoints(false));
     let selection = decide(&state, "a1");
     assert_eq!(selection.policy, PolicyKind::Default);
     assert_eq!(chosen(&selection), addrs(ALL));
     assert_eq!(selection.warnings.len(), 1);
-    assert!(
-        selection.warnings[0].contains("\"PreferNearby\" ignored"),
-        "{:?}",
-        selection.warnings
-    );
+    assert!(selection.warnings[0].contains("\"PreferNearby\" ignored"), "{:?}", selection.warnings);
 }
 
 #[test]
@@ -677,11 +569,7 @@ fn internal_traffic_policy_local_and_default() {
         Row {
             name: "default: ready only",
             service: service("web"),
-            endpoints: vec![
-                ep("10.0.1.1", "a1").unready(),
-                ep("10.0.1.2", "a2").terminating(),
-                ep("10.0.2.1", "b1"),
-            ],
+            endpoints: vec![ep("10.0.1.1", "a1").unready(), ep("10.0.1.2", "a2").terminating(), ep("10.0.2.1", "b1")],
             node: "a1",
             expect: &["10.0.2.1"],
             policy: Default,
@@ -689,10 +577,7 @@ fn internal_traffic_policy_local_and_default() {
         Row {
             name: "default: serving-and-terminating fallback",
             service: service("web"),
-            endpoints: vec![
-                ep("10.0.1.1", "a1").unready(),
-                ep("10.0.1.2", "a2").terminating(),
-            ],
+            endpoints: vec![ep("10.0.1.1", "a1").unready(), ep("10.0.1.2", "a2").terminating()],
             node: "a1",
             expect: &["10.0.1.2"],
             policy: Default,
@@ -713,35 +598,19 @@ fn internal_traffic_policy_local_and_default() {
 fn each_backend_carries_its_locality() {
     let state = with(service("web"), endpoints(false));
     let selection: Selection = decide(&state, "a1");
-    let locality = |addr: &str| {
-        selection
-            .backends
-            .iter()
-            .find(|b| b.address.to_string() == addr)
-            .unwrap()
-            .locality
-    };
+    let locality = |addr: &str| selection.backends.iter().find(|b| b.address.to_string() == addr).unwrap().locality;
     assert_eq!(locality("10.0.1.1"), Locality::Node);
     assert_eq!(locality("10.0.1.2"), Locality::Zone);
     assert_eq!(locality("10.0.2.1"), Locality::Region);
     assert_eq!(locality("10.0.3.1"), Locality::Other);
     let from_nz = decide(&state, "nz");
-    assert!(
-        from_nz
-            .backends
-            .iter()
-            .all(|b| b.locality != Locality::Zone),
-        "no zone label, no zone locality"
-    );
+    assert!(from_nz.backends.iter().all(|b| b.locality != Locality::Zone), "no zone label, no zone locality");
 }
 
 #[test]
 fn reasons_say_which_mode_level_and_fallback() {
     let reason = |svc: Service, node: &str| decide(&with(svc, endpoints(false)), node).reason;
-    assert_eq!(
-        reason(service("web"), "a1"),
-        "default: all 4 ready endpoints"
-    );
+    assert_eq!(reason(service("web"), "a1"), "default: all 4 ready endpoints");
     assert_eq!(
         reason(service("web").keys(&[HOST, ZONE, "*"]), "a3"),
         "topology keys [kubernetes.io/hostname,topology.kubernetes.io/zone,*]: kubernetes.io/hostname=a3 matched none; \

@@ -4,8 +4,8 @@ use std::{collections::BTreeMap, net::IpAddr};
 
 use crate::{
     cluster::{
-        ClusterState, Endpoint, EndpointSlice, Family, Node, ObjectKey, Service, ServicePort,
-        SlicePort, TopologyKeysSource, TopologyKeysSpec, TrafficDistribution,
+        ClusterState, Endpoint, EndpointSlice, Family, Node, ObjectKey, Service, ServicePort, SlicePort,
+        TopologyKeysSource, TopologyKeysSpec, TrafficDistribution,
         model::{LABEL_REGION, LABEL_ZONE},
     },
     desired::Protocol,
@@ -21,12 +21,7 @@ pub fn node(name: &str, zone: &str, region: &str) -> Node {
     if !region.is_empty() {
         labels.insert(LABEL_REGION.into(), region.into());
     }
-    Node {
-        name: name.into(),
-        labels,
-        allocatable_cpu_millis: 4000,
-        ready: true,
-    }
+    Node { name: name.into(), labels, allocatable_cpu_millis: 4000, ready: true }
 }
 
 /// A Service `ns/<name>` with one TCP port `http` 80 and ClusterIP 10.96.0.10.
@@ -34,11 +29,7 @@ pub fn service(name: &str) -> Service {
     Service {
         key: ObjectKey::new("ns", name),
         cluster_ips: vec!["10.96.0.10".parse().unwrap()],
-        ports: vec![ServicePort {
-            name: "http".into(),
-            port: 80,
-            protocol: Protocol::Tcp,
-        }],
+        ports: vec![ServicePort { name: "http".into(), port: 80, protocol: Protocol::Tcp }],
         internal_traffic_local: false,
         traffic_distribution: None,
         topology_keys: None,
@@ -151,18 +142,12 @@ impl EndpointExt for Endpoint {
 
 /// An EndpointSlice `ns/<name>` of `service` with port `http` = `port`.
 pub fn slice(name: &str, service: &str, port: u16, endpoints: Vec<Endpoint>) -> EndpointSlice {
-    let family = endpoints
-        .first()
-        .map_or(Family::V4, |e| Family::of(&e.address));
+    let family = endpoints.first().map_or(Family::V4, |e| Family::of(&e.address));
     EndpointSlice {
         key: ObjectKey::new("ns", name),
         service: Some(ObjectKey::new("ns", service)),
         family,
-        ports: vec![SlicePort {
-            name: "http".into(),
-            port,
-            protocol: Protocol::Tcp,
-        }],
+        ports: vec![SlicePort { name: "http".into(), port, protocol: Protocol::Tcp }],
         endpoints,
     }
 }
@@ -190,12 +175,7 @@ pub fn world() -> ClusterState {
 
 /// The four endpoints of [`world`], with their zones as hints when `hinted`.
 pub fn endpoints(hinted: bool) -> Vec<Endpoint> {
-    let mut all = vec![
-        ep("10.0.1.1", "a1"),
-        ep("10.0.1.2", "a2"),
-        ep("10.0.2.1", "b1"),
-        ep("10.0.3.1", "c1"),
-    ];
+    let mut all = vec![ep("10.0.1.1", "a1"), ep("10.0.1.2", "a2"), ep("10.0.2.1", "b1"), ep("10.0.3.1", "c1")];
     if hinted {
         for (e, zone) in all.iter_mut().zip(["a", "a", "b", "c"]) {
             e.hint_zones = vec![zone.into()];
@@ -228,21 +208,14 @@ pub fn decide_all(state: &ClusterState, node: &str) -> Vec<PortSelection> {
 
 /// The chosen addresses, sorted.
 pub fn chosen(selection: &Selection) -> Vec<String> {
-    let mut out: Vec<String> = selection
-        .backends
-        .iter()
-        .map(|b| b.address.to_string())
-        .collect();
+    let mut out: Vec<String> = selection.backends.iter().map(|b| b.address.to_string()).collect();
     out.sort();
     out
 }
 
 /// Addresses as strings.
 pub fn addrs(list: &[&str]) -> Vec<String> {
-    let mut out: Vec<String> = list
-        .iter()
-        .map(|a| a.parse::<IpAddr>().unwrap().to_string())
-        .collect();
+    let mut out: Vec<String> = list.iter().map(|a| a.parse::<IpAddr>().unwrap().to_string()).collect();
     out.sort();
     out
 }
