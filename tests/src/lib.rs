@@ -1,6 +1,8 @@
 //! Test support: sandboxes that always clean up, an isolated network of namespaces, and the
 //! traffic probe (backends that answer with their name, clients that record where they landed).
 
+pub mod agent;
+pub mod cluster;
 pub mod fixture;
 pub mod net;
 pub mod sandbox;

@@ -4,10 +4,16 @@
 //!
 //! The data flows one way: source -> cluster state -> policy -> desired state -> dataplane.
 
+pub mod agent;
 pub mod cluster;
+pub mod controller;
 pub mod dataplane;
 pub mod desired;
 pub mod explain;
+pub mod http;
+pub mod metrics;
 pub mod mounts;
 pub mod policy;
+pub mod report;
+pub mod source;
 pub mod status;

@@ -1,24 +1,32 @@
 //! The `topology-agent` binary: parses the command line and hands each subcommand to the library.
 
-use std::path::PathBuf;
+use std::{net::SocketAddr, path::PathBuf};
 
-use anyhow::Context as _;
-use clap::{Parser, Subcommand, ValueEnum};
+use anyhow::{Context as _, bail};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use tokio_util::sync::CancellationToken;
 use topology_agent::{
+    agent::{self, RunConfig, SourceConfig},
     cluster::{ObjectKey, file},
-    dataplane, explain,
+    dataplane::{self, Capacities, KernelLogLevel},
+    explain,
     status::StatusReport,
 };
 
 #[derive(Parser)]
 #[command(version, about = "Topology-aware service routing in cgroup socket hooks")]
 struct Cli {
+    /// Log format on stderr.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the agent: watch the cluster (or a file) and keep this node's kernel maps in step.
+    Run(RunArgs),
     /// Show, per Service port, which backends this node would use and why: the same decision the
     /// agent programs into the kernel.
     Explain {
@@ -53,19 +61,59 @@ enum Command {
     },
 }
 
+#[derive(Args)]
+struct RunArgs {
+    /// Read the cluster from this YAML file (re-read on change) instead of the Kubernetes API.
+    #[arg(long, conflicts_with = "kubeconfig")]
+    cluster: Option<PathBuf>,
+    /// Kubeconfig to use (default: in-cluster configuration, else ~/.kube/config).
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// This node's name (the Downward API sets NODE_NAME in the DaemonSet).
+    #[arg(long, env = "NODE_NAME")]
+    node: String,
+    /// cgroup v2 directory to attach to (default: the cgroup v2 root from /proc/self/mountinfo).
+    #[arg(long)]
+    cgroup: Option<PathBuf>,
+    /// Directory on bpffs for the pinned maps and links.
+    #[arg(long, default_value = dataplane::DEFAULT_PIN_PATH)]
+    pin_path: PathBuf,
+    /// Address of /healthz, /readyz and /metrics (`127.0.0.1:0` picks a free port).
+    #[arg(long, default_value = "0.0.0.0:9464")]
+    metrics_addr: SocketAddr,
+    /// Kernel-side diagnostics (aya-log); `off` costs nothing on the hot path.
+    #[arg(long, value_enum, default_value_t = KernelLogLevel::Off)]
+    kernel_log: KernelLogLevel,
+    /// Override a map's capacity, e.g. `topo_slots=524288` (repeatable).
+    #[arg(long = "capacity", value_name = "MAP=ENTRIES")]
+    capacities: Vec<String>,
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 enum Output {
     Table,
     Json,
 }
 
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .init();
+    init_logging(cli.log_format);
     match cli.command {
+        Command::Run(args) => {
+            let config = run_config(args)?;
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            runtime.block_on(async {
+                let shutdown = CancellationToken::new();
+                tokio::spawn(cancel_on_signal(shutdown.clone()));
+                agent::run(config, shutdown).await
+            })?;
+        }
         Command::Explain { cluster, node, service, output } => {
             let state = file::load(&cluster)?;
             let report = explain::explain(&state, &node, service.as_ref())?;
@@ -95,4 +143,65 @@ fn main() -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+fn run_config(args: RunArgs) -> anyhow::Result<RunConfig> {
+    let source = match args.cluster {
+        Some(path) => SourceConfig::File(path),
+        None => SourceConfig::Kubernetes { kubeconfig: args.kubeconfig },
+    };
+    Ok(RunConfig {
+        source,
+        node: args.node,
+        cgroup: args.cgroup,
+        pin_path: args.pin_path,
+        metrics_addr: args.metrics_addr,
+        capacities: capacities(&args.capacities)?,
+        kernel_log: args.kernel_log,
+    })
+}
+
+/// Applies `MAP=ENTRIES` overrides to the default capacities.
+fn capacities(overrides: &[String]) -> anyhow::Result<Capacities> {
+    let mut capacities = Capacities::default();
+    for spec in overrides {
+        let Some((map, entries)) = spec.split_once('=') else { bail!("--capacity {spec:?}: expected MAP=ENTRIES") };
+        let entries: u32 = entries.parse().with_context(|| format!("--capacity {spec:?}: entries"))?;
+        let slot = match map {
+            "topo_svc4" => &mut capacities.services_v4,
+            "topo_svc6" => &mut capacities.services_v6,
+            "topo_slots" => &mut capacities.slots,
+            "topo_counters" | "topo_svc_meta" => &mut capacities.service_ids,
+            "topo_affinity" => &mut capacities.affinity,
+            "topo_revnat" => &mut capacities.revnat,
+            "topo_sock_xlate" => &mut capacities.sock_translations,
+            other => bail!("--capacity {spec:?}: unknown map {other:?}"),
+        };
+        *slot = entries;
+    }
+    Ok(capacities)
+}
+
+fn init_logging(format: LogFormat) {
+    // `init` also routes the `log` crate (aya-log's kernel records) into tracing.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn cancel_on_signal(shutdown: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        tracing::warn!("cannot install signal handlers; stop with SIGKILL (the kernel state stays)");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: stopping, the kernel state stays in place"),
+        _ = int.recv() => tracing::info!("SIGINT: stopping, the kernel state stays in place"),
+    }
+    shutdown.cancel();
 }

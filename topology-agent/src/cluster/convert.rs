@@ -191,6 +191,43 @@ pub fn endpoint_slice(slice: &K8sEndpointSlice) -> Result<Option<EndpointSlice>,
     Ok(Some(EndpointSlice { key, service, family, ports, endpoints }))
 }
 
+/// A Service from its raw JSON: the k8s-openapi type for everything current, plus
+/// `spec.topologyKeys`, which current API types no longer carry.
+pub fn service_from_value(raw: &serde_json::Value) -> Result<Service, ObjectError> {
+    let typed_service: K8sService = typed(raw, Kind::Service)?;
+    let keys = spec_topology_keys(raw).map_err(|message| ObjectError {
+        kind: Kind::Service,
+        name: name_of(raw),
+        field: "spec.topologyKeys".into(),
+        message,
+    })?;
+    service(&typed_service, keys)
+}
+
+/// Deserializes a raw object into its k8s-openapi type; an error names the failing field.
+pub fn typed<T: serde::de::DeserializeOwned>(raw: &serde_json::Value, kind: Kind) -> Result<T, ObjectError> {
+    serde_path_to_error::deserialize(raw).map_err(|error| {
+        let field = error.path().to_string();
+        ObjectError {
+            kind,
+            name: name_of(raw),
+            field: if field == "." { "(object)".into() } else { field },
+            message: error.into_inner().to_string(),
+        }
+    })
+}
+
+/// `namespace/name`, or `name` for a Node, as far as the raw object says.
+pub fn name_of(raw: &serde_json::Value) -> String {
+    let name = raw.pointer("/metadata/name").and_then(serde_json::Value::as_str).unwrap_or("(unnamed)");
+    match raw.pointer("/metadata/namespace").and_then(serde_json::Value::as_str) {
+        Some(namespace) if raw.get("kind").and_then(serde_json::Value::as_str) != Some("Node") => {
+            format!("{namespace}/{name}")
+        }
+        _ => name.to_owned(),
+    }
+}
+
 /// `spec.topologyKeys` of a raw Service object, if present.
 pub fn spec_topology_keys(raw: &serde_json::Value) -> Result<Option<Vec<String>>, String> {
     match raw.pointer("/spec/topologyKeys") {
@@ -248,8 +285,7 @@ mod tests {
     use super::*;
 
     fn service_from(json: serde_json::Value) -> Result<Service, ObjectError> {
-        let keys = spec_topology_keys(&json).unwrap();
-        service(&serde_json::from_value(json).unwrap(), keys)
+        service_from_value(&json)
     }
 
     #[test]

@@ -3,10 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::{
-    core::v1::{Node as K8sNode, Service as K8sService},
-    discovery::v1::EndpointSlice as K8sEndpointSlice,
-};
+use k8s_openapi::api::{core::v1::Node as K8sNode, discovery::v1::EndpointSlice as K8sEndpointSlice};
 use serde::Deserialize as _;
 use serde_json::Value;
 
@@ -102,21 +99,14 @@ fn kind_of(raw: &Value) -> Result<&str, &'static str> {
 fn add(state: &mut ClusterState, kind: &str, raw: &Value) -> Result<(), ObjectError> {
     match kind {
         "Node" => {
-            let node: K8sNode = typed(raw, Kind::Node)?;
+            let node: K8sNode = convert::typed(raw, Kind::Node)?;
             state.upsert_node(convert::node(&node)?);
         }
         "Service" => {
-            let service: K8sService = typed(raw, Kind::Service)?;
-            let keys = convert::spec_topology_keys(raw).map_err(|message| ObjectError {
-                kind: Kind::Service,
-                name: name_of(raw),
-                field: "spec.topologyKeys".into(),
-                message,
-            })?;
-            state.upsert_service(convert::service(&service, keys)?);
+            state.upsert_service(convert::service_from_value(raw)?);
         }
         "EndpointSlice" => {
-            let slice: K8sEndpointSlice = typed(raw, Kind::EndpointSlice)?;
+            let slice: K8sEndpointSlice = convert::typed(raw, Kind::EndpointSlice)?;
             if let Some(slice) = convert::endpoint_slice(&slice)? {
                 state.upsert_slice(slice);
             }
@@ -124,30 +114,6 @@ fn add(state: &mut ClusterState, kind: &str, raw: &Value) -> Result<(), ObjectEr
         _ => {}
     }
     Ok(())
-}
-
-/// Deserializes a raw object into its k8s-openapi type, with the failing field's path.
-fn typed<T: serde::de::DeserializeOwned>(raw: &Value, kind: Kind) -> Result<T, ObjectError> {
-    serde_path_to_error::deserialize(raw).map_err(|error| {
-        let field = error.path().to_string();
-        ObjectError {
-            kind,
-            name: name_of(raw),
-            field: if field == "." { "(object)".into() } else { field },
-            message: error.into_inner().to_string(),
-        }
-    })
-}
-
-/// `namespace/name`, or `name` for cluster-scoped objects, as far as the raw object says.
-fn name_of(raw: &Value) -> String {
-    let name = raw.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("(unnamed)");
-    match raw.pointer("/metadata/namespace").and_then(Value::as_str) {
-        Some(namespace) if raw.get("kind").and_then(Value::as_str) != Some("Node") => {
-            format!("{namespace}/{name}")
-        }
-        _ => name.to_owned(),
-    }
 }
 
 #[cfg(test)]

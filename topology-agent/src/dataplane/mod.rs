@@ -75,6 +75,15 @@ impl Dataplane {
         self.writer.apply(desired)
     }
 
+    /// Makes the kernel hold the given service ports as desired (`None`: removed) and leaves every
+    /// other one alone: the incremental form of [`Dataplane::apply`].
+    pub fn apply_changes<'a>(
+        &mut self,
+        changes: impl IntoIterator<Item = (crate::desired::ServicePort, Option<&'a crate::desired::DesiredService>)>,
+    ) -> ApplyReport {
+        self.writer.apply_changes(changes)
+    }
+
     /// What the kernel holds, as last written or adopted.
     pub fn kernel(&self) -> &KernelState {
         self.writer.kernel()

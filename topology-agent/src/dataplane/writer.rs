@@ -121,40 +121,62 @@ impl Writer {
 
     /// Makes the kernel hold `desired`, touching only what differs.
     pub fn apply(&mut self, desired: &DesiredState) -> ApplyReport {
-        let mut report = ApplyReport::default();
-        self.remove_orphans(&mut report);
-
         let stale: Vec<ServicePort> =
             self.kernel.services.keys().filter(|port| !desired.services.contains_key(port)).copied().collect();
-        for port in stale {
-            match self.remove(&port) {
-                Ok(()) => report.removed += 1,
-                Err(error) => report.failed.push((port, error)),
-            }
-        }
+        let changes =
+            stale.into_iter().map(|port| (port, None)).chain(desired.services.iter().map(|(p, s)| (*p, Some(s))));
+        self.apply_changes(changes)
+    }
 
-        for (port, service) in &desired.services {
-            let slots = match validated_slots(port, service) {
-                Ok(slots) => slots,
-                Err(error) => {
-                    report.failed.push((*port, error));
-                    continue;
-                }
-            };
-            let result = match self.kernel.services.get(port) {
-                Some(current) if current.intact() && current.slots == slots => {
-                    let renamed = current.name != service.name;
-                    let outcome = if renamed { self.rename(port, &service.name) } else { Ok(()) };
-                    outcome.map(|()| report.unchanged += 1)
-                }
-                Some(_) => self.swap(port, &service.name, slots, &mut report).map(|()| report.updated += 1),
-                None => self.add(port, &service.name, slots, &mut report).map(|()| report.added += 1),
-            };
-            if let Err(error) = result {
-                report.failed.push((*port, error));
+    /// Makes the kernel hold the given service ports as desired (`None`: removed), leaving every
+    /// other service port alone. Removals run first, so they free capacity for additions.
+    pub fn apply_changes<'a>(
+        &mut self,
+        changes: impl IntoIterator<Item = (ServicePort, Option<&'a DesiredService>)>,
+    ) -> ApplyReport {
+        let mut report = ApplyReport::default();
+        self.remove_orphans(&mut report);
+        let (removals, upserts): (Vec<_>, Vec<_>) = changes.into_iter().partition(|(_, desired)| desired.is_none());
+        for (port, desired) in removals.into_iter().chain(upserts) {
+            if let Err(error) = self.reconcile(&port, desired, &mut report) {
+                report.failed.push((port, error));
             }
         }
         report
+    }
+
+    /// Brings one service port to `desired`, counting what happened in `report`.
+    fn reconcile(
+        &mut self,
+        port: &ServicePort,
+        desired: Option<&DesiredService>,
+        report: &mut ApplyReport,
+    ) -> Result<(), DataplaneError> {
+        let Some(service) = desired else {
+            if self.kernel.services.contains_key(port) {
+                self.remove(port)?;
+                report.removed += 1;
+            }
+            return Ok(());
+        };
+        let slots = validated_slots(port, service)?;
+        match self.kernel.services.get(port) {
+            Some(current) if current.intact() && current.slots == slots => {
+                if current.name != service.name {
+                    self.rename(port, &service.name)?;
+                }
+                report.unchanged += 1;
+            }
+            Some(_) => {
+                self.swap(port, &service.name, slots, report)?;
+                report.updated += 1;
+            }
+            None => {
+                self.add(port, &service.name, slots, report)?;
+                report.added += 1;
+            }
+        }
+        Ok(())
     }
 
     fn add(

@@ -1,0 +1,113 @@
+//! The real agent binary as a child process: started with a cluster file, a cgroup and a pin
+//! directory, observed through its HTTP endpoints, stopped with SIGTERM or SIGKILL.
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{SocketAddr, TcpListener, TcpStream},
+    path::Path,
+    process::{Command, ExitStatus, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use crate::{net::agent_binary, sandbox::ProcessGuard};
+
+/// A running agent.
+#[derive(Debug)]
+pub struct Agent {
+    process: ProcessGuard,
+    /// Its /healthz, /readyz and /metrics address.
+    pub http: SocketAddr,
+}
+
+/// How to start the agent.
+#[derive(Clone, Debug)]
+pub struct AgentOptions<'a> {
+    /// Cluster file.
+    pub cluster: &'a Path,
+    /// Node name.
+    pub node: &'a str,
+    /// cgroup to attach to.
+    pub cgroup: &'a Path,
+    /// Pin directory.
+    pub pins: &'a Path,
+}
+
+impl Agent {
+    /// Starts the agent (stderr goes to the test's stderr).
+    pub fn start(options: &AgentOptions<'_>) -> Self {
+        let http = free_port();
+        let child = Command::new(agent_binary())
+            .arg("run")
+            .arg("--cluster")
+            .arg(options.cluster)
+            .args(["--node", options.node])
+            .arg("--cgroup")
+            .arg(options.cgroup)
+            .arg("--pin-path")
+            .arg(options.pins)
+            .args(["--metrics-addr", &http.to_string()])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn topology-agent");
+        Self { process: ProcessGuard::new(child), http }
+    }
+
+    /// Waits until /readyz answers 200, or panics after `timeout` with the last answer.
+    pub fn wait_ready(&mut self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let mut last = String::new();
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.process.child().try_wait() {
+                panic!("agent exited before it was ready: {status}");
+            }
+            match get(self.http, "/readyz") {
+                Ok((200, _)) => return,
+                Ok((status, body)) => last = format!("{status} {body}"),
+                Err(error) => last = error.to_string(),
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        panic!("agent not ready after {timeout:?}: {last}");
+    }
+
+    /// GET `path` on the agent's HTTP address: (status, body).
+    pub fn get(&self, path: &str) -> std::io::Result<(u16, String)> {
+        get(self.http, path)
+    }
+
+    /// Sends a signal.
+    pub fn signal(&self, signal: libc::c_int) {
+        // SAFETY: kill with a pid we own (the child is not reaped until we wait on it).
+        unsafe { libc::kill(self.process.id() as i32, signal) };
+    }
+
+    /// Waits for the process to exit, up to `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.process.child().try_wait().expect("wait for the agent") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "agent still running after {timeout:?}");
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// A free TCP port on 127.0.0.1 (bound and released; the agent binds it right after).
+fn free_port() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port")
+}
+
+/// A minimal HTTP/1.0 GET.
+pub fn get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let status = response.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = response.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default();
+    Ok((status, body))
+}

@@ -1,0 +1,192 @@
+//! `topology-agent run`: wires a source, the controller, the dataplane and the HTTP surface, and
+//! runs them until the shutdown token is cancelled (SIGTERM). The kernel state stays in place.
+
+use std::{net::SocketAddr, path::PathBuf, sync::Arc};
+
+use tokio::io::unix::AsyncFd;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    controller::{Controller, ControllerConfig, ControllerError, Health},
+    dataplane::{Capacities, Dataplane, DataplaneConfig, DataplaneError, KernelLogLevel, KernelLogger},
+    http,
+    metrics::Metrics,
+    mounts::{self, MountError},
+    report::{KubeEvents, LogOnly, ProblemSink},
+    source::{
+        EventSender,
+        file::{FileSource, FileSourceError},
+        kube::{KubeSource, KubeSourceError},
+    },
+};
+
+/// Where the cluster comes from.
+#[derive(Clone, Debug)]
+pub enum SourceConfig {
+    /// A YAML file of Nodes, Services and EndpointSlices, re-read on change.
+    File(PathBuf),
+    /// The Kubernetes API: `--kubeconfig`, else in-cluster, else the default kubeconfig.
+    Kubernetes {
+        /// Explicit kubeconfig.
+        kubeconfig: Option<PathBuf>,
+    },
+}
+
+/// Everything `run` needs, validated once at start.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    /// The source.
+    pub source: SourceConfig,
+    /// This node's name.
+    pub node: String,
+    /// cgroup v2 directory to attach to; `None`: the cgroup v2 root from /proc/self/mountinfo.
+    pub cgroup: Option<PathBuf>,
+    /// Pin directory.
+    pub pin_path: PathBuf,
+    /// Address of /healthz, /readyz and /metrics.
+    pub metrics_addr: SocketAddr,
+    /// Map capacities.
+    pub capacities: Capacities,
+    /// Kernel diagnostics.
+    pub kernel_log: KernelLogLevel,
+}
+
+/// Why `run` stopped or could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The configuration is invalid.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// The cgroup v2 mount could not be found.
+    #[error(transparent)]
+    Mount(#[from] MountError),
+    /// The dataplane could not be opened.
+    #[error(transparent)]
+    Dataplane(#[from] DataplaneError),
+    /// The metrics address could not be bound.
+    #[error("binding {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The cluster file is unusable at start.
+    #[error(transparent)]
+    File(#[from] FileSourceError),
+    /// The Kubernetes client could not be built.
+    #[error(transparent)]
+    Kube(#[from] KubeSourceError),
+    /// The controller stopped on an error.
+    #[error(transparent)]
+    Controller(#[from] ControllerError),
+}
+
+impl RunConfig {
+    /// Checks what can be checked before touching the kernel.
+    pub fn validate(&self) -> Result<(), RunError> {
+        if self.node.trim().is_empty() {
+            return Err(RunError::Config("--node (or NODE_NAME) is empty".into()));
+        }
+        self.capacities.validate().map_err(RunError::Config)
+    }
+}
+
+/// Runs the agent until `shutdown` is cancelled or the controller fails.
+pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), RunError> {
+    config.validate()?;
+    let cgroup = match &config.cgroup {
+        Some(cgroup) => cgroup.clone(),
+        None => mounts::cgroup2_root()?,
+    };
+    let dataplane_config = DataplaneConfig {
+        pin_path: config.pin_path.clone(),
+        cgroup: cgroup.clone(),
+        capacities: config.capacities,
+        kernel_log: config.kernel_log,
+    };
+    let mut dataplane = tokio::task::block_in_place(|| Dataplane::open(&dataplane_config))?;
+    tracing::info!(
+        node = %config.node,
+        cgroup = %cgroup.display(),
+        pin_path = %config.pin_path.display(),
+        adopted = dataplane.kernel().services.len(),
+        "programs attached; the pinned state is kept until the first complete view"
+    );
+    if let Some(logger) = dataplane.take_logger() {
+        tokio::spawn(read_kernel_log(logger, shutdown.clone()));
+    }
+
+    let health = Arc::new(Health::default());
+    let metrics = Arc::new(Metrics::default());
+    let listener =
+        http::bind(config.metrics_addr).await.map_err(|source| RunError::Bind { addr: config.metrics_addr, source })?;
+    let bound = listener.local_addr().map_err(|source| RunError::Bind { addr: config.metrics_addr, source })?;
+    tracing::info!(addr = %bound, "serving /healthz, /readyz and /metrics");
+    let http = tokio::spawn(http::serve(listener, Arc::clone(&health), Arc::clone(&metrics), shutdown.clone()));
+
+    let (events, receiver) = EventSender::channel();
+    let mut file_source = None;
+    let mut kube_source = None;
+    let sink: Box<dyn ProblemSink> = match &config.source {
+        SourceConfig::File(path) => {
+            file_source = Some(FileSource::start(path, events.clone(), shutdown.clone())?);
+            Box::new(LogOnly)
+        }
+        SourceConfig::Kubernetes { kubeconfig } => {
+            let client = crate::source::kube::client(kubeconfig.as_deref()).await?;
+            kube_source = Some(KubeSource::start(&client, &events, &shutdown));
+            let (sink, _task) = KubeEvents::start(client, &config.node);
+            Box::new(sink)
+        }
+    };
+    drop(events);
+
+    let controller = Controller::new(
+        ControllerConfig::new(config.node.clone()),
+        dataplane,
+        Arc::clone(&health),
+        Arc::clone(&metrics),
+        sink,
+    );
+    let token = shutdown.clone();
+    // The controller owns the dataplane and makes blocking syscalls: it gets its own thread.
+    let result = tokio::task::spawn_blocking(move || controller.run(&receiver, &token).map(drop))
+        .await
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic.into_panic()));
+    shutdown.cancel();
+    if let Some(source) = kube_source {
+        source.join().await;
+    }
+    drop(file_source);
+    let _ = http.await;
+    tracing::info!("stopped; the kernel keeps the last programmed state");
+    Ok(result?)
+}
+
+/// Forwards the kernel programs' log records to `tracing` until shutdown.
+async fn read_kernel_log(logger: KernelLogger, shutdown: CancellationToken) {
+    // SAFETY: the logger owns its ring buffer's descriptor for as long as the AsyncFd owns the
+    // logger, and nothing else closes it.
+    let mut fd = match unsafe { AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE) } {
+        Ok(fd) => fd,
+        Err(error) => {
+            tracing::warn!(%error, "kernel log unavailable");
+            return;
+        }
+    };
+    loop {
+        let mut guard = tokio::select! {
+            () = shutdown.cancelled() => return,
+            ready = fd.readable_mut() => match ready {
+                Ok(guard) => guard,
+                Err(error) => {
+                    tracing::warn!(%error, "kernel log unreadable");
+                    return;
+                }
+            },
+        };
+        guard.get_inner_mut().flush();
+        guard.clear_ready();
+    }
+}

@@ -1,0 +1,145 @@
+//! Liveness and readiness, as the controller reports them and `/healthz` and `/readyz` read them.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
+use crate::cluster::Kind;
+
+/// The controller loop must check in at least this often to count as alive.
+pub const LIVENESS_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Shared health state.
+#[derive(Debug)]
+pub struct Health {
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    heartbeat: Instant,
+    waiting_for: BTreeSet<Kind>,
+    stale: BTreeMap<String, String>,
+    programmed: bool,
+    blocked: Option<String>,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Self {
+            state: Mutex::new(State {
+                heartbeat: Instant::now(),
+                waiting_for: [Kind::Node, Kind::Service, Kind::EndpointSlice].into(),
+                stale: BTreeMap::new(),
+                programmed: false,
+                blocked: None,
+            }),
+        }
+    }
+}
+
+impl Health {
+    fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
+        // A panic while holding this lock would be a bug elsewhere; the data is still usable.
+        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        f(&mut state)
+    }
+
+    /// The controller loop is alive.
+    pub fn beat(&self) {
+        self.with(|s| s.heartbeat = Instant::now());
+    }
+
+    /// The initial list of `kind` is complete.
+    pub fn listed(&self, kind: Kind) {
+        self.with(|s| s.waiting_for.remove(&kind));
+    }
+
+    /// Every kind is listed at once (the file source).
+    pub fn listed_all(&self) {
+        self.with(|s| s.waiting_for.clear());
+    }
+
+    /// A source lost its view, or got it back (`reason` None).
+    pub fn set_stale(&self, source: &str, reason: Option<String>) {
+        self.with(|s| match reason {
+            Some(reason) => {
+                s.stale.insert(source.to_owned(), reason);
+            }
+            None => {
+                s.stale.remove(source);
+            }
+        });
+    }
+
+    /// The kernel holds the desired state of a complete view.
+    pub fn programmed(&self) {
+        self.with(|s| s.programmed = true);
+    }
+
+    /// Something keeps the agent from programming (`None`: nothing does).
+    pub fn set_blocked(&self, reason: Option<String>) {
+        self.with(|s| s.blocked = reason);
+    }
+
+    /// Ok when the controller loop checked in recently.
+    pub fn liveness(&self) -> Result<(), String> {
+        self.with(|s| {
+            let age = s.heartbeat.elapsed();
+            if age > LIVENESS_DEADLINE {
+                Err(format!("controller loop silent for {:.0} s", age.as_secs_f64()))
+            } else {
+                Ok(())
+            }
+        })
+    }
+
+    /// Ok when the kernel holds the policy of a complete, current view of the cluster.
+    pub fn readiness(&self) -> Result<(), String> {
+        self.with(|s| {
+            let mut reasons = Vec::new();
+            if !s.waiting_for.is_empty() {
+                let kinds: Vec<String> = s.waiting_for.iter().map(ToString::to_string).collect();
+                reasons.push(format!("waiting for the initial list of {}", kinds.join(", ")));
+            }
+            for (source, reason) in &s.stale {
+                reasons.push(format!("view is stale: {source}: {reason}"));
+            }
+            if let Some(blocked) = &s.blocked {
+                reasons.push(blocked.clone());
+            } else if s.waiting_for.is_empty() && !s.programmed {
+                reasons.push("not programmed yet".into());
+            }
+            if reasons.is_empty() { Ok(()) } else { Err(reasons.join("; ")) }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_only_when_listed_fresh_and_programmed() {
+        let health = Health::default();
+        assert!(
+            health.readiness().unwrap_err().contains("waiting for the initial list of Node, Service, EndpointSlice")
+        );
+        health.listed(Kind::Node);
+        health.listed(Kind::Service);
+        health.listed(Kind::EndpointSlice);
+        assert_eq!(health.readiness().unwrap_err(), "not programmed yet");
+        health.programmed();
+        assert!(health.readiness().is_ok());
+        health.set_stale("EndpointSlice watch", Some("connection reset".into()));
+        assert_eq!(health.readiness().unwrap_err(), "view is stale: EndpointSlice watch: connection reset");
+        health.set_stale("EndpointSlice watch", None);
+        health.set_blocked(Some("node a is gone".into()));
+        assert_eq!(health.readiness().unwrap_err(), "node a is gone");
+        health.set_blocked(None);
+        assert!(health.readiness().is_ok());
+        assert!(health.liveness().is_ok());
+    }
+}

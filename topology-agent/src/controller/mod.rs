@@ -1,0 +1,454 @@
+//! The controller: keeps the kernel equal to what the policy says for this node. It owns the
+//! cluster state and the dataplane; sources send it events, it recomputes only the Services an
+//! event can affect, and hands the changed entries to the dataplane.
+//!
+//! Nothing is programmed until every source has completed its initial list; the first programming
+//! is a full reconcile with whatever a previous agent left pinned (stale entries removed,
+//! unchanged ones not rewritten). Events that arrive together are handled as one batch.
+
+mod health;
+mod program;
+mod routes;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::{Arc, mpsc::RecvTimeoutError},
+    time::{Duration, Instant},
+};
+
+pub use health::Health;
+pub use program::{Observation, Programmer};
+use routes::Routes;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    cluster::{ClusterState, Kind, Node, ObjectKey},
+    dataplane::{ApplyReport, DataplaneError},
+    desired::ServicePort,
+    metrics::{KindLabels, Metrics, ReasonLabels},
+    policy::{self, desired::desired_state},
+    report::{Problem, ProblemSink},
+    source::{EventReceiver, Invalid, Object, ObjectId, SourceEvent},
+};
+
+/// How the controller runs.
+#[derive(Clone, Debug)]
+pub struct ControllerConfig {
+    /// The node this agent programs for.
+    pub node: String,
+    /// How often the whole desired state is re-applied, retrying service ports that failed.
+    pub reconcile_interval: Duration,
+    /// How often the kernel counters are read for the metrics.
+    pub counters_interval: Duration,
+}
+
+impl ControllerConfig {
+    /// Defaults: reconcile every minute, counters every five seconds.
+    pub fn new(node: impl Into<String>) -> Self {
+        Self {
+            node: node.into(),
+            reconcile_interval: Duration::from_secs(60),
+            counters_interval: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The controller cannot go on.
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    /// The node named with `--node` / `NODE_NAME` is not in the cluster.
+    #[error(
+        "node {0:?} is not in the cluster (no Node object of that name after the initial list); check --node or \
+         NODE_NAME: routing without knowing where this node is would send traffic anywhere"
+    )]
+    UnknownNode(String),
+}
+
+/// The control loop.
+pub struct Controller<P: Programmer> {
+    config: ControllerConfig,
+    programmer: P,
+    state: ClusterState,
+    routes: Routes,
+    dirty: BTreeSet<ObjectKey>,
+    everything_dirty: bool,
+    listed: BTreeSet<Kind>,
+    programmed: bool,
+    skipped: BTreeMap<ObjectId, Invalid>,
+    reported: BTreeMap<(ObjectKey, String), String>,
+    kernel_failures: BTreeMap<ServicePort, ObjectKey>,
+    oldest_pending: Option<Instant>,
+    health: Arc<Health>,
+    metrics: Arc<Metrics>,
+    sink: Box<dyn ProblemSink>,
+}
+
+impl<P: Programmer> Controller<P> {
+    /// A controller programming through `programmer`.
+    pub fn new(
+        config: ControllerConfig,
+        programmer: P,
+        health: Arc<Health>,
+        metrics: Arc<Metrics>,
+        sink: Box<dyn ProblemSink>,
+    ) -> Self {
+        Self {
+            config,
+            programmer,
+            state: ClusterState::default(),
+            routes: Routes::default(),
+            dirty: BTreeSet::new(),
+            everything_dirty: false,
+            listed: BTreeSet::new(),
+            programmed: false,
+            skipped: BTreeMap::new(),
+            reported: BTreeMap::new(),
+            kernel_failures: BTreeMap::new(),
+            oldest_pending: None,
+            health,
+            metrics,
+            sink,
+        }
+    }
+
+    /// Runs until `shutdown` or until every source is gone; returns the programmer. The kernel
+    /// state stays as last programmed.
+    pub fn run(mut self, events: &EventReceiver, shutdown: &CancellationToken) -> Result<P, ControllerError> {
+        let mut next_reconcile = Instant::now() + self.config.reconcile_interval;
+        let mut next_counters = Instant::now() + self.config.counters_interval;
+        while !shutdown.is_cancelled() {
+            self.health.beat();
+            let wait = next_reconcile.min(next_counters).saturating_duration_since(Instant::now());
+            match events.recv_timeout(wait.min(Duration::from_secs(1))) {
+                Ok((seen, event)) => {
+                    self.receive(seen, event);
+                    // Everything already queued joins this batch: bursts cost one sync.
+                    while let Ok((seen, event)) = events.try_recv() {
+                        self.receive(seen, event);
+                    }
+                    self.sync()?;
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+            let now = Instant::now();
+            if now >= next_reconcile {
+                next_reconcile = now + self.config.reconcile_interval;
+                self.reconcile();
+            }
+            if now >= next_counters {
+                next_counters = now + self.config.counters_interval;
+                self.observe();
+            }
+        }
+        Ok(self.programmer)
+    }
+
+    /// The programmer (tests read what it was given).
+    pub fn programmer(&self) -> &P {
+        &self.programmer
+    }
+
+    /// Takes one event into the cluster state and notes what it may change.
+    pub fn receive(&mut self, seen: Instant, event: SourceEvent) {
+        self.oldest_pending.get_or_insert(seen);
+        match event {
+            SourceEvent::Replace { kind, objects, invalid } => self.replace(kind, objects, invalid),
+            SourceEvent::Snapshot(state) => {
+                self.state = *state;
+                self.everything_dirty = true;
+                for kind in [Kind::Node, Kind::Service, Kind::EndpointSlice] {
+                    self.listed.insert(kind);
+                }
+                self.health.listed_all();
+            }
+            SourceEvent::Apply(object) => {
+                self.unskip(&object.id());
+                self.upsert(object);
+            }
+            SourceEvent::Delete(id) => {
+                self.unskip(&id);
+                self.remove(&id);
+            }
+            SourceEvent::Invalid(invalid) => self.skip(invalid),
+            SourceEvent::Stale { source, reason } => self.health.set_stale(&source, Some(reason)),
+            SourceEvent::Fresh { source } => self.health.set_stale(&source, None),
+        }
+    }
+
+    /// Recomputes what the events changed and programs it; nothing before every kind is listed.
+    pub fn sync(&mut self) -> Result<(), ControllerError> {
+        if self.listed.len() < 3 {
+            return Ok(());
+        }
+        let node = self.config.node.clone();
+        let Some(this) = self.state.node(&node).cloned() else {
+            if !self.programmed {
+                return Err(ControllerError::UnknownNode(node));
+            }
+            self.health.set_blocked(Some(format!(
+                "node {node} is no longer in the cluster; the kernel keeps the last programmed state"
+            )));
+            return Ok(());
+        };
+        self.health.set_blocked(None);
+        if !self.programmed || self.everything_dirty {
+            self.dirty.clear();
+            self.everything_dirty = false;
+            let keys: BTreeSet<ObjectKey> =
+                self.state.services().map(|s| s.key.clone()).chain(self.routes.services().cloned()).collect();
+            let started = Instant::now();
+            for key in &keys {
+                self.recompute(&this, key);
+            }
+            self.drain_retries(&this);
+            let report = self.programmer.apply(self.routes.desired());
+            self.finish(started, &report, None);
+        } else if !self.dirty.is_empty() {
+            let started = Instant::now();
+            let mut changed = BTreeSet::new();
+            for key in std::mem::take(&mut self.dirty) {
+                changed.extend(self.recompute(&this, &key));
+            }
+            changed.extend(self.drain_retries(&this));
+            let report = self.programmer.apply_changes(self.routes.desired(), &changed);
+            self.finish(started, &report, Some(&changed));
+        } else {
+            self.oldest_pending = None;
+        }
+        Ok(())
+    }
+
+    /// Re-applies the whole desired state: retries failures and heals drift.
+    fn reconcile(&mut self) {
+        if self.programmed {
+            let started = Instant::now();
+            let report = self.programmer.apply(self.routes.desired());
+            self.finish(started, &report, None);
+        }
+    }
+
+    /// Books an apply: health, metrics, and the problems of ports that failed or recovered.
+    /// `attempted` is the set of ports the apply covered (`None`: all).
+    fn finish(&mut self, started: Instant, report: &ApplyReport, attempted: Option<&BTreeSet<ServicePort>>) {
+        self.programmed = true;
+        self.health.programmed();
+        self.metrics.sync_duration.observe(started.elapsed().as_secs_f64());
+        if let Some(seen) = self.oldest_pending.take() {
+            self.metrics.event_to_kernel.observe(seen.elapsed().as_secs_f64());
+        }
+        if report.added + report.updated + report.removed + report.failed.len() > 0 {
+            tracing::info!(
+                added = report.added,
+                updated = report.updated,
+                removed = report.removed,
+                unchanged = report.unchanged,
+                failed = report.failed.len(),
+                "kernel maps updated"
+            );
+        }
+        let mut failed = BTreeMap::new();
+        for (port, error) in &report.failed {
+            let reason = match error {
+                DataplaneError::MapFull { .. } => "MapFull",
+                DataplaneError::InvalidService { .. } => "InvalidService",
+                _ => "KernelWriteFailed",
+            };
+            self.metrics.apply_failures.get_or_create(&ReasonLabels { reason: reason.into() }).inc();
+            if let Some(service) = self.routes.owner(port).cloned() {
+                let message = format!("{port}: {error}; the kernel keeps its previous state for this port");
+                self.problem(&service, format!("kernel {port}"), reason, message);
+                failed.insert(*port, service);
+            }
+        }
+        let recovered: Vec<ServicePort> = self
+            .kernel_failures
+            .keys()
+            .filter(|port| !failed.contains_key(*port) && attempted.is_none_or(|a| a.contains(*port)))
+            .copied()
+            .collect();
+        for port in recovered {
+            if let Some(service) = self.kernel_failures.remove(&port) {
+                self.reported.remove(&(service, format!("kernel {port}")));
+            }
+        }
+        self.kernel_failures.extend(failed);
+        for error in &report.housekeeping {
+            tracing::warn!(%error, "kernel clean-up deferred to the next apply");
+        }
+        self.observe();
+    }
+
+    /// Recomputes one Service and stores its entries; returns the changed service ports.
+    fn recompute(&mut self, this: &Node, key: &ObjectKey) -> BTreeSet<ServicePort> {
+        let selections = match self.state.service(key) {
+            Some(service) => policy::compute_service(&self.state, this, service),
+            None => Vec::new(),
+        };
+        let warnings: Vec<String> = selections
+            .iter()
+            .flat_map(|s| s.selection.warnings.iter().map(move |w| format!("port {}: {w}", s.port.port)))
+            .collect();
+        if warnings.is_empty() {
+            self.reported.remove(&(key.clone(), "policy".into()));
+        } else {
+            self.problem(key, "policy".into(), "IgnoredConfiguration", warnings.join("; "));
+        }
+        let update = self.routes.set(key, desired_state(&selections).services);
+        for (port, holder) in &update.conflicts {
+            let message = format!("{port} is already programmed for Service {holder}; this Service's port is skipped");
+            self.problem(key, format!("conflict {port}"), "ClusterIPConflict", message);
+        }
+        if update.conflicts.is_empty() {
+            self.reported.retain(|(service, topic), _| service != key || !topic.starts_with("conflict "));
+        }
+        self.dirty.extend(update.retry);
+        update.changed
+    }
+
+    /// Recomputes Services waiting for ports that others released, until none is left.
+    fn drain_retries(&mut self, this: &Node) -> BTreeSet<ServicePort> {
+        let mut changed = BTreeSet::new();
+        // Each round only adds Services that were blocked; a port is released once per sync.
+        for _ in 0..16 {
+            if self.dirty.is_empty() {
+                break;
+            }
+            for key in std::mem::take(&mut self.dirty) {
+                changed.extend(self.recompute(this, &key));
+            }
+        }
+        changed
+    }
+
+    fn replace(&mut self, kind: Kind, objects: Vec<Object>, invalid: Vec<Invalid>) {
+        let listed: BTreeSet<ObjectId> = objects.iter().map(Object::id).collect();
+        let keep: BTreeSet<ObjectId> = invalid.iter().map(|i| i.id.clone()).collect();
+        let present: Vec<ObjectId> = match kind {
+            Kind::Node => self.state.nodes().map(|n| ObjectId::Node(n.name.clone())).collect(),
+            Kind::Service => self.state.services().map(|s| ObjectId::Service(s.key.clone())).collect(),
+            Kind::EndpointSlice => self.state.slices().map(|s| ObjectId::EndpointSlice(s.key.clone())).collect(),
+        };
+        for id in present {
+            if !listed.contains(&id) && !keep.contains(&id) {
+                self.remove(&id);
+            }
+        }
+        let stale_skips: Vec<ObjectId> =
+            self.skipped.keys().filter(|id| id.kind() == kind && !keep.contains(id)).cloned().collect();
+        for id in stale_skips {
+            self.unskip(&id);
+        }
+        for object in objects {
+            self.upsert(object);
+        }
+        for bad in invalid {
+            self.skip(bad);
+        }
+        self.listed.insert(kind);
+        self.health.listed(kind);
+    }
+
+    fn upsert(&mut self, object: Object) {
+        match object {
+            Object::Node(node) => {
+                let name = node.name.clone();
+                if self.state.upsert_node(node) {
+                    self.node_changed(&name);
+                }
+            }
+            Object::Service(service) => {
+                let key = service.key.clone();
+                if self.state.upsert_service(service) {
+                    self.dirty.insert(key);
+                }
+            }
+            Object::EndpointSlice(slice) => {
+                let affected = self.state.upsert_slice(slice);
+                self.dirty.extend(affected);
+            }
+        }
+    }
+
+    fn remove(&mut self, id: &ObjectId) {
+        match id {
+            ObjectId::Node(name) => {
+                if self.state.remove_node(name).is_some() {
+                    self.node_changed(name);
+                }
+            }
+            ObjectId::Service(key) => {
+                if self.state.remove_service(key) {
+                    self.dirty.insert(key.clone());
+                }
+            }
+            ObjectId::EndpointSlice(key) => {
+                let affected = self.state.remove_slice(key);
+                self.dirty.extend(affected);
+            }
+        }
+    }
+
+    /// A Node changed: this node re-decides everything; another node re-decides the Services with
+    /// endpoints on it (their topology comes from its labels).
+    fn node_changed(&mut self, name: &str) {
+        if name == self.config.node {
+            self.everything_dirty = true;
+            return;
+        }
+        let affected = self.state.services_with_endpoints_on(name);
+        self.dirty.extend(affected);
+    }
+
+    fn skip(&mut self, invalid: Invalid) {
+        tracing::warn!(object = %invalid.id, error = %invalid.error, "object skipped; its last good version stays in use");
+        let kind = KindLabels { kind: invalid.id.kind().to_string() };
+        self.metrics.skipped_total.get_or_create(&kind).inc();
+        if let Some(service) = &invalid.service {
+            let message = format!("{}: {}; its last good version stays in use", invalid.id, invalid.error);
+            self.problem(service, format!("object {}", invalid.id), "InvalidObject", message);
+        }
+        self.skipped.insert(invalid.id.clone(), invalid);
+        self.count_skipped();
+    }
+
+    fn unskip(&mut self, id: &ObjectId) {
+        if let Some(invalid) = self.skipped.remove(id) {
+            if let Some(service) = invalid.service {
+                self.reported.remove(&(service, format!("object {id}")));
+            }
+            self.count_skipped();
+        }
+    }
+
+    fn count_skipped(&self) {
+        for kind in [Kind::Node, Kind::Service, Kind::EndpointSlice] {
+            let count = self.skipped.keys().filter(|id| id.kind() == kind).count();
+            self.metrics.skipped.get_or_create(&KindLabels { kind: kind.to_string() }).set(count as i64);
+        }
+    }
+
+    /// Logs and publishes a problem, once per (Service, topic) until its message changes.
+    fn problem(&mut self, service: &ObjectKey, topic: String, reason: &'static str, message: String) {
+        let key = (service.clone(), topic);
+        if self.reported.get(&key) == Some(&message) {
+            return;
+        }
+        tracing::warn!(service = %service, reason, "{message}");
+        self.sink.publish(&Problem { service: service.clone(), reason, message: message.clone() });
+        self.reported.insert(key, message);
+    }
+
+    /// Updates the gauges and kernel counters from what the programmer reports.
+    fn observe(&mut self) {
+        let observation = self.programmer.observe();
+        self.metrics.services.set(observation.services as i64);
+        self.metrics.backends.set(observation.backends as i64);
+        for (map, used, capacity) in &observation.maps {
+            let labels = crate::metrics::MapLabels { map: (*map).to_owned() };
+            self.metrics.map_entries.get_or_create(&labels).set(*used as i64);
+            self.metrics.map_capacity.get_or_create(&labels).set(i64::from(*capacity));
+        }
+        self.metrics.set_kernel_counters(observation.counters);
+    }
+}

@@ -1,0 +1,128 @@
+//! The desired state kept per Service, so that a change to one Service rewrites only its entries,
+//! and two Services claiming the same ClusterIP, port and protocol are caught instead of fighting.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::{
+    cluster::ObjectKey,
+    desired::{DesiredService, DesiredState, ServicePort},
+};
+
+/// What one [`Routes::set`] changed.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct RouteUpdate {
+    /// Service ports whose desired entry changed (added, replaced or removed).
+    pub changed: BTreeSet<ServicePort>,
+    /// Service ports the Service wanted but another Service already holds: (port, holder).
+    pub conflicts: Vec<(ServicePort, ObjectKey)>,
+    /// Services that wanted a port this update released; they should be recomputed.
+    pub retry: BTreeSet<ObjectKey>,
+}
+
+/// The desired state, indexed by owning Service.
+#[derive(Debug, Default)]
+pub struct Routes {
+    desired: DesiredState,
+    by_service: BTreeMap<ObjectKey, Vec<ServicePort>>,
+    owner: BTreeMap<ServicePort, ObjectKey>,
+    waiting: BTreeMap<ServicePort, BTreeSet<ObjectKey>>,
+}
+
+impl Routes {
+    /// Replaces `service`'s entries with `entries` (empty: the Service is gone or has no ports).
+    pub fn set(&mut self, service: &ObjectKey, entries: BTreeMap<ServicePort, DesiredService>) -> RouteUpdate {
+        let mut update = RouteUpdate::default();
+        for port in self.by_service.remove(service).unwrap_or_default() {
+            if !entries.contains_key(&port) {
+                self.desired.services.remove(&port);
+                self.owner.remove(&port);
+                update.changed.insert(port);
+                update.retry.extend(self.waiting.remove(&port).unwrap_or_default());
+            }
+        }
+        for waiters in self.waiting.values_mut() {
+            waiters.remove(service);
+        }
+        self.waiting.retain(|_, waiters| !waiters.is_empty());
+        let mut mine = Vec::with_capacity(entries.len());
+        for (port, entry) in entries {
+            if let Some(holder) = self.owner.get(&port).filter(|holder| *holder != service) {
+                update.conflicts.push((port, holder.clone()));
+                self.waiting.entry(port).or_default().insert(service.clone());
+                continue;
+            }
+            self.owner.insert(port, service.clone());
+            if self.desired.services.get(&port) != Some(&entry) {
+                self.desired.services.insert(port, entry);
+                update.changed.insert(port);
+            }
+            mine.push(port);
+        }
+        if !mine.is_empty() {
+            self.by_service.insert(service.clone(), mine);
+        }
+        update
+    }
+
+    /// Services with entries.
+    pub fn services(&self) -> impl Iterator<Item = &ObjectKey> {
+        self.by_service.keys()
+    }
+
+    /// The Service holding a port.
+    pub fn owner(&self, port: &ServicePort) -> Option<&ObjectKey> {
+        self.owner.get(port)
+    }
+
+    /// The whole desired state.
+    pub fn desired(&self) -> &DesiredState {
+        &self.desired
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::desired::Protocol;
+
+    fn port(last: u8) -> ServicePort {
+        ServicePort { vip: std::net::IpAddr::from([10, 96, 0, last]), port: 80, protocol: Protocol::Tcp }
+    }
+
+    fn entry(name: &str) -> DesiredService {
+        DesiredService { name: name.into(), backends: vec![] }
+    }
+
+    #[test]
+    fn only_what_changed_is_reported() {
+        let mut routes = Routes::default();
+        let web = ObjectKey::new("ns", "web");
+        let first = routes.set(&web, BTreeMap::from([(port(1), entry("a")), (port(2), entry("b"))]));
+        assert_eq!(first.changed, BTreeSet::from([port(1), port(2)]));
+        let same = routes.set(&web, BTreeMap::from([(port(1), entry("a")), (port(2), entry("b"))]));
+        assert!(same.changed.is_empty());
+        let shrink = routes.set(&web, BTreeMap::from([(port(1), entry("a2"))]));
+        assert_eq!(shrink.changed, BTreeSet::from([port(1), port(2)]));
+        assert_eq!(routes.desired().services.len(), 1);
+        let gone = routes.set(&web, BTreeMap::new());
+        assert_eq!(gone.changed, BTreeSet::from([port(1)]));
+        assert!(routes.desired().services.is_empty());
+        assert_eq!(routes.services().count(), 0);
+    }
+
+    #[test]
+    fn a_claimed_port_is_a_conflict_until_its_holder_releases_it() {
+        let mut routes = Routes::default();
+        let (web, copy) = (ObjectKey::new("ns", "web"), ObjectKey::new("ns", "copy"));
+        routes.set(&web, BTreeMap::from([(port(1), entry("web"))]));
+        let clash = routes.set(&copy, BTreeMap::from([(port(1), entry("copy"))]));
+        assert_eq!(clash.conflicts, vec![(port(1), web.clone())]);
+        assert!(clash.changed.is_empty());
+        assert_eq!(routes.desired().services[&port(1)].name, "web");
+        let released = routes.set(&web, BTreeMap::new());
+        assert_eq!(released.retry, BTreeSet::from([copy.clone()]));
+        let retried = routes.set(&copy, BTreeMap::from([(port(1), entry("copy"))]));
+        assert!(retried.conflicts.is_empty());
+        assert_eq!(routes.owner(&port(1)), Some(&copy));
+    }
+}

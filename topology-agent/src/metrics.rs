@@ -1,0 +1,229 @@
+//! Prometheus metrics of the agent, and the kernel's per-CPU counters exported at scrape time.
+
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric as _},
+    metrics::{
+        counter::{ConstCounter, Counter},
+        family::Family,
+        gauge::Gauge,
+        histogram::Histogram,
+    },
+    registry::Registry,
+};
+use topology_common::ServiceCounters;
+
+use crate::desired::{Locality, ServicePort};
+
+/// Labels of a map.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MapLabels {
+    /// Map name.
+    pub map: String,
+}
+
+/// Labels of a skipped object.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    /// Object kind.
+    pub kind: String,
+}
+
+/// Labels of a failure.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// Why.
+    pub reason: String,
+}
+
+/// Every metric the agent exports.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// Seconds to recompute the affected Services and write the kernel, per batch of events.
+    pub sync_duration: Histogram,
+    /// Seconds from the oldest event of a batch being received to its effect being in the kernel.
+    pub event_to_kernel: Histogram,
+    /// Service ports programmed.
+    pub services: Gauge,
+    /// Backends programmed, over all service ports.
+    pub backends: Gauge,
+    /// Entries in use per map.
+    pub map_entries: Family<MapLabels, Gauge>,
+    /// Capacity per map.
+    pub map_capacity: Family<MapLabels, Gauge>,
+    /// Objects skipped because they could not be used, by kind (cumulative).
+    pub skipped_total: Family<KindLabels, Counter>,
+    /// Objects currently skipped (their last good version is in use), by kind.
+    pub skipped: Family<KindLabels, Gauge>,
+    /// Service ports that could not be programmed, by reason (cumulative).
+    pub apply_failures: Family<ReasonLabels, Counter>,
+    kernel: Arc<KernelCounters>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("topology_agent");
+        // 100 us .. ~26 s: from one slice update to a full sync of a large cluster.
+        let sync_duration = Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(1e-4, 2.0, 19));
+        let event_to_kernel = Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(1e-4, 2.0, 19));
+        let services = Gauge::default();
+        let backends = Gauge::default();
+        let map_entries = Family::<MapLabels, Gauge>::default();
+        let map_capacity = Family::<MapLabels, Gauge>::default();
+        let skipped_total = Family::<KindLabels, Counter>::default();
+        let skipped = Family::<KindLabels, Gauge>::default();
+        let apply_failures = Family::<ReasonLabels, Counter>::default();
+        let kernel = Arc::new(KernelCounters::default());
+        registry.register(
+            "sync_duration_seconds",
+            "Time to recompute the affected services and write the kernel, per batch of events",
+            sync_duration.clone(),
+        );
+        registry.register(
+            "event_to_kernel_seconds",
+            "Time from receiving the oldest event of a batch to its effect being in the kernel maps",
+            event_to_kernel.clone(),
+        );
+        registry.register(
+            "services_programmed",
+            "Service ports (ClusterIP, port, protocol) in the kernel",
+            services.clone(),
+        );
+        registry.register("backends_programmed", "Backends in the kernel, over all service ports", backends.clone());
+        registry.register("map_entries", "Entries in use per BPF map", map_entries.clone());
+        registry.register("map_capacity", "Capacity (max_entries) per BPF map", map_capacity.clone());
+        registry.register("skipped_objects", "Objects skipped because they cannot be used", skipped_total.clone());
+        registry.register(
+            "skipped_objects_current",
+            "Objects skipped now (their last good version is used)",
+            skipped.clone(),
+        );
+        registry.register(
+            "apply_failures",
+            "Service ports that could not be programmed into the kernel",
+            apply_failures.clone(),
+        );
+        registry.register_collector(Box::new(Arc::clone(&kernel)));
+        Self {
+            registry,
+            sync_duration,
+            event_to_kernel,
+            services,
+            backends,
+            map_entries,
+            map_capacity,
+            skipped_total,
+            skipped,
+            apply_failures,
+            kernel,
+        }
+    }
+}
+
+impl Metrics {
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    /// Replaces the kernel counters exported at the next scrape.
+    pub fn set_kernel_counters(&self, counters: Vec<KernelServiceCounters>) {
+        *self.kernel.services.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = counters;
+    }
+}
+
+/// The kernel counters of one service port.
+#[derive(Clone, Debug)]
+pub struct KernelServiceCounters {
+    /// `namespace/name:port`.
+    pub name: String,
+    /// ClusterIP, port and protocol.
+    pub port: ServicePort,
+    /// Summed over CPUs.
+    pub counters: ServiceCounters,
+}
+
+/// The kernel's per-CPU counters, summed, as last read by the controller.
+#[derive(Debug, Default)]
+struct KernelCounters {
+    services: Mutex<Vec<KernelServiceCounters>>,
+}
+
+impl Collector for KernelCounters {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let services = self.services.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let labels = |s: &KernelServiceCounters| {
+            vec![
+                ("service".to_owned(), s.name.clone()),
+                ("cluster_ip".to_owned(), s.port.vip.to_string()),
+                ("port".to_owned(), s.port.port.to_string()),
+                ("protocol".to_owned(), s.port.protocol.to_string()),
+            ]
+        };
+        {
+            let mut family = encoder.encode_descriptor(
+                "kernel_rewrites",
+                "Connections and datagrams rewritten by the kernel, by the chosen backend's locality",
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            for service in services.iter() {
+                for locality in Locality::ALL {
+                    let mut set = labels(service);
+                    set.push(("locality".to_owned(), locality.as_str().to_owned()));
+                    let value = service.counters.rewritten[usize::from(locality.class())];
+                    ConstCounter::new(value).encode(family.encode_family(&set)?)?;
+                }
+            }
+        }
+        for (name, help, value) in [
+            (
+                "kernel_refused",
+                "Connections and datagrams refused by the kernel (empty backend set)",
+                (|c: &ServiceCounters| c.refused) as fn(&ServiceCounters) -> u64,
+            ),
+            ("kernel_errors", "Internal failures counted by the kernel programs", |c| c.errors),
+        ] {
+            let mut family =
+                encoder.encode_descriptor(name, help, None, prometheus_client::metrics::MetricType::Counter)?;
+            for service in services.iter() {
+                ConstCounter::new(value(&service.counters)).encode(family.encode_family(&labels(service))?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::desired::Protocol;
+
+    #[test]
+    fn kernel_counters_are_exported_as_counters_with_service_labels() {
+        let metrics = Metrics::default();
+        let mut counters = ServiceCounters::default();
+        counters.rewritten[1] = 7;
+        counters.refused = 2;
+        metrics.set_kernel_counters(vec![KernelServiceCounters {
+            name: "default/web:http".into(),
+            port: ServicePort { vip: "10.96.0.10".parse().unwrap(), port: 80, protocol: Protocol::Tcp },
+            counters,
+        }]);
+        metrics.services.set(1);
+        let text = metrics.encode();
+        let line = |prefix: &str| text.lines().any(|l| l.starts_with(prefix));
+        assert!(line(
+            "topology_agent_kernel_rewrites_total{service=\"default/web:http\",cluster_ip=\"10.96.0.10\",port=\"80\",protocol=\"TCP\",locality=\"zone\"} 7"
+        ), "{text}");
+        assert!(line("topology_agent_kernel_refused_total{service=\"default/web:http\""), "{text}");
+        assert!(line("topology_agent_services_programmed 1"), "{text}");
+        assert!(line("# TYPE topology_agent_event_to_kernel_seconds histogram"), "{text}");
+    }
+}

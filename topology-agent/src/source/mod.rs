@@ -1,0 +1,129 @@
+//! Sources of cluster objects: a YAML file, or Kubernetes watches. They never compute; they turn
+//! what they see into [`SourceEvent`]s for the controller, stamped with when they were seen.
+
+pub mod file;
+pub mod kube;
+
+use std::{fmt, sync::mpsc, time::Instant};
+
+use crate::cluster::{ClusterState, EndpointSlice, Kind, Node, ObjectError, ObjectKey, Service};
+
+/// A usable object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Object {
+    /// A Node.
+    Node(Node),
+    /// A Service.
+    Service(Service),
+    /// An EndpointSlice.
+    EndpointSlice(EndpointSlice),
+}
+
+impl Object {
+    /// The object's identity.
+    pub fn id(&self) -> ObjectId {
+        match self {
+            Self::Node(node) => ObjectId::Node(node.name.clone()),
+            Self::Service(service) => ObjectId::Service(service.key.clone()),
+            Self::EndpointSlice(slice) => ObjectId::EndpointSlice(slice.key.clone()),
+        }
+    }
+}
+
+/// The identity of an object: its kind and name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ObjectId {
+    /// A Node by name.
+    Node(String),
+    /// A Service.
+    Service(ObjectKey),
+    /// An EndpointSlice.
+    EndpointSlice(ObjectKey),
+}
+
+impl ObjectId {
+    /// The kind.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Self::Node(_) => Kind::Node,
+            Self::Service(_) => Kind::Service,
+            Self::EndpointSlice(_) => Kind::EndpointSlice,
+        }
+    }
+}
+
+impl fmt::Display for ObjectId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Node(name) => write!(f, "Node {name}"),
+            Self::Service(key) => write!(f, "Service {key}"),
+            Self::EndpointSlice(key) => write!(f, "EndpointSlice {key}"),
+        }
+    }
+}
+
+/// An object the source could not use; the controller keeps its last good version.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Invalid {
+    /// Which object.
+    pub id: ObjectId,
+    /// The Service it concerns (itself, or the owner of an EndpointSlice), if known.
+    pub service: Option<ObjectKey>,
+    /// The field and the problem.
+    pub error: ObjectError,
+}
+
+/// What a source saw.
+#[derive(Debug)]
+pub enum SourceEvent {
+    /// The complete set of one kind after a list or relist: objects not listed are gone, except
+    /// the `invalid` ones, which keep their last good version.
+    Replace {
+        /// The kind listed.
+        kind: Kind,
+        /// Every usable object of that kind.
+        objects: Vec<Object>,
+        /// Listed objects that could not be used.
+        invalid: Vec<Invalid>,
+    },
+    /// The whole cluster at once (the file source).
+    Snapshot(Box<ClusterState>),
+    /// An object was added or changed.
+    Apply(Object),
+    /// An object was deleted.
+    Delete(ObjectId),
+    /// An object changed but cannot be used.
+    Invalid(Invalid),
+    /// The source lost its view (disconnected, unreadable file); the last good state stays.
+    Stale {
+        /// Which source (`file`, `Node watch`, ...).
+        source: String,
+        /// Why.
+        reason: String,
+    },
+    /// The source's view is current again.
+    Fresh {
+        /// Which source.
+        source: String,
+    },
+}
+
+/// The sending half of the controller's channel; each event carries the instant it was seen.
+#[derive(Clone, Debug)]
+pub struct EventSender(mpsc::Sender<(Instant, SourceEvent)>);
+
+/// The receiving half.
+pub type EventReceiver = mpsc::Receiver<(Instant, SourceEvent)>;
+
+impl EventSender {
+    /// A new channel.
+    pub fn channel() -> (Self, EventReceiver) {
+        let (tx, rx) = mpsc::channel();
+        (Self(tx), rx)
+    }
+
+    /// Sends an event stamped now; false once the controller is gone.
+    pub fn send(&self, event: SourceEvent) -> bool {
+        self.0.send((Instant::now(), event)).is_ok()
+    }
+}
