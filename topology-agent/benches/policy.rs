@@ -56,8 +56,8 @@ fn cluster(services: usize) -> ClusterState {
                     ready: true,
                     serving: true,
                     terminating: false,
-                    node_name: Some(format!("node-{node}")),
-                    zone: Some(zone.clone()),
+                    node_name: Some(format!("node-{node}").into()),
+                    zone: Some(zone.as_str().into()),
                     hint_zones: vec![zone],
                     hint_nodes: vec![format!("node-{node}")],
                 }

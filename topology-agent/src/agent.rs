@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     controller::{Controller, ControllerConfig, ControllerError, Health},
-    dataplane::{Capacities, Dataplane, DataplaneConfig, DataplaneError, KernelLogLevel, KernelLogger},
+    dataplane::{Capacities, CounterReader, Dataplane, DataplaneConfig, DataplaneError, KernelLogLevel, KernelLogger},
     http,
     metrics::Metrics,
     mounts::{self, MountError},
@@ -119,6 +119,14 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
 
     let health = Arc::new(Health::default());
     let metrics = Arc::new(Metrics::default());
+    // The scrape reads the kernel counters on its own descriptors, never blocking the controller.
+    let counters = CounterReader::open(&config.pin_path)?;
+    metrics.set_kernel_source(move || {
+        counters.read().unwrap_or_else(|error| {
+            tracing::warn!(%error, "reading the kernel counters");
+            Vec::new()
+        })
+    });
     let listener =
         http::bind(config.metrics_addr).await.map_err(|source| RunError::Bind { addr: config.metrics_addr, source })?;
     let bound = listener.local_addr().map_err(|source| RunError::Bind { addr: config.metrics_addr, source })?;
@@ -149,6 +157,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
         Arc::clone(&metrics),
         sink,
     );
+    tokio::spawn(release_memory_after_sync(Arc::clone(&health), shutdown.clone()));
     let token = shutdown.clone();
     // The controller owns the dataplane and makes blocking syscalls: it gets its own thread.
     let result = tokio::task::spawn_blocking(move || controller.run(&receiver, &token).map(drop))
@@ -188,5 +197,22 @@ async fn read_kernel_log(logger: KernelLogger, shutdown: CancellationToken) {
         };
         guard.get_inner_mut().flush();
         guard.clear_ready();
+    }
+}
+
+/// The initial list is decoded on many threads and freed once the cluster state holds its lean
+/// form; glibc keeps such memory in per-thread arenas. Hand it back once the first sync is done,
+/// so the resident size reflects the state kept, not the list's peak.
+async fn release_memory_after_sync(health: Arc<Health>, shutdown: CancellationToken) {
+    while health.readiness().is_err() {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(std::time::Duration::from_millis(200)) => {}
+        }
+    }
+    // SAFETY: malloc_trim only returns free memory to the kernel; it has no preconditions.
+    #[cfg(target_env = "gnu")]
+    unsafe {
+        libc::malloc_trim(0);
     }
 }

@@ -32,11 +32,12 @@ pub async fn serve(listener: TcpListener, health: Arc<Health>, metrics: Arc<Metr
                 }
             },
         };
+        let _ = stream.set_nodelay(true);
         let (health, metrics) = (Arc::clone(&health), Arc::clone(&metrics));
         tokio::spawn(async move {
             let service = service_fn(move |request| {
-                let response = respond(&request, &health, &metrics);
-                async move { Ok::<_, Infallible>(response) }
+                let (health, metrics) = (Arc::clone(&health), Arc::clone(&metrics));
+                async move { Ok::<_, Infallible>(respond(&request, &health, metrics).await) }
             });
             if let Err(error) = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await {
                 tracing::debug!(%error, "HTTP connection ended");
@@ -45,7 +46,7 @@ pub async fn serve(listener: TcpListener, health: Arc<Health>, metrics: Arc<Metr
     }
 }
 
-fn respond<B>(request: &Request<B>, health: &Health, metrics: &Metrics) -> Response<Full<Bytes>> {
+async fn respond<B>(request: &Request<B>, health: &Health, metrics: Arc<Metrics>) -> Response<Full<Bytes>> {
     let text = |status: StatusCode, body: String| {
         let mut response = Response::new(Full::new(Bytes::from(body)));
         *response.status_mut() = status;
@@ -61,7 +62,12 @@ fn respond<B>(request: &Request<B>, health: &Health, metrics: &Metrics) -> Respo
             Err(reason) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")),
         },
         "/metrics" => {
-            let mut response = text(StatusCode::OK, metrics.encode());
+            // Encoding reads the kernel counters: blocking syscalls, off the async workers.
+            let encoded = tokio::task::spawn_blocking(move || metrics.encode()).await;
+            let Ok(body) = encoded else {
+                return text(StatusCode::INTERNAL_SERVER_ERROR, "metrics encoding failed\n".into());
+            };
+            let mut response = text(StatusCode::OK, body);
             response
                 .headers_mut()
                 .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static(METRICS_CONTENT_TYPE));

@@ -15,7 +15,7 @@ use prometheus_client::{
 };
 use topology_common::ServiceCounters;
 
-use crate::desired::{Locality, ServicePort};
+use crate::{dataplane::CounterReading, desired::Locality};
 
 /// Labels of a map.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -132,33 +132,34 @@ impl Metrics {
         out
     }
 
-    /// Replaces the kernel counters exported at the next scrape.
-    pub fn set_kernel_counters(&self, counters: Vec<KernelServiceCounters>) {
-        *self.kernel.services.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = counters;
+    /// Sets where the kernel counters are read from at each scrape.
+    pub fn set_kernel_source(&self, source: impl Fn() -> Vec<CounterReading> + Send + 'static) {
+        *self.kernel.source.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Box::new(source));
     }
 }
 
-/// The kernel counters of one service port.
-#[derive(Clone, Debug)]
-pub struct KernelServiceCounters {
-    /// `namespace/name:port`.
-    pub name: String,
-    /// ClusterIP, port and protocol.
-    pub port: ServicePort,
-    /// Summed over CPUs.
-    pub counters: ServiceCounters,
+/// Reads the kernel counters.
+type CounterSource = Box<dyn Fn() -> Vec<CounterReading> + Send>;
+
+/// The kernel's per-CPU counters, summed, read at each scrape.
+#[derive(Default)]
+struct KernelCounters {
+    source: Mutex<Option<CounterSource>>,
 }
 
-/// The kernel's per-CPU counters, summed, as last read by the controller.
-#[derive(Debug, Default)]
-struct KernelCounters {
-    services: Mutex<Vec<KernelServiceCounters>>,
+impl std::fmt::Debug for KernelCounters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KernelCounters")
+    }
 }
 
 impl Collector for KernelCounters {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let services = self.services.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let labels = |s: &KernelServiceCounters| {
+        let services = match &*self.source.lock().unwrap_or_else(std::sync::PoisonError::into_inner) {
+            Some(source) => source(),
+            None => Vec::new(),
+        };
+        let labels = |s: &CounterReading| {
             vec![
                 ("service".to_owned(), s.name.clone()),
                 ("cluster_ip".to_owned(), s.port.vip.to_string()),
@@ -203,7 +204,7 @@ impl Collector for KernelCounters {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::desired::Protocol;
+    use crate::desired::{Protocol, ServicePort};
 
     #[test]
     fn kernel_counters_are_exported_as_counters_with_service_labels() {
@@ -211,17 +212,22 @@ mod tests {
         let mut counters = ServiceCounters::default();
         counters.rewritten[1] = 7;
         counters.refused = 2;
-        metrics.set_kernel_counters(vec![KernelServiceCounters {
-            name: "default/web:http".into(),
-            port: ServicePort { vip: "10.96.0.10".parse().unwrap(), port: 80, protocol: Protocol::Tcp },
-            counters,
-        }]);
+        metrics.set_kernel_source(move || {
+            vec![CounterReading {
+                name: "default/web:http".into(),
+                port: ServicePort { vip: "10.96.0.10".parse().unwrap(), port: 80, protocol: Protocol::Tcp },
+                counters,
+            }]
+        });
         metrics.services.set(1);
         let text = metrics.encode();
         let line = |prefix: &str| text.lines().any(|l| l.starts_with(prefix));
-        assert!(line(
-            "topology_agent_kernel_rewrites_total{service=\"default/web:http\",cluster_ip=\"10.96.0.10\",port=\"80\",protocol=\"TCP\",locality=\"zone\"} 7"
-        ), "{text}");
+        assert!(
+            line(
+                "topology_agent_kernel_rewrites_total{service=\"default/web:http\",cluster_ip=\"10.96.0.10\",port=\"80\",protocol=\"TCP\",locality=\"zone\"} 7"
+            ),
+            "{text}"
+        );
         assert!(line("topology_agent_kernel_refused_total{service=\"default/web:http\""), "{text}");
         assert!(line("topology_agent_services_programmed 1"), "{text}");
         assert!(line("# TYPE topology_agent_event_to_kernel_seconds histogram"), "{text}");

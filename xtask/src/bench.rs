@@ -19,6 +19,8 @@ enum Suite {
     Policy,
     /// connect() latency: no hook, our hook, a kube-proxy-shaped iptables ruleset (root).
     Datapath,
+    /// Initial sync, update latency and RSS against the fake API server (root).
+    ControlPlane,
 }
 
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
@@ -29,6 +31,17 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     }
     if wants(Suite::Datapath) {
         cmd::run(cargo().args(["bench", "-p", "topology-tests", "--bench", "datapath"]).current_dir(&root))?;
+    }
+    if wants(Suite::ControlPlane) {
+        // The RSS measurement runs the optimized agent binary.
+        cmd::run(cargo().args(["build", "--release", "-p", "topology-agent"]).current_dir(&root))?;
+        let agent = root.join("target/release/topology-agent");
+        cmd::run(
+            cargo()
+                .args(["bench", "-p", "topology-tests", "--bench", "control_plane"])
+                .env("TOPOLOGY_AGENT", agent)
+                .current_dir(&root),
+        )?;
     }
     Ok(())
 }

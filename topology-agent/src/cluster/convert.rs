@@ -182,8 +182,8 @@ pub fn endpoint_slice(slice: &K8sEndpointSlice) -> Result<Option<EndpointSlice>,
             ready: conditions.ready.unwrap_or(true),
             serving: conditions.serving.unwrap_or(true),
             terminating: conditions.terminating.unwrap_or(false),
-            node_name: endpoint.node_name.clone().filter(|n| !n.is_empty()),
-            zone: endpoint.zone.clone().filter(|z| !z.is_empty()),
+            node_name: endpoint.node_name.as_deref().filter(|n| !n.is_empty()).map(Into::into),
+            zone: endpoint.zone.as_deref().filter(|z| !z.is_empty()).map(Into::into),
             hint_zones: hints.for_zones.unwrap_or_default().into_iter().map(|z| z.name).collect(),
             hint_nodes: hints.for_nodes.unwrap_or_default().into_iter().map(|n| n.name).collect(),
         });
@@ -404,6 +404,7 @@ mod tests {
         assert_eq!((a.hint_zones.clone(), a.hint_nodes.clone()), (vec!["z1".to_owned()], vec!["a".to_owned()]));
         assert!(!b.ready && b.serving && b.terminating);
         assert_eq!(b.node_name, None);
+        assert_eq!(a.node_name.as_deref(), Some("a"));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The cluster as the policy sees it: Nodes, Services and EndpointSlices reduced to the fields that
 //! decide routing. Bulk (managedFields, status of Pods, ...) never gets this far.
 
-use std::{collections::BTreeMap, fmt, net::IpAddr};
+use std::{collections::BTreeMap, fmt, net::IpAddr, sync::Arc};
 
 use crate::desired::Protocol;
 
@@ -208,10 +208,10 @@ pub struct Endpoint {
     pub serving: bool,
     /// `conditions.terminating` (absent means false).
     pub terminating: bool,
-    /// `nodeName`.
-    pub node_name: Option<String>,
-    /// `zone`.
-    pub zone: Option<String>,
+    /// `nodeName`; shared with every other endpoint on that node once in the cluster state.
+    pub node_name: Option<Arc<str>>,
+    /// `zone`; shared like `node_name`.
+    pub zone: Option<Arc<str>>,
     /// `hints.forZones[].name`.
     pub hint_zones: Vec<String>,
     /// `hints.forNodes[].name`.

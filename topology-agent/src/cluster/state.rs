@@ -1,18 +1,33 @@
 //! The cluster state: every usable Node, Service and EndpointSlice, indexed for the policy and
 //! for incremental recomputation. Sources (file, Kubernetes watches) write it; the policy reads it.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet, HashSet},
+    sync::Arc,
+};
 
 use super::model::{EndpointSlice, Node, ObjectKey, Service};
 
 /// Nodes, Services and EndpointSlices, with slices indexed by their Service.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct ClusterState {
     nodes: BTreeMap<String, Node>,
     services: BTreeMap<ObjectKey, Service>,
     slices: BTreeMap<ObjectKey, EndpointSlice>,
-    slices_by_service: BTreeMap<ObjectKey, BTreeSet<ObjectKey>>,
+    /// Slice keys by Service, sorted; a Service has few slices, so a vector beats a tree.
+    slices_by_service: BTreeMap<ObjectKey, Vec<ObjectKey>>,
+    /// One shared copy of each node name and zone the endpoints mention.
+    interned: HashSet<Arc<str>>,
 }
+
+impl PartialEq for ClusterState {
+    fn eq(&self, other: &Self) -> bool {
+        // The interner is a cache, not state.
+        (&self.nodes, &self.services, &self.slices) == (&other.nodes, &other.services, &other.slices)
+    }
+}
+
+impl Eq for ClusterState {}
 
 impl ClusterState {
     /// Adds or replaces a Node; true if anything changed.
@@ -45,19 +60,37 @@ impl ClusterState {
 
     /// Adds or replaces an EndpointSlice. Returns the Services whose endpoints changed (the old and
     /// the new owner, if the label moved), empty if nothing changed.
-    pub fn upsert_slice(&mut self, slice: EndpointSlice) -> Vec<ObjectKey> {
+    pub fn upsert_slice(&mut self, mut slice: EndpointSlice) -> Vec<ObjectKey> {
         if self.slices.get(&slice.key) == Some(&slice) {
             return Vec::new();
         }
+        for endpoint in &mut slice.endpoints {
+            endpoint.node_name = endpoint.node_name.take().map(|name| self.intern(name));
+            endpoint.zone = endpoint.zone.take().map(|zone| self.intern(zone));
+        }
         let mut affected = self.remove_slice(&slice.key.clone());
         if let Some(service) = &slice.service {
-            self.slices_by_service.entry(service.clone()).or_default().insert(slice.key.clone());
+            let keys = self.slices_by_service.entry(service.clone()).or_default();
+            if let Err(at) = keys.binary_search(&slice.key) {
+                keys.insert(at, slice.key.clone());
+            }
             if !affected.contains(service) {
                 affected.push(service.clone());
             }
         }
         self.slices.insert(slice.key.clone(), slice);
         affected
+    }
+
+    /// The shared copy of `text`.
+    fn intern(&mut self, text: Arc<str>) -> Arc<str> {
+        match self.interned.get(&text) {
+            Some(shared) => Arc::clone(shared),
+            None => {
+                self.interned.insert(Arc::clone(&text));
+                text
+            }
+        }
     }
 
     /// Removes an EndpointSlice; returns the Service it belonged to, if any.
@@ -69,7 +102,7 @@ impl ClusterState {
             return Vec::new();
         };
         if let Some(keys) = self.slices_by_service.get_mut(&service) {
-            keys.remove(key);
+            keys.retain(|k| k != key);
             if keys.is_empty() {
                 self.slices_by_service.remove(&service);
             }

@@ -115,10 +115,9 @@ impl<P: Programmer> Controller<P> {
     /// state stays as last programmed.
     pub fn run(mut self, events: &EventReceiver, shutdown: &CancellationToken) -> Result<P, ControllerError> {
         let mut next_reconcile = Instant::now() + self.config.reconcile_interval;
-        let mut next_counters = Instant::now() + self.config.counters_interval;
         while !shutdown.is_cancelled() {
             self.health.beat();
-            let wait = next_reconcile.min(next_counters).saturating_duration_since(Instant::now());
+            let wait = next_reconcile.saturating_duration_since(Instant::now());
             match events.recv_timeout(wait.min(Duration::from_secs(1))) {
                 Ok((seen, event)) => {
                     self.receive(seen, event);
@@ -135,10 +134,6 @@ impl<P: Programmer> Controller<P> {
             if now >= next_reconcile {
                 next_reconcile = now + self.config.reconcile_interval;
                 self.reconcile();
-            }
-            if now >= next_counters {
-                next_counters = now + self.config.counters_interval;
-                self.observe();
             }
         }
         Ok(self.programmer)
@@ -439,7 +434,7 @@ impl<P: Programmer> Controller<P> {
         self.reported.insert(key, message);
     }
 
-    /// Updates the gauges and kernel counters from what the programmer reports.
+    /// Updates the gauges from what the programmer reports.
     fn observe(&mut self) {
         let observation = self.programmer.observe();
         self.metrics.services.set(observation.services as i64);
@@ -449,6 +444,8 @@ impl<P: Programmer> Controller<P> {
             self.metrics.map_entries.get_or_create(&labels).set(*used as i64);
             self.metrics.map_capacity.get_or_create(&labels).set(i64::from(*capacity));
         }
-        self.metrics.set_kernel_counters(observation.counters);
     }
 }
+
+#[cfg(test)]
+mod tests;

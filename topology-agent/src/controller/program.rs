@@ -8,10 +8,9 @@ use topology_common::map_names;
 use crate::{
     dataplane::{ApplyReport, Dataplane},
     desired::{DesiredState, ServicePort},
-    metrics::KernelServiceCounters,
 };
 
-/// What the kernel holds, for the metrics.
+/// What the kernel holds, for the metrics; known without asking the kernel.
 #[derive(Clone, Debug, Default)]
 pub struct Observation {
     /// Service ports programmed.
@@ -20,8 +19,6 @@ pub struct Observation {
     pub backends: usize,
     /// (map, entries in use, capacity).
     pub maps: Vec<(&'static str, u64, u32)>,
-    /// Kernel counters by service port.
-    pub counters: Vec<KernelServiceCounters>,
 }
 
 /// Something that makes the kernel hold a desired state.
@@ -30,7 +27,7 @@ pub trait Programmer {
     fn apply(&mut self, desired: &DesiredState) -> ApplyReport;
     /// Makes the kernel hold `desired` for the `changed` ports only.
     fn apply_changes(&mut self, desired: &DesiredState, changed: &BTreeSet<ServicePort>) -> ApplyReport;
-    /// What the kernel holds now.
+    /// What the kernel holds now (from the programmer's own record: cheap).
     fn observe(&self) -> Observation;
 }
 
@@ -44,37 +41,17 @@ impl Programmer for Dataplane {
     }
 
     fn observe(&self) -> Observation {
-        let kernel = self.kernel();
+        let usage = self.usage();
         let capacities = self.capacities();
-        let v4 = kernel.services.keys().filter(|p| p.vip.is_ipv4()).count() as u64;
-        let v6 = kernel.services.len() as u64 - v4;
-        let counters = match self.counters() {
-            Ok(counters) => kernel
-                .services
-                .iter()
-                .filter_map(|(port, programmed)| {
-                    counters.get(&programmed.service_id).map(|counters| KernelServiceCounters {
-                        name: programmed.name.clone(),
-                        port: *port,
-                        counters: *counters,
-                    })
-                })
-                .collect(),
-            Err(error) => {
-                tracing::warn!(%error, "reading the kernel counters");
-                Vec::new()
-            }
-        };
         Observation {
-            services: kernel.services.len(),
-            backends: kernel.services.values().map(|s| s.slots.len()).sum(),
+            services: (usage.services_v4 + usage.services_v6) as usize,
+            backends: usage.slots as usize,
             maps: vec![
-                (map_names::SERVICES_V4, v4, capacities.services_v4),
-                (map_names::SERVICES_V6, v6, capacities.services_v6),
-                (map_names::SLOTS, kernel.slot_entries(), capacities.slots),
-                (map_names::COUNTERS, kernel.services.len() as u64, capacities.service_ids),
+                (map_names::SERVICES_V4, usage.services_v4, capacities.services_v4),
+                (map_names::SERVICES_V6, usage.services_v6, capacities.services_v6),
+                (map_names::SLOTS, usage.slots, capacities.slots),
+                (map_names::COUNTERS, usage.service_ids, capacities.service_ids),
             ],
-            counters,
         }
     }
 }

@@ -23,9 +23,9 @@ use aya::Ebpf;
 pub use error::DataplaneError;
 pub use loader::KernelLogLevel;
 pub use maps::{Capacities, PinLayout};
-pub use state::{KernelState, ProgrammedService};
+pub use state::{CounterReading, KernelState, ProgrammedService};
 use topology_common::{ServiceCounters, program_names};
-pub use writer::ApplyReport;
+pub use writer::{ApplyReport, Usage};
 
 use crate::desired::DesiredState;
 
@@ -89,6 +89,11 @@ impl Dataplane {
         self.writer.kernel()
     }
 
+    /// Entries in use in the maps with a capacity.
+    pub fn usage(&self) -> Usage {
+        self.writer.usage()
+    }
+
     /// Map capacities in force.
     pub fn capacities(&self) -> Capacities {
         self.writer.maps().capacities
@@ -131,6 +136,24 @@ pub fn snapshot(pin_path: &Path) -> Result<Snapshot, DataplaneError> {
     let counters = state::read_counters(&maps)?;
     let attached = program_names::ALL.into_iter().filter(|name| layout.link(name).exists()).collect();
     Ok(Snapshot { kernel, counters, attached, capacities: maps.capacities })
+}
+
+/// Reads the kernel counters from the pins, on its own descriptors: the metrics endpoint uses it
+/// without touching the controller's dataplane.
+pub struct CounterReader {
+    maps: maps::MapSet,
+}
+
+impl CounterReader {
+    /// Opens the pinned maps under `pin_path`.
+    pub fn open(pin_path: &Path) -> Result<Self, DataplaneError> {
+        Ok(Self { maps: maps::MapSet::from_pins(&PinLayout::new(pin_path))? })
+    }
+
+    /// Every service port's counters, summed over CPUs.
+    pub fn read(&self) -> Result<Vec<CounterReading>, DataplaneError> {
+        state::read_named_counters(&self.maps)
+    }
 }
 
 /// What [`cleanup`] removed.

@@ -130,6 +130,42 @@ fn read_names(maps: &MapSet) -> Result<BTreeMap<u32, String>, DataplaneError> {
     Ok(names)
 }
 
+/// The counters of one service port, with what identifies it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CounterReading {
+    /// `namespace/name:port`.
+    pub name: String,
+    /// ClusterIP, port and protocol.
+    pub port: ServicePort,
+    /// Summed over CPUs.
+    pub counters: ServiceCounters,
+}
+
+/// Every service port's counters, named: service entries give the port of each id, the names map
+/// its name. Reads only the small maps, never the slots.
+pub fn read_named_counters(maps: &MapSet) -> Result<Vec<CounterReading>, DataplaneError> {
+    let mut ports: BTreeMap<u32, ServicePort> = BTreeMap::new();
+    for item in maps.services4.iter() {
+        let (key, value) = item.map_err(DataplaneError::map(map_names::SERVICES_V4))?;
+        if let Some(protocol) = Protocol::from_number(key.proto) {
+            ports.insert(value.service_id, ServicePort { vip: IpAddr::from(key.addr), port: key.port, protocol });
+        }
+    }
+    for item in maps.services6.iter() {
+        let (key, value) = item.map_err(DataplaneError::map(map_names::SERVICES_V6))?;
+        if let Some(protocol) = Protocol::from_number(key.proto) {
+            ports.insert(value.service_id, ServicePort { vip: IpAddr::from(key.addr), port: key.port, protocol });
+        }
+    }
+    let mut names = read_names(maps)?;
+    Ok(read_counters(maps)?
+        .into_iter()
+        .filter_map(|(id, counters)| {
+            Some(CounterReading { name: names.remove(&id).unwrap_or_default(), port: *ports.get(&id)?, counters })
+        })
+        .collect())
+}
+
 /// Per-service counters summed over CPUs, by service id.
 pub fn read_counters(maps: &MapSet) -> Result<BTreeMap<u32, ServiceCounters>, DataplaneError> {
     let mut out = BTreeMap::new();

@@ -94,7 +94,22 @@ pub struct Writer {
     service_ids: IdPool,
     set_ids: IdPool,
     slot_entries: u64,
+    /// Service entries per family, kept as services are added and removed.
+    family_entries: [u64; 2],
     nr_cpus: usize,
+}
+
+/// Entries in use in the maps with a capacity, as the writer counts them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// IPv4 service entries.
+    pub services_v4: u64,
+    /// IPv6 service entries.
+    pub services_v6: u64,
+    /// Slot entries, including those of sets still being deleted.
+    pub slots: u64,
+    /// Service ids (counters and names).
+    pub service_ids: u64,
 }
 
 impl Writer {
@@ -105,8 +120,10 @@ impl Writer {
         let set_ids =
             IdPool::new(kernel.services.values().map(|s| s.set_id).chain(kernel.orphan_slots.iter().map(|k| k.set_id)));
         let slot_entries = kernel.slot_entries();
+        let v4 = kernel.services.keys().filter(|port| port.vip.is_ipv4()).count() as u64;
+        let family_entries = [v4, kernel.services.len() as u64 - v4];
         let nr_cpus = aya::util::nr_cpus().map_err(|(path, source)| DataplaneError::Cpus { path, source })?;
-        Ok(Self { maps, kernel, service_ids, set_ids, slot_entries, nr_cpus })
+        Ok(Self { maps, kernel, service_ids, set_ids, slot_entries, family_entries, nr_cpus })
     }
 
     /// What the kernel holds, as last written or adopted.
@@ -188,9 +205,9 @@ impl Writer {
     ) -> Result<(), DataplaneError> {
         let ipv4 = port.vip.is_ipv4();
         let (family_map, family_used, family_capacity) = if ipv4 {
-            (map_names::SERVICES_V4, self.count_family(true), self.maps.capacities.services_v4)
+            (map_names::SERVICES_V4, self.family_entries[0], self.maps.capacities.services_v4)
         } else {
-            (map_names::SERVICES_V6, self.count_family(false), self.maps.capacities.services_v6)
+            (map_names::SERVICES_V6, self.family_entries[1], self.maps.capacities.services_v6)
         };
         check_room(family_map, family_used, 1, family_capacity)?;
         check_room(map_names::COUNTERS, self.service_ids.len() as u64, 1, self.maps.capacities.service_ids)?;
@@ -213,6 +230,7 @@ impl Writer {
             return Err(error);
         }
         self.slot_entries += slots.len() as u64;
+        self.family_entries[family_index(port)] += 1;
         report.slots_written += slots.len();
         self.kernel.services.insert(
             *port,
@@ -267,6 +285,7 @@ impl Writer {
         let current = self.kernel.services[port].clone();
         self.delete_entry(port)?;
         self.kernel.services.remove(port);
+        self.family_entries[family_index(port)] -= 1;
         let leftover = self.delete_slots(current.set_id, current.slots.len() as u32);
         self.slot_entries -= (current.slots.len() - leftover.len()) as u64;
         self.kernel.orphan_slots.extend(leftover);
@@ -316,8 +335,14 @@ impl Writer {
         }
     }
 
-    fn count_family(&self, ipv4: bool) -> u64 {
-        self.kernel.services.keys().filter(|p| p.vip.is_ipv4() == ipv4).count() as u64
+    /// Entries in use, from the writer's own counts (no kernel access).
+    pub fn usage(&self) -> Usage {
+        Usage {
+            services_v4: self.family_entries[0],
+            services_v6: self.family_entries[1],
+            slots: self.slot_entries,
+            service_ids: self.service_ids.len() as u64,
+        }
     }
 
     fn write_slots(&mut self, set_id: u32, slots: &[Slot]) -> Result<(), DataplaneError> {
@@ -374,6 +399,11 @@ impl Writer {
         let meta = ignore_missing(self.maps.meta.remove(&service_id));
         counters.is_ok() && meta.is_ok()
     }
+}
+
+/// Index of a service port's family in `family_entries`.
+fn family_index(port: &ServicePort) -> usize {
+    usize::from(port.vip.is_ipv6())
 }
 
 enum Key {

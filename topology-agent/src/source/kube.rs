@@ -56,6 +56,14 @@ pub async fn client(kubeconfig: Option<&Path>) -> Result<Client, KubeSourceError
         }
         None => kube::Config::infer().await?,
     };
+    client_for(config)
+}
+
+/// A client for `config`, with the client's own retry of 429/503 turned off: it would hide an
+/// API outage from the watchers for minutes, and `/readyz` must say the view is stale. The
+/// watchers retry with their own backoff instead.
+pub fn client_for(mut config: kube::Config) -> Result<Client, KubeSourceError> {
+    config.default_retry = false;
     Ok(Client::try_from(config)?)
 }
 

@@ -92,7 +92,7 @@ pub fn ep(address: &str, node: &str) -> Endpoint {
         ready: true,
         serving: true,
         terminating: false,
-        node_name: (!node.is_empty()).then(|| node.to_owned()),
+        node_name: (!node.is_empty()).then(|| node.into()),
         zone: None,
         hint_zones: vec![],
         hint_nodes: vec![],
@@ -179,7 +179,7 @@ pub fn endpoints(hinted: bool) -> Vec<Endpoint> {
     if hinted {
         for (e, zone) in all.iter_mut().zip(["a", "a", "b", "c"]) {
             e.hint_zones = vec![zone.into()];
-            e.hint_nodes = vec![e.node_name.clone().unwrap()];
+            e.hint_nodes = vec![e.node_name.as_deref().unwrap().to_owned()];
         }
     }
     all

@@ -1,0 +1,344 @@
+//! The Kubernetes source and the controller against the in-process fake API server, with a
+//! recording programmer in place of the kernel. No root needed.
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    net::IpAddr,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+use topology_agent::{
+    controller::{Controller, ControllerConfig, ControllerError, Health, Observation, Programmer},
+    dataplane::ApplyReport,
+    desired::{DesiredState, ServicePort},
+    metrics::Metrics,
+    report::KubeEvents,
+    source::{EventSender, kube::KubeSource},
+};
+use topology_tests::{
+    cluster::{self, EndpointSpec},
+    fake_api::{FakeApi, Resource},
+};
+
+/// What the recording programmer was given.
+#[derive(Debug, Default)]
+struct Recording {
+    current: DesiredState,
+    applies: usize,
+}
+
+struct Recorder(Arc<Mutex<Recording>>);
+
+impl Programmer for Recorder {
+    fn apply(&mut self, desired: &DesiredState) -> ApplyReport {
+        let mut recording = self.0.lock().unwrap();
+        recording.current = desired.clone();
+        recording.applies += 1;
+        ApplyReport::default()
+    }
+
+    fn apply_changes(&mut self, desired: &DesiredState, changed: &BTreeSet<ServicePort>) -> ApplyReport {
+        let mut recording = self.0.lock().unwrap();
+        for port in changed {
+            match desired.services.get(port) {
+                Some(service) => recording.current.services.insert(*port, service.clone()),
+                None => recording.current.services.remove(port),
+            };
+        }
+        recording.applies += 1;
+        ApplyReport::default()
+    }
+
+    fn observe(&self) -> Observation {
+        Observation::default()
+    }
+}
+
+struct Harness {
+    api: FakeApi,
+    recording: Arc<Mutex<Recording>>,
+    health: Arc<Health>,
+    shutdown: CancellationToken,
+    controller: Option<std::thread::JoinHandle<Result<Recorder, ControllerError>>>,
+    _source: KubeSource,
+}
+
+impl Harness {
+    async fn start(api: FakeApi, node: &str) -> Self {
+        let shutdown = CancellationToken::new();
+        let client = api.client();
+        let (events, receiver) = EventSender::channel();
+        let source = KubeSource::start(&client, &events, &shutdown);
+        let recording = Arc::new(Mutex::new(Recording::default()));
+        let health = Arc::new(Health::default());
+        let (sink, _) = KubeEvents::start(client, node);
+        let controller = Controller::new(
+            ControllerConfig::new(node),
+            Recorder(Arc::clone(&recording)),
+            Arc::clone(&health),
+            Arc::new(Metrics::default()),
+            Box::new(sink),
+        );
+        let token = shutdown.clone();
+        let controller = std::thread::spawn(move || controller.run(&receiver, &token));
+        Self { api, recording, health, shutdown, controller: Some(controller), _source: source }
+    }
+
+    /// Waits until the programmed state satisfies `check`, or fails with `what`.
+    async fn wait_for(&self, what: &str, check: impl Fn(&DesiredState) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if check(&self.recording.lock().unwrap().current) {
+                return;
+            }
+            let finished = self.controller.as_ref().is_some_and(|c| c.is_finished());
+            assert!(!finished, "the controller stopped while waiting for {what}");
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}: {:?}",
+                self.recording.lock().unwrap().current
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn wait_ready(&self, ready: bool) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while self.health.readiness().is_ok() != ready {
+            assert!(Instant::now() < deadline, "readiness never became {ready}: {:?}", self.health.readiness());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn applies(&self) -> usize {
+        self.recording.lock().unwrap().applies
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+        if let Some(controller) = self.controller.take() {
+            let _ = controller.join();
+        }
+    }
+}
+
+fn ip(text: &str) -> IpAddr {
+    text.parse().unwrap()
+}
+
+/// Backend addresses programmed for a ClusterIP on port 80; `None` when it is not programmed.
+fn backends(desired: &DesiredState, vip: &str) -> Option<BTreeSet<String>> {
+    desired
+        .services
+        .iter()
+        .find(|(port, _)| port.vip == ip(vip) && port.port == 80)
+        .map(|(_, service)| service.backends.iter().map(|b| b.addr.to_string()).collect())
+}
+
+fn set(addresses: &[&str]) -> Option<BTreeSet<String>> {
+    Some(addresses.iter().map(|a| (*a).to_owned()).collect())
+}
+
+/// Nodes a (zone-a, this node) and b (zone-b); Service web (PreferClose) with endpoints on both.
+async fn world() -> FakeApi {
+    let api = FakeApi::start().await;
+    api.apply(cluster::node("node-a", "zone-a", None, "4"));
+    api.apply(cluster::node("node-b", "zone-b", None, "4"));
+    let mut web = cluster::service("default", "web", ip("10.96.0.10"), 80, "TCP", "http");
+    web["spec"]["trafficDistribution"] = "PreferClose".into();
+    api.apply(web);
+    api.apply(web_slice(&[("10.1.0.1", "node-a"), ("10.1.0.2", "node-b")]));
+    api
+}
+
+fn web_slice(endpoints: &[(&str, &str)]) -> Value {
+    let specs: Vec<EndpointSpec> = endpoints.iter().map(|(a, n)| EndpointSpec::new(ip(a), n)).collect();
+    cluster::slice("default", "web-1", "web", "http", 8080, "TCP", &specs)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nothing_is_programmed_before_all_three_lists_complete() {
+    let api = world().await;
+    api.hold(Resource::EndpointSlices);
+    let harness = Harness::start(api, "node-a").await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(harness.applies(), 0, "programmed with Nodes and Services but no EndpointSlices");
+    let readiness = harness.health.readiness().unwrap_err();
+    assert!(readiness.contains("waiting for the initial list of EndpointSlice"), "{readiness}");
+
+    harness.api.release(Resource::EndpointSlices);
+    harness.wait_for("the first programming", |d| backends(d, "10.96.0.10") == set(&["10.1.0.1"])).await;
+    harness.wait_ready(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn adds_updates_and_deletes_of_every_kind_reach_the_desired_state() {
+    let harness = Harness::start(world().await, "node-a").await;
+    let api = &harness.api;
+    harness.wait_for("the initial state", |d| backends(d, "10.96.0.10") == set(&["10.1.0.1"])).await;
+
+    // Service: add, update, delete.
+    api.apply(cluster::service("default", "api", ip("10.96.0.20"), 80, "TCP", "http"));
+    harness.wait_for("a new Service without endpoints refuses", |d| backends(d, "10.96.0.20") == set(&[])).await;
+    let mut web = cluster::service("default", "web", ip("10.96.0.10"), 80, "TCP", "http");
+    web["spec"]["trafficDistribution"] = Value::Null;
+    api.apply(web);
+    harness
+        .wait_for("the Service update (no preference)", |d| backends(d, "10.96.0.10") == set(&["10.1.0.1", "10.1.0.2"]))
+        .await;
+    api.delete(Resource::Services, "default", "api");
+    harness.wait_for("the Service deletion", |d| backends(d, "10.96.0.20").is_none()).await;
+
+    // EndpointSlice: add, update, delete.
+    let specs = [EndpointSpec::new(ip("10.2.0.1"), "node-b")];
+    api.apply(cluster::slice("default", "web-2", "web", "http", 8080, "TCP", &specs));
+    harness
+        .wait_for("the second slice", |d| backends(d, "10.96.0.10") == set(&["10.1.0.1", "10.1.0.2", "10.2.0.1"]))
+        .await;
+    api.apply(web_slice(&[("10.1.0.3", "node-a")]));
+    harness.wait_for("the slice update", |d| backends(d, "10.96.0.10") == set(&["10.1.0.3", "10.2.0.1"])).await;
+    api.delete(Resource::EndpointSlices, "default", "web-1");
+    api.delete(Resource::EndpointSlices, "default", "web-2");
+    harness.wait_for("no endpoints: refuse", |d| backends(d, "10.96.0.10") == set(&[])).await;
+
+    // Node: a topology key on zones; moving node-b into zone-a makes its endpoint close.
+    let mut web = cluster::service("default", "web", ip("10.96.0.10"), 80, "TCP", "http");
+    cluster::annotate(&mut web, "topology-agent.io/topology-keys", "topology.kubernetes.io/zone");
+    api.apply(web);
+    api.apply(web_slice(&[("10.1.0.2", "node-b")]));
+    harness.wait_for("the hard zone key refuses", |d| backends(d, "10.96.0.10") == set(&[])).await;
+    api.apply(cluster::node("node-b", "zone-a", None, "4"));
+    harness.wait_for("the node's new zone", |d| backends(d, "10.96.0.10") == set(&["10.1.0.2"])).await;
+    api.apply(cluster::node("node-c", "zone-a", None, "4"));
+    api.delete(Resource::Nodes, "", "node-b");
+    harness.wait_for("the node deletion", |d| backends(d, "10.96.0.10") == set(&[])).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn disconnects_outages_and_410_gone_converge() {
+    let harness = Harness::start(world().await, "node-a").await;
+    let api = &harness.api;
+    harness.wait_for("the initial state", |d| backends(d, "10.96.0.10") == set(&["10.1.0.1"])).await;
+    harness.wait_ready(true).await;
+
+    // A dropped connection: the watch resumes from its resourceVersion and gets what it missed.
+    api.abort_watches();
+    api.apply(web_slice(&[("10.1.0.1", "node-a"), ("10.1.0.5", "node-a")]));
+    harness
+        .wait_for("the change made during the disconnect", |d| {
+            backends(d, "10.96.0.10") == set(&["10.1.0.1", "10.1.0.5"])
+        })
+        .await;
+
+    // An outage: the watchers cannot reconnect, the view is stale, the last good state stays.
+    api.set_down(true);
+    api.abort_watches();
+    harness.wait_ready(false).await;
+    let stale = harness.health.readiness().unwrap_err();
+    assert!(stale.contains("view is stale") && stale.contains("watch"), "{stale}");
+    api.set_down(false);
+    api.apply(web_slice(&[("10.1.0.6", "node-a")]));
+    harness.wait_for("the change made after the outage", |d| backends(d, "10.96.0.10") == set(&["10.1.0.6"])).await;
+    harness.wait_ready(true).await;
+
+    // History compacted: resuming gets 410 Gone, the watcher lists again and the state converges,
+    // including a deletion it never saw as an event.
+    let lists_before = api.lists(Resource::Services);
+    api.apply(cluster::service("default", "gone", ip("10.96.0.30"), 80, "TCP", "http"));
+    harness.wait_for("the extra Service", |d| backends(d, "10.96.0.30").is_some()).await;
+    api.set_down(true);
+    api.abort_watches();
+    harness.wait_ready(false).await;
+    api.delete(Resource::Services, "default", "gone");
+    api.compact();
+    api.set_down(false);
+    harness.wait_for("the relisted state without the deleted Service", |d| backends(d, "10.96.0.30").is_none()).await;
+    assert!(api.lists(Resource::Services) > lists_before, "a 410 must make the watcher list again");
+    assert_eq!(backends(&harness.recording.lock().unwrap().current, "10.96.0.10"), set(&["10.1.0.6"]));
+    harness.wait_ready(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_burst_of_1000_slice_updates_converges_to_the_final_state() {
+    let harness = Harness::start(world().await, "node-a").await;
+    harness.wait_for("the initial state", |d| backends(d, "10.96.0.10") == set(&["10.1.0.1"])).await;
+    let before = harness.applies();
+    for round in 0..1000u32 {
+        let address = format!("10.3.{}.{}", round / 250, round % 250 + 1);
+        harness.api.apply(web_slice(&[(address.as_str(), "node-a"), ("10.1.0.2", "node-b")]));
+    }
+    harness.wait_for("the last update of the burst", |d| backends(d, "10.96.0.10") == set(&["10.3.3.250"])).await;
+    let applies = harness.applies() - before;
+    eprintln!("1000 updates programmed in {applies} applies");
+    assert!(applies <= 1000, "never more applies than updates");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unusable_objects_are_skipped_reported_and_block_nothing() {
+    let harness = Harness::start(world().await, "node-a").await;
+    let api = &harness.api;
+    harness.wait_for("the initial state", |d| backends(d, "10.96.0.10") == set(&["10.1.0.1"])).await;
+
+    // A slice with a bad address: skipped, its last good version stays.
+    let mut bad = web_slice(&[("10.1.0.9", "node-a")]);
+    bad["endpoints"][0]["addresses"][0] = "10.1.0.999".into();
+    api.apply(bad);
+    // An invalid topology-keys annotation on another Service: ignored as a whole, reported.
+    let mut api_service = cluster::service("default", "api", ip("10.96.0.20"), 80, "TCP", "http");
+    cluster::annotate(&mut api_service, "topology-agent.io/topology-keys", "*,kubernetes.io/hostname");
+    api.apply(api_service);
+    let specs = [EndpointSpec::new(ip("10.4.0.1"), "node-b")];
+    api.apply(cluster::slice("default", "api-1", "api", "http", 8080, "TCP", &specs));
+    harness.wait_for("the other Service, unblocked", |d| backends(d, "10.96.0.20") == set(&["10.4.0.1"])).await;
+    assert_eq!(
+        backends(&harness.recording.lock().unwrap().current, "10.96.0.10"),
+        set(&["10.1.0.1"]),
+        "last good slice kept"
+    );
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let reasons = loop {
+        let reasons: HashMap<String, String> = api
+            .events()
+            .iter()
+            .map(|e| {
+                (e["reason"].as_str().unwrap_or_default().to_owned(), e["note"].as_str().unwrap_or_default().to_owned())
+            })
+            .collect();
+        if reasons.contains_key("InvalidObject") && reasons.contains_key("IgnoredConfiguration") {
+            break reasons;
+        }
+        assert!(Instant::now() < deadline, "Events not published: {:?}", api.events());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let invalid = &reasons["InvalidObject"];
+    assert!(
+        invalid.contains("EndpointSlice default/web-1") && invalid.contains("endpoints[0].addresses[0]"),
+        "{invalid}"
+    );
+    let ignored = &reasons["IgnoredConfiguration"];
+    assert!(ignored.contains("topology-keys ignored") && ignored.contains("\"*\" must be the last key"), "{ignored}");
+    let event = api.events().into_iter().find(|e| e["reason"] == "InvalidObject").unwrap();
+    assert_eq!(event["regarding"]["kind"], "Service");
+    assert_eq!(event["regarding"]["name"], "web");
+    assert_eq!(event["type"], "Warning");
+
+    // Fixing the slice replaces the last good version.
+    api.apply(web_slice(&[("10.1.0.7", "node-a")]));
+    harness.wait_for("the fixed slice", |d| backends(d, "10.96.0.10") == set(&["10.1.0.7"])).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unknown_node_stops_the_controller_with_a_clear_error() {
+    let mut harness = Harness::start(world().await, "node-z").await;
+    let controller = harness.controller.take().unwrap();
+    let result = tokio::task::spawn_blocking(move || controller.join().unwrap()).await.unwrap();
+    let Err(error) = result else { panic!("an unknown node must stop the controller") };
+    assert!(error.to_string().contains("node \"node-z\" is not in the cluster"), "{error}");
+    assert_eq!(harness.applies(), 0, "nothing was programmed");
+}

@@ -1,0 +1,251 @@
+//! The control loop with events injected directly and a recording programmer.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use tokio_util::sync::CancellationToken;
+
+use super::*;
+use crate::{
+    cluster::{Endpoint, EndpointSlice, Family, ObjectError, Service, ServicePort as SvcPort, SlicePort},
+    dataplane::ApplyReport,
+    desired::{DesiredState, Protocol, ServicePort},
+    report::LogOnly,
+    source::EventSender,
+};
+
+#[derive(Debug, Default)]
+struct Recording {
+    current: DesiredState,
+    full: usize,
+    partial: Vec<BTreeSet<ServicePort>>,
+}
+
+struct Recorder(Arc<Mutex<Recording>>);
+
+impl Programmer for Recorder {
+    fn apply(&mut self, desired: &DesiredState) -> ApplyReport {
+        let mut recording = self.0.lock().unwrap();
+        recording.current = desired.clone();
+        recording.full += 1;
+        ApplyReport::default()
+    }
+
+    fn apply_changes(&mut self, desired: &DesiredState, changed: &BTreeSet<ServicePort>) -> ApplyReport {
+        let mut recording = self.0.lock().unwrap();
+        for port in changed {
+            match desired.services.get(port) {
+                Some(service) => recording.current.services.insert(*port, service.clone()),
+                None => recording.current.services.remove(port),
+            };
+        }
+        recording.partial.push(changed.clone());
+        ApplyReport::default()
+    }
+
+    fn observe(&self) -> Observation {
+        Observation::default()
+    }
+}
+
+fn node(name: &str, zone: &str) -> Object {
+    let labels = BTreeMap::from([("topology.kubernetes.io/zone".to_owned(), zone.to_owned())]);
+    Object::Node(Node { name: name.into(), labels, allocatable_cpu_millis: 1000, ready: true })
+}
+
+fn service(name: &str, vip: &str) -> Service {
+    Service {
+        key: ObjectKey::new("ns", name),
+        cluster_ips: vec![vip.parse().unwrap()],
+        ports: vec![SvcPort { name: "http".into(), port: 80, protocol: Protocol::Tcp }],
+        internal_traffic_local: false,
+        traffic_distribution: None,
+        topology_keys: None,
+        topology_mode: None,
+        agent_annotations: BTreeMap::new(),
+    }
+}
+
+fn slice(name: &str, service: &str, addresses: &[&str]) -> EndpointSlice {
+    EndpointSlice {
+        key: ObjectKey::new("ns", name),
+        service: Some(ObjectKey::new("ns", service)),
+        family: Family::V4,
+        ports: vec![SlicePort { name: "http".into(), port: 8080, protocol: Protocol::Tcp }],
+        endpoints: addresses
+            .iter()
+            .map(|a| Endpoint {
+                address: a.parse().unwrap(),
+                ready: true,
+                serving: true,
+                terminating: false,
+                node_name: Some("a".into()),
+                zone: None,
+                hint_zones: vec![],
+                hint_nodes: vec![],
+            })
+            .collect(),
+    }
+}
+
+fn replace(kind: Kind, objects: Vec<Object>) -> SourceEvent {
+    SourceEvent::Replace { kind, objects, invalid: vec![] }
+}
+
+fn port(vip: &str) -> ServicePort {
+    ServicePort { vip: vip.parse::<IpAddr>().unwrap(), port: 80, protocol: Protocol::Tcp }
+}
+
+fn addresses(recording: &Recording, vip: &str) -> Option<Vec<String>> {
+    recording.current.services.get(&port(vip)).map(|s| s.backends.iter().map(|b| b.addr.to_string()).collect())
+}
+
+/// Queues `events`, runs the controller until they are handled, and returns what it recorded.
+fn run(events: Vec<SourceEvent>) -> Recording {
+    let (sender, receiver) = EventSender::channel();
+    for event in events {
+        sender.send(event);
+    }
+    drop(sender);
+    let recording = Arc::new(Mutex::new(Recording::default()));
+    let controller = Controller::new(
+        ControllerConfig {
+            node: "a".into(),
+            reconcile_interval: Duration::from_secs(3600),
+            counters_interval: Duration::from_secs(3600),
+        },
+        Recorder(Arc::clone(&recording)),
+        Arc::new(Health::default()),
+        Arc::new(Metrics::default()),
+        Box::new(LogOnly),
+    );
+    // With every sender gone, the loop ends once the queue is drained.
+    controller.run(&receiver, &CancellationToken::new()).expect("controller");
+    Arc::try_unwrap(recording).unwrap().into_inner().unwrap()
+}
+
+fn initial() -> Vec<SourceEvent> {
+    vec![
+        replace(Kind::Node, vec![node("a", "z1")]),
+        replace(
+            Kind::Service,
+            vec![Object::Service(service("web", "10.96.0.1")), Object::Service(service("api", "10.96.0.2"))],
+        ),
+        replace(
+            Kind::EndpointSlice,
+            vec![
+                Object::EndpointSlice(slice("web-1", "web", &["10.1.0.1"])),
+                Object::EndpointSlice(slice("api-1", "api", &["10.2.0.1"])),
+            ],
+        ),
+    ]
+}
+
+#[test]
+fn a_queued_burst_is_programmed_in_one_batch() {
+    let mut events = initial();
+    for i in 0..500 {
+        let address = format!("10.1.{}.{}", i / 200, i % 200 + 1);
+        events.push(SourceEvent::Apply(Object::EndpointSlice(slice("web-1", "web", &[address.as_str()]))));
+    }
+    let recording = run(events);
+    assert_eq!((recording.full, recording.partial.len()), (1, 0), "one full programming, nothing else");
+    assert_eq!(addresses(&recording, "10.96.0.1"), Some(vec!["10.1.2.100".to_owned()]), "the last update wins");
+}
+
+#[test]
+fn nothing_is_programmed_until_every_kind_is_listed() {
+    let mut events = initial();
+    events.remove(2);
+    let recording = run(events);
+    assert_eq!(recording.full + recording.partial.len(), 0);
+}
+
+#[test]
+fn later_changes_apply_only_the_affected_ports() {
+    let (sender, receiver) = EventSender::channel();
+    for event in initial() {
+        sender.send(event);
+    }
+    let recording = Arc::new(Mutex::new(Recording::default()));
+    let health = Arc::new(Health::default());
+    let controller = Controller::new(
+        ControllerConfig::new("a"),
+        Recorder(Arc::clone(&recording)),
+        Arc::clone(&health),
+        Arc::new(Metrics::default()),
+        Box::new(LogOnly),
+    );
+    let shutdown = CancellationToken::new();
+    let token = shutdown.clone();
+    let thread = std::thread::spawn(move || controller.run(&receiver, &token));
+    let wait = |check: &dyn Fn(&Recording) -> bool| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !check(&recording.lock().unwrap()) {
+            assert!(std::time::Instant::now() < deadline, "{:?}", recording.lock().unwrap());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    wait(&|r| r.full == 1);
+    assert!(health.readiness().is_ok());
+    sender.send(SourceEvent::Apply(Object::EndpointSlice(slice("web-1", "web", &["10.1.0.9"]))));
+    wait(&|r| r.partial.len() == 1);
+    assert_eq!(recording.lock().unwrap().partial[0], BTreeSet::from([port("10.96.0.1")]), "api is not touched");
+    // A Node label change of another node touches the Services with endpoints there.
+    sender.send(SourceEvent::Apply(node("b", "z2")));
+    sender.send(SourceEvent::Apply(node("b", "z3")));
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(recording.lock().unwrap().partial.len(), 1, "no endpoint on b, nothing to recompute");
+    shutdown.cancel();
+    thread.join().unwrap().unwrap();
+}
+
+#[test]
+fn a_relist_keeps_the_last_good_version_of_an_invalid_object() {
+    let mut events = initial();
+    let error = ObjectError {
+        kind: Kind::Service,
+        name: "ns/web".into(),
+        field: "spec.clusterIPs[0]".into(),
+        message: "bad".into(),
+    };
+    let invalid = Invalid {
+        id: ObjectId::Service(ObjectKey::new("ns", "web")),
+        service: Some(ObjectKey::new("ns", "web")),
+        error,
+    };
+    // The relist no longer has `api` (deleted) and cannot read `web`.
+    events.push(SourceEvent::Replace { kind: Kind::Service, objects: vec![], invalid: vec![invalid] });
+    let recording = run(events);
+    assert_eq!(
+        addresses(&recording, "10.96.0.1"),
+        Some(vec!["10.1.0.1".to_owned()]),
+        "web keeps its last good version"
+    );
+    assert_eq!(addresses(&recording, "10.96.0.2"), None, "api is gone");
+}
+
+#[test]
+fn two_services_claiming_one_cluster_ip_do_not_fight() {
+    // Within one batch the Service whose name sorts first holds the port; later claims wait.
+    let mut events = initial();
+    events.push(SourceEvent::Apply(Object::Service(service("zz-copy", "10.96.0.1"))));
+    events.push(SourceEvent::Apply(Object::EndpointSlice(slice("copy-1", "zz-copy", &["10.9.0.1"]))));
+    let recording = run(events);
+    assert_eq!(addresses(&recording, "10.96.0.1"), Some(vec!["10.1.0.1".to_owned()]), "the holder keeps it");
+
+    let mut events = initial();
+    events.push(SourceEvent::Apply(Object::Service(service("zz-copy", "10.96.0.1"))));
+    events.push(SourceEvent::Apply(Object::EndpointSlice(slice("copy-1", "zz-copy", &["10.9.0.1"]))));
+    events.push(SourceEvent::Delete(ObjectId::Service(ObjectKey::new("ns", "web"))));
+    let recording = run(events);
+    assert_eq!(
+        addresses(&recording, "10.96.0.1"),
+        Some(vec!["10.9.0.1".to_owned()]),
+        "released to the waiting Service"
+    );
+}

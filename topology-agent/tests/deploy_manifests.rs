@@ -1,0 +1,123 @@
+//! Every manifest under deploy/ parses into its k8s-openapi type and serializes back to exactly
+//! what was written (a misspelt field would be dropped on the way), and the DaemonSet's arguments
+//! are ones the agent accepts.
+
+use std::{collections::BTreeSet, path::PathBuf, process::Command};
+
+use k8s_openapi::api::{
+    apps::v1::DaemonSet,
+    core::v1::{Namespace, ServiceAccount},
+    rbac::v1::{ClusterRole, ClusterRoleBinding},
+};
+use serde::{Serialize, de::DeserializeOwned};
+use serde_json::Value;
+
+fn deploy_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+}
+
+/// Every YAML document of every manifest, with its file name.
+fn manifests() -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(deploy_dir())
+        .expect("deploy/")
+        .map(|entry| entry.expect("entry").path())
+        .filter(|path| path.extension().is_some_and(|e| e == "yaml") && !path.ends_with("kustomization.yaml"))
+        .collect();
+    files.sort();
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("read manifest");
+        let name = file.file_name().unwrap().to_string_lossy().into_owned();
+        for document in serde_yaml::Deserializer::from_str(&text) {
+            let yaml: serde_yaml::Value =
+                serde::Deserialize::deserialize(document).unwrap_or_else(|e| panic!("{name}: {e}"));
+            out.push((name.clone(), serde_json::to_value(yaml).expect("YAML as JSON")));
+        }
+    }
+    out
+}
+
+fn round_trip<T: DeserializeOwned + Serialize>(file: &str, document: &Value) {
+    let typed: T =
+        serde_path_to_error::deserialize(document).unwrap_or_else(|e| panic!("{file}: {}: {}", e.path(), e.inner()));
+    let back = serde_json::to_value(&typed).expect("serialize");
+    assert_eq!(&back, document, "{file}: a field was dropped (misspelt or misplaced) on the way through the type");
+}
+
+#[test]
+fn every_manifest_is_a_valid_kubernetes_object() {
+    let documents = manifests();
+    assert!(documents.len() >= 5);
+    for (file, document) in &documents {
+        match document["kind"].as_str() {
+            Some("Namespace") => round_trip::<Namespace>(file, document),
+            Some("ServiceAccount") => round_trip::<ServiceAccount>(file, document),
+            Some("ClusterRole") => round_trip::<ClusterRole>(file, document),
+            Some("ClusterRoleBinding") => round_trip::<ClusterRoleBinding>(file, document),
+            Some("DaemonSet") => round_trip::<DaemonSet>(file, document),
+            other => panic!("{file}: unexpected kind {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn the_kustomization_lists_every_manifest() {
+    let text = std::fs::read_to_string(deploy_dir().join("kustomization.yaml")).expect("kustomization.yaml");
+    let kustomization: Value = serde_json::to_value(serde_yaml::from_str::<serde_yaml::Value>(&text).unwrap()).unwrap();
+    let listed: BTreeSet<String> =
+        kustomization["resources"].as_array().unwrap().iter().map(|r| r.as_str().unwrap().to_owned()).collect();
+    let files: BTreeSet<String> = manifests().into_iter().map(|(file, _)| file).collect();
+    assert_eq!(listed, files);
+}
+
+fn daemonset() -> DaemonSet {
+    let (_, document) = manifests().into_iter().find(|(_, d)| d["kind"] == "DaemonSet").expect("a DaemonSet");
+    serde_json::from_value(document).unwrap()
+}
+
+#[test]
+fn the_daemonset_has_what_the_agent_needs_and_no_more() {
+    let daemonset = daemonset();
+    let pod = daemonset.spec.unwrap().template.spec.unwrap();
+    let container = &pod.containers[0];
+    let env = container.env.as_ref().unwrap().iter().find(|e| e.name == "NODE_NAME").expect("NODE_NAME");
+    let field = env.value_from.as_ref().unwrap().field_ref.as_ref().unwrap();
+    assert_eq!(field.field_path, "spec.nodeName", "NODE_NAME comes from the Downward API");
+    let security = container.security_context.as_ref().unwrap();
+    assert_eq!(security.privileged, Some(false));
+    let added: BTreeSet<&str> =
+        security.capabilities.as_ref().unwrap().add.as_ref().unwrap().iter().map(String::as_str).collect();
+    assert_eq!(added, BTreeSet::from(["BPF", "NET_ADMIN", "SYS_ADMIN", "PERFMON"]));
+    let probe =
+        |p: &Option<k8s_openapi::api::core::v1::Probe>| p.as_ref().unwrap().http_get.as_ref().unwrap().path.clone();
+    assert_eq!(probe(&container.liveness_probe).as_deref(), Some("/healthz"));
+    assert_eq!(probe(&container.readiness_probe).as_deref(), Some("/readyz"));
+    assert!(container.resources.as_ref().unwrap().requests.is_some(), "resource requests are set");
+    let host_paths: BTreeSet<String> =
+        pod.volumes.unwrap().iter().filter_map(|v| v.host_path.as_ref().map(|h| h.path.clone())).collect();
+    assert_eq!(host_paths, BTreeSet::from(["/sys/fs/bpf".to_owned(), "/sys/fs/cgroup".to_owned()]));
+}
+
+#[test]
+fn the_daemonset_arguments_are_accepted_by_the_agent() {
+    let daemonset = daemonset();
+    let container = daemonset.spec.unwrap().template.spec.unwrap().containers.remove(0);
+    let not_bpffs = std::env::temp_dir().join("topology-agent-manifest-test");
+    // The same arguments, with a pin path that is not on bpffs so nothing is loaded or created.
+    let args: Vec<String> = container
+        .args
+        .unwrap()
+        .into_iter()
+        .map(|arg| if arg.starts_with("--pin-path=") { format!("--pin-path={}", not_bpffs.display()) } else { arg })
+        .chain(["--node=manifest-test".to_owned(), "--cluster=/nonexistent.yaml".to_owned()])
+        .collect();
+    let output = Command::new(env!("CARGO_BIN_EXE_topology-agent")).args(&args).output().expect("run the agent");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_ne!(output.status.code(), Some(2), "the agent rejected the DaemonSet's arguments: {stderr}");
+    assert!(!output.status.success(), "must stop at the pin path: {stderr}");
+    assert!(
+        stderr.contains("is not on a BPF filesystem") || stderr.contains("cgroup"),
+        "stopped for another reason than the pin path or cgroup: {stderr}"
+    );
+    assert!(!not_bpffs.exists(), "nothing was created");
+}
