@@ -26,7 +26,7 @@ use topology_agent::{
 };
 use topology_tests::{
     fixture::{BACKEND_PORT, Fixture},
-    net::{ClientPlace, Host, Server},
+    net::{ClientPlace, Host, Server, ServerOptions},
     sandbox::{CgroupGuard, PinGuard, is_root, run},
     traffic::Report,
 };
@@ -90,7 +90,8 @@ fn main() {
     let servers: Vec<(Server, Host)> = (0..2)
         .map(|i| {
             let host = fx.network.host("b");
-            (Server::start_on(&host, &format!("b{i}"), &[BACKEND_PORT], Some(SERVER_CPU)), host)
+            let options = ServerOptions { cpu: Some(SERVER_CPU), ..ServerOptions::default() };
+            (Server::start_with(&host, &format!("b{i}"), &[BACKEND_PORT], &options), host)
         })
         .collect();
     let backends: Vec<SocketAddr> = servers.iter().map(|(_, host)| SocketAddr::from((host.v4, BACKEND_PORT))).collect();

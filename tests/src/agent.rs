@@ -31,13 +31,18 @@ pub struct AgentOptions<'a> {
     pub cgroup: &'a Path,
     /// Pin directory.
     pub pins: &'a Path,
+    /// File to append the agent's log to (default: the test's stderr).
+    pub log: Option<&'a Path>,
+    /// cgroup the agent process itself joins (default: the caller's).
+    pub home: Option<&'a Path>,
 }
 
 impl Agent {
     /// Starts the agent (stderr goes to the test's stderr).
     pub fn start(options: &AgentOptions<'_>) -> Self {
         let http = free_port();
-        let child = Command::new(agent_binary())
+        let mut command = Command::new(agent_binary());
+        command
             .arg("run")
             .arg("--cluster")
             .arg(options.cluster)
@@ -47,9 +52,15 @@ impl Agent {
             .arg("--pin-path")
             .arg(options.pins)
             .args(["--metrics-addr", &http.to_string()])
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("spawn topology-agent");
+            .stdout(Stdio::null());
+        if let Some(log) = options.log {
+            let file = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("agent log file");
+            command.stderr(file);
+        }
+        if let Some(home) = options.home {
+            crate::sandbox::join_cgroup_on_spawn(&mut command, home);
+        }
+        let child = command.spawn().expect("spawn topology-agent");
         Self { process: ProcessGuard::new(child), http }
     }
 

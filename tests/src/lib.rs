@@ -3,6 +3,7 @@
 
 pub mod agent;
 pub mod cluster;
+pub mod demo;
 pub mod fake_api;
 pub mod fixture;
 pub mod net;

@@ -82,13 +82,26 @@ pub fn agent_binary() -> PathBuf {
     sibling_binary("topology-agent")
 }
 
-/// `target/<profile>/<name>` for a test binary running from `target/<profile>/deps/`.
+/// `target/<profile>/<name>`, next to the running binary or, for a test binary running from
+/// `target/<profile>/deps/`, one directory up.
 fn sibling_binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current executable");
-    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps layout");
-    let path = profile_dir.join(name);
-    assert!(path.exists(), "{} not built; run `cargo xtask test` (it builds every binary first)", path.display());
-    path
+    let here = exe.parent().expect("executable directory");
+    let candidates = [here.join(name), here.parent().unwrap_or(here).join(name)];
+    candidates.iter().find(|path| path.exists()).cloned().unwrap_or_else(|| {
+        panic!("{} not built; run `cargo xtask test` (it builds every binary first)", candidates[1].display())
+    })
+}
+
+/// Where a server runs.
+#[derive(Clone, Debug, Default)]
+pub struct ServerOptions<'a> {
+    /// CPU to pin to.
+    pub cpu: Option<usize>,
+    /// cgroup to run in (not one with the programs: a backend's own sockets are not clients).
+    pub home: Option<&'a Path>,
+    /// File for the server's stderr (default: the caller's stderr).
+    pub log: Option<&'a Path>,
 }
 
 /// A backend server process answering with its name.
@@ -101,15 +114,21 @@ impl Server {
     /// Starts `name` in `host`'s namespace on the given ports of both its addresses, TCP and UDP,
     /// and waits until it listens.
     pub fn start(host: &Host, name: &str, ports: &[u16]) -> Self {
-        Self::start_on(host, name, ports, None)
+        Self::start_with(host, name, ports, &ServerOptions::default())
     }
 
-    /// Like [`Server::start`], pinned to `cpu` when given.
-    pub fn start_on(host: &Host, name: &str, ports: &[u16], cpu: Option<usize>) -> Self {
+    /// Like [`Server::start`], with a CPU to pin to or a cgroup to run in.
+    pub fn start_with(host: &Host, name: &str, ports: &[u16], options: &ServerOptions<'_>) -> Self {
         let mut command = Command::new(probe_binary());
         command.args(["--netns", host.netns.name()]);
-        if let Some(cpu) = cpu {
+        if let Some(cpu) = options.cpu {
             command.args(["--cpu", &cpu.to_string()]);
+        }
+        if let Some(home) = options.home {
+            command.arg("--cgroup").arg(home);
+        }
+        if let Some(log) = options.log {
+            command.stderr(std::fs::OpenOptions::new().create(true).append(true).open(log).expect("server log file"));
         }
         command.args(["serve", "--name", name]);
         for port in ports {

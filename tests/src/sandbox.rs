@@ -180,6 +180,28 @@ impl Drop for ProcessGuard {
     }
 }
 
+/// Makes the child process join `cgroup` between fork and exec, so it starts inside it.
+pub fn join_cgroup_on_spawn(command: &mut Command, cgroup: &Path) {
+    use std::os::unix::{ffi::OsStrExt as _, process::CommandExt as _};
+    let procs = std::ffi::CString::new(cgroup.join("cgroup.procs").as_os_str().as_bytes()).expect("cgroup path");
+    // SAFETY: between fork and exec only async-signal-safe calls run: open, write, close on a
+    // path prepared before the fork; "0" names the writing process itself.
+    unsafe {
+        command.pre_exec(move || {
+            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+            libc::close(fd);
+            if written != 1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Mounts bpffs at /sys/fs/bpf if nothing is mounted there (`cargo xtask setup` does the same).
 pub fn ensure_bpffs() {
     let dir = Path::new("/sys/fs/bpf");
@@ -192,13 +214,15 @@ fn sweep_stale_once() {
     static SWEEP: Once = Once::new();
     SWEEP.call_once(|| {
         if is_root() {
-            sweep_stale();
+            let _ = sweep_stale();
         }
     });
 }
 
-/// Removes namespaces, cgroups and pin directories left by test runs whose process is gone.
-pub fn sweep_stale() {
+/// Removes namespaces, cgroups (and the processes in them) and pin directories left by runs
+/// whose process is gone; returns how many objects it removed.
+pub fn sweep_stale() -> usize {
+    let mut removed = 0;
     let dead = |name: &str| -> bool {
         let Some(rest) = name.strip_prefix(PREFIX) else {
             return false;
@@ -213,6 +237,7 @@ pub fn sweep_stale() {
         for entry in entries.flatten() {
             if dead(&entry.file_name().to_string_lossy()) {
                 let _ = dataplane::cleanup(&entry.path());
+                removed += 1;
             }
         }
     }
@@ -222,6 +247,7 @@ pub fn sweep_stale() {
         for entry in entries.flatten() {
             if dead(&entry.file_name().to_string_lossy()) {
                 remove_cgroup(&entry.path());
+                removed += 1;
             }
         }
     }
@@ -230,7 +256,9 @@ pub fn sweep_stale() {
             let name = line.split_whitespace().next().unwrap_or_default();
             if dead(name) {
                 let _ = Command::new("ip").args(["netns", "del", name]).output();
+                removed += 1;
             }
         }
     }
+    removed
 }

@@ -63,6 +63,8 @@ impl World {
             node: "node-a",
             cgroup: self.fx.cgroup.path(),
             pins: self.fx.pins.path(),
+            log: None,
+            home: None,
         });
         agent.wait_ready(READY);
         agent

@@ -3,6 +3,7 @@
 
 mod bench;
 mod cmd;
+mod demo;
 mod setup;
 mod test;
 
@@ -24,6 +25,9 @@ enum Task {
     Test(test::TestArgs),
     /// Set up, then run benchmarks and print their tables.
     Bench(bench::BenchArgs),
+    /// Set up, then simulate a multi-zone cluster on this machine with real agents and real
+    /// connections, and report where they landed (root).
+    Demo(demo::DemoArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -36,6 +40,10 @@ fn main() -> anyhow::Result<()> {
         Task::Bench(args) => {
             setup::run()?;
             bench::run(&args)
+        }
+        Task::Demo(args) => {
+            setup::run()?;
+            demo::run(&args)
         }
     }
 }

@@ -1,0 +1,144 @@
+//! `cargo xtask demo`: a multi-zone cluster simulated on this machine, a real agent per simulated
+//! node, real connections, and a report of where they landed next to kube-proxy's default.
+
+use std::{
+    path::PathBuf,
+    sync::atomic::{AtomicBool, Ordering},
+    time::Instant,
+};
+
+use anyhow::bail;
+use clap::Parser;
+use indicatif::{ProgressBar, ProgressStyle};
+use topology_tests::{
+    demo::{self, DemoCluster, DemoConfig, report},
+    sandbox::{is_root, sweep_stale},
+};
+
+#[derive(Parser)]
+#[command(about = "Simulate a multi-zone cluster in network namespaces and measure where connections land")]
+struct Args {
+    /// Zones.
+    #[arg(long, default_value_t = 3)]
+    zones: usize,
+    /// Nodes per zone.
+    #[arg(long, default_value_t = 2)]
+    nodes_per_zone: usize,
+    /// Backends per zone.
+    #[arg(long, default_value_t = 2)]
+    backends_per_zone: usize,
+    /// Regions the zones are split over (1 or 2).
+    #[arg(long, default_value_t = 1)]
+    regions: usize,
+    /// Connections per node per Service.
+    #[arg(long, default_value_t = 1000)]
+    connections: u64,
+    /// Where cluster.yaml, the logs and the report go.
+    #[arg(long, default_value = "target/demo")]
+    out: PathBuf,
+    /// Leave the cluster running for exploring; the next run (or --clean) removes it.
+    #[arg(long)]
+    keep: bool,
+    /// Only remove what an earlier (kept or crashed) demo left behind.
+    #[arg(long)]
+    clean: bool,
+}
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_interrupt(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+/// Stops at the next step after Ctrl-C; unwinding drops every guard, which removes it all.
+fn check_interrupt() {
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        panic!("interrupted: tearing everything down");
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if !is_root() {
+        bail!("the demo needs root: it loads BPF programs and creates cgroups and network namespaces");
+    }
+    let removed = sweep_stale();
+    if removed > 0 {
+        eprintln!("removed {removed} objects left by an earlier demo or test run");
+    }
+    if args.clean {
+        return Ok(());
+    }
+    let config = DemoConfig {
+        zones: args.zones,
+        nodes_per_zone: args.nodes_per_zone,
+        backends_per_zone: args.backends_per_zone,
+        regions: args.regions,
+        connections: args.connections,
+    };
+    config.validate().map_err(anyhow::Error::msg)?;
+    // SAFETY: the handler only stores into an atomic.
+    unsafe { libc::signal(libc::SIGINT, on_interrupt as *const () as libc::sighandler_t) };
+
+    let started = Instant::now();
+    eprintln!(
+        "starting {} nodes in {} zones with {} backends, one agent per node...",
+        config.zones * config.nodes_per_zone,
+        config.zones,
+        config.zones * config.backends_per_zone
+    );
+    let cluster = DemoCluster::start(&config, &args.out);
+    check_interrupt();
+    eprintln!("cluster ready in {:.1} s: {}", started.elapsed().as_secs_f64(), cluster.cluster_file.display());
+
+    let services = cluster.plan.services.len();
+    let progress = ProgressBar::new(services as u64).with_style(
+        ProgressStyle::with_template("{spinner} {msg:<28} [{bar:30}] {pos}/{len} Services")
+            .expect("progress template")
+            .progress_chars("=> "),
+    );
+    progress.set_message(format!("{} connections per node", config.connections));
+    let results = demo::measure(&cluster, config.connections, &mut |done, _| {
+        check_interrupt();
+        progress.set_position(done as u64);
+    });
+    progress.finish_and_clear();
+
+    eprintln!("failover: removing zone {}'s backends from the file...", cluster.plan.nodes[0].zone);
+    let failover = demo::failover(&cluster);
+    check_interrupt();
+
+    println!("\n{}", report::table(&results));
+    println!(
+        "failover: new connections left {} in {:.0} ms and came back in {:.0} ms; {} connections, {} failed",
+        failover.zone,
+        failover.moved_after.as_secs_f64() * 1e3,
+        failover.back_after.as_secs_f64() * 1e3,
+        failover.attempts,
+        failover.failures
+    );
+    if let Some(close) = report::comparisons(&results).into_iter().find(|c| c.ours.name == "prefer-close") {
+        let avoided = close.gb_avoided_per_gb().unwrap_or(0.0);
+        println!(
+            "PreferClose keeps {:.1}% in zone where kube-proxy's default keeps {:.1}%: {:.0} MB of every GB stays in zone, \
+             ${:.4} per GB saved at ${:.2}/GB each way",
+            close.ours.total.in_zone().unwrap_or(0.0) * 100.0,
+            close.baseline.total.in_zone().unwrap_or(0.0) * 100.0,
+            avoided * 1000.0,
+            avoided * 2.0 * report::DOLLARS_PER_GB_EACH_WAY,
+            report::DOLLARS_PER_GB_EACH_WAY
+        );
+    }
+    report::write(&args.out, &config, &results, &failover)?;
+    println!("\nreport: {} (chart: {})", args.out.join("report.md").display(), args.out.join("in-zone.svg").display());
+    println!("done in {:.1} s", started.elapsed().as_secs_f64());
+
+    if args.keep {
+        println!("\nthe cluster is still running; explore it with:");
+        for command in cluster.explore_commands() {
+            println!("  {command}");
+        }
+        cluster.keep();
+    }
+    Ok(())
+}

@@ -1,0 +1,197 @@
+//! The demo cluster in the kernel: a client namespace and a cgroup per simulated node, a
+//! namespace and an echo server per backend, one agent per node with its own pins, all reading
+//! `cluster.yaml`. Everything is removed on drop, or left running by [`DemoCluster::keep`].
+
+use std::{
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use super::plan::{BACKEND_PORT, DemoConfig, Plan, SERVICE_PORT, Transport};
+use crate::{
+    agent::{Agent, AgentOptions},
+    cluster,
+    net::{ClientPlace, Host, Network, Server, ServerOptions, agent_binary},
+    sandbox::{CgroupGuard, PinGuard, run, unique_id},
+    traffic::{Report, UdpMode},
+};
+
+/// Everything the demo created, in drop order.
+pub struct DemoCluster {
+    /// The plan.
+    pub plan: Plan,
+    /// Where `cluster.yaml`, the logs and the report go.
+    pub dir: PathBuf,
+    /// The cluster file every agent reads.
+    pub cluster_file: PathBuf,
+    /// Unique prefix of every kernel object the demo made.
+    pub id: String,
+    addresses: Vec<Ipv4Addr>,
+    _agents: Vec<Agent>,
+    _servers: Vec<Server>,
+    pins: Vec<PinGuard>,
+    node_cgroups: Vec<CgroupGuard>,
+    _infra: CgroupGuard,
+    _backend_hosts: Vec<Host>,
+    node_hosts: Vec<Host>,
+    _network: Network,
+}
+
+impl DemoCluster {
+    /// Builds the cluster and starts one agent per node; returns once every agent is ready.
+    pub fn start(config: &DemoConfig, dir: &Path) -> Self {
+        let plan = Plan::new(config);
+        std::fs::create_dir_all(dir.join("logs")).expect("demo directory");
+        let id = unique_id();
+        let mut network = Network::new(&id);
+        // Agents and servers run here: cleanup kills whatever is left in it.
+        let infra = CgroupGuard::new(&format!("{id}-infra"));
+        let node_hosts: Vec<Host> = plan.nodes.iter().map(|_| network.host("n")).collect();
+        let backend_hosts: Vec<Host> = plan.backends.iter().map(|_| network.host("b")).collect();
+        let servers = plan
+            .backends
+            .iter()
+            .zip(&backend_hosts)
+            .map(|(backend, host)| {
+                let log = dir.join("logs").join(format!("server-{}.log", backend.name));
+                let options = ServerOptions { cpu: None, home: Some(infra.path()), log: Some(&log) };
+                Server::start_with(host, &backend.name, &[BACKEND_PORT], &options)
+            })
+            .collect();
+        let addresses: Vec<Ipv4Addr> = backend_hosts.iter().map(|h| h.v4).collect();
+        let cluster_file = dir.join("cluster.yaml");
+        cluster::write(&cluster_file, &plan.objects(&addresses, None));
+
+        let node_cgroups: Vec<CgroupGuard> =
+            plan.nodes.iter().map(|n| CgroupGuard::new(&format!("{id}-{}", n.name))).collect();
+        let pins: Vec<PinGuard> = plan.nodes.iter().map(|n| PinGuard::new(&format!("{id}-{}", n.name))).collect();
+        let mut agents: Vec<Agent> = plan
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| {
+                let log = dir.join("logs").join(format!("agent-{}.log", node.name));
+                Agent::start(&AgentOptions {
+                    cluster: &cluster_file,
+                    node: &node.name,
+                    cgroup: node_cgroups[i].path(),
+                    pins: pins[i].path(),
+                    log: Some(&log),
+                    home: Some(infra.path()),
+                })
+            })
+            .collect();
+        for agent in &mut agents {
+            agent.wait_ready(Duration::from_secs(30));
+        }
+        Self {
+            plan,
+            dir: dir.to_path_buf(),
+            cluster_file,
+            id,
+            addresses,
+            _agents: agents,
+            _servers: servers,
+            pins,
+            node_cgroups,
+            _infra: infra,
+            _backend_hosts: backend_hosts,
+            node_hosts,
+            _network: network,
+        }
+    }
+
+    /// Where clients of node `index` run.
+    pub fn place(&self, index: usize) -> ClientPlace {
+        ClientPlace {
+            netns: self.node_hosts[index].netns.name().to_owned(),
+            cgroup: self.node_cgroups[index].path().to_path_buf(),
+            cpu: None,
+        }
+    }
+
+    /// `count` connections (or exchanges) from node `node` to Service `service`.
+    pub fn traffic(&self, node: usize, service: usize, count: u64) -> Report {
+        let service = &self.plan.services[service];
+        let target = SocketAddr::new(IpAddr::V4(service.vip), SERVICE_PORT);
+        match service.transport {
+            Transport::Tcp => self.place(node).tcp(target, count),
+            Transport::Udp => self.place(node).udp(target, count, UdpMode::Unconnected),
+        }
+    }
+
+    /// `topology-agent explain --output json` for node `index`.
+    pub fn explain(&self, index: usize) -> serde_json::Value {
+        let json = run(
+            &agent_binary().to_string_lossy(),
+            &[
+                "explain",
+                "--cluster",
+                &self.cluster_file.to_string_lossy(),
+                "--node",
+                &self.plan.nodes[index].name,
+                "--output",
+                "json",
+            ],
+        );
+        serde_json::from_str(&json).expect("explain JSON")
+    }
+
+    /// Rewrites `cluster.yaml`, leaving out the backends of `removed_zone`.
+    pub fn write_cluster(&self, removed_zone: Option<&str>) {
+        cluster::write(&self.cluster_file, &self.plan.objects(&self.addresses, removed_zone));
+    }
+
+    /// Commands to explore a kept demo, and to remove it.
+    pub fn explore_commands(&self) -> Vec<String> {
+        let agent = agent_binary().display().to_string();
+        let probe = crate::net::probe_binary().display().to_string();
+        let first = &self.plan.nodes[0].name;
+        let service = &self.plan.services[2];
+        vec![
+            format!("bpftool cgroup show {}", self.node_cgroups[0].path().display()),
+            format!("bpftool map dump pinned {}/maps/topo_svc4", self.pins[0].path().display()),
+            format!("{agent} status --pin-path {}", self.pins[0].path().display()),
+            format!("{agent} explain --cluster {} --node {first}", self.cluster_file.display()),
+            format!(
+                "{probe} --netns {} --cgroup {} client --target {}:{SERVICE_PORT} tcp --count 10",
+                self.node_hosts[0].netns.name(),
+                self.node_cgroups[0].path().display(),
+                service.vip
+            ),
+            format!(
+                "edit {} and watch the agents follow (logs in {})",
+                self.cluster_file.display(),
+                self.dir.join("logs").display()
+            ),
+            "cargo xtask demo --clean    # remove it all".to_owned(),
+        ]
+    }
+
+    /// Leaves everything running: agents, servers, namespaces, cgroups and pins. The next
+    /// `cargo xtask demo` (or `--clean`) removes it, since its creator is gone by then.
+    pub fn keep(self) {
+        std::mem::forget(self);
+    }
+}
+
+/// Waits until connections from `node` to `service` satisfy `done` (checked on bursts of 20),
+/// and returns how long that took.
+pub fn wait_until(
+    demo: &DemoCluster,
+    node: usize,
+    service: usize,
+    within: Duration,
+    done: impl Fn(&Report) -> bool,
+) -> Duration {
+    let started = Instant::now();
+    loop {
+        let report = demo.traffic(node, service, 20);
+        if done(&report) {
+            return started.elapsed();
+        }
+        assert!(started.elapsed() < within, "no change within {within:?}: {report:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

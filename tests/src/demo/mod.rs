@@ -1,0 +1,11 @@
+//! `cargo xtask demo`: a multi-zone cluster simulated on one machine, with a real agent per
+//! simulated node and real connections, compared with kube-proxy's default policy.
+
+pub mod cluster;
+pub mod measure;
+pub mod plan;
+pub mod report;
+
+pub use cluster::DemoCluster;
+pub use measure::{Failover, Landing, ServiceResult, failover, measure};
+pub use plan::{DemoConfig, Plan, Policy, Transport};

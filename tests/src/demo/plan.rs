@@ -1,0 +1,276 @@
+//! The demo cluster on paper: zones, nodes, backends and one Service per policy (each with a
+//! default-policy twin, the kube-proxy baseline), written as ordinary Kubernetes YAML.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use serde_json::Value;
+
+use crate::cluster::{self, EndpointSpec};
+
+/// Size and shape of the demo cluster.
+#[derive(Clone, Debug)]
+pub struct DemoConfig {
+    /// Zones (at most 26).
+    pub zones: usize,
+    /// Nodes per zone.
+    pub nodes_per_zone: usize,
+    /// Backends per zone, placed round-robin over the zone's nodes.
+    pub backends_per_zone: usize,
+    /// Regions the zones are split over (1 or 2).
+    pub regions: usize,
+    /// Connections (or UDP exchanges) per node per Service.
+    pub connections: u64,
+}
+
+impl Default for DemoConfig {
+    fn default() -> Self {
+        Self { zones: 3, nodes_per_zone: 2, backends_per_zone: 2, regions: 1, connections: 1000 }
+    }
+}
+
+impl DemoConfig {
+    /// Checks the shape.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(1..=26).contains(&self.zones) {
+            return Err("--zones must be 1 to 26".into());
+        }
+        if self.nodes_per_zone == 0 || self.backends_per_zone == 0 {
+            return Err("--nodes-per-zone and --backends-per-zone must be at least 1".into());
+        }
+        if !(1..=2).contains(&self.regions) || self.regions > self.zones {
+            return Err("--regions must be 1 or 2, and at most --zones".into());
+        }
+        if self.connections == 0 {
+            return Err("--connections must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// A simulated node.
+#[derive(Clone, Debug)]
+pub struct NodePlan {
+    /// `node-a1`.
+    pub name: String,
+    /// `zone-a`.
+    pub zone: String,
+    /// `region-1`.
+    pub region: String,
+}
+
+/// A backend (an echo server in its own namespace).
+#[derive(Clone, Debug)]
+pub struct BackendPlan {
+    /// `zone-a-1`: what it answers with.
+    pub name: String,
+    /// Index of its node.
+    pub node: usize,
+}
+
+/// How a Service routes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    /// No topology: every endpoint (kube-proxy's default).
+    Default,
+    /// `trafficDistribution: PreferClose`.
+    PreferClose,
+    /// `trafficDistribution: PreferSameNode`.
+    PreferSameNode,
+    /// Topology keys hostname, zone, `*`.
+    TopologyKeys,
+    /// A hard topology key no node carries: refused everywhere.
+    HardKeys,
+    /// `internalTrafficPolicy: Local`.
+    Local,
+    /// `service.kubernetes.io/topology-mode: Auto`, with hints as the EndpointSlice controller
+    /// writes them.
+    AutoHints,
+}
+
+/// Transport of a demo Service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// TCP connections.
+    Tcp,
+    /// UDP request/response from unconnected sockets (like a resolver).
+    Udp,
+}
+
+/// A demo Service.
+#[derive(Clone, Debug)]
+pub struct ServicePlan {
+    /// Service name.
+    pub name: String,
+    /// Routing.
+    pub policy: Policy,
+    /// Transport.
+    pub transport: Transport,
+    /// ClusterIP.
+    pub vip: Ipv4Addr,
+    /// The Service this one is the default-policy twin of.
+    pub baseline_of: Option<String>,
+}
+
+/// Port of every Service.
+pub const SERVICE_PORT: u16 = 80;
+/// Port every backend listens on, TCP and UDP.
+pub const BACKEND_PORT: u16 = 8080;
+/// The label key of the hard-keys Service, carried by no node.
+pub const HARD_KEY: &str = "example.com/rack";
+
+/// The whole plan.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// Nodes, zone by zone.
+    pub nodes: Vec<NodePlan>,
+    /// Backends, zone by zone.
+    pub backends: Vec<BackendPlan>,
+    /// Services: each policy, then its baseline twin.
+    pub services: Vec<ServicePlan>,
+}
+
+impl Plan {
+    /// The plan for `config`.
+    pub fn new(config: &DemoConfig) -> Self {
+        let mut nodes = Vec::new();
+        let mut backends = Vec::new();
+        for z in 0..config.zones {
+            let letter = (b'a' + z as u8) as char;
+            let region = if config.regions == 2 && z >= config.zones.div_ceil(2) { "region-2" } else { "region-1" };
+            let first = nodes.len();
+            for n in 0..config.nodes_per_zone {
+                nodes.push(NodePlan {
+                    name: format!("node-{letter}{}", n + 1),
+                    zone: format!("zone-{letter}"),
+                    region: region.into(),
+                });
+            }
+            for b in 0..config.backends_per_zone {
+                backends.push(BackendPlan {
+                    name: format!("zone-{letter}-{}", b + 1),
+                    node: first + b % config.nodes_per_zone,
+                });
+            }
+        }
+        let policies = [
+            ("default", Policy::Default, Transport::Tcp),
+            ("prefer-close", Policy::PreferClose, Transport::Tcp),
+            ("prefer-same-node", Policy::PreferSameNode, Transport::Tcp),
+            ("topology-keys", Policy::TopologyKeys, Transport::Tcp),
+            ("hard-keys", Policy::HardKeys, Transport::Tcp),
+            ("local", Policy::Local, Transport::Tcp),
+            ("dns", Policy::PreferClose, Transport::Udp),
+            ("auto-hints", Policy::AutoHints, Transport::Tcp),
+        ];
+        let mut services = Vec::new();
+        for (i, (name, policy, transport)) in policies.into_iter().enumerate() {
+            let vip = |offset: u8| Ipv4Addr::new(10, 96, 0, 10 + 2 * i as u8 + offset);
+            services.push(ServicePlan { name: name.into(), policy, transport, vip: vip(0), baseline_of: None });
+            services.push(ServicePlan {
+                name: format!("{name}-baseline"),
+                policy: Policy::Default,
+                transport,
+                vip: vip(1),
+                baseline_of: Some(name.into()),
+            });
+        }
+        Self { nodes, backends, services }
+    }
+
+    /// The node a backend runs on.
+    pub fn node_of(&self, backend: &str) -> Option<&NodePlan> {
+        self.backends.iter().find(|b| b.name == backend).map(|b| &self.nodes[b.node])
+    }
+
+    /// The cluster as Kubernetes objects; backends in `removed_zone` are left out of every slice.
+    pub fn objects(&self, addresses: &[Ipv4Addr], removed_zone: Option<&str>) -> Vec<Value> {
+        let mut objects: Vec<Value> =
+            self.nodes.iter().map(|n| cluster::node(&n.name, &n.zone, Some(&n.region), "4")).collect();
+        let present: Vec<(usize, &BackendPlan)> = self
+            .backends
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| Some(self.nodes[b.node].zone.as_str()) != removed_zone)
+            .collect();
+        let zones_with_endpoints: Vec<&str> = present.iter().map(|(_, b)| self.nodes[b.node].zone.as_str()).collect();
+        for service in &self.services {
+            let protocol = match service.transport {
+                Transport::Tcp => "TCP",
+                Transport::Udp => "UDP",
+            };
+            let mut object =
+                cluster::service("demo", &service.name, IpAddr::V4(service.vip), SERVICE_PORT, protocol, "main");
+            match service.policy {
+                Policy::Default => {}
+                Policy::PreferClose => object["spec"]["trafficDistribution"] = "PreferClose".into(),
+                Policy::PreferSameNode => object["spec"]["trafficDistribution"] = "PreferSameNode".into(),
+                Policy::TopologyKeys => cluster::annotate(
+                    &mut object,
+                    "topology-agent.io/topology-keys",
+                    "kubernetes.io/hostname,topology.kubernetes.io/zone,*",
+                ),
+                Policy::HardKeys => cluster::annotate(&mut object, "topology-agent.io/topology-keys", HARD_KEY),
+                Policy::Local => object["spec"]["internalTrafficPolicy"] = "Local".into(),
+                Policy::AutoHints => cluster::annotate(&mut object, "service.kubernetes.io/topology-mode", "Auto"),
+            }
+            objects.push(object);
+            let endpoints: Vec<EndpointSpec> = present
+                .iter()
+                .map(|(i, backend)| {
+                    let node = &self.nodes[backend.node];
+                    let mut spec = EndpointSpec::new(IpAddr::V4(addresses[*i]), &node.name);
+                    spec.zone = Some(node.zone.clone());
+                    // Hints as the EndpointSlice controller writes them: for a preference, each
+                    // endpoint's own zone; for Auto, only while every zone has endpoints (its
+                    // allocation would otherwise move endpoints between zones).
+                    let hinted = match service.policy {
+                        Policy::PreferClose | Policy::PreferSameNode => true,
+                        Policy::AutoHints => self.nodes.iter().all(|n| zones_with_endpoints.contains(&n.zone.as_str())),
+                        _ => false,
+                    };
+                    if hinted {
+                        spec.hint_zones = vec![node.zone.clone()];
+                    }
+                    spec
+                })
+                .collect();
+            let slice_name = format!("{}-1", service.name);
+            objects.push(cluster::slice(
+                "demo",
+                &slice_name,
+                &service.name,
+                "main",
+                BACKEND_PORT,
+                protocol,
+                &endpoints,
+            ));
+        }
+        objects
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_plan_has_six_nodes_six_backends_and_sixteen_services() {
+        let plan = Plan::new(&DemoConfig::default());
+        assert_eq!(plan.nodes.len(), 6);
+        assert_eq!(plan.backends.len(), 6);
+        assert_eq!(plan.services.len(), 16);
+        assert_eq!(plan.node_of("zone-b-2").unwrap().name, "node-b2");
+        let two_regions = Plan::new(&DemoConfig { zones: 4, regions: 2, ..DemoConfig::default() });
+        assert_eq!(two_regions.nodes.iter().filter(|n| n.region == "region-2").count(), 4);
+    }
+
+    #[test]
+    fn removing_a_zone_removes_its_endpoints_from_every_slice() {
+        let plan = Plan::new(&DemoConfig::default());
+        let addresses: Vec<Ipv4Addr> = (0..6).map(|i| Ipv4Addr::new(10, 244, 0, i + 1)).collect();
+        let objects = plan.objects(&addresses, Some("zone-a"));
+        for slice in objects.iter().filter(|o| o["kind"] == "EndpointSlice") {
+            assert_eq!(slice["endpoints"].as_array().unwrap().len(), 4);
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! The demo, reduced (fewer connections), with the landing shares every policy must reach.
+//! Root, real kernel, `--test-threads=1`.
+
+use topology_tests::{
+    demo::{self, DemoCluster, DemoConfig, Policy, ServiceResult},
+    require_root,
+};
+
+fn result<'a>(results: &'a [ServiceResult], name: &str) -> &'a ServiceResult {
+    results.iter().find(|r| r.name == name).unwrap_or_else(|| panic!("no result for {name}"))
+}
+
+#[test]
+fn the_reduced_demo_lands_every_policy_where_it_should() {
+    require_root!();
+    let config = DemoConfig { connections: 200, ..DemoConfig::default() };
+    let dir = std::env::temp_dir().join(format!("topology-demo-test-{}", std::process::id()));
+    let cluster = DemoCluster::start(&config, &dir);
+    let results = demo::measure(&cluster, config.connections, &mut |_, _| {});
+    let per_node_attempts = config.connections;
+    eprintln!("{}", demo::report::table(&results));
+
+    // Close policies keep (almost) everything in the zone: every zone has backends.
+    for name in ["prefer-close", "topology-keys", "auto-hints", "dns", "prefer-same-node"] {
+        let r = result(&results, name);
+        assert_eq!(r.total.refused + r.total.failed, 0, "{name}: {:?}", r.total);
+        let in_zone = r.total.in_zone().unwrap();
+        assert!(in_zone >= 0.99, "{name}: {:.1}% in zone: {:?}", in_zone * 100.0, r.total);
+    }
+    // PreferSameNode: every node has a backend, so connections stay on the node.
+    assert_eq!(result(&results, "prefer-same-node").total.same_node, per_node_attempts * 6);
+    // Hard keys with no match refuse everything.
+    let hard = result(&results, "hard-keys");
+    assert_eq!(hard.total.refused, per_node_attempts * 6, "{:?}", hard.total);
+    assert_eq!(hard.expected_refusing_nodes, 6);
+    // Local stays on the node.
+    let local = result(&results, "local");
+    assert_eq!(local.total.same_node, local.total.attempts(), "{:?}", local.total);
+    // The default spreads within 5 points of uniform over the six backends.
+    let default = result(&results, "default");
+    let delivered = default.total.delivered() as f64;
+    for (backend, count) in &default.per_backend {
+        let share = *count as f64 / delivered;
+        assert!((share - 1.0 / 6.0).abs() <= 0.05, "default: {backend} got {:.1}%", share * 100.0);
+    }
+    assert_eq!(default.policy, Policy::Default);
+    // Baselines spread too: about a third in zone.
+    let baseline = result(&results, "prefer-close-baseline").total.in_zone().unwrap();
+    assert!((0.2..0.5).contains(&baseline), "baseline in zone {baseline}");
+    // What explain said matches what happened.
+    for r in results.iter().filter(|r| r.expected_in_zone.is_some()) {
+        let (said, got) = (r.expected_in_zone.unwrap(), r.total.in_zone().unwrap());
+        assert!((said - got).abs() < 0.1, "{}: explain said {said:.2}, measured {got:.2}", r.name);
+    }
+
+    let failover = demo::failover(&cluster);
+    eprintln!("{failover:?}");
+    assert_eq!(failover.failures, 0, "{failover:?}");
+    assert!(failover.attempts > 100, "{failover:?}");
+
+    demo::report::write(&dir, &config, &results, &failover).expect("report");
+    let report = std::fs::read_to_string(dir.join("report.md")).expect("report.md");
+    assert!(report.contains("| `prefer-close` | PreferClose | 100.0% |"), "{report}");
+    assert!(std::fs::read_to_string(dir.join("in-zone.svg")).expect("svg").starts_with("<svg"));
+    drop(cluster);
+    let _ = std::fs::remove_dir_all(&dir);
+}
