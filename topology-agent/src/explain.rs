@@ -8,7 +8,7 @@ use serde::Serialize;
 use crate::{
     cluster::{ClusterState, Family, ObjectKey},
     desired::{Locality, Protocol},
-    policy::{self, PolicyError, PolicyKind, PortSelection},
+    policy::{self, PolicyError, PolicyKind, PortSelection, spillover::SpilloverReport},
 };
 
 /// The decisions of one node.
@@ -45,6 +45,9 @@ pub struct ServiceEntry {
     pub backends: Vec<BackendEntry>,
     /// Inputs ignored, and why.
     pub warnings: Vec<String>,
+    /// The spillover plan, when spillover decided.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spillover: Option<SpilloverReport>,
 }
 
 /// One backend.
@@ -112,6 +115,7 @@ fn entry(selected: &PortSelection) -> ServiceEntry {
             })
             .collect(),
         warnings: selection.warnings.clone(),
+        spillover: selection.spillover.clone(),
     }
 }
 
@@ -142,6 +146,9 @@ impl ExplainReport {
             if service.reject {
                 let _ = writeln!(out, "  REFUSED: connections fail with ECONNREFUSED");
             }
+            if let Some(plan) = &service.spillover {
+                spillover_table(&mut out, plan);
+            }
             for backend in &service.backends {
                 let _ = writeln!(
                     out,
@@ -150,12 +157,44 @@ impl ExplainReport {
                     backend.locality.as_str(),
                     backend.node.as_deref().unwrap_or("-"),
                     backend.zone.as_deref().unwrap_or("-"),
-                    backend.weight
+                    weight(backend.weight)
                 );
             }
         }
         out
     }
+}
+
+/// The plan behind a spillover decision: every zone's demand, endpoints and resulting load.
+fn spillover_table(out: &mut String, plan: &SpilloverReport) {
+    let _ = writeln!(
+        out,
+        "  plan: {} of all traffic stays in zone (bound {}); no endpoint above {:.2}x its fair share",
+        pct(plan.in_zone),
+        pct(plan.bound),
+        1.0 + plan.max_overload
+    );
+    let _ = writeln!(out, "    {:<16} {:<14} {:>7} {:>9} {:>6}", "zone", "region", "demand", "endpoints", "load");
+    for zone in &plan.zones {
+        let _ = writeln!(
+            out,
+            "    {:<16} {:<14} {:>7} {:>9} {:>6}",
+            if zone.zone.is_empty() { "(no zone)" } else { &zone.zone },
+            zone.region.as_deref().unwrap_or("-"),
+            pct(zone.demand_share),
+            zone.endpoints,
+            zone.load_factor.map_or_else(|| "-".into(), |f| format!("{f:.2}x"))
+        );
+    }
+}
+
+/// `1` for equal weights, `0.2556` for fractions.
+fn weight(value: f64) -> String {
+    if value.fract() == 0.0 { format!("{value:.0}") } else { format!("{value:.4}") }
+}
+
+fn pct(fraction: f64) -> String {
+    format!("{:.1}%", fraction * 100.0)
 }
 
 #[cfg(test)]
@@ -205,6 +244,56 @@ items:
         assert_eq!(backend["zone"], "zone-b");
         assert_eq!(backend["weight"], 1.0);
         assert!(web["reason"].as_str().unwrap().starts_with("PreferClose: no endpoint in zone zone-a"), "{web}");
+    }
+
+    #[test]
+    fn spillover_shows_its_plan() {
+        let cluster = r#"
+apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: Node
+  metadata: {name: node-a, labels: {topology.kubernetes.io/zone: zone-a}}
+  status: {allocatable: {cpu: "6"}, conditions: [{type: Ready, status: "True"}]}
+- apiVersion: v1
+  kind: Node
+  metadata: {name: node-b, labels: {topology.kubernetes.io/zone: zone-b}}
+  status: {allocatable: {cpu: "2"}, conditions: [{type: Ready, status: "True"}]}
+- apiVersion: v1
+  kind: Service
+  metadata: {name: web, namespace: default, annotations: {topology-agent.io/spillover: capacity}}
+  spec: {clusterIPs: [10.96.0.10], ports: [{name: http, port: 80, protocol: TCP}]}
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}
+  addressType: IPv4
+  ports: [{name: http, port: 8080, protocol: TCP}]
+  endpoints:
+  - {addresses: [10.1.0.1], nodeName: node-a}
+  - {addresses: [10.2.0.1], nodeName: node-b}
+  - {addresses: [10.2.0.2], nodeName: node-b}
+"#;
+        let state = file::parse(cluster, "c.yaml").unwrap();
+        let report = explain(&state, "node-a", None).unwrap();
+        let json = serde_json::to_value(&report).unwrap();
+        let web = &json["services"][0];
+        assert_eq!(web["policy"], "Spillover");
+        let plan = &web["spillover"];
+        // Demand 75 % in zone-a, 1 of 3 endpoints: zone-a keeps 1.1 / 3 of all traffic.
+        assert_eq!(plan["zone"], "zone-a");
+        assert_eq!(plan["demandShare"], 0.75);
+        assert!((plan["kept"].as_f64().unwrap() - 1.1 / 3.0 / 0.75).abs() < 1e-9, "{plan}");
+        assert_eq!(plan["spilled"][0]["zone"], "zone-b");
+        assert_eq!(plan["zones"][0]["loadFactor"], 1.1);
+        assert_eq!(plan["maxOverload"], 0.1);
+        assert!(plan["inZone"].as_f64().unwrap() <= plan["bound"].as_f64().unwrap() + 1e-12);
+        let table = report.table();
+        assert!(table.contains("plan: 61.7% of all traffic stays in zone (bound 61.7%)"), "{table}");
+        assert!(table.contains("zone-a"), "{table}");
+        let plain = explain(&file::parse(CLUSTER, "c.yaml").unwrap(), "node-a", None).unwrap();
+        let json = serde_json::to_value(&plain).unwrap();
+        assert!(json["services"][0].get("spillover").is_none(), "only spillover decisions carry a plan");
     }
 
     #[test]

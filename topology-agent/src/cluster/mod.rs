@@ -2,6 +2,7 @@
 //! from Kubernetes watches, indexed in one state the policy reads.
 
 pub mod convert;
+pub mod demand;
 pub mod file;
 pub mod model;
 pub mod state;

@@ -6,7 +6,10 @@ use std::{
     sync::Arc,
 };
 
-use super::model::{EndpointSlice, Node, ObjectKey, Service};
+use super::{
+    demand::{Contribution, Demand},
+    model::{EndpointSlice, Node, ObjectKey, Service},
+};
 
 /// Nodes, Services and EndpointSlices, with slices indexed by their Service.
 #[derive(Clone, Debug, Default)]
@@ -18,11 +21,15 @@ pub struct ClusterState {
     slices_by_service: BTreeMap<ObjectKey, Vec<ObjectKey>>,
     /// One shared copy of each node name and zone the endpoints mention.
     interned: HashSet<Arc<str>>,
+    /// Demand by zone, derived from the Nodes.
+    demand: Demand,
+    /// Bumped whenever `demand` changes.
+    demand_version: u64,
 }
 
 impl PartialEq for ClusterState {
     fn eq(&self, other: &Self) -> bool {
-        // The interner is a cache, not state.
+        // The interner is a cache and the demand derived from the Nodes: neither is state.
         (&self.nodes, &self.services, &self.slices) == (&other.nodes, &other.services, &other.slices)
     }
 }
@@ -35,13 +42,41 @@ impl ClusterState {
         if self.nodes.get(&node.name) == Some(&node) {
             return false;
         }
+        let before = self.nodes.get(&node.name).and_then(Contribution::of);
+        self.account(before, Contribution::of(&node));
         self.nodes.insert(node.name.clone(), node);
         true
     }
 
     /// Removes a Node; the removed Node, if it existed.
     pub fn remove_node(&mut self, name: &str) -> Option<Node> {
-        self.nodes.remove(name)
+        let removed = self.nodes.remove(name)?;
+        self.account(Contribution::of(&removed), None);
+        Some(removed)
+    }
+
+    /// Moves a Node's contribution to the demand from `before` to `after`.
+    fn account(&mut self, before: Option<Contribution>, after: Option<Contribution>) {
+        if before == after {
+            return;
+        }
+        if let Some(before) = &before {
+            self.demand.remove(before);
+        }
+        if let Some(after) = &after {
+            self.demand.add(after);
+        }
+        self.demand_version += 1;
+    }
+
+    /// Demand by zone: allocatable CPU of the Ready worker nodes.
+    pub fn demand(&self) -> &Demand {
+        &self.demand
+    }
+
+    /// Changes whenever [`Self::demand`] changes.
+    pub fn demand_version(&self) -> u64 {
+        self.demand_version
     }
 
     /// Adds or replaces a Service; true if anything changed.

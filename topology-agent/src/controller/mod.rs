@@ -348,8 +348,9 @@ impl<P: Programmer> Controller<P> {
         match object {
             Object::Node(node) => {
                 let name = node.name.clone();
+                let demand = self.state.demand_version();
                 if self.state.upsert_node(node) {
-                    self.node_changed(&name);
+                    self.node_changed(&name, demand);
                 }
             }
             Object::Service(service) => {
@@ -368,8 +369,9 @@ impl<P: Programmer> Controller<P> {
     fn remove(&mut self, id: &ObjectId) {
         match id {
             ObjectId::Node(name) => {
+                let demand = self.state.demand_version();
                 if self.state.remove_node(name).is_some() {
-                    self.node_changed(name);
+                    self.node_changed(name, demand);
                 }
             }
             ObjectId::Service(key) => {
@@ -385,14 +387,25 @@ impl<P: Programmer> Controller<P> {
     }
 
     /// A Node changed: this node re-decides everything; another node re-decides the Services with
-    /// endpoints on it (their topology comes from its labels).
-    fn node_changed(&mut self, name: &str) {
+    /// endpoints on it (their topology comes from its labels) and, when the demand by zone moved
+    /// (`demand_before` is the demand version before the change), every spillover Service.
+    fn node_changed(&mut self, name: &str, demand_before: u64) {
         if name == self.config.node {
             self.everything_dirty = true;
+        }
+        if self.everything_dirty || !self.programmed {
             return;
         }
         let affected = self.state.services_with_endpoints_on(name);
         self.dirty.extend(affected);
+        if self.state.demand_version() != demand_before {
+            let spilling = self
+                .state
+                .services()
+                .filter(|s| s.agent_annotations.contains_key(policy::spillover::ANNOTATION_SPILLOVER))
+                .map(|s| s.key.clone());
+            self.dirty.extend(spilling);
+        }
     }
 
     fn skip(&mut self, invalid: Invalid) {

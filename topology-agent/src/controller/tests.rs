@@ -249,3 +249,67 @@ fn two_services_claiming_one_cluster_ip_do_not_fight() {
         "released to the waiting Service"
     );
 }
+
+#[test]
+fn a_demand_change_anywhere_recomputes_the_spillover_services() {
+    // web spills by capacity over an endpoint in z1 (on a) and two in z2 (on b); api does not.
+    let mut web = service("web", "10.96.0.1");
+    web.agent_annotations.insert(policy::spillover::ANNOTATION_SPILLOVER.into(), "capacity".into());
+    let mut web_slice = slice("web-1", "web", &["10.1.0.1", "10.1.0.2", "10.1.0.3"]);
+    for endpoint in &mut web_slice.endpoints[1..] {
+        endpoint.node_name = Some("b".into());
+    }
+    let (sender, receiver) = EventSender::channel();
+    for event in [
+        replace(Kind::Node, vec![node("a", "z1"), node("b", "z2")]),
+        replace(Kind::Service, vec![Object::Service(web), Object::Service(service("api", "10.96.0.2"))]),
+        replace(
+            Kind::EndpointSlice,
+            vec![Object::EndpointSlice(web_slice), Object::EndpointSlice(slice("api-1", "api", &["10.2.0.1"]))],
+        ),
+    ] {
+        sender.send(event);
+    }
+    let recording = Arc::new(Mutex::new(Recording::default()));
+    let controller = Controller::new(
+        ControllerConfig::new("a"),
+        Recorder(Arc::clone(&recording)),
+        Arc::new(Health::default()),
+        Arc::new(Metrics::default()),
+        Box::new(LogOnly),
+    );
+    let shutdown = CancellationToken::new();
+    let token = shutdown.clone();
+    let thread = std::thread::spawn(move || controller.run(&receiver, &token));
+    let wait = |check: &dyn Fn(&Recording) -> bool| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !check(&recording.lock().unwrap()) {
+            assert!(std::time::Instant::now() < deadline, "{:?}", recording.lock().unwrap());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    let kept = |r: &Recording| {
+        let backends = &r.current.services[&port("10.96.0.1")].backends;
+        let total: f64 = backends.iter().map(|b| f64::from(b.weight)).sum();
+        f64::from(backends[0].weight) / total
+    };
+    wait(&|r| r.full == 1);
+    // Demand 50/50, endpoints 1/2: z1 keeps 1.1/3 of all traffic, 73 % of its own.
+    let before = kept(&recording.lock().unwrap());
+    assert!((before - 1.1 / 3.0 / 0.5).abs() < 1e-5, "{before}");
+    // A new node in z1 (no endpoint on it) triples z1's demand share: z1 now keeps less of its
+    // own traffic, and only web is re-programmed.
+    sender.send(SourceEvent::Apply(node("c", "z1")));
+    wait(&|r| r.partial.len() == 1);
+    assert_eq!(recording.lock().unwrap().partial[0], BTreeSet::from([port("10.96.0.1")]));
+    let after = kept(&recording.lock().unwrap());
+    assert!((after - 1.1 / 3.0 / (2.0 / 3.0)).abs() < 1e-5, "{after}");
+    // A label-only change that leaves the demand as it was recomputes nothing.
+    let Object::Node(mut relabelled) = node("c", "z1") else { unreachable!() };
+    relabelled.labels.insert("team".into(), "x".into());
+    sender.send(SourceEvent::Apply(Object::Node(relabelled)));
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(recording.lock().unwrap().partial.len(), 1);
+    shutdown.cancel();
+    thread.join().unwrap().unwrap();
+}

@@ -80,6 +80,7 @@ mod tests {
                     })
                     .collect(),
                 warnings: vec![],
+                spillover: None,
             },
         }
     }

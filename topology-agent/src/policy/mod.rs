@@ -3,10 +3,12 @@
 //!
 //! Modes, in precedence order:
 //! 1. `internalTrafficPolicy: Local` ([`local`]);
-//! 2. topology keys, KEP-536 ([`keys`]);
-//! 3. Topology Aware Routing hints ([`hints`]);
-//! 4. `spec.trafficDistribution` ([`distribution`]);
-//! 5. default: every usable endpoint.
+//! 2. capacity-aware spillover, `topology-agent.io/spillover: capacity` ([`spillover`]), within
+//!    the scope topology keys allow;
+//! 3. topology keys, KEP-536 ([`keys`]);
+//! 4. Topology Aware Routing hints ([`hints`]);
+//! 5. `spec.trafficDistribution` ([`distribution`]);
+//! 6. default: every usable endpoint.
 //!
 //! "Usable" endpoints are the ready ones or, when none is ready, the serving-and-terminating ones.
 
@@ -16,6 +18,7 @@ pub mod hints;
 pub mod join;
 pub mod keys;
 pub mod local;
+pub mod spillover;
 
 use std::net::IpAddr;
 
@@ -23,7 +26,7 @@ pub use join::Candidate;
 use serde::Serialize;
 
 use crate::{
-    cluster::{ClusterState, Family, Node, ObjectKey, Service, ServicePort},
+    cluster::{ClusterState, Family, Node, ObjectKey, Service, ServicePort, TrafficDistribution, demand::Demand},
     desired::Locality,
 };
 
@@ -44,6 +47,8 @@ pub enum PolicyKind {
     PreferSameZone,
     /// `trafficDistribution: PreferSameNode`.
     PreferSameNode,
+    /// Capacity-aware spillover (`topology-agent.io/spillover: capacity`).
+    Spillover,
 }
 
 /// One chosen backend.
@@ -76,6 +81,8 @@ pub struct Selection {
     pub backends: Vec<Backend>,
     /// Inputs that were ignored (an invalid annotation, an unknown value), with why.
     pub warnings: Vec<String>,
+    /// The spillover plan behind the weights, when spillover decided.
+    pub spillover: Option<spillover::SpilloverReport>,
 }
 
 impl Selection {
@@ -92,7 +99,7 @@ impl Selection {
                 weight: 1.0,
             })
             .collect();
-        Self { policy, reason, reject: backends.is_empty(), backends, warnings: Vec::new() }
+        Self { policy, reason, reject: backends.is_empty(), backends, warnings: Vec::new(), spillover: None }
     }
 
     fn warn(mut self, warnings: Vec<String>) -> Self {
@@ -141,7 +148,7 @@ pub fn compute_service(state: &ClusterState, this: &Node, service: &Service) -> 
     for port in &service.ports {
         for &family in &families {
             let joined = join::candidates(state, service, port, family);
-            let mut selection = select(this, service, &joined.candidates);
+            let mut selection = select(this, state.demand(), service, &joined.candidates);
             if let Some(note) = joined.unmatched_port {
                 selection.warnings.push(note);
             }
@@ -157,18 +164,40 @@ pub fn compute_service(state: &ClusterState, this: &Node, service: &Service) -> 
     out
 }
 
-/// The decision for one Service port from `this` node, given all its endpoints.
-pub fn select(this: &Node, service: &Service, candidates: &[Candidate<'_>]) -> Selection {
+/// The decision for one Service port from `this` node, given all its endpoints and the demand
+/// by zone.
+pub fn select(this: &Node, demand: &Demand, service: &Service, candidates: &[Candidate<'_>]) -> Selection {
+    let (spill, mut warnings) = spillover::settings(service);
     if service.internal_traffic_local {
-        return local::select(this, candidates);
+        if spill.is_some() {
+            warnings.push(format!(
+                "{} ignored: internalTrafficPolicy Local keeps traffic on this node",
+                spillover::ANNOTATION_SPILLOVER
+            ));
+        }
+        return local::select(this, candidates).warn(warnings);
     }
     let (usable, terminating) = usable(candidates);
-    let mut warnings = Vec::new();
-    if let Some(spec) = &service.topology_keys {
-        match keys::parse(&spec.keys) {
-            Ok(keys) => return keys::select(this, &keys, &usable, terminating),
-            Err(reason) => warnings.push(format!("{} ignored: {reason}", spec.source)),
+    let keys = service.topology_keys.as_ref().and_then(|spec| match keys::parse(&spec.keys) {
+        Ok(keys) => Some(keys),
+        Err(reason) => {
+            warnings.push(format!("{} ignored: {reason}", spec.source));
+            None
         }
+    });
+    if let Some(settings) = spill {
+        match spillover::scope(this, keys.as_deref()) {
+            Ok((scope, notes)) => {
+                warnings.extend(notes);
+                let replaced = replaced_mode(service, keys.is_some(), &mut warnings);
+                return spillover::select(this, demand, settings, &scope, replaced.as_deref(), &usable, terminating)
+                    .warn(warnings);
+            }
+            Err(why) => warnings.push(why),
+        }
+    }
+    if let Some(keys) = keys {
+        return keys::select(this, &keys, &usable, terminating).warn(warnings);
     }
     if let Some(mode) = service.topology_mode.as_deref().filter(|mode| hints::enabled(mode)) {
         return hints::select(this, mode, &usable, terminating).warn(warnings);
@@ -180,6 +209,30 @@ pub fn select(this: &Node, service: &Service, candidates: &[Candidate<'_>]) -> S
         }
     }
     Selection::equal(PolicyKind::Default, default_reason(usable.len(), terminating), this, &usable).warn(warnings)
+}
+
+/// The mode spillover takes the place of, for the reason line; a warning for a preference it
+/// cannot keep.
+fn replaced_mode(service: &Service, keyed: bool, warnings: &mut Vec<String>) -> Option<String> {
+    if keyed {
+        return None;
+    }
+    if service.topology_mode.as_deref().is_some_and(hints::enabled) {
+        return Some("topology-aware hints".into());
+    }
+    match service.traffic_distribution.as_ref()? {
+        TrafficDistribution::PreferSameNode => {
+            warnings.push(
+                "spec.trafficDistribution PreferSameNode: the node preference is not kept under spillover, which \
+                 balances zones (node-local endpoints would be overloaded)"
+                    .into(),
+            );
+            Some("PreferSameNode".into())
+        }
+        TrafficDistribution::PreferClose => Some("PreferClose".into()),
+        TrafficDistribution::PreferSameZone => Some("PreferSameZone".into()),
+        TrafficDistribution::Unknown(_) => None,
+    }
 }
 
 /// The usable endpoints (ready, else serving-and-terminating), and whether they are the

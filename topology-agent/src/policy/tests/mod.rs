@@ -2,5 +2,6 @@
 
 mod join;
 mod props;
+mod spillover;
 mod tables;
 mod world;

@@ -6,7 +6,11 @@ use proptest::prelude::*;
 use super::world::*;
 use crate::{
     cluster::{Endpoint, Service},
-    policy::{PolicyKind, Selection, keys::TopologyKey},
+    policy::{
+        PolicyKind, Selection,
+        keys::TopologyKey,
+        spillover::{ANNOTATION_MAX_OVERLOAD, ANNOTATION_SPILLOVER},
+    },
 };
 
 const NODES: [&str; 8] = ["a1", "a2", "a3", "b1", "c1", "d1", "nz", "empty-zone"];
@@ -40,8 +44,9 @@ fn arb_service() -> impl Strategy<Value = Service> {
         proptest::option::of((proptest::sample::subsequence(KEYS.to_vec(), 1..=3), prop::bool::ANY)),
         proptest::option::of(prop::sample::select(vec!["Auto", "disabled"])),
         proptest::option::of(prop::sample::select(vec!["PreferClose", "PreferSameZone", "PreferSameNode", "Bogus"])),
+        proptest::option::of(prop::sample::select(vec!["0", "0.1", "25%", "bogus"])),
     )
-        .prop_map(|(local, keys, mode, distribution)| {
+        .prop_map(|(local, keys, mode, distribution, spillover)| {
             let mut svc = service("web");
             if local {
                 svc = svc.local();
@@ -58,6 +63,10 @@ fn arb_service() -> impl Strategy<Value = Service> {
             if let Some(distribution) = distribution {
                 svc = svc.distribution(distribution);
             }
+            if let Some(max_overload) = spillover {
+                svc.agent_annotations.insert(ANNOTATION_SPILLOVER.into(), "capacity".into());
+                svc.agent_annotations.insert(ANNOTATION_MAX_OVERLOAD.into(), max_overload.into());
+            }
             svc
         })
 }
@@ -66,9 +75,13 @@ fn arb_service() -> impl Strategy<Value = Service> {
 fn hard(service: &Service, selection: &Selection) -> bool {
     match selection.policy {
         PolicyKind::Local => true,
-        PolicyKind::TopologyKeys => {
+        PolicyKind::TopologyKeys | PolicyKind::Spillover => {
             let keys = service.topology_keys.as_ref().map(|spec| crate::policy::keys::parse(&spec.keys).unwrap());
-            !keys.is_some_and(|keys| keys.last() == Some(&TopologyKey::Any))
+            // Spillover without keys is cluster-wide; with keys, only "*" makes it so.
+            let cluster_wide = keys
+                .as_ref()
+                .map_or(selection.policy == PolicyKind::Spillover, |keys| keys.last() == Some(&TopologyKey::Any));
+            !cluster_wide
         }
         _ => false,
     }
