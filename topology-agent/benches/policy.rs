@@ -1,5 +1,6 @@
 //! Policy speed: the full decision for one node over 10,000 Services x 10 endpoints (target
-//! < 200 ms) and for one Service (target < 50 us). `cargo xtask bench policy`.
+//! < 200 ms) and for one Service (target < 50 us), with the mix of modes and with every Service
+//! under capacity spillover. `cargo xtask bench policy`.
 
 use std::{collections::BTreeMap, hint::black_box, net::IpAddr};
 
@@ -17,8 +18,8 @@ const NODES: usize = 60;
 const ZONES: usize = 3;
 
 /// 60 nodes in 3 zones; `services` Services with 10 endpoints each, hinted like the EndpointSlice
-/// controller does for PreferClose, and a mix of every mode.
-fn cluster(services: usize) -> ClusterState {
+/// controller does for PreferClose, and a mix of every mode (all spillover when `spill`).
+fn cluster(services: usize, spill: bool) -> ClusterState {
     let mut state = ClusterState::default();
     for n in 0..NODES {
         let labels = BTreeMap::from([
@@ -45,7 +46,11 @@ fn cluster(services: usize) -> ClusterState {
             traffic_distribution,
             topology_keys,
             topology_mode,
-            agent_annotations: BTreeMap::new(),
+            agent_annotations: if spill {
+                BTreeMap::from([("topology-agent.io/spillover".to_owned(), "capacity".to_owned())])
+            } else {
+                BTreeMap::new()
+            },
         });
         let endpoints = (0..10)
             .map(|e| {
@@ -79,21 +84,26 @@ fn keys(keys: &[&str]) -> TopologyKeysSpec {
 }
 
 fn bench(c: &mut Criterion) {
-    let state = cluster(10_000);
+    let mixed = cluster(10_000, false);
+    let spilling = cluster(10_000, true);
     let mut group = c.benchmark_group("policy");
     group.sample_size(20);
-    group.bench_function("10k services x 10 endpoints, one node (decide + desired state)", |b| {
-        b.iter(|| {
-            let selections = policy::compute(black_box(&state), "node-1").expect("node exists");
-            black_box(policy::desired::desired_state(&selections))
-        })
-    });
+    for (name, state) in [("mixed modes", &mixed), ("all spillover", &spilling)] {
+        group.bench_function(format!("10k services x 10 endpoints, one node, {name} (decide + desired state)"), |b| {
+            b.iter(|| {
+                let selections = policy::compute(black_box(state), "node-1").expect("node exists");
+                black_box(policy::desired::desired_state(&selections))
+            })
+        });
+    }
     group.finish();
-    let this = state.node("node-1").expect("node-1");
-    let one = state.service(&ObjectKey::new("bench", "svc-0")).expect("svc-0");
-    c.bench_function("policy/one service (10 endpoints, PreferClose)", |b| {
-        b.iter(|| black_box(policy::compute_service(black_box(&state), this, one)))
-    });
+    for (name, state) in [("PreferClose", &mixed), ("spillover", &spilling)] {
+        let this = state.node("node-1").expect("node-1");
+        let one = state.service(&ObjectKey::new("bench", "svc-0")).expect("svc-0");
+        c.bench_function(&format!("policy/one service (10 endpoints, {name})"), |b| {
+            b.iter(|| black_box(policy::compute_service(black_box(state), this, one)))
+        });
+    }
 }
 
 criterion_group!(benches, bench);

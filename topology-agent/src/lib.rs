@@ -15,5 +15,6 @@ pub mod metrics;
 pub mod mounts;
 pub mod policy;
 pub mod report;
+pub mod simulate;
 pub mod source;
 pub mod status;
