@@ -14,7 +14,7 @@
 
 pub mod solve;
 
-use std::collections::BTreeMap;
+use std::{borrow::Cow, collections::BTreeMap};
 
 use serde::Serialize;
 use solve::{Plan, SolveError, ZoneInput};
@@ -216,14 +216,10 @@ pub fn select(
         scope.describe(),
         instead_of.map(|mode| format!(", instead of {mode}")).unwrap_or_default()
     );
-    let region_of = |zone: Option<&str>, candidate: Option<&Candidate<'_>>| -> Option<String> {
-        zone.and_then(|z| demand.zone(z))
-            .and_then(|d| d.region())
-            .or_else(|| candidate.and_then(Candidate::region))
-            .map(str::to_owned)
+    let in_scope: Cow<'_, [Candidate<'_>]> = match scope {
+        Scope::Cluster => Cow::Borrowed(usable),
+        _ => usable.iter().filter(|c| scope.admits(c.zone, region_of(demand, c))).cloned().collect(),
     };
-    let in_scope: Vec<Candidate<'_>> =
-        usable.iter().filter(|c| scope.admits(c.zone, region_of(c.zone, Some(c)).as_deref())).cloned().collect();
     if in_scope.is_empty() {
         let reason = if usable.is_empty() {
             format!("{heading}: no ready or serving-and-terminating endpoint; connections are refused")
@@ -242,11 +238,11 @@ pub fn select(
 
     // The problem: every zone with demand or endpoints in scope, by name ("" last is fine: it is
     // nobody's own zone).
-    let mut zones: BTreeMap<String, ZoneInput> = BTreeMap::new();
+    let mut zones: BTreeMap<&str, ZoneInput> = BTreeMap::new();
     for (name, zone) in demand.zones() {
         if scope.admits(Some(name), zone.region()) {
             zones.insert(
-                name.into(),
+                name,
                 ZoneInput {
                     name: name.into(),
                     region: zone.region().map(str::to_owned),
@@ -256,15 +252,19 @@ pub fn select(
             );
         }
     }
-    for candidate in &in_scope {
+    for candidate in in_scope.iter() {
         let name = candidate.zone.unwrap_or_default();
-        let region = if name.is_empty() { None } else { region_of(candidate.zone, Some(candidate)) };
         zones
-            .entry(name.to_owned())
-            .or_insert_with(|| ZoneInput { name: name.into(), region, demand: 0.0, endpoints: 0 })
+            .entry(name)
+            .or_insert_with(|| ZoneInput {
+                name: name.into(),
+                region: if name.is_empty() { None } else { region_of(demand, candidate).map(str::to_owned) },
+                demand: 0.0,
+                endpoints: 0,
+            })
             .endpoints += 1;
     }
-    zones.entry(own.to_owned()).or_insert_with(|| ZoneInput {
+    zones.entry(own).or_insert_with(|| ZoneInput {
         name: own.into(),
         region: this.region().map(str::to_owned),
         demand: 0.0,
@@ -310,6 +310,12 @@ pub fn select(
         warnings: Vec::new(),
         spillover: Some(report),
     }
+}
+
+/// An endpoint's region: its zone's (from the Nodes of the zone), else its own Node's.
+fn region_of<'a>(demand: &'a Demand, candidate: &Candidate<'a>) -> Option<&'a str> {
+    let node_region = || candidate.node.and_then(Node::region);
+    candidate.zone.and_then(|z| demand.zone(z)).and_then(|d| d.region()).or_else(node_region)
 }
 
 fn report(plan: &Plan, me: usize, route: &[f64], scope: &Scope, settings: Settings) -> SpilloverReport {
