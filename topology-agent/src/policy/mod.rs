@@ -190,7 +190,7 @@ pub fn select(this: &Node, demand: &Demand, service: &Service, candidates: &[Can
             Ok((scope, notes)) => {
                 warnings.extend(notes);
                 let replaced = replaced_mode(service, keys.is_some(), &mut warnings);
-                return spillover::select(this, demand, settings, &scope, replaced.as_deref(), &usable, terminating)
+                return spillover::select(this, demand, settings, &scope, replaced, &usable, terminating)
                     .warn(warnings);
             }
             Err(why) => warnings.push(why),
@@ -213,12 +213,12 @@ pub fn select(this: &Node, demand: &Demand, service: &Service, candidates: &[Can
 
 /// The mode spillover takes the place of, for the reason line; a warning for a preference it
 /// cannot keep.
-fn replaced_mode(service: &Service, keyed: bool, warnings: &mut Vec<String>) -> Option<String> {
+fn replaced_mode(service: &Service, keyed: bool, warnings: &mut Vec<String>) -> Option<&'static str> {
     if keyed {
         return None;
     }
     if service.topology_mode.as_deref().is_some_and(hints::enabled) {
-        return Some("topology-aware hints".into());
+        return Some("topology-aware hints");
     }
     match service.traffic_distribution.as_ref()? {
         TrafficDistribution::PreferSameNode => {
@@ -227,10 +227,10 @@ fn replaced_mode(service: &Service, keyed: bool, warnings: &mut Vec<String>) -> 
                  balances zones (node-local endpoints would be overloaded)"
                     .into(),
             );
-            Some("PreferSameNode".into())
+            Some("PreferSameNode")
         }
-        TrafficDistribution::PreferClose => Some("PreferClose".into()),
-        TrafficDistribution::PreferSameZone => Some("PreferSameZone".into()),
+        TrafficDistribution::PreferClose => Some("PreferClose"),
+        TrafficDistribution::PreferSameZone => Some("PreferSameZone"),
         TrafficDistribution::Unknown(_) => None,
     }
 }

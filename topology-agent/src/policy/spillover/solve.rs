@@ -54,6 +54,8 @@ pub struct Plan {
     /// Share of all traffic each zone's endpoints receive.
     pub load: Vec<f64>,
     total_endpoints: u32,
+    /// The most any endpoint may receive: (1 + ε) / endpoints.
+    per_endpoint: f64,
 }
 
 /// Solves for `zones` with at most `max_overload` (ε) above the fair share on any endpoint.
@@ -89,7 +91,7 @@ pub fn solve(zones: Vec<ZoneInput>, max_overload: f64) -> Result<Plan, SolveErro
     let everyone: Vec<usize> = (0..n).collect();
     state.spill(&everyone, &mut surplus);
     let Filling { flow, load, .. } = state;
-    Ok(Plan { zones, max_overload, demand, flow, load, total_endpoints })
+    Ok(Plan { zones, max_overload, demand, flow, load, total_endpoints, per_endpoint })
 }
 
 fn positive(value: f64) -> f64 {
@@ -194,8 +196,7 @@ impl Plan {
             share[i] = 1.0;
             return share;
         }
-        let per_endpoint = (1.0 + self.max_overload) / f64::from(self.total_endpoints);
-        let headroom = |j: usize| (f64::from(self.zones[j].endpoints) * per_endpoint - self.load[j]).max(0.0);
+        let headroom = |j: usize| (f64::from(self.zones[j].endpoints) * self.per_endpoint - self.load[j]).max(0.0);
         let region = self.zones[i].region.as_deref();
         let in_region: Vec<usize> =
             (0..n).filter(|&j| region.is_some() && self.zones[j].region.as_deref() == region).collect();
