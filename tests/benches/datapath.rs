@@ -3,6 +3,11 @@
 //! kube-proxy-shaped iptables ruleset (KUBE-SERVICES -> KUBE-SVC-* -> KUBE-SEP-* with
 //! `statistic --mode random`) with the same service counts, inside a namespace.
 //!
+//! Every connect dials one of the two backends at random, directly (no hook) or through a
+//! ClusterIP the hook balances over them, so each scenario reaches the same servers in the same
+//! mix and differs only in how the destination is chosen. A fourth kind of row, the hook attached
+//! but the destination not a service, shows the hook's fixed cost apart from the rewrite.
+//!
 //! Two measurements:
 //! - TCP `connect()` (SYN to established, through a bridge): what an application waits for, and
 //!   where iptables pays its rule walk;
@@ -17,11 +22,20 @@
 use std::{
     fmt::Write as _,
     net::{IpAddr, Ipv4Addr, SocketAddr},
+    path::{Path, PathBuf},
     process::{Command, Stdio},
+    time::Duration,
 };
 
+use aya::{
+    programs::{
+        links::{FdLink, PinnedLink},
+        loaded_programs,
+    },
+    sys::{Stats, enable_stats},
+};
 use topology_agent::{
-    dataplane::{Dataplane, DataplaneConfig},
+    dataplane::{Dataplane, DataplaneConfig, PinLayout},
     desired::{DesiredService, DesiredState, Locality, Protocol, ServicePort, WeightedBackend},
 };
 use topology_tests::{
@@ -36,6 +50,8 @@ const QUICK_COUNTS: [usize; 1] = [10];
 const WARMUP: u64 = 300;
 const ROUNDS: u64 = 40;
 const PER_ROUND: u64 = 550;
+/// Rounds of every hooked scenario with the kernel's BPF run-time statistics on.
+const HOOK_ROUNDS: u64 = 4;
 /// Connects at the start of each client process that are not counted (cold caches).
 const DISCARD: usize = 50;
 const CLIENT_CPU: usize = 0;
@@ -53,25 +69,63 @@ struct Scenario {
     name: &'static str,
     services: Option<usize>,
     place: ClientPlace,
-    /// Dialled in turn, a share of each round each.
+    /// Each connect dials one of these at random.
     targets: Vec<SocketAddr>,
     samples_ns: Vec<u64>,
+    /// The median of each measured round, in round order (rounds run every scenario once).
+    round_p50_ns: Vec<u64>,
+    /// The pinned link of the `connect4` program these connects run through, if hooked.
+    hook: Option<PathBuf>,
+    /// The hook's own run time and runs over the run-time rounds, as the kernel counts them.
+    hook_run: (Duration, u64),
 }
 
 impl Scenario {
-    /// `count` connects split over the targets, one client process each; the first `discard` of
-    /// each process are not kept.
+    /// `count` connects from one client process; the first `discard` are not kept.
     fn round(&mut self, count: u64, discard: usize) {
-        let per_target = count / self.targets.len() as u64;
-        for target in self.targets.clone() {
-            let report: Report = match self.kind {
-                Kind::Tcp => self.place.timed_tcp(target, per_target),
-                Kind::UdpConnect => self.place.timed_udp_connect(target, per_target),
-            };
-            assert_eq!(report.failures(), 0, "{} ({:?}): {:?}", self.name, self.services, report.errors);
-            self.samples_ns.extend(report.connect_ns.iter().skip(discard));
+        let report: Report = match self.kind {
+            Kind::Tcp => self.place.timed_tcp(&self.targets, count),
+            Kind::UdpConnect => self.place.timed_udp_connect(&self.targets, count),
+        };
+        assert_eq!(report.failures(), 0, "{} ({:?}): {:?}", self.name, self.services, report.errors);
+        let mut kept: Vec<u64> = report.connect_ns.iter().skip(discard).copied().collect();
+        if !kept.is_empty() {
+            self.samples_ns.extend(&kept);
+            kept.sort_unstable();
+            self.round_p50_ns.push(kept[kept.len() / 2]);
         }
     }
+
+    /// A round whose latencies are not kept, adding the hook's own run time (kernel BPF stats must
+    /// be on) to `hook_run`.
+    fn hook_round(&mut self, count: u64) {
+        let Some(link) = self.hook.clone() else { return };
+        let before = run_stats(&link);
+        let (kept, rounds) = (self.samples_ns.len(), self.round_p50_ns.len());
+        self.round(count, 0);
+        self.samples_ns.truncate(kept);
+        self.round_p50_ns.truncate(rounds);
+        let after = run_stats(&link);
+        self.hook_run.0 += after.0 - before.0;
+        self.hook_run.1 += after.1 - before.1;
+    }
+
+    /// Mean run time of the hook per call, in nanoseconds.
+    fn hook_ns(&self) -> Option<f64> {
+        let (time, runs) = self.hook_run;
+        (runs > 0).then(|| time.as_nanos() as f64 / runs as f64)
+    }
+}
+
+/// Cumulative run time and run count of the program behind the pinned link at `link`.
+fn run_stats(link: &Path) -> (Duration, u64) {
+    let link = FdLink::from(PinnedLink::from_pin(link).expect("open pinned link"));
+    let id = link.info().expect("link info").program_id();
+    let program = loaded_programs()
+        .filter_map(Result::ok)
+        .find(|program| program.id() == id)
+        .expect("the linked program is loaded");
+    (program.run_time(), program.run_count())
 }
 
 fn main() {
@@ -107,11 +161,14 @@ fn main() {
     for kind in [Kind::Tcp, Kind::UdpConnect] {
         scenarios.push(Scenario {
             kind,
-            name: "no hook (direct to the backends)",
+            name: "no hook, direct to the backends",
             services: None,
             place: place(&client, &plain),
             targets: backends.clone(),
             samples_ns: Vec::new(),
+            round_p50_ns: Vec::new(),
+            hook: None,
+            hook_run: Default::default(),
         });
     }
     let mut hooked = Vec::new();
@@ -125,6 +182,7 @@ fn main() {
         assert!(report.failed.is_empty(), "{:?}", report.failed);
         // Links are pinned: the programs stay attached after the handle is dropped.
         drop(dp);
+        let link = PinLayout::new(pins.path()).link("connect4");
         for kind in [Kind::Tcp, Kind::UdpConnect] {
             scenarios.push(Scenario {
                 kind,
@@ -133,7 +191,24 @@ fn main() {
                 place: place(&client, &cgroup),
                 targets: vec![target(count)],
                 samples_ns: Vec::new(),
+                round_p50_ns: Vec::new(),
+                hook: Some(link.clone()),
+                hook_run: Default::default(),
             });
+            if count == *counts.last().expect("counts") {
+                // The hook's fixed cost: it runs and looks the destination up, but rewrites nothing.
+                scenarios.push(Scenario {
+                    kind,
+                    name: "hook attached, not a service (direct to the backends)",
+                    services: Some(count),
+                    place: place(&client, &cgroup),
+                    targets: backends.clone(),
+                    samples_ns: Vec::new(),
+                    round_p50_ns: Vec::new(),
+                    hook: Some(link.clone()),
+                    hook_run: Default::default(),
+                });
+            }
         }
         hooked.push((pins, cgroup));
     }
@@ -151,12 +226,16 @@ fn main() {
             place: place(host.netns.name(), &plain),
             targets: vec![target(count)],
             samples_ns: Vec::new(),
+            round_p50_ns: Vec::new(),
+            hook: None,
+            hook_run: Default::default(),
         });
         iptables_hosts.push(host);
     }
 
     for scenario in &mut scenarios {
         scenario.round(WARMUP, usize::MAX);
+        scenario.round_p50_ns.clear();
     }
     let mut order: Vec<usize> = (0..scenarios.len()).collect();
     let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
@@ -173,6 +252,16 @@ fn main() {
         }
         if round % 10 == 0 {
             eprintln!("round {round}/{ROUNDS} done");
+        }
+    }
+    // The hook's own cost as the kernel measures it, in rounds of their own: BPF run-time stats
+    // add two clock reads to every run, which must not land in the latencies above.
+    {
+        let _stats = enable_stats(Stats::RunTime).expect("enable BPF run-time statistics");
+        for _ in 0..HOOK_ROUNDS {
+            for scenario in &mut scenarios {
+                scenario.hook_round(PER_ROUND);
+            }
         }
     }
     drop(iptables_hosts);
@@ -257,6 +346,19 @@ fn percentile(sorted: &[u64], q: f64) -> f64 {
     sorted[((sorted.len() as f64 - 1.0) * q).round() as usize] as f64 / 1000.0
 }
 
+/// The median over rounds of `scenario`'s round median minus `baseline`'s in the same round:
+/// drift of the machine between rounds cancels out.
+fn paired_p50_delta_us(scenario: &Scenario, baseline: &Scenario) -> f64 {
+    let mut deltas: Vec<i64> = scenario
+        .round_p50_ns
+        .iter()
+        .zip(&baseline.round_p50_ns)
+        .map(|(&this, &base)| this as i64 - base as i64)
+        .collect();
+    deltas.sort_unstable();
+    deltas.get(deltas.len() / 2).map_or(0.0, |&ns| ns as f64 / 1000.0)
+}
+
 fn print_table(scenarios: &[Scenario]) {
     let stats = |s: &Scenario| {
         let mut ns = s.samples_ns.clone();
@@ -264,34 +366,40 @@ fn print_table(scenarios: &[Scenario]) {
         (percentile(&ns, 0.5), percentile(&ns, 0.99), ns.len())
     };
     let find = |kind: Kind, name: &str, services: Option<usize>| {
-        scenarios.iter().find(|s| s.kind == kind && s.name.starts_with(name) && s.services == services).map(stats)
+        scenarios.iter().find(|s| s.kind == kind && s.name.starts_with(name) && s.services == services)
     };
     println!(
         "\nconnect() latency: {ROUNDS} rounds, scenarios in a new random order each round; client pinned to CPU \
          {CLIENT_CPU}, the two backends to CPU {SERVER_CPU}, each in its own namespace on a bridge; the ClusterIP \
-         dialled is the middle service of the list\n"
+         dialled is the middle service of the list. \"Paired\": the median over rounds of (this round's p50 − \
+         the no-hook p50 of the same round). The hook's run time per call is the kernel's own count (BPF \
+         run-time statistics, {HOOK_ROUNDS} extra rounds)\n"
     );
     for (kind, title) in [
         (Kind::Tcp, "TCP connect() (handshake through the bridge)"),
         (Kind::UdpConnect, "UDP connect() (no packet: route lookup plus the hook)"),
     ] {
-        let baseline = find(kind, "no hook", None).map_or(0.0, |s| s.0);
+        let Some(baseline) = find(kind, "no hook", None) else { continue };
+        let base_p50 = stats(baseline).0;
         println!("{title}\n");
         println!(
-            "| scenario | services | samples | p50 (µs) | p99 (µs) | p50 over no hook (µs) | iptables p50 / this p50 |"
+            "| scenario | services | samples | p50 (µs) | p99 (µs) | p50 over no hook (µs) | paired (µs) \
+             | iptables p50 / this p50 | hook run time (ns/call) |"
         );
-        println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+        println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
         for scenario in scenarios.iter().filter(|s| s.kind == kind) {
             let (p50, p99, samples) = stats(scenario);
             let ratio = match (scenario.name.starts_with("topology"), find(Kind::Tcp, "iptables", scenario.services)) {
-                (true, Some(ipt)) if kind == Kind::Tcp => format!("{:.1}×", ipt.0 / p50),
+                (true, Some(ipt)) if kind == Kind::Tcp => format!("{:.1}×", stats(ipt).0 / p50),
                 _ => String::new(),
             };
             println!(
-                "| {} | {} | {samples} | {p50:.2} | {p99:.2} | {:+.2} | {ratio} |",
+                "| {} | {} | {samples} | {p50:.2} | {p99:.2} | {:+.2} | {:+.2} | {ratio} | {} |",
                 scenario.name,
                 scenario.services.map_or("–".into(), |s| s.to_string()),
-                p50 - baseline,
+                p50 - base_p50,
+                paired_p50_delta_us(scenario, baseline),
+                scenario.hook_ns().map_or(String::new(), |ns| format!("{ns:.0}")),
             );
         }
         println!();

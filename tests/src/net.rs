@@ -158,12 +158,21 @@ pub struct ClientPlace {
 
 impl ClientPlace {
     fn command(&self, target: SocketAddr) -> Command {
+        self.command_spread(&[target])
+    }
+
+    /// A client command whose attempts each dial one of `targets` at random.
+    fn command_spread(&self, targets: &[SocketAddr]) -> Command {
         let mut command = Command::new(probe_binary());
         command.args(["--netns", &self.netns, "--cgroup"]).arg(&self.cgroup);
         if let Some(cpu) = self.cpu {
             command.args(["--cpu", &cpu.to_string()]);
         }
-        command.args(["client", "--target", &target.to_string(), "--timeout-ms", "2000"]);
+        command.arg("client");
+        for target in targets {
+            command.args(["--target", &target.to_string()]);
+        }
+        command.args(["--timeout-ms", "2000"]);
         command
     }
 
@@ -174,16 +183,18 @@ impl ClientPlace {
         run_report(command)
     }
 
-    /// `count` TCP connections to `target`, recording every `connect()` duration.
-    pub fn timed_tcp(&self, target: SocketAddr, count: u64) -> Report {
-        let mut command = self.command(target);
+    /// `count` TCP connections, each to one of `targets` at random, recording every `connect()`
+    /// duration.
+    pub fn timed_tcp(&self, targets: &[SocketAddr], count: u64) -> Report {
+        let mut command = self.command_spread(targets);
         command.args(["--time-connects", "tcp", "--count", &count.to_string()]);
         run_report(command)
     }
 
-    /// `count` timed `connect()` calls of fresh UDP sockets to `target`, sending nothing.
-    pub fn timed_udp_connect(&self, target: SocketAddr, count: u64) -> Report {
-        let mut command = self.command(target);
+    /// `count` timed `connect()` calls of fresh UDP sockets, each to one of `targets` at random,
+    /// sending nothing.
+    pub fn timed_udp_connect(&self, targets: &[SocketAddr], count: u64) -> Report {
+        let mut command = self.command_spread(targets);
         command.args(["udp-connect", "--count", &count.to_string()]);
         run_report(command)
     }

@@ -83,10 +83,11 @@ pub enum UdpMode {
 }
 
 /// Options shared by the clients.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Client {
-    /// Address dialled (a ClusterIP or a backend).
-    pub target: SocketAddr,
+    /// Addresses dialled (ClusterIPs or backends): one, or several picked at random per attempt,
+    /// the way a load balancer spreads connections (a baseline for the balanced hook).
+    pub targets: Vec<SocketAddr>,
     /// Timeout of each connect or reply.
     pub timeout: Duration,
     /// Record `connect()` durations.
@@ -94,11 +95,26 @@ pub struct Client {
 }
 
 impl Client {
+    /// The address of attempt number `attempt`: the only target, or a pseudo-random one of them.
+    fn target(&self, attempt: u64) -> SocketAddr {
+        match self.targets.as_slice() {
+            [only] => *only,
+            targets => {
+                // splitmix64 of the attempt number: uniform and stateless.
+                let mut x = attempt.wrapping_add(0x9e37_79b9_7f4a_7c15);
+                x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                x ^= x >> 31;
+                targets[(x % targets.len() as u64) as usize]
+            }
+        }
+    }
+
     /// `count` TCP connections; each reads the backend's name and checks `getpeername()`.
     pub fn tcp(&self, count: u64) -> Report {
         let mut report = Report::default();
-        for _ in 0..count {
-            self.tcp_once(&mut report);
+        for attempt in 0..count {
+            self.tcp_once(self.target(attempt), &mut report);
         }
         report
     }
@@ -107,10 +123,11 @@ impl Client {
     /// syscall does no network I/O, so its duration is the route lookup plus any cgroup hook.
     pub fn udp_connects(&self, count: u64) -> Report {
         let mut report = Report::default();
-        for _ in 0..count {
-            let outcome = self.udp_socket().and_then(|socket| {
+        for attempt in 0..count {
+            let target = self.target(attempt);
+            let outcome = self.udp_socket(target).and_then(|socket| {
                 let started = Instant::now();
-                let connected = socket.connect(self.target);
+                let connected = socket.connect(target);
                 report.connect_ns.push(started.elapsed().as_nanos() as u64);
                 connected.map(|()| "connected".to_owned())
             });
@@ -123,18 +140,21 @@ impl Client {
     pub fn udp(&self, count: u64, mode: UdpMode) -> Report {
         let mut report = Report::default();
         let mut shared: Option<UdpSocket> = None;
-        for _ in 0..count {
+        for attempt in 0..count {
+            let target = self.target(attempt);
             let outcome = match mode {
-                UdpMode::Unconnected => self.udp_socket().and_then(|socket| self.udp_exchange(&socket, &mut report)),
+                UdpMode::Unconnected => {
+                    self.udp_socket(target).and_then(|socket| self.udp_exchange(&socket, target, &mut report))
+                }
                 UdpMode::SameSocket => match &shared {
-                    Some(socket) => self.udp_exchange(socket, &mut report),
-                    None => self.udp_socket().and_then(|socket| {
-                        let outcome = self.udp_exchange(&socket, &mut report);
+                    Some(socket) => self.udp_exchange(socket, target, &mut report),
+                    None => self.udp_socket(target).and_then(|socket| {
+                        let outcome = self.udp_exchange(&socket, target, &mut report);
                         shared = Some(socket);
                         outcome
                     }),
                 },
-                UdpMode::Connected => self.udp_connected(&mut report),
+                UdpMode::Connected => self.udp_connected(target, &mut report),
             };
             report.record(outcome);
         }
@@ -147,12 +167,16 @@ impl Client {
         let mut report = Report::default();
         let begin = Instant::now();
         let mut started = Some(started);
+        let mut attempt = 0;
         while !stop.exists() && begin.elapsed() < max {
+            let target = self.target(attempt);
+            attempt += 1;
             if udp {
-                let outcome = self.udp_socket().and_then(|socket| self.udp_exchange(&socket, &mut report));
+                let outcome =
+                    self.udp_socket(target).and_then(|socket| self.udp_exchange(&socket, target, &mut report));
                 report.record(outcome);
             } else {
-                self.tcp_once(&mut report);
+                self.tcp_once(target, &mut report);
             }
             if let Some(started) = started.take() {
                 started();
@@ -164,14 +188,14 @@ impl Client {
         report
     }
 
-    fn tcp_once(&self, report: &mut Report) {
+    fn tcp_once(&self, target: SocketAddr, report: &mut Report) {
         let started = Instant::now();
-        let stream = TcpStream::connect_timeout(&self.target, self.timeout);
+        let stream = TcpStream::connect_timeout(&target, self.timeout);
         if self.time_connects {
             report.connect_ns.push(started.elapsed().as_nanos() as u64);
         }
         let outcome = stream.and_then(|mut stream| {
-            if stream.peer_addr()? != self.target {
+            if stream.peer_addr()? != target {
                 report.peer_mismatch += 1;
             }
             stream.set_read_timeout(Some(self.timeout))?;
@@ -182,26 +206,26 @@ impl Client {
         report.record(outcome);
     }
 
-    fn udp_socket(&self) -> io::Result<UdpSocket> {
-        let socket = UdpSocket::bind(unspecified(&self.target))?;
+    fn udp_socket(&self, target: SocketAddr) -> io::Result<UdpSocket> {
+        let socket = UdpSocket::bind(unspecified(&target))?;
         socket.set_read_timeout(Some(self.timeout))?;
         Ok(socket)
     }
 
-    fn udp_exchange(&self, socket: &UdpSocket, report: &mut Report) -> io::Result<String> {
-        socket.send_to(b"who", self.target)?;
+    fn udp_exchange(&self, socket: &UdpSocket, target: SocketAddr, report: &mut Report) -> io::Result<String> {
+        socket.send_to(b"who", target)?;
         let mut buf = [0u8; 256];
         let (len, from) = socket.recv_from(&mut buf)?;
-        if from != self.target {
+        if from != target {
             report.peer_mismatch += 1;
         }
         Ok(String::from_utf8_lossy(&buf[..len]).trim().to_owned())
     }
 
-    fn udp_connected(&self, report: &mut Report) -> io::Result<String> {
-        let socket = self.udp_socket()?;
-        socket.connect(self.target)?;
-        if socket.peer_addr()? != self.target {
+    fn udp_connected(&self, target: SocketAddr, report: &mut Report) -> io::Result<String> {
+        let socket = self.udp_socket(target)?;
+        socket.connect(target)?;
+        if socket.peer_addr()? != target {
             report.peer_mismatch += 1;
         }
         socket.send(b"who")?;

@@ -193,7 +193,11 @@ fn weighted_choice_follows_the_weights_over_20000_connects() {
 fn a_thousand_swaps_under_load_fail_no_connection() {
     require_root!();
     let fx = Fixture::new(3);
-    let mut dp = Dataplane::open(&fx.config()).expect("open dataplane");
+    // Room for three sets of two: the writer must wait for a grace period and reuse retired runs
+    // every other swap, while the client connects.
+    let mut config = fx.config();
+    config.capacities.slots = 6;
+    let mut dp = Dataplane::open(&config).expect("open dataplane");
     let port = service("10.96.0.40", 80, Protocol::Tcp);
     let sets: Vec<DesiredState> = (0..3)
         .map(|i| {
@@ -205,37 +209,48 @@ fn a_thousand_swaps_under_load_fail_no_connection() {
     assert!(dp.apply(&sets[0]).failed.is_empty());
 
     let client = fx.place().spawn_loop(addr("10.96.0.40:80"), &fx.scratch(), Duration::from_secs(60), false);
-    let mut swaps = 0;
+    let (mut swaps, mut grace_periods) = (0, 0);
     for round in 1..=1000 {
         let report = dp.apply(&sets[round % 3]);
         assert!(report.failed.is_empty(), "{:?}", report.failed);
         swaps += report.updated;
+        grace_periods += report.grace_periods;
         // Spread the swaps over ~0.3 s so thousands of connects interleave with them.
         std::thread::sleep(Duration::from_micros(300));
     }
     let result = client.finish();
-    eprintln!("swaps under load: {result:?}");
+    eprintln!("swaps under load ({grace_periods} grace periods): {result:?}");
     assert_eq!(swaps, 1000);
+    assert!(grace_periods >= 400, "retired runs were reused: {grace_periods} grace periods");
     assert_eq!(result.failures(), 0, "no connection may fail during swaps: {result:?}");
     assert!(result.attempts > 1000, "the client must have been connecting throughout: {result:?}");
-    assert_eq!(dp.kernel().slot_entries(), 2, "old generations are deleted");
+    assert_eq!(dp.kernel().slot_entries(), 2, "one live set");
+    assert_eq!(dp.usage().slots, 2);
 }
 
 #[test]
 fn bpftool_dumps_maps_with_field_names() {
     require_root!();
     let fx = Fixture::new(1);
-    let _dp = program_all(&fx, "10.96.0.10", 80, Protocol::Tcp, false);
+    // A small slots array: `dump` prints every entry of an array, used or not.
+    let mut config = fx.config();
+    config.capacities.slots = 8;
+    let mut dp = Dataplane::open(&config).expect("open dataplane");
+    let backends = fx.backends.iter().map(|b| b.weighted(false, 1)).collect();
+    assert!(dp.apply(&Fixture::one_service(service("10.96.0.10", 80, Protocol::Tcp), backends)).failed.is_empty());
     let maps = fx.pins.path().join("maps");
     let dump =
         topology_tests::sandbox::run("bpftool", &["map", "dump", "pinned", &maps.join("topo_svc4").to_string_lossy()]);
-    for field in ["\"addr\"", "\"port\"", "\"proto\"", "\"service_id\"", "\"set_id\"", "\"count\""] {
+    for field in ["\"addr\"", "\"port\"", "\"proto\"", "\"service_id\"", "\"set_id\"", "\"count\"", "\"base\""] {
         assert!(dump.contains(field), "bpftool output lacks {field}: {dump}");
     }
     let slots =
         topology_tests::sandbox::run("bpftool", &["map", "dump", "pinned", &maps.join("topo_slots").to_string_lossy()]);
     assert!(
-        slots.contains("\"threshold\"") && slots.contains("\"primary\"") && slots.contains("\"locality\""),
+        slots.contains("\"set_id\"")
+            && slots.contains("\"threshold\"")
+            && slots.contains("\"primary\"")
+            && slots.contains("\"locality\""),
         "{slots}"
     );
     assert!(slots.contains(&format!("\"port\": {BACKEND_PORT}")), "ports are stored in host order: {slots}");

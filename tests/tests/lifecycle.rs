@@ -105,28 +105,36 @@ fn stale_services_are_removed_on_the_first_apply_after_a_restart() {
 }
 
 #[test]
-fn a_set_left_half_written_by_a_crash_is_collected() {
+fn a_slot_of_another_set_is_never_used_and_a_restart_rewrites_the_damaged_set() {
     require_root!();
     let fx = Fixture::new(1);
-    Dataplane::open(&fx.config()).expect("open").apply(&three_services(&fx));
-    // An agent killed between writing a new generation and flipping the entry leaves slots of a
-    // set no service refers to: set 999, index 0.
-    let slots = fx.pins.path().join("maps/topo_slots");
-    let mut args = vec!["map", "update", "pinned"];
-    let slots = slots.to_string_lossy().into_owned();
-    args.push(&slots);
-    args.extend(["key", "hex", "e7", "03", "00", "00", "00", "00", "00", "00", "value", "hex"]);
-    let zeros = vec!["00"; 44];
-    args.extend(zeros.iter().copied());
+    let one = service("10.96.1.2", 80, Protocol::Tcp);
+    let base = {
+        let mut dp = Dataplane::open(&fx.config()).expect("open");
+        dp.apply(&three_services(&fx));
+        dp.kernel().services[&one].base
+    };
+    // Overwrite the only slot of 10.96.1.2 with a slot of set 999 pointing at 0.0.0.0:0, as a
+    // hand edit or a bug could: the program must refuse to use it.
+    let slots = fx.pins.path().join("maps/topo_slots").to_string_lossy().into_owned();
+    let key: Vec<String> = base.to_le_bytes().iter().map(|b| format!("{b:02x}")).collect();
+    let mut value = vec!["00".to_owned(); 48];
+    value[..4].clone_from_slice(&["e7".to_owned(), "03".to_owned(), "00".to_owned(), "00".to_owned()]);
+    let mut args = vec!["map", "update", "pinned", &slots, "key", "hex"];
+    args.extend(key.iter().map(String::as_str));
+    args.extend(["value", "hex"]);
+    args.extend(value.iter().map(String::as_str));
     run("bpftool", &args);
 
+    let broken = fx.place().tcp(addr("10.96.1.2:80"), 20);
+    assert_eq!(broken.errno("ENETUNREACH"), 20, "a slot of another set is never used: {broken:?}");
+
     let mut dp = Dataplane::open(&fx.config()).expect("reopen");
-    assert_eq!(dp.kernel().orphan_slots.len(), 1, "{:?}", dp.kernel().orphan_slots);
+    assert!(!dp.kernel().services[&one].intact(), "adoption sees the damage");
     let report = dp.apply(&three_services(&fx));
-    assert!(report.housekeeping.is_empty(), "{:?}", report.housekeeping);
-    assert!(dp.kernel().orphan_slots.is_empty());
-    let snapshot = dataplane::snapshot(fx.pins.path()).expect("snapshot");
-    assert!(snapshot.kernel.orphan_slots.is_empty(), "the orphan is gone from the kernel too");
+    assert_eq!((report.updated, report.unchanged), (1, 2), "{report:?}");
+    let repaired = fx.place().tcp(addr("10.96.1.2:80"), 20);
+    assert_eq!(repaired.landed_on("b0"), 20, "{repaired:?}");
 }
 
 #[test]

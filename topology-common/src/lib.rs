@@ -32,7 +32,7 @@ pub mod map_names {
     pub const SERVICES_V4: &str = "topo_svc4";
     /// IPv6 services: [`ServiceKey6`](crate::ServiceKey6) -> [`ServiceValue`](crate::ServiceValue).
     pub const SERVICES_V6: &str = "topo_svc6";
-    /// Backend slots of every generation: [`SlotKey`](crate::SlotKey) -> [`Slot`](crate::Slot).
+    /// Backend slots of every live set, one contiguous run per set: index -> [`Slot`](crate::Slot).
     pub const SLOTS: &str = "topo_slots";
     /// Per-CPU counters by service id: `u32` -> [`ServiceCounters`](crate::ServiceCounters).
     pub const COUNTERS: &str = "topo_counters";
@@ -81,7 +81,8 @@ pub mod capacity {
     pub const SERVICES_V4: u32 = 65_536;
     /// IPv6 service ports.
     pub const SERVICES_V6: u32 = 65_536;
-    /// Backend slots across all services, including the new generation written during a swap.
+    /// Backend slots across all services, including the new generation written during a swap
+    /// (an array: 262,144 × 48 bytes = 12 MiB of kernel memory, allocated at load).
     pub const SLOTS: u32 = 262_144;
     /// Service ids (counters and names), both families together.
     pub const SERVICE_IDS: u32 = 131_072;
@@ -150,30 +151,22 @@ const _: () = assert!(size_of::<ServiceKey6>() == 20);
 /// Value of both services maps: which backend set a service port currently uses.
 ///
 /// Swap protocol (see `topology-agent/src/dataplane/writer.rs`): the agent writes the slots of a
-/// new `set_id` first, then replaces this value in one map update, then deletes the old slots. A
-/// program that read the old value and finds its slot already gone reads this value again.
+/// new set into a free run of the slots array first, then replaces this value in one map update;
+/// the old run is reused only after an RCU grace period, when no program can still hold the old
+/// value. Every slot carries its set's `set_id`, which the program checks.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct ServiceValue {
     /// Stable id of the service port: the key of the counters and name maps.
     pub service_id: u32,
-    /// Generation of the backend set; the slots live at `SlotKey { set_id, index: 0..count }`.
+    /// Generation of the backend set, unique among live sets; 0 for an empty set.
     pub set_id: u32,
     /// Number of slots. Zero means the set is empty and connections are refused.
     pub count: u32,
+    /// Index of the set's first slot in the slots array; its slots are `base..base + count`.
+    pub base: u32,
 }
-const _: () = assert!(size_of::<ServiceValue>() == 12);
-
-/// Key of the slots map.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
-pub struct SlotKey {
-    /// Backend set generation.
-    pub set_id: u32,
-    /// Slot index, `0..count`.
-    pub index: u32,
-}
-const _: () = assert!(size_of::<SlotKey>() == 8);
+const _: () = assert!(size_of::<ServiceValue>() == 16);
 
 /// One backend as the programs rewrite to it.
 #[repr(C, align(4))]
@@ -195,6 +188,8 @@ const _: () = assert!(size_of::<Backend>() == 20);
 #[repr(C, align(4))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct Slot {
+    /// The set this slot belongs to ([`ServiceValue::set_id`]); 0 in a free slot.
+    pub set_id: u32,
     /// Probability of `primary`, scaled to [`THRESHOLD_ONE`].
     pub threshold: u32,
     /// Backend chosen when the random draw is below `threshold`.
@@ -202,7 +197,7 @@ pub struct Slot {
     /// Backend chosen otherwise.
     pub alias: Backend,
 }
-const _: () = assert!(size_of::<Slot>() == 44);
+const _: () = assert!(size_of::<Slot>() == 48);
 
 /// Per-CPU counters of one service port.
 #[repr(C)]
@@ -329,7 +324,6 @@ mod pod {
     unsafe impl aya::Pod for super::ServiceKey4 {}
     unsafe impl aya::Pod for super::ServiceKey6 {}
     unsafe impl aya::Pod for super::ServiceValue {}
-    unsafe impl aya::Pod for super::SlotKey {}
     unsafe impl aya::Pod for super::Backend {}
     unsafe impl aya::Pod for super::Slot {}
     unsafe impl aya::Pod for super::ServiceCounters {}

@@ -3,8 +3,8 @@
 use core::ptr::{addr_of, addr_of_mut, read_volatile, write_volatile};
 
 use topology_common::{
-    AffinityKey, AffinityValue, Backend, RevNatKey, RevNatValue, ServiceKey4, ServiceKey6, ServiceValue, SlotKey,
-    THRESHOLD_ONE, locality,
+    AffinityKey, AffinityValue, Backend, RevNatKey, RevNatValue, ServiceKey4, ServiceKey6, ServiceValue, THRESHOLD_ONE,
+    locality,
 };
 
 use crate::{
@@ -12,16 +12,11 @@ use crate::{
     sockaddr::{self, Words},
 };
 
-/// How often a backend choice re-reads the service after its slot vanished. A slot vanishes only
-/// when the agent swapped the set and deleted the old generation between our two lookups, and each
-/// retry reads the newest set, so a miss after this many rounds means the maps are inconsistent.
-const CHOICE_ATTEMPTS: u32 = 4;
-
 /// Why a destination that is a service port could not be rewritten.
 pub enum Error {
     /// The backend set is empty: refuse the connection.
     EmptySet { service_id: u32 },
-    /// The set's slots are missing after every retry.
+    /// The slot drawn is out of range or belongs to another set.
     SlotMissing { service_id: u32 },
 }
 
@@ -79,42 +74,46 @@ pub fn service6(addr: Words, port: u16, proto: u8) -> Option<ServiceValue> {
 }
 
 /// Chooses a backend by weight. `Ok(None)`: the destination is not a service port.
+///
+/// No retry: the agent reuses a set's slots only after an RCU grace period, so the slots of the
+/// entry read here stay intact while this program runs. A slot tagged with another set (a map
+/// edited by hand, a bug) fails the connection rather than sending it to a stranger's backend.
 #[inline(always)]
-pub fn choose(lookup: impl Fn() -> Option<ServiceValue>) -> Result<Option<Choice>, Error> {
-    let mut service_id = 0;
-    for _ in 0..CHOICE_ATTEMPTS {
-        let Some(service) = lookup() else {
-            // Not a service, or deleted since the previous attempt: leave the destination alone.
-            return Ok(None);
-        };
-        service_id = service.service_id;
-        if service.count == 0 {
-            return Err(Error::EmptySet { service_id });
-        }
-        // Multiply-shift maps a uniform u32 onto 0..count without a division.
-        let index = ((u64::from(sockaddr::random()) * u64::from(service.count)) >> 32) as u32;
-        let key = SlotKey { set_id: service.set_id, index };
-        if let Some(slot) = SLOTS.get_ptr(key) {
-            // SAFETY: the pointer came from a successful lookup; fields are copied out at once.
-            let slot = unsafe { &*slot };
-            // A slot that always picks its primary (every slot, for equal weights) needs no
-            // second draw; otherwise the primary wins with probability threshold / 2^31.
-            let backend = if slot.threshold >= THRESHOLD_ONE || (sockaddr::random() >> 1) < slot.threshold {
-                slot.primary
-            } else {
-                slot.alias
-            };
-            return Ok(Some(Choice { service, backend }));
-        }
+pub fn choose(service: Option<ServiceValue>) -> Result<Option<Choice>, Error> {
+    let Some(service) = service else {
+        return Ok(None);
+    };
+    let service_id = service.service_id;
+    if service.count == 0 {
+        return Err(Error::EmptySet { service_id });
     }
-    Err(Error::SlotMissing { service_id })
+    // Multiply-shift maps a uniform u32 onto 0..count without a division.
+    let offset = ((u64::from(sockaddr::random()) * u64::from(service.count)) >> 32) as u32;
+    // An array lookup: the verifier inlines it as a bounds check and an address computation.
+    let Some(slot) = SLOTS.get_ptr(service.base.wrapping_add(offset)) else {
+        return Err(Error::SlotMissing { service_id });
+    };
+    // SAFETY: the pointer points into the array's value area for the program's lifetime; the
+    // fields are copied out at once.
+    let slot = unsafe { &*slot };
+    if slot.set_id != service.set_id {
+        return Err(Error::SlotMissing { service_id });
+    }
+    // A slot that always picks its primary (every slot, for equal weights) needs no second
+    // draw; otherwise the primary wins with probability threshold / 2^31.
+    let backend = if slot.threshold >= THRESHOLD_ONE || (sockaddr::random() >> 1) < slot.threshold {
+        slot.primary
+    } else {
+        slot.alias
+    };
+    Ok(Some(Choice { service, backend }))
 }
 
 /// Like [`choose`], but an unconnected UDP socket keeps the backend it got first for as long as
 /// the service's backend set is unchanged, so a resolver's retries reach the same server.
 #[inline(always)]
-pub fn choose_sticky(key: &AffinityKey, lookup: impl Fn() -> Option<ServiceValue>) -> Result<Option<Choice>, Error> {
-    let Some(service) = lookup() else {
+pub fn choose_sticky(key: &AffinityKey, service: Option<ServiceValue>) -> Result<Option<Choice>, Error> {
+    let Some(service) = service else {
         return Ok(None);
     };
     if service.count == 0 {
@@ -127,7 +126,7 @@ pub fn choose_sticky(key: &AffinityKey, lookup: impl Fn() -> Option<ServiceValue
             return Ok(Some(Choice { service, backend: kept.backend }));
         }
     }
-    let choice = choose(lookup)?;
+    let choice = choose(Some(service))?;
     if let Some(choice) = &choice {
         let value = AffinityValue { set_id: choice.service.set_id, backend: choice.backend };
         // A failed insert only costs stickiness for the next datagram; the rewrite stands.
@@ -151,8 +150,8 @@ pub fn remember_connection(cookie: u64, family: u8, vip: Words, port: u16, choic
     // writes keep the order: cookie cleared, fields, cookie set.
     unsafe {
         write_volatile(addr_of_mut!((*slot).cookie), 0);
-        write_volatile(addr_of_mut!((*slot).vip), sockaddr::bytes(vip));
-        write_volatile(addr_of_mut!((*slot).backend), choice.backend.addr);
+        store_words(addr_of_mut!((*slot).vip), vip);
+        store_words(addr_of_mut!((*slot).backend), choice.addr());
         write_volatile(addr_of_mut!((*slot).vip_port), port);
         write_volatile(addr_of_mut!((*slot).backend_port), choice.backend.port);
         write_volatile(addr_of_mut!((*slot).family), family);
@@ -170,8 +169,8 @@ pub fn connection_translation(cookie: u64, family: u8, addr: Words, port: u16) -
         if read_volatile(addr_of!((*slot).cookie)) != cookie {
             return None;
         }
-        let vip = read_volatile(addr_of!((*slot).vip));
-        let backend = read_volatile(addr_of!((*slot).backend));
+        let vip = load_words(addr_of!((*slot).vip));
+        let backend = load_words(addr_of!((*slot).backend));
         let vip_port = read_volatile(addr_of!((*slot).vip_port));
         let backend_port = read_volatile(addr_of!((*slot).backend_port));
         let slot_family = read_volatile(addr_of!((*slot).family));
@@ -179,9 +178,36 @@ pub fn connection_translation(cookie: u64, family: u8, addr: Words, port: u16) -
         if read_volatile(addr_of!((*slot).cookie)) != cookie {
             return None;
         }
-        (slot_family == family && backend_port == port && sockaddr::words(&backend) == addr)
-            .then(|| (sockaddr::words(&vip), vip_port))
+        (slot_family == family && backend_port == port && backend == addr).then_some((vip, vip_port))
     }
+}
+
+/// Stores an address as four 32-bit volatile writes (a `[u8; 16]` volatile write compiles to
+/// sixteen byte stores).
+///
+/// # Safety
+/// `dst` must be valid for writes and 4-byte aligned.
+#[inline(always)]
+unsafe fn store_words(dst: *mut [u8; 16], src: Words) {
+    let dst = dst.cast::<u32>();
+    // SAFETY: the caller guarantees `dst` covers 16 writable, 4-byte aligned bytes.
+    unsafe {
+        write_volatile(dst, src[0]);
+        write_volatile(dst.add(1), src[1]);
+        write_volatile(dst.add(2), src[2]);
+        write_volatile(dst.add(3), src[3]);
+    }
+}
+
+/// Loads an address as four 32-bit volatile reads.
+///
+/// # Safety
+/// `src` must be valid for reads and 4-byte aligned.
+#[inline(always)]
+unsafe fn load_words(src: *const [u8; 16]) -> Words {
+    let src = src.cast::<u32>();
+    // SAFETY: the caller guarantees `src` covers 16 readable, 4-byte aligned bytes.
+    unsafe { [read_volatile(src), read_volatile(src.add(1)), read_volatile(src.add(2)), read_volatile(src.add(3))] }
 }
 
 /// Records that this unconnected socket reached `vip:port` through the chosen backend, so replies

@@ -97,7 +97,7 @@ pub fn connect6(ctx: SockAddrContext) -> i32 {
 /// TCP and connected UDP: choose, and record the translation for `getpeername()` and replies.
 #[inline(always)]
 fn connect(ctx: &SockAddrContext, dest: Dest) -> Result<Option<Choice>, Error> {
-    let Some(choice) = balance::choose(|| dest.service(sockaddr::protocol(ctx)))? else {
+    let Some(choice) = balance::choose(dest.service(sockaddr::protocol(ctx)))? else {
         return Ok(None);
     };
     balance::remember_connection(sockaddr::cookie(ctx), dest.family, dest.addr, dest.port, &choice);
@@ -142,7 +142,7 @@ fn send(ctx: &SockAddrContext, dest: Dest) -> Result<Option<Choice>, Error> {
     let cookie = sockaddr::cookie(ctx);
     let key =
         AffinityKey { cookie, vip: sockaddr::bytes(dest.addr), port: dest.port, proto, family: dest.family, _pad: 0 };
-    let Some(choice) = balance::choose_sticky(&key, || dest.service(proto))? else {
+    let Some(choice) = balance::choose_sticky(&key, dest.service(proto))? else {
         return Ok(None);
     };
     balance::remember_datagram(cookie, dest.family, dest.addr, dest.port, &choice);
@@ -208,7 +208,7 @@ fn finish(ctx: &SockAddrContext, result: Result<(), Error>) -> i32 {
         Ok(()) => ALLOW,
         Err(error) => {
             if let Error::SlotMissing { service_id } = &error {
-                warn!(ctx, "service {}: backend slot missing after retries", *service_id);
+                warn!(ctx, "service {}: the slot drawn belongs to another set", *service_id);
             }
             error.verdict()
         }

@@ -9,7 +9,7 @@ use aya_ebpf::{
 };
 use topology_common::{
     AffinityKey, AffinityValue, RevNatKey, RevNatValue, ServiceCounters, ServiceKey4, ServiceKey6, ServiceMeta,
-    ServiceValue, Slot, SlotKey, SockTranslation, capacity,
+    ServiceValue, Slot, SockTranslation, capacity,
 };
 
 /// Maps only userspace writes are allocated on write, so an idle capacity costs no kernel memory.
@@ -25,9 +25,10 @@ pub static SERVICES_V4: HashMap<ServiceKey4, ServiceValue, { capacity::SERVICES_
 pub static SERVICES_V6: HashMap<ServiceKey6, ServiceValue, { capacity::SERVICES_V6 as usize }, NO_PREALLOC> =
     HashMap::new();
 
-/// Backend slots of every live backend-set generation.
+/// Backend slots of every live backend set, one contiguous run per set. An array, so a lookup is
+/// an inlined bounds check and address computation: no hash, no bucket walk.
 #[btf_map(name = "topo_slots")]
-pub static SLOTS: HashMap<SlotKey, Slot, { capacity::SLOTS as usize }, NO_PREALLOC> = HashMap::new();
+pub static SLOTS: Array<Slot, { capacity::SLOTS as usize }> = Array::new();
 
 /// Per-CPU counters by service id; the agent creates the entry with the service.
 #[btf_map(name = "topo_counters")]

@@ -46,9 +46,9 @@ enum Mode {
     },
     /// Dial a target and report where each attempt landed.
     Client {
-        /// Address to dial.
-        #[arg(long)]
-        target: SocketAddr,
+        /// Address to dial; repeated, each attempt picks one at random (all of one family).
+        #[arg(long, required = true)]
+        target: Vec<SocketAddr>,
         /// Timeout of each connect or reply, in milliseconds.
         #[arg(long, default_value_t = 2000)]
         timeout_ms: u64,
@@ -120,7 +120,10 @@ fn main() -> anyhow::Result<()> {
             .with_context(|| format!("serving {name}"))?;
         }
         Mode::Client { target, timeout_ms, time_connects, traffic } => {
-            let client = Client { target, timeout: Duration::from_millis(timeout_ms), time_connects };
+            if target.iter().any(|t| t.is_ipv4() != target[0].is_ipv4()) {
+                bail!("--target: every target must be of one address family");
+            }
+            let client = Client { targets: target, timeout: Duration::from_millis(timeout_ms), time_connects };
             let report = match traffic {
                 Traffic::Tcp { count } => client.tcp(count),
                 Traffic::UdpConnect { count } => client.udp_connects(count),

@@ -46,7 +46,7 @@ pub fn build(backends: &[WeightedBackend]) -> Vec<Slot> {
         .into_iter()
         .map(|slot| {
             let (threshold, primary, alias) = slot.expect("every index is assigned exactly once");
-            Slot { threshold, primary: backend(live[primary]), alias: backend(live[alias]) }
+            Slot { set_id: 0, threshold, primary: backend(live[primary]), alias: backend(live[alias]) }
         })
         .collect()
 }

@@ -86,6 +86,23 @@ pub enum DataplaneError {
         /// The map's `max_entries`.
         capacity: u32,
     },
+    /// The slots map has room in total but no contiguous run for a set.
+    #[error(
+        "map {map} has {free} free entries but no run of {needed} (longest {largest}, capacity {capacity}); \
+         raise its capacity"
+    )]
+    MapFragmented {
+        /// Map name.
+        map: &'static str,
+        /// Length of the run needed.
+        needed: u32,
+        /// Free entries in total.
+        free: u64,
+        /// Longest free run.
+        largest: u32,
+        /// The map's `max_entries`.
+        capacity: u32,
+    },
     /// A pinned map exists with a different capacity than configured.
     #[error(
         "pinned map {map} has capacity {pinned} but {configured} is configured; keep the old \

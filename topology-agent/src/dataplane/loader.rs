@@ -31,7 +31,7 @@ pub enum KernelLogLevel {
     Off,
     /// Internal failures only.
     Error,
-    /// Failures and degraded operation (a slot missing after retries).
+    /// Failures and degraded operation (a slot of another set drawn).
     Warn,
     /// Informational events.
     Info,

@@ -5,11 +5,11 @@ use std::path::{Path, PathBuf};
 
 use aya::{
     Ebpf,
-    maps::{HashMap, IterableMap as _, Map, MapData, PerCpuHashMap},
+    maps::{Array, HashMap, IterableMap as _, Map, MapData, PerCpuHashMap},
 };
 use serde::{Deserialize, Serialize};
 use topology_common::{
-    ServiceCounters, ServiceKey4, ServiceKey6, ServiceMeta, ServiceValue, Slot, SlotKey, capacity, map_names,
+    ServiceCounters, ServiceKey4, ServiceKey6, ServiceMeta, ServiceValue, Slot, capacity, map_names,
 };
 
 use super::error::DataplaneError;
@@ -126,8 +126,8 @@ pub struct MapSet {
     pub services4: HashMap<MapData, ServiceKey4, ServiceValue>,
     /// IPv6 service ports.
     pub services6: HashMap<MapData, ServiceKey6, ServiceValue>,
-    /// Backend slots.
-    pub slots: HashMap<MapData, SlotKey, Slot>,
+    /// Backend slots, one run per set.
+    pub slots: Array<MapData, Slot>,
     /// Per-CPU counters by service id.
     pub counters: PerCpuHashMap<MapData, u32, ServiceCounters>,
     /// Names by service id.
@@ -179,7 +179,7 @@ impl MapSet {
             services4.try_into().map_err(DataplaneError::map(map_names::SERVICES_V4))?;
         let services6: HashMap<_, ServiceKey6, ServiceValue> =
             services6.try_into().map_err(DataplaneError::map(map_names::SERVICES_V6))?;
-        let slots: HashMap<_, SlotKey, Slot> = slots.try_into().map_err(DataplaneError::map(map_names::SLOTS))?;
+        let slots: Array<_, Slot> = slots.try_into().map_err(DataplaneError::map(map_names::SLOTS))?;
         let counters: PerCpuHashMap<_, u32, ServiceCounters> =
             counters.try_into().map_err(DataplaneError::map(map_names::COUNTERS))?;
         let meta: HashMap<_, u32, ServiceMeta> =

@@ -8,9 +8,11 @@
 
 pub mod alias;
 mod error;
+mod grace;
 mod links;
 mod loader;
 mod maps;
+mod slot_space;
 mod state;
 mod writer;
 

@@ -2,12 +2,12 @@
 //! what `status` prints.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet},
     net::IpAddr,
 };
 
 use aya::maps::MapError;
-use topology_common::{ServiceCounters, ServiceMeta, Slot, SlotKey, map_names};
+use topology_common::{ServiceCounters, ServiceMeta, Slot, map_names};
 
 use super::{alias, error::DataplaneError, maps::MapSet};
 use crate::desired::{Protocol, ServicePort, WeightedBackend};
@@ -21,7 +21,10 @@ pub struct ProgrammedService {
     pub set_id: u32,
     /// Slot count in the service entry; 0 means connections are refused.
     pub count: u32,
-    /// The slots found for `set_id`, by index. Fewer than `count` means the set is damaged.
+    /// Index of the set's first slot in the slots array.
+    pub base: u32,
+    /// The set's slots, in order, with `set_id` cleared (the set's content). Only those found
+    /// tagged with `set_id` from `base` on: fewer than `count` means the set is damaged.
     pub slots: Vec<Slot>,
     /// `namespace/name:port`.
     pub name: String,
@@ -47,17 +50,14 @@ impl ProgrammedService {
 pub struct KernelState {
     /// Service ports by (ClusterIP, port, protocol).
     pub services: BTreeMap<ServicePort, ProgrammedService>,
-    /// Slots no service entry refers to: a set left behind by an agent that stopped mid-swap.
-    pub orphan_slots: Vec<SlotKey>,
     /// Counter and name entries of service ids no service entry uses.
     pub orphan_ids: BTreeSet<u32>,
 }
 
 impl KernelState {
-    /// Number of slot entries in the kernel, orphans included.
+    /// Number of slots the service entries refer to.
     pub fn slot_entries(&self) -> u64 {
-        let live: usize = self.services.values().map(|s| s.slots.len()).sum();
-        (live + self.orphan_slots.len()) as u64
+        self.services.values().map(|s| u64::from(s.count)).sum()
     }
 }
 
@@ -77,47 +77,48 @@ pub fn read(maps: &MapSet) -> Result<KernelState, DataplaneError> {
         }
     }
 
-    // One pass over the slots, grouped by set.
-    let mut sets: HashMap<u32, BTreeMap<u32, Slot>> = HashMap::new();
-    for item in maps.slots.iter() {
-        let (key, slot) = item.map_err(DataplaneError::map(map_names::SLOTS))?;
-        sets.entry(key.set_id).or_default().insert(key.index, slot);
-    }
-
     let names = read_names(maps)?;
     let mut state = KernelState::default();
     let mut live_ids = BTreeSet::new();
     for (port, value) in entries {
         live_ids.insert(value.service_id);
-        let found = if value.count == 0 { None } else { sets.remove(&value.set_id) };
-        let mut slots = Vec::with_capacity(value.count as usize);
-        if let Some(found) = found {
-            // Take indexes 0..count in order, stopping at the first gap; extra indexes are orphans.
-            let mut found = found;
-            for index in 0..value.count {
-                match found.remove(&index) {
-                    Some(slot) => slots.push(slot),
-                    None => break,
-                }
-            }
-            state.orphan_slots.extend(found.keys().map(|&index| SlotKey { set_id: value.set_id, index }));
-        }
+        let slots = read_set(maps, &value)?;
         let name = names.get(&value.service_id).cloned().unwrap_or_default();
         state.services.insert(
             port,
-            ProgrammedService { service_id: value.service_id, set_id: value.set_id, count: value.count, slots, name },
+            ProgrammedService {
+                service_id: value.service_id,
+                set_id: value.set_id,
+                count: value.count,
+                base: value.base,
+                slots,
+                name,
+            },
         );
     }
-    for (set_id, slots) in sets {
-        state.orphan_slots.extend(slots.keys().map(|&index| SlotKey { set_id, index }));
-    }
-    state.orphan_slots.sort();
     let mut known_ids: BTreeSet<u32> = names.keys().copied().collect();
     for id in maps.counters.keys() {
         known_ids.insert(id.map_err(DataplaneError::map(map_names::COUNTERS))?);
     }
     state.orphan_ids = known_ids.difference(&live_ids).copied().collect();
     Ok(state)
+}
+
+/// The slots of a service entry's set, in order, up to the first that is out of range or not
+/// tagged with the entry's `set_id`.
+fn read_set(maps: &MapSet, value: &topology_common::ServiceValue) -> Result<Vec<Slot>, DataplaneError> {
+    let mut slots = Vec::with_capacity(value.count as usize);
+    for offset in 0..value.count {
+        let Some(index) = value.base.checked_add(offset).filter(|&index| index < maps.capacities.slots) else {
+            break;
+        };
+        let slot = maps.slots.get(&index, 0).map_err(DataplaneError::map(map_names::SLOTS))?;
+        if slot.set_id != value.set_id {
+            break;
+        }
+        slots.push(Slot { set_id: 0, ..slot });
+    }
+    Ok(slots)
 }
 
 /// Names by service id.

@@ -2,31 +2,35 @@
 //!
 //! # Swap protocol
 //!
-//! A program reads a service entry `{service_id, set_id, count}` and then one slot
-//! `{set_id, index < count}`. To replace a backend set without a connect ever seeing half of it:
+//! A program reads a service entry `{service_id, set_id, count, base}` and then one slot at
+//! `base + i` (`i < count`) of the slots array, which must carry the entry's `set_id`. To replace a
+//! backend set without a connect ever seeing half of it:
 //!
-//! 1. write every slot of a new, unused `set_id`;
-//! 2. overwrite the service entry with the new `set_id` and `count` (one atomic map update);
-//! 3. delete the slots of the old `set_id`.
+//! 1. write every slot of the new set, tagged with a fresh `set_id`, into a free run;
+//! 2. overwrite the service entry with the new `set_id`, `count` and `base` (one map update,
+//!    which the kernel publishes with RCU: a program sees the old entry or the new one);
+//! 3. retire the old run: it is reused only after an RCU grace period ([`super::grace`]), when
+//!    no program that read the old entry is still running.
 //!
-//! A program that read the old entry before step 2 finds either an old slot (a consistent old
-//! choice) or, if step 3 already ran, no slot; it then reads the entry again and gets the new set
-//! (`CHOICE_ATTEMPTS` in `topology-ebpf/src/balance.rs`). A new service's entry is written last
-//! and a removed service's entry is deleted first, so a program never finds an entry without slots
-//! except in that window.
+//! A program that read the old entry before step 2 therefore always finds the old set intact and
+//! makes a consistent old choice. A new service's entry is written last and a removed service's
+//! entry is deleted first. The writer waits for a grace period only when it runs out of free runs,
+//! so a swap costs `count` array writes and one hash update, and nothing is ever deleted.
 //!
-//! Capacity is checked before the first write for a service, and a failed write removes what
-//! that service wrote, so a map is never left holding part of a set.
+//! Room is checked before the first write for a service, and a failed write frees what that
+//! service wrote, so a map is never left holding part of a set.
 
 use std::{collections::HashSet, io};
 
 use aya::maps::{MapError, PerCpuValues};
-use topology_common::{ServiceCounters, ServiceKey4, ServiceKey6, ServiceValue, Slot, SlotKey, map_names};
+use topology_common::{ServiceCounters, ServiceKey4, ServiceKey6, ServiceValue, Slot, map_names};
 
 use super::{
     alias,
     error::DataplaneError,
+    grace,
     maps::MapSet,
+    slot_space::{Run, Shortage, SlotSpace},
     state::{KernelState, ProgrammedService, meta_from_name},
 };
 use crate::desired::{DesiredService, DesiredState, ServicePort};
@@ -44,10 +48,12 @@ pub struct ApplyReport {
     pub unchanged: usize,
     /// Slot entries written.
     pub slots_written: usize,
+    /// Grace periods waited for to reuse retired slots.
+    pub grace_periods: usize,
     /// Service ports that could not be programmed; the kernel keeps their previous state.
     pub failed: Vec<(ServicePort, DataplaneError)>,
-    /// Leftovers (slots of a dead set, ids of a removed service) that could not be deleted yet;
-    /// they are retried on the next apply and never visible to the programs.
+    /// Leftovers (ids of a removed service) that could not be deleted yet; they are retried on the
+    /// next apply and never visible to the programs.
     pub housekeeping: Vec<DataplaneError>,
 }
 
@@ -93,7 +99,10 @@ pub struct Writer {
     kernel: KernelState,
     service_ids: IdPool,
     set_ids: IdPool,
-    slot_entries: u64,
+    slots: SlotSpace,
+    /// Services adopted with a run that overlaps another's or lies out of range: the run is not
+    /// theirs to retire when they are rewritten.
+    foreign_runs: HashSet<ServicePort>,
     /// Service entries per family, kept as services are added and removed.
     family_entries: [u64; 2],
     nr_cpus: usize,
@@ -106,8 +115,10 @@ pub struct Usage {
     pub services_v4: u64,
     /// IPv6 service entries.
     pub services_v6: u64,
-    /// Slot entries, including those of sets still being deleted.
+    /// Slots of live sets.
     pub slots: u64,
+    /// Slots of replaced sets waiting for a grace period before reuse.
+    pub slots_retired: u64,
     /// Service ids (counters and names).
     pub service_ids: u64,
 }
@@ -117,13 +128,14 @@ impl Writer {
     pub fn adopt(maps: MapSet, kernel: KernelState) -> Result<Self, DataplaneError> {
         let service_ids =
             IdPool::new(kernel.services.values().map(|s| s.service_id).chain(kernel.orphan_ids.iter().copied()));
-        let set_ids =
-            IdPool::new(kernel.services.values().map(|s| s.set_id).chain(kernel.orphan_slots.iter().map(|k| k.set_id)));
-        let slot_entries = kernel.slot_entries();
+        let set_ids = IdPool::new(kernel.services.values().map(|s| s.set_id));
+        let runs = kernel.services.iter().map(|(port, s)| (Run { base: s.base, len: s.count }, *port));
+        let (slots, rejected) = SlotSpace::adopt(maps.capacities.slots, runs);
+        let foreign_runs = rejected.into_iter().collect();
         let v4 = kernel.services.keys().filter(|port| port.vip.is_ipv4()).count() as u64;
         let family_entries = [v4, kernel.services.len() as u64 - v4];
         let nr_cpus = aya::util::nr_cpus().map_err(|(path, source)| DataplaneError::Cpus { path, source })?;
-        Ok(Self { maps, kernel, service_ids, set_ids, slot_entries, family_entries, nr_cpus })
+        Ok(Self { maps, kernel, service_ids, set_ids, slots, foreign_runs, family_entries, nr_cpus })
     }
 
     /// What the kernel holds, as last written or adopted.
@@ -152,7 +164,7 @@ impl Writer {
         changes: impl IntoIterator<Item = (ServicePort, Option<&'a DesiredService>)>,
     ) -> ApplyReport {
         let mut report = ApplyReport::default();
-        self.remove_orphans(&mut report);
+        self.remove_orphan_ids();
         let (removals, upserts): (Vec<_>, Vec<_>) = changes.into_iter().partition(|(_, desired)| desired.is_none());
         for (port, desired) in removals.into_iter().chain(upserts) {
             if let Err(error) = self.reconcile(&port, desired, &mut report) {
@@ -178,7 +190,7 @@ impl Writer {
         };
         let slots = validated_slots(port, service)?;
         match self.kernel.services.get(port) {
-            Some(current) if current.intact() && current.slots == slots => {
+            Some(current) if current.intact() && !self.foreign_runs.contains(port) && current.slots == slots => {
                 if current.name != service.name {
                     self.rename(port, &service.name)?;
                 }
@@ -211,31 +223,28 @@ impl Writer {
         };
         check_room(family_map, family_used, 1, family_capacity)?;
         check_room(map_names::COUNTERS, self.service_ids.len() as u64, 1, self.maps.capacities.service_ids)?;
-        check_room(map_names::SLOTS, self.slot_entries, slots.len() as u64, self.maps.capacities.slots)?;
+        let run = self.allocate(slots.len() as u32, report)?;
 
         let service_id = self.service_ids.allocate();
         let set_id = if slots.is_empty() { 0 } else { self.set_ids.allocate() };
+        let value = ServiceValue { service_id, set_id, count: run.len, base: run.base };
         let written = self
             .write_counters(service_id)
             .and_then(|()| self.write_meta(service_id, name))
-            .and_then(|()| self.write_slots(set_id, &slots))
-            .and_then(|()| self.write_entry(port, ServiceValue { service_id, set_id, count: slots.len() as u32 }));
+            .and_then(|()| self.write_slots(set_id, run, &slots))
+            .and_then(|()| self.write_entry(port, value));
         if let Err(error) = written {
-            // Roll back everything this service wrote; the entry was the last write, so a failed
-            // entry write leaves nothing visible to the programs.
-            self.delete_slots(set_id, slots.len() as u32);
+            // Roll back everything this service wrote; the entry was the last write, so no program
+            // has seen the run and it is free at once.
+            self.slots.release(run);
             self.delete_ids(service_id);
             self.service_ids.release(service_id);
             self.set_ids.release(set_id);
             return Err(error);
         }
-        self.slot_entries += slots.len() as u64;
         self.family_entries[family_index(port)] += 1;
         report.slots_written += slots.len();
-        self.kernel.services.insert(
-            *port,
-            ProgrammedService { service_id, set_id, count: slots.len() as u32, slots, name: name.to_owned() },
-        );
+        self.kernel.services.insert(*port, programmed(value, slots, name));
         Ok(())
     }
 
@@ -247,37 +256,22 @@ impl Writer {
         report: &mut ApplyReport,
     ) -> Result<(), DataplaneError> {
         let current = self.kernel.services[port].clone();
-        check_room(map_names::SLOTS, self.slot_entries, slots.len() as u64, self.maps.capacities.slots)?;
+        let run = self.allocate(slots.len() as u32, report)?;
         let set_id = if slots.is_empty() { 0 } else { self.set_ids.allocate() };
-        let value = ServiceValue { service_id: current.service_id, set_id, count: slots.len() as u32 };
+        let value = ServiceValue { service_id: current.service_id, set_id, count: run.len, base: run.base };
         // Steps 1 and 2 of the swap protocol.
-        if let Err(error) = self.write_slots(set_id, &slots).and_then(|()| self.write_entry(port, value)) {
-            self.delete_slots(set_id, slots.len() as u32);
+        if let Err(error) = self.write_slots(set_id, run, &slots).and_then(|()| self.write_entry(port, value)) {
+            self.slots.release(run);
             self.set_ids.release(set_id);
             return Err(error);
         }
-        self.slot_entries += slots.len() as u64;
         report.slots_written += slots.len();
-        // Step 3: the old generation goes; a slot that cannot be deleted is retried as an orphan.
-        let leftover = self.delete_slots(current.set_id, current.slots.len() as u32);
-        self.slot_entries -= (current.slots.len() - leftover.len()) as u64;
-        self.kernel.orphan_slots.extend(leftover);
-        if leftover_is_empty_set(current.set_id, &self.kernel.orphan_slots) {
-            self.set_ids.release(current.set_id);
-        }
+        // Step 3: the old run waits for a grace period.
+        self.retire(port, &current);
         if current.name != name {
             self.write_meta(current.service_id, name)?;
         }
-        self.kernel.services.insert(
-            *port,
-            ProgrammedService {
-                service_id: current.service_id,
-                set_id,
-                count: slots.len() as u32,
-                slots,
-                name: name.to_owned(),
-            },
-        );
+        self.kernel.services.insert(*port, programmed(value, slots, name));
         Ok(())
     }
 
@@ -286,18 +280,55 @@ impl Writer {
         self.delete_entry(port)?;
         self.kernel.services.remove(port);
         self.family_entries[family_index(port)] -= 1;
-        let leftover = self.delete_slots(current.set_id, current.slots.len() as u32);
-        self.slot_entries -= (current.slots.len() - leftover.len()) as u64;
-        self.kernel.orphan_slots.extend(leftover);
-        if leftover_is_empty_set(current.set_id, &self.kernel.orphan_slots) {
-            self.set_ids.release(current.set_id);
-        }
+        self.retire(port, &current);
         if self.delete_ids(current.service_id) {
             self.service_ids.release(current.service_id);
         } else {
             self.kernel.orphan_ids.insert(current.service_id);
         }
         Ok(())
+    }
+
+    /// Retires the run a replaced or removed service entry referred to, and frees its set id.
+    fn retire(&mut self, port: &ServicePort, old: &ProgrammedService) {
+        if !self.foreign_runs.remove(port) {
+            self.slots.retire(Run { base: old.base, len: old.count });
+        }
+        if old.set_id != 0 {
+            self.set_ids.release(old.set_id);
+        }
+    }
+
+    /// A free run of `len` slots, waiting for a grace period to reuse retired runs if needed.
+    fn allocate(&mut self, len: u32, report: &mut ApplyReport) -> Result<Run, DataplaneError> {
+        if len == 0 {
+            return Ok(Run { base: 0, len: 0 });
+        }
+        let mut shortage = match self.slots.allocate(len) {
+            Ok(run) => return Ok(run),
+            Err(shortage) => shortage,
+        };
+        if self.slots.has_retired() {
+            grace::wait();
+            self.slots.reclaim();
+            report.grace_periods += 1;
+            match self.slots.allocate(len) {
+                Ok(run) => return Ok(run),
+                Err(again) => shortage = again,
+            }
+        }
+        Err(match shortage {
+            Shortage::Full { needed } => {
+                DataplaneError::MapFull { map: map_names::SLOTS, needed, capacity: self.maps.capacities.slots }
+            }
+            Shortage::Fragmented { free, largest } => DataplaneError::MapFragmented {
+                map: map_names::SLOTS,
+                needed: len,
+                free,
+                largest,
+                capacity: self.maps.capacities.slots,
+            },
+        })
     }
 
     fn rename(&mut self, port: &ServicePort, name: &str) -> Result<(), DataplaneError> {
@@ -309,22 +340,7 @@ impl Writer {
         Ok(())
     }
 
-    fn remove_orphans(&mut self, report: &mut ApplyReport) {
-        let orphans = std::mem::take(&mut self.kernel.orphan_slots);
-        for key in orphans {
-            match ignore_missing(self.maps.slots.remove(&key)) {
-                Ok(()) => {
-                    self.slot_entries -= 1;
-                    if leftover_is_empty_set(key.set_id, &self.kernel.orphan_slots) {
-                        self.set_ids.release(key.set_id);
-                    }
-                }
-                Err(source) => {
-                    self.kernel.orphan_slots.push(key);
-                    report.housekeeping.push(DataplaneError::Map { map: map_names::SLOTS, source });
-                }
-            }
-        }
+    fn remove_orphan_ids(&mut self) {
         let ids = std::mem::take(&mut self.kernel.orphan_ids);
         for id in ids {
             if self.delete_ids(id) {
@@ -340,25 +356,18 @@ impl Writer {
         Usage {
             services_v4: self.family_entries[0],
             services_v6: self.family_entries[1],
-            slots: self.slot_entries,
+            slots: self.slots.live(),
+            slots_retired: self.slots.retired(),
             service_ids: self.service_ids.len() as u64,
         }
     }
 
-    fn write_slots(&mut self, set_id: u32, slots: &[Slot]) -> Result<(), DataplaneError> {
-        for (index, slot) in slots.iter().enumerate() {
-            let key = SlotKey { set_id, index: index as u32 };
-            self.maps.slots.insert(key, slot, 0).map_err(DataplaneError::map(map_names::SLOTS))?;
+    /// Writes `slots`, tagged with `set_id`, into `run`.
+    fn write_slots(&mut self, set_id: u32, run: Run, slots: &[Slot]) -> Result<(), DataplaneError> {
+        for (index, slot) in (run.base..).zip(slots) {
+            self.maps.slots.set(index, Slot { set_id, ..*slot }, 0).map_err(DataplaneError::map(map_names::SLOTS))?;
         }
         Ok(())
-    }
-
-    /// Deletes slots `0..count` of `set_id`; returns those that could not be deleted.
-    fn delete_slots(&mut self, set_id: u32, count: u32) -> Vec<SlotKey> {
-        (0..count)
-            .map(|index| SlotKey { set_id, index })
-            .filter(|key| ignore_missing(self.maps.slots.remove(key)).is_err())
-            .collect()
     }
 
     fn write_entry(&mut self, port: &ServicePort, value: ServiceValue) -> Result<(), DataplaneError> {
@@ -401,6 +410,18 @@ impl Writer {
     }
 }
 
+/// The mirror of a service entry just written.
+fn programmed(value: ServiceValue, slots: Vec<Slot>, name: &str) -> ProgrammedService {
+    ProgrammedService {
+        service_id: value.service_id,
+        set_id: value.set_id,
+        count: value.count,
+        base: value.base,
+        slots,
+        name: name.to_owned(),
+    }
+}
+
 /// Index of a service port's family in `family_entries`.
 fn family_index(port: &ServicePort) -> usize {
     usize::from(port.vip.is_ipv6())
@@ -439,11 +460,6 @@ fn check_room(map: &'static str, used: u64, more: u64, capacity: u32) -> Result<
         return Err(DataplaneError::MapFull { map, needed: used + more, capacity });
     }
     Ok(())
-}
-
-/// True when no orphan slot of `set_id` remains, so the id may be reused.
-fn leftover_is_empty_set(set_id: u32, orphans: &[SlotKey]) -> bool {
-    set_id != 0 && !orphans.iter().any(|key| key.set_id == set_id)
 }
 
 /// A delete of an entry that is already gone succeeded.
