@@ -138,6 +138,27 @@ fn a_slot_of_another_set_is_never_used_and_a_restart_rewrites_the_damaged_set() 
 }
 
 #[test]
+fn maps_pinned_by_another_version_are_refused_with_the_fix() {
+    require_root!();
+    let fx = Fixture::new(0);
+    // The slots map as an older agent pinned it: a hash keyed by (set id, index).
+    let maps = fx.pins.path().join("maps");
+    std::fs::create_dir_all(&maps).expect("maps directory");
+    let slots = maps.join("topo_slots").to_string_lossy().into_owned();
+    let args = ["map", "create", &slots, "type", "hash", "key", "8", "value", "44", "entries", "262144"];
+    run("bpftool", &[&args[..], &["name", "topo_slots", "flags", "1"]].concat());
+    let error = Dataplane::open(&fx.config()).err().expect("the old layout is refused");
+    assert!(matches!(error, DataplaneError::PinnedLayout { map: "topo_slots", .. }), "{error}");
+    assert_eq!(
+        error.to_string(),
+        "pinned map topo_slots is a hash map, key 8 B, value 44 B but these programs declare an array map, key 4 B, \
+         value 48 B (pinned by another version?); run `topology-agent cleanup` to recreate the maps"
+    );
+    let attached = run("bpftool", &["cgroup", "show", &fx.cgroup.path().to_string_lossy()]);
+    assert!(!attached.contains("connect4"), "nothing was attached: {attached}");
+}
+
+#[test]
 fn a_full_map_is_an_error_naming_it_and_nothing_is_half_written() {
     require_root!();
     let fx = Fixture::new(3);

@@ -103,6 +103,19 @@ pub enum DataplaneError {
         /// The map's `max_entries`.
         capacity: u32,
     },
+    /// A pinned map was created by another version of the programs.
+    #[error(
+        "pinned map {map} is {pinned} but these programs declare {expected} (pinned by another \
+         version?); run `topology-agent cleanup` to recreate the maps"
+    )]
+    PinnedLayout {
+        /// Map name.
+        map: &'static str,
+        /// Layout of the pinned map.
+        pinned: MapLayout,
+        /// Layout the programs declare.
+        expected: MapLayout,
+    },
     /// A pinned map exists with a different capacity than configured.
     #[error(
         "pinned map {map} has capacity {pinned} but {configured} is configured; keep the old \
@@ -146,5 +159,31 @@ impl DataplaneError {
     /// Wraps an aya program error for `program`.
     pub(crate) fn program(program: &'static str) -> impl FnOnce(aya::programs::ProgramError) -> Self {
         move |source| Self::Program { program, source }
+    }
+}
+
+/// The shape of a map: what must match for pinned maps to be reused by these programs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapLayout {
+    /// `enum bpf_map_type` value.
+    pub map_type: u32,
+    /// Key size in bytes.
+    pub key_size: u32,
+    /// Value size in bytes.
+    pub value_size: u32,
+}
+
+impl std::fmt::Display for MapLayout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match self.map_type {
+            1 => "a hash",
+            2 => "an array",
+            5 => "a percpu_hash",
+            6 => "a percpu_array",
+            9 => "an lru_hash",
+            27 => "a ringbuf",
+            other => return write!(f, "map type {other}, key {} B, value {} B", self.key_size, self.value_size),
+        };
+        write!(f, "{kind} map, key {} B, value {} B", self.key_size, self.value_size)
     }
 }

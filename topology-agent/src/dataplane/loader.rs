@@ -12,9 +12,9 @@ use serde::{Deserialize, Serialize};
 use topology_common::{LOG_LEVEL_GLOBAL, SOCK_TRANSLATION_MASK_GLOBAL, map_names, program_names};
 
 use super::{
-    error::DataplaneError,
+    error::{DataplaneError, MapLayout},
     links,
-    maps::{Capacities, PinLayout, pinned_capacity},
+    maps::{Capacities, PinLayout, pinned_info},
 };
 use crate::mounts;
 
@@ -67,8 +67,9 @@ pub struct Loaded {
 pub fn load(layout: &PinLayout, capacities: &Capacities, log_level: KernelLogLevel) -> Result<Loaded, DataplaneError> {
     capacities.validate().map_err(DataplaneError::Config)?;
     prepare_pin_dirs(layout)?;
+    check_pinned_layouts(layout)?;
     for (name, configured) in capacities.by_map() {
-        if let Some(pinned) = pinned_capacity(&layout.map(name), name)?
+        if let Some(pinned) = pinned_info(&layout.map(name), name)?.map(|info| info.max_entries())
             && pinned != configured
         {
             return Err(DataplaneError::CapacityMismatch { map: name, pinned, configured });
@@ -91,6 +92,35 @@ pub fn load(layout: &PinLayout, capacities: &Capacities, log_level: KernelLogLev
         _ => Some(aya_log::EbpfLogger::init(&mut ebpf)?),
     };
     Ok(Loaded { ebpf, logger })
+}
+
+/// Checks that every map a previous agent pinned has the type, key size and value size this
+/// agent's programs declare: maps pinned by another version would otherwise be reused and fail
+/// the verifier with a wall of text.
+fn check_pinned_layouts(layout: &PinLayout) -> Result<(), DataplaneError> {
+    let object = aya_obj::Object::parse(PROGRAMS)
+        .map_err(|error| DataplaneError::Config(format!("parsing the embedded eBPF object: {error}")))?;
+    for name in map_names::PINNED {
+        let Some(info) = pinned_info(&layout.map(name), name)? else { continue };
+        let declared = object
+            .maps
+            .get(name)
+            .ok_or(DataplaneError::MapMissing { map: name, location: "the eBPF object".into() })?;
+        let pinned = MapLayout {
+            map_type: info.map_type().map_or(u32::MAX, |kind| kind as u32),
+            key_size: info.key_size(),
+            value_size: info.value_size(),
+        };
+        let expected = MapLayout {
+            map_type: declared.map_type(),
+            key_size: declared.key_size(),
+            value_size: declared.value_size(),
+        };
+        if pinned != expected {
+            return Err(DataplaneError::PinnedLayout { map: name, pinned, expected });
+        }
+    }
+    Ok(())
 }
 
 /// Loads every program and attaches it to `cgroup`, replacing the links a previous agent pinned.

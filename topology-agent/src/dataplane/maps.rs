@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use aya::{
     Ebpf,
-    maps::{Array, HashMap, IterableMap as _, Map, MapData, PerCpuHashMap},
+    maps::{Array, HashMap, IterableMap as _, Map, MapData, MapInfo, PerCpuHashMap},
 };
 use serde::{Deserialize, Serialize};
 use topology_common::{
@@ -202,13 +202,13 @@ impl MapSet {
     }
 }
 
-/// The `max_entries` of the map pinned at `path`, if it exists.
-pub fn pinned_capacity(path: &Path, name: &'static str) -> Result<Option<u32>, DataplaneError> {
+/// What the kernel says about the map pinned at `path`, if it exists.
+pub fn pinned_info(path: &Path, name: &'static str) -> Result<Option<MapInfo>, DataplaneError> {
     if !path.exists() {
         return Ok(None);
     }
     let data = MapData::from_pin(path).map_err(DataplaneError::map(name))?;
-    Ok(Some(data.info().map_err(DataplaneError::map(name))?.max_entries()))
+    Ok(Some(data.info().map_err(DataplaneError::map(name))?))
 }
 
 #[cfg(test)]
