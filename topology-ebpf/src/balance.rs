@@ -17,7 +17,7 @@ pub enum Error {
     /// The backend set is empty: refuse the connection.
     EmptySet { service_id: u32 },
     /// The slot drawn is out of range or belongs to another set.
-    SlotMissing { service_id: u32 },
+    ForeignSlot { service_id: u32 },
 }
 
 impl Error {
@@ -29,7 +29,7 @@ impl Error {
                 count(service_id, |c| c.refused += 1);
                 sockaddr::fail_with(sockaddr::ECONNREFUSED)
             }
-            Self::SlotMissing { service_id } => {
+            Self::ForeignSlot { service_id } => {
                 count(service_id, |c| c.errors += 1);
                 sockaddr::fail_with(sockaddr::ENETUNREACH)
             }
@@ -91,13 +91,13 @@ pub fn choose(service: Option<ServiceValue>) -> Result<Option<Choice>, Error> {
     let offset = ((u64::from(sockaddr::random()) * u64::from(service.count)) >> 32) as u32;
     // An array lookup: the verifier inlines it as a bounds check and an address computation.
     let Some(slot) = SLOTS.get_ptr(service.base.wrapping_add(offset)) else {
-        return Err(Error::SlotMissing { service_id });
+        return Err(Error::ForeignSlot { service_id });
     };
     // SAFETY: the pointer points into the array's value area for the program's lifetime; the
     // fields are copied out at once.
     let slot = unsafe { &*slot };
     if slot.set_id != service.set_id {
-        return Err(Error::SlotMissing { service_id });
+        return Err(Error::ForeignSlot { service_id });
     }
     // A slot that always picks its primary (every slot, for equal weights) needs no second
     // draw; otherwise the primary wins with probability threshold / 2^31.

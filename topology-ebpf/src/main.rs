@@ -207,7 +207,7 @@ fn finish(ctx: &SockAddrContext, result: Result<(), Error>) -> i32 {
     match result {
         Ok(()) => ALLOW,
         Err(error) => {
-            if let Error::SlotMissing { service_id } = &error {
+            if let Error::ForeignSlot { service_id } = &error {
                 warn!(ctx, "service {}: the slot drawn belongs to another set", *service_id);
             }
             error.verdict()

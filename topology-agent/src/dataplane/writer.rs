@@ -266,12 +266,13 @@ impl Writer {
             return Err(error);
         }
         report.slots_written += slots.len();
-        // Step 3: the old run waits for a grace period.
+        // Step 3: the old run waits for a grace period. The mirror follows the kernel before
+        // anything else can fail, so the old run is never retired twice.
         self.retire(port, &current);
+        self.kernel.services.insert(*port, programmed(value, slots, &current.name));
         if current.name != name {
-            self.write_meta(current.service_id, name)?;
+            self.rename(port, name)?;
         }
-        self.kernel.services.insert(*port, programmed(value, slots, name));
         Ok(())
     }
 
