@@ -67,14 +67,7 @@ pub struct Loaded {
 pub fn load(layout: &PinLayout, capacities: &Capacities, log_level: KernelLogLevel) -> Result<Loaded, DataplaneError> {
     capacities.validate().map_err(DataplaneError::Config)?;
     prepare_pin_dirs(layout)?;
-    check_pinned_layouts(layout)?;
-    for (name, configured) in capacities.by_map() {
-        if let Some(pinned) = pinned_info(&layout.map(name), name)?.map(|info| info.max_entries())
-            && pinned != configured
-        {
-            return Err(DataplaneError::CapacityMismatch { map: name, pinned, configured });
-        }
-    }
+    check_pinned(layout, capacities)?;
     let mut loader = EbpfLoader::new();
     for name in map_names::PINNED {
         loader.map_pin_path(name, layout.map(name));
@@ -95,12 +88,12 @@ pub fn load(layout: &PinLayout, capacities: &Capacities, log_level: KernelLogLev
 }
 
 /// Checks that every map a previous agent pinned has the type, key size and value size this
-/// agent's programs declare: maps pinned by another version would otherwise be reused and fail
-/// the verifier with a wall of text.
-fn check_pinned_layouts(layout: &PinLayout) -> Result<(), DataplaneError> {
+/// agent's programs declare, and the configured capacity: maps pinned by another version would
+/// otherwise be reused and fail the verifier with a wall of text.
+fn check_pinned(layout: &PinLayout, capacities: &Capacities) -> Result<(), DataplaneError> {
     let object = aya_obj::Object::parse(PROGRAMS)
         .map_err(|error| DataplaneError::Config(format!("parsing the embedded eBPF object: {error}")))?;
-    for name in map_names::PINNED {
+    for (name, configured) in capacities.by_map() {
         let Some(info) = pinned_info(&layout.map(name), name)? else { continue };
         let declared = object
             .maps
@@ -118,6 +111,9 @@ fn check_pinned_layouts(layout: &PinLayout) -> Result<(), DataplaneError> {
         };
         if pinned != expected {
             return Err(DataplaneError::PinnedLayout { map: name, pinned, expected });
+        }
+        if info.max_entries() != configured {
+            return Err(DataplaneError::CapacityMismatch { map: name, pinned: info.max_entries(), configured });
         }
     }
     Ok(())

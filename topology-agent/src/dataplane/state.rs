@@ -7,7 +7,7 @@ use std::{
 };
 
 use aya::maps::MapError;
-use topology_common::{ServiceCounters, ServiceMeta, Slot, map_names};
+use topology_common::{ServiceCounters, ServiceMeta, ServiceValue, Slot, map_names};
 
 use super::{alias, error::DataplaneError, maps::MapSet};
 use crate::desired::{Protocol, ServicePort, WeightedBackend};
@@ -31,6 +31,11 @@ pub struct ProgrammedService {
 }
 
 impl ProgrammedService {
+    /// The mirror of a service entry, with the slots found for (or written to) its set.
+    pub fn new(value: &ServiceValue, slots: Vec<Slot>, name: String) -> Self {
+        Self { service_id: value.service_id, set_id: value.set_id, count: value.count, base: value.base, slots, name }
+    }
+
     /// True when every slot the service entry refers to is present.
     pub fn intact(&self) -> bool {
         self.slots.len() == self.count as usize
@@ -84,17 +89,7 @@ pub fn read(maps: &MapSet) -> Result<KernelState, DataplaneError> {
         live_ids.insert(value.service_id);
         let slots = read_set(maps, &value)?;
         let name = names.get(&value.service_id).cloned().unwrap_or_default();
-        state.services.insert(
-            port,
-            ProgrammedService {
-                service_id: value.service_id,
-                set_id: value.set_id,
-                count: value.count,
-                base: value.base,
-                slots,
-                name,
-            },
-        );
+        state.services.insert(port, ProgrammedService::new(&value, slots, name));
     }
     let mut known_ids: BTreeSet<u32> = names.keys().copied().collect();
     for id in maps.counters.keys() {
@@ -106,7 +101,7 @@ pub fn read(maps: &MapSet) -> Result<KernelState, DataplaneError> {
 
 /// The slots of a service entry's set, in order, up to the first that is out of range or not
 /// tagged with the entry's `set_id`.
-fn read_set(maps: &MapSet, value: &topology_common::ServiceValue) -> Result<Vec<Slot>, DataplaneError> {
+fn read_set(maps: &MapSet, value: &ServiceValue) -> Result<Vec<Slot>, DataplaneError> {
     let mut slots = Vec::with_capacity(value.count as usize);
     for offset in 0..value.count {
         let Some(index) = value.base.checked_add(offset).filter(|&index| index < maps.capacities.slots) else {

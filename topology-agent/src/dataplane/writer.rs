@@ -244,7 +244,7 @@ impl Writer {
         }
         self.family_entries[family_index(port)] += 1;
         report.slots_written += slots.len();
-        self.kernel.services.insert(*port, programmed(value, slots, name));
+        self.kernel.services.insert(*port, ProgrammedService::new(&value, slots, name.to_owned()));
         Ok(())
     }
 
@@ -269,7 +269,7 @@ impl Writer {
         // Step 3: the old run waits for a grace period. The mirror follows the kernel before
         // anything else can fail, so the old run is never retired twice.
         self.retire(port, &current);
-        self.kernel.services.insert(*port, programmed(value, slots, &current.name));
+        self.kernel.services.insert(*port, ProgrammedService::new(&value, slots, current.name.clone()));
         if current.name != name {
             self.rename(port, name)?;
         }
@@ -408,18 +408,6 @@ impl Writer {
         let counters = ignore_missing(self.maps.counters.remove(&service_id));
         let meta = ignore_missing(self.maps.meta.remove(&service_id));
         counters.is_ok() && meta.is_ok()
-    }
-}
-
-/// The mirror of a service entry just written.
-fn programmed(value: ServiceValue, slots: Vec<Slot>, name: &str) -> ProgrammedService {
-    ProgrammedService {
-        service_id: value.service_id,
-        set_id: value.set_id,
-        count: value.count,
-        base: value.base,
-        slots,
-        name: name.to_owned(),
     }
 }
 
