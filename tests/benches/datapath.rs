@@ -8,6 +8,13 @@
 //! mix and differs only in how the destination is chosen. A fourth kind of row, the hook attached
 //! but the destination not a service, shows the hook's fixed cost apart from the rewrite.
 //!
+//! The hook's cost is measured interleaved: one client process alternates, connect by connect in
+//! a random order per pair, between the hooked cgroup (dialling the ClusterIP) and a cgroup with
+//! no programs (dialling a backend directly), so both sides of every pair share the process, the
+//! CPU and the moment, and the machine's drift cancels pair by pair. Each move between cgroups is
+//! followed by one untimed connect, so every timed connect follows a connect from the same cgroup,
+//! as in a connect loop.
+//!
 //! Two measurements:
 //! - TCP `connect()` (SYN to established, through a bridge): what an application waits for, and
 //!   where iptables pays its rule walk;
@@ -42,7 +49,7 @@ use topology_tests::{
     fixture::{BACKEND_PORT, Fixture},
     net::{ClientPlace, Host, Server, ServerOptions},
     sandbox::{CgroupGuard, PinGuard, is_root, run},
-    traffic::Report,
+    traffic::{Report, Timed},
 };
 
 const COUNTS: [usize; 4] = [10, 1_000, 10_000, 30_000];
@@ -55,44 +62,86 @@ const HOOK_ROUNDS: u64 = 4;
 /// Connects at the start of each client process that are not counted (cold caches).
 const DISCARD: usize = 50;
 const CLIENT_CPU: usize = 0;
+/// Timed connects per stay in one cgroup of an interleaved client (each stay starts with one
+/// untimed connect, so the move between cgroups is not measured).
+const INTERLEAVE_BLOCK: u64 = 1;
 const SERVER_CPU: usize = 1;
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Tcp,
-    UdpConnect,
-}
 
 /// One way of reaching the backends, and every connect() duration measured for it.
 struct Scenario {
-    kind: Kind,
+    kind: Timed,
     name: &'static str,
     services: Option<usize>,
     place: ClientPlace,
     /// Each connect dials one of these at random.
     targets: Vec<SocketAddr>,
+    /// Interleaved with connects from this cgroup (no programs) to these addresses.
+    baseline: Option<(PathBuf, Vec<SocketAddr>)>,
     samples_ns: Vec<u64>,
+    /// The interleaved baseline's samples.
+    baseline_ns: Vec<u64>,
     /// The median of each measured round, in round order (rounds run every scenario once).
     round_p50_ns: Vec<u64>,
+    /// Per round, this round's median minus its baseline's: the interleaved baseline's, else the
+    /// no-hook scenario's of the same round.
+    round_delta_ns: Vec<i64>,
     /// The pinned link of the `connect4` program these connects run through, if hooked.
     hook: Option<PathBuf>,
     /// The hook's own run time and runs over the run-time rounds, as the kernel counts them.
     hook_run: (Duration, u64),
 }
 
+const NO_HOOK: &str = "no hook, direct to the backends";
+const HOOK: &str = "topology-agent hook";
+const NOT_A_SERVICE: &str = "hook attached, not a service (direct to the backends)";
+const IPTABLES: &str = "iptables, kube-proxy shaped";
+
 impl Scenario {
+    fn new(
+        kind: Timed,
+        name: &'static str,
+        services: Option<usize>,
+        place: ClientPlace,
+        targets: Vec<SocketAddr>,
+    ) -> Self {
+        Self {
+            kind,
+            name,
+            services,
+            place,
+            targets,
+            baseline: None,
+            samples_ns: Vec::new(),
+            baseline_ns: Vec::new(),
+            round_p50_ns: Vec::new(),
+            round_delta_ns: Vec::new(),
+            hook: None,
+            hook_run: Default::default(),
+        }
+    }
+
     /// `count` connects from one client process; the first `discard` are not kept.
+    /// `count` connects (pairs, if interleaved) from one client process; the first `discard`
+    /// are not kept.
     fn round(&mut self, count: u64, discard: usize) {
-        let report: Report = match self.kind {
-            Kind::Tcp => self.place.timed_tcp(&self.targets, count),
-            Kind::UdpConnect => self.place.timed_udp_connect(&self.targets, count),
+        let report: Report = match (&self.baseline, self.kind) {
+            (Some((cgroup, targets)), kind) => {
+                self.place.interleaved(kind, &self.targets, cgroup, targets, count, INTERLEAVE_BLOCK)
+            }
+            (None, Timed::Tcp) => self.place.timed_tcp(&self.targets, count),
+            (None, Timed::UdpConnect) => self.place.timed_udp_connect(&self.targets, count),
         };
         assert_eq!(report.failures(), 0, "{} ({:?}): {:?}", self.name, self.services, report.errors);
-        let mut kept: Vec<u64> = report.connect_ns.iter().skip(discard).copied().collect();
-        if !kept.is_empty() {
-            self.samples_ns.extend(&kept);
-            kept.sort_unstable();
-            self.round_p50_ns.push(kept[kept.len() / 2]);
+        let kept: Vec<u64> = report.connect_ns.iter().skip(discard).copied().collect();
+        if kept.is_empty() {
+            return;
+        }
+        self.samples_ns.extend(&kept);
+        self.round_p50_ns.push(median(kept));
+        if self.baseline.is_some() {
+            let base: Vec<u64> = report.baseline_ns.iter().skip(discard).copied().collect();
+            self.baseline_ns.extend(&base);
+            self.round_delta_ns.push(*self.round_p50_ns.last().expect("pushed") as i64 - median(base) as i64);
         }
     }
 
@@ -101,10 +150,12 @@ impl Scenario {
     fn hook_round(&mut self, count: u64) {
         let Some(link) = self.hook.clone() else { return };
         let before = run_stats(&link);
-        let (kept, rounds) = (self.samples_ns.len(), self.round_p50_ns.len());
+        let kept = (self.samples_ns.len(), self.baseline_ns.len(), self.round_p50_ns.len(), self.round_delta_ns.len());
         self.round(count, 0);
-        self.samples_ns.truncate(kept);
-        self.round_p50_ns.truncate(rounds);
+        self.samples_ns.truncate(kept.0);
+        self.baseline_ns.truncate(kept.1);
+        self.round_p50_ns.truncate(kept.2);
+        self.round_delta_ns.truncate(kept.3);
         let after = run_stats(&link);
         self.hook_run.0 += after.0 - before.0;
         self.hook_run.1 += after.1 - before.1;
@@ -157,19 +208,10 @@ fn main() {
     };
 
     let plain = CgroupGuard::new(&format!("{}-plain", fx.id));
+    let no_hook = || Some((plain.path().to_path_buf(), backends.clone()));
     let mut scenarios = Vec::new();
-    for kind in [Kind::Tcp, Kind::UdpConnect] {
-        scenarios.push(Scenario {
-            kind,
-            name: "no hook, direct to the backends",
-            services: None,
-            place: place(&client, &plain),
-            targets: backends.clone(),
-            samples_ns: Vec::new(),
-            round_p50_ns: Vec::new(),
-            hook: None,
-            hook_run: Default::default(),
-        });
+    for kind in [Timed::Tcp, Timed::UdpConnect] {
+        scenarios.push(Scenario::new(kind, NO_HOOK, None, place(&client, &plain), backends.clone()));
     }
     let mut hooked = Vec::new();
     for &count in counts {
@@ -183,31 +225,18 @@ fn main() {
         // Links are pinned: the programs stay attached after the handle is dropped.
         drop(dp);
         let link = PinLayout::new(pins.path()).link("connect4");
-        for kind in [Kind::Tcp, Kind::UdpConnect] {
-            scenarios.push(Scenario {
-                kind,
-                name: "topology-agent hook",
-                services: Some(count),
-                place: place(&client, &cgroup),
-                targets: vec![target(count)],
-                samples_ns: Vec::new(),
-                round_p50_ns: Vec::new(),
-                hook: Some(link.clone()),
-                hook_run: Default::default(),
-            });
+        for kind in [Timed::Tcp, Timed::UdpConnect] {
+            let mut hook = Scenario::new(kind, HOOK, Some(count), place(&client, &cgroup), vec![target(count)]);
+            hook.baseline = no_hook();
+            hook.hook = Some(link.clone());
+            scenarios.push(hook);
             if count == *counts.last().expect("counts") {
                 // The hook's fixed cost: it runs and looks the destination up, but rewrites nothing.
-                scenarios.push(Scenario {
-                    kind,
-                    name: "hook attached, not a service (direct to the backends)",
-                    services: Some(count),
-                    place: place(&client, &cgroup),
-                    targets: backends.clone(),
-                    samples_ns: Vec::new(),
-                    round_p50_ns: Vec::new(),
-                    hook: Some(link.clone()),
-                    hook_run: Default::default(),
-                });
+                let mut fixed =
+                    Scenario::new(kind, NOT_A_SERVICE, Some(count), place(&client, &cgroup), backends.clone());
+                fixed.baseline = no_hook();
+                fixed.hook = Some(link.clone());
+                scenarios.push(fixed);
             }
         }
         hooked.push((pins, cgroup));
@@ -219,23 +248,13 @@ fn main() {
         // rewrites before the packet leaves, and this route stays inside the sandbox.
         run("ip", &["-n", host.netns.name(), "route", "add", "10.96.0.0/12", "dev", "eth0"]);
         load_iptables(host.netns.name(), count, &backends);
-        scenarios.push(Scenario {
-            kind: Kind::Tcp,
-            name: "iptables, kube-proxy shaped",
-            services: Some(count),
-            place: place(host.netns.name(), &plain),
-            targets: vec![target(count)],
-            samples_ns: Vec::new(),
-            round_p50_ns: Vec::new(),
-            hook: None,
-            hook_run: Default::default(),
-        });
+        let place = place(host.netns.name(), &plain);
+        scenarios.push(Scenario::new(Timed::Tcp, IPTABLES, Some(count), place, vec![target(count)]));
         iptables_hosts.push(host);
     }
 
     for scenario in &mut scenarios {
         scenario.round(WARMUP, usize::MAX);
-        scenario.round_p50_ns.clear();
     }
     let mut order: Vec<usize> = (0..scenarios.len()).collect();
     let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
@@ -346,59 +365,80 @@ fn percentile(sorted: &[u64], q: f64) -> f64 {
     sorted[((sorted.len() as f64 - 1.0) * q).round() as usize] as f64 / 1000.0
 }
 
-/// The median over rounds of `scenario`'s round median minus `baseline`'s in the same round:
-/// drift of the machine between rounds cancels out.
-fn paired_p50_delta_us(scenario: &Scenario, baseline: &Scenario) -> f64 {
-    let mut deltas: Vec<i64> = scenario
-        .round_p50_ns
-        .iter()
-        .zip(&baseline.round_p50_ns)
-        .map(|(&this, &base)| this as i64 - base as i64)
-        .collect();
+fn median(mut ns: Vec<u64>) -> u64 {
+    ns.sort_unstable();
+    ns[ns.len() / 2]
+}
+
+/// p50 and p99 in µs, and the sample count.
+fn summary(ns: &[u64]) -> (f64, f64, usize) {
+    let mut ns = ns.to_vec();
+    ns.sort_unstable();
+    (percentile(&ns, 0.5), percentile(&ns, 0.99), ns.len())
+}
+
+/// The median and quartiles, in µs, of per-round deltas.
+fn quartiles_us(deltas: &[i64]) -> (f64, f64, f64) {
+    let mut deltas = deltas.to_vec();
     deltas.sort_unstable();
-    deltas.get(deltas.len() / 2).map_or(0.0, |&ns| ns as f64 / 1000.0)
+    let at = |q: f64| deltas[((deltas.len() as f64 - 1.0) * q).round() as usize] as f64 / 1000.0;
+    (at(0.5), at(0.25), at(0.75))
 }
 
 fn print_table(scenarios: &[Scenario]) {
-    let stats = |s: &Scenario| {
-        let mut ns = s.samples_ns.clone();
-        ns.sort_unstable();
-        (percentile(&ns, 0.5), percentile(&ns, 0.99), ns.len())
-    };
-    let find = |kind: Kind, name: &str, services: Option<usize>| {
-        scenarios.iter().find(|s| s.kind == kind && s.name.starts_with(name) && s.services == services)
+    let find = |kind: Timed, name: &str, services: Option<usize>| {
+        scenarios.iter().find(|s| s.kind == kind && s.name == name && s.services == services)
     };
     println!(
         "\nconnect() latency: {ROUNDS} rounds, scenarios in a new random order each round; client pinned to CPU \
          {CLIENT_CPU}, the two backends to CPU {SERVER_CPU}, each in its own namespace on a bridge; the ClusterIP \
-         dialled is the middle service of the list. \"Paired\": the median over rounds of (this round's p50 − \
-         the no-hook p50 of the same round). The hook's run time per call is the kernel's own count (BPF \
-         run-time statistics, {HOOK_ROUNDS} extra rounds)\n"
+         dialled is the middle service of the list. Hooked rows are interleaved: each client process alternates, \
+         pair by pair in a random order, between the hooked cgroup and a cgroup without programs dialling the \
+         backends directly; \"over no hook\" compares the two sides of those pairs (pooled p50s, and the median \
+         [quartiles] of the per-round p50 differences). Other rows are compared with the no-hook row's own \
+         processes, round by round. The hook's run time per call is the kernel's own count (BPF run-time \
+         statistics, {HOOK_ROUNDS} extra rounds, includes two clock reads)\n"
     );
     for (kind, title) in [
-        (Kind::Tcp, "TCP connect() (handshake through the bridge)"),
-        (Kind::UdpConnect, "UDP connect() (no packet: route lookup plus the hook)"),
+        (Timed::Tcp, "TCP connect() (handshake through the bridge)"),
+        (Timed::UdpConnect, "UDP connect() (no packet: route lookup plus the hook)"),
     ] {
-        let Some(baseline) = find(kind, "no hook", None) else { continue };
-        let base_p50 = stats(baseline).0;
+        let Some(no_hook) = find(kind, NO_HOOK, None) else { continue };
         println!("{title}\n");
         println!(
-            "| scenario | services | samples | p50 (µs) | p99 (µs) | p50 over no hook (µs) | paired (µs) \
-             | iptables p50 / this p50 | hook run time (ns/call) |"
+            "| scenario | services | samples | p50 (µs) | p99 (µs) | no-hook p50 beside it (µs) | p50 over no hook (µs) \
+             | per round: median [quartiles] (µs) | iptables p50 / this p50 | hook run time (ns/call) |"
         );
-        println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+        println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
         for scenario in scenarios.iter().filter(|s| s.kind == kind) {
-            let (p50, p99, samples) = stats(scenario);
-            let ratio = match (scenario.name.starts_with("topology"), find(Kind::Tcp, "iptables", scenario.services)) {
-                (true, Some(ipt)) if kind == Kind::Tcp => format!("{:.1}×", stats(ipt).0 / p50),
+            let (p50, p99, samples) = summary(&scenario.samples_ns);
+            // The baseline beside it (interleaved), else the no-hook row's own processes.
+            let (beside, base_p50, deltas) = if scenario.baseline.is_some() {
+                let base = summary(&scenario.baseline_ns).0;
+                (format!("{base:.2}"), base, scenario.round_delta_ns.clone())
+            } else {
+                let deltas = scenario
+                    .round_p50_ns
+                    .iter()
+                    .zip(&no_hook.round_p50_ns)
+                    .map(|(&this, &base)| this as i64 - base as i64)
+                    .collect();
+                (String::new(), summary(&no_hook.samples_ns).0, deltas)
+            };
+            let (over, rounds) = if std::ptr::eq(scenario, no_hook) {
+                ("–".to_owned(), String::new())
+            } else {
+                let (median, low, high) = quartiles_us(&deltas);
+                (format!("{:+.2}", p50 - base_p50), format!("{median:+.2} [{low:+.2}, {high:+.2}]"))
+            };
+            let ratio = match (scenario.name == HOOK, find(Timed::Tcp, IPTABLES, scenario.services)) {
+                (true, Some(ipt)) if kind == Timed::Tcp => format!("{:.1}×", summary(&ipt.samples_ns).0 / p50),
                 _ => String::new(),
             };
             println!(
-                "| {} | {} | {samples} | {p50:.2} | {p99:.2} | {:+.2} | {:+.2} | {ratio} | {} |",
+                "| {} | {} | {samples} | {p50:.2} | {p99:.2} | {beside} | {over} | {rounds} | {ratio} | {} |",
                 scenario.name,
                 scenario.services.map_or("–".into(), |s| s.to_string()),
-                p50 - base_p50,
-                paired_p50_delta_us(scenario, baseline),
                 scenario.hook_ns().map_or(String::new(), |ns| format!("{ns:.0}")),
             );
         }

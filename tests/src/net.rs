@@ -14,7 +14,7 @@ use std::{
 
 use crate::{
     sandbox::{NetnsGuard, ProcessGuard, run},
-    traffic::{Report, UdpMode},
+    traffic::{Report, Timed, UdpMode},
 };
 
 /// The fabric and the hosts attached to it.
@@ -196,6 +196,32 @@ impl ClientPlace {
     pub fn timed_udp_connect(&self, targets: &[SocketAddr], count: u64) -> Report {
         let mut command = self.command_spread(targets);
         command.args(["udp-connect", "--count", &count.to_string()]);
+        run_report(command)
+    }
+
+    /// `count` timed connects from this place's cgroup to `targets` and as many from
+    /// `baseline_cgroup` to `baseline_targets`, alternating in blocks of `block` in one process (see
+    /// [`Client::interleaved`](crate::traffic::Client::interleaved)).
+    pub fn interleaved(
+        &self,
+        timed: Timed,
+        targets: &[SocketAddr],
+        baseline_cgroup: &Path,
+        baseline_targets: &[SocketAddr],
+        count: u64,
+        block: u64,
+    ) -> Report {
+        let mut command = self.command_spread(targets);
+        let timed = match timed {
+            Timed::Tcp => "tcp",
+            Timed::UdpConnect => "udp-connect",
+        };
+        command.args(["interleaved", "--timed", timed, "--count", &count.to_string(), "--block", &block.to_string()]);
+        command.arg("--baseline-cgroup");
+        command.arg(baseline_cgroup);
+        for target in baseline_targets {
+            command.args(["--baseline-target", &target.to_string()]);
+        }
         run_report(command)
     }
 

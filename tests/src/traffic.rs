@@ -5,7 +5,7 @@ use std::{
     collections::BTreeMap,
     io::{self, Read as _, Write as _},
     net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket},
-    path::Path,
+    path::{Path, PathBuf},
     thread,
     time::{Duration, Instant},
 };
@@ -26,6 +26,10 @@ pub struct Report {
     /// `connect()` durations in nanoseconds, when requested.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub connect_ns: Vec<u64>,
+    /// In an interleaved comparison ([`Client::interleaved`]): the baseline's `connect()`
+    /// durations, `baseline_ns[i]` measured next to `connect_ns[i]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub baseline_ns: Vec<u64>,
 }
 
 impl Report {
@@ -68,7 +72,24 @@ impl Report {
         }
         self.peer_mismatch += other.peer_mismatch;
         self.connect_ns.extend(&other.connect_ns);
+        self.baseline_ns.extend(&other.baseline_ns);
     }
+}
+
+/// One of `targets`: the only one, or one picked by `attempt` pseudo-randomly.
+fn pick(targets: &[SocketAddr], attempt: u64) -> SocketAddr {
+    match targets {
+        [only] => *only,
+        targets => targets[(mix(attempt) % targets.len() as u64) as usize],
+    }
+}
+
+/// splitmix64: a uniform, stateless mix of a counter.
+fn mix(n: u64) -> u64 {
+    let mut x = n.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
 }
 
 /// How a UDP client talks to the target.
@@ -80,6 +101,27 @@ pub enum UdpMode {
     SameSocket,
     /// A new connected socket per request (`connect`/`send`/`recv`).
     Connected,
+}
+
+/// Which `connect()` an interleaved comparison times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Timed {
+    /// A TCP connection: socket, connect (the handshake), read the backend's name, close.
+    Tcp,
+    /// `connect()` of a fresh UDP socket, which sends nothing.
+    UdpConnect,
+}
+
+/// The other side of an interleaved comparison: another cgroup (where other programs, or none,
+/// are attached) and the addresses dialled from it.
+#[derive(Clone, Debug)]
+pub struct Baseline {
+    /// `cgroup.procs` of the cgroup the client lives in otherwise.
+    pub home_procs: PathBuf,
+    /// `cgroup.procs` of the baseline's cgroup.
+    pub procs: PathBuf,
+    /// Addresses dialled from the baseline, one picked at random per attempt.
+    pub targets: Vec<SocketAddr>,
 }
 
 /// Options shared by the clients.
@@ -97,24 +139,14 @@ pub struct Client {
 impl Client {
     /// The address of attempt number `attempt`: the only target, or a pseudo-random one of them.
     fn target(&self, attempt: u64) -> SocketAddr {
-        match self.targets.as_slice() {
-            [only] => *only,
-            targets => {
-                // splitmix64 of the attempt number: uniform and stateless.
-                let mut x = attempt.wrapping_add(0x9e37_79b9_7f4a_7c15);
-                x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-                x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-                x ^= x >> 31;
-                targets[(x % targets.len() as u64) as usize]
-            }
-        }
+        pick(&self.targets, attempt)
     }
 
     /// `count` TCP connections; each reads the backend's name and checks `getpeername()`.
     pub fn tcp(&self, count: u64) -> Report {
         let mut report = Report::default();
         for attempt in 0..count {
-            self.tcp_once(self.target(attempt), &mut report);
+            self.tcp_once(self.target(attempt), &mut report, self.time_connects);
         }
         report
     }
@@ -124,16 +156,62 @@ impl Client {
     pub fn udp_connects(&self, count: u64) -> Report {
         let mut report = Report::default();
         for attempt in 0..count {
-            let target = self.target(attempt);
-            let outcome = self.udp_socket(target).and_then(|socket| {
-                let started = Instant::now();
-                let connected = socket.connect(target);
-                report.connect_ns.push(started.elapsed().as_nanos() as u64);
-                connected.map(|()| "connected".to_owned())
-            });
-            report.record(outcome);
+            self.udp_connect_once(self.target(attempt), &mut report);
         }
         report
+    }
+
+    fn udp_connect_once(&self, target: SocketAddr, report: &mut Report) {
+        let outcome = self.udp_socket(target).and_then(|socket| {
+            let started = Instant::now();
+            let connected = socket.connect(target);
+            report.connect_ns.push(started.elapsed().as_nanos() as u64);
+            connected.map(|()| "connected".to_owned())
+        });
+        report.record(outcome);
+    }
+
+    /// `count` timed connects from this cgroup to `self.targets` and `count` from the baseline's
+    /// cgroup to its targets, alternating in blocks of `block`, the two blocks of each pair in a
+    /// random order. The process moves between the cgroups before each block (a socket runs the
+    /// programs of the cgroup it was created in), so both sides share the process, the CPU, the
+    /// namespace and the moment: drift of the machine cancels block by block. Each block starts
+    /// with one untimed connect, so the move's own cache footprint is not measured; `block = 1`
+    /// alternates connect by connect.
+    pub fn interleaved(&self, timed: Timed, baseline: &Baseline, count: u64, block: u64) -> io::Result<Report> {
+        let block = block.max(1);
+        let mut report = Report::default();
+        let mut here = true;
+        let mut attempt = 0;
+        for pair in 0..count.div_ceil(block) {
+            let baseline_first = mix(pair ^ 0x5bd1_e995) & 1 == 1;
+            for baseline_turn in [baseline_first, !baseline_first] {
+                if here == baseline_turn {
+                    let procs = if baseline_turn { &baseline.procs } else { &baseline.home_procs };
+                    std::fs::write(procs, std::process::id().to_string())?;
+                    here = !baseline_turn;
+                }
+                let targets = if baseline_turn { &baseline.targets } else { &self.targets };
+                let first = attempt;
+                for n in 0..=block.min(count - pair * block) {
+                    let target = pick(targets, first + n);
+                    let mut one = Report::default();
+                    match timed {
+                        Timed::Tcp => self.tcp_once(target, &mut one, true),
+                        Timed::UdpConnect => self.udp_connect_once(target, &mut one),
+                    }
+                    let ns = one.connect_ns.pop().unwrap_or_default();
+                    if n > 0 {
+                        if baseline_turn { &mut report.baseline_ns } else { &mut report.connect_ns }.push(ns);
+                    }
+                    report.merge(&one);
+                }
+                attempt = first;
+            }
+            attempt += block + 1;
+        }
+        std::fs::write(&baseline.home_procs, std::process::id().to_string())?;
+        Ok(report)
     }
 
     /// `count` UDP request/response exchanges.
@@ -176,7 +254,7 @@ impl Client {
                     self.udp_socket(target).and_then(|socket| self.udp_exchange(&socket, target, &mut report));
                 report.record(outcome);
             } else {
-                self.tcp_once(target, &mut report);
+                self.tcp_once(target, &mut report, self.time_connects);
             }
             if let Some(started) = started.take() {
                 started();
@@ -188,10 +266,10 @@ impl Client {
         report
     }
 
-    fn tcp_once(&self, target: SocketAddr, report: &mut Report) {
+    fn tcp_once(&self, target: SocketAddr, report: &mut Report, timed: bool) {
         let started = Instant::now();
         let stream = TcpStream::connect_timeout(&target, self.timeout);
-        if self.time_connects {
+        if timed {
             report.connect_ns.push(started.elapsed().as_nanos() as u64);
         }
         let outcome = stream.and_then(|mut stream| {

@@ -190,6 +190,50 @@ fn weighted_choice_follows_the_weights_over_20000_connects() {
 }
 
 #[test]
+fn counters_span_chunks_survive_a_restart_and_start_at_zero_for_a_reused_id() {
+    require_root!();
+    let fx = Fixture::new(2);
+    let backends: Vec<_> = fx.backends.iter().map(|b| b.weighted(false, 1)).collect();
+    // 1,100 service ports: ids 0..1100, so the counters need a second chunk (1,024 ids each).
+    let mut desired = DesiredState::default();
+    for index in 0..1_100u32 {
+        let port = service(&format!("10.96.{}.{}", index / 250, index % 250 + 1), 80, Protocol::Tcp);
+        desired.services.insert(port, DesiredService { name: format!("test/svc-{index}"), backends: backends.clone() });
+    }
+    let mut dp = Dataplane::open(&fx.config()).expect("open dataplane");
+    assert!(dp.apply(&desired).failed.is_empty());
+    let (port, id) = dp
+        .kernel()
+        .services
+        .iter()
+        .map(|(port, programmed)| (*port, programmed.service_id))
+        .max_by_key(|(_, id)| *id)
+        .expect("services");
+    assert!(id >= 1_024, "the last id ({id}) lies in the second chunk");
+    let target = SocketAddr::new(port.vip, port.port);
+    let rewritten = |dp: &Dataplane, id: u32| -> u64 { dp.counters().expect("counters")[&id].rewritten.iter().sum() };
+
+    assert_eq!(fx.place().tcp(target, 10).failures(), 0);
+    assert_eq!(rewritten(&dp, id), 10, "counted in the second chunk");
+    drop(dp);
+    let mut dp = Dataplane::open(&fx.config()).expect("restart");
+    assert_eq!(rewritten(&dp, id), 10, "a restarted agent reads the chunks the maps hold");
+    assert_eq!(fx.place().tcp(target, 5).failures(), 0);
+    assert_eq!(rewritten(&dp, id), 15, "the new programs count into the same chunks");
+
+    // Replace that service port with another: it takes the freed id, counting from zero.
+    desired.services.remove(&port);
+    let newcomer = service("10.96.9.9", 80, Protocol::Tcp);
+    desired.services.insert(newcomer, DesiredService { name: "test/newcomer".into(), backends });
+    let report = dp.apply(&desired);
+    assert!(report.failed.is_empty() && report.added == 1 && report.removed == 1, "{report:?}");
+    assert_eq!(dp.kernel().services[&newcomer].service_id, id, "the lowest free id is reused");
+    assert_eq!(rewritten(&dp, id), 0, "a reused id's counters start at zero");
+    assert_eq!(fx.place().tcp(addr("10.96.9.9:80"), 3).failures(), 0);
+    assert_eq!(rewritten(&dp, id), 3);
+}
+
+#[test]
 fn a_thousand_swaps_under_load_fail_no_connection() {
     require_root!();
     let fx = Fixture::new(3);

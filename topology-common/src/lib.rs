@@ -34,7 +34,9 @@ pub mod map_names {
     pub const SERVICES_V6: &str = "topo_svc6";
     /// Backend slots of every live set, one contiguous run per set: index -> [`Slot`](crate::Slot).
     pub const SLOTS: &str = "topo_slots";
-    /// Per-CPU counters by service id: `u32` -> [`ServiceCounters`](crate::ServiceCounters).
+    /// Per-CPU counters by service id, in chunks of [`COUNTER_CHUNK`](crate::COUNTER_CHUNK) ids:
+    /// an array of maps whose entry `id / COUNTER_CHUNK` is a per-CPU array of
+    /// [`ServiceCounters`](crate::ServiceCounters) indexed by `id % COUNTER_CHUNK`.
     pub const COUNTERS: &str = "topo_counters";
     /// Human-readable name by service id: `u32` -> [`ServiceMeta`](crate::ServiceMeta).
     pub const SERVICE_META: &str = "topo_svc_meta";
@@ -84,7 +86,8 @@ pub mod capacity {
     /// Backend slots across all services, including the new generation written during a swap
     /// (an array: 262,144 × 48 bytes = 12 MiB of kernel memory, allocated at load).
     pub const SLOTS: u32 = 262_144;
-    /// Service ids (counters and names), both families together.
+    /// Service ids (counters and names), both families together; a multiple of
+    /// [`COUNTER_CHUNK`](crate::COUNTER_CHUNK).
     pub const SERVICE_IDS: u32 = 131_072;
     /// Unconnected UDP (socket, service) pairs remembered for backend affinity (LRU).
     pub const AFFINITY: u32 = 65_536;
@@ -94,6 +97,13 @@ pub mod capacity {
     /// this many newer sockets, so it bounds how long `getpeername()` shows the ClusterIP.
     pub const SOCK_TRANSLATIONS: u32 = 262_144;
 }
+
+/// Service ids per chunk of the counters map. A chunk is a per-CPU array the agent creates when it
+/// first hands out an id in it, so the counters' kernel memory follows the ids in use
+/// (`COUNTER_CHUNK × size_of::<ServiceCounters>() × possible CPUs` per chunk), while the programs
+/// reach a service's counters with two array accesses the verifier inlines, without a hash walk.
+pub const COUNTER_CHUNK: u32 = 1024;
+const _: () = assert!(capacity::SERVICE_IDS.is_multiple_of(COUNTER_CHUNK));
 
 /// Global (`.rodata`) variable the agent overrides to set the kernel log level (0 = off).
 pub const LOG_LEVEL_GLOBAL: &str = "AYA_LOG_LEVEL";

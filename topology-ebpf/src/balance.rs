@@ -3,8 +3,8 @@
 use core::ptr::{addr_of, addr_of_mut, read_volatile, write_volatile};
 
 use topology_common::{
-    AffinityKey, AffinityValue, Backend, RevNatKey, RevNatValue, ServiceKey4, ServiceKey6, ServiceValue, THRESHOLD_ONE,
-    locality,
+    AffinityKey, AffinityValue, Backend, COUNTER_CHUNK, RevNatKey, RevNatValue, ServiceKey4, ServiceKey6, ServiceValue,
+    THRESHOLD_ONE, locality,
 };
 
 use crate::{
@@ -249,7 +249,8 @@ pub fn count_rewrite(choice: &Choice) {
 
 #[inline(always)]
 fn count(service_id: u32, update: impl FnOnce(&mut topology_common::ServiceCounters)) {
-    if let Some(counters) = COUNTERS.get_ptr_mut(service_id) {
+    // A chunk the agent has not created (never the case for an id in a service entry) counts nothing.
+    if let Some(counters) = COUNTERS.get_value_ptr_mut(service_id / COUNTER_CHUNK, &(service_id % COUNTER_CHUNK)) {
         // SAFETY: this CPU's copy of the value; programs on one CPU do not run concurrently
         // with each other for the same map value except under preemption, where a lost increment
         // is acceptable for statistics.

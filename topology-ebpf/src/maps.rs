@@ -4,12 +4,12 @@
 use aya_ebpf::{
     Global,
     bindings::BPF_F_NO_PREALLOC,
-    btf_maps::{Array, HashMap, LruHashMap, PerCpuHashMap},
+    btf_maps::{Array, ArrayOfMaps, HashMap, LruHashMap, PerCpuArray},
     macros::btf_map,
 };
 use topology_common::{
-    AffinityKey, AffinityValue, RevNatKey, RevNatValue, ServiceCounters, ServiceKey4, ServiceKey6, ServiceMeta,
-    ServiceValue, Slot, SockTranslation, capacity,
+    AffinityKey, AffinityValue, COUNTER_CHUNK, RevNatKey, RevNatValue, ServiceCounters, ServiceKey4, ServiceKey6,
+    ServiceMeta, ServiceValue, Slot, SockTranslation, capacity,
 };
 
 /// Maps only userspace writes are allocated on write, so an idle capacity costs no kernel memory.
@@ -30,10 +30,14 @@ pub static SERVICES_V6: HashMap<ServiceKey6, ServiceValue, { capacity::SERVICES_
 #[btf_map(name = "topo_slots")]
 pub static SLOTS: Array<Slot, { capacity::SLOTS as usize }> = Array::new();
 
-/// Per-CPU counters by service id; the agent creates the entry with the service.
+/// One chunk of the counters: per-CPU counters of `COUNTER_CHUNK` consecutive service ids.
+pub type CounterChunk = PerCpuArray<ServiceCounters, { COUNTER_CHUNK as usize }>;
+
+/// Per-CPU counters by service id, in chunks the agent creates as ids are used: two array
+/// lookups, both inlined by the verifier, instead of a hash walk on every rewrite.
 #[btf_map(name = "topo_counters")]
-pub static COUNTERS: PerCpuHashMap<u32, ServiceCounters, { capacity::SERVICE_IDS as usize }, NO_PREALLOC> =
-    PerCpuHashMap::new();
+pub static COUNTERS: ArrayOfMaps<CounterChunk, { (capacity::SERVICE_IDS / COUNTER_CHUNK) as usize }> =
+    ArrayOfMaps::new();
 
 /// Service names by id, for `status` and `bpftool`; never read here, declared so it is created and
 /// pinned with the others.

@@ -12,7 +12,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
-use topology_tests::traffic::{self, Client, UdpMode};
+use topology_tests::traffic::{self, Baseline, Client, Timed, UdpMode};
 
 #[derive(Parser)]
 #[command(about = "Backend server and traffic client for topology-agent tests and demos")]
@@ -79,6 +79,24 @@ enum Traffic {
         #[arg(long)]
         count: u64,
     },
+    /// Timed connects alternating with connects from a baseline cgroup, pair by pair in one
+    /// process (needs --cgroup: the process moves between the two).
+    Interleaved {
+        #[arg(long, value_enum)]
+        timed: Timed,
+        /// Timed connects on each side.
+        #[arg(long)]
+        count: u64,
+        /// Connects per stay in one cgroup, after one untimed connect (1: alternate every connect).
+        #[arg(long, default_value_t = 1)]
+        block: u64,
+        /// cgroup v2 directory of the baseline side.
+        #[arg(long)]
+        baseline_cgroup: PathBuf,
+        /// Address the baseline side dials (repeatable; one at random per attempt).
+        #[arg(long, required = true)]
+        baseline_target: Vec<SocketAddr>,
+    },
     /// Connect in a loop until the stop file exists.
     Loop {
         #[arg(long)]
@@ -128,6 +146,15 @@ fn main() -> anyhow::Result<()> {
                 Traffic::Tcp { count } => client.tcp(count),
                 Traffic::UdpConnect { count } => client.udp_connects(count),
                 Traffic::Udp { count, mode } => client.udp(count, mode),
+                Traffic::Interleaved { timed, count, block, baseline_cgroup, baseline_target } => {
+                    let Some(home) = &args.cgroup else { bail!("interleaved: --cgroup is required") };
+                    let baseline = Baseline {
+                        home_procs: home.join("cgroup.procs"),
+                        procs: baseline_cgroup.join("cgroup.procs"),
+                        targets: baseline_target,
+                    };
+                    client.interleaved(timed, &baseline, count, block).context("moving between cgroups")?
+                }
                 Traffic::Loop { stop_file, started_file, max_ms, udp, pause_us } => {
                     let started = || {
                         if let Some(path) = &started_file {

@@ -5,14 +5,12 @@ use std::path::{Path, PathBuf};
 
 use aya::{
     Ebpf,
-    maps::{Array, HashMap, IterableMap as _, Map, MapData, MapInfo, PerCpuHashMap},
+    maps::{Array, HashMap, IterableMap as _, Map, MapData, MapInfo},
 };
 use serde::{Deserialize, Serialize};
-use topology_common::{
-    ServiceCounters, ServiceKey4, ServiceKey6, ServiceMeta, ServiceValue, Slot, capacity, map_names,
-};
+use topology_common::{ServiceKey4, ServiceKey6, ServiceMeta, ServiceValue, Slot, capacity, map_names};
 
-use super::error::DataplaneError;
+use super::{counters::Counters, error::DataplaneError};
 
 /// `max_entries` of every map; an agent restarted with different capacities refuses to adopt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,7 +71,7 @@ impl Capacities {
             (map_names::SERVICES_V4, self.services_v4),
             (map_names::SERVICES_V6, self.services_v6),
             (map_names::SLOTS, self.slots),
-            (map_names::COUNTERS, self.service_ids),
+            (map_names::COUNTERS, super::counters::chunks_for(self.service_ids)),
             (map_names::SERVICE_META, self.service_ids),
             (map_names::AFFINITY, self.affinity),
             (map_names::REVNAT, self.revnat),
@@ -128,8 +126,8 @@ pub struct MapSet {
     pub services6: HashMap<MapData, ServiceKey6, ServiceValue>,
     /// Backend slots, one run per set.
     pub slots: Array<MapData, Slot>,
-    /// Per-CPU counters by service id.
-    pub counters: PerCpuHashMap<MapData, u32, ServiceCounters>,
+    /// Per-CPU counters by service id, in chunks.
+    pub counters: Counters,
     /// Names by service id.
     pub meta: HashMap<MapData, u32, ServiceMeta>,
     /// Capacities as the kernel reports them.
@@ -180,8 +178,7 @@ impl MapSet {
         let services6: HashMap<_, ServiceKey6, ServiceValue> =
             services6.try_into().map_err(DataplaneError::map(map_names::SERVICES_V6))?;
         let slots: Array<_, Slot> = slots.try_into().map_err(DataplaneError::map(map_names::SLOTS))?;
-        let counters: PerCpuHashMap<_, u32, ServiceCounters> =
-            counters.try_into().map_err(DataplaneError::map(map_names::COUNTERS))?;
+        let counters = Counters::new(counters)?;
         let meta: HashMap<_, u32, ServiceMeta> =
             meta.try_into().map_err(DataplaneError::map(map_names::SERVICE_META))?;
         let max_entries = |data: &MapData, name: &'static str| -> Result<u32, DataplaneError> {

@@ -7,6 +7,7 @@
 //! flowing with the last programmed state; [`cleanup`] removes all of it.
 
 pub mod alias;
+mod counters;
 mod error;
 mod grace;
 mod links;

@@ -6,7 +6,6 @@ use std::{
     net::IpAddr,
 };
 
-use aya::maps::MapError;
 use topology_common::{ServiceCounters, ServiceMeta, ServiceValue, Slot, map_names};
 
 use super::{alias, error::DataplaneError, maps::MapSet};
@@ -55,7 +54,7 @@ impl ProgrammedService {
 pub struct KernelState {
     /// Service ports by (ClusterIP, port, protocol).
     pub services: BTreeMap<ServicePort, ProgrammedService>,
-    /// Counter and name entries of service ids no service entry uses.
+    /// Service ids with a name but no service entry (a removal that could not finish).
     pub orphan_ids: BTreeSet<u32>,
 }
 
@@ -91,11 +90,8 @@ pub fn read(maps: &MapSet) -> Result<KernelState, DataplaneError> {
         let name = names.get(&value.service_id).cloned().unwrap_or_default();
         state.services.insert(port, ProgrammedService::new(&value, slots, name));
     }
-    let mut known_ids: BTreeSet<u32> = names.keys().copied().collect();
-    for id in maps.counters.keys() {
-        known_ids.insert(id.map_err(DataplaneError::map(map_names::COUNTERS))?);
-    }
-    state.orphan_ids = known_ids.difference(&live_ids).copied().collect();
+    // Counter entries have no keys to list (an array); only names mark an id as taken.
+    state.orphan_ids = names.keys().copied().filter(|id| !live_ids.contains(id)).collect();
     Ok(state)
 }
 
@@ -140,6 +136,25 @@ pub struct CounterReading {
 /// Every service port's counters, named: service entries give the port of each id, the names map
 /// its name. Reads only the small maps, never the slots.
 pub fn read_named_counters(maps: &MapSet) -> Result<Vec<CounterReading>, DataplaneError> {
+    let ports = service_ports(maps)?;
+    let mut names = read_names(maps)?;
+    Ok(maps
+        .counters
+        .read(ports.keys().copied())?
+        .into_iter()
+        .filter_map(|(id, counters)| {
+            Some(CounterReading { name: names.remove(&id).unwrap_or_default(), port: *ports.get(&id)?, counters })
+        })
+        .collect())
+}
+
+/// Per-service counters summed over CPUs, by the service id of every service entry.
+pub fn read_counters(maps: &MapSet) -> Result<BTreeMap<u32, ServiceCounters>, DataplaneError> {
+    maps.counters.read(service_ports(maps)?.into_keys())
+}
+
+/// The service port of every service id in the service entries.
+fn service_ports(maps: &MapSet) -> Result<BTreeMap<u32, ServicePort>, DataplaneError> {
     let mut ports: BTreeMap<u32, ServicePort> = BTreeMap::new();
     for item in maps.services4.iter() {
         let (key, value) = item.map_err(DataplaneError::map(map_names::SERVICES_V4))?;
@@ -153,38 +168,7 @@ pub fn read_named_counters(maps: &MapSet) -> Result<Vec<CounterReading>, Datapla
             ports.insert(value.service_id, ServicePort { vip: IpAddr::from(key.addr), port: key.port, protocol });
         }
     }
-    let mut names = read_names(maps)?;
-    Ok(read_counters(maps)?
-        .into_iter()
-        .filter_map(|(id, counters)| {
-            Some(CounterReading { name: names.remove(&id).unwrap_or_default(), port: *ports.get(&id)?, counters })
-        })
-        .collect())
-}
-
-/// Per-service counters summed over CPUs, by service id.
-pub fn read_counters(maps: &MapSet) -> Result<BTreeMap<u32, ServiceCounters>, DataplaneError> {
-    let mut out = BTreeMap::new();
-    for item in maps.counters.iter() {
-        let (id, per_cpu) = match item {
-            Ok(entry) => entry,
-            // Deleted between listing its key and reading it: the service is gone.
-            Err(MapError::KeyNotFound) => continue,
-            Err(error) => {
-                return Err(DataplaneError::Map { map: map_names::COUNTERS, source: error });
-            }
-        };
-        let mut total = ServiceCounters::default();
-        for cpu in per_cpu.iter() {
-            for (sum, value) in total.rewritten.iter_mut().zip(cpu.rewritten) {
-                *sum += value;
-            }
-            total.refused += cpu.refused;
-            total.errors += cpu.errors;
-        }
-        out.insert(id, total);
-    }
-    Ok(out)
+    Ok(ports)
 }
 
 /// The map form of a service name: UTF-8, truncated at a character boundary, zero-padded.

@@ -20,10 +20,13 @@
 //! Room is checked before the first write for a service, and a failed write frees what that
 //! service wrote, so a map is never left holding part of a set.
 
-use std::{collections::HashSet, io};
+use std::{
+    collections::{BTreeSet, HashSet},
+    io,
+};
 
-use aya::maps::{MapError, PerCpuValues};
-use topology_common::{ServiceCounters, ServiceKey4, ServiceKey6, ServiceValue, Slot, map_names};
+use aya::maps::MapError;
+use topology_common::{ServiceKey4, ServiceKey6, ServiceValue, Slot, map_names};
 
 use super::{
     alias,
@@ -86,10 +89,43 @@ impl IdPool {
     pub fn release(&mut self, id: u32) {
         self.used.remove(&id);
     }
+}
+
+/// Allocator of service ids: the lowest free id first, so the ids in use stay below their count
+/// and fill the counters' chunks densely. An id is reused at once after release: a program that
+/// read the old service entry just before its removal may add one count to the new holder.
+#[derive(Debug, Default)]
+pub struct DenseIds {
+    free: BTreeSet<u32>,
+    next: u32,
+}
+
+impl DenseIds {
+    /// A pool where `used` are taken.
+    pub fn new(used: impl IntoIterator<Item = u32>) -> Self {
+        let used: BTreeSet<u32> = used.into_iter().collect();
+        let next = used.last().map_or(0, |&max| max + 1);
+        Self { free: (0..next).filter(|id| !used.contains(id)).collect(), next }
+    }
+
+    /// The lowest id not in use.
+    pub fn allocate(&mut self) -> u32 {
+        self.free.pop_first().unwrap_or_else(|| {
+            self.next += 1;
+            self.next - 1
+        })
+    }
+
+    /// Returns `id` to the pool.
+    pub fn release(&mut self, id: u32) {
+        if id < self.next {
+            self.free.insert(id);
+        }
+    }
 
     /// Number of ids in use.
     pub fn len(&self) -> usize {
-        self.used.len()
+        self.next as usize - self.free.len()
     }
 }
 
@@ -97,7 +133,7 @@ impl IdPool {
 pub struct Writer {
     maps: MapSet,
     kernel: KernelState,
-    service_ids: IdPool,
+    service_ids: DenseIds,
     set_ids: IdPool,
     slots: SlotSpace,
     /// Services adopted with a run that overlaps another's or lies out of range: the run is not
@@ -105,7 +141,6 @@ pub struct Writer {
     foreign_runs: HashSet<ServicePort>,
     /// Service entries per family, kept as services are added and removed.
     family_entries: [u64; 2],
-    nr_cpus: usize,
 }
 
 /// Entries in use in the maps with a capacity, as the writer counts them.
@@ -127,15 +162,14 @@ impl Writer {
     /// Adopts what the kernel holds.
     pub fn adopt(maps: MapSet, kernel: KernelState) -> Result<Self, DataplaneError> {
         let service_ids =
-            IdPool::new(kernel.services.values().map(|s| s.service_id).chain(kernel.orphan_ids.iter().copied()));
+            DenseIds::new(kernel.services.values().map(|s| s.service_id).chain(kernel.orphan_ids.iter().copied()));
         let set_ids = IdPool::new(kernel.services.values().map(|s| s.set_id));
         let runs = kernel.services.iter().map(|(port, s)| (Run { base: s.base, len: s.count }, *port));
         let (slots, rejected) = SlotSpace::adopt(maps.capacities.slots, runs);
         let foreign_runs = rejected.into_iter().collect();
         let v4 = kernel.services.keys().filter(|port| port.vip.is_ipv4()).count() as u64;
         let family_entries = [v4, kernel.services.len() as u64 - v4];
-        let nr_cpus = aya::util::nr_cpus().map_err(|(path, source)| DataplaneError::Cpus { path, source })?;
-        Ok(Self { maps, kernel, service_ids, set_ids, slots, foreign_runs, family_entries, nr_cpus })
+        Ok(Self { maps, kernel, service_ids, set_ids, slots, foreign_runs, family_entries })
     }
 
     /// What the kernel holds, as last written or adopted.
@@ -394,20 +428,17 @@ impl Writer {
     }
 
     fn write_counters(&mut self, service_id: u32) -> Result<(), DataplaneError> {
-        let zero = PerCpuValues::try_from(vec![ServiceCounters::default(); self.nr_cpus])
-            .map_err(|source| DataplaneError::Cpus { path: "possible CPUs", source })?;
-        self.maps.counters.insert(service_id, zero, 0).map_err(DataplaneError::map(map_names::COUNTERS))
+        self.maps.counters.reset(service_id)
     }
 
     fn write_meta(&mut self, service_id: u32, name: &str) -> Result<(), DataplaneError> {
         self.maps.meta.insert(service_id, meta_from_name(name), 0).map_err(DataplaneError::map(map_names::SERVICE_META))
     }
 
-    /// Deletes the counters and name of a service id; false if either is still there.
+    /// Deletes the name of a service id (its counters are zeroed when the id is reused); false if
+    /// it is still there.
     fn delete_ids(&mut self, service_id: u32) -> bool {
-        let counters = ignore_missing(self.maps.counters.remove(&service_id));
-        let meta = ignore_missing(self.maps.meta.remove(&service_id));
-        counters.is_ok() && meta.is_ok()
+        ignore_missing(self.maps.meta.remove(&service_id)).is_ok()
     }
 }
 
@@ -473,9 +504,24 @@ mod tests {
         assert_eq!(pool.allocate(), 6);
         assert_eq!(pool.allocate(), 7);
         pool.release(6);
-        assert_eq!(pool.len(), 3);
+        assert_eq!(pool.allocate(), 8, "released ids wait for the cursor to come round");
         let mut wrapped = IdPool::new([u32::MAX, 1]);
         assert_eq!(wrapped.allocate(), 2, "wraps past u32::MAX, skipping 0 and live ids");
+    }
+
+    #[test]
+    fn service_ids_are_dense_lowest_free_first() {
+        let mut ids = DenseIds::new([0, 2, 5]);
+        assert_eq!(ids.len(), 3);
+        assert_eq!([ids.allocate(), ids.allocate(), ids.allocate(), ids.allocate()], [1, 3, 4, 6]);
+        ids.release(3);
+        ids.release(0);
+        assert_eq!(ids.len(), 5);
+        assert_eq!([ids.allocate(), ids.allocate(), ids.allocate()], [0, 3, 7]);
+        // The lowest free id never exceeds the number in use, so ids stay below the capacity.
+        let mut fresh = DenseIds::default();
+        assert_eq!([fresh.allocate(), fresh.allocate()], [0, 1]);
+        assert_eq!(fresh.len(), 2);
     }
 
     #[test]
