@@ -67,20 +67,7 @@ impl KernelState {
 
 /// Reads the programmed state from the maps.
 pub fn read(maps: &MapSet) -> Result<KernelState, DataplaneError> {
-    let mut entries: Vec<(ServicePort, topology_common::ServiceValue)> = Vec::new();
-    for item in maps.services4.iter() {
-        let (key, value) = item.map_err(DataplaneError::map(map_names::SERVICES_V4))?;
-        if let Some(protocol) = Protocol::from_number(key.proto) {
-            entries.push((ServicePort { vip: IpAddr::from(key.addr), port: key.port, protocol }, value));
-        }
-    }
-    for item in maps.services6.iter() {
-        let (key, value) = item.map_err(DataplaneError::map(map_names::SERVICES_V6))?;
-        if let Some(protocol) = Protocol::from_number(key.proto) {
-            entries.push((ServicePort { vip: IpAddr::from(key.addr), port: key.port, protocol }, value));
-        }
-    }
-
+    let entries = service_entries(maps)?;
     let names = read_names(maps)?;
     let mut state = KernelState::default();
     let mut live_ids = BTreeSet::new();
@@ -155,20 +142,25 @@ pub fn read_counters(maps: &MapSet) -> Result<BTreeMap<u32, ServiceCounters>, Da
 
 /// The service port of every service id in the service entries.
 fn service_ports(maps: &MapSet) -> Result<BTreeMap<u32, ServicePort>, DataplaneError> {
-    let mut ports: BTreeMap<u32, ServicePort> = BTreeMap::new();
+    Ok(service_entries(maps)?.into_iter().map(|(port, value)| (value.service_id, port)).collect())
+}
+
+/// Every service entry of both families (keys with an unknown protocol number are skipped).
+fn service_entries(maps: &MapSet) -> Result<Vec<(ServicePort, ServiceValue)>, DataplaneError> {
+    let mut entries = Vec::new();
     for item in maps.services4.iter() {
         let (key, value) = item.map_err(DataplaneError::map(map_names::SERVICES_V4))?;
         if let Some(protocol) = Protocol::from_number(key.proto) {
-            ports.insert(value.service_id, ServicePort { vip: IpAddr::from(key.addr), port: key.port, protocol });
+            entries.push((ServicePort { vip: IpAddr::from(key.addr), port: key.port, protocol }, value));
         }
     }
     for item in maps.services6.iter() {
         let (key, value) = item.map_err(DataplaneError::map(map_names::SERVICES_V6))?;
         if let Some(protocol) = Protocol::from_number(key.proto) {
-            ports.insert(value.service_id, ServicePort { vip: IpAddr::from(key.addr), port: key.port, protocol });
+            entries.push((ServicePort { vip: IpAddr::from(key.addr), port: key.port, protocol }, value));
         }
     }
-    Ok(ports)
+    Ok(entries)
 }
 
 /// The map form of a service name: UTF-8, truncated at a character boundary, zero-padded.
