@@ -13,6 +13,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use topology_tests::sandbox::run;
+
 const ECHO_IMAGE: &str = "registry.k8s.io/e2e-test-images/agnhost:2.52";
 const CLIENT_IMAGE: &str = "docker.io/library/busybox:1.36";
 const ZONES: [&str; 3] = ["zone-a", "zone-b", "zone-c"];
@@ -32,17 +34,6 @@ fn unavailable() -> Option<String> {
 
 fn on_path(program: &str) -> bool {
     std::env::var_os("PATH").is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
-}
-
-fn run(program: &str, args: &[&str]) -> String {
-    let output = Command::new(program).args(args).output().unwrap_or_else(|e| panic!("{program}: {e}"));
-    assert!(
-        output.status.success(),
-        "{program} {} failed: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 fn run_stdin(program: &str, args: &[&str], stdin: &str) {
