@@ -128,6 +128,52 @@ fn run(events: Vec<SourceEvent>) -> Recording {
     Arc::try_unwrap(recording).unwrap().into_inner().unwrap()
 }
 
+/// A controller running on its own thread, fed through `sender`, until `stop`.
+struct Live {
+    sender: EventSender,
+    recording: Arc<Mutex<Recording>>,
+    health: Arc<Health>,
+    shutdown: CancellationToken,
+    thread: std::thread::JoinHandle<Result<Recorder, ControllerError>>,
+}
+
+impl Live {
+    /// Starts a controller for node `a` with `events` already queued.
+    fn start(events: impl IntoIterator<Item = SourceEvent>) -> Self {
+        let (sender, receiver) = EventSender::channel();
+        for event in events {
+            sender.send(event);
+        }
+        let recording = Arc::new(Mutex::new(Recording::default()));
+        let health = Arc::new(Health::default());
+        let controller = Controller::new(
+            ControllerConfig::new("a"),
+            Recorder(Arc::clone(&recording)),
+            Arc::clone(&health),
+            Arc::new(Metrics::default()),
+            Box::new(LogOnly),
+        );
+        let shutdown = CancellationToken::new();
+        let token = shutdown.clone();
+        let thread = std::thread::spawn(move || controller.run(&receiver, &token));
+        Self { sender, recording, health, shutdown, thread }
+    }
+
+    /// Waits up to 5 s for `check` to hold on what was recorded.
+    fn wait(&self, check: impl Fn(&Recording) -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !check(&self.recording.lock().unwrap()) {
+            assert!(std::time::Instant::now() < deadline, "{:?}", self.recording.lock().unwrap());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn stop(self) {
+        self.shutdown.cancel();
+        self.thread.join().unwrap().unwrap();
+    }
+}
+
 fn initial() -> Vec<SourceEvent> {
     vec![
         replace(Kind::Node, vec![node("a", "z1")]),
@@ -167,41 +213,19 @@ fn nothing_is_programmed_until_every_kind_is_listed() {
 
 #[test]
 fn later_changes_apply_only_the_affected_ports() {
-    let (sender, receiver) = EventSender::channel();
-    for event in initial() {
-        sender.send(event);
-    }
-    let recording = Arc::new(Mutex::new(Recording::default()));
-    let health = Arc::new(Health::default());
-    let controller = Controller::new(
-        ControllerConfig::new("a"),
-        Recorder(Arc::clone(&recording)),
-        Arc::clone(&health),
-        Arc::new(Metrics::default()),
-        Box::new(LogOnly),
-    );
-    let shutdown = CancellationToken::new();
-    let token = shutdown.clone();
-    let thread = std::thread::spawn(move || controller.run(&receiver, &token));
-    let wait = |check: &dyn Fn(&Recording) -> bool| {
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while !check(&recording.lock().unwrap()) {
-            assert!(std::time::Instant::now() < deadline, "{:?}", recording.lock().unwrap());
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    };
-    wait(&|r| r.full == 1);
-    assert!(health.readiness().is_ok());
-    sender.send(SourceEvent::Apply(Object::EndpointSlice(slice("web-1", "web", &["10.1.0.9"]))));
-    wait(&|r| r.partial.len() == 1);
+    let live = Live::start(initial());
+    let recording = &live.recording;
+    live.wait(|r| r.full == 1);
+    assert!(live.health.readiness().is_ok());
+    live.sender.send(SourceEvent::Apply(Object::EndpointSlice(slice("web-1", "web", &["10.1.0.9"]))));
+    live.wait(|r| r.partial.len() == 1);
     assert_eq!(recording.lock().unwrap().partial[0], BTreeSet::from([port("10.96.0.1")]), "api is not touched");
     // A Node label change of another node touches the Services with endpoints there.
-    sender.send(SourceEvent::Apply(node("b", "z2")));
-    sender.send(SourceEvent::Apply(node("b", "z3")));
+    live.sender.send(SourceEvent::Apply(node("b", "z2")));
+    live.sender.send(SourceEvent::Apply(node("b", "z3")));
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(recording.lock().unwrap().partial.len(), 1, "no endpoint on b, nothing to recompute");
-    shutdown.cancel();
-    thread.join().unwrap().unwrap();
+    live.stop();
 }
 
 #[test]
@@ -259,57 +283,36 @@ fn a_demand_change_anywhere_recomputes_the_spillover_services() {
     for endpoint in &mut web_slice.endpoints[1..] {
         endpoint.node_name = Some("b".into());
     }
-    let (sender, receiver) = EventSender::channel();
-    for event in [
+    let live = Live::start([
         replace(Kind::Node, vec![node("a", "z1"), node("b", "z2")]),
         replace(Kind::Service, vec![Object::Service(web), Object::Service(service("api", "10.96.0.2"))]),
         replace(
             Kind::EndpointSlice,
             vec![Object::EndpointSlice(web_slice), Object::EndpointSlice(slice("api-1", "api", &["10.2.0.1"]))],
         ),
-    ] {
-        sender.send(event);
-    }
-    let recording = Arc::new(Mutex::new(Recording::default()));
-    let controller = Controller::new(
-        ControllerConfig::new("a"),
-        Recorder(Arc::clone(&recording)),
-        Arc::new(Health::default()),
-        Arc::new(Metrics::default()),
-        Box::new(LogOnly),
-    );
-    let shutdown = CancellationToken::new();
-    let token = shutdown.clone();
-    let thread = std::thread::spawn(move || controller.run(&receiver, &token));
-    let wait = |check: &dyn Fn(&Recording) -> bool| {
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while !check(&recording.lock().unwrap()) {
-            assert!(std::time::Instant::now() < deadline, "{:?}", recording.lock().unwrap());
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    };
+    ]);
+    let recording = &live.recording;
     let kept = |r: &Recording| {
         let backends = &r.current.services[&port("10.96.0.1")].backends;
         let total: f64 = backends.iter().map(|b| f64::from(b.weight)).sum();
         f64::from(backends[0].weight) / total
     };
-    wait(&|r| r.full == 1);
+    live.wait(|r| r.full == 1);
     // Demand 50/50, endpoints 1/2: z1 keeps 1.1/3 of all traffic, 73 % of its own.
     let before = kept(&recording.lock().unwrap());
     assert!((before - 1.1 / 3.0 / 0.5).abs() < 1e-5, "{before}");
     // A new node in z1 (no endpoint on it) triples z1's demand share: z1 now keeps less of its
     // own traffic, and only web is re-programmed.
-    sender.send(SourceEvent::Apply(node("c", "z1")));
-    wait(&|r| r.partial.len() == 1);
+    live.sender.send(SourceEvent::Apply(node("c", "z1")));
+    live.wait(|r| r.partial.len() == 1);
     assert_eq!(recording.lock().unwrap().partial[0], BTreeSet::from([port("10.96.0.1")]));
     let after = kept(&recording.lock().unwrap());
     assert!((after - 1.1 / 3.0 / (2.0 / 3.0)).abs() < 1e-5, "{after}");
     // A label-only change that leaves the demand as it was recomputes nothing.
     let Object::Node(mut relabelled) = node("c", "z1") else { unreachable!() };
     relabelled.labels.insert("team".into(), "x".into());
-    sender.send(SourceEvent::Apply(Object::Node(relabelled)));
+    live.sender.send(SourceEvent::Apply(Object::Node(relabelled)));
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(recording.lock().unwrap().partial.len(), 1);
-    shutdown.cancel();
-    thread.join().unwrap().unwrap();
+    live.stop();
 }
