@@ -222,6 +222,19 @@ pub struct ServiceCounters {
 }
 const _: () = assert!(size_of::<ServiceCounters>() == 48);
 
+impl ServiceCounters {
+    /// Number of counters; the programs address them as `[u64; FIELDS]` in field order, so an
+    /// outcome is counted by one indexed increment: `0..CLASSES` by locality class, then these.
+    pub const FIELDS: usize = locality::CLASSES + 2;
+    /// Index of [`ServiceCounters::refused`].
+    pub const REFUSED: usize = locality::CLASSES;
+    /// Index of [`ServiceCounters::errors`].
+    pub const ERRORS: usize = locality::CLASSES + 1;
+}
+const _: () = assert!(size_of::<ServiceCounters>() == ServiceCounters::FIELDS * size_of::<u64>());
+const _: () = assert!(core::mem::offset_of!(ServiceCounters, refused) == ServiceCounters::REFUSED * size_of::<u64>());
+const _: () = assert!(core::mem::offset_of!(ServiceCounters, errors) == ServiceCounters::ERRORS * size_of::<u64>());
+
 /// Length of [`ServiceMeta::name`].
 pub const SERVICE_NAME_LEN: usize = 152;
 

@@ -3,12 +3,13 @@
 use core::ptr::{addr_of, addr_of_mut, read_volatile, write_volatile};
 
 use topology_common::{
-    AffinityKey, AffinityValue, Backend, COUNTER_CHUNK, RevNatKey, RevNatValue, ServiceKey4, ServiceKey6, ServiceValue,
-    THRESHOLD_ONE, locality,
+    AffinityKey, AffinityValue, Backend, COUNTER_CHUNK, RevNatKey, RevNatValue, ServiceCounters, ServiceKey4,
+    ServiceKey6, ServiceValue, locality,
 };
 
 use crate::{
     maps::{AFFINITY, COUNTERS, REVNAT, SERVICES_V4, SERVICES_V6, SLOTS, SOCK_TRANSLATIONS, translation_slot},
+    rng::random,
     sockaddr::{self, Words},
 };
 
@@ -21,18 +22,21 @@ pub enum Error {
 }
 
 impl Error {
-    /// Counts the failure and turns it into the program's verdict.
+    /// The service and the counter (index into `ServiceCounters`) the failure adds to.
     #[inline(always)]
-    pub fn verdict(self) -> i32 {
+    pub fn counter(&self) -> (u32, usize) {
+        match *self {
+            Self::EmptySet { service_id } => (service_id, ServiceCounters::REFUSED),
+            Self::ForeignSlot { service_id } => (service_id, ServiceCounters::ERRORS),
+        }
+    }
+
+    /// Fails the operation with the failure's errno; returns the program's verdict.
+    #[inline(always)]
+    pub fn verdict(&self) -> i32 {
         match self {
-            Self::EmptySet { service_id } => {
-                count(service_id, |c| c.refused += 1);
-                sockaddr::fail_with(sockaddr::ECONNREFUSED)
-            }
-            Self::ForeignSlot { service_id } => {
-                count(service_id, |c| c.errors += 1);
-                sockaddr::fail_with(sockaddr::ENETUNREACH)
-            }
+            Self::EmptySet { .. } => sockaddr::fail_with(sockaddr::ECONNREFUSED),
+            Self::ForeignSlot { .. } => sockaddr::fail_with(sockaddr::ENETUNREACH),
         }
     }
 }
@@ -50,6 +54,15 @@ impl Choice {
     #[inline(always)]
     pub fn addr(&self) -> Words {
         sockaddr::words(&self.backend.addr)
+    }
+
+    /// The service and the counter (index into `ServiceCounters`) the rewrite adds to: the
+    /// backend's locality class, written by userspace; out-of-range values count as "other".
+    #[inline(always)]
+    pub fn counter(&self) -> (u32, usize) {
+        let class = usize::from(self.backend.locality);
+        let class = if class < locality::CLASSES { class } else { usize::from(locality::OTHER) };
+        (self.service.service_id, class)
     }
 }
 
@@ -87,8 +100,10 @@ pub fn choose(service: Option<ServiceValue>) -> Result<Option<Choice>, Error> {
     if service.count == 0 {
         return Err(Error::EmptySet { service_id });
     }
+    // One draw, two independent halves: the high one picks the slot, the low one the side.
+    let draw = random();
     // Multiply-shift maps a uniform u32 onto 0..count without a division.
-    let offset = ((u64::from(sockaddr::random()) * u64::from(service.count)) >> 32) as u32;
+    let offset = (((draw >> 32) * u64::from(service.count)) >> 32) as u32;
     // An array lookup: the verifier inlines it as a bounds check and an address computation.
     let Some(slot) = SLOTS.get_ptr(service.base.wrapping_add(offset)) else {
         return Err(Error::ForeignSlot { service_id });
@@ -99,13 +114,8 @@ pub fn choose(service: Option<ServiceValue>) -> Result<Option<Choice>, Error> {
     if slot.set_id != service.set_id {
         return Err(Error::ForeignSlot { service_id });
     }
-    // A slot that always picks its primary (every slot, for equal weights) needs no second
-    // draw; otherwise the primary wins with probability threshold / 2^31.
-    let backend = if slot.threshold >= THRESHOLD_ONE || (sockaddr::random() >> 1) < slot.threshold {
-        slot.primary
-    } else {
-        slot.alias
-    };
+    // The primary wins with probability threshold / 2^31: always at `THRESHOLD_ONE` (equal weights).
+    let backend = if ((draw as u32) >> 1) < slot.threshold { slot.primary } else { slot.alias };
     Ok(Some(Choice { service, backend }))
 }
 
@@ -131,7 +141,7 @@ pub fn choose_sticky(key: &AffinityKey, service: Option<ServiceValue>) -> Result
         let value = AffinityValue { set_id: choice.service.set_id, backend: choice.backend };
         // A failed insert only costs stickiness for the next datagram; the rewrite stands.
         if AFFINITY.insert(key, value, 0).is_err() {
-            count(choice.service.service_id, |c| c.errors += 1);
+            count(choice.service.service_id, ServiceCounters::ERRORS);
         }
     }
     Ok(choice)
@@ -143,7 +153,6 @@ pub fn choose_sticky(key: &AffinityKey, service: Option<ServiceValue>) -> Result
 pub fn remember_connection(cookie: u64, family: u8, vip: Words, port: u16, choice: &Choice) {
     let Some(slot) = SOCK_TRANSLATIONS.get_ptr_mut(translation_slot(cookie)) else {
         // Unreachable: the mask keeps the index below the capacity.
-        count(choice.service.service_id, |c| c.errors += 1);
         return;
     };
     // SAFETY: `slot` points into the array's value area for the program's lifetime. Volatile
@@ -221,7 +230,7 @@ pub fn remember_datagram(cookie: u64, family: u8, vip: Words, port: u16, choice:
     }
     let value = RevNatValue { vip: sockaddr::bytes(vip), port, _pad: 0 };
     if REVNAT.insert(key, value, 0).is_err() {
-        count(choice.service.service_id, |c| c.errors += 1);
+        count(choice.service.service_id, ServiceCounters::ERRORS);
     }
 }
 
@@ -236,24 +245,18 @@ pub fn datagram_translation(cookie: u64, family: u8, addr: Words, port: u16) -> 
     })
 }
 
-/// Counts a rewrite to a backend of the given locality class.
+/// Adds one to counter `index` (see `ServiceCounters::FIELDS`) of a service on this CPU.
 #[inline(always)]
-pub fn count_rewrite(choice: &Choice) {
-    let class = usize::from(choice.backend.locality);
-    count(choice.service.service_id, |c| {
-        // The class comes from userspace; out-of-range values count as "other".
-        let class = if class < locality::CLASSES { class } else { usize::from(locality::OTHER) };
-        c.rewritten[class] += 1;
-    });
-}
-
-#[inline(always)]
-fn count(service_id: u32, update: impl FnOnce(&mut topology_common::ServiceCounters)) {
+pub fn count(service_id: u32, index: usize) {
     // A chunk the agent has not created (never the case for an id in a service entry) counts nothing.
-    if let Some(counters) = COUNTERS.get_value_ptr_mut(service_id / COUNTER_CHUNK, &(service_id % COUNTER_CHUNK)) {
-        // SAFETY: this CPU's copy of the value; programs on one CPU do not run concurrently
-        // with each other for the same map value except under preemption, where a lost increment
-        // is acceptable for statistics.
-        update(unsafe { &mut *counters });
+    let Some(counters) = COUNTERS.get_value_ptr_mut(service_id / COUNTER_CHUNK, &(service_id % COUNTER_CHUNK)) else {
+        return;
+    };
+    let counters = counters.cast::<[u64; ServiceCounters::FIELDS]>();
+    if index < ServiceCounters::FIELDS {
+        // SAFETY: this CPU's copy of the value, which is `FIELDS` u64s (asserted in
+        // topology-common). Programs on one CPU run one at a time except under preemption, where
+        // a lost increment is acceptable for statistics.
+        unsafe { (*counters)[index] += 1 };
     }
 }

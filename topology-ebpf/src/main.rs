@@ -7,6 +7,7 @@
 
 mod balance;
 mod maps;
+mod rng;
 mod sockaddr;
 
 use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
@@ -70,28 +71,21 @@ impl Dest {
 
 #[cgroup_sock_addr(connect4)]
 pub fn connect4(ctx: SockAddrContext) -> i32 {
-    let dest = Dest::of4(&ctx);
-    finish(
-        &ctx,
-        connect(&ctx, dest).map(|choice| {
-            if let Some(choice) = choice {
-                Dest::write4(&ctx, choice.addr(), choice.backend.port);
-            }
-        }),
-    )
+    let outcome = connect(&ctx, Dest::of4(&ctx));
+    if let Ok(Some(choice)) = &outcome {
+        Dest::write4(&ctx, choice.addr(), choice.backend.port);
+    }
+    finish(&ctx, &outcome)
 }
 
 #[cgroup_sock_addr(connect6)]
 pub fn connect6(ctx: SockAddrContext) -> i32 {
     let dest = Dest::of6(&ctx);
-    finish(
-        &ctx,
-        connect(&ctx, dest).map(|choice| {
-            if let Some(choice) = choice {
-                Dest::write6(&ctx, dest.family, choice.addr(), choice.backend.port);
-            }
-        }),
-    )
+    let outcome = connect(&ctx, dest);
+    if let Ok(Some(choice)) = &outcome {
+        Dest::write6(&ctx, dest.family, choice.addr(), choice.backend.port);
+    }
+    finish(&ctx, &outcome)
 }
 
 /// TCP and connected UDP: choose, and record the translation for `getpeername()` and replies.
@@ -101,7 +95,6 @@ fn connect(ctx: &SockAddrContext, dest: Dest) -> Result<Option<Choice>, Error> {
         return Ok(None);
     };
     balance::remember_connection(sockaddr::cookie(ctx), dest.family, dest.addr, dest.port, &choice);
-    balance::count_rewrite(&choice);
     debug!(
         ctx,
         "connect {}:{} -> {:i}:{}", choice.service.service_id, dest.port, choice.backend.addr, choice.backend.port
@@ -111,28 +104,21 @@ fn connect(ctx: &SockAddrContext, dest: Dest) -> Result<Option<Choice>, Error> {
 
 #[cgroup_sock_addr(sendmsg4)]
 pub fn sendmsg4(ctx: SockAddrContext) -> i32 {
-    let dest = Dest::of4(&ctx);
-    finish(
-        &ctx,
-        send(&ctx, dest).map(|choice| {
-            if let Some(choice) = choice {
-                Dest::write4(&ctx, choice.addr(), choice.backend.port);
-            }
-        }),
-    )
+    let outcome = send(&ctx, Dest::of4(&ctx));
+    if let Ok(Some(choice)) = &outcome {
+        Dest::write4(&ctx, choice.addr(), choice.backend.port);
+    }
+    finish(&ctx, &outcome)
 }
 
 #[cgroup_sock_addr(sendmsg6)]
 pub fn sendmsg6(ctx: SockAddrContext) -> i32 {
     let dest = Dest::of6(&ctx);
-    finish(
-        &ctx,
-        send(&ctx, dest).map(|choice| {
-            if let Some(choice) = choice {
-                Dest::write6(&ctx, dest.family, choice.addr(), choice.backend.port);
-            }
-        }),
-    )
+    let outcome = send(&ctx, dest);
+    if let Ok(Some(choice)) = &outcome {
+        Dest::write6(&ctx, dest.family, choice.addr(), choice.backend.port);
+    }
+    finish(&ctx, &outcome)
 }
 
 /// Unconnected UDP: choose with per-socket affinity, and record the reverse translation.
@@ -146,7 +132,6 @@ fn send(ctx: &SockAddrContext, dest: Dest) -> Result<Option<Choice>, Error> {
         return Ok(None);
     };
     balance::remember_datagram(cookie, dest.family, dest.addr, dest.port, &choice);
-    balance::count_rewrite(&choice);
     Ok(Some(choice))
 }
 
@@ -201,18 +186,22 @@ fn original(ctx: &SockAddrContext, source: Dest) -> Option<(Words, u16)> {
         .or_else(|| balance::datagram_translation(cookie, source.family, source.addr, source.port))
 }
 
-/// Turns a program's result into its return value, counting and logging failures.
+/// Counts a rewrite or a failure, and turns it into the program's return value. Every outcome
+/// goes through the one counter update here, so each program carries a single copy of it.
 #[inline(always)]
-fn finish(ctx: &SockAddrContext, result: Result<(), Error>) -> i32 {
-    match result {
-        Ok(()) => ALLOW,
+fn finish(ctx: &SockAddrContext, outcome: &Result<Option<Choice>, Error>) -> i32 {
+    let (counter, verdict) = match outcome {
+        Ok(None) => return ALLOW,
+        Ok(Some(choice)) => (choice.counter(), ALLOW),
         Err(error) => {
-            if let Error::ForeignSlot { service_id } = &error {
+            if let Error::ForeignSlot { service_id } = error {
                 warn!(ctx, "service {}: the slot drawn belongs to another set", *service_id);
             }
-            error.verdict()
+            (error.counter(), error.verdict())
         }
-    }
+    };
+    balance::count(counter.0, counter.1);
+    verdict
 }
 
 // On the host (clippy, the library target's build) a dependency links std, which has its own.

@@ -67,3 +67,8 @@ static SOCK_TRANSLATION_MASK: Global<u32> = Global::new(capacity::SOCK_TRANSLATI
 pub fn translation_slot(cookie: u64) -> u32 {
     (cookie as u32) & SOCK_TRANSLATION_MASK.load()
 }
+
+/// Per-CPU state of the programs' random number generator (see `rng`); not pinned: a new state
+/// per load is as good as the old one.
+#[btf_map(name = "topo_rng")]
+pub static RNG: PerCpuArray<u64, 1> = PerCpuArray::new();

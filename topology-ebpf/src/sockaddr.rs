@@ -7,7 +7,7 @@ use core::ptr::{addr_of, addr_of_mut, read_volatile, write_volatile};
 
 use aya_ebpf::{
     EbpfContext as _,
-    helpers::generated::{bpf_get_prandom_u32, bpf_get_socket_cookie, bpf_set_retval},
+    helpers::generated::{bpf_get_socket_cookie, bpf_set_retval},
     programs::SockAddrContext,
 };
 
@@ -92,13 +92,6 @@ pub fn protocol(ctx: &SockAddrContext) -> u8 {
 pub fn cookie(ctx: &SockAddrContext) -> u64 {
     // SAFETY: the helper accepts the sock_addr context.
     unsafe { bpf_get_socket_cookie(ctx.as_ptr()) }
-}
-
-/// A uniformly random `u32`.
-#[inline(always)]
-pub fn random() -> u32 {
-    // SAFETY: no arguments, no side effects beyond the PRNG state.
-    unsafe { bpf_get_prandom_u32() }
 }
 
 /// Makes the syscall fail with `errno` once the program returns [`DENY`].
