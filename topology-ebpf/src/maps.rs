@@ -1,5 +1,6 @@
 //! Every map the programs use, declared once. All are BTF maps, so `bpftool map dump` prints field
-//! names. The agent pins each under its pin directory and may override any `max_entries`.
+//! names. The agent pins each under its pin directory (all but the random generator's state) and
+//! may override any `max_entries`.
 
 use aya_ebpf::{
     Global,
