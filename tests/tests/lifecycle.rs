@@ -7,7 +7,7 @@ use topology_agent::{
     dataplane::{self, Capacities, Dataplane, DataplaneError},
     desired::{DesiredService, DesiredState, Protocol},
 };
-use topology_common::program_names;
+use topology_common::{map_names, program_names};
 use topology_tests::{
     fixture::{Fixture, service},
     require_root,
@@ -238,7 +238,7 @@ fn cleanup_leaves_no_attachment_pin_cgroup_or_namespace() {
         drop(dp);
         let report = dataplane::cleanup(fx.pins.path()).expect("cleanup");
         assert_eq!(report.links.len(), 8);
-        assert_eq!(report.maps.len(), 8);
+        assert_eq!(report.maps.len(), map_names::PINNED.len());
         let attached = run("bpftool", &["cgroup", "show", &cgroup.to_string_lossy()]);
         assert!(attached.trim().is_empty(), "nothing stays attached after cleanup:\n{attached}");
         assert!(!fx.pins.path().exists());

@@ -15,6 +15,9 @@
 
 use core::mem::size_of;
 
+pub mod index;
+pub use index::{IndexEntry4, IndexEntry6};
+
 /// `AF_INET`, as stored in the `family` fields.
 pub const AF_INET: u8 = 2;
 /// `AF_INET6`, as stored in the `family` fields.
@@ -48,10 +51,24 @@ pub mod map_names {
     /// Reverse translation of connected sockets, for `getpeername()` and replies: a table of
     /// [`SockTranslation`](crate::SockTranslation) indexed by the low bits of the socket cookie.
     pub const SOCK_TRANSLATIONS: &str = "topo_sock_xlate";
+    /// IPv4 service index (see [`index`](crate::index)): position -> [`IndexEntry4`](crate::IndexEntry4).
+    pub const INDEX_V4: &str = "topo_svc4_idx";
+    /// IPv6 service index: position -> [`IndexEntry6`](crate::IndexEntry6).
+    pub const INDEX_V6: &str = "topo_svc6_idx";
 
     /// Every map the agent pins and keeps across restarts, in a stable order.
-    pub const PINNED: [&str; 8] =
-        [SERVICES_V4, SERVICES_V6, SLOTS, COUNTERS, SERVICE_META, AFFINITY, REVNAT, SOCK_TRANSLATIONS];
+    pub const PINNED: [&str; 10] = [
+        SERVICES_V4,
+        SERVICES_V6,
+        SLOTS,
+        COUNTERS,
+        SERVICE_META,
+        AFFINITY,
+        REVNAT,
+        SOCK_TRANSLATIONS,
+        INDEX_V4,
+        INDEX_V6,
+    ];
 }
 
 /// Program names (ELF symbols); each is attached at the cgroup hook of the same name.
@@ -109,6 +126,10 @@ const _: () = assert!(capacity::SERVICE_IDS.is_multiple_of(COUNTER_CHUNK));
 pub const LOG_LEVEL_GLOBAL: &str = "AYA_LOG_LEVEL";
 /// Global (`.rodata`) variable the agent sets to the translation table's capacity minus one.
 pub const SOCK_TRANSLATION_MASK_GLOBAL: &str = "SOCK_TRANSLATION_MASK";
+/// Global (`.rodata`) variable the agent sets to the IPv4 service index's positions minus one.
+pub const INDEX_V4_MASK_GLOBAL: &str = "INDEX_V4_MASK";
+/// Global (`.rodata`) variable the agent sets to the IPv6 service index's positions minus one.
+pub const INDEX_V6_MASK_GLOBAL: &str = "INDEX_V6_MASK";
 
 /// Where the backend sits relative to the node the maps were written for.
 pub mod locality {
@@ -356,4 +377,6 @@ mod pod {
     unsafe impl aya::Pod for super::RevNatKey {}
     unsafe impl aya::Pod for super::RevNatValue {}
     unsafe impl aya::Pod for super::SockTranslation {}
+    unsafe impl aya::Pod for super::IndexEntry4 {}
+    unsafe impl aya::Pod for super::IndexEntry6 {}
 }

@@ -4,11 +4,16 @@ use core::ptr::{addr_of, addr_of_mut, read_volatile, write_volatile};
 
 use topology_common::{
     AffinityKey, AffinityValue, Backend, COUNTER_CHUNK, RevNatKey, RevNatValue, ServiceCounters, ServiceKey4,
-    ServiceKey6, ServiceValue, locality,
+    ServiceKey6, ServiceValue,
+    index::{self, EMPTY, MAX_PROBE, USED},
+    locality,
 };
 
 use crate::{
-    maps::{AFFINITY, COUNTERS, REVNAT, SERVICES_V4, SERVICES_V6, SLOTS, SOCK_TRANSLATIONS, translation_slot},
+    maps::{
+        AFFINITY, COUNTERS, INDEX_V4, INDEX_V6, REVNAT, SERVICES_V4, SERVICES_V6, SLOTS, SOCK_TRANSLATIONS,
+        index_v4_position, index_v6_position, translation_slot,
+    },
     rng::random,
     sockaddr::{self, Words},
 };
@@ -66,9 +71,26 @@ impl Choice {
     }
 }
 
-/// The IPv4 service at `addr:port/proto`, if any.
+/// What the service index says about a destination.
+enum Indexed {
+    /// The service entry.
+    Found(ServiceValue),
+    /// No service port here.
+    Absent,
+    /// The index cannot tell (a position being rewritten, or a full probe window): ask the
+    /// services hash map, which is the authority.
+    Unsure,
+}
+
+/// The IPv4 service at `addr:port/proto`, if any: from the index, else the hash map.
 #[inline(always)]
 pub fn service4(addr: u32, port: u16, proto: u8) -> Option<ServiceValue> {
+    let bits = index::key_bits4(addr, port, proto);
+    match probe4(bits) {
+        Indexed::Found(value) => return Some(value),
+        Indexed::Absent => return None,
+        Indexed::Unsure => {}
+    }
     let key = ServiceKey4 { addr: addr.to_ne_bytes(), port, proto, _pad: 0 };
     SERVICES_V4.get_ptr(key).map(|value| {
         // SAFETY: the pointer came from a successful lookup; the value is copied out at once.
@@ -76,14 +98,102 @@ pub fn service4(addr: u32, port: u16, proto: u8) -> Option<ServiceValue> {
     })
 }
 
-/// The IPv6 service at `addr:port/proto`, if any.
+/// The IPv6 service at `addr:port/proto`, if any: from the index, else the hash map.
 #[inline(always)]
 pub fn service6(addr: Words, port: u16, proto: u8) -> Option<ServiceValue> {
+    match probe6(addr, port, proto) {
+        Indexed::Found(value) => return Some(value),
+        Indexed::Absent => return None,
+        Indexed::Unsure => {}
+    }
     let key = ServiceKey6 { addr: sockaddr::bytes(addr), port, proto, _pad: 0 };
     SERVICES_V6.get_ptr(key).map(|value| {
         // SAFETY: as in `service4`.
         unsafe { *value }
     })
+}
+
+/// Looks an IPv4 key word up in the index (the read side of the protocol in
+/// `topology_common::index`: `seq`, the fields, `seq` again, all as volatile loads in this order).
+#[inline(always)]
+fn probe4(bits: u64) -> Indexed {
+    let hash = index::hash4(bits);
+    for i in 0..MAX_PROBE {
+        let Some(entry) = INDEX_V4.get_ptr(index_v4_position(hash, i)) else {
+            return Indexed::Unsure;
+        };
+        // SAFETY: `entry` points into the array's value area for the program's lifetime; the
+        // key is 8-byte aligned (asserted in topology-common) and read as one word.
+        let (seq, state, key, value, again) = unsafe {
+            let seq = read_volatile(addr_of!((*entry).seq));
+            let state = read_volatile(addr_of!((*entry).state));
+            let key = read_volatile(addr_of!((*entry).key).cast::<u64>());
+            let value = load_value(addr_of!((*entry).value));
+            (seq, state, key, value, read_volatile(addr_of!((*entry).seq)))
+        };
+        if seq != again || seq & 1 != 0 {
+            return Indexed::Unsure;
+        }
+        if state == EMPTY {
+            return Indexed::Absent;
+        }
+        if state == USED && key == bits {
+            return Indexed::Found(value);
+        }
+    }
+    Indexed::Unsure
+}
+
+/// Looks an IPv6 service port up in the index, as [`probe4`] does.
+#[inline(always)]
+fn probe6(addr: Words, port: u16, proto: u8) -> Indexed {
+    let hash = index::hash6(addr, port, proto);
+    // The key's last word: port, protocol and the zero pad, as laid out in `ServiceKey6`.
+    let tail = u32::from_ne_bytes({
+        let port = port.to_ne_bytes();
+        [port[0], port[1], proto, 0]
+    });
+    for i in 0..MAX_PROBE {
+        let Some(entry) = INDEX_V6.get_ptr(index_v6_position(hash, i)) else {
+            return Indexed::Unsure;
+        };
+        // SAFETY: as in `probe4`; the key is 4-byte aligned and read as five words.
+        let (seq, state, key, key_tail, value, again) = unsafe {
+            let seq = read_volatile(addr_of!((*entry).seq));
+            let state = read_volatile(addr_of!((*entry).state));
+            let key = load_words(addr_of!((*entry).key.addr));
+            let key_tail = read_volatile(addr_of!((*entry).key.port).cast::<u32>());
+            let value = load_value(addr_of!((*entry).value));
+            (seq, state, key, key_tail, value, read_volatile(addr_of!((*entry).seq)))
+        };
+        if seq != again || seq & 1 != 0 {
+            return Indexed::Unsure;
+        }
+        if state == EMPTY {
+            return Indexed::Absent;
+        }
+        if state == USED && key == addr && key_tail == tail {
+            return Indexed::Found(value);
+        }
+    }
+    Indexed::Unsure
+}
+
+/// Loads a service entry as four 32-bit volatile reads.
+///
+/// # Safety
+/// `src` must be valid for reads.
+#[inline(always)]
+unsafe fn load_value(src: *const ServiceValue) -> ServiceValue {
+    // SAFETY: the caller guarantees `src` is readable; the fields are 4-byte aligned.
+    unsafe {
+        ServiceValue {
+            service_id: read_volatile(addr_of!((*src).service_id)),
+            set_id: read_volatile(addr_of!((*src).set_id)),
+            count: read_volatile(addr_of!((*src).count)),
+            base: read_volatile(addr_of!((*src).base)),
+        }
+    }
 }
 
 /// Chooses a backend by weight. `Ok(None)`: the destination is not a service port.

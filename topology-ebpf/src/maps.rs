@@ -9,8 +9,8 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use topology_common::{
-    AffinityKey, AffinityValue, COUNTER_CHUNK, RevNatKey, RevNatValue, ServiceCounters, ServiceKey4, ServiceKey6,
-    ServiceMeta, ServiceValue, Slot, SockTranslation, capacity,
+    AffinityKey, AffinityValue, COUNTER_CHUNK, IndexEntry4, IndexEntry6, RevNatKey, RevNatValue, ServiceCounters,
+    ServiceKey4, ServiceKey6, ServiceMeta, ServiceValue, Slot, SockTranslation, capacity,
 };
 
 /// Maps only userspace writes are allocated on write, so an idle capacity costs no kernel memory.
@@ -25,6 +25,35 @@ pub static SERVICES_V4: HashMap<ServiceKey4, ServiceValue, { capacity::SERVICES_
 #[btf_map(name = "topo_svc6")]
 pub static SERVICES_V6: HashMap<ServiceKey6, ServiceValue, { capacity::SERVICES_V6 as usize }, NO_PREALLOC> =
     HashMap::new();
+
+/// IPv4 service index (see `topology_common::index`): the services the programs find without a
+/// hash map lookup. Two positions per IPv4 service entry of capacity (the agent sets the size).
+#[btf_map(name = "topo_svc4_idx")]
+pub static INDEX_V4: Array<IndexEntry4, { 2 * capacity::SERVICES_V4 as usize }> = Array::new();
+
+/// IPv6 service index.
+#[btf_map(name = "topo_svc6_idx")]
+pub static INDEX_V6: Array<IndexEntry6, { 2 * capacity::SERVICES_V6 as usize }> = Array::new();
+
+/// Positions of [`INDEX_V4`] minus one (a power of two minus one), set by the agent at load.
+#[unsafe(no_mangle)]
+static INDEX_V4_MASK: Global<u32> = Global::new(2 * capacity::SERVICES_V4 - 1);
+
+/// Positions of [`INDEX_V6`] minus one, set by the agent at load.
+#[unsafe(no_mangle)]
+static INDEX_V6_MASK: Global<u32> = Global::new(2 * capacity::SERVICES_V6 - 1);
+
+/// The index position `i` steps after `hash`'s home in the IPv4 index.
+#[inline(always)]
+pub fn index_v4_position(hash: u32, i: u32) -> u32 {
+    hash.wrapping_add(i) & INDEX_V4_MASK.load()
+}
+
+/// The index position `i` steps after `hash`'s home in the IPv6 index.
+#[inline(always)]
+pub fn index_v6_position(hash: u32, i: u32) -> u32 {
+    hash.wrapping_add(i) & INDEX_V6_MASK.load()
+}
 
 /// Backend slots of every live backend set, one contiguous run per set. An array, so a lookup is
 /// an inlined bounds check and address computation: no hash, no bucket walk.

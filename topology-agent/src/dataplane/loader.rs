@@ -9,10 +9,14 @@ use aya::{
 };
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
-use topology_common::{LOG_LEVEL_GLOBAL, SOCK_TRANSLATION_MASK_GLOBAL, map_names, program_names};
+use topology_common::{
+    INDEX_V4_MASK_GLOBAL, INDEX_V6_MASK_GLOBAL, LOG_LEVEL_GLOBAL, SOCK_TRANSLATION_MASK_GLOBAL, map_names,
+    program_names,
+};
 
 use super::{
     error::{DataplaneError, MapLayout},
+    index::positions_for,
     links,
     maps::{Capacities, PinLayout, pinned_info},
 };
@@ -79,6 +83,10 @@ pub fn load(layout: &PinLayout, capacities: &Capacities, log_level: KernelLogLev
     loader.override_global(LOG_LEVEL_GLOBAL, &level, true);
     let mask = capacities.sock_translations - 1;
     loader.override_global(SOCK_TRANSLATION_MASK_GLOBAL, &mask, true);
+    let index_v4_mask = positions_for(capacities.services_v4) - 1;
+    loader.override_global(INDEX_V4_MASK_GLOBAL, &index_v4_mask, true);
+    let index_v6_mask = positions_for(capacities.services_v6) - 1;
+    loader.override_global(INDEX_V6_MASK_GLOBAL, &index_v6_mask, true);
     let mut ebpf = loader.load(PROGRAMS)?;
     let logger = match log_level {
         KernelLogLevel::Off => None,

@@ -8,17 +8,20 @@ use aya::{
     maps::{Array, HashMap, IterableMap as _, Map, MapData, MapInfo},
 };
 use serde::{Deserialize, Serialize};
-use topology_common::{ServiceKey4, ServiceKey6, ServiceMeta, ServiceValue, Slot, capacity, map_names};
+use topology_common::{
+    IndexEntry4, IndexEntry6, ServiceKey4, ServiceKey6, ServiceMeta, ServiceValue, Slot, capacity, map_names,
+};
 
-use super::{counters::Counters, error::DataplaneError};
+use super::{counters::Counters, error::DataplaneError, index::positions_for};
 
 /// `max_entries` of every map; an agent restarted with different capacities refuses to adopt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Capacities {
-    /// IPv4 service ports. Default 65,536.
+    /// IPv4 service ports. Default 65,536; at most 2^30. The IPv4 service index has twice this
+    /// many positions, rounded up to a power of two.
     pub services_v4: u32,
-    /// IPv6 service ports. Default 65,536.
+    /// IPv6 service ports. Default 65,536; the IPv6 index is sized the same way.
     pub services_v6: u32,
     /// Backend slots across all service ports, plus room for one set being swapped. Default 262,144.
     pub slots: u32,
@@ -55,6 +58,12 @@ impl Capacities {
         if let Some((name, _)) = self.by_map().into_iter().find(|(_, capacity)| *capacity == 0) {
             return Err(format!("capacity of {name} must be at least 1"));
         }
+        for (name, services) in [(map_names::SERVICES_V4, self.services_v4), (map_names::SERVICES_V6, self.services_v6)]
+        {
+            if services > 1 << 30 {
+                return Err(format!("capacity of {name} must be at most 2^30, not {services}"));
+            }
+        }
         if !self.sock_translations.is_power_of_two() {
             return Err(format!(
                 "capacity of {} must be a power of two, not {}",
@@ -66,8 +75,10 @@ impl Capacities {
     }
 
     /// `(map name, max_entries)` for every map with a configurable capacity.
-    pub fn by_map(&self) -> [(&'static str, u32); 8] {
+    pub fn by_map(&self) -> [(&'static str, u32); 10] {
         [
+            (map_names::INDEX_V4, positions_for(self.services_v4)),
+            (map_names::INDEX_V6, positions_for(self.services_v6)),
             (map_names::SERVICES_V4, self.services_v4),
             (map_names::SERVICES_V6, self.services_v6),
             (map_names::SLOTS, self.slots),
@@ -124,6 +135,10 @@ pub struct MapSet {
     pub services4: HashMap<MapData, ServiceKey4, ServiceValue>,
     /// IPv6 service ports.
     pub services6: HashMap<MapData, ServiceKey6, ServiceValue>,
+    /// IPv4 service index.
+    pub index4: Array<MapData, IndexEntry4>,
+    /// IPv6 service index.
+    pub index6: Array<MapData, IndexEntry6>,
     /// Backend slots, one run per set.
     pub slots: Array<MapData, Slot>,
     /// Per-CPU counters by service id, in chunks.
@@ -146,6 +161,8 @@ impl MapSet {
             take(map_names::SLOTS)?,
             take(map_names::COUNTERS)?,
             take(map_names::SERVICE_META)?,
+            take(map_names::INDEX_V4)?,
+            take(map_names::INDEX_V6)?,
         ];
         Self::from_maps(maps)
     }
@@ -169,15 +186,21 @@ impl MapSet {
             open(map_names::SLOTS)?,
             open(map_names::COUNTERS)?,
             open(map_names::SERVICE_META)?,
+            open(map_names::INDEX_V4)?,
+            open(map_names::INDEX_V6)?,
         ])
     }
 
-    fn from_maps([services4, services6, slots, counters, meta]: [Map; 5]) -> Result<Self, DataplaneError> {
+    fn from_maps(
+        [services4, services6, slots, counters, meta, index4, index6]: [Map; 7],
+    ) -> Result<Self, DataplaneError> {
         let services4: HashMap<_, ServiceKey4, ServiceValue> =
             services4.try_into().map_err(DataplaneError::map(map_names::SERVICES_V4))?;
         let services6: HashMap<_, ServiceKey6, ServiceValue> =
             services6.try_into().map_err(DataplaneError::map(map_names::SERVICES_V6))?;
         let slots: Array<_, Slot> = slots.try_into().map_err(DataplaneError::map(map_names::SLOTS))?;
+        let index4: Array<_, IndexEntry4> = index4.try_into().map_err(DataplaneError::map(map_names::INDEX_V4))?;
+        let index6: Array<_, IndexEntry6> = index6.try_into().map_err(DataplaneError::map(map_names::INDEX_V6))?;
         let counters = Counters::new(counters)?;
         let meta: HashMap<_, u32, ServiceMeta> =
             meta.try_into().map_err(DataplaneError::map(map_names::SERVICE_META))?;
@@ -195,7 +218,7 @@ impl MapSet {
             revnat: 0,
             sock_translations: 0,
         };
-        Ok(Self { services4, services6, slots, counters, meta, capacities })
+        Ok(Self { services4, services6, index4, index6, slots, counters, meta, capacities })
     }
 }
 

@@ -10,6 +10,7 @@ pub mod alias;
 mod counters;
 mod error;
 mod grace;
+mod index;
 mod links;
 mod loader;
 mod maps;
@@ -62,14 +63,17 @@ pub struct Dataplane {
 
 impl Dataplane {
     /// Loads the programs, adopts the pinned state, and attaches to the configured cgroup. The
-    /// adopted state stays in the kernel untouched until the first [`Dataplane::apply`].
+    /// adopted state stays in the kernel untouched until the first [`Dataplane::apply`], except
+    /// for the service index, which is brought in line with the service entries it mirrors.
     pub fn open(config: &DataplaneConfig) -> Result<Self, DataplaneError> {
         let layout = PinLayout::new(&config.pin_path);
         let loader::Loaded { mut ebpf, logger } = loader::load(&layout, &config.capacities, config.kernel_log)?;
         let maps = maps::MapSet::from_ebpf(&mut ebpf)?;
         let kernel = state::read(&maps)?;
-        loader::attach_all(&mut ebpf, &layout, &config.cgroup)?;
+        // The index is completed before the programs that probe it are attached: an agent
+        // upgraded from one without it starts with an empty index, which would hide every service.
         let writer = writer::Writer::adopt(maps, kernel)?;
+        loader::attach_all(&mut ebpf, &layout, &config.cgroup)?;
         Ok(Self { writer, logger, layout, _ebpf: ebpf })
     }
 
@@ -110,6 +114,12 @@ impl Dataplane {
     /// The kernel log reader, when kernel logging is on; the caller polls it.
     pub fn take_logger(&mut self) -> Option<KernelLogger> {
         self.logger.take()
+    }
+
+    /// Checks the kernel's service indexes against the service entries (for tests and
+    /// diagnostics): every lookup the programs could make answers the entry or asks the hash map.
+    pub fn verify_index(&self) -> Result<(), String> {
+        self.writer.verify_index()
     }
 
     /// The pin directory.

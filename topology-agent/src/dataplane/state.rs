@@ -35,6 +35,11 @@ impl ProgrammedService {
         Self { service_id: value.service_id, set_id: value.set_id, count: value.count, base: value.base, slots, name }
     }
 
+    /// The service entry this mirrors.
+    pub fn value(&self) -> ServiceValue {
+        ServiceValue { service_id: self.service_id, set_id: self.set_id, count: self.count, base: self.base }
+    }
+
     /// True when every slot the service entry refers to is present.
     pub fn intact(&self) -> bool {
         self.slots.len() == self.count as usize

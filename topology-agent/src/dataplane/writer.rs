@@ -21,7 +21,7 @@
 //! service wrote, so a map is never left holding part of a set.
 
 use std::{
-    collections::{BTreeSet, HashSet},
+    collections::{BTreeSet, HashMap, HashSet},
     io,
 };
 
@@ -32,6 +32,7 @@ use super::{
     alias,
     error::DataplaneError,
     grace,
+    index::{Placement, ServiceIndex},
     maps::MapSet,
     slot_space::{Run, Shortage, SlotSpace},
     state::{KernelState, ProgrammedService, meta_from_name},
@@ -141,6 +142,9 @@ pub struct Writer {
     foreign_runs: HashSet<ServicePort>,
     /// Service entries per family, kept as services are added and removed.
     family_entries: [u64; 2],
+    /// The service indexes the programs probe before the hash maps.
+    index4: ServiceIndex<ServiceKey4>,
+    index6: ServiceIndex<ServiceKey6>,
 }
 
 /// Entries in use in the maps with a capacity, as the writer counts them.
@@ -169,7 +173,11 @@ impl Writer {
         let foreign_runs = rejected.into_iter().collect();
         let v4 = kernel.services.keys().filter(|port| port.vip.is_ipv4()).count() as u64;
         let family_entries = [v4, kernel.services.len() as u64 - v4];
-        Ok(Self { maps, kernel, service_ids, set_ids, slots, foreign_runs, family_entries })
+        let mut maps = maps;
+        let (services4, services6) = entries_by_family(&kernel);
+        let index4 = ServiceIndex::adopt(&mut maps.index4, &services4)?;
+        let index6 = ServiceIndex::adopt(&mut maps.index6, &services6)?;
+        Ok(Self { maps, kernel, service_ids, set_ids, slots, foreign_runs, family_entries, index4, index6 })
     }
 
     /// What the kernel holds, as last written or adopted.
@@ -199,12 +207,15 @@ impl Writer {
     ) -> ApplyReport {
         let mut report = ApplyReport::default();
         self.remove_orphan_ids();
+        self.repair_index();
         let (removals, upserts): (Vec<_>, Vec<_>) = changes.into_iter().partition(|(_, desired)| desired.is_none());
         for (port, desired) in removals.into_iter().chain(upserts) {
             if let Err(error) = self.reconcile(&port, desired, &mut report) {
                 report.failed.push((port, error));
             }
         }
+        report.housekeeping.extend(self.index4.take_errors());
+        report.housekeeping.extend(self.index6.take_errors());
         report
     }
 
@@ -277,6 +288,7 @@ impl Writer {
             return Err(error);
         }
         self.family_entries[family_index(port)] += 1;
+        self.index_upsert(port, value);
         report.slots_written += slots.len();
         self.kernel.services.insert(*port, ProgrammedService::new(&value, slots, name.to_owned()));
         Ok(())
@@ -299,6 +311,7 @@ impl Writer {
             self.set_ids.release(set_id);
             return Err(error);
         }
+        self.index_upsert(port, value);
         report.slots_written += slots.len();
         // Step 3: the old run waits for a grace period. The mirror follows the kernel before
         // anything else can fail, so the old run is never retired twice.
@@ -312,6 +325,7 @@ impl Writer {
 
     fn remove(&mut self, port: &ServicePort) -> Result<(), DataplaneError> {
         let current = self.kernel.services[port].clone();
+        self.index_remove(port);
         self.delete_entry(port)?;
         self.kernel.services.remove(port);
         self.family_entries[family_index(port)] -= 1;
@@ -343,9 +357,12 @@ impl Writer {
             Ok(run) => return Ok(run),
             Err(shortage) => shortage,
         };
-        if self.slots.has_retired() {
+        // A position of the index left half-written may still lead to a retired run.
+        if self.slots.has_retired() && self.repair_index() {
             grace::wait();
             self.slots.reclaim();
+            self.index4.grace_passed();
+            self.index6.grace_passed();
             report.grace_periods += 1;
             match self.slots.allocate(len) {
                 Ok(run) => return Ok(run),
@@ -397,6 +414,37 @@ impl Writer {
         }
     }
 
+    /// Checks the service indexes in the kernel against the service entries: what every lookup
+    /// the programs could make answers (see [`Placement::verify`]).
+    pub fn verify_index(&self) -> Result<(), String> {
+        let (services4, services6) = entries_by_family(&self.kernel);
+        Placement::verify(&self.maps.index4, &services4)?;
+        Placement::verify(&self.maps.index6, &services6)
+    }
+
+    /// Finishes index rewrites that failed half-way; true if the index is whole.
+    fn repair_index(&mut self) -> bool {
+        let v4 = self.index4.repair(&mut self.maps.index4);
+        self.index6.repair(&mut self.maps.index6) && v4
+    }
+
+    /// Points the index at a service entry just written to the hash map. A failure is reported
+    /// with the apply and repaired on the next; meanwhile the programs use the hash map.
+    fn index_upsert(&mut self, port: &ServicePort, value: ServiceValue) {
+        match key_of(port) {
+            Key::V4(key) => self.index4.upsert(&mut self.maps.index4, key, value),
+            Key::V6(key) => self.index6.upsert(&mut self.maps.index6, key, value),
+        }
+    }
+
+    /// Takes a service port out of the index, before its hash map entry goes.
+    fn index_remove(&mut self, port: &ServicePort) {
+        match key_of(port) {
+            Key::V4(key) => self.index4.remove(&mut self.maps.index4, &key),
+            Key::V6(key) => self.index6.remove(&mut self.maps.index6, &key),
+        }
+    }
+
     /// Writes `slots`, tagged with `set_id`, into `run`.
     fn write_slots(&mut self, set_id: u32, run: Run, slots: &[Slot]) -> Result<(), DataplaneError> {
         for (index, slot) in (run.base..).zip(slots) {
@@ -440,6 +488,18 @@ impl Writer {
     fn delete_ids(&mut self, service_id: u32) -> bool {
         ignore_missing(self.maps.meta.remove(&service_id)).is_ok()
     }
+}
+
+/// The service entries of each family, keyed as in the maps.
+fn entries_by_family(kernel: &KernelState) -> (HashMap<ServiceKey4, ServiceValue>, HashMap<ServiceKey6, ServiceValue>) {
+    let (mut services4, mut services6) = (HashMap::new(), HashMap::new());
+    for (port, service) in &kernel.services {
+        match key_of(port) {
+            Key::V4(key) => services4.insert(key, service.value()),
+            Key::V6(key) => services6.insert(key, service.value()),
+        };
+    }
+    (services4, services6)
 }
 
 /// Index of a service port's family in `family_entries`.
