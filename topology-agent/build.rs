@@ -1,7 +1,29 @@
-//! Builds the kernel programs (`topology-ebpf`) for bpfel-unknown-none with the nightly toolchain
-//! and leaves the object in `OUT_DIR/topology`, where `dataplane::loader` embeds it.
-use anyhow::{Context as _, anyhow};
-use aya_build::{Package, Toolchain};
+//! Builds the kernel programs (`topology-ebpf`) for bpfel-unknown-none with the nightly toolchain,
+//! twice, and leaves the objects in `OUT_DIR`, where `dataplane::loader` embeds them:
+//! - `topology`: BPF ISA of the default CPU, index loads in program order (x86-64 on any kernel);
+//! - `topology-acquire`: ISA v4, index loads as load-acquire (kernels with BPF load-acquire, which
+//!   weakly ordered CPUs need for the service index; see `topology_common::index`).
+use std::{
+    env,
+    io::BufReader,
+    path::PathBuf,
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context as _, anyhow, bail};
+use cargo_metadata::{Artifact, Message};
+
+/// One object to build: its file name in `OUT_DIR`, the crate features, the BPF CPU.
+struct Variant {
+    name: &'static str,
+    features: &'static str,
+    cpu: Option<&'static str>,
+}
+
+const VARIANTS: [Variant; 2] = [
+    Variant { name: "topology", features: "", cpu: None },
+    Variant { name: "topology-acquire", features: "acquire", cpu: Some("v4") },
+];
 
 fn main() -> anyhow::Result<()> {
     let metadata = cargo_metadata::MetadataCommand::new().no_deps().exec().context("cargo metadata")?;
@@ -10,14 +32,68 @@ fn main() -> anyhow::Result<()> {
         .into_iter()
         .find(|package| package.name.as_str() == "topology-ebpf")
         .ok_or_else(|| anyhow!("topology-ebpf package not found in the workspace"))?;
-    let root_dir = ebpf
-        .manifest_path
-        .parent()
-        .ok_or_else(|| anyhow!("topology-ebpf manifest has no parent directory"))?
-        .as_str()
-        .to_owned();
-    aya_build::build_ebpf(
-        [Package { name: ebpf.name.as_str(), root_dir: &root_dir, ..Default::default() }],
-        Toolchain::default(),
-    )
+    let root_dir = ebpf.manifest_path.parent().ok_or_else(|| anyhow!("topology-ebpf manifest has no parent"))?;
+    println!("cargo:rerun-if-changed={root_dir}");
+    println!("cargo:rerun-if-changed={}", root_dir.join("../topology-common/src"));
+    let out_dir = PathBuf::from(env::var_os("OUT_DIR").context("OUT_DIR not set")?);
+    // The programs' `bpf_target_arch` (pt_regs layouts and the like) is the agent's architecture.
+    let arch = env::var("CARGO_CFG_TARGET_ARCH").context("CARGO_CFG_TARGET_ARCH not set")?;
+    if env::var("CARGO_CFG_TARGET_ENDIAN").as_deref() != Ok("little") {
+        bail!("only little-endian hosts are supported (bpfel-unknown-none)");
+    }
+    for variant in &VARIANTS {
+        let object =
+            build(variant, &arch, &out_dir).with_context(|| format!("building eBPF object {}", variant.name))?;
+        std::fs::copy(&object, out_dir.join(variant.name))
+            .with_context(|| format!("copying {} to {}", object.display(), out_dir.display()))?;
+    }
+    Ok(())
+}
+
+/// Builds the `topology` binary of topology-ebpf for one variant; returns the object's path.
+fn build(variant: &Variant, arch: &str, out_dir: &std::path::Path) -> anyhow::Result<PathBuf> {
+    let mut flags =
+        vec![format!("--cfg=bpf_target_arch=\"{arch}\""), "-Cdebuginfo=2".into(), "-Clink-arg=--btf".into()];
+    if let Some(cpu) = variant.cpu {
+        flags.push(format!("-Ctarget-cpu={cpu}"));
+    }
+    let mut command = Command::new("rustup");
+    command
+        .args(["run", "nightly", "cargo", "build", "--package", "topology-ebpf", "--bins", "--release"])
+        .args(["--message-format=json", "--target", "bpfel-unknown-none", "-Z", "build-std=core"])
+        .args(["--features", variant.features])
+        .arg("--target-dir")
+        .arg(out_dir.join("ebpf").join(variant.name))
+        .env("CARGO_ENCODED_RUSTFLAGS", flags.join("\x1f"))
+        // The outer build's compiler settings are for the host toolchain, not nightly's.
+        .env_remove("RUSTC")
+        .env_remove("RUSTC_WORKSPACE_WRAPPER")
+        .env_remove("RUSTFLAGS")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = command.spawn().context("running `rustup run nightly cargo build` (is rustup installed?)")?;
+    let mut stderr = child.stderr.take().context("stderr")?;
+    // Kept, and shown only if the build fails: a successful build's progress is noise.
+    let collect = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+        text
+    });
+    let mut object = None;
+    for message in Message::parse_stream(BufReader::new(child.stdout.take().context("stdout")?)) {
+        if let Message::CompilerArtifact(Artifact { executable: Some(path), target, .. }) = message?
+            && target.name == "topology"
+        {
+            object = Some(path.into_std_path_buf());
+        }
+    }
+    let status = child.wait()?;
+    let log = collect.join().unwrap_or_default();
+    if !status.success() {
+        for line in log.lines() {
+            println!("cargo:warning={line}");
+        }
+        bail!("cargo build of topology-ebpf failed ({status}); see the warnings above");
+    }
+    object.context("cargo reported no `topology` binary")
 }

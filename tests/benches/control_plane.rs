@@ -17,7 +17,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use topology_agent::{
     controller::{Controller, ControllerConfig, Health, Observation, Programmer},
-    dataplane::{ApplyReport, Capacities, Dataplane, DataplaneConfig, KernelLogLevel},
+    dataplane::{ApplyReport, Dataplane, DataplaneConfig},
     desired::{DesiredState, Protocol, ServicePort},
     metrics::Metrics,
     report::LogOnly,
@@ -136,12 +136,7 @@ async fn sync_and_updates() -> (Duration, Vec<Duration>) {
     let cgroup = CgroupGuard::new(&id);
     let pins = PinGuard::new(&id);
     let api = populated(10_000, 10).await;
-    let config = DataplaneConfig {
-        pin_path: pins.path().to_path_buf(),
-        cgroup: cgroup.path().to_path_buf(),
-        capacities: Capacities::default(),
-        kernel_log: KernelLogLevel::Off,
-    };
+    let config = DataplaneConfig::new(pins.path(), cgroup.path());
     let dataplane = Dataplane::open(&config).expect("open dataplane");
     let applied: Applied = Arc::default();
     let shutdown = CancellationToken::new();

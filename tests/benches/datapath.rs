@@ -311,7 +311,11 @@ fn services(count: usize, backends: &[SocketAddr]) -> DesiredState {
         for protocol in [Protocol::Tcp, Protocol::Udp] {
             desired.services.insert(
                 ServicePort { vip: vip(index), port: 80, protocol },
-                DesiredService { name: format!("bench/svc-{index}:{protocol}"), backends: weighted.clone() },
+                DesiredService {
+                    name: format!("bench/svc-{index}:{protocol}"),
+                    backends: weighted.clone(),
+                    ..Default::default()
+                },
             );
         }
     }

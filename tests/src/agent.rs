@@ -18,13 +18,21 @@ pub struct Agent {
     process: ProcessGuard,
     /// Its /healthz, /readyz and /metrics address.
     pub http: SocketAddr,
+    /// The network namespace it runs in, if not the test's.
+    netns: Option<String>,
 }
 
 /// How to start the agent.
 #[derive(Clone, Debug)]
 pub struct AgentOptions<'a> {
-    /// Cluster file.
+    /// Cluster file (`--cluster`); with `kubeconfig` unset, required.
     pub cluster: &'a Path,
+    /// Kubeconfig (`--kubeconfig`) instead of a cluster file.
+    pub kubeconfig: Option<&'a Path>,
+    /// Network namespace the agent runs in (its HTTP address is inside it).
+    pub netns: Option<&'a str>,
+    /// More arguments of `run`.
+    pub extra: Vec<String>,
     /// Node name.
     pub node: &'a str,
     /// cgroup to attach to.
@@ -42,16 +50,19 @@ impl Agent {
     pub fn start(options: &AgentOptions<'_>) -> Self {
         let http = free_port();
         let mut command = Command::new(agent_binary());
+        command.arg("run");
+        match options.kubeconfig {
+            Some(kubeconfig) => command.arg("--kubeconfig").arg(kubeconfig),
+            None => command.arg("--cluster").arg(options.cluster),
+        };
         command
-            .arg("run")
-            .arg("--cluster")
-            .arg(options.cluster)
             .args(["--node", options.node])
             .arg("--cgroup")
             .arg(options.cgroup)
             .arg("--pin-path")
             .arg(options.pins)
             .args(["--metrics-addr", &http.to_string()])
+            .args(&options.extra)
             .stdout(Stdio::null());
         if let Some(log) = options.log {
             let file = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("agent log file");
@@ -60,8 +71,11 @@ impl Agent {
         if let Some(home) = options.home {
             crate::sandbox::join_cgroup_on_spawn(&mut command, home);
         }
+        if let Some(netns) = options.netns {
+            crate::netns::enter_on_spawn(&mut command, netns);
+        }
         let child = command.spawn().expect("spawn topology-agent");
-        Self { process: ProcessGuard::new(child), http }
+        Self { process: ProcessGuard::new(child), http, netns: options.netns.map(str::to_owned) }
     }
 
     /// Waits until /readyz answers 200, or panics after `timeout` with the last answer.
@@ -72,7 +86,7 @@ impl Agent {
             if let Ok(Some(status)) = self.process.child().try_wait() {
                 panic!("agent exited before it was ready: {status}");
             }
-            match get(self.http, "/readyz") {
+            match self.get("/readyz") {
                 Ok((200, _)) => return,
                 Ok((status, body)) => last = format!("{status} {body}"),
                 Err(error) => last = error.to_string(),
@@ -84,7 +98,16 @@ impl Agent {
 
     /// GET `path` on the agent's HTTP address: (status, body).
     pub fn get(&self, path: &str) -> std::io::Result<(u16, String)> {
-        get(self.http, path)
+        let (addr, path) = (self.http, path.to_owned());
+        match &self.netns {
+            Some(netns) => crate::netns::run_in(netns, move || get(addr, &path)),
+            None => get(addr, &path),
+        }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.process.id()
     }
 
     /// Sends a signal.

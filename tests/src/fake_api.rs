@@ -80,6 +80,7 @@ struct Store {
 /// The fake API server; stops when dropped.
 pub struct FakeApi {
     addr: SocketAddr,
+    server: Server,
     store: Arc<Mutex<Store>>,
     /// Bumped on every change, to wake watches; its value is the latest resourceVersion.
     changes: watch::Sender<u64>,
@@ -94,6 +95,12 @@ impl FakeApi {
     /// Starts serving on 127.0.0.1 (inside a tokio runtime).
     pub async fn start() -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the fake API");
+        Self::start_on(listener)
+    }
+
+    /// Starts serving on `listener` (inside a tokio runtime), which may live in any network
+    /// namespace.
+    pub fn start_on(listener: TcpListener) -> Self {
         let addr = listener.local_addr().expect("address");
         let store = Arc::new(Mutex::new(Store::default()));
         let (changes, _) = watch::channel(0);
@@ -105,24 +112,22 @@ impl FakeApi {
             aborts: aborts.clone(),
             releases: releases.clone(),
         };
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else { continue };
-                // As the real API server (Go sets TCP_NODELAY): watch events are small writes that
-                // Nagle's algorithm would hold back for a delayed ACK.
-                let _ = stream.set_nodelay(true);
-                let server = server.clone();
-                tokio::spawn(async move {
-                    let service = service_fn(move |request| {
-                        let server = server.clone();
-                        async move { Ok::<_, Infallible>(server.handle(request).await) }
-                    });
-                    // Aborted connections end here with an error; that is the point of them.
-                    let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
-                });
-            }
-        });
-        Self { addr, store, changes, aborts, releases, task }
+        let task = accept(listener, server.clone());
+        Self { addr, server, store, changes, aborts, releases, task }
+    }
+
+    /// Moves the server to `listener`, keeping its objects: the old address stops answering,
+    /// as when the control plane is replaced.
+    pub fn move_to(&mut self, listener: TcpListener) {
+        self.task.abort();
+        self.abort_watches();
+        self.addr = listener.local_addr().expect("address");
+        self.task = accept(listener, self.server.clone());
+    }
+
+    /// The address served.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
     }
 
     /// `http://127.0.0.1:<port>`.
@@ -213,6 +218,27 @@ impl FakeApi {
     pub fn events(&self) -> Vec<Value> {
         self.with(|store| store.events.clone())
     }
+}
+
+/// Serves `listener` until the task is aborted.
+fn accept(listener: TcpListener, server: Server) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { continue };
+            // As the real API server (Go sets TCP_NODELAY): watch events are small writes that
+            // Nagle's algorithm would hold back for a delayed ACK.
+            let _ = stream.set_nodelay(true);
+            let server = server.clone();
+            tokio::spawn(async move {
+                let service = service_fn(move |request| {
+                    let server = server.clone();
+                    async move { Ok::<_, Infallible>(server.handle(request).await) }
+                });
+                // Aborted connections end here with an error; that is the point of them.
+                let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+            });
+        }
+    })
 }
 
 impl Drop for FakeApi {

@@ -4,7 +4,7 @@
 use std::net::{IpAddr, SocketAddr};
 
 use topology_agent::{
-    dataplane::{Capacities, DataplaneConfig, KernelLogLevel},
+    dataplane::DataplaneConfig,
     desired::{DesiredService, DesiredState, Locality, Protocol, ServicePort, WeightedBackend},
 };
 
@@ -81,12 +81,7 @@ impl Fixture {
 
     /// Dataplane configuration for this fixture.
     pub fn config(&self) -> DataplaneConfig {
-        DataplaneConfig {
-            pin_path: self.pins.path().to_path_buf(),
-            cgroup: self.cgroup.path().to_path_buf(),
-            capacities: Capacities::default(),
-            kernel_log: KernelLogLevel::Off,
-        }
+        DataplaneConfig::new(self.pins.path(), self.cgroup.path())
     }
 
     /// A scratch directory of this fixture (control files of loop clients), created on demand.
@@ -104,7 +99,7 @@ impl Fixture {
     /// A desired state with one service port.
     pub fn one_service(port: ServicePort, backends: Vec<WeightedBackend>) -> DesiredState {
         let mut desired = DesiredState::default();
-        desired.services.insert(port, DesiredService { name: format!("test/{port}"), backends });
+        desired.services.insert(port, DesiredService { name: format!("test/{port}"), backends, ..Default::default() });
         desired
     }
 }

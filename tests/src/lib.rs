@@ -7,5 +7,6 @@ pub mod demo;
 pub mod fake_api;
 pub mod fixture;
 pub mod net;
+pub mod netns;
 pub mod sandbox;
 pub mod traffic;

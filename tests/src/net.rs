@@ -14,7 +14,7 @@ use std::{
 
 use crate::{
     sandbox::{NetnsGuard, ProcessGuard, run},
-    traffic::{Report, Timed, UdpMode},
+    traffic::{Report, StreamReport, Timed, UdpMode},
 };
 
 /// The fabric and the hosts attached to it.
@@ -237,6 +237,43 @@ impl ClientPlace {
         run_report(command)
     }
 
+    /// Starts a client holding a TCP connection and a connected UDP socket to `target`; returns
+    /// once both are connected.
+    pub fn hold(&self, target: SocketAddr) -> HeldSockets {
+        let mut command = self.command(target);
+        command.arg("hold").stdin(Stdio::piped()).stdout(Stdio::piped());
+        let mut process = ProcessGuard::new(command.spawn().expect("spawn probe holder"));
+        let stdout = process.child().stdout.take().expect("piped stdout");
+        let mut reader = BufReader::new(stdout);
+        let mut line = String::new();
+        reader.read_line(&mut line).expect("holder readiness line");
+        assert_eq!(line.trim(), "ready", "the holder could not connect");
+        process.child().stdout = Some(reader.into_inner());
+        HeldSockets { process }
+    }
+
+    /// Starts one connected UDP socket exchanging a datagram every `pause` with `target`, and
+    /// waits for its first exchange.
+    pub fn udp_stream(&self, target: SocketAddr, scratch: &Path, max: Duration, pause: Duration) -> StreamClient {
+        static SEQ: AtomicU32 = AtomicU32::new(0);
+        let n = SEQ.fetch_add(1, Ordering::Relaxed);
+        let stop = scratch.join(format!("stream{n}.stop"));
+        let started = scratch.join(format!("stream{n}.started"));
+        let _ = std::fs::remove_file(&stop);
+        let _ = std::fs::remove_file(&started);
+        let mut command = self.command(target);
+        command.args(["udp-stream", "--stop-file"]).arg(&stop).arg("--started-file").arg(&started);
+        command.args(["--max-ms", &max.as_millis().to_string(), "--pause-ms", &pause.as_millis().to_string()]);
+        let process = ProcessGuard::new(command.stdout(Stdio::piped()).spawn().expect("spawn probe stream"));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !started.exists() {
+            assert!(Instant::now() < deadline, "stream client did not start within 10 s");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let _ = std::fs::remove_file(&started);
+        StreamClient { process, stop }
+    }
+
     /// Starts a client that connects in a loop until told to stop (or `max` passes), and waits
     /// until its first attempt is done. `scratch` is a directory for its control files.
     pub fn spawn_loop(&self, target: SocketAddr, scratch: &Path, max: Duration, udp: bool) -> LoopClient {
@@ -259,6 +296,52 @@ impl ClientPlace {
             std::thread::sleep(Duration::from_millis(5));
         }
         LoopClient { process, stop, started }
+    }
+}
+
+/// A client holding a TCP connection and a connected UDP socket (see [`ClientPlace::hold`]).
+#[derive(Debug)]
+pub struct HeldSockets {
+    process: ProcessGuard,
+}
+
+impl HeldSockets {
+    /// Checks the held sockets: both still show the address dialled as their peer, and the UDP
+    /// socket still gets its reply from it.
+    pub fn check(mut self) -> Report {
+        let child = self.process.child();
+        {
+            use std::io::Write as _;
+            let mut stdin = child.stdin.take().expect("piped stdin");
+            stdin.write_all(b"check\n").expect("tell the holder to check");
+        }
+        let mut out = String::new();
+        std::io::Read::read_to_string(&mut child.stdout.take().expect("piped stdout"), &mut out).expect("report");
+        let status = child.wait().expect("wait for the holder");
+        assert!(status.success(), "holder failed: {status}");
+        serde_json::from_str(out.lines().last().unwrap_or_default())
+            .unwrap_or_else(|e| panic!("hold report {out:?}: {e}"))
+    }
+}
+
+/// A connected UDP socket exchanging datagrams in the background (see [`ClientPlace::udp_stream`]).
+#[derive(Debug)]
+pub struct StreamClient {
+    process: ProcessGuard,
+    stop: PathBuf,
+}
+
+impl StreamClient {
+    /// Stops the stream and returns what it saw.
+    pub fn finish(mut self) -> StreamReport {
+        std::fs::write(&self.stop, b"stop").expect("write stop file");
+        let child = self.process.child();
+        let mut out = String::new();
+        std::io::Read::read_to_string(&mut child.stdout.take().expect("piped stdout"), &mut out).expect("report");
+        let status = child.wait().expect("wait for the stream client");
+        let _ = std::fs::remove_file(&self.stop);
+        assert!(status.success(), "stream client failed: {status}");
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("stream report {out:?}: {e}"))
     }
 }
 
@@ -290,4 +373,49 @@ fn run_report(mut command: Command) -> Report {
     assert!(output.status.success(), "probe client failed: {}", String::from_utf8_lossy(&output.stderr));
     serde_json::from_slice(&output.stdout)
         .unwrap_or_else(|e| panic!("probe report {:?}: {e}", String::from_utf8_lossy(&output.stdout)))
+}
+
+/// A kube-proxy stand-in in one client namespace: the ClusterIP range routed out of `eth0`, and
+/// an iptables `nat OUTPUT` DNAT of one service port to one endpoint. Without the route,
+/// `connect()` to an unrewritten ClusterIP fails before DNAT runs. Goes with the namespace.
+#[derive(Debug)]
+pub struct KubeProxyStandIn {
+    netns: String,
+}
+
+impl KubeProxyStandIn {
+    /// Routes 10.96.0.0/16 (and fd00:96::/64) out of the namespace's `eth0`.
+    pub fn new(netns: &str) -> Self {
+        run("ip", &["-n", netns, "route", "add", "10.96.0.0/16", "dev", "eth0"]);
+        run("ip", &["-n", netns, "-6", "route", "add", "fd00:96::/64", "dev", "eth0"]);
+        Self { netns: netns.to_owned() }
+    }
+
+    /// Sends `protocol` (`tcp`/`udp`) to `vip` on to `endpoint`, replacing what was there.
+    pub fn forward(&self, protocol: &str, vip: SocketAddr, endpoint: SocketAddr) {
+        let tool = if vip.is_ipv4() { "iptables" } else { "ip6tables" };
+        // One chain per service port; iptables chain names are at most 28 characters.
+        let digest = vip
+            .to_string()
+            .bytes()
+            .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+        let chain = format!("TOPO-{}-{:016x}", protocol.to_uppercase(), digest);
+        let exec = |args: &[&str]| {
+            let mut full = vec!["netns", "exec", &self.netns, tool, "-w", "-t", "nat"];
+            full.extend_from_slice(args);
+            std::process::Command::new("ip").args(&full).output().expect("run iptables")
+        };
+        if exec(&["-N", &chain]).status.success() {
+            let port = vip.port().to_string();
+            let vip_ip = vip.ip().to_string();
+            let jump = ["-A", "OUTPUT", "-d", &vip_ip, "-p", protocol, "--dport", &port, "-j", &chain];
+            let output = exec(&jump);
+            assert!(output.status.success(), "iptables: {}", String::from_utf8_lossy(&output.stderr));
+        } else {
+            exec(&["-F", &chain]);
+        }
+        let target = endpoint.to_string();
+        let output = exec(&["-A", &chain, "-p", protocol, "-j", "DNAT", "--to-destination", &target]);
+        assert!(output.status.success(), "iptables DNAT: {}", String::from_utf8_lossy(&output.stderr));
+    }
 }

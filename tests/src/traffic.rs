@@ -92,6 +92,17 @@ fn mix(n: u64) -> u64 {
     x ^ (x >> 31)
 }
 
+/// What a long-lived connected UDP socket saw (see [`Client::udp_stream`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamReport {
+    /// Every exchange.
+    pub report: Report,
+    /// (ms since start, backend) whenever the answering backend changed.
+    pub switches: Vec<(u64, String)>,
+    /// (ms since start, errno) of every failed exchange.
+    pub errors_at: Vec<(u64, String)>,
+}
+
 /// How a UDP client talks to the target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 pub enum UdpMode {
@@ -266,6 +277,89 @@ impl Client {
         report
     }
 
+    /// Opens a TCP connection and a connected UDP socket to the first target, and sends one
+    /// datagram from an unconnected UDP socket without reading the reply; calls `ready`, and once
+    /// it returns checks that the connected sockets still show the target as their peer, that
+    /// the connected UDP socket still gets its replies, and that the waiting reply reads as from
+    /// the target: per-socket state that outlives any number of other sockets.
+    pub fn hold(&self, ready: impl FnOnce()) -> io::Result<Report> {
+        let target = self.targets[0];
+        let tcp = TcpStream::connect_timeout(&target, self.timeout)?;
+        let udp = self.udp_socket(target)?;
+        udp.connect(target)?;
+        let unconnected = self.udp_socket(target)?;
+        unconnected.send_to(b"who", target)?;
+        ready();
+        let mut report = Report::default();
+        for peer in [tcp.peer_addr(), udp.peer_addr()] {
+            if peer? != target {
+                report.peer_mismatch += 1;
+            }
+        }
+        let outcome = udp.send(b"who").and_then(|_| {
+            let mut buf = [0u8; 256];
+            let len = udp.recv(&mut buf)?;
+            Ok(String::from_utf8_lossy(&buf[..len]).trim().to_owned())
+        });
+        report.record(outcome);
+        let waiting = {
+            let mut buf = [0u8; 256];
+            unconnected.recv_from(&mut buf).map(|(len, from)| {
+                if from != target {
+                    report.peer_mismatch += 1;
+                }
+                String::from_utf8_lossy(&buf[..len]).trim().to_owned()
+            })
+        };
+        report.record(waiting);
+        Ok(report)
+    }
+
+    /// One connected UDP socket exchanging a datagram every `pause` until `stop` exists, as a
+    /// DNS client or a metrics sender does; on an error it records it, connects a new socket and
+    /// goes on. `switches` holds (ms since start, backend) each time the answering backend
+    /// changes, `errors_at` (ms since start, errno) each error.
+    pub fn udp_stream(&self, stop: &Path, max: Duration, pause: Duration, started: impl FnOnce()) -> StreamReport {
+        let target = self.targets[0];
+        let begin = Instant::now();
+        let mut out = StreamReport::default();
+        let mut started = Some(started);
+        let mut socket: Option<UdpSocket> = None;
+        while !stop.exists() && begin.elapsed() < max {
+            let at = begin.elapsed().as_millis() as u64;
+            let outcome = match &socket {
+                Some(socket) => Ok(socket),
+                None => self.udp_socket(target).and_then(|s| s.connect(target).map(|()| &*socket.insert(s))),
+            }
+            .and_then(|socket| {
+                socket.send(b"who")?;
+                let mut buf = [0u8; 256];
+                let len = socket.recv(&mut buf)?;
+                Ok(String::from_utf8_lossy(&buf[..len]).trim().to_owned())
+            });
+            match outcome {
+                Ok(name) => {
+                    if out.switches.last().is_none_or(|(_, last)| *last != name) {
+                        out.switches.push((at, name.clone()));
+                    }
+                    *out.report.landed.entry(name).or_default() += 1;
+                }
+                Err(error) => {
+                    let errno = errno_name(&error);
+                    out.errors_at.push((at, errno.clone()));
+                    *out.report.errors.entry(errno).or_default() += 1;
+                    socket = None;
+                }
+            }
+            out.report.attempts += 1;
+            if let Some(started) = started.take() {
+                started();
+            }
+            thread::sleep(pause);
+        }
+        out
+    }
+
     fn tcp_once(&self, target: SocketAddr, report: &mut Report, timed: bool) {
         let started = Instant::now();
         let stream = TcpStream::connect_timeout(&target, self.timeout);
@@ -364,6 +458,8 @@ pub fn errno_name(error: &io::Error) -> String {
         (libc::ENETUNREACH, "ENETUNREACH"),
         (libc::EHOSTUNREACH, "EHOSTUNREACH"),
         (libc::ECONNRESET, "ECONNRESET"),
+        (libc::ECONNABORTED, "ECONNABORTED"),
+        (libc::EDESTADDRREQ, "EDESTADDRREQ"),
         (libc::EPERM, "EPERM"),
         (libc::EACCES, "EACCES"),
         (libc::EADDRNOTAVAIL, "EADDRNOTAVAIL"),

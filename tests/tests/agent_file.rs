@@ -65,6 +65,9 @@ impl World {
             pins: self.fx.pins.path(),
             log: None,
             home: None,
+            kubeconfig: None,
+            netns: None,
+            extra: Vec::new(),
         });
         agent.wait_ready(READY);
         agent

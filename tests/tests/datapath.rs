@@ -89,9 +89,10 @@ fn unconnected_udp_ipv6_and_ipv4_mapped() {
     let backends = fx.backends.iter().map(|b| b.weighted(false, 1)).collect();
     let mut desired = Fixture::one_service(service("10.96.0.53", 53, Protocol::Udp), backends);
     let v6 = fx.backends.iter().map(|b| b.weighted(true, 1)).collect();
-    desired
-        .services
-        .insert(service("fd00:96::53", 53, Protocol::Udp), DesiredService { name: "v6".into(), backends: v6 });
+    desired.services.insert(
+        service("fd00:96::53", 53, Protocol::Udp),
+        DesiredService { name: "v6".into(), backends: v6, ..Default::default() },
+    );
     assert!(dp.apply(&desired).failed.is_empty());
     let mapped = fx.place().udp(addr("[::ffff:10.96.0.53]:53"), 100, UdpMode::Unconnected);
     assert_eq!((mapped.failures(), mapped.peer_mismatch), (0, 0), "{mapped:?}");
@@ -131,9 +132,10 @@ fn an_empty_set_refuses_tcp_and_udp() {
     for (vip, protocol) in
         [("10.96.0.20", Protocol::Tcp), ("10.96.0.20", Protocol::Udp), ("fd00:96::20", Protocol::Tcp)]
     {
-        desired
-            .services
-            .insert(service(vip, 80, protocol), DesiredService { name: "refused".into(), backends: vec![] });
+        desired.services.insert(
+            service(vip, 80, protocol),
+            DesiredService { name: "refused".into(), backends: vec![], ..Default::default() },
+        );
     }
     assert!(dp.apply(&desired).failed.is_empty());
 
@@ -199,7 +201,10 @@ fn counters_span_chunks_survive_a_restart_and_start_at_zero_for_a_reused_id() {
     let mut desired = DesiredState::default();
     for index in 0..1_100u32 {
         let port = service(&format!("10.96.{}.{}", index / 250, index % 250 + 1), 80, Protocol::Tcp);
-        desired.services.insert(port, DesiredService { name: format!("test/svc-{index}"), backends: backends.clone() });
+        desired.services.insert(
+            port,
+            DesiredService { name: format!("test/svc-{index}"), backends: backends.clone(), ..Default::default() },
+        );
     }
     let mut dp = Dataplane::open(&fx.config()).expect("open dataplane");
     assert!(dp.apply(&desired).failed.is_empty());
@@ -225,7 +230,7 @@ fn counters_span_chunks_survive_a_restart_and_start_at_zero_for_a_reused_id() {
     // Replace that service port with another: it takes the freed id, counting from zero.
     desired.services.remove(&port);
     let newcomer = service("10.96.9.9", 80, Protocol::Tcp);
-    desired.services.insert(newcomer, DesiredService { name: "test/newcomer".into(), backends });
+    desired.services.insert(newcomer, DesiredService { name: "test/newcomer".into(), backends, ..Default::default() });
     let report = dp.apply(&desired);
     assert!(report.failed.is_empty() && report.added == 1 && report.removed == 1, "{report:?}");
     assert_eq!(dp.kernel().services[&newcomer].service_id, id, "the lowest free id is reused");
@@ -332,7 +337,10 @@ fn the_service_index_agrees_with_the_hash_map_through_churn_restarts_and_upgrade
             let v4 = std::net::Ipv4Addr::from(pool[i].addr).to_string();
             for (vip, set) in [(v4, &backends), (format!("fd00:96::1:{i}"), &backends6)] {
                 let port = service(&vip, 80, Protocol::Tcp);
-                desired.services.insert(port, DesiredService { name: format!("test/svc-{i}"), backends: set.clone() });
+                desired.services.insert(
+                    port,
+                    DesiredService { name: format!("test/svc-{i}"), backends: set.clone(), ..Default::default() },
+                );
             }
         }
         desired

@@ -43,6 +43,7 @@ fn cluster(services: usize, spill: bool) -> ClusterState {
             cluster_ips: vec![IpAddr::from([10, 96, (s >> 8) as u8, s as u8])],
             ports: vec![ServicePort { name: "http".into(), port: 80, protocol: Protocol::Tcp }],
             internal_traffic_local,
+            session_affinity_timeout_s: None,
             traffic_distribution,
             topology_keys,
             topology_mode,

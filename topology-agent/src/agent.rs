@@ -1,18 +1,22 @@
 //! `topology-agent run`: wires a source, the controller, the dataplane and the HTTP surface, and
 //! runs them until the shutdown token is cancelled (SIGTERM). The kernel state stays in place.
 
-use std::{net::SocketAddr, path::PathBuf, sync::Arc};
+use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use tokio::io::unix::AsyncFd;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
     controller::{Controller, ControllerConfig, ControllerError, Health},
-    dataplane::{Capacities, CounterReader, Dataplane, DataplaneConfig, DataplaneError, KernelLogLevel, KernelLogger},
+    dataplane::{
+        Capacities, CounterReader, Dataplane, DataplaneConfig, DataplaneError, IndexOrdering, KernelLogLevel,
+        KernelLogger,
+    },
     http,
     metrics::Metrics,
     mounts::{self, MountError},
     report::{KubeEvents, LogOnly, ProblemSink},
+    sockets::{TerminateConfig, TerminateSockets, Terminator},
     source::{
         EventSender,
         file::{FileSource, FileSourceError},
@@ -49,14 +53,23 @@ pub struct RunConfig {
     pub capacities: Capacities,
     /// Kernel diagnostics.
     pub kernel_log: KernelLogLevel,
+    /// How the programs read the service index.
+    pub index: IndexOrdering,
+    /// The programs stop rewriting this long after the agent last had a current view
+    /// (`None`: never).
+    pub fail_open_after: Option<Duration>,
+    /// Which sockets are destroyed when their backend leaves a set.
+    pub terminate: TerminateSockets,
+    /// Directories of network namespace files searched for such sockets.
+    pub netns_dirs: Vec<PathBuf>,
 }
 
 /// Why `run` stopped or could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
-    /// The configuration is invalid.
-    #[error("configuration: {0}")]
-    Config(String),
+    /// No node name was given.
+    #[error("--node (or NODE_NAME) is empty")]
+    EmptyNode,
     /// The cgroup v2 mount could not be found.
     #[error(transparent)]
     Mount(#[from] MountError),
@@ -86,9 +99,9 @@ impl RunConfig {
     /// Checks what can be checked before touching the kernel.
     pub fn validate(&self) -> Result<(), RunError> {
         if self.node.trim().is_empty() {
-            return Err(RunError::Config("--node (or NODE_NAME) is empty".into()));
+            return Err(RunError::EmptyNode);
         }
-        self.capacities.validate().map_err(RunError::Config)
+        Ok(self.capacities.validate()?)
     }
 }
 
@@ -99,11 +112,15 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
         Some(cgroup) => cgroup.clone(),
         None => mounts::cgroup2_root()?,
     };
+    let agent_cgroup = own_cgroup_id();
     let dataplane_config = DataplaneConfig {
         pin_path: config.pin_path.clone(),
         cgroup: cgroup.clone(),
         capacities: config.capacities,
         kernel_log: config.kernel_log,
+        index: config.index,
+        agent_cgroup,
+        fail_open_after: config.fail_open_after,
     };
     let mut dataplane = tokio::task::block_in_place(|| Dataplane::open(&dataplane_config))?;
     tracing::info!(
@@ -111,6 +128,9 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
         cgroup = %cgroup.display(),
         pin_path = %config.pin_path.display(),
         adopted = dataplane.kernel().services.len(),
+        object = dataplane.flavour().object,
+        index = dataplane.flavour().index,
+        agent_cgroup = agent_cgroup.unwrap_or(0),
         "programs attached; the pinned state is kept until the first complete view"
     );
     if let Some(logger) = dataplane.take_logger() {
@@ -124,7 +144,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
     metrics.set_kernel_source(move || {
         counters.read().unwrap_or_else(|error| {
             tracing::warn!(%error, "reading the kernel counters");
-            Vec::new()
+            Default::default()
         })
     });
     let listener =
@@ -150,13 +170,22 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
     };
     drop(events);
 
+    let terminator = Terminator::start(
+        TerminateConfig {
+            mode: config.terminate,
+            pins: crate::dataplane::PinLayout::new(&config.pin_path),
+            netns_dirs: config.netns_dirs.clone(),
+        },
+        Arc::clone(&metrics),
+    );
     let controller = Controller::new(
         ControllerConfig::new(config.node.clone()),
         dataplane,
         Arc::clone(&health),
         Arc::clone(&metrics),
         sink,
-    );
+    )
+    .with_terminator(terminator);
     tokio::spawn(release_memory_after_sync(Arc::clone(&health), shutdown.clone()));
     let token = shutdown.clone();
     // The controller owns the dataplane and makes blocking syscalls: it gets its own thread.
@@ -171,6 +200,25 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
     let _ = http.await;
     tracing::info!("stopped; the kernel keeps the last programmed state");
     Ok(result?)
+}
+
+/// The id of this process's cgroup, whose sockets reach the API server's Service untouched;
+/// `None` (no exemption, logged) when it cannot be found.
+fn own_cgroup_id() -> Option<u64> {
+    let dir = match mounts::own_cgroup() {
+        Ok(dir) => dir,
+        Err(error) => {
+            tracing::warn!(%error, "no exemption for the agent's own connections to the API server");
+            return None;
+        }
+    };
+    match mounts::cgroup_id(&dir) {
+        Ok(id) => Some(id),
+        Err(error) => {
+            tracing::warn!(cgroup = %dir.display(), %error, "no exemption for the agent's own connections");
+            None
+        }
+    }
 }
 
 /// Forwards the kernel programs' log records to `tracing` until shutdown.

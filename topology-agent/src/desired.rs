@@ -4,7 +4,7 @@
 use std::{collections::BTreeMap, fmt, net::IpAddr, str::FromStr};
 
 use serde::{Deserialize, Serialize};
-use topology_common::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, locality};
+use topology_common::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, ServiceOptions, locality, service_flags};
 
 /// Transport protocol of a service port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -144,6 +144,37 @@ pub struct WeightedBackend {
     pub locality: Locality,
 }
 
+/// What the programs do for a service port besides choosing from its backends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PortOptions {
+    /// `sessionAffinity: ClientIP`: seconds a client keeps its backend after its last connection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity_timeout_s: Option<u32>,
+    /// The agent's own sockets reach this port untouched: it is the API server's Service, which
+    /// the agent must reach whatever its maps say.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub agent_exempt: bool,
+}
+
+impl PortOptions {
+    /// The options as the programs read them.
+    pub fn to_kernel(self) -> ServiceOptions {
+        ServiceOptions {
+            affinity_timeout_s: self.affinity_timeout_s.unwrap_or(0),
+            flags: if self.agent_exempt { service_flags::AGENT_EXEMPT } else { 0 },
+        }
+    }
+
+    /// The options the programs hold.
+    pub fn from_kernel(options: &ServiceOptions) -> Self {
+        Self {
+            affinity_timeout_s: (options.affinity_timeout_s != 0).then_some(options.affinity_timeout_s),
+            agent_exempt: options.flags & service_flags::AGENT_EXEMPT != 0,
+        }
+    }
+}
+
 /// What one service port should do on this node.
 #[derive(Clone, Debug, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct DesiredService {
@@ -151,6 +182,9 @@ pub struct DesiredService {
     pub name: String,
     /// Backends to choose from. Empty, or all of weight 0, means connections are refused.
     pub backends: Vec<WeightedBackend>,
+    /// Session affinity and exemptions.
+    #[serde(default)]
+    pub options: PortOptions,
 }
 
 /// Everything this node's kernel should hold.
@@ -189,6 +223,17 @@ mod tests {
             assert_eq!(Locality::from_class(class.class()), *class);
         }
         assert_eq!(Locality::from_class(200), Locality::Other);
+    }
+
+    #[test]
+    fn port_options_round_trip_through_the_kernel_form() {
+        for options in [
+            PortOptions::default(),
+            PortOptions { affinity_timeout_s: Some(10_800), agent_exempt: false },
+            PortOptions { affinity_timeout_s: None, agent_exempt: true },
+        ] {
+            assert_eq!(PortOptions::from_kernel(&options.to_kernel()), options);
+        }
     }
 
     #[test]

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::{
     cluster::{ClusterState, Family, ObjectKey},
-    desired::{Locality, Protocol},
+    desired::{Locality, PortOptions, Protocol},
     policy::{self, PolicyError, PolicyKind, PortSelection, spillover::SpilloverReport},
 };
 
@@ -48,6 +48,8 @@ pub struct ServiceEntry {
     /// The spillover plan, when spillover decided.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub spillover: Option<SpilloverReport>,
+    /// Session affinity and exemptions the programs apply on top of the choice.
+    pub options: PortOptions,
 }
 
 /// One backend.
@@ -116,6 +118,7 @@ fn entry(selected: &PortSelection) -> ServiceEntry {
             .collect(),
         warnings: selection.warnings.clone(),
         spillover: selection.spillover.clone(),
+        options: selected.options,
     }
 }
 
@@ -145,6 +148,16 @@ impl ExplainReport {
             }
             if service.reject {
                 let _ = writeln!(out, "  REFUSED: connections fail with ECONNREFUSED");
+            }
+            if let Some(timeout) = service.options.affinity_timeout_s {
+                let _ = writeln!(
+                    out,
+                    "  session affinity: ClientIP, {timeout} s: each client (network namespace) keeps the backend it \
+                     got among these while it stays in the set"
+                );
+            }
+            if service.options.agent_exempt {
+                let _ = writeln!(out, "  the agent's own connections (to the API server) are never rewritten");
             }
             if let Some(plan) = &service.spillover {
                 spillover_table(&mut out, plan);
@@ -294,6 +307,24 @@ items:
         let plain = explain(&file::parse(CLUSTER, "c.yaml").unwrap(), "node-a", None).unwrap();
         let json = serde_json::to_value(&plain).unwrap();
         assert!(json["services"][0].get("spillover").is_none(), "only spillover decisions carry a plan");
+    }
+
+    #[test]
+    fn affinity_and_the_api_exemption_are_shown() {
+        let cluster = CLUSTER.replace(
+            "trafficDistribution: PreferClose}",
+            "trafficDistribution: PreferClose, sessionAffinity: ClientIP,\n         sessionAffinityConfig: {clientIP: {timeoutSeconds: 600}}}",
+        ) + "- {apiVersion: v1, kind: Service, metadata: {name: kubernetes, namespace: default},\n   spec: {clusterIP: 10.96.0.1, ports: [{name: https, port: 443}]}}\n";
+        let state = file::parse(&cluster, "c.yaml").unwrap();
+        let report = explain(&state, "node-a", None).unwrap();
+        let json = serde_json::to_value(&report).unwrap();
+        let web = json["services"].as_array().unwrap().iter().find(|s| s["service"] == "default/web").unwrap();
+        assert_eq!(web["options"], serde_json::json!({"affinityTimeoutS": 600}));
+        let api = json["services"].as_array().unwrap().iter().find(|s| s["service"] == "default/kubernetes").unwrap();
+        assert_eq!(api["options"], serde_json::json!({"agentExempt": true}));
+        let table = report.table();
+        assert!(table.contains("session affinity: ClientIP, 600 s"), "{table}");
+        assert!(table.contains("the agent's own connections (to the API server) are never rewritten"), "{table}");
     }
 
     #[test]

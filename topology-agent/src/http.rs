@@ -1,13 +1,20 @@
 //! `/healthz` (the control loop is alive), `/readyz` (the kernel holds the policy of a complete,
 //! current view) and `/metrics` (Prometheus text).
 
-use std::{convert::Infallible, net::SocketAddr, sync::Arc};
+use std::{convert::Infallible, net::SocketAddr, sync::Arc, time::Duration};
 
 use http_body_util::Full;
 use hyper::{Request, Response, StatusCode, body::Bytes, server::conn::http1, service::service_fn};
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::{net::TcpListener, sync::Semaphore};
 use tokio_util::sync::CancellationToken;
+
+/// Connections served at once; one more is closed as soon as it is accepted, so no number of
+/// idle clients can exhaust the agent's descriptors or memory.
+pub const MAX_CONNECTIONS: usize = 128;
+/// A client must have sent its request headers this soon after connecting (or after the last
+/// response on a kept-alive connection), else the connection is closed.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 
 use crate::{controller::Health, metrics::Metrics};
 
@@ -21,6 +28,7 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 
 /// Serves until `shutdown`.
 pub async fn serve(listener: TcpListener, health: Arc<Health>, metrics: Arc<Metrics>, shutdown: CancellationToken) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let (stream, _) = tokio::select! {
             () = shutdown.cancelled() => return,
@@ -32,6 +40,10 @@ pub async fn serve(listener: TcpListener, health: Arc<Health>, metrics: Arc<Metr
                 }
             },
         };
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            // Full: this connection is closed unserved (dropped here).
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let (health, metrics) = (Arc::clone(&health), Arc::clone(&metrics));
         tokio::spawn(async move {
@@ -39,9 +51,15 @@ pub async fn serve(listener: TcpListener, health: Arc<Health>, metrics: Arc<Metr
                 let (health, metrics) = (Arc::clone(&health), Arc::clone(&metrics));
                 async move { Ok::<_, Infallible>(respond(&request, &health, metrics).await) }
             });
-            if let Err(error) = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await {
+            let served = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+            if let Err(error) = served {
                 tracing::debug!(%error, "HTTP connection ended");
             }
+            drop(slot);
         });
     }
 }

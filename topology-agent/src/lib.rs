@@ -16,5 +16,6 @@ pub mod mounts;
 pub mod policy;
 pub mod report;
 pub mod simulate;
+pub mod sockets;
 pub mod source;
 pub mod status;

@@ -1,6 +1,6 @@
 //! The `topology-agent` binary: parses the command line and hands each subcommand to the library.
 
-use std::{net::SocketAddr, path::PathBuf};
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use anyhow::{Context as _, bail};
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -8,8 +8,9 @@ use tokio_util::sync::CancellationToken;
 use topology_agent::{
     agent::{self, RunConfig, SourceConfig},
     cluster::{ObjectKey, file},
-    dataplane::{self, Capacities, KernelLogLevel},
+    dataplane::{self, Capacities, IndexOrdering, KernelLogLevel},
     explain, simulate,
+    sockets::TerminateSockets,
     status::StatusReport,
 };
 
@@ -77,6 +78,12 @@ enum Command {
         /// Pin directory of the agent.
         #[arg(long, default_value = dataplane::DEFAULT_PIN_PATH)]
         pin_path: PathBuf,
+        /// Afterwards, wait for SIGTERM (the uninstall DaemonSet's pods stay up once done).
+        #[arg(long)]
+        wait: bool,
+        /// Remove nothing: exit 0 if nothing is pinned under the pin path, 1 otherwise.
+        #[arg(long, conflicts_with = "wait")]
+        check: bool,
     },
 }
 
@@ -97,15 +104,32 @@ struct RunArgs {
     /// Directory on bpffs for the pinned maps and links.
     #[arg(long, default_value = dataplane::DEFAULT_PIN_PATH)]
     pin_path: PathBuf,
-    /// Address of /healthz, /readyz and /metrics (`127.0.0.1:0` picks a free port).
-    #[arg(long, default_value = "0.0.0.0:9464")]
-    metrics_addr: SocketAddr,
+    /// Address of /healthz, /readyz and /metrics (`127.0.0.1:0` picks a free port). Default: the
+    /// pod's IP (`$POD_IP`, from the Downward API) port 9464, else 127.0.0.1:9464; never every
+    /// interface unless asked.
+    #[arg(long)]
+    metrics_addr: Option<SocketAddr>,
     /// Kernel-side diagnostics (aya-log); `off` costs nothing on the hot path.
     #[arg(long, value_enum, default_value_t = KernelLogLevel::Off)]
     kernel_log: KernelLogLevel,
     /// Override a map's capacity, e.g. `topo_slots=524288` (repeatable).
     #[arg(long = "capacity", value_name = "MAP=ENTRIES")]
     capacities: Vec<String>,
+    /// When the agent has had no current view of the cluster for this long (it died, or its
+    /// watches keep failing), the programs stop rewriting and connections go to the ClusterIP
+    /// untouched, where kube-proxy answers. `0` keeps the last programmed state forever.
+    #[arg(long, default_value = "10m", value_name = "DURATION", value_parser = humantime::parse_duration)]
+    fail_open_after: Duration,
+    /// How the programs read the service index: `auto` picks what this CPU and kernel need.
+    #[arg(long, value_enum, default_value_t = IndexOrdering::Auto)]
+    index_ordering: IndexOrdering,
+    /// Which sockets are destroyed when the backend they reached through a service leaves its
+    /// set: `udp` (connected UDP sockets), `all` (TCP too) or `off` (no CAP_SYS_ADMIN needed).
+    #[arg(long, value_enum, default_value_t = TerminateSockets::Udp)]
+    terminate_sockets: TerminateSockets,
+    /// Where network namespaces are pinned as files (CNI runtimes and `ip netns` use /run/netns).
+    #[arg(long = "netns-dir", default_value = "/run/netns")]
+    netns_dirs: Vec<PathBuf>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -168,7 +192,14 @@ fn main() -> anyhow::Result<()> {
                 bail!("{} check(s) failed: {}", failed.len(), failed.join("; "));
             }
         }
-        Command::Cleanup { pin_path } => {
+        Command::Cleanup { pin_path, wait, check } => {
+            if check {
+                if pin_path.exists() {
+                    bail!("{} still exists: the cleanup has not run or failed", pin_path.display());
+                }
+                println!("nothing pinned under {}", pin_path.display());
+                return Ok(());
+            }
             let report =
                 dataplane::cleanup(&pin_path).with_context(|| format!("cleaning up {}", pin_path.display()))?;
             println!(
@@ -177,6 +208,14 @@ fn main() -> anyhow::Result<()> {
                 report.maps.len(),
                 pin_path.display()
             );
+            if wait {
+                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+                let shutdown = CancellationToken::new();
+                runtime.block_on(async {
+                    tokio::spawn(cancel_on_signal(shutdown.clone()));
+                    shutdown.cancelled().await;
+                });
+            }
         }
     }
     Ok(())
@@ -192,10 +231,26 @@ fn run_config(args: RunArgs) -> anyhow::Result<RunConfig> {
         node: args.node,
         cgroup: args.cgroup,
         pin_path: args.pin_path,
-        metrics_addr: args.metrics_addr,
+        metrics_addr: args.metrics_addr.map_or_else(default_metrics_addr, Ok)?,
         capacities: capacities(&args.capacities)?,
         kernel_log: args.kernel_log,
+        index: args.index_ordering,
+        fail_open_after: (!args.fail_open_after.is_zero()).then_some(args.fail_open_after),
+        terminate: args.terminate_sockets,
+        netns_dirs: args.netns_dirs,
     })
+}
+
+/// `$POD_IP:9464`, else `127.0.0.1:9464`.
+fn default_metrics_addr() -> anyhow::Result<SocketAddr> {
+    const PORT: u16 = 9464;
+    match std::env::var("POD_IP") {
+        Ok(ip) if !ip.is_empty() => {
+            let ip: std::net::IpAddr = ip.parse().with_context(|| format!("POD_IP {ip:?} is not an IP address"))?;
+            Ok(SocketAddr::new(ip, PORT))
+        }
+        _ => Ok(SocketAddr::from(([127, 0, 0, 1], PORT))),
+    }
 }
 
 /// Applies `MAP=ENTRIES` overrides to the default capacities.
@@ -204,16 +259,7 @@ fn capacities(overrides: &[String]) -> anyhow::Result<Capacities> {
     for spec in overrides {
         let Some((map, entries)) = spec.split_once('=') else { bail!("--capacity {spec:?}: expected MAP=ENTRIES") };
         let entries: u32 = entries.parse().with_context(|| format!("--capacity {spec:?}: entries"))?;
-        let slot = match map {
-            "topo_svc4" => &mut capacities.services_v4,
-            "topo_svc6" => &mut capacities.services_v6,
-            "topo_slots" => &mut capacities.slots,
-            "topo_counters" | "topo_svc_meta" => &mut capacities.service_ids,
-            "topo_affinity" => &mut capacities.affinity,
-            "topo_revnat" => &mut capacities.revnat,
-            "topo_sock_xlate" => &mut capacities.sock_translations,
-            other => bail!("--capacity {spec:?}: unknown map {other:?}"),
-        };
+        let Some(slot) = capacities.entry_mut(map) else { bail!("--capacity {spec:?}: unknown map {map:?}") };
         *slot = entries;
     }
     Ok(capacities)

@@ -8,14 +8,17 @@ use prometheus_client::{
     metrics::{
         counter::{ConstCounter, Counter},
         family::Family,
-        gauge::Gauge,
+        gauge::{ConstGauge, Gauge},
         histogram::Histogram,
     },
     registry::Registry,
 };
 use topology_common::ServiceCounters;
 
-use crate::{dataplane::CounterReading, desired::Locality};
+use crate::{
+    dataplane::{CounterReading, KernelReading},
+    desired::Locality,
+};
 
 /// Labels of a map.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -29,6 +32,13 @@ pub struct MapLabels {
 pub struct KindLabels {
     /// Object kind.
     pub kind: String,
+}
+
+/// Labels of a transport protocol.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProtocolLabels {
+    /// `TCP`, `UDP`, `SCTP`.
+    pub protocol: String,
 }
 
 /// Labels of a failure.
@@ -60,6 +70,12 @@ pub struct Metrics {
     pub skipped: Family<KindLabels, Gauge>,
     /// Service ports that could not be programmed, by reason (cumulative).
     pub apply_failures: Family<ReasonLabels, Counter>,
+    /// Service ports that are not programmed now because writing them failed.
+    pub failed_service_ports: Gauge,
+    /// Sockets destroyed because their backend left the service's set, by protocol.
+    pub sockets_terminated: Family<ProtocolLabels, Counter>,
+    /// Failures to enter a namespace, dump or destroy sockets.
+    pub socket_termination_errors: Counter,
     kernel: Arc<KernelCounters>,
 }
 
@@ -76,6 +92,9 @@ impl Default for Metrics {
         let skipped_total = Family::<KindLabels, Counter>::default();
         let skipped = Family::<KindLabels, Gauge>::default();
         let apply_failures = Family::<ReasonLabels, Counter>::default();
+        let failed_service_ports = Gauge::default();
+        let sockets_terminated = Family::<ProtocolLabels, Counter>::default();
+        let socket_termination_errors = Counter::default();
         let kernel = Arc::new(KernelCounters::default());
         registry.register(
             "sync_duration_seconds",
@@ -106,6 +125,21 @@ impl Default for Metrics {
             "Service ports that could not be programmed into the kernel",
             apply_failures.clone(),
         );
+        registry.register(
+            "failed_service_ports",
+            "Service ports not programmed now because writing them failed (the kernel keeps their previous state)",
+            failed_service_ports.clone(),
+        );
+        registry.register(
+            "sockets_terminated",
+            "Sockets destroyed because the backend they were connected to through a service left its set",
+            sockets_terminated.clone(),
+        );
+        registry.register(
+            "socket_termination_errors",
+            "Failures to enter a network namespace, dump its sockets or destroy one",
+            socket_termination_errors.clone(),
+        );
         registry.register_collector(Box::new(Arc::clone(&kernel)));
         Self {
             registry,
@@ -118,6 +152,9 @@ impl Default for Metrics {
             skipped_total,
             skipped,
             apply_failures,
+            failed_service_ports,
+            sockets_terminated,
+            socket_termination_errors,
             kernel,
         }
     }
@@ -133,13 +170,13 @@ impl Metrics {
     }
 
     /// Sets where the kernel counters are read from at each scrape.
-    pub fn set_kernel_source(&self, source: impl Fn() -> Vec<CounterReading> + Send + 'static) {
+    pub fn set_kernel_source(&self, source: impl Fn() -> KernelReading + Send + 'static) {
         *self.kernel.source.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Box::new(source));
     }
 }
 
 /// Reads the kernel counters.
-type CounterSource = Box<dyn Fn() -> Vec<CounterReading> + Send>;
+type CounterSource = Box<dyn Fn() -> KernelReading + Send>;
 
 /// The kernel's per-CPU counters, summed, read at each scrape.
 #[derive(Default)]
@@ -155,10 +192,11 @@ impl std::fmt::Debug for KernelCounters {
 
 impl Collector for KernelCounters {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let services = match &*self.source.lock().unwrap_or_else(std::sync::PoisonError::into_inner) {
+        let reading = match &*self.source.lock().unwrap_or_else(std::sync::PoisonError::into_inner) {
             Some(source) => source(),
-            None => Vec::new(),
+            None => KernelReading::default(),
         };
+        let services = &reading.services;
         let labels = |s: &CounterReading| {
             vec![
                 ("service".to_owned(), s.name.clone()),
@@ -197,12 +235,44 @@ impl Collector for KernelCounters {
                 ConstCounter::new(value(&service.counters)).encode(family.encode_family(&labels(service))?)?;
             }
         }
+        for (name, help, value) in [
+            (
+                "kernel_fail_open",
+                "Connections and datagrams to service ports passed through untouched because the agent's heartbeat lapsed",
+                reading.node.fail_open,
+            ),
+            (
+                "kernel_agent_exempt",
+                "Connections of the agent's own cgroup to the API server's Service, passed through untouched",
+                reading.node.agent_exempt,
+            ),
+            (
+                "kernel_no_storage",
+                "Rewrites whose socket storage could not be allocated (getpeername shows the backend)",
+                reading.node.no_storage,
+            ),
+        ] {
+            let family =
+                encoder.encode_descriptor(name, help, None, prometheus_client::metrics::MetricType::Counter)?;
+            ConstCounter::new(value).encode(family)?;
+        }
+        if let Some(heartbeat) = reading.heartbeat {
+            let family = encoder.encode_descriptor(
+                "kernel_failing_open",
+                "1 while the programs pass every connection through untouched (heartbeat lapsed), else 0",
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?;
+            ConstGauge::new(i64::from(heartbeat.failing_open())).encode(family)?;
+        }
         Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use topology_common::NodeCounters;
+
     use super::*;
     use crate::desired::{Protocol, ServicePort};
 
@@ -212,12 +282,14 @@ mod tests {
         let mut counters = ServiceCounters::default();
         counters.rewritten[1] = 7;
         counters.refused = 2;
-        metrics.set_kernel_source(move || {
-            vec![CounterReading {
+        metrics.set_kernel_source(move || KernelReading {
+            services: vec![CounterReading {
                 name: "default/web:http".into(),
                 port: ServicePort { vip: "10.96.0.10".parse().unwrap(), port: 80, protocol: Protocol::Tcp },
                 counters,
-            }]
+            }],
+            node: NodeCounters { fail_open: 3, agent_exempt: 0, no_storage: 0 },
+            heartbeat: None,
         });
         metrics.services.set(1);
         let text = metrics.encode();
@@ -230,6 +302,8 @@ mod tests {
         );
         assert!(line("topology_agent_kernel_refused_total{service=\"default/web:http\""), "{text}");
         assert!(line("topology_agent_services_programmed 1"), "{text}");
+        assert!(line("topology_agent_kernel_fail_open_total 3"), "{text}");
+        assert!(line("topology_agent_failed_service_ports 0"), "{text}");
         assert!(line("# TYPE topology_agent_event_to_kernel_seconds histogram"), "{text}");
     }
 }

@@ -22,6 +22,9 @@ pub enum MountError {
     /// No cgroup v2 filesystem is mounted.
     #[error("no cgroup v2 filesystem is mounted (no `cgroup2` entry in /proc/self/mountinfo)")]
     NoCgroup2,
+    /// This process's cgroup v2 directory is not under any cgroup v2 mount.
+    #[error("this process's cgroup (`0::` in /proc/self/cgroup) is under no cgroup v2 mount in /proc/self/mountinfo")]
+    NoOwnCgroup,
 }
 
 /// The mount point of the cgroup v2 hierarchy's root.
@@ -61,9 +64,12 @@ fn unescape(field: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'\\' && i + 3 < bytes.len() && bytes[i + 1..i + 4].iter().all(|b| (b'0'..=b'7').contains(b)) {
-            let value = (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
-            out.push(value);
+        let octal = bytes.get(i + 1..i + 4).filter(|digits| digits.iter().all(|b| (b'0'..=b'7').contains(b)));
+        let value = octal.map(|d| u16::from(d[0] - b'0') * 64 + u16::from(d[1] - b'0') * 8 + u16::from(d[2] - b'0'));
+        if bytes[i] == b'\\'
+            && let Some(Ok(byte)) = value.map(u8::try_from)
+        {
+            out.push(byte);
             i += 4;
         } else {
             out.push(bytes[i]);
@@ -71,6 +77,45 @@ fn unescape(field: &str) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// This process's own cgroup v2 directory: its path in `/proc/self/cgroup` (`0::<path>`), under
+/// the cgroup v2 mount whose root contains it (inside a container with a cgroup namespace, that
+/// is the container's own mount of its cgroup).
+pub fn own_cgroup() -> Result<PathBuf, MountError> {
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup")?;
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
+    own_cgroup_in(&cgroups, &mountinfo).ok_or(MountError::NoOwnCgroup)
+}
+
+/// [`own_cgroup`] from the texts of `/proc/self/cgroup` and `/proc/self/mountinfo`.
+pub fn own_cgroup_in(cgroups: &str, mountinfo: &str) -> Option<PathBuf> {
+    let path = cgroups.lines().find_map(|line| line.strip_prefix("0::"))?.trim();
+    for line in mountinfo.lines() {
+        let Some((mount, fs)) = line.split_once(" - ") else {
+            continue;
+        };
+        if fs.split_whitespace().next() != Some("cgroup2") {
+            continue;
+        }
+        let fields: Vec<&str> = mount.split_whitespace().collect();
+        let (Some(root), Some(point)) = (fields.get(3), fields.get(4)) else {
+            continue;
+        };
+        let root = unescape(root);
+        let Some(rest) = Path::new(path).strip_prefix(&root).ok() else {
+            continue;
+        };
+        return Some(PathBuf::from(unescape(point)).join(rest));
+    }
+    None
+}
+
+/// The id of a cgroup v2 directory, as `bpf_get_current_cgroup_id` returns it (its inode number
+/// on 64-bit kernels).
+pub fn cgroup_id(dir: &Path) -> io::Result<u64> {
+    use std::os::unix::fs::MetadataExt as _;
+    Ok(std::fs::metadata(dir)?.ino())
 }
 
 /// True if `path` is on a cgroup v2 filesystem.
@@ -131,6 +176,30 @@ mod tests {
     fn unescapes_octal_in_mount_points() {
         let info = "41 31 0:38 / /mnt/my\\040cgroup rw - cgroup2 cgroup2 rw\n";
         assert_eq!(cgroup2_root_in(info), Some(PathBuf::from("/mnt/my cgroup")));
+    }
+
+    #[test]
+    fn an_escape_beyond_a_byte_is_kept_as_text() {
+        let info = "41 31 0:38 / /mnt/a\\777b rw - cgroup2 cgroup2 rw\n";
+        assert_eq!(cgroup2_root_in(info), Some(PathBuf::from("/mnt/a\\777b")));
+        assert_eq!(unescape("\\1"), "\\1");
+    }
+
+    #[test]
+    fn finds_the_own_cgroup_under_the_mount_that_contains_it() {
+        let host = "0::/system.slice/agent.service\n";
+        assert_eq!(
+            own_cgroup_in(host, HYBRID),
+            Some(PathBuf::from("/sys/fs/cgroup/unified/system.slice/agent.service"))
+        );
+        // In a container with its own cgroup namespace the process sits at the namespace's root.
+        let container = "0::/\n";
+        let info = "\
+60 50 0:26 /../../.. /host/cgroup ro - cgroup2 cgroup2 rw
+61 50 0:26 / /sys/fs/cgroup ro - cgroup2 cgroup2 rw
+";
+        assert_eq!(own_cgroup_in(container, info), Some(PathBuf::from("/sys/fs/cgroup")));
+        assert_eq!(own_cgroup_in("1:cpu:/x\n", HYBRID), None, "cgroup v1 only");
     }
 
     #[test]

@@ -5,8 +5,8 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::{
-    dataplane::Snapshot,
-    desired::{Locality, Protocol},
+    dataplane::{HeartbeatReading, Snapshot},
+    desired::{Locality, PortOptions, Protocol},
 };
 
 /// The status of a pinned dataplane.
@@ -17,8 +17,24 @@ pub struct StatusReport {
     pub pin_path: String,
     /// Programs with an attached link.
     pub attached: Vec<String>,
+    /// The agent's heartbeat: whether the programs rewrite or fail open.
+    pub heartbeat: HeartbeatReading,
+    /// Counters of the whole node.
+    pub node: NodeStatus,
     /// Service ports, sorted by name then ClusterIP.
     pub services: Vec<ServiceStatus>,
+}
+
+/// Counters of the whole node.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeStatus {
+    /// Connections passed through untouched because the heartbeat lapsed.
+    pub fail_open: u64,
+    /// Connections of the agent to the API server's Service, passed through untouched.
+    pub agent_exempt: u64,
+    /// Rewrites whose socket storage could not be allocated.
+    pub no_storage: u64,
 }
 
 /// One programmed service port.
@@ -35,6 +51,8 @@ pub struct ServiceStatus {
     pub protocol: Protocol,
     /// Connections are refused (empty backend set).
     pub reject: bool,
+    /// Session affinity and exemptions.
+    pub options: PortOptions,
     /// Backends and the share of new connections each receives.
     pub backends: Vec<BackendStatus>,
     /// Kernel counters since the service was programmed.
@@ -99,6 +117,7 @@ impl StatusReport {
                     port: port.port,
                     protocol: port.protocol,
                     reject: programmed.count == 0,
+                    options: programmed.options,
                     backends,
                     counters: Counters {
                         node: counters.rewritten[0],
@@ -115,6 +134,12 @@ impl StatusReport {
         Self {
             pin_path: pin_path.display().to_string(),
             attached: snapshot.attached.iter().map(|s| (*s).to_owned()).collect(),
+            heartbeat: snapshot.heartbeat,
+            node: NodeStatus {
+                fail_open: snapshot.node_counters.fail_open,
+                agent_exempt: snapshot.node_counters.agent_exempt,
+                no_storage: snapshot.node_counters.no_storage,
+            },
             services,
         }
     }
@@ -128,6 +153,14 @@ impl StatusReport {
             self.pin_path,
             self.attached.len(),
             self.services.len()
+        );
+        let _ = writeln!(out, "{}", heartbeat_line(&self.heartbeat));
+        let n = &self.node;
+        let _ = writeln!(
+            out,
+            "passed through untouched: {} while failing open, {} of the agent to the API server; {} rewrites without \
+             socket storage",
+            n.fail_open, n.agent_exempt, n.no_storage
         );
         for service in &self.services {
             let c = &service.counters;
@@ -146,6 +179,9 @@ impl StatusReport {
                 c.refused,
                 c.errors
             );
+            if let Some(timeout) = service.options.affinity_timeout_s {
+                let _ = writeln!(out, "    session affinity: ClientIP, {timeout} s");
+            }
             for backend in &service.backends {
                 let _ = writeln!(
                     out,
@@ -157,6 +193,21 @@ impl StatusReport {
             }
         }
         out
+    }
+}
+
+/// "rewriting; fails open in 9m 58s without a heartbeat", "FAILING OPEN for 1h 2m: ...".
+fn heartbeat_line(beat: &HeartbeatReading) -> String {
+    let human = |ns: u64| humantime::format_duration(std::time::Duration::from_secs(ns / 1_000_000_000)).to_string();
+    if beat.never_fails_open {
+        "rewriting; never fails open (--fail-open-after 0)".into()
+    } else if beat.failing_open() {
+        format!(
+            "FAILING OPEN for {}: the agent has had no current view; connections go to the ClusterIP untouched",
+            human(beat.lapsed_ns)
+        )
+    } else {
+        format!("rewriting; fails open in {} without a heartbeat from the agent", human(beat.remaining_ns))
     }
 }
 

@@ -95,7 +95,81 @@ fn the_daemonset_has_what_the_agent_needs_and_no_more() {
     assert!(container.resources.as_ref().unwrap().requests.is_some(), "resource requests are set");
     let host_paths: BTreeSet<String> =
         pod.volumes.unwrap().iter().filter_map(|v| v.host_path.as_ref().map(|h| h.path.clone())).collect();
-    assert_eq!(host_paths, BTreeSet::from(["/sys/fs/bpf".to_owned(), "/sys/fs/cgroup".to_owned()]));
+    assert_eq!(
+        host_paths,
+        BTreeSet::from(["/sys/fs/bpf".to_owned(), "/sys/fs/cgroup".to_owned(), "/run/netns".to_owned()])
+    );
+    let seccomp = pod.security_context.as_ref().and_then(|s| s.seccomp_profile.as_ref()).expect("seccomp profile");
+    assert_eq!(seccomp.type_, "RuntimeDefault");
+    let pod_ip = container.env.as_ref().unwrap().iter().find(|e| e.name == "POD_IP").expect("POD_IP");
+    assert_eq!(pod_ip.value_from.as_ref().unwrap().field_ref.as_ref().unwrap().field_path, "status.podIP");
+    let args = container.args.as_ref().unwrap();
+    assert!(args.contains(&"--metrics-addr=$(POD_IP):9464".to_owned()), "metrics on the pod IP only: {args:?}");
+}
+
+/// Every document under deploy/uninstall/, with its file name.
+fn uninstall_manifests() -> Vec<(String, Value)> {
+    let dir = deploy_dir().join("uninstall");
+    let mut out = Vec::new();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("deploy/uninstall/")
+        .map(|entry| entry.expect("entry").path())
+        .filter(|path| path.extension().is_some_and(|e| e == "yaml") && !path.ends_with("kustomization.yaml"))
+        .collect();
+    files.sort();
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("read manifest");
+        let name = file.file_name().unwrap().to_string_lossy().into_owned();
+        for document in serde_yaml::Deserializer::from_str(&text) {
+            let yaml: serde_yaml::Value = serde::Deserialize::deserialize(document).unwrap();
+            out.push((name.clone(), serde_json::to_value(yaml).expect("YAML as JSON")));
+        }
+    }
+    out
+}
+
+#[test]
+fn the_uninstall_daemonset_runs_a_cleanup_the_agent_accepts() {
+    let documents = uninstall_manifests();
+    for (file, document) in &documents {
+        match document["kind"].as_str() {
+            Some("Namespace") => round_trip::<Namespace>(file, document),
+            Some("DaemonSet") => round_trip::<DaemonSet>(file, document),
+            other => panic!("{file}: unexpected kind {other:?}"),
+        }
+    }
+    let (_, document) = documents.into_iter().find(|(_, d)| d["kind"] == "DaemonSet").expect("a DaemonSet");
+    let daemonset: DaemonSet = serde_json::from_value(document).unwrap();
+    let pod = daemonset.spec.unwrap().template.spec.unwrap();
+    let container = &pod.containers[0];
+    let args = container.args.clone().unwrap();
+    assert_eq!(args[0], "cleanup");
+    assert!(args.contains(&"--pin-path=/sys/fs/bpf/topology".to_owned()), "the agent's pin path: {args:?}");
+    // The same command against an empty directory on no bpffs: accepted, and it removes nothing.
+    let empty = std::env::temp_dir().join("topology-agent-uninstall-test");
+    let args: Vec<String> = args
+        .into_iter()
+        .filter(|arg| arg != "--wait")
+        .map(|arg| if arg.starts_with("--pin-path=") { format!("--pin-path={}", empty.display()) } else { arg })
+        .collect();
+    let output = Command::new(env!("CARGO_BIN_EXE_topology-agent")).args(&args).output().expect("run the agent");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.starts_with("detached 0 programs, removed 0 map pins"), "{stdout}");
+    let added: BTreeSet<&str> = container
+        .security_context
+        .as_ref()
+        .unwrap()
+        .capabilities
+        .as_ref()
+        .unwrap()
+        .add
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(added, BTreeSet::from(["BPF", "NET_ADMIN"]), "detaching links and removing pins needs no more");
 }
 
 #[test]
@@ -109,6 +183,8 @@ fn the_daemonset_arguments_are_accepted_by_the_agent() {
         .unwrap()
         .into_iter()
         .map(|arg| if arg.starts_with("--pin-path=") { format!("--pin-path={}", not_bpffs.display()) } else { arg })
+        // Kubernetes expands $(POD_IP) from the environment it declares.
+        .map(|arg| arg.replace("$(POD_IP)", "127.0.0.1"))
         .chain(["--node=manifest-test".to_owned(), "--cluster=/nonexistent.yaml".to_owned()])
         .collect();
     let output = Command::new(env!("CARGO_BIN_EXE_topology-agent")).args(&args).output().expect("run the agent");

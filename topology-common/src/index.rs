@@ -13,15 +13,30 @@
 //! position at all (it overflowed, and lookups end "not sure"). A removed key leaves a
 //! [`TOMBSTONE`] unless no other key's probe passes its position.
 //!
-//! # Torn reads
-//! The agent rewrites a position with three whole-entry map updates, each a separate syscall,
-//! so each is complete before the next begins: `seq` made odd (only that byte changes), the new
-//! contents (`seq` still odd), `seq` made even again. A program reads `seq`, the fields, then
-//! `seq` again, and trusts the fields only if both reads are equal and even: a read that
-//! overlapped a rewrite sees an odd `seq` or two different ones. `seq` is one byte, so each step
-//! changes a single byte and no read of it can be torn; it wraps after 128 rewrites, and the
-//! agent waits for an RCU grace period (which no running program can span) before a position's
-//! `seq` could come round again.
+//! # Torn reads, on every CPU
+//! The agent rewrites a position through a shared mapping of the array (`BPF_F_MMAPABLE`), as
+//! the writer of a sequence lock: `seq` made odd (only that byte changes), a release fence, the
+//! new contents, then `seq` made even by a release store. A program reads `seq`, the fields, then
+//! `seq` again, and trusts the fields only if both reads are equal and even.
+//!
+//! That is sound when the program's loads happen in program order and the agent's stores become
+//! visible in program order:
+//! - The agent's side holds on every CPU: the release fence keeps the contents from becoming
+//!   visible before the odd `seq`, the release store keeps the even `seq` from becoming visible
+//!   before the contents.
+//! - x86-64 is TSO: a load is never reordered with an earlier load. The standard object reads with
+//!   plain loads in program order (volatile, so the compiler keeps the order, and the JIT emits
+//!   them as written), which is enough there, on every kernel.
+//! - A weakly ordered CPU (arm64) may satisfy the second `seq` load before the field loads. The
+//!   programs then need BPF load-acquire (ISA v4, kernel 6.15 and later): every load of a probe
+//!   is a load-acquire, so each one, and the second `seq` load last, happens after the ones before
+//!   it. The agent loads the object built that way where the kernel has load-acquire; on a weakly
+//!   ordered CPU whose kernel has not, it turns the index off (`INDEX_ENABLED` = 0) and the
+//!   programs ask the hash maps, whose updates the kernel publishes with RCU.
+//!
+//! `seq` is one byte, so no read of it can tear. It wraps after 128 rewrites; the agent waits for
+//! an RCU grace period (which no running program can span) after 64 rewrites of a position, so a
+//! program inside one lookup can never see the same even `seq` twice across a rewrite.
 
 use core::mem::{offset_of, size_of};
 

@@ -15,8 +15,12 @@
 
 use core::mem::size_of;
 
+pub mod control;
 pub mod index;
+pub mod socket;
+pub use control::{ClientAffinityKey, ClientAffinityValue, Heartbeat, NodeCounters, ServiceOptions, service_flags};
 pub use index::{IndexEntry4, IndexEntry6};
+pub use socket::{DATAGRAM_PEERS, DatagramPeer, DatagramPeers, IterRecord, SockTranslation};
 
 /// `AF_INET`, as stored in the `family` fields.
 pub const AF_INET: u8 = 2;
@@ -41,34 +45,55 @@ pub mod map_names {
     /// an array of maps whose entry `id / COUNTER_CHUNK` is a per-CPU array of
     /// [`ServiceCounters`](crate::ServiceCounters) indexed by `id % COUNTER_CHUNK`.
     pub const COUNTERS: &str = "topo_counters";
+    /// Kernel object name of every chunk of [`COUNTERS`]; chunk `n` is pinned as
+    /// `topo_cnt_chunk_<n>`, so readers open it without looking a map up by id.
+    pub const COUNTER_CHUNK: &str = "topo_cnt_chunk";
     /// Human-readable name by service id: `u32` -> [`ServiceMeta`](crate::ServiceMeta).
     pub const SERVICE_META: &str = "topo_svc_meta";
-    /// Backend kept by an unconnected UDP socket: [`AffinityKey`](crate::AffinityKey) -> [`AffinityValue`](crate::AffinityValue).
-    pub const AFFINITY: &str = "topo_affinity";
-    /// Reverse translation of unconnected UDP sockets, for replies:
-    /// [`RevNatKey`](crate::RevNatKey) -> [`RevNatValue`](crate::RevNatValue).
-    pub const REVNAT: &str = "topo_revnat";
-    /// Reverse translation of connected sockets, for `getpeername()` and replies: a table of
-    /// [`SockTranslation`](crate::SockTranslation) indexed by the low bits of the socket cookie.
-    pub const SOCK_TRANSLATIONS: &str = "topo_sock_xlate";
+    /// Options by service id: `u32` -> [`ServiceOptions`](crate::ServiceOptions).
+    pub const SERVICE_OPTIONS: &str = "topo_svc_opts";
     /// IPv4 service index (see [`index`](crate::index)): position -> [`IndexEntry4`](crate::IndexEntry4).
     pub const INDEX_V4: &str = "topo_svc4_idx";
     /// IPv6 service index: position -> [`IndexEntry6`](crate::IndexEntry6).
     pub const INDEX_V6: &str = "topo_svc6_idx";
+    /// Translation of each connected socket rewritten (socket storage):
+    /// [`SockTranslation`](crate::SockTranslation).
+    pub const SOCK_CONNECTIONS: &str = "topo_sock_conn";
+    /// Services and backends of each unconnected UDP socket that sent to one (socket storage):
+    /// [`DatagramPeers`](crate::DatagramPeers).
+    pub const SOCK_DATAGRAMS: &str = "topo_sock_dgram";
+    /// `sessionAffinity: ClientIP`: [`ClientAffinityKey`](crate::ClientAffinityKey) ->
+    /// [`ClientAffinityValue`](crate::ClientAffinityValue) (LRU).
+    pub const CLIENT_AFFINITY: &str = "topo_client_aff";
+    /// The agent's heartbeat, one [`Heartbeat`](crate::Heartbeat).
+    pub const HEARTBEAT: &str = "topo_heartbeat";
+    /// Per-CPU [`NodeCounters`](crate::NodeCounters), one entry.
+    pub const NODE_COUNTERS: &str = "topo_node_cnt";
 
     /// Every map the agent pins and keeps across restarts, in a stable order.
-    pub const PINNED: [&str; 10] = [
+    pub const PINNED: [&str; 13] = [
         SERVICES_V4,
         SERVICES_V6,
         SLOTS,
         COUNTERS,
         SERVICE_META,
-        AFFINITY,
-        REVNAT,
-        SOCK_TRANSLATIONS,
+        SERVICE_OPTIONS,
         INDEX_V4,
         INDEX_V6,
+        SOCK_CONNECTIONS,
+        SOCK_DATAGRAMS,
+        CLIENT_AFFINITY,
+        HEARTBEAT,
+        NODE_COUNTERS,
     ];
+
+    /// State of the programs' random number generator; not pinned (a new state per load is as
+    /// good as the old one).
+    pub const RNG: &str = "topo_rng";
+
+    /// Maps earlier versions pinned and this one no longer uses: their pins are removed at start
+    /// (programs still attached keep their own reference until their links are replaced).
+    pub const OBSOLETE: [&str; 3] = ["topo_affinity", "topo_revnat", "topo_sock_xlate"];
 }
 
 /// Program names (ELF symbols); each is attached at the cgroup hook of the same name.
@@ -92,6 +117,9 @@ pub mod program_names {
 
     /// Every program, in attach order.
     pub const ALL: [&str; 8] = [CONNECT4, CONNECT6, SENDMSG4, SENDMSG6, RECVMSG4, RECVMSG6, GETPEERNAME4, GETPEERNAME6];
+
+    /// The UDP socket iterator socket termination reads (`iter/udp`), loaded only by it.
+    pub const UDP_TRANSLATIONS: &str = "udp_translations";
 }
 
 /// Default capacities (`max_entries`); the agent can override each at load time.
@@ -103,16 +131,12 @@ pub mod capacity {
     /// Backend slots across all services, including the new generation written during a swap
     /// (an array: 262,144 × 48 bytes = 12 MiB of kernel memory, allocated at load).
     pub const SLOTS: u32 = 262_144;
-    /// Service ids (counters and names), both families together; a multiple of
+    /// Service ids (counters, names and options), both families together; a multiple of
     /// [`COUNTER_CHUNK`](crate::COUNTER_CHUNK).
     pub const SERVICE_IDS: u32 = 131_072;
-    /// Unconnected UDP (socket, service) pairs remembered for backend affinity (LRU).
-    pub const AFFINITY: u32 = 65_536;
-    /// Unconnected UDP (socket, backend) pairs remembered for reply translation (LRU).
-    pub const REVNAT: u32 = 65_536;
-    /// Slots of the connected-socket translation table; a power of two. A slot is reused after
-    /// this many newer sockets, so it bounds how long `getpeername()` shows the ClusterIP.
-    pub const SOCK_TRANSLATIONS: u32 = 262_144;
+    /// Clients remembered for `sessionAffinity: ClientIP`, over all services (LRU: the least
+    /// recently used client of a full map chooses again).
+    pub const CLIENT_AFFINITY: u32 = 65_536;
 }
 
 /// Service ids per chunk of the counters map. A chunk is a per-CPU array the agent creates when it
@@ -124,12 +148,17 @@ const _: () = assert!(capacity::SERVICE_IDS.is_multiple_of(COUNTER_CHUNK));
 
 /// Global (`.rodata`) variable the agent overrides to set the kernel log level (0 = off).
 pub const LOG_LEVEL_GLOBAL: &str = "AYA_LOG_LEVEL";
-/// Global (`.rodata`) variable the agent sets to the translation table's capacity minus one.
-pub const SOCK_TRANSLATION_MASK_GLOBAL: &str = "SOCK_TRANSLATION_MASK";
 /// Global (`.rodata`) variable the agent sets to the IPv4 service index's positions minus one.
 pub const INDEX_V4_MASK_GLOBAL: &str = "INDEX_V4_MASK";
 /// Global (`.rodata`) variable the agent sets to the IPv6 service index's positions minus one.
 pub const INDEX_V6_MASK_GLOBAL: &str = "INDEX_V6_MASK";
+/// Global (`.rodata`) variable: 1 when the programs may probe the service index, 0 when they
+/// must ask the hash maps (a weakly ordered CPU whose kernel has no BPF load-acquire; see
+/// [`index`]).
+pub const INDEX_ENABLED_GLOBAL: &str = "INDEX_ENABLED";
+/// Global (`.rodata`) variable: the cgroup id of the agent's own cgroup (0: none), whose sockets
+/// reach [`AGENT_EXEMPT`](control::service_flags::AGENT_EXEMPT) services untouched.
+pub const AGENT_CGROUP_GLOBAL: &str = "AGENT_CGROUP";
 
 /// Where the backend sits relative to the node the maps were written for.
 pub mod locality {
@@ -238,7 +267,7 @@ pub struct ServiceCounters {
     pub rewritten: [u64; locality::CLASSES],
     /// Connections and datagrams refused because the backend set was empty.
     pub refused: u64,
-    /// Internal failures (a slot missing after retries, socket storage unavailable).
+    /// Internal failures (a slot of another set drawn, affinity state that could not be stored).
     pub errors: u64,
 }
 const _: () = assert!(size_of::<ServiceCounters>() == 48);
@@ -274,93 +303,6 @@ impl Default for ServiceMeta {
     }
 }
 
-/// Key of the UDP affinity map: one socket talking to one service port.
-#[repr(C, align(4))]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub struct AffinityKey {
-    /// Socket cookie (`bpf_get_socket_cookie`), unique for the life of the system.
-    pub cookie: u64,
-    /// ClusterIP the application sent to, network byte order; IPv4 in the first four bytes.
-    pub vip: [u8; 16],
-    /// Service port, host byte order.
-    pub port: u16,
-    /// IP protocol number.
-    pub proto: u8,
-    /// `AF_INET` or `AF_INET6`: the family of `vip`.
-    pub family: u8,
-    /// Always zero.
-    pub _pad: u32,
-}
-const _: () = assert!(size_of::<AffinityKey>() == 32);
-
-/// Value of the UDP affinity map.
-#[repr(C, align(4))]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub struct AffinityValue {
-    /// Backend set generation the choice was made from; a newer set means choose again.
-    pub set_id: u32,
-    /// The backend the socket keeps using.
-    pub backend: Backend,
-}
-const _: () = assert!(size_of::<AffinityValue>() == 24);
-
-/// Key of the reverse translation map: a backend a given socket was rewritten to.
-#[repr(C, align(4))]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub struct RevNatKey {
-    /// Socket cookie.
-    pub cookie: u64,
-    /// Backend address, network byte order; IPv4 in the first four bytes.
-    pub addr: [u8; 16],
-    /// Backend port, host byte order.
-    pub port: u16,
-    /// `AF_INET` or `AF_INET6`: the family of `addr`.
-    pub family: u8,
-    /// Always zero.
-    pub _pad: u8,
-    /// Always zero.
-    pub _pad2: u32,
-}
-const _: () = assert!(size_of::<RevNatKey>() == 32);
-
-/// Value of the reverse translation map: the service the application addressed.
-#[repr(C, align(4))]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub struct RevNatValue {
-    /// ClusterIP, network byte order; IPv4 in the first four bytes.
-    pub vip: [u8; 16],
-    /// Service port, host byte order.
-    pub port: u16,
-    /// Always zero.
-    pub _pad: u16,
-}
-const _: () = assert!(size_of::<RevNatValue>() == 20);
-
-/// One slot of the connected-socket translation table, at `cookie & (capacity - 1)`.
-///
-/// Written without locks at `connect()`: `cookie` is zeroed, the fields written, then `cookie` set.
-/// A reader checks `cookie` before and after copying the fields, and that the backend is the peer
-/// it translates, so a slot being overwritten by a newer socket is never taken for this one.
-#[repr(C, align(8))]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub struct SockTranslation {
-    /// Cookie of the socket the slot describes; 0 while being written or never used.
-    pub cookie: u64,
-    /// ClusterIP the application connected to; IPv4 in the first four bytes.
-    pub vip: [u8; 16],
-    /// Backend the connection was rewritten to; IPv4 in the first four bytes.
-    pub backend: [u8; 16],
-    /// Service port, host byte order.
-    pub vip_port: u16,
-    /// Backend port, host byte order.
-    pub backend_port: u16,
-    /// `AF_INET` or `AF_INET6`: the family of both addresses.
-    pub family: u8,
-    /// Always zero.
-    pub _pad: [u8; 3],
-}
-const _: () = assert!(size_of::<SockTranslation>() == 48);
-
 #[cfg(feature = "user")]
 mod pod {
     // SAFETY: every type is `repr(C)`, `Copy`, made only of integers and integer arrays, and has
@@ -372,11 +314,15 @@ mod pod {
     unsafe impl aya::Pod for super::Slot {}
     unsafe impl aya::Pod for super::ServiceCounters {}
     unsafe impl aya::Pod for super::ServiceMeta {}
-    unsafe impl aya::Pod for super::AffinityKey {}
-    unsafe impl aya::Pod for super::AffinityValue {}
-    unsafe impl aya::Pod for super::RevNatKey {}
-    unsafe impl aya::Pod for super::RevNatValue {}
     unsafe impl aya::Pod for super::SockTranslation {}
+    unsafe impl aya::Pod for super::IterRecord {}
+    unsafe impl aya::Pod for super::DatagramPeer {}
+    unsafe impl aya::Pod for super::DatagramPeers {}
+    unsafe impl aya::Pod for super::Heartbeat {}
+    unsafe impl aya::Pod for super::NodeCounters {}
+    unsafe impl aya::Pod for super::ServiceOptions {}
+    unsafe impl aya::Pod for super::ClientAffinityKey {}
+    unsafe impl aya::Pod for super::ClientAffinityValue {}
     unsafe impl aya::Pod for super::IndexEntry4 {}
     unsafe impl aya::Pod for super::IndexEntry6 {}
 }

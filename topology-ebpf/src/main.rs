@@ -4,17 +4,27 @@
 //! Every other destination passes untouched.
 #![no_std]
 #![no_main]
+#![cfg_attr(feature = "acquire", feature(core_intrinsics))]
+#![cfg_attr(feature = "acquire", allow(internal_features))]
 
-mod balance;
+mod choose;
+mod count;
+mod gate;
+mod iter;
+mod lookup;
 mod maps;
+mod order;
+mod record;
 mod rng;
 mod sockaddr;
 
 use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
 use aya_log_ebpf::{debug, warn};
-use balance::{Choice, Error};
+use choose::{Choice, Error};
+use gate::{Clock, Gate};
+use record::Addressed;
 use sockaddr::{ALLOW, Words};
-use topology_common::{AF_INET, AF_INET6, AffinityKey, ServiceValue};
+use topology_common::{AF_INET, AF_INET6, IPPROTO_UDP, NodeCounters, ServiceValue};
 
 /// A destination as the maps see it: the family of the service (an IPv4-mapped address on an
 /// AF_INET6 socket is an IPv4 service) and its address in the maps' 16-byte form.
@@ -47,10 +57,16 @@ impl Dest {
     #[inline(always)]
     fn service(&self, proto: u8) -> Option<ServiceValue> {
         if self.family == AF_INET {
-            balance::service4(self.addr[0], self.port, proto)
+            lookup::service4(self.addr[0], self.port, proto)
         } else {
-            balance::service6(self.addr, self.port, proto)
+            lookup::service6(self.addr, self.port, proto)
         }
+    }
+
+    /// This destination as a socket's records name it.
+    #[inline(always)]
+    fn addressed(&self, proto: u8) -> Addressed {
+        Addressed { family: self.family, vip: self.addr, port: self.port, proto }
     }
 
     /// Writes `addr:port` (same family as `self`) into an AF_INET context.
@@ -91,10 +107,22 @@ pub fn connect6(ctx: SockAddrContext) -> i32 {
 /// TCP and connected UDP: choose, and record the translation for `getpeername()` and replies.
 #[inline(always)]
 fn connect(ctx: &SockAddrContext, dest: Dest) -> Result<Option<Choice>, Error> {
-    let Some(choice) = balance::choose(dest.service(sockaddr::protocol(ctx)))? else {
+    let proto = sockaddr::protocol(ctx);
+    let Some(service) = dest.service(proto) else {
+        if proto == IPPROTO_UDP {
+            // A UDP socket may connect again; what it connected to before is no longer its peer.
+            record::forget_connection(ctx);
+        }
         return Ok(None);
     };
-    balance::remember_connection(sockaddr::cookie(ctx), dest.family, dest.addr, dest.port, &choice);
+    let mut clock = Clock::new();
+    let Gate::Rewrite(options) = gate::admit(service.service_id, &mut clock) else {
+        return Ok(None);
+    };
+    let choice = choose::choose(ctx, service, &options, &mut clock)?;
+    if !record::remember_connection(ctx, &dest.addressed(proto), &choice) {
+        count::count_node(NodeCounters::NO_STORAGE);
+    }
     debug!(
         ctx,
         "connect {}:{} -> {:i}:{}", choice.service.service_id, dest.port, choice.backend.addr, choice.backend.port
@@ -121,17 +149,39 @@ pub fn sendmsg6(ctx: SockAddrContext) -> i32 {
     finish(&ctx, &outcome)
 }
 
-/// Unconnected UDP: choose with per-socket affinity, and record the reverse translation.
+/// Unconnected UDP: the backend this socket keeps for the service while its set is unchanged,
+/// else a new choice; the socket's record also translates the replies.
 #[inline(always)]
 fn send(ctx: &SockAddrContext, dest: Dest) -> Result<Option<Choice>, Error> {
     let proto = sockaddr::protocol(ctx);
-    let cookie = sockaddr::cookie(ctx);
-    let key =
-        AffinityKey { cookie, vip: sockaddr::bytes(dest.addr), port: dest.port, proto, family: dest.family, _pad: 0 };
-    let Some(choice) = balance::choose_sticky(&key, dest.service(proto))? else {
+    let Some(service) = dest.service(proto) else {
         return Ok(None);
     };
-    balance::remember_datagram(cookie, dest.family, dest.addr, dest.port, &choice);
+    let mut clock = Clock::new();
+    let Gate::Rewrite(options) = gate::admit(service.service_id, &mut clock) else {
+        return Ok(None);
+    };
+    if service.count == 0 {
+        return Err(Error::EmptySet { service_id: service.service_id });
+    }
+    let to = dest.addressed(proto);
+    let peers = record::datagram_peers(ctx, true);
+    if peers.is_null() {
+        count::count_node(NodeCounters::NO_STORAGE);
+        return choose::choose(ctx, service, &options, &mut clock).map(Some);
+    }
+    // SAFETY: non-null storage of this socket, valid for the program's lifetime; only this
+    // socket's own system calls touch it.
+    let peers = unsafe { &mut *peers };
+    let entry = record::find_service(peers, &to);
+    if let Some(index) = entry
+        && let Some(peer) = peers.peers.get(index)
+        && peer.set_id == service.set_id
+    {
+        return Ok(Some(Choice { service, backend: peer.backend }));
+    }
+    let choice = choose::choose(ctx, service, &options, &mut clock)?;
+    record::keep_datagram_peer(peers, entry, &to, &choice);
     Ok(Some(choice))
 }
 
@@ -157,9 +207,7 @@ pub fn recvmsg6(ctx: SockAddrContext) -> i32 {
 #[cgroup_sock_addr(getpeername4)]
 pub fn getpeername4(ctx: SockAddrContext) -> i32 {
     let peer = Dest::of4(&ctx);
-    if let Some((vip, port)) =
-        balance::connection_translation(sockaddr::cookie(&ctx), peer.family, peer.addr, peer.port)
-    {
+    if let Some((vip, port)) = record::connection_translation(&ctx, peer.family, peer.addr, peer.port) {
         Dest::write4(&ctx, vip, port);
     }
     // getpeername hooks cannot fail the call.
@@ -169,9 +217,7 @@ pub fn getpeername4(ctx: SockAddrContext) -> i32 {
 #[cgroup_sock_addr(getpeername6)]
 pub fn getpeername6(ctx: SockAddrContext) -> i32 {
     let peer = Dest::of6(&ctx);
-    if let Some((vip, port)) =
-        balance::connection_translation(sockaddr::cookie(&ctx), peer.family, peer.addr, peer.port)
-    {
+    if let Some((vip, port)) = record::connection_translation(&ctx, peer.family, peer.addr, peer.port) {
         Dest::write6(&ctx, peer.family, vip, port);
     }
     ALLOW
@@ -181,9 +227,8 @@ pub fn getpeername6(ctx: SockAddrContext) -> i32 {
 /// translation, else an unconnected socket's.
 #[inline(always)]
 fn original(ctx: &SockAddrContext, source: Dest) -> Option<(Words, u16)> {
-    let cookie = sockaddr::cookie(ctx);
-    balance::connection_translation(cookie, source.family, source.addr, source.port)
-        .or_else(|| balance::datagram_translation(cookie, source.family, source.addr, source.port))
+    record::connection_translation(ctx, source.family, source.addr, source.port)
+        .or_else(|| record::datagram_translation(ctx, source.family, source.addr, source.port))
 }
 
 /// Counts a rewrite or a failure, and turns it into the program's return value. Every outcome
@@ -200,7 +245,7 @@ fn finish(ctx: &SockAddrContext, outcome: &Result<Option<Choice>, Error>) -> i32
             (error.counter(), error.verdict())
         }
     };
-    balance::count(counter.0, counter.1);
+    count::count(counter.0, counter.1);
     verdict
 }
 

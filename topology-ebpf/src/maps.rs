@@ -4,17 +4,21 @@
 
 use aya_ebpf::{
     Global,
-    bindings::BPF_F_NO_PREALLOC,
-    btf_maps::{Array, ArrayOfMaps, HashMap, LruHashMap, PerCpuArray},
+    bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC},
+    btf_maps::{Array, ArrayOfMaps, HashMap, LruHashMap, PerCpuArray, SkStorage},
     macros::btf_map,
 };
 use topology_common::{
-    AffinityKey, AffinityValue, COUNTER_CHUNK, IndexEntry4, IndexEntry6, RevNatKey, RevNatValue, ServiceCounters,
-    ServiceKey4, ServiceKey6, ServiceMeta, ServiceValue, Slot, SockTranslation, capacity,
+    COUNTER_CHUNK, ClientAffinityKey, ClientAffinityValue, DatagramPeers, Heartbeat, IndexEntry4, IndexEntry6,
+    NodeCounters, ServiceCounters, ServiceKey4, ServiceKey6, ServiceMeta, ServiceOptions, ServiceValue, Slot,
+    SockTranslation, capacity,
 };
 
 /// Maps only userspace writes are allocated on write, so an idle capacity costs no kernel memory.
 const NO_PREALLOC: usize = BPF_F_NO_PREALLOC as usize;
+/// The agent writes the service index through a shared mapping, with the store ordering the
+/// read protocol needs (see `topology_common::index`).
+const MMAPABLE: usize = BPF_F_MMAPABLE as usize;
 
 /// IPv4 service ports.
 #[btf_map(name = "topo_svc4")]
@@ -29,11 +33,21 @@ pub static SERVICES_V6: HashMap<ServiceKey6, ServiceValue, { capacity::SERVICES_
 /// IPv4 service index (see `topology_common::index`): the services the programs find without a
 /// hash map lookup. Two positions per IPv4 service entry of capacity (the agent sets the size).
 #[btf_map(name = "topo_svc4_idx")]
-pub static INDEX_V4: Array<IndexEntry4, { 2 * capacity::SERVICES_V4 as usize }> = Array::new();
+pub static INDEX_V4: Array<IndexEntry4, { 2 * capacity::SERVICES_V4 as usize }, MMAPABLE> = Array::new();
 
 /// IPv6 service index.
 #[btf_map(name = "topo_svc6_idx")]
-pub static INDEX_V6: Array<IndexEntry6, { 2 * capacity::SERVICES_V6 as usize }> = Array::new();
+pub static INDEX_V6: Array<IndexEntry6, { 2 * capacity::SERVICES_V6 as usize }, MMAPABLE> = Array::new();
+
+/// 1 when the programs may probe the index, 0 when they must ask the hash maps (set at load).
+#[unsafe(no_mangle)]
+static INDEX_ENABLED: Global<u32> = Global::new(1);
+
+/// Whether the programs probe the service index.
+#[inline(always)]
+pub fn index_enabled() -> bool {
+    INDEX_ENABLED.load() != 0
+}
 
 /// Positions of [`INDEX_V4`] minus one (a power of two minus one), set by the agent at load.
 #[unsafe(no_mangle)]
@@ -74,28 +88,39 @@ pub static COUNTERS: ArrayOfMaps<CounterChunk, { (capacity::SERVICE_IDS / COUNTE
 #[btf_map(name = "topo_svc_meta")]
 pub static SERVICE_META: HashMap<u32, ServiceMeta, { capacity::SERVICE_IDS as usize }, NO_PREALLOC> = HashMap::new();
 
-/// Backend kept by an unconnected UDP socket per service port.
-#[btf_map(name = "topo_affinity")]
-pub static AFFINITY: LruHashMap<AffinityKey, AffinityValue, { capacity::AFFINITY as usize }> = LruHashMap::new();
+/// Options by service id (session affinity, exemptions); read after every service lookup.
+#[btf_map(name = "topo_svc_opts")]
+pub static SERVICE_OPTIONS: Array<ServiceOptions, { capacity::SERVICE_IDS as usize }> = Array::new();
 
-/// Reverse translation of unconnected UDP sockets, which may talk to several backends each.
-#[btf_map(name = "topo_revnat")]
-pub static REVNAT: LruHashMap<RevNatKey, RevNatValue, { capacity::REVNAT as usize }> = LruHashMap::new();
+/// What each rewritten connected socket was rewritten from and to; freed with the socket.
+#[btf_map(name = "topo_sock_conn")]
+pub static SOCK_CONNECTIONS: SkStorage<SockTranslation> = SkStorage::new();
 
-/// Reverse translation of connected sockets, one slot per socket cookie (see `SockTranslation`).
-/// An array: written without a lock, so a `connect()` pays no map update.
-#[btf_map(name = "topo_sock_xlate")]
-pub static SOCK_TRANSLATIONS: Array<SockTranslation, { capacity::SOCK_TRANSLATIONS as usize }> = Array::new();
+/// Services and backends of each unconnected UDP socket that sent to one; freed with the socket.
+#[btf_map(name = "topo_sock_dgram")]
+pub static SOCK_DATAGRAMS: SkStorage<DatagramPeers> = SkStorage::new();
 
-/// `capacity - 1` of [`SOCK_TRANSLATIONS`], set by the agent at load; a known constant to the
-/// verifier, so the index is provably in range.
+/// The backend each client keeps under `sessionAffinity: ClientIP`.
+#[btf_map(name = "topo_client_aff")]
+pub static CLIENT_AFFINITY: LruHashMap<ClientAffinityKey, ClientAffinityValue, { capacity::CLIENT_AFFINITY as usize }> =
+    LruHashMap::new();
+
+/// The agent's heartbeat; the programs rewrite only while it is fresh.
+#[btf_map(name = "topo_heartbeat")]
+pub static HEARTBEAT: Array<Heartbeat, 1> = Array::new();
+
+/// Counters of the whole node (fail-open passes, exemptions, storage failures), per CPU.
+#[btf_map(name = "topo_node_cnt")]
+pub static NODE_COUNTERS: PerCpuArray<NodeCounters, 1> = PerCpuArray::new();
+
+/// The cgroup id of the agent's own cgroup (0: none), set at load.
 #[unsafe(no_mangle)]
-static SOCK_TRANSLATION_MASK: Global<u32> = Global::new(capacity::SOCK_TRANSLATIONS - 1);
+static AGENT_CGROUP: Global<u64> = Global::new(0);
 
-/// The translation slot of a socket cookie.
+/// The agent's cgroup id, 0 when it has none to exempt.
 #[inline(always)]
-pub fn translation_slot(cookie: u64) -> u32 {
-    (cookie as u32) & SOCK_TRANSLATION_MASK.load()
+pub fn agent_cgroup() -> u64 {
+    AGENT_CGROUP.load()
 }
 
 /// Per-CPU state of the programs' random number generator (see `rng`); not pinned: a new state

@@ -5,11 +5,7 @@
 
 use core::ptr::{addr_of, addr_of_mut, read_volatile, write_volatile};
 
-use aya_ebpf::{
-    EbpfContext as _,
-    helpers::generated::{bpf_get_socket_cookie, bpf_set_retval},
-    programs::SockAddrContext,
-};
+use aya_ebpf::{helpers::generated::bpf_set_retval, programs::SockAddrContext};
 
 /// Program return value that lets the operation proceed.
 pub const ALLOW: i32 = 1;
@@ -85,13 +81,6 @@ pub fn set_port(ctx: &SockAddrContext, port: u16) {
 pub fn protocol(ctx: &SockAddrContext) -> u8 {
     // SAFETY: as in `ip4`.
     unsafe { read_volatile(addr_of!((*ctx.sock_addr).protocol)) as u8 }
-}
-
-/// Cookie of the socket, unique for the life of the system.
-#[inline(always)]
-pub fn cookie(ctx: &SockAddrContext) -> u64 {
-    // SAFETY: the helper accepts the sock_addr context.
-    unsafe { bpf_get_socket_cookie(ctx.as_ptr()) }
 }
 
 /// Makes the syscall fail with `errno` once the program returns [`DENY`].

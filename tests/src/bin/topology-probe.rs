@@ -97,6 +97,22 @@ enum Traffic {
         #[arg(long, required = true)]
         baseline_target: Vec<SocketAddr>,
     },
+    /// Hold a TCP connection and a connected UDP socket to the target; print `ready`, wait for a
+    /// line on stdin, then check both still show the target as their peer.
+    Hold,
+    /// One connected UDP socket exchanging datagrams until the stop file exists, reconnecting
+    /// after an error.
+    UdpStream {
+        #[arg(long)]
+        stop_file: PathBuf,
+        #[arg(long)]
+        started_file: Option<PathBuf>,
+        #[arg(long, default_value_t = 60_000)]
+        max_ms: u64,
+        /// Pause between exchanges, in milliseconds.
+        #[arg(long, default_value_t = 10)]
+        pause_ms: u64,
+    },
     /// Connect in a loop until the stop file exists.
     Loop {
         #[arg(long)]
@@ -143,6 +159,29 @@ fn main() -> anyhow::Result<()> {
             }
             let client = Client { targets: target, timeout: Duration::from_millis(timeout_ms), time_connects };
             let report = match traffic {
+                Traffic::Hold => client
+                    .hold(|| {
+                        println!("ready");
+                        let _ = std::io::stdout().flush();
+                        let mut line = String::new();
+                        let _ = std::io::stdin().read_line(&mut line);
+                    })
+                    .context("holding the sockets")?,
+                Traffic::UdpStream { stop_file, started_file, max_ms, pause_ms } => {
+                    let started = || {
+                        if let Some(path) = &started_file {
+                            let _ = std::fs::write(path, b"started");
+                        }
+                    };
+                    let stream = client.udp_stream(
+                        &stop_file,
+                        Duration::from_millis(max_ms),
+                        Duration::from_millis(pause_ms),
+                        started,
+                    );
+                    println!("{}", serde_json::to_string(&stream)?);
+                    return Ok(());
+                }
                 Traffic::Tcp { count } => client.tcp(count),
                 Traffic::UdpConnect { count } => client.udp_connects(count),
                 Traffic::Udp { count, mode } => client.udp(count, mode),

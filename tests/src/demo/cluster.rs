@@ -79,6 +79,9 @@ impl DemoCluster {
                     pins: pins[i].path(),
                     log: Some(&log),
                     home: Some(infra.path()),
+                    kubeconfig: None,
+                    netns: None,
+                    extra: Vec::new(),
                 })
             })
             .collect();

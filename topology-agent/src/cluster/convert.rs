@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, net::IpAddr};
 
 use k8s_openapi::{
     api::{
-        core::v1::{Node as K8sNode, Service as K8sService},
+        core::v1::{Node as K8sNode, Service as K8sService, ServiceSpec},
         discovery::v1::EndpointSlice as K8sEndpointSlice,
     },
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
@@ -95,6 +95,9 @@ pub fn service(service: &K8sService, spec_topology_keys: Option<Vec<String>>) ->
         }
     };
 
+    let session_affinity_timeout_s =
+        session_affinity(&spec).map_err(|(field, message)| error(field.into(), message))?;
+
     let annotations = service.metadata.annotations.clone().unwrap_or_default();
     let topology_keys = match annotations.get(ANNOTATION_TOPOLOGY_KEYS) {
         Some(value) if !value.trim().is_empty() => Some(TopologyKeysSpec {
@@ -116,11 +119,40 @@ pub fn service(service: &K8sService, spec_topology_keys: Option<Vec<String>>) ->
         cluster_ips,
         ports,
         internal_traffic_local,
+        session_affinity_timeout_s,
         traffic_distribution: spec.traffic_distribution.as_deref().map(TrafficDistribution::parse),
         topology_keys,
         topology_mode,
         agent_annotations,
     })
+}
+
+/// kube-proxy's default `sessionAffinityConfig.clientIP.timeoutSeconds` (3 hours).
+pub const DEFAULT_AFFINITY_TIMEOUT_S: u32 = 10_800;
+/// The API server's upper bound on `sessionAffinityConfig.clientIP.timeoutSeconds` (one day).
+const MAX_AFFINITY_TIMEOUT_S: i32 = 86_400;
+
+/// `spec.sessionAffinity` and its timeout; an error names the field.
+fn session_affinity(spec: &ServiceSpec) -> Result<Option<u32>, (&'static str, String)> {
+    match spec.session_affinity.as_deref() {
+        None | Some("None") => Ok(None),
+        Some("ClientIP") => {
+            let timeout = spec
+                .session_affinity_config
+                .as_ref()
+                .and_then(|config| config.client_ip.as_ref())
+                .and_then(|client| client.timeout_seconds);
+            match timeout {
+                None => Ok(Some(DEFAULT_AFFINITY_TIMEOUT_S)),
+                Some(seconds) if (1..=MAX_AFFINITY_TIMEOUT_S).contains(&seconds) => Ok(Some(seconds as u32)),
+                Some(seconds) => Err((
+                    "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
+                    format!("{seconds} is not between 1 and {MAX_AFFINITY_TIMEOUT_S}"),
+                )),
+            }
+        }
+        Some(other) => Err(("spec.sessionAffinity", format!("{other:?} is neither None nor ClientIP"))),
+    }
 }
 
 /// An EndpointSlice into the model; `None` for FQDN slices, which carry no addresses to route to.
@@ -321,6 +353,35 @@ mod tests {
         assert_eq!(keys.keys, ["kubernetes.io/hostname", "topology.kubernetes.io/zone", "*"]);
         assert_eq!(svc.topology_mode.as_deref(), Some("auto"));
         assert_eq!(svc.agent_annotations.len(), 2);
+        assert_eq!(svc.session_affinity_timeout_s, None);
+    }
+
+    #[test]
+    fn session_affinity_defaults_to_three_hours_and_bad_values_name_the_field() {
+        let with = |spec: serde_json::Value| {
+            service_from(
+                serde_json::json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"}, "spec": spec}),
+            )
+        };
+        let default = with(serde_json::json!({"clusterIP": "10.96.0.1", "sessionAffinity": "ClientIP"})).unwrap();
+        assert_eq!(default.session_affinity_timeout_s, Some(10_800));
+        let set = with(serde_json::json!({"sessionAffinity": "ClientIP",
+            "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 60}}}))
+        .unwrap();
+        assert_eq!(set.session_affinity_timeout_s, Some(60));
+        assert_eq!(with(serde_json::json!({"sessionAffinity": "None"})).unwrap().session_affinity_timeout_s, None);
+        let error = with(serde_json::json!({"sessionAffinity": "ClientIP",
+            "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 0}}}))
+        .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "Service default/web: spec.sessionAffinityConfig.clientIP.timeoutSeconds: 0 is not between 1 and 86400"
+        );
+        let error = with(serde_json::json!({"sessionAffinity": "Cookie"})).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "Service default/web: spec.sessionAffinity: \"Cookie\" is neither None nor ClientIP"
+        );
     }
 
     #[test]

@@ -147,6 +147,9 @@ pub struct Service {
     pub ports: Vec<ServicePort>,
     /// `spec.internalTrafficPolicy: Local`.
     pub internal_traffic_local: bool,
+    /// `spec.sessionAffinity: ClientIP`: seconds a client keeps its endpoint
+    /// (`sessionAffinityConfig.clientIP.timeoutSeconds`, default 10800); `None`: no affinity.
+    pub session_affinity_timeout_s: Option<u32>,
     /// `spec.trafficDistribution`.
     pub traffic_distribution: Option<TrafficDistribution>,
     /// Topology keys as written, and where: the `topology-agent.io/topology-keys` annotation or

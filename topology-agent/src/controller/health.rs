@@ -24,6 +24,7 @@ struct State {
     stale: BTreeMap<String, String>,
     programmed: bool,
     blocked: Option<String>,
+    failing: Option<String>,
 }
 
 impl Default for Health {
@@ -35,6 +36,7 @@ impl Default for Health {
                 stale: BTreeMap::new(),
                 programmed: false,
                 blocked: None,
+                failing: None,
             }),
         }
     }
@@ -84,6 +86,17 @@ impl Health {
         self.with(|s| s.blocked = reason);
     }
 
+    /// Some service ports could not be programmed (`None`: every port is), and why.
+    pub fn set_failing(&self, failing: Option<String>) {
+        self.with(|s| s.failing = failing);
+    }
+
+    /// True when the kernel holds the policy of a complete view that is current: what the
+    /// agent's heartbeat vouches for. Ports that failed to program do not make the view old.
+    pub fn view_current(&self) -> bool {
+        self.with(|s| s.waiting_for.is_empty() && s.stale.is_empty() && s.programmed && s.blocked.is_none())
+    }
+
     /// Ok when the controller loop checked in recently.
     pub fn liveness(&self) -> Result<(), String> {
         self.with(|s| {
@@ -111,6 +124,9 @@ impl Health {
                 reasons.push(blocked.clone());
             } else if s.waiting_for.is_empty() && !s.programmed {
                 reasons.push("not programmed yet".into());
+            }
+            if let Some(failing) = &s.failing {
+                reasons.push(failing.clone());
             }
             if reasons.is_empty() { Ok(()) } else { Err(reasons.join("; ")) }
         })
@@ -140,6 +156,13 @@ mod tests {
         assert_eq!(health.readiness().unwrap_err(), "node a is gone");
         health.set_blocked(None);
         assert!(health.readiness().is_ok());
+        assert!(health.view_current());
+        health.set_failing(Some("2 service ports failed to program: map topo_slots is full".into()));
+        assert_eq!(health.readiness().unwrap_err(), "2 service ports failed to program: map topo_slots is full");
+        assert!(health.view_current(), "failed ports do not make the view old");
+        health.set_failing(None);
+        health.set_stale("Node watch", Some("stalled".into()));
+        assert!(!health.view_current());
         assert!(health.liveness().is_ok());
     }
 }

@@ -28,6 +28,7 @@ use crate::{
     metrics::{KindLabels, Metrics, ReasonLabels},
     policy::{self, desired::desired_state},
     report::{Problem, ProblemSink},
+    sockets::Terminator,
     source::{EventReceiver, Invalid, Object, ObjectId, SourceEvent},
 };
 
@@ -53,6 +54,10 @@ impl ControllerConfig {
     }
 }
 
+/// How often the kernel heartbeat is refreshed while the view is current; `--fail-open-after`
+/// must be comfortably longer.
+pub const BEAT_INTERVAL: Duration = Duration::from_millis(500);
+
 /// The controller cannot go on.
 #[derive(Debug, thiserror::Error)]
 pub enum ControllerError {
@@ -76,8 +81,10 @@ pub struct Controller<P: Programmer> {
     programmed: bool,
     skipped: BTreeMap<ObjectId, Invalid>,
     reported: BTreeMap<(ObjectKey, String), String>,
-    kernel_failures: BTreeMap<ServicePort, ObjectKey>,
+    kernel_failures: BTreeMap<ServicePort, (ObjectKey, String)>,
     oldest_pending: Option<Instant>,
+    last_beat: Option<Instant>,
+    terminator: Option<Terminator>,
     health: Arc<Health>,
     metrics: Arc<Metrics>,
     sink: Box<dyn ProblemSink>,
@@ -105,10 +112,19 @@ impl<P: Programmer> Controller<P> {
             reported: BTreeMap::new(),
             kernel_failures: BTreeMap::new(),
             oldest_pending: None,
+            last_beat: None,
+            terminator: None,
             health,
             metrics,
             sink,
         }
+    }
+
+    /// Hands the backends that leave a set to `terminator`, which destroys the sockets still
+    /// connected to them through the service.
+    pub fn with_terminator(mut self, terminator: Option<Terminator>) -> Self {
+        self.terminator = terminator;
+        self
     }
 
     /// Runs until `shutdown` or until every source is gone; returns the programmer. The kernel
@@ -135,8 +151,22 @@ impl<P: Programmer> Controller<P> {
                 next_reconcile = now + self.config.reconcile_interval;
                 self.reconcile();
             }
+            self.beat();
         }
         Ok(self.programmer)
+    }
+
+    /// Refreshes the kernel's heartbeat while the view is current, at most every
+    /// [`BEAT_INTERVAL`]: the programs fail open once the view has not been current for
+    /// `--fail-open-after`.
+    fn beat(&mut self) {
+        if !self.health.view_current() || self.last_beat.is_some_and(|at| at.elapsed() < BEAT_INTERVAL) {
+            return;
+        }
+        match self.programmer.heartbeat() {
+            Ok(()) => self.last_beat = Some(Instant::now()),
+            Err(error) => tracing::warn!(%error, "the kernel heartbeat could not be written; retrying"),
+        }
     }
 
     /// The programmer (tests read what it was given).
@@ -228,6 +258,9 @@ impl<P: Programmer> Controller<P> {
     fn finish(&mut self, started: Instant, report: &ApplyReport, attempted: Option<&BTreeSet<ServicePort>>) {
         self.programmed = true;
         self.health.programmed();
+        if let Some(terminator) = &self.terminator {
+            terminator.submit(report.departed.clone());
+        }
         self.metrics.sync_duration.observe(started.elapsed().as_secs_f64());
         if let Some(seen) = self.oldest_pending.take() {
             self.metrics.event_to_kernel.observe(seen.elapsed().as_secs_f64());
@@ -253,7 +286,7 @@ impl<P: Programmer> Controller<P> {
             if let Some(service) = self.routes.owner(port).cloned() {
                 let message = format!("{port}: {error}; the kernel keeps its previous state for this port");
                 self.problem(&service, format!("kernel {port}"), reason, message);
-                failed.insert(*port, service);
+                failed.insert(*port, (service, error.to_string()));
             }
         }
         let recovered: Vec<ServicePort> = self
@@ -263,11 +296,13 @@ impl<P: Programmer> Controller<P> {
             .copied()
             .collect();
         for port in recovered {
-            if let Some(service) = self.kernel_failures.remove(&port) {
+            if let Some((service, _)) = self.kernel_failures.remove(&port) {
                 self.reported.remove(&(service, format!("kernel {port}")));
             }
         }
         self.kernel_failures.extend(failed);
+        self.metrics.failed_service_ports.set(self.kernel_failures.len() as i64);
+        self.health.set_failing(failing_summary(&self.kernel_failures));
         for error in &report.housekeeping {
             tracing::warn!(%error, "kernel clean-up deferred to the next apply");
         }
@@ -458,6 +493,20 @@ impl<P: Programmer> Controller<P> {
             self.metrics.map_capacity.get_or_create(&labels).set(i64::from(*capacity));
         }
     }
+}
+
+/// "2 service ports failed to program (10.96.0.1:80/TCP: map topo_slots is full ...)", naming
+/// the first few; `None` when none failed.
+fn failing_summary(failures: &BTreeMap<ServicePort, (ObjectKey, String)>) -> Option<String> {
+    const NAMED: usize = 3;
+    if failures.is_empty() {
+        return None;
+    }
+    let named: Vec<String> = failures.iter().take(NAMED).map(|(port, (_, error))| format!("{port}: {error}")).collect();
+    let more = failures.len().saturating_sub(NAMED);
+    let tail = if more > 0 { format!("; and {more} more") } else { String::new() };
+    let noun = if failures.len() == 1 { "service port" } else { "service ports" };
+    Some(format!("{} {noun} failed to program ({}{tail})", failures.len(), named.join("; ")))
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use topology_common::map_names;
 
 use crate::{
-    dataplane::{ApplyReport, Dataplane},
+    dataplane::{ApplyReport, Dataplane, DataplaneError},
     desired::{DesiredState, ServicePort},
 };
 
@@ -29,6 +29,10 @@ pub trait Programmer {
     fn apply_changes(&mut self, desired: &DesiredState, changed: &BTreeSet<ServicePort>) -> ApplyReport;
     /// What the kernel holds now (from the programmer's own record: cheap).
     fn observe(&self) -> Observation;
+    /// Tells the kernel the agent is alive with a current view (see `--fail-open-after`).
+    fn heartbeat(&mut self) -> Result<(), DataplaneError> {
+        Ok(())
+    }
 }
 
 impl Programmer for Dataplane {
@@ -38,6 +42,10 @@ impl Programmer for Dataplane {
 
     fn apply_changes(&mut self, desired: &DesiredState, changed: &BTreeSet<ServicePort>) -> ApplyReport {
         Dataplane::apply_changes(self, changed.iter().map(|port| (*port, desired.services.get(port))))
+    }
+
+    fn heartbeat(&mut self) -> Result<(), DataplaneError> {
+        Dataplane::heartbeat(self)
     }
 
     fn observe(&self) -> Observation {

@@ -90,7 +90,7 @@ mod tests {
     }
 
     fn entry(name: &str) -> DesiredService {
-        DesiredService { name: name.into(), backends: vec![] }
+        DesiredService { name: name.into(), ..DesiredService::default() }
     }
 
     #[test]

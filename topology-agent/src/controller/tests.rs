@@ -63,6 +63,7 @@ fn service(name: &str, vip: &str) -> Service {
         cluster_ips: vec![vip.parse().unwrap()],
         ports: vec![SvcPort { name: "http".into(), port: 80, protocol: Protocol::Tcp }],
         internal_traffic_local: false,
+        session_affinity_timeout_s: None,
         traffic_distribution: None,
         topology_keys: None,
         topology_mode: None,

@@ -2,25 +2,27 @@
 //! each. The programs reach a service's counters with two inlined array accesses instead of a
 //! hash walk; the agent creates a chunk when it first hands out an id in it, so kernel memory
 //! follows the ids in use (`COUNTER_CHUNK × 48 B × possible CPUs` per chunk), not the capacity.
+//!
+//! Each chunk is also pinned (`maps/topo_cnt_chunk_<n>`), so readers open it by path: looking an
+//! inner map up by id would need `CAP_SYS_ADMIN`. Updating an entry of the outer map is also how
+//! the agent waits for an RCU grace period (see [`super::grace`]).
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, path::PathBuf};
 
 use aya::maps::{ArrayOfMaps, Map, MapData, MapError, PerCpuArray, PerCpuValues};
 use aya_obj::generated::bpf_map_type;
 use topology_common::{COUNTER_CHUNK, ServiceCounters, map_names};
 
-use super::error::DataplaneError;
+use super::{error::DataplaneError, grace::Grace, maps::PinLayout};
 
 type Chunk = PerCpuArray<MapData, ServiceCounters>;
-
-/// Kernel object name of every chunk (`bpftool map` lists them under it).
-const CHUNK_NAME: &str = "topo_cnt_chunk";
 
 /// The counters map and the chunks this process has opened or created.
 pub struct Counters {
     outer: ArrayOfMaps<MapData, Chunk>,
     chunks: Vec<Option<Chunk>>,
     nr_cpus: usize,
+    layout: PinLayout,
 }
 
 /// The chunk and the index in it of a service id.
@@ -34,12 +36,36 @@ pub fn chunks_for(service_ids: u32) -> u32 {
 }
 
 impl Counters {
-    /// Wraps the pinned or freshly created outer map.
-    pub fn new(map: Map) -> Result<Self, DataplaneError> {
+    /// Wraps the pinned or freshly created outer map; chunks are pinned under `layout`.
+    pub fn new(map: Map, layout: &PinLayout) -> Result<Self, DataplaneError> {
         let outer: ArrayOfMaps<MapData, Chunk> = map.try_into().map_err(DataplaneError::map(map_names::COUNTERS))?;
         let nr_cpus = aya::util::nr_cpus().map_err(|(path, source)| DataplaneError::Cpus { path, source })?;
         let chunks = (0..outer.len()).map(|_| None).collect();
-        Ok(Self { outer, chunks, nr_cpus })
+        Ok(Self { outer, chunks, nr_cpus, layout: layout.clone() })
+    }
+
+    /// Pin path of chunk `index`.
+    fn chunk_pin(&self, index: u32) -> PathBuf {
+        self.layout.map(&format!("{}_{index}", map_names::COUNTER_CHUNK))
+    }
+
+    /// Chunk `index` from its pin, else from the outer map (by id, which needs `CAP_SYS_ADMIN`;
+    /// only chunks an older agent created lack a pin, and they get one here), else `None`.
+    fn open_chunk(&self, index: u32) -> Result<Option<Chunk>, DataplaneError> {
+        let pin = self.chunk_pin(index);
+        if pin.exists() {
+            let data = MapData::from_pin(&pin).map_err(DataplaneError::map(map_names::COUNTERS))?;
+            return Chunk::try_from(Map::PerCpuArray(data)).map(Some).map_err(DataplaneError::map(map_names::COUNTERS));
+        }
+        match self.outer.get(&index, 0) {
+            Ok(chunk) => {
+                // Best effort: a reader without the right to pin still reads it.
+                let _ = chunk_data(&chunk).pin(&pin);
+                Ok(Some(chunk))
+            }
+            Err(MapError::KeyNotFound | MapError::OutOfBounds { .. }) => Ok(None),
+            Err(error) => Err(DataplaneError::Map { map: map_names::COUNTERS, source: error }),
+        }
     }
 
     /// Zeroes the counters of `service_id`, creating its chunk first if no id in it was used yet.
@@ -53,24 +79,23 @@ impl Counters {
     /// The chunk at `index`: already open, else opened from the outer map, else created and
     /// published in it.
     fn chunk(&mut self, index: u32) -> Result<&mut Chunk, DataplaneError> {
-        let slot = self.chunks.get_mut(index as usize).ok_or(DataplaneError::MapFull {
+        let slot = self.chunks.get(index as usize).ok_or(DataplaneError::MapFull {
             map: map_names::COUNTERS,
             needed: u64::from(index + 1) * u64::from(COUNTER_CHUNK),
             capacity: self.outer.len().saturating_mul(COUNTER_CHUNK),
         })?;
         if slot.is_none() {
-            let chunk = match self.outer.get(&index, 0) {
-                Ok(chunk) => chunk,
-                Err(MapError::KeyNotFound) => {
-                    let created = create_chunk()?;
+            let chunk = match self.open_chunk(index)? {
+                Some(chunk) => chunk,
+                None => {
+                    let created = create_chunk(&self.chunk_pin(index))?;
                     self.outer.set(index, &created, 0).map_err(DataplaneError::map(map_names::COUNTERS))?;
                     created
                 }
-                Err(error) => return Err(DataplaneError::Map { map: map_names::COUNTERS, source: error }),
             };
-            *slot = Some(chunk);
+            self.chunks[index as usize] = Some(chunk);
         }
-        Ok(slot.as_mut().expect("filled above"))
+        Ok(self.chunks[index as usize].as_mut().expect("filled above"))
     }
 
     /// The counters of `ids`, summed over CPUs. Ids whose chunk does not exist read as zero.
@@ -85,16 +110,15 @@ impl Counters {
             let opened;
             let chunk = match self.chunks.get(index as usize) {
                 Some(Some(chunk)) => chunk,
-                _ => match self.outer.get(&index, 0) {
-                    Ok(chunk) => {
+                _ => match self.open_chunk(index)? {
+                    Some(chunk) => {
                         opened = chunk;
                         &opened
                     }
-                    Err(MapError::KeyNotFound | MapError::OutOfBounds { .. }) => {
+                    None => {
                         out.extend(ids.into_iter().map(|id| (id, ServiceCounters::default())));
                         continue;
                     }
-                    Err(error) => return Err(DataplaneError::Map { map: map_names::COUNTERS, source: error }),
                 },
             };
             for id in ids {
@@ -106,8 +130,24 @@ impl Counters {
     }
 }
 
-/// A new, zeroed chunk with the inner layout the programs were verified against.
-fn create_chunk() -> Result<Chunk, DataplaneError> {
+impl Grace for Counters {
+    /// Sets entry 0 of the outer map to the chunk it already holds: the kernel waits for an RCU
+    /// grace period before the update returns.
+    fn wait(&mut self) -> Result<(), DataplaneError> {
+        let grace_error = |error: MapError| DataplaneError::GracePeriod { source: std::io::Error::other(error) };
+        self.chunk(0)?;
+        let chunk = self.chunks[0].as_ref().expect("opened above");
+        self.outer.set(0, chunk, 0).map_err(grace_error)
+    }
+}
+
+/// The map under a chunk.
+fn chunk_data(chunk: &Chunk) -> &MapData {
+    aya::maps::IterableMap::map(chunk)
+}
+
+/// A new, zeroed chunk with the inner layout the programs were verified against, pinned at `pin`.
+fn create_chunk(pin: &std::path::Path) -> Result<Chunk, DataplaneError> {
     let definition = aya_obj::Map::new_from_params(
         bpf_map_type::BPF_MAP_TYPE_PERCPU_ARRAY as u32,
         size_of::<u32>() as u32,
@@ -115,7 +155,10 @@ fn create_chunk() -> Result<Chunk, DataplaneError> {
         COUNTER_CHUNK,
         0,
     );
-    let data = MapData::create(definition, CHUNK_NAME, None).map_err(DataplaneError::map(map_names::COUNTERS))?;
+    let data = MapData::create(definition, map_names::COUNTER_CHUNK, None)
+        .map_err(DataplaneError::map(map_names::COUNTERS))?;
+    data.pin(pin)
+        .map_err(|error| DataplaneError::Pin { path: pin.to_path_buf(), source: std::io::Error::other(error) })?;
     Chunk::try_from(Map::PerCpuArray(data)).map_err(DataplaneError::map(map_names::COUNTERS))
 }
 

@@ -7,9 +7,66 @@ use crate::desired::ServicePort;
 /// A dataplane failure.
 #[derive(Debug, thiserror::Error)]
 pub enum DataplaneError {
-    /// The configuration cannot be loaded (an invalid capacity).
-    #[error("dataplane configuration: {0}")]
-    Config(String),
+    /// A configured capacity is out of range.
+    #[error("capacity of map {map} {reason}")]
+    Capacity {
+        /// Map name.
+        map: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The embedded eBPF object could not be parsed (a build problem).
+    #[error("parsing the embedded eBPF object {object}: {reason}")]
+    Object {
+        /// Which object.
+        object: &'static str,
+        /// The parser's message.
+        reason: String,
+    },
+    /// A map that must be shared with the agent's memory is not mmapable.
+    #[error("map {map} is not an mmapable array of the expected value size")]
+    NotMappable {
+        /// Map name.
+        map: &'static str,
+    },
+    /// Mapping a map into memory failed.
+    #[error("mapping map {map}: {source}")]
+    Mmap {
+        /// Map name.
+        map: &'static str,
+        /// The I/O error.
+        source: io::Error,
+    },
+    /// The service index does not have a power-of-two size.
+    #[error("map {map} has {positions} positions; the service index needs a power of two")]
+    IndexSize {
+        /// Map name.
+        map: &'static str,
+        /// Its size.
+        positions: u32,
+    },
+    /// The kernel did not wait for an RCU grace period; nothing that needs one was reused.
+    #[error("waiting for an RCU grace period: {source}")]
+    GracePeriod {
+        /// The error of the map-in-map update that should have waited.
+        source: io::Error,
+    },
+    /// An object could not be pinned.
+    #[error("pinning {path}: {source}")]
+    Pin {
+        /// The pin path.
+        path: PathBuf,
+        /// The error.
+        source: io::Error,
+    },
+    /// This process's own cgroup could not be found.
+    #[error("finding this process's cgroup ({path}): {source}")]
+    OwnCgroup {
+        /// What was read.
+        path: PathBuf,
+        /// The I/O error.
+        source: io::Error,
+    },
     /// The pin directory could not be created or read.
     #[error("pin directory {path}: {source}")]
     PinDir {
@@ -181,6 +238,8 @@ impl std::fmt::Display for MapLayout {
             5 => "a percpu_hash",
             6 => "a percpu_array",
             9 => "an lru_hash",
+            12 => "an array_of_maps",
+            24 => "an sk_storage",
             27 => "a ringbuf",
             other => return write!(f, "map type {other}, key {} B, value {} B", self.key_size, self.value_size),
         };

@@ -3,38 +3,20 @@
 //! The socket programs run inside an RCU read-side critical section (`bpf_prog_run_array_cg`
 //! holds `rcu_read_lock()` around them), so once an RCU grace period has passed after a service
 //! entry was replaced, no program holds the old entry any more and its slots may be rewritten.
-//! `membarrier(MEMBARRIER_CMD_GLOBAL)` is `synchronize_rcu()` from userspace.
+//!
+//! The kernel's documented way for userspace to wait for one is an update of a map-in-map: after
+//! `BPF_MAP_UPDATE_ELEM` on an `ARRAY_OF_MAPS` succeeds, the kernel has called `synchronize_rcu()`
+//! so that "userspace, when we return to it, knows that all non-sleepable programs that could be
+//! running use the new map value" (`maybe_wait_bpf_programs`, kernel/bpf/syscall.c). Unlike
+//! `membarrier(MEMBARRIER_CMD_GLOBAL)`, which returns at once on a one-CPU machine even when a
+//! preempted program is mid-run (preemptible RCU), this is a real grace period on every
+//! configuration. The writer rewrites an entry of the counters map with the same inner map.
 
-use std::time::Duration;
+use super::error::DataplaneError;
 
-/// `MEMBARRIER_CMD_GLOBAL` from `linux/membarrier.h`.
-const MEMBARRIER_CMD_GLOBAL: libc::c_int = 1;
-
-/// How long to wait instead when the kernel refuses the global membarrier (`nohz_full` kernels,
-/// a seccomp filter): programs run for microseconds, so this is orders of magnitude beyond the
-/// longest reader.
-const FALLBACK: Duration = Duration::from_millis(50);
-
-/// Returns once every program that started before the call has finished.
-pub fn wait() {
-    if synchronize_rcu().is_err() {
-        std::thread::sleep(FALLBACK);
-    }
-}
-
-/// `synchronize_rcu()` through the global membarrier.
-fn synchronize_rcu() -> std::io::Result<()> {
-    // SAFETY: membarrier takes no pointers; `cmd` is a valid command and flags are 0.
-    let ret = unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_GLOBAL, 0, 0) };
-    if ret == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn the_global_membarrier_is_available() {
-        // Kernels built with nohz_full refuse it and the writer sleeps instead; the supported
-        // machines (and CI) take the fast path.
-        super::synchronize_rcu().expect("membarrier(MEMBARRIER_CMD_GLOBAL)");
-    }
+/// Something that can wait for an RCU grace period.
+pub trait Grace {
+    /// Returns once every program that started before the call has finished; an error means
+    /// no grace period was waited for, and nothing that needs one may be reused.
+    fn wait(&mut self) -> Result<(), DataplaneError>;
 }

@@ -10,20 +10,71 @@ use aya::{
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 use topology_common::{
-    INDEX_V4_MASK_GLOBAL, INDEX_V6_MASK_GLOBAL, LOG_LEVEL_GLOBAL, SOCK_TRANSLATION_MASK_GLOBAL, map_names,
+    AGENT_CGROUP_GLOBAL, INDEX_ENABLED_GLOBAL, INDEX_V4_MASK_GLOBAL, INDEX_V6_MASK_GLOBAL, LOG_LEVEL_GLOBAL, map_names,
     program_names,
 };
 
 use super::{
-    error::{DataplaneError, MapLayout},
+    error::DataplaneError,
     index::positions_for,
     links,
-    maps::{Capacities, PinLayout, pinned_info},
+    maps::{Capacities, PinLayout},
+    pins,
 };
 use crate::mounts;
 
-/// The kernel programs, built by `build.rs` from `topology-ebpf`.
-static PROGRAMS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/topology"));
+/// The kernel programs, built by `build.rs` from `topology-ebpf`: index loads in program order.
+pub static PROGRAMS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/topology"));
+/// The same programs with every index load a BPF load-acquire (ISA v4, kernel 6.15+).
+static PROGRAMS_ACQUIRE: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/topology-acquire"));
+
+/// How the programs read the service index (see `topology_common::index`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IndexOrdering {
+    /// x86-64: plain loads, on any kernel. Elsewhere: load-acquire where the kernel has it, else
+    /// the index is off and the programs use the hash maps.
+    #[default]
+    Auto,
+    /// Plain loads in program order (sound on TSO CPUs only).
+    Plain,
+    /// BPF load-acquire (needs a kernel with it).
+    Acquire,
+    /// No index: every lookup asks the hash maps.
+    Off,
+}
+
+/// One way to load the programs: which object, and whether they probe the index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Flavour {
+    /// Name of the embedded object.
+    pub object: &'static str,
+    /// Whether the programs probe the service index.
+    pub index: bool,
+}
+
+const PLAIN: Flavour = Flavour { object: "topology", index: true };
+const ACQUIRE: Flavour = Flavour { object: "topology-acquire", index: true };
+const NO_INDEX: Flavour = Flavour { object: "topology", index: false };
+
+impl IndexOrdering {
+    /// The flavours to try, in order, on this machine.
+    fn candidates(self) -> &'static [Flavour] {
+        match self {
+            Self::Auto if cfg!(target_arch = "x86_64") => &[PLAIN],
+            Self::Auto => &[ACQUIRE, NO_INDEX],
+            Self::Plain => &[PLAIN],
+            Self::Acquire => &[ACQUIRE],
+            Self::Off => &[NO_INDEX],
+        }
+    }
+}
+
+impl Flavour {
+    fn bytes(self) -> &'static [u8] {
+        if self.object == ACQUIRE.object { PROGRAMS_ACQUIRE } else { PROGRAMS }
+    }
+}
 
 /// Level of the kernel programs' own diagnostics. Anything but `off` costs a ring-buffer write per
 /// logged event; `off` is removed by the verifier, so the hot path pays nothing.
@@ -61,73 +112,87 @@ impl KernelLogLevel {
 
 /// The loaded object and, when kernel logging is on, its log reader.
 pub struct Loaded {
-    /// The object; its maps of the persistent state have been taken out by the caller.
+    /// The object, its programs loaded (verified); the caller takes its persistent maps out.
     pub ebpf: Ebpf,
     /// Reader of the kernel log ring buffer; must live as long as the programs may log.
     pub logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
+    /// Which object was loaded, and whether its programs probe the index.
+    pub flavour: Flavour,
 }
 
-/// Loads the object with its maps opened from, or created and pinned under, `layout`.
-pub fn load(layout: &PinLayout, capacities: &Capacities, log_level: KernelLogLevel) -> Result<Loaded, DataplaneError> {
-    capacities.validate().map_err(DataplaneError::Config)?;
-    prepare_pin_dirs(layout)?;
-    check_pinned(layout, capacities)?;
+/// What [`load`] needs besides the pin layout.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadOptions {
+    /// Map capacities.
+    pub capacities: Capacities,
+    /// Kernel diagnostics.
+    pub log_level: KernelLogLevel,
+    /// How the programs read the service index.
+    pub index: IndexOrdering,
+    /// The agent's own cgroup id, exempted for the services that ask for it.
+    pub agent_cgroup: Option<u64>,
+}
+
+/// Loads the object with its maps opened from, or created and pinned under, `layout`, and its
+/// programs verified: the first flavour of `options.index` the kernel accepts.
+pub fn load(layout: &PinLayout, options: &LoadOptions) -> Result<Loaded, DataplaneError> {
+    options.capacities.validate()?;
+    pins::prepare_dirs(layout)?;
+    pins::prepare(layout, &options.capacities)?;
+    let mut last = None;
+    for &flavour in options.index.candidates() {
+        match load_flavour(layout, options, flavour) {
+            Ok(mut ebpf) => {
+                let logger = match options.log_level {
+                    KernelLogLevel::Off => None,
+                    _ => Some(aya_log::EbpfLogger::init(&mut ebpf)?),
+                };
+                return Ok(Loaded { ebpf, logger, flavour });
+            }
+            Err(error) => {
+                tracing::warn!(object = flavour.object, %error, "the kernel refused these programs");
+                last = Some(error);
+            }
+        }
+    }
+    Err(last.expect("every ordering has a flavour"))
+}
+
+/// Loads one flavour: maps opened or created, globals set, programs verified.
+fn load_flavour(layout: &PinLayout, options: &LoadOptions, flavour: Flavour) -> Result<Ebpf, DataplaneError> {
     let mut loader = EbpfLoader::new();
     for name in map_names::PINNED {
         loader.map_pin_path(name, layout.map(name));
     }
-    for (name, configured) in capacities.by_map() {
+    for (name, configured) in options.capacities.by_map() {
         loader.map_max_entries(name, configured);
     }
-    let level = log_level.global();
+    let level = options.log_level.global();
     loader.override_global(LOG_LEVEL_GLOBAL, &level, true);
-    let mask = capacities.sock_translations - 1;
-    loader.override_global(SOCK_TRANSLATION_MASK_GLOBAL, &mask, true);
-    let index_v4_mask = positions_for(capacities.services_v4) - 1;
+    let index_v4_mask = positions_for(options.capacities.services_v4) - 1;
     loader.override_global(INDEX_V4_MASK_GLOBAL, &index_v4_mask, true);
-    let index_v6_mask = positions_for(capacities.services_v6) - 1;
+    let index_v6_mask = positions_for(options.capacities.services_v6) - 1;
     loader.override_global(INDEX_V6_MASK_GLOBAL, &index_v6_mask, true);
-    let mut ebpf = loader.load(PROGRAMS)?;
-    let logger = match log_level {
-        KernelLogLevel::Off => None,
-        _ => Some(aya_log::EbpfLogger::init(&mut ebpf)?),
-    };
-    Ok(Loaded { ebpf, logger })
-}
-
-/// Checks that every map a previous agent pinned has the type, key size and value size this
-/// agent's programs declare, and the configured capacity: maps pinned by another version would
-/// otherwise be reused and fail the verifier with a wall of text.
-fn check_pinned(layout: &PinLayout, capacities: &Capacities) -> Result<(), DataplaneError> {
-    let object = aya_obj::Object::parse(PROGRAMS)
-        .map_err(|error| DataplaneError::Config(format!("parsing the embedded eBPF object: {error}")))?;
-    for (name, configured) in capacities.by_map() {
-        let Some(info) = pinned_info(&layout.map(name), name)? else { continue };
-        let declared = object
-            .maps
-            .get(name)
-            .ok_or(DataplaneError::MapMissing { map: name, location: "the eBPF object".into() })?;
-        let pinned = MapLayout {
-            map_type: info.map_type().map_or(u32::MAX, |kind| kind as u32),
-            key_size: info.key_size(),
-            value_size: info.value_size(),
-        };
-        let expected = MapLayout {
-            map_type: declared.map_type(),
-            key_size: declared.key_size(),
-            value_size: declared.value_size(),
-        };
-        if pinned != expected {
-            return Err(DataplaneError::PinnedLayout { map: name, pinned, expected });
-        }
-        if info.max_entries() != configured {
-            return Err(DataplaneError::CapacityMismatch { map: name, pinned: info.max_entries(), configured });
-        }
+    let enabled = u32::from(flavour.index);
+    loader.override_global(INDEX_ENABLED_GLOBAL, &enabled, true);
+    let agent = options.agent_cgroup.unwrap_or(0);
+    loader.override_global(AGENT_CGROUP_GLOBAL, &agent, true);
+    let mut ebpf = loader.load(flavour.bytes())?;
+    for name in program_names::ALL {
+        program(&mut ebpf, name)?.load().map_err(DataplaneError::program(name))?;
     }
-    Ok(())
+    Ok(ebpf)
 }
 
-/// Loads every program and attaches it to `cgroup`, replacing the links a previous agent pinned.
+/// A loaded object's program by name.
+fn program<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut CgroupSockAddr, DataplaneError> {
+    ebpf.program_mut(name)
+        .ok_or(DataplaneError::Program { program: name, source: aya::programs::ProgramError::NotLoaded })?
+        .try_into()
+        .map_err(DataplaneError::program(name))
+}
+
+/// Attaches every (loaded) program to `cgroup`, replacing the links a previous agent pinned.
 pub fn attach_all(ebpf: &mut Ebpf, layout: &PinLayout, cgroup: &Path) -> Result<(), DataplaneError> {
     let cgroup_error = |source| DataplaneError::Cgroup { path: cgroup.to_path_buf(), source };
     if !mounts::is_cgroup2(cgroup).map_err(cgroup_error)? {
@@ -135,12 +200,7 @@ pub fn attach_all(ebpf: &mut Ebpf, layout: &PinLayout, cgroup: &Path) -> Result<
     }
     let cgroup_fd = File::open(cgroup).map_err(cgroup_error)?;
     for name in program_names::ALL {
-        let program: &mut CgroupSockAddr = ebpf
-            .program_mut(name)
-            .ok_or_else(|| DataplaneError::Program { program: name, source: aya::programs::ProgramError::NotLoaded })?
-            .try_into()
-            .map_err(DataplaneError::program(name))?;
-        program.load().map_err(DataplaneError::program(name))?;
+        let program = program(ebpf, name)?;
         // Cgroup bpf_links always coexist with other programs (BPF_F_ALLOW_MULTI semantics) and the
         // kernel rejects any attach flag on them, so the mode must be the flag-less one.
         let link_id = program.attach(&cgroup_fd, CgroupAttachMode::Single).map_err(DataplaneError::program(name))?;
@@ -149,22 +209,6 @@ pub fn attach_all(ebpf: &mut Ebpf, layout: &PinLayout, cgroup: &Path) -> Result<
                 DataplaneError::Link { path: layout.link(name), source: std::io::Error::other(error) }
             })?;
         links::replace_pinned(link, &layout.link(name))?;
-    }
-    Ok(())
-}
-
-/// Checks the pin directory is on bpffs (its nearest existing ancestor, before creating it) and
-/// creates its subdirectories.
-fn prepare_pin_dirs(layout: &PinLayout) -> Result<(), DataplaneError> {
-    let root = layout.root();
-    let existing = root.ancestors().find(|dir| dir.exists()).unwrap_or(root);
-    let on_bpffs =
-        mounts::is_bpffs(existing).map_err(|source| DataplaneError::PinDir { path: existing.to_path_buf(), source })?;
-    if !on_bpffs {
-        return Err(DataplaneError::NotBpffs { path: root.to_path_buf() });
-    }
-    for dir in [layout.maps_dir(), layout.links_dir()] {
-        std::fs::create_dir_all(&dir).map_err(|source| DataplaneError::PinDir { path: dir.clone(), source })?;
     }
     Ok(())
 }

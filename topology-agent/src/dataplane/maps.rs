@@ -5,16 +5,18 @@ use std::path::{Path, PathBuf};
 
 use aya::{
     Ebpf,
-    maps::{Array, HashMap, IterableMap as _, Map, MapData, MapInfo},
+    maps::{Array, HashMap, IterableMap as _, Map, MapData, MapInfo, PerCpuArray},
 };
 use serde::{Deserialize, Serialize};
 use topology_common::{
-    IndexEntry4, IndexEntry6, ServiceKey4, ServiceKey6, ServiceMeta, ServiceValue, Slot, capacity, map_names,
+    Heartbeat, IndexEntry4, IndexEntry6, NodeCounters, ServiceKey4, ServiceKey6, ServiceMeta, ServiceOptions,
+    ServiceValue, Slot, capacity, map_names,
 };
 
-use super::{counters::Counters, error::DataplaneError, index::positions_for};
+use super::{counters::Counters, error::DataplaneError, index::positions_for, mmap::MappedArray};
 
-/// `max_entries` of every map; an agent restarted with different capacities refuses to adopt.
+/// `max_entries` of every map with a configurable size; an agent restarted with different
+/// capacities refuses to adopt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Capacities {
@@ -25,16 +27,10 @@ pub struct Capacities {
     pub services_v6: u32,
     /// Backend slots across all service ports, plus room for one set being swapped. Default 262,144.
     pub slots: u32,
-    /// Service ids (counters and names), both families. Default 131,072.
+    /// Service ids (counters, names and options), both families. Default 131,072.
     pub service_ids: u32,
-    /// Unconnected UDP sockets' backend affinity entries (LRU). Default 65,536.
-    pub affinity: u32,
-    /// Unconnected UDP reply translations (LRU). Default 65,536.
-    pub revnat: u32,
-    /// Slots of the connected-socket translation table; a power of two. A socket's slot is reused
-    /// after this many newer sockets, which bounds how long `getpeername()` shows the ClusterIP.
-    /// Default 262,144.
-    pub sock_translations: u32,
+    /// Clients remembered for `sessionAffinity: ClientIP` (LRU). Default 65,536.
+    pub client_affinity: u32,
 }
 
 impl Default for Capacities {
@@ -44,38 +40,29 @@ impl Default for Capacities {
             services_v6: capacity::SERVICES_V6,
             slots: capacity::SLOTS,
             service_ids: capacity::SERVICE_IDS,
-            affinity: capacity::AFFINITY,
-            revnat: capacity::REVNAT,
-            sock_translations: capacity::SOCK_TRANSLATIONS,
+            client_affinity: capacity::CLIENT_AFFINITY,
         }
     }
 }
 
 impl Capacities {
-    /// Checks what the kernel and the programs require: every capacity at least 1, the
-    /// translation table a power of two (the programs index it with a mask).
-    pub fn validate(&self) -> Result<(), String> {
-        if let Some((name, _)) = self.by_map().into_iter().find(|(_, capacity)| *capacity == 0) {
-            return Err(format!("capacity of {name} must be at least 1"));
+    /// Checks what the kernel and the programs require: every capacity at least 1, services at
+    /// most 2^30 (the index doubles them into a power of two).
+    pub fn validate(&self) -> Result<(), DataplaneError> {
+        if let Some((map, _)) = self.by_map().into_iter().find(|(_, capacity)| *capacity == 0) {
+            return Err(DataplaneError::Capacity { map, reason: "must be at least 1".into() });
         }
-        for (name, services) in [(map_names::SERVICES_V4, self.services_v4), (map_names::SERVICES_V6, self.services_v6)]
+        for (map, services) in [(map_names::SERVICES_V4, self.services_v4), (map_names::SERVICES_V6, self.services_v6)]
         {
             if services > 1 << 30 {
-                return Err(format!("capacity of {name} must be at most 2^30, not {services}"));
+                return Err(DataplaneError::Capacity { map, reason: format!("must be at most 2^30, not {services}") });
             }
-        }
-        if !self.sock_translations.is_power_of_two() {
-            return Err(format!(
-                "capacity of {} must be a power of two, not {}",
-                map_names::SOCK_TRANSLATIONS,
-                self.sock_translations
-            ));
         }
         Ok(())
     }
 
     /// `(map name, max_entries)` for every map with a configurable capacity.
-    pub fn by_map(&self) -> [(&'static str, u32); 10] {
+    pub fn by_map(&self) -> [(&'static str, u32); 9] {
         [
             (map_names::INDEX_V4, positions_for(self.services_v4)),
             (map_names::INDEX_V6, positions_for(self.services_v6)),
@@ -84,10 +71,21 @@ impl Capacities {
             (map_names::SLOTS, self.slots),
             (map_names::COUNTERS, super::counters::chunks_for(self.service_ids)),
             (map_names::SERVICE_META, self.service_ids),
-            (map_names::AFFINITY, self.affinity),
-            (map_names::REVNAT, self.revnat),
-            (map_names::SOCK_TRANSLATIONS, self.sock_translations),
+            (map_names::SERVICE_OPTIONS, self.service_ids),
+            (map_names::CLIENT_AFFINITY, self.client_affinity),
         ]
+    }
+
+    /// The capacity of `map` as a `--capacity MAP=ENTRIES` override names it.
+    pub fn entry_mut(&mut self, map: &str) -> Option<&mut u32> {
+        Some(match map {
+            map_names::SERVICES_V4 => &mut self.services_v4,
+            map_names::SERVICES_V6 => &mut self.services_v6,
+            map_names::SLOTS => &mut self.slots,
+            map_names::COUNTERS | map_names::SERVICE_META | map_names::SERVICE_OPTIONS => &mut self.service_ids,
+            map_names::CLIENT_AFFINITY => &mut self.client_affinity,
+            _ => return None,
+        })
     }
 }
 
@@ -135,41 +133,58 @@ pub struct MapSet {
     pub services4: HashMap<MapData, ServiceKey4, ServiceValue>,
     /// IPv6 service ports.
     pub services6: HashMap<MapData, ServiceKey6, ServiceValue>,
-    /// IPv4 service index.
-    pub index4: Array<MapData, IndexEntry4>,
-    /// IPv6 service index.
-    pub index6: Array<MapData, IndexEntry6>,
+    /// IPv4 service index, mapped.
+    pub index4: MappedArray<IndexEntry4>,
+    /// IPv6 service index, mapped.
+    pub index6: MappedArray<IndexEntry6>,
     /// Backend slots, one run per set.
     pub slots: Array<MapData, Slot>,
     /// Per-CPU counters by service id, in chunks.
     pub counters: Counters,
     /// Names by service id.
     pub meta: HashMap<MapData, u32, ServiceMeta>,
+    /// Options by service id.
+    pub options: Array<MapData, ServiceOptions>,
+    /// The agent's heartbeat.
+    pub heartbeat: Array<MapData, Heartbeat>,
+    /// Counters of the whole node.
+    pub node_counters: PerCpuArray<MapData, NodeCounters>,
     /// Capacities as the kernel reports them.
     pub capacities: Capacities,
 }
 
+/// The maps of a [`MapSet`], in the order `MapSet::from_maps` takes them.
+const SET: [&str; 11] = [
+    map_names::SERVICES_V4,
+    map_names::SERVICES_V6,
+    map_names::SLOTS,
+    map_names::COUNTERS,
+    map_names::SERVICE_META,
+    map_names::INDEX_V4,
+    map_names::INDEX_V6,
+    map_names::SERVICE_OPTIONS,
+    map_names::HEARTBEAT,
+    map_names::NODE_COUNTERS,
+    map_names::CLIENT_AFFINITY,
+];
+
 impl MapSet {
     /// Takes the maps out of a loaded object.
-    pub fn from_ebpf(ebpf: &mut Ebpf) -> Result<Self, DataplaneError> {
-        let mut take = |name: &'static str| {
-            ebpf.take_map(name).ok_or(DataplaneError::MapMissing { map: name, location: "the eBPF object".into() })
-        };
-        let maps = [
-            take(map_names::SERVICES_V4)?,
-            take(map_names::SERVICES_V6)?,
-            take(map_names::SLOTS)?,
-            take(map_names::COUNTERS)?,
-            take(map_names::SERVICE_META)?,
-            take(map_names::INDEX_V4)?,
-            take(map_names::INDEX_V6)?,
-        ];
-        Self::from_maps(maps)
+    pub fn from_ebpf(ebpf: &mut Ebpf, layout: &PinLayout) -> Result<Self, DataplaneError> {
+        let mut maps = Vec::with_capacity(SET.len());
+        for name in SET {
+            maps.push(
+                ebpf.take_map(name)
+                    .ok_or(DataplaneError::MapMissing { map: name, location: "the eBPF object".into() })?,
+            );
+        }
+        Self::from_maps(maps, layout)
     }
 
     /// Opens the maps pinned under `layout`.
     pub fn from_pins(layout: &PinLayout) -> Result<Self, DataplaneError> {
-        let open = |name: &'static str| -> Result<Map, DataplaneError> {
+        let mut maps = Vec::with_capacity(SET.len());
+        for name in SET {
             let path = layout.map(name);
             if !path.exists() {
                 return Err(DataplaneError::MapMissing {
@@ -178,47 +193,62 @@ impl MapSet {
                 });
             }
             let data = MapData::from_pin(&path).map_err(DataplaneError::map(name))?;
-            Map::from_map_data(data).map_err(DataplaneError::map(name))
-        };
-        Self::from_maps([
-            open(map_names::SERVICES_V4)?,
-            open(map_names::SERVICES_V6)?,
-            open(map_names::SLOTS)?,
-            open(map_names::COUNTERS)?,
-            open(map_names::SERVICE_META)?,
-            open(map_names::INDEX_V4)?,
-            open(map_names::INDEX_V6)?,
-        ])
+            maps.push(Map::from_map_data(data).map_err(DataplaneError::map(name))?);
+        }
+        Self::from_maps(maps, layout)
     }
 
-    fn from_maps(
-        [services4, services6, slots, counters, meta, index4, index6]: [Map; 7],
-    ) -> Result<Self, DataplaneError> {
+    fn from_maps(maps: Vec<Map>, layout: &PinLayout) -> Result<Self, DataplaneError> {
+        let [services4, services6, slots, counters, meta, index4, index6, options, heartbeat, node, affinity]: [Map;
+            11] =
+            maps.try_into().map_err(|_| DataplaneError::MapMissing { map: "?", location: "the map set".into() })?;
         let services4: HashMap<_, ServiceKey4, ServiceValue> =
             services4.try_into().map_err(DataplaneError::map(map_names::SERVICES_V4))?;
         let services6: HashMap<_, ServiceKey6, ServiceValue> =
             services6.try_into().map_err(DataplaneError::map(map_names::SERVICES_V6))?;
         let slots: Array<_, Slot> = slots.try_into().map_err(DataplaneError::map(map_names::SLOTS))?;
-        let index4: Array<_, IndexEntry4> = index4.try_into().map_err(DataplaneError::map(map_names::INDEX_V4))?;
-        let index6: Array<_, IndexEntry6> = index6.try_into().map_err(DataplaneError::map(map_names::INDEX_V6))?;
-        let counters = Counters::new(counters)?;
+        let index4 = MappedArray::new(map_data(index4, map_names::INDEX_V4)?, map_names::INDEX_V4)?;
+        let index6 = MappedArray::new(map_data(index6, map_names::INDEX_V6)?, map_names::INDEX_V6)?;
+        let counters = Counters::new(counters, layout)?;
         let meta: HashMap<_, u32, ServiceMeta> =
             meta.try_into().map_err(DataplaneError::map(map_names::SERVICE_META))?;
+        let options: Array<_, ServiceOptions> =
+            options.try_into().map_err(DataplaneError::map(map_names::SERVICE_OPTIONS))?;
+        let heartbeat: Array<_, Heartbeat> = heartbeat.try_into().map_err(DataplaneError::map(map_names::HEARTBEAT))?;
+        let node_counters: PerCpuArray<_, NodeCounters> =
+            node.try_into().map_err(DataplaneError::map(map_names::NODE_COUNTERS))?;
         let max_entries = |data: &MapData, name: &'static str| -> Result<u32, DataplaneError> {
             Ok(data.info().map_err(DataplaneError::map(name))?.max_entries())
         };
-        let ids = max_entries(meta.map(), map_names::SERVICE_META)?;
+        let affinity = map_data(affinity, map_names::CLIENT_AFFINITY)?;
         let capacities = Capacities {
             services_v4: max_entries(services4.map(), map_names::SERVICES_V4)?,
             services_v6: max_entries(services6.map(), map_names::SERVICES_V6)?,
             slots: max_entries(slots.map(), map_names::SLOTS)?,
-            service_ids: ids,
-            // The LRU maps are not opened here; their capacities are checked at load.
-            affinity: 0,
-            revnat: 0,
-            sock_translations: 0,
+            service_ids: max_entries(meta.map(), map_names::SERVICE_META)?,
+            client_affinity: max_entries(&affinity, map_names::CLIENT_AFFINITY)?,
         };
-        Ok(Self { services4, services6, index4, index6, slots, counters, meta, capacities })
+        Ok(Self {
+            services4,
+            services6,
+            index4,
+            index6,
+            slots,
+            counters,
+            meta,
+            options,
+            heartbeat,
+            node_counters,
+            capacities,
+        })
+    }
+}
+
+/// The map data under an array or LRU hash map (the kinds this set opens without a typed handle).
+fn map_data(map: Map, name: &'static str) -> Result<MapData, DataplaneError> {
+    match map {
+        Map::Array(data) | Map::LruHashMap(data) => Ok(data),
+        _ => Err(DataplaneError::map(name)(aya::maps::MapError::InvalidMapType { map_type: u32::MAX })),
     }
 }
 
@@ -238,9 +268,23 @@ mod tests {
     #[test]
     fn capacities_are_validated() {
         assert!(Capacities::default().validate().is_ok());
-        let odd = Capacities { sock_translations: 100_000, ..Capacities::default() };
-        assert_eq!(odd.validate().unwrap_err(), "capacity of topo_sock_xlate must be a power of two, not 100000");
         let zero = Capacities { slots: 0, ..Capacities::default() };
-        assert_eq!(zero.validate().unwrap_err(), "capacity of topo_slots must be at least 1");
+        assert_eq!(zero.validate().unwrap_err().to_string(), "capacity of map topo_slots must be at least 1");
+        let huge = Capacities { services_v6: (1 << 30) + 1, ..Capacities::default() };
+        assert_eq!(
+            huge.validate().unwrap_err().to_string(),
+            "capacity of map topo_svc6 must be at most 2^30, not 1073741825"
+        );
+    }
+
+    #[test]
+    fn every_configurable_map_has_an_override_name() {
+        let mut capacities = Capacities::default();
+        for (map, _) in Capacities::default().by_map() {
+            if map != map_names::INDEX_V4 && map != map_names::INDEX_V6 {
+                assert!(capacities.entry_mut(map).is_some(), "{map}");
+            }
+        }
+        assert!(capacities.entry_mut("topo_sock_xlate").is_none());
     }
 }

@@ -10,10 +10,14 @@ pub mod alias;
 mod counters;
 mod error;
 mod grace;
+mod heartbeat;
+mod ids;
 mod index;
 mod links;
 mod loader;
 mod maps;
+mod mmap;
+mod pins;
 mod slot_space;
 mod state;
 mod writer;
@@ -21,14 +25,17 @@ mod writer;
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
+    time::Duration,
 };
 
 use aya::Ebpf;
 pub use error::DataplaneError;
-pub use loader::KernelLogLevel;
+pub use heartbeat::{FailOpen, HeartbeatReading};
+pub(crate) use loader::PROGRAMS;
+pub use loader::{Flavour, IndexOrdering, KernelLogLevel};
 pub use maps::{Capacities, PinLayout};
 pub use state::{CounterReading, KernelState, ProgrammedService};
-use topology_common::{ServiceCounters, program_names};
+use topology_common::{NodeCounters, ServiceCounters, program_names};
 pub use writer::{ApplyReport, Usage};
 
 use crate::desired::DesiredState;
@@ -50,6 +57,30 @@ pub struct DataplaneConfig {
     pub capacities: Capacities,
     /// Kernel diagnostics level.
     pub kernel_log: KernelLogLevel,
+    /// How the programs read the service index.
+    pub index: IndexOrdering,
+    /// The agent's own cgroup id: its sockets reach the services that ask for it (the API
+    /// server) untouched. `None`: no exemption.
+    pub agent_cgroup: Option<u64>,
+    /// How long the programs keep rewriting after the last [`Dataplane::heartbeat`]; `None`:
+    /// forever (they never fail open).
+    pub fail_open_after: Option<Duration>,
+}
+
+impl DataplaneConfig {
+    /// A configuration with the defaults of a library user: default capacities, no kernel log,
+    /// the index ordering this machine needs, no exemption, never failing open.
+    pub fn new(pin_path: impl Into<PathBuf>, cgroup: impl Into<PathBuf>) -> Self {
+        Self {
+            pin_path: pin_path.into(),
+            cgroup: cgroup.into(),
+            capacities: Capacities::default(),
+            kernel_log: KernelLogLevel::Off,
+            index: IndexOrdering::Auto,
+            agent_cgroup: None,
+            fail_open_after: None,
+        }
+    }
 }
 
 /// The loaded, attached dataplane.
@@ -57,6 +88,8 @@ pub struct Dataplane {
     writer: writer::Writer,
     logger: Option<KernelLogger>,
     layout: PinLayout,
+    flavour: Flavour,
+    fail_open: FailOpen,
     // Holds the object's other maps (the log ring buffer) for as long as the programs run.
     _ebpf: Ebpf,
 }
@@ -65,16 +98,45 @@ impl Dataplane {
     /// Loads the programs, adopts the pinned state, and attaches to the configured cgroup. The
     /// adopted state stays in the kernel untouched until the first [`Dataplane::apply`], except
     /// for the service index, which is brought in line with the service entries it mirrors.
+    ///
+    /// The heartbeat is left as it is (a previous agent's, or lapsed), unless the programs never
+    /// fail open: an agent starting after a long absence routes again only once it has a view.
     pub fn open(config: &DataplaneConfig) -> Result<Self, DataplaneError> {
         let layout = PinLayout::new(&config.pin_path);
-        let loader::Loaded { mut ebpf, logger } = loader::load(&layout, &config.capacities, config.kernel_log)?;
-        let maps = maps::MapSet::from_ebpf(&mut ebpf)?;
+        let options = loader::LoadOptions {
+            capacities: config.capacities,
+            log_level: config.kernel_log,
+            index: config.index,
+            agent_cgroup: config.agent_cgroup,
+        };
+        let loader::Loaded { mut ebpf, logger, flavour } = loader::load(&layout, &options)?;
+        let maps = maps::MapSet::from_ebpf(&mut ebpf, &layout)?;
         let kernel = state::read(&maps)?;
         // The index is completed before the programs that probe it are attached: an agent
         // upgraded from one without it starts with an empty index, which would hide every service.
-        let writer = writer::Writer::adopt(maps, kernel)?;
+        let mut writer = writer::Writer::adopt(maps, kernel)?;
+        let fail_open = FailOpen::new(config.fail_open_after);
+        if fail_open.never() {
+            heartbeat::beat(&mut writer.maps_mut().heartbeat, &fail_open)?;
+        }
         loader::attach_all(&mut ebpf, &layout, &config.cgroup)?;
-        Ok(Self { writer, logger, layout, _ebpf: ebpf })
+        Ok(Self { writer, logger, layout, flavour, fail_open, _ebpf: ebpf })
+    }
+
+    /// Tells the programs the agent is alive with a current view: they keep rewriting until
+    /// `fail_open_after` from now.
+    pub fn heartbeat(&mut self) -> Result<(), DataplaneError> {
+        heartbeat::beat(&mut self.writer.maps_mut().heartbeat, &self.fail_open)
+    }
+
+    /// Which object is loaded and whether its programs probe the index.
+    pub fn flavour(&self) -> Flavour {
+        self.flavour
+    }
+
+    /// Counters of the whole node, summed over CPUs.
+    pub fn node_counters(&self) -> Result<NodeCounters, DataplaneError> {
+        heartbeat::read_node_counters(&self.writer.maps().node_counters)
     }
 
     /// Makes the kernel hold `desired`, rewriting only the service ports that differ.
@@ -135,6 +197,10 @@ pub struct Snapshot {
     pub kernel: KernelState,
     /// Counters by service id.
     pub counters: BTreeMap<u32, ServiceCounters>,
+    /// Counters of the whole node.
+    pub node_counters: NodeCounters,
+    /// The agent's heartbeat as the programs see it.
+    pub heartbeat: HeartbeatReading,
     /// Programs with a pinned (attached) link.
     pub attached: Vec<&'static str>,
     /// Map capacities.
@@ -147,8 +213,10 @@ pub fn snapshot(pin_path: &Path) -> Result<Snapshot, DataplaneError> {
     let maps = maps::MapSet::from_pins(&layout)?;
     let kernel = state::read(&maps)?;
     let counters = state::read_counters(&maps)?;
+    let node_counters = heartbeat::read_node_counters(&maps.node_counters)?;
+    let heartbeat = heartbeat::read(&maps.heartbeat)?;
     let attached = program_names::ALL.into_iter().filter(|name| layout.link(name).exists()).collect();
-    Ok(Snapshot { kernel, counters, attached, capacities: maps.capacities })
+    Ok(Snapshot { kernel, counters, node_counters, heartbeat, attached, capacities: maps.capacities })
 }
 
 /// Reads the kernel counters from the pins, on its own descriptors: the metrics endpoint uses it
@@ -163,10 +231,25 @@ impl CounterReader {
         Ok(Self { maps: maps::MapSet::from_pins(&PinLayout::new(pin_path))? })
     }
 
-    /// Every service port's counters, summed over CPUs.
-    pub fn read(&self) -> Result<Vec<CounterReading>, DataplaneError> {
-        state::read_named_counters(&self.maps)
+    /// Every service port's counters and the node's, summed over CPUs, and the heartbeat.
+    pub fn read(&self) -> Result<KernelReading, DataplaneError> {
+        Ok(KernelReading {
+            services: state::read_named_counters(&self.maps)?,
+            node: heartbeat::read_node_counters(&self.maps.node_counters)?,
+            heartbeat: Some(heartbeat::read(&self.maps.heartbeat)?),
+        })
     }
+}
+
+/// What the kernel counts, as one scrape reads it.
+#[derive(Clone, Debug, Default)]
+pub struct KernelReading {
+    /// Per service port.
+    pub services: Vec<CounterReading>,
+    /// For the whole node.
+    pub node: NodeCounters,
+    /// The agent's heartbeat as the programs see it.
+    pub heartbeat: Option<HeartbeatReading>,
 }
 
 /// What [`cleanup`] removed.

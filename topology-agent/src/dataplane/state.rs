@@ -9,7 +9,7 @@ use std::{
 use topology_common::{ServiceCounters, ServiceMeta, ServiceValue, Slot, map_names};
 
 use super::{alias, error::DataplaneError, maps::MapSet};
-use crate::desired::{Protocol, ServicePort, WeightedBackend};
+use crate::desired::{PortOptions, Protocol, ServicePort, WeightedBackend};
 
 /// One service port as the kernel holds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -27,12 +27,22 @@ pub struct ProgrammedService {
     pub slots: Vec<Slot>,
     /// `namespace/name:port`.
     pub name: String,
+    /// Session affinity and exemptions.
+    pub options: PortOptions,
 }
 
 impl ProgrammedService {
     /// The mirror of a service entry, with the slots found for (or written to) its set.
-    pub fn new(value: &ServiceValue, slots: Vec<Slot>, name: String) -> Self {
-        Self { service_id: value.service_id, set_id: value.set_id, count: value.count, base: value.base, slots, name }
+    pub fn new(value: &ServiceValue, slots: Vec<Slot>, name: String, options: PortOptions) -> Self {
+        Self {
+            service_id: value.service_id,
+            set_id: value.set_id,
+            count: value.count,
+            base: value.base,
+            slots,
+            name,
+            options,
+        }
     }
 
     /// The service entry this mirrors.
@@ -80,7 +90,8 @@ pub fn read(maps: &MapSet) -> Result<KernelState, DataplaneError> {
         live_ids.insert(value.service_id);
         let slots = read_set(maps, &value)?;
         let name = names.get(&value.service_id).cloned().unwrap_or_default();
-        state.services.insert(port, ProgrammedService::new(&value, slots, name));
+        let options = read_options(maps, value.service_id)?;
+        state.services.insert(port, ProgrammedService::new(&value, slots, name, options));
     }
     // Counter entries have no keys to list (an array); only names mark an id as taken.
     state.orphan_ids = names.keys().copied().filter(|id| !live_ids.contains(id)).collect();
@@ -90,7 +101,8 @@ pub fn read(maps: &MapSet) -> Result<KernelState, DataplaneError> {
 /// The slots of a service entry's set, in order, up to the first that is out of range or not
 /// tagged with the entry's `set_id`.
 fn read_set(maps: &MapSet, value: &ServiceValue) -> Result<Vec<Slot>, DataplaneError> {
-    let mut slots = Vec::with_capacity(value.count as usize);
+    // Capped by the slots map: `count` is read from a map and may be anything.
+    let mut slots = Vec::with_capacity(value.count.min(maps.capacities.slots) as usize);
     for offset in 0..value.count {
         let Some(index) = value.base.checked_add(offset).filter(|&index| index < maps.capacities.slots) else {
             break;
@@ -102,6 +114,15 @@ fn read_set(maps: &MapSet, value: &ServiceValue) -> Result<Vec<Slot>, DataplaneE
         slots.push(Slot { set_id: 0, ..slot });
     }
     Ok(slots)
+}
+
+/// The options of a service id; ids beyond the options map have none.
+fn read_options(maps: &MapSet, service_id: u32) -> Result<PortOptions, DataplaneError> {
+    match maps.options.get(&service_id, 0) {
+        Ok(options) => Ok(PortOptions::from_kernel(&options)),
+        Err(aya::maps::MapError::OutOfBounds { .. }) => Ok(PortOptions::default()),
+        Err(source) => Err(DataplaneError::Map { map: map_names::SERVICE_OPTIONS, source }),
+    }
 }
 
 /// Names by service id.

@@ -21,23 +21,27 @@
 //! service wrote, so a map is never left holding part of a set.
 
 use std::{
-    collections::{BTreeSet, HashMap, HashSet},
+    collections::{HashMap, HashSet},
     io,
 };
 
 use aya::maps::MapError;
-use topology_common::{ServiceKey4, ServiceKey6, ServiceValue, Slot, map_names};
+use topology_common::{Backend, ServiceKey4, ServiceKey6, ServiceValue, Slot, THRESHOLD_ONE, map_names};
 
 use super::{
     alias,
     error::DataplaneError,
-    grace,
-    index::{Placement, ServiceIndex},
+    grace::Grace as _,
+    ids::{DenseIds, IdPool},
+    index::{self, ServiceIndex},
     maps::MapSet,
     slot_space::{Run, Shortage, SlotSpace},
     state::{KernelState, ProgrammedService, meta_from_name},
 };
-use crate::desired::{DesiredService, DesiredState, ServicePort};
+use crate::{
+    desired::{DesiredService, DesiredState, PortOptions, ServicePort},
+    sockets::Departure,
+};
 
 /// What one `apply` did.
 #[derive(Debug, Default)]
@@ -59,75 +63,8 @@ pub struct ApplyReport {
     /// Leftovers (ids of a removed service) that could not be deleted yet; they are retried on the
     /// next apply and never visible to the programs.
     pub housekeeping: Vec<DataplaneError>,
-}
-
-/// Allocator of ids that are unique among those in use; ids wrap around and skip live ones.
-#[derive(Debug, Default)]
-pub struct IdPool {
-    used: HashSet<u32>,
-    cursor: u32,
-}
-
-impl IdPool {
-    /// A pool where `used` are taken; allocation continues after the largest.
-    pub fn new(used: impl IntoIterator<Item = u32>) -> Self {
-        let used: HashSet<u32> = used.into_iter().filter(|&id| id != 0).collect();
-        let cursor = used.iter().copied().max().unwrap_or(0);
-        Self { used, cursor }
-    }
-
-    /// A fresh non-zero id.
-    pub fn allocate(&mut self) -> u32 {
-        loop {
-            self.cursor = self.cursor.wrapping_add(1).max(1);
-            if self.used.insert(self.cursor) {
-                return self.cursor;
-            }
-        }
-    }
-
-    /// Returns `id` to the pool.
-    pub fn release(&mut self, id: u32) {
-        self.used.remove(&id);
-    }
-}
-
-/// Allocator of service ids: the lowest free id first, so the ids in use stay below their count
-/// and fill the counters' chunks densely. An id is reused at once after release: a program that
-/// read the old service entry just before its removal may add one count to the new holder.
-#[derive(Debug, Default)]
-pub struct DenseIds {
-    free: BTreeSet<u32>,
-    next: u32,
-}
-
-impl DenseIds {
-    /// A pool where `used` are taken.
-    pub fn new(used: impl IntoIterator<Item = u32>) -> Self {
-        let used: BTreeSet<u32> = used.into_iter().collect();
-        let next = used.last().map_or(0, |&max| max + 1);
-        Self { free: (0..next).filter(|id| !used.contains(id)).collect(), next }
-    }
-
-    /// The lowest id not in use.
-    pub fn allocate(&mut self) -> u32 {
-        self.free.pop_first().unwrap_or_else(|| {
-            self.next += 1;
-            self.next - 1
-        })
-    }
-
-    /// Returns `id` to the pool.
-    pub fn release(&mut self, id: u32) {
-        if id < self.next {
-            self.free.insert(id);
-        }
-    }
-
-    /// Number of ids in use.
-    pub fn len(&self) -> usize {
-        self.next as usize - self.free.len()
-    }
+    /// Backends that left a service port's set (or whose service port went).
+    pub departed: Vec<Departure>,
 }
 
 /// The dataplane's view of the kernel and the means to change it.
@@ -140,6 +77,9 @@ pub struct Writer {
     /// Services adopted with a run that overlaps another's or lies out of range: the run is not
     /// theirs to retire when they are rewritten.
     foreign_runs: HashSet<ServicePort>,
+    /// Services adopted with a service id out of range or shared with another: rewritten from
+    /// scratch (removed, then added with a fresh id) on the next apply.
+    foreign_ids: HashSet<ServicePort>,
     /// Service entries per family, kept as services are added and removed.
     family_entries: [u64; 2],
     /// The service indexes the programs probe before the hash maps.
@@ -165,8 +105,18 @@ pub struct Usage {
 impl Writer {
     /// Adopts what the kernel holds.
     pub fn adopt(maps: MapSet, kernel: KernelState) -> Result<Self, DataplaneError> {
-        let service_ids =
-            DenseIds::new(kernel.services.values().map(|s| s.service_id).chain(kernel.orphan_ids.iter().copied()));
+        let capacity = maps.capacities.service_ids;
+        let mut seen = HashSet::new();
+        let foreign_ids: HashSet<ServicePort> = kernel
+            .services
+            .iter()
+            .filter(|(_, s)| s.service_id >= capacity || !seen.insert(s.service_id))
+            .map(|(port, _)| *port)
+            .collect();
+        let service_ids = DenseIds::new(
+            kernel.services.values().map(|s| s.service_id).chain(kernel.orphan_ids.iter().copied()),
+            capacity,
+        );
         let set_ids = IdPool::new(kernel.services.values().map(|s| s.set_id));
         let runs = kernel.services.iter().map(|(port, s)| (Run { base: s.base, len: s.count }, *port));
         let (slots, rejected) = SlotSpace::adopt(maps.capacities.slots, runs);
@@ -175,9 +125,20 @@ impl Writer {
         let family_entries = [v4, kernel.services.len() as u64 - v4];
         let mut maps = maps;
         let (services4, services6) = entries_by_family(&kernel);
-        let index4 = ServiceIndex::adopt(&mut maps.index4, &services4)?;
-        let index6 = ServiceIndex::adopt(&mut maps.index6, &services6)?;
-        Ok(Self { maps, kernel, service_ids, set_ids, slots, foreign_runs, family_entries, index4, index6 })
+        let index4 = ServiceIndex::adopt(&mut maps.index4, &services4, &mut maps.counters)?;
+        let index6 = ServiceIndex::adopt(&mut maps.index6, &services6, &mut maps.counters)?;
+        Ok(Self {
+            maps,
+            kernel,
+            service_ids,
+            set_ids,
+            slots,
+            foreign_runs,
+            foreign_ids,
+            family_entries,
+            index4,
+            index6,
+        })
     }
 
     /// What the kernel holds, as last written or adopted.
@@ -188,6 +149,11 @@ impl Writer {
     /// The maps, for reading counters.
     pub fn maps(&self) -> &MapSet {
         &self.maps
+    }
+
+    /// The maps, for the writes that are not about service ports (the heartbeat).
+    pub fn maps_mut(&mut self) -> &mut MapSet {
+        &mut self.maps
     }
 
     /// Makes the kernel hold `desired`, touching only what differs.
@@ -228,25 +194,39 @@ impl Writer {
     ) -> Result<(), DataplaneError> {
         let Some(service) = desired else {
             if self.kernel.services.contains_key(port) {
-                self.remove(port)?;
+                self.remove(port, report)?;
                 report.removed += 1;
             }
             return Ok(());
         };
         let slots = validated_slots(port, service)?;
+        if self.foreign_ids.contains(port) {
+            self.remove(port, &mut ApplyReport::default())?;
+            self.foreign_ids.remove(port);
+        }
         match self.kernel.services.get(port) {
             Some(current) if current.intact() && !self.foreign_runs.contains(port) && current.slots == slots => {
-                if current.name != service.name {
+                let (name_changed, options_changed) =
+                    (current.name != service.name, current.options != service.options);
+                if name_changed {
                     self.rename(port, &service.name)?;
                 }
-                report.unchanged += 1;
+                if options_changed {
+                    self.set_options(port, service.options)?;
+                }
+                // A new name is no new routing; new options are.
+                if options_changed {
+                    report.updated += 1;
+                } else {
+                    report.unchanged += 1;
+                }
             }
             Some(_) => {
-                self.swap(port, &service.name, slots, report)?;
+                self.swap(port, service, slots, report)?;
                 report.updated += 1;
             }
             None => {
-                self.add(port, &service.name, slots, report)?;
+                self.add(port, service, slots, report)?;
                 report.added += 1;
             }
         }
@@ -256,7 +236,7 @@ impl Writer {
     fn add(
         &mut self,
         port: &ServicePort,
-        name: &str,
+        service: &DesiredService,
         slots: Vec<Slot>,
         report: &mut ApplyReport,
     ) -> Result<(), DataplaneError> {
@@ -275,7 +255,8 @@ impl Writer {
         let value = ServiceValue { service_id, set_id, count: run.len, base: run.base };
         let written = self
             .write_counters(service_id)
-            .and_then(|()| self.write_meta(service_id, name))
+            .and_then(|()| self.write_meta(service_id, &service.name))
+            .and_then(|()| self.write_options(service_id, service.options))
             .and_then(|()| self.write_slots(set_id, run, &slots))
             .and_then(|()| self.write_entry(port, value));
         if let Err(error) = written {
@@ -290,18 +271,25 @@ impl Writer {
         self.family_entries[family_index(port)] += 1;
         self.index_upsert(port, value);
         report.slots_written += slots.len();
-        self.kernel.services.insert(*port, ProgrammedService::new(&value, slots, name.to_owned()));
+        self.kernel
+            .services
+            .insert(*port, ProgrammedService::new(&value, slots, service.name.clone(), service.options));
         Ok(())
     }
 
     fn swap(
         &mut self,
         port: &ServicePort,
-        name: &str,
+        service: &DesiredService,
         slots: Vec<Slot>,
         report: &mut ApplyReport,
     ) -> Result<(), DataplaneError> {
         let current = self.kernel.services[port].clone();
+        if current.options != service.options {
+            // Before the new set: a client's affinity is only ever judged by the options in force.
+            self.write_options(current.service_id, service.options)?;
+            self.update_mirror(port, |s| s.options = service.options);
+        }
         let run = self.allocate(slots.len() as u32, report)?;
         let set_id = if slots.is_empty() { 0 } else { self.set_ids.allocate() };
         let value = ServiceValue { service_id: current.service_id, set_id, count: run.len, base: run.base };
@@ -316,17 +304,35 @@ impl Writer {
         // Step 3: the old run waits for a grace period. The mirror follows the kernel before
         // anything else can fail, so the old run is never retired twice.
         self.retire(port, &current);
-        self.kernel.services.insert(*port, ProgrammedService::new(&value, slots, current.name.clone()));
-        if current.name != name {
-            self.rename(port, name)?;
+        report.departed.extend(departures(port, &current.slots, &slots));
+        self.kernel
+            .services
+            .insert(*port, ProgrammedService::new(&value, slots, current.name.clone(), service.options));
+        if current.name != service.name {
+            self.rename(port, &service.name)?;
         }
         Ok(())
     }
 
-    fn remove(&mut self, port: &ServicePort) -> Result<(), DataplaneError> {
+    /// Changes the mirror of one service port.
+    fn update_mirror(&mut self, port: &ServicePort, change: impl FnOnce(&mut ProgrammedService)) {
+        if let Some(service) = self.kernel.services.get_mut(port) {
+            change(service);
+        }
+    }
+
+    fn set_options(&mut self, port: &ServicePort, options: PortOptions) -> Result<(), DataplaneError> {
+        let service_id = self.kernel.services[port].service_id;
+        self.write_options(service_id, options)?;
+        self.update_mirror(port, |s| s.options = options);
+        Ok(())
+    }
+
+    fn remove(&mut self, port: &ServicePort, report: &mut ApplyReport) -> Result<(), DataplaneError> {
         let current = self.kernel.services[port].clone();
         self.index_remove(port);
         self.delete_entry(port)?;
+        report.departed.extend(departures(port, &current.slots, &[]));
         self.kernel.services.remove(port);
         self.family_entries[family_index(port)] -= 1;
         self.retire(port, &current);
@@ -357,16 +363,22 @@ impl Writer {
             Ok(run) => return Ok(run),
             Err(shortage) => shortage,
         };
-        // A position of the index left half-written may still lead to a retired run.
+        // A position of the index not yet published may still lead to a retired run.
         if self.slots.has_retired() && self.repair_index() {
-            grace::wait();
-            self.slots.reclaim();
-            self.index4.grace_passed();
-            self.index6.grace_passed();
-            report.grace_periods += 1;
-            match self.slots.allocate(len) {
-                Ok(run) => return Ok(run),
-                Err(again) => shortage = again,
+            match self.maps.counters.wait() {
+                Ok(()) => {
+                    self.slots.reclaim();
+                    self.index4.grace_passed();
+                    self.index6.grace_passed();
+                    report.grace_periods += 1;
+                    match self.slots.allocate(len) {
+                        Ok(run) => return Ok(run),
+                        Err(again) => shortage = again,
+                    }
+                }
+                // Retired runs stay retired: reusing them without a grace period could hand a
+                // running program a slot of another set.
+                Err(error) => report.housekeeping.push(error),
             }
         }
         Err(match shortage {
@@ -386,9 +398,7 @@ impl Writer {
     fn rename(&mut self, port: &ServicePort, name: &str) -> Result<(), DataplaneError> {
         let service_id = self.kernel.services[port].service_id;
         self.write_meta(service_id, name)?;
-        if let Some(service) = self.kernel.services.get_mut(port) {
-            service.name = name.to_owned();
-        }
+        self.update_mirror(port, |s| s.name = name.to_owned());
         Ok(())
     }
 
@@ -415,33 +425,36 @@ impl Writer {
     }
 
     /// Checks the service indexes in the kernel against the service entries: what every lookup
-    /// the programs could make answers (see [`Placement::verify`]).
+    /// the programs could make answers (see [`index::verify`]).
     pub fn verify_index(&self) -> Result<(), String> {
         let (services4, services6) = entries_by_family(&self.kernel);
-        Placement::verify(&self.maps.index4, &services4)?;
-        Placement::verify(&self.maps.index6, &services6)
+        index::verify(&self.maps.index4, &services4)?;
+        index::verify(&self.maps.index6, &services6)
     }
 
-    /// Finishes index rewrites that failed half-way; true if the index is whole.
+    /// Publishes index positions left pending; true if the index holds every decision.
     fn repair_index(&mut self) -> bool {
-        let v4 = self.index4.repair(&mut self.maps.index4);
-        self.index6.repair(&mut self.maps.index6) && v4
+        let v4 = self.index4.repair(&mut self.maps.index4, &mut self.maps.counters);
+        self.index6.repair(&mut self.maps.index6, &mut self.maps.counters) && v4
     }
 
     /// Points the index at a service entry just written to the hash map. A failure is reported
-    /// with the apply and repaired on the next; meanwhile the programs use the hash map.
+    /// with the apply and repaired on the next; meanwhile the position holds earlier, whole
+    /// contents, and the run they point at is not reclaimed.
     fn index_upsert(&mut self, port: &ServicePort, value: ServiceValue) {
+        let maps = &mut self.maps;
         match key_of(port) {
-            Key::V4(key) => self.index4.upsert(&mut self.maps.index4, key, value),
-            Key::V6(key) => self.index6.upsert(&mut self.maps.index6, key, value),
+            Key::V4(key) => self.index4.upsert(&mut maps.index4, key, value, &mut maps.counters),
+            Key::V6(key) => self.index6.upsert(&mut maps.index6, key, value, &mut maps.counters),
         }
     }
 
     /// Takes a service port out of the index, before its hash map entry goes.
     fn index_remove(&mut self, port: &ServicePort) {
+        let maps = &mut self.maps;
         match key_of(port) {
-            Key::V4(key) => self.index4.remove(&mut self.maps.index4, &key),
-            Key::V6(key) => self.index6.remove(&mut self.maps.index6, &key),
+            Key::V4(key) => self.index4.remove(&mut maps.index4, &key, &mut maps.counters),
+            Key::V6(key) => self.index6.remove(&mut maps.index6, &key, &mut maps.counters),
         }
     }
 
@@ -483,11 +496,49 @@ impl Writer {
         self.maps.meta.insert(service_id, meta_from_name(name), 0).map_err(DataplaneError::map(map_names::SERVICE_META))
     }
 
+    fn write_options(&mut self, service_id: u32, options: PortOptions) -> Result<(), DataplaneError> {
+        self.maps
+            .options
+            .set(service_id, options.to_kernel(), 0)
+            .map_err(DataplaneError::map(map_names::SERVICE_OPTIONS))
+    }
+
     /// Deletes the name of a service id (its counters are zeroed when the id is reused); false if
     /// it is still there.
     fn delete_ids(&mut self, service_id: u32) -> bool {
         ignore_missing(self.maps.meta.remove(&service_id)).is_ok()
     }
+}
+
+/// The backends a set change takes away from a service port: drawn from `old`, never from `new`.
+fn departures(port: &ServicePort, old: &[Slot], new: &[Slot]) -> Vec<Departure> {
+    let kept = drawn(new);
+    let ipv4 = port.vip.is_ipv4();
+    let mut gone: Vec<Departure> = drawn(old)
+        .difference(&kept)
+        .map(|(addr, backend_port)| {
+            let backend =
+                alias::weighted_backend(&Backend { addr: *addr, port: *backend_port, ..Backend::default() }, 0.0, ipv4);
+            Departure { service: *port, backend: std::net::SocketAddr::new(backend.addr, backend.port) }
+        })
+        .collect();
+    gone.sort();
+    gone
+}
+
+/// The backends (address, port) a set can draw: a slot's primary unless its threshold is 0, its
+/// alias unless its threshold is one.
+fn drawn(slots: &[Slot]) -> HashSet<([u8; 16], u16)> {
+    let mut out = HashSet::new();
+    for slot in slots {
+        if slot.threshold > 0 {
+            out.insert((slot.primary.addr, slot.primary.port));
+        }
+        if slot.threshold < THRESHOLD_ONE {
+            out.insert((slot.alias.addr, slot.alias.port));
+        }
+    }
+    out
 }
 
 /// The service entries of each family, keyed as in the maps.
@@ -559,29 +610,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ids_are_unique_non_zero_and_reused_only_after_release() {
-        let mut pool = IdPool::new([3, 5]);
-        assert_eq!(pool.allocate(), 6);
-        assert_eq!(pool.allocate(), 7);
-        pool.release(6);
-        assert_eq!(pool.allocate(), 8, "released ids wait for the cursor to come round");
-        let mut wrapped = IdPool::new([u32::MAX, 1]);
-        assert_eq!(wrapped.allocate(), 2, "wraps past u32::MAX, skipping 0 and live ids");
-    }
-
-    #[test]
-    fn service_ids_are_dense_lowest_free_first() {
-        let mut ids = DenseIds::new([0, 2, 5]);
-        assert_eq!(ids.len(), 3);
-        assert_eq!([ids.allocate(), ids.allocate(), ids.allocate(), ids.allocate()], [1, 3, 4, 6]);
-        ids.release(3);
-        ids.release(0);
-        assert_eq!(ids.len(), 5);
-        assert_eq!([ids.allocate(), ids.allocate(), ids.allocate()], [0, 3, 7]);
-        // The lowest free id never exceeds the number in use, so ids stay below the capacity.
-        let mut fresh = DenseIds::default();
-        assert_eq!([fresh.allocate(), fresh.allocate()], [0, 1]);
-        assert_eq!(fresh.len(), 2);
+    fn departures_are_the_backends_the_old_set_drew_and_the_new_one_does_not() {
+        let port =
+            ServicePort { vip: "10.96.0.10".parse().unwrap(), port: 53, protocol: crate::desired::Protocol::Udp };
+        let backend = |last: u8| crate::desired::WeightedBackend {
+            addr: std::net::IpAddr::from([10, 244, 0, last]),
+            port: 8053,
+            weight: 1,
+            locality: crate::desired::Locality::Zone,
+        };
+        let old = alias::build(&[backend(1), backend(2), backend(3)]);
+        let new = alias::build(&[backend(2), backend(3), backend(4)]);
+        let gone = departures(&port, &old, &new);
+        assert_eq!(gone, vec![Departure { service: port, backend: "10.244.0.1:8053".parse().unwrap() }]);
+        assert!(departures(&port, &old, &old).is_empty(), "new weights for the same members take nobody away");
+        assert_eq!(departures(&port, &old, &[]).len(), 3, "a removed service port takes every backend");
     }
 
     #[test]
@@ -602,6 +645,7 @@ mod tests {
                 weight: 1,
                 locality: crate::desired::Locality::Zone,
             }],
+            options: PortOptions::default(),
         };
         let error = validated_slots(&port, &service).unwrap_err();
         assert!(error.to_string().contains("fd00::1 is not of the ClusterIP's address family"), "{error}");

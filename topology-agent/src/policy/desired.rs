@@ -14,9 +14,10 @@ pub fn desired_state(selections: &[PortSelection]) -> DesiredState {
     for selected in selections {
         let name = port_name(selected);
         let backends = weighted(selected);
+        let options = selected.options;
         for vip in &selected.cluster_ips {
             let port = ServicePort { vip: *vip, port: selected.port.port, protocol: selected.port.protocol };
-            desired.services.insert(port, DesiredService { name: name.clone(), backends: backends.clone() });
+            desired.services.insert(port, DesiredService { name: name.clone(), backends: backends.clone(), options });
         }
     }
     desired
@@ -82,6 +83,7 @@ mod tests {
                 warnings: vec![],
                 spillover: None,
             },
+            options: crate::desired::PortOptions { affinity_timeout_s: Some(60), agent_exempt: false },
         }
     }
 
@@ -93,6 +95,7 @@ mod tests {
         assert_eq!(service.name, "ns/web:http");
         let weights: Vec<u32> = service.backends.iter().map(|b| b.weight).collect();
         assert_eq!(weights, vec![1_000_000, 500_000, 1], "zero weights are dropped, tiny ones kept");
+        assert_eq!(service.options.affinity_timeout_s, Some(60), "the options go with every ClusterIP");
     }
 
     #[test]

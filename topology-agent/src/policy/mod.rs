@@ -27,8 +27,12 @@ use serde::Serialize;
 
 use crate::{
     cluster::{ClusterState, Family, Node, ObjectKey, Service, ServicePort, TrafficDistribution, demand::Demand},
-    desired::Locality,
+    desired::{Locality, PortOptions},
 };
+
+/// The Service the API server is reached through in-cluster (`KUBERNETES_SERVICE_HOST` is its
+/// ClusterIP): the agent's own sockets reach it untouched, whatever the maps say.
+pub const API_SERVICE: (&str, &str) = ("default", "kubernetes");
 
 /// Which mode decided.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -121,6 +125,8 @@ pub struct PortSelection {
     pub cluster_ips: Vec<IpAddr>,
     /// The decision.
     pub selection: Selection,
+    /// Session affinity and exemptions, as the programs apply them to the chosen backends.
+    pub options: PortOptions,
 }
 
 /// The policy cannot run for this node.
@@ -144,6 +150,10 @@ pub fn compute_service(state: &ClusterState, this: &Node, service: &Service) -> 
     let mut families: Vec<Family> = service.cluster_ips.iter().map(Family::of).collect();
     families.sort();
     families.dedup();
+    let options = PortOptions {
+        affinity_timeout_s: service.session_affinity_timeout_s,
+        agent_exempt: service.key.namespace == API_SERVICE.0 && service.key.name == API_SERVICE.1,
+    };
     let mut out = Vec::new();
     for port in &service.ports {
         for &family in &families {
@@ -158,6 +168,7 @@ pub fn compute_service(state: &ClusterState, this: &Node, service: &Service) -> 
                 family,
                 cluster_ips: service.cluster_ips.iter().filter(|ip| Family::of(ip) == family).copied().collect(),
                 selection,
+                options,
             });
         }
     }

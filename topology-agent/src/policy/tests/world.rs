@@ -31,6 +31,7 @@ pub fn service(name: &str) -> Service {
         cluster_ips: vec!["10.96.0.10".parse().unwrap()],
         ports: vec![ServicePort { name: "http".into(), port: 80, protocol: Protocol::Tcp }],
         internal_traffic_local: false,
+        session_affinity_timeout_s: None,
         traffic_distribution: None,
         topology_keys: None,
         topology_mode: None,

@@ -1,0 +1,50 @@
+//! Per-socket state under pressure (root, real kernel): what a socket needs to undo its rewrite
+//! lives with the socket, so no number of other sockets can take it away. `--test-threads=1`.
+
+use std::net::SocketAddr;
+
+use topology_agent::{
+    dataplane::Dataplane,
+    desired::{DesiredService, DesiredState, Protocol},
+};
+use topology_tests::{
+    fixture::{Fixture, service},
+    require_root,
+    traffic::UdpMode,
+};
+
+fn addr(text: &str) -> SocketAddr {
+    text.parse().expect("socket address")
+}
+
+#[test]
+fn long_lived_sockets_keep_their_translation_through_300000_other_sockets() {
+    require_root!();
+    let fx = Fixture::new(3);
+    let mut dp = Dataplane::open(&fx.config()).expect("open dataplane");
+    let mut state = DesiredState::default();
+    for protocol in [Protocol::Tcp, Protocol::Udp] {
+        let backends = fx.backends.iter().map(|b| b.weighted(false, 1)).collect();
+        let port = service("10.96.0.60", 80, protocol);
+        state
+            .services
+            .insert(port, DesiredService { name: format!("test/held:{protocol}"), backends, ..Default::default() });
+    }
+    assert!(dp.apply(&state).failed.is_empty());
+
+    let vip = addr("10.96.0.60:80");
+    let held = fx.place().hold(vip);
+    // 300,000 other rewritten sockets: more than the 262,144 slots a direct-mapped table had.
+    let connects = fx.place().timed_udp_connect(&[vip], 300_000);
+    assert_eq!(connects.successes(), 300_000, "{:?}", connects.errors);
+    // 100,000 other unconnected sockets sending to the service: more than a 65,536-entry LRU holds.
+    let datagrams = fx.place().udp(vip, 100_000, UdpMode::Unconnected);
+    assert_eq!((datagrams.failures(), datagrams.peer_mismatch), (0, 0), "{:?}", datagrams.errors);
+
+    let report = held.check();
+    assert_eq!(report.failures(), 0, "the held UDP sockets still get their replies: {report:?}");
+    assert_eq!(report.successes(), 2, "{report:?}");
+    assert_eq!(report.peer_mismatch, 0, "getpeername and recvfrom still show the ClusterIP: {report:?}");
+    let node = dp.node_counters().expect("node counters");
+    assert_eq!(node.no_storage, 0, "every rewrite got its socket storage");
+}

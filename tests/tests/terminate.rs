@@ -1,0 +1,100 @@
+//! Sockets to backends that are gone (root, real kernel): a connected UDP socket whose backend
+//! leaves the service's set is destroyed, the application sees an error, reconnects and lands
+//! on a live backend. `--test-threads=1`.
+
+use std::{
+    net::{IpAddr, SocketAddr},
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use topology_tests::{
+    agent::{Agent, AgentOptions},
+    cluster::{self, EndpointSpec},
+    fixture::{BACKEND_PORT, Fixture},
+    require_root,
+};
+
+const VIP: &str = "10.96.0.70:53";
+
+fn write(fx: &Fixture, file: &Path, backends: &[usize]) {
+    let vip: SocketAddr = VIP.parse().expect("VIP");
+    let endpoints: Vec<EndpointSpec> =
+        backends.iter().map(|&i| EndpointSpec::new(IpAddr::V4(fx.backends[i].host.v4), "node-a")).collect();
+    cluster::write(
+        file,
+        &[
+            cluster::node("node-a", "zone-a", None, "4"),
+            cluster::service("default", "dns", vip.ip(), vip.port(), "UDP", "dns"),
+            cluster::slice("default", "dns-1", "dns", "dns", BACKEND_PORT, "UDP", &endpoints),
+        ],
+    );
+}
+
+#[test]
+fn a_connected_udp_socket_to_a_removed_backend_is_destroyed_and_reconnects_to_a_live_one() {
+    require_root!();
+    let fx = Fixture::new(2);
+    let file = fx.scratch().join("cluster.yaml");
+    write(&fx, &file, &[0, 1]);
+    let mut agent = Agent::start(&AgentOptions {
+        cluster: &file,
+        node: "node-a",
+        cgroup: fx.cgroup.path(),
+        pins: fx.pins.path(),
+        log: None,
+        home: None,
+        kubeconfig: None,
+        netns: None,
+        extra: Vec::new(),
+    });
+    agent.wait_ready(Duration::from_secs(20));
+
+    let scratch = fx.scratch();
+    let stream =
+        fx.place().udp_stream(VIP.parse().unwrap(), &scratch, Duration::from_secs(30), Duration::from_millis(10));
+    let started = Instant::now();
+    std::thread::sleep(Duration::from_millis(300));
+    // Remove b0: a socket on b0 must end and come back on b1; one on b1 goes on. Then b0 returns
+    // and b1 leaves: by then the socket is on b1 either way, and must end and come back on b0.
+    write(&fx, &file, &[1]);
+    let removed_b0 = started.elapsed().as_millis() as u64;
+    std::thread::sleep(Duration::from_millis(1500));
+    write(&fx, &file, &[0]);
+    let removed_b1 = started.elapsed().as_millis() as u64;
+    std::thread::sleep(Duration::from_millis(1500));
+    let seen = stream.finish();
+    eprintln!(
+        "removed b0 at {removed_b0} ms, b1 at {removed_b1} ms; stream: switches {:?}, errors {:?}",
+        seen.switches, seen.errors_at
+    );
+
+    // Every removal of the backend the socket was on ends it within a second, and the new
+    // socket lands on the backend still in the set.
+    let on_at = |ms: u64| seen.switches.iter().rev().find(|(at, _)| *at <= ms).map(|(_, name)| name.clone());
+    for (removed, gone, live) in [(removed_b0, "b0", "b1"), (removed_b1, "b1", "b0")] {
+        if on_at(removed).as_deref() != Some(gone) {
+            continue;
+        }
+        let error = seen
+            .errors_at
+            .iter()
+            .find(|(at, _)| *at >= removed)
+            .unwrap_or_else(|| panic!("no error after {gone} left: {seen:?}"));
+        assert!(
+            error.0 - removed <= 1000,
+            "the application saw an error {} ms after {gone} left: {seen:?}",
+            error.0 - removed
+        );
+        let next =
+            seen.switches.iter().find(|(at, _)| *at >= error.0).unwrap_or_else(|| panic!("no reconnect: {seen:?}"));
+        assert_eq!(next.1, live, "the reconnect lands on the live backend: {seen:?}");
+    }
+    assert!(seen.errors_at.len() <= 2, "one error per removal at most: {seen:?}");
+    assert!(!seen.errors_at.is_empty(), "the stream was on one of the removed backends: {seen:?}");
+    let metrics = agent.get("/metrics").expect("metrics").1;
+    assert!(
+        metrics.lines().any(|l| l.starts_with("topology_agent_sockets_terminated_total{protocol=\"UDP\"} ")),
+        "{metrics}"
+    );
+}

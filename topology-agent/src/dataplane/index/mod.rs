@@ -1,0 +1,17 @@
+//! The service index (`topology_common::index`): where each service port sits in the
+//! open-addressing table the programs probe, and the rewrite of a position.
+//!
+//! [`Placement`] is the pure part: it decides positions and keeps the invariant the programs rely
+//! on. [`ServiceIndex`] publishes what it decides through the index's shared mapping, one
+//! position at a time, in an order that keeps the invariant true in the kernel after every single
+//! store. The hash maps stay the authority: a position that could not be published keeps whole,
+//! earlier contents, or an odd `seq` (a killed agent's half-done rewrite), which the programs
+//! treat as "not sure" and answer from the hash map.
+
+mod placement;
+mod publish;
+#[cfg(test)]
+mod tests;
+
+pub use placement::positions_for;
+pub use publish::{ServiceIndex, verify};

@@ -1,0 +1,380 @@
+//! Where each service port sits in the index: pure bookkeeping that keeps the invariant the
+//! programs rely on (a key is found before any [`EMPTY`] position of its window, or its window
+//! has none). No I/O: [`super::ServiceIndex`] publishes what it decides.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    fmt::Debug,
+    hash::Hash,
+};
+
+use aya::Pod;
+use topology_common::{
+    IndexEntry4, IndexEntry6, ServiceKey4, ServiceKey6, ServiceValue,
+    index::{EMPTY, MAX_PROBE, TOMBSTONE, USED},
+    map_names,
+};
+
+/// The number of index positions for a services capacity: twice the capacity, rounded up to a
+/// power of two, so a full services map fills at most half the index and probes stay short.
+/// Saturates at 2^31 (a capacity beyond 2^30 services is refused before it matters).
+pub fn positions_for(services: u32) -> u32 {
+    services.clamp(1, 1 << 30).next_power_of_two() * 2
+}
+
+/// A service key the index can hold.
+pub trait IndexKey: Copy + Eq + Hash + Debug {
+    /// The map's value type.
+    type Entry: Pod + Default + PartialEq;
+    /// The map's name.
+    const MAP: &'static str;
+    /// The key's hash (`topology_common::index`); its home is `hash & mask`.
+    fn index_hash(&self) -> u32;
+    /// A position's map value.
+    fn entry(seq: u8, content: &Content<Self>) -> Self::Entry;
+    /// A map value read back: its `seq` and contents (`None`: not a valid entry).
+    fn parse(entry: &Self::Entry) -> Option<(u8, Content<Self>)>;
+}
+
+/// What a position holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Content<K> {
+    /// Nothing; a lookup that reaches it ends.
+    Empty,
+    /// A service port and its entry.
+    Used(K, ServiceValue),
+    /// Nothing, but lookups go on past it.
+    Tombstone,
+}
+
+fn content_from<K>(state: u8, key: K, value: ServiceValue) -> Option<Content<K>> {
+    match state {
+        EMPTY => Some(Content::Empty),
+        USED => Some(Content::Used(key, value)),
+        TOMBSTONE => Some(Content::Tombstone),
+        _ => None,
+    }
+}
+
+fn state_key_value<K: Default + Copy>(content: &Content<K>) -> (u8, K, ServiceValue) {
+    match *content {
+        Content::Empty => (EMPTY, K::default(), ServiceValue::default()),
+        Content::Used(key, value) => (USED, key, value),
+        Content::Tombstone => (TOMBSTONE, K::default(), ServiceValue::default()),
+    }
+}
+
+impl IndexKey for ServiceKey4 {
+    type Entry = IndexEntry4;
+    const MAP: &'static str = map_names::INDEX_V4;
+
+    fn index_hash(&self) -> u32 {
+        Self::index_hash(self)
+    }
+
+    fn entry(seq: u8, content: &Content<Self>) -> IndexEntry4 {
+        let (state, key, value) = state_key_value(content);
+        IndexEntry4 { seq, state, _pad: [0; 6], key, value }
+    }
+
+    fn parse(entry: &IndexEntry4) -> Option<(u8, Content<Self>)> {
+        Some((entry.seq, content_from(entry.state, entry.key, entry.value)?))
+    }
+}
+
+impl IndexKey for ServiceKey6 {
+    type Entry = IndexEntry6;
+    const MAP: &'static str = map_names::INDEX_V6;
+
+    fn index_hash(&self) -> u32 {
+        Self::index_hash(self)
+    }
+
+    fn entry(seq: u8, content: &Content<Self>) -> IndexEntry6 {
+        let (state, key, value) = state_key_value(content);
+        IndexEntry6 { seq, state, _pad: [0; 2], key, value }
+    }
+
+    fn parse(entry: &IndexEntry6) -> Option<(u8, Content<Self>)> {
+        Some((entry.seq, content_from(entry.state, entry.key, entry.value)?))
+    }
+}
+
+/// What a lookup in the index answers, as the programs see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    /// The entry.
+    Found(ServiceValue),
+    /// No such service port.
+    Absent,
+    /// Ask the hash map.
+    Unsure,
+}
+
+/// One position as the agent knows it.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Position<K> {
+    /// What the position holds, or will once its rewrite completes.
+    pub(super) content: Content<K>,
+    /// `seq` in the kernel; odd while a rewrite is incomplete (one a killed agent left).
+    pub(super) seq: u8,
+    /// Rewrites since the last grace period.
+    pub(super) rewrites: u8,
+}
+
+impl<K> Position<K> {
+    pub(super) fn never_written() -> Self {
+        Self { content: Content::Empty, seq: 0, rewrites: 0 }
+    }
+}
+
+/// Where every key sits; pure bookkeeping, no I/O.
+#[derive(Debug)]
+pub struct Placement<K> {
+    mask: u32,
+    /// Distinct positions in a probe window.
+    window: u32,
+    /// Every position that is not `Empty` with `seq` 0 (a B-tree: no table to double as it grows).
+    pub(super) positions: BTreeMap<u32, Position<K>>,
+    /// What the kernel holds at positions changed since they were last published.
+    pub(super) published: BTreeMap<u32, Content<K>>,
+    /// Keys whose window was full of other keys when they were written, and their entries: not
+    /// in the index, and their window holds no `Empty` position, so lookups end "not sure".
+    overflow: HashMap<K, ServiceValue>,
+}
+
+impl<K: IndexKey> Placement<K> {
+    /// An empty index of `positions` (a power of two) positions.
+    pub fn new(positions: u32) -> Self {
+        debug_assert!(positions.is_power_of_two());
+        Self {
+            mask: positions - 1,
+            window: MAX_PROBE.min(positions),
+            positions: BTreeMap::new(),
+            published: BTreeMap::new(),
+            overflow: HashMap::new(),
+        }
+    }
+
+    /// The position `step` steps into `key`'s window.
+    fn at(&self, key: &K, step: u32) -> u32 {
+        key.index_hash().wrapping_add(step) & self.mask
+    }
+
+    /// How far into `key`'s window `position` lies, if it does.
+    fn step_of(&self, key: &K, position: u32) -> Option<u32> {
+        let step = position.wrapping_sub(key.index_hash()) & self.mask;
+        (step < self.window).then_some(step)
+    }
+
+    pub(super) fn content(&self, position: u32) -> Content<K> {
+        self.positions.get(&position).map_or(Content::Empty, |p| p.content)
+    }
+
+    pub(super) fn seq(&self, position: u32) -> u8 {
+        self.positions.get(&position).map_or(0, |p| p.seq)
+    }
+
+    /// Records what the kernel holds at `position` (adoption).
+    pub(super) fn record(&mut self, position: u32, seq: u8, content: Content<K>) {
+        if seq != 0 || content != Content::Empty {
+            self.positions.insert(position, Position { content, seq, rewrites: 0 });
+        }
+    }
+
+    /// Where `key` is placed, if it is.
+    fn find(&self, key: &K) -> Option<u32> {
+        (0..self.window)
+            .map(|step| self.at(key, step))
+            .find(|&position| matches!(self.content(position), Content::Used(held, _) if held == *key))
+    }
+
+    /// Makes `key` map to `value`; returns the positions whose contents changed.
+    pub fn upsert(&mut self, key: K, value: ServiceValue) -> Vec<u32> {
+        if let Some(position) = self.find(&key) {
+            if self.content(position) == Content::Used(key, value) {
+                return Vec::new();
+            }
+            self.set(position, Content::Used(key, value));
+            return vec![position];
+        }
+        // The first position of the window no key holds: every position before it is used.
+        let free = (0..self.window).map(|step| self.at(&key, step)).find(|&p| !self.is_used(p));
+        match free {
+            Some(position) => {
+                self.overflow.remove(&key);
+                self.set(position, Content::Used(key, value));
+                vec![position]
+            }
+            None => {
+                self.overflow.insert(key, value);
+                Vec::new()
+            }
+        }
+    }
+
+    /// Removes `key`; returns the positions whose contents changed, in the order to publish them.
+    pub fn remove(&mut self, key: &K) -> Vec<u32> {
+        let mut changed = Vec::new();
+        let freed = if let Some(position) = self.find(key) {
+            self.set(position, Content::Tombstone);
+            changed.push(position);
+            Some(position)
+        } else {
+            self.overflow.remove(key);
+            None
+        };
+        // Tombstones only `key` kept alive become empty: those in its window up to its position.
+        let home = self.at(key, 0);
+        for step in 0..self.window {
+            let position = home.wrapping_add(step) & self.mask;
+            if self.content(position) == Content::Tombstone && !self.is_needed(position) {
+                self.set(position, Content::Empty);
+                if !changed.contains(&position) {
+                    changed.push(position);
+                }
+            }
+            if Some(position) == freed {
+                break;
+            }
+        }
+        // A key that overflowed may fit in the room just made.
+        if freed.is_some() {
+            let waiting: Vec<(K, ServiceValue)> = self.overflow.iter().map(|(k, v)| (*k, *v)).collect();
+            for (key, value) in waiting {
+                for position in self.upsert(key, value) {
+                    if !changed.contains(&position) {
+                        changed.push(position);
+                    }
+                }
+            }
+        }
+        changed
+    }
+
+    fn is_used(&self, position: u32) -> bool {
+        matches!(self.content(position), Content::Used(..))
+    }
+
+    /// Whether some key's lookup must pass `position`: a key placed further along a window that
+    /// contains it, or an overflowed key whose window contains it.
+    fn is_needed(&self, position: u32) -> bool {
+        let placed_beyond = (1..self.window).any(|ahead| {
+            let beyond = position.wrapping_add(ahead) & self.mask;
+            match self.content(beyond) {
+                Content::Used(key, _) => {
+                    matches!((self.step_of(&key, position), self.step_of(&key, beyond)), (Some(a), Some(b)) if a < b)
+                }
+                _ => false,
+            }
+        });
+        placed_beyond || self.overflow.keys().any(|key| self.step_of(key, position).is_some())
+    }
+
+    fn set(&mut self, position: u32, content: Content<K>) {
+        let known = self.positions.entry(position).or_insert_with(Position::never_written);
+        self.published.entry(position).or_insert(known.content);
+        known.content = content;
+    }
+
+    /// What a program's lookup of `key` answers, given what the kernel holds.
+    pub fn lookup(&self, key: &K) -> Lookup {
+        for step in 0..self.window {
+            let position = self.at(key, step);
+            if self.seq(position) & 1 != 0 {
+                return Lookup::Unsure;
+            }
+            match self.content(position) {
+                Content::Empty => return Lookup::Absent,
+                Content::Used(held, value) if held == *key => return Lookup::Found(value),
+                _ => {}
+            }
+        }
+        Lookup::Unsure
+    }
+}
+
+impl<K: IndexKey> Placement<K> {
+    /// Rebuilds the bookkeeping from what the kernel holds (`(position, map value)`), then
+    /// changes it to index exactly `services`. Returns the placement and the positions to
+    /// publish: those changed, and those a previous agent left half-rewritten.
+    pub fn adopt(
+        positions: u32,
+        held: impl IntoIterator<Item = (u32, K::Entry)>,
+        services: &HashMap<K, ServiceValue>,
+    ) -> (Self, Vec<u32>) {
+        let mut placement = Self::new(positions);
+        let mut changed = BTreeSet::new();
+        let mut seen = HashSet::new();
+        for (position, entry) in held {
+            match K::parse(&entry) {
+                Some((seq, content)) => {
+                    let duplicate = matches!(content, Content::Used(key, _) if !seen.insert(key)
+                        || placement.step_of(&key, position).is_none());
+                    placement.record(position, seq, content);
+                    if duplicate {
+                        // A second copy, or a key outside its own window: a tombstone is always safe.
+                        placement.set(position, Content::Tombstone);
+                    }
+                }
+                None => {
+                    // An unknown state matches no lookup; it is made odd, then a tombstone.
+                    placement.record(position, 1, Content::Tombstone);
+                    changed.insert(position);
+                }
+            }
+            if placement.seq(position) & 1 != 0 {
+                changed.insert(position);
+            }
+        }
+        let stale: Vec<K> = placement
+            .positions
+            .values()
+            .filter_map(|p| match p.content {
+                Content::Used(key, value) if services.get(&key) != Some(&value) => Some(key),
+                _ => None,
+            })
+            .collect();
+        for key in stale {
+            match services.get(&key) {
+                Some(value) => changed.extend(placement.upsert(key, *value)),
+                None => changed.extend(placement.remove(&key)),
+            }
+        }
+        for (key, value) in services {
+            if placement.find(key).is_none() {
+                changed.extend(placement.upsert(*key, *value));
+            }
+        }
+        changed.extend(placement.published.keys().copied());
+        (placement, changed.into_iter().collect())
+    }
+
+    /// Checks the invariant the programs rely on against `services`, the authority: every
+    /// lookup of a service answers its entry or "not sure", and every placed key is a service.
+    pub fn check(&self, services: &HashMap<K, ServiceValue>) -> Result<(), String> {
+        for (key, value) in services {
+            match self.lookup(key) {
+                Lookup::Found(found) if found != *value => {
+                    return Err(format!("{key:?}: index has {found:?}, hash map {value:?}"));
+                }
+                Lookup::Absent => return Err(format!("{key:?}: index says absent")),
+                _ => {}
+            }
+        }
+        for position in self.positions.values() {
+            if let Content::Used(key, _) = position.content
+                && !services.contains_key(&key)
+            {
+                return Err(format!("{key:?}: placed but not a service"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Keys that overflowed their window.
+    #[cfg(test)]
+    pub(super) fn overflowed(&self) -> usize {
+        self.overflow.len()
+    }
+}

@@ -1,0 +1,136 @@
+//! Publishing the placement into the kernel's index, one position at a time, through the
+//! index's shared mapping (see `topology_common::index` for the protocol).
+
+use std::{
+    collections::{BTreeSet, HashMap, HashSet},
+    sync::atomic::Ordering,
+};
+
+use topology_common::ServiceValue;
+
+use super::placement::{Content, IndexKey, Placement, Position};
+use crate::dataplane::{error::DataplaneError, grace::Grace, mmap::MappedArray};
+
+/// Rewrites of one position between grace periods. `seq` advances by two per rewrite and wraps at
+/// 256, so a program would have to stay inside one lookup for 128 rewrites of its position to see
+/// the same even `seq` twice; the agent waits for a grace period long before.
+const REWRITES_PER_GRACE: u8 = 64;
+
+/// The kernel map of one family's index.
+pub type IndexMap<K> = MappedArray<<K as IndexKey>::Entry>;
+
+/// The index of one family: its placement, and the writes that publish it to its map.
+pub struct ServiceIndex<K: IndexKey> {
+    placement: Placement<K>,
+    /// Positions not published because a grace period could not be waited for; retried by
+    /// [`Self::repair`]. Meanwhile they hold whole, earlier contents.
+    pending: BTreeSet<u32>,
+    /// Failures since last asked, for the apply report.
+    errors: Vec<DataplaneError>,
+}
+
+impl<K: IndexKey> ServiceIndex<K> {
+    /// Adopts the index in `map` and makes it index exactly `services`.
+    pub fn adopt(
+        map: &mut IndexMap<K>,
+        services: &HashMap<K, ServiceValue>,
+        grace: &mut dyn Grace,
+    ) -> Result<Self, DataplaneError> {
+        let positions = map.len();
+        if !positions.is_power_of_two() {
+            return Err(DataplaneError::IndexSize { map: K::MAP, positions });
+        }
+        let held = (0..positions).map(|p| (p, map.read(p))).filter(|(_, entry)| *entry != K::Entry::default());
+        let (placement, changed) = Placement::adopt(positions, held, services);
+        let mut index = Self { placement, pending: BTreeSet::new(), errors: Vec::new() };
+        index.publish(map, changed, grace);
+        Ok(index)
+    }
+
+    /// Makes `key` map to `value` in the index.
+    pub fn upsert(&mut self, map: &mut IndexMap<K>, key: K, value: ServiceValue, grace: &mut dyn Grace) {
+        let changed = self.placement.upsert(key, value);
+        self.publish(map, changed, grace);
+    }
+
+    /// Removes `key` from the index.
+    pub fn remove(&mut self, map: &mut IndexMap<K>, key: &K, grace: &mut dyn Grace) {
+        let changed = self.placement.remove(key);
+        self.publish(map, changed, grace);
+    }
+
+    /// Publishes positions left pending; true if the kernel holds every decision.
+    pub fn repair(&mut self, map: &mut IndexMap<K>, grace: &mut dyn Grace) -> bool {
+        let pending = std::mem::take(&mut self.pending).into_iter().collect();
+        self.publish(map, pending, grace);
+        self.pending.is_empty()
+    }
+
+    /// Forgets rewrite counts: a grace period has passed.
+    pub fn grace_passed(&mut self) {
+        for position in self.placement.positions.values_mut() {
+            position.rewrites = 0;
+        }
+    }
+
+    /// Failures since the last call.
+    pub fn take_errors(&mut self) -> Vec<DataplaneError> {
+        std::mem::take(&mut self.errors)
+    }
+
+    /// Publishes the current contents of `positions`, in order.
+    fn publish(&mut self, map: &mut IndexMap<K>, positions: Vec<u32>, grace: &mut dyn Grace) {
+        let mut done = HashSet::new();
+        for position in positions {
+            if !done.insert(position) {
+                continue;
+            }
+            if let Err(error) = self.rewrite(map, position, grace) {
+                self.pending.insert(position);
+                self.errors.push(error);
+            }
+        }
+    }
+
+    /// Rewrites one position: `seq` made odd over the old contents, the new contents, `seq` made
+    /// even by a release store. Fails, leaving the old contents whole, only when a grace period
+    /// is due and cannot be waited for.
+    fn rewrite(&mut self, map: &mut IndexMap<K>, position: u32, grace: &mut dyn Grace) -> Result<(), DataplaneError> {
+        let known = *self.placement.positions.entry(position).or_insert_with(Position::never_written);
+        if known.rewrites >= REWRITES_PER_GRACE {
+            grace.wait()?;
+            self.grace_passed();
+        }
+        let mut seq = known.seq;
+        if seq & 1 == 0 {
+            seq = seq.wrapping_add(1);
+            map.store_seq(position, seq, Ordering::Relaxed);
+        }
+        map.store_body(position, &K::entry(seq, &known.content));
+        map.store_seq(position, seq.wrapping_add(1), Ordering::Release);
+        self.placement.published.remove(&position);
+        if let Some(known) = self.placement.positions.get_mut(&position) {
+            known.seq = seq.wrapping_add(1);
+            known.rewrites = known.rewrites.saturating_add(1);
+        }
+        Ok(())
+    }
+}
+
+/// Checks what the kernel holds in `map` against `services`: each service's lookup, as the
+/// programs make it, answers its entry or "not sure", and every placed key is a service.
+pub fn verify<K: IndexKey>(map: &IndexMap<K>, services: &HashMap<K, ServiceValue>) -> Result<(), String> {
+    let mut held = Placement::new(map.len());
+    let mut seen = HashSet::new();
+    for position in 0..map.len() {
+        let entry = map.read(position);
+        let (seq, content) = K::parse(&entry).ok_or_else(|| format!("{}[{position}]: invalid state", K::MAP))?;
+        if let Content::Used(key, _) = content
+            && !seen.insert(key)
+        {
+            return Err(format!("{}: {key:?} at two positions", K::MAP));
+        }
+        held.record(position, seq, content);
+    }
+    held.check(services).map_err(|error| format!("{}: {error}", K::MAP))
+}

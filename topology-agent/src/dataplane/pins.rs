@@ -1,0 +1,92 @@
+//! The pin directory before a load: on bpffs, with its subdirectories, and holding only pins the
+//! new programs can use.
+
+use std::{collections::HashMap, path::Path};
+
+use topology_common::map_names;
+
+use super::{
+    error::{DataplaneError, MapLayout},
+    loader::PROGRAMS,
+    maps::{Capacities, PinLayout, pinned_info},
+    mmap::BPF_F_MMAPABLE,
+};
+use crate::mounts;
+
+/// Checks the pin directory is on bpffs (its nearest existing ancestor, before creating it) and
+/// creates its subdirectories.
+pub fn prepare_dirs(layout: &PinLayout) -> Result<(), DataplaneError> {
+    let root = layout.root();
+    let existing = root.ancestors().find(|dir| dir.exists()).unwrap_or(root);
+    let on_bpffs =
+        mounts::is_bpffs(existing).map_err(|source| DataplaneError::PinDir { path: existing.to_path_buf(), source })?;
+    if !on_bpffs {
+        return Err(DataplaneError::NotBpffs { path: root.to_path_buf() });
+    }
+    for dir in [layout.maps_dir(), layout.links_dir()] {
+        std::fs::create_dir_all(&dir).map_err(|source| DataplaneError::PinDir { path: dir.clone(), source })?;
+    }
+    Ok(())
+}
+
+/// Removes the pins a load must not reuse, and checks the others match these programs.
+///
+/// Pins of maps this version no longer uses go. The service index is derived from the service
+/// maps and rebuilt at adoption, so an index pinned with another layout, size or without
+/// `BPF_F_MMAPABLE` is removed and created anew. Any other map pinned with another layout or
+/// capacity is refused: its state cannot be carried over.
+pub fn prepare(layout: &PinLayout, capacities: &Capacities) -> Result<(), DataplaneError> {
+    for name in map_names::OBSOLETE {
+        remove(&layout.map(name))?;
+    }
+    let object = aya_obj::Object::parse(PROGRAMS)
+        .map_err(|error| DataplaneError::Object { object: "topology", reason: error.to_string() })?;
+    let configured: HashMap<&str, u32> = capacities.by_map().into_iter().collect();
+    for name in map_names::PINNED {
+        let path = layout.map(name);
+        let Some(info) = pinned_info(&path, name)? else { continue };
+        let declared = object
+            .maps
+            .get(name)
+            .ok_or(DataplaneError::MapMissing { map: name, location: "the eBPF object".into() })?;
+        let pinned = MapLayout {
+            map_type: info.map_type().map_or(u32::MAX, |kind| kind as u32),
+            key_size: info.key_size(),
+            value_size: info.value_size(),
+        };
+        let expected = MapLayout {
+            map_type: declared.map_type(),
+            key_size: declared.key_size(),
+            value_size: declared.value_size(),
+        };
+        let capacity = configured.get(name).copied().unwrap_or_else(|| declared.max_entries());
+        if name == map_names::INDEX_V4 || name == map_names::INDEX_V6 {
+            let mappable = info.map_flags() & BPF_F_MMAPABLE != 0;
+            if pinned != expected || info.max_entries() != capacity || !mappable {
+                tracing::info!(map = name, "rebuilding the service index pinned by another version");
+                remove(&path)?;
+            }
+            continue;
+        }
+        if pinned != expected {
+            return Err(DataplaneError::PinnedLayout { map: name, pinned, expected });
+        }
+        if info.max_entries() != capacity {
+            return Err(DataplaneError::CapacityMismatch {
+                map: name,
+                pinned: info.max_entries(),
+                configured: capacity,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Removes the pin at `path`, if any.
+fn remove(path: &Path) -> Result<(), DataplaneError> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(DataplaneError::PinDir { path: path.to_path_buf(), source }),
+    }
+}

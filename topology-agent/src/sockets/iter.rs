@@ -1,0 +1,76 @@
+//! The UDP socket iterator (`iter/udp` in the kernel programs): the translation of every UDP
+//! socket of one namespace, by socket cookie. `sock_diag` reports socket storage only for TCP.
+
+use std::{collections::HashMap, io::Read as _, path::Path};
+
+use aya::{
+    Btf, Ebpf, EbpfLoader,
+    programs::{Iter, ProgramError},
+};
+use topology_common::{IterRecord, SockTranslation, map_names, program_names};
+
+use super::netns;
+use crate::dataplane::{PROGRAMS, PinLayout};
+
+/// Why the iterator cannot run.
+#[derive(Debug, thiserror::Error)]
+pub enum IterError {
+    /// The object could not be loaded against the pinned maps.
+    #[error("loading the socket iterator: {0}")]
+    Load(#[from] aya::EbpfError),
+    /// The kernel's BTF, which an iterator is verified against, could not be read.
+    #[error("reading the kernel's BTF: {0}")]
+    Btf(#[from] aya::BtfError),
+    /// The program could not be loaded, attached or read.
+    #[error("socket iterator udp_translations: {0}")]
+    Program(#[from] ProgramError),
+    /// The iterator's reader could not be created.
+    #[error("socket iterator reader: {0}")]
+    Link(#[from] aya::programs::links::LinkError),
+    /// A namespace could not be entered, or the iterator not read.
+    #[error("socket iterator: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// The loaded iterator.
+pub struct UdpTranslations {
+    ebpf: Ebpf,
+}
+
+impl UdpTranslations {
+    /// Loads the iterator against the pinned maps under `pins` (it reads their socket storage).
+    pub fn load(pins: &PinLayout) -> Result<Self, IterError> {
+        let mut loader = EbpfLoader::new();
+        for name in map_names::PINNED {
+            loader.map_pin_path(name, pins.map(name));
+        }
+        let mut ebpf = loader.load(PROGRAMS)?;
+        let btf = Btf::from_sys_fs()?;
+        program(&mut ebpf)?.load("udp", &btf)?;
+        Ok(Self { ebpf })
+    }
+
+    /// Translations of the UDP sockets of the namespace at `path`, by cookie.
+    pub fn read_in(&mut self, path: &Path) -> Result<HashMap<u64, SockTranslation>, IterError> {
+        let program = program(&mut self.ebpf)?;
+        // The namespace an iterator walks is the one its reader is created in.
+        let mut file = netns::within(path, || -> Result<_, IterError> {
+            let link = program.attach()?;
+            Ok(program.take_link(link)?.into_file()?)
+        })??;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes)?;
+        Ok(bytes
+            .chunks_exact(size_of::<IterRecord>())
+            .map(|chunk| {
+                // SAFETY: exactly one record's bytes, read unaligned; any bit pattern is valid.
+                let record = unsafe { std::ptr::read_unaligned(chunk.as_ptr().cast::<IterRecord>()) };
+                (record.cookie, record.translation)
+            })
+            .collect())
+    }
+}
+
+fn program(ebpf: &mut Ebpf) -> Result<&mut Iter, ProgramError> {
+    ebpf.program_mut(program_names::UDP_TRANSLATIONS).ok_or(ProgramError::NotLoaded)?.try_into()
+}

@@ -1,0 +1,304 @@
+//! Ending sockets connected through a service to a backend that left its set.
+//!
+//! A connected UDP socket (a resolver, a metrics sender) keeps sending to the backend its
+//! `connect()` was rewritten to, even after that backend left the service: kube-proxy flushes
+//! conntrack for this, Cilium destroys such sockets. So does the agent: when a backend leaves a
+//! service port's set on this node, it finds, in every network namespace, the sockets whose
+//! socket storage says they reached that backend through that service port and are still
+//! connected to it, and destroys them with `SOCK_DESTROY`: the application's next call fails
+//! with `ECONNABORTED`, and its reconnect is rewritten to a current backend. UDP always; TCP
+//! only with `--terminate-sockets all` (a TCP peer that is gone resets the connection itself, and
+//! a live one may still be serving it).
+//!
+//! Entering other namespaces needs `CAP_SYS_ADMIN`; `--terminate-sockets off` does without.
+
+mod diag;
+mod iter;
+mod netns;
+
+use std::{
+    collections::HashMap,
+    net::{IpAddr, SocketAddr},
+    os::fd::{AsFd as _, AsRawFd as _},
+    path::PathBuf,
+    sync::{Arc, mpsc},
+    thread::JoinHandle,
+};
+
+use clap::ValueEnum;
+use topology_common::{AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP, SockTranslation, map_names};
+
+use self::iter::UdpTranslations;
+use crate::{
+    dataplane::PinLayout,
+    desired::{Protocol, ServicePort},
+    metrics::{Metrics, ProtocolLabels},
+};
+
+/// Which sockets are destroyed when their backend leaves the set.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum TerminateSockets {
+    /// Connected UDP sockets.
+    #[default]
+    Udp,
+    /// Connected UDP sockets and TCP connections.
+    All,
+    /// None (the agent then needs no `CAP_SYS_ADMIN`).
+    Off,
+}
+
+/// A backend that left a service port's set on this node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Departure {
+    /// The service port.
+    pub service: ServicePort,
+    /// The backend that left.
+    pub backend: SocketAddr,
+}
+
+/// Whether a socket's storage and current peer say it reached `departure.backend` through
+/// `departure.service` and is still connected there.
+pub fn reached_through(translation: &SockTranslation, peer: SocketAddr, departure: &Departure) -> bool {
+    let family = if departure.service.vip.is_ipv4() { AF_INET } else { AF_INET6 };
+    translation.family == family
+        && translation.proto == departure.service.protocol.number()
+        && translation.vip_port == departure.service.port
+        && translation.vip == maps_form(departure.service.vip)
+        && translation.backend_port == departure.backend.port()
+        && translation.backend == maps_form(departure.backend.ip())
+        && unmapped(peer) == departure.backend
+}
+
+/// An address in the maps' 16-byte form (IPv4 first, zeros after).
+fn maps_form(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(v4) => {
+            let mut out = [0; 16];
+            out[..4].copy_from_slice(&v4.octets());
+            out
+        }
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+/// An IPv4-mapped peer of an AF_INET6 socket as the IPv4 address it is.
+fn unmapped(peer: SocketAddr) -> SocketAddr {
+    match peer.ip() {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(peer, |v4| SocketAddr::new(IpAddr::V4(v4), peer.port())),
+        IpAddr::V4(_) => peer,
+    }
+}
+
+/// The peer of a dumped socket.
+fn peer_of(socket: &diag::DiagSocket) -> SocketAddr {
+    let port = u16::from_be_bytes(socket.id.dport);
+    let ip = if socket.family == AF_INET {
+        IpAddr::from([socket.id.dst[0], socket.id.dst[1], socket.id.dst[2], socket.id.dst[3]])
+    } else {
+        IpAddr::from(socket.id.dst)
+    };
+    SocketAddr::new(ip, port)
+}
+
+/// How the terminator runs.
+#[derive(Clone, Debug)]
+pub struct TerminateConfig {
+    /// Which sockets.
+    pub mode: TerminateSockets,
+    /// The agent's pins (for the connected-socket storage map).
+    pub pins: PinLayout,
+    /// Directories of namespace files to search (besides this process's and the host's).
+    pub netns_dirs: Vec<PathBuf>,
+}
+
+/// Destroys sockets of departed backends on a thread of its own, so the control loop never
+/// waits for a namespace walk.
+pub struct Terminator {
+    sender: Option<mpsc::Sender<Vec<Departure>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Terminator {
+    /// Starts the terminator; `None` when `mode` is off.
+    pub fn start(config: TerminateConfig, metrics: Arc<Metrics>) -> Option<Self> {
+        if config.mode == TerminateSockets::Off {
+            return None;
+        }
+        let (sender, receiver) = mpsc::channel::<Vec<Departure>>();
+        let thread = std::thread::Builder::new()
+            .name("terminator".into())
+            .spawn(move || {
+                // Loaded at the first UDP departure, kept for the next ones.
+                let mut iterator = None;
+                while let Ok(mut batch) = receiver.recv() {
+                    // Everything queued meanwhile joins this walk.
+                    while let Ok(more) = receiver.try_recv() {
+                        batch.extend(more);
+                    }
+                    terminate(&config, &mut iterator, &batch, &metrics);
+                }
+            })
+            .ok()?;
+        Some(Self { sender: Some(sender), thread: Some(thread) })
+    }
+
+    /// Queues departures; UDP ones (and TCP ones when configured) are acted on.
+    pub fn submit(&self, departures: Vec<Departure>) {
+        if departures.is_empty() {
+            return;
+        }
+        if let Some(sender) = &self.sender {
+            // A gone thread has logged why; nothing more to do here.
+            let _ = sender.send(departures);
+        }
+    }
+}
+
+impl Drop for Terminator {
+    fn drop(&mut self) {
+        drop(self.sender.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// One walk: every namespace, every wanted protocol and family, every matching socket.
+fn terminate(
+    config: &TerminateConfig,
+    iterator: &mut Option<UdpTranslations>,
+    departures: &[Departure],
+    metrics: &Metrics,
+) {
+    let wanted: Vec<&Departure> = departures
+        .iter()
+        .filter(|d| d.service.protocol == Protocol::Udp || config.mode == TerminateSockets::All)
+        .collect();
+    if wanted.is_empty() {
+        return;
+    }
+    let failed = |what: &str, error: &dyn std::fmt::Display| {
+        tracing::warn!(%error, "socket termination: {what}");
+        metrics.socket_termination_errors.inc();
+    };
+    let map = config.pins.map(map_names::SOCK_CONNECTIONS);
+    let map = match aya::maps::MapData::from_pin(&map) {
+        Ok(map) => map,
+        Err(error) => return failed("socket storage map unreadable", &error),
+    };
+    let udp = wanted.iter().any(|d| d.service.protocol == Protocol::Udp);
+    if udp && iterator.is_none() {
+        match UdpTranslations::load(&config.pins) {
+            Ok(loaded) => *iterator = Some(loaded),
+            Err(error) => return failed("loading the UDP socket iterator", &error),
+        }
+    }
+    for namespace in netns::namespaces(&config.netns_dirs) {
+        let udp_translations = match (udp, iterator.as_mut()) {
+            (true, Some(iterator)) => match iterator.read_in(&namespace.path) {
+                Ok(translations) => translations,
+                Err(error) => {
+                    failed(&format!("reading UDP sockets of {}", namespace.path.display()), &error);
+                    continue;
+                }
+            },
+            _ => HashMap::new(),
+        };
+        let mut channel = match netns::channel_in(&namespace.path) {
+            Ok(channel) => channel,
+            Err(error) => {
+                failed(&format!("entering {}", namespace.path.display()), &error);
+                continue;
+            }
+        };
+        for (protocol, storage) in [(IPPROTO_UDP, None), (IPPROTO_TCP, Some(map.fd().as_fd().as_raw_fd()))] {
+            if !wanted.iter().any(|d| d.service.protocol.number() == protocol) {
+                continue;
+            }
+            for family in [AF_INET, AF_INET6] {
+                let sockets = match channel.dump(family, protocol, storage) {
+                    Ok(sockets) => sockets,
+                    Err(error) => {
+                        failed(&format!("listing sockets of {}", namespace.path.display()), &error);
+                        continue;
+                    }
+                };
+                for socket in sockets {
+                    let translation = match protocol {
+                        IPPROTO_UDP => udp_translations.get(&socket.id.cookie()).copied(),
+                        _ => socket.storage.as_deref().and_then(translation_of),
+                    };
+                    let Some(translation) = translation else { continue };
+                    let Some(departure) = wanted.iter().find(|d| reached_through(&translation, peer_of(&socket), d))
+                    else {
+                        continue;
+                    };
+                    let labels = ProtocolLabels { protocol: departure.service.protocol.to_string() };
+                    match channel.destroy(family, protocol, &socket.id) {
+                        Ok(()) => {
+                            tracing::info!(service = %departure.service, backend = %departure.backend, "socket terminated");
+                            metrics.sockets_terminated.get_or_create(&labels).inc();
+                        }
+                        // Closed meanwhile: nothing left to do.
+                        Err(error) if error.raw_os_error() == Some(libc::ENOENT) => {}
+                        Err(error) => failed("SOCK_DESTROY", &error),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A storage value as the programs wrote it.
+fn translation_of(bytes: &[u8]) -> Option<SockTranslation> {
+    (bytes.len() >= size_of::<SockTranslation>()).then(|| {
+        // SAFETY: enough bytes, read unaligned; every bit pattern is a valid SockTranslation.
+        unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<SockTranslation>()) }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn departure() -> Departure {
+        Departure {
+            service: ServicePort { vip: "10.96.0.53".parse().unwrap(), port: 53, protocol: Protocol::Udp },
+            backend: "10.244.0.7:8053".parse().unwrap(),
+        }
+    }
+
+    fn translation() -> SockTranslation {
+        SockTranslation {
+            vip: maps_form("10.96.0.53".parse().unwrap()),
+            backend: maps_form("10.244.0.7".parse().unwrap()),
+            vip_port: 53,
+            backend_port: 8053,
+            family: AF_INET,
+            proto: IPPROTO_UDP,
+            _pad: 0,
+        }
+    }
+
+    #[test]
+    fn only_sockets_that_went_through_the_service_to_that_backend_match() {
+        let peer: SocketAddr = "10.244.0.7:8053".parse().unwrap();
+        assert!(reached_through(&translation(), peer, &departure()));
+        let mapped: SocketAddr = "[::ffff:10.244.0.7]:8053".parse().unwrap();
+        assert!(reached_through(&translation(), mapped, &departure()), "an AF_INET6 socket to a mapped backend");
+        assert!(!reached_through(&translation(), "10.244.0.8:8053".parse().unwrap(), &departure()), "reconnected");
+        let other_service = SockTranslation { vip_port: 54, ..translation() };
+        assert!(!reached_through(&other_service, peer, &departure()), "the same backend via another service");
+        let forgotten = SockTranslation { family: 0, ..translation() };
+        assert!(!reached_through(&forgotten, peer, &departure()), "connected elsewhere since");
+        let tcp = SockTranslation { proto: IPPROTO_TCP, ..translation() };
+        assert!(!reached_through(&tcp, peer, &departure()));
+    }
+
+    #[test]
+    fn storage_values_shorter_than_a_translation_are_ignored() {
+        assert!(translation_of(&[0; 8]).is_none());
+        let bytes = [0u8; 40];
+        assert_eq!(translation_of(&bytes).map(|t| t.family), Some(0));
+    }
+}

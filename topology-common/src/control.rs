@@ -1,0 +1,101 @@
+//! What the agent tells the programs besides the backend sets — whether it is alive, which
+//! services keep a client on one backend — and what the programs count for the whole node.
+
+use core::mem::{offset_of, size_of};
+
+use crate::Backend;
+
+/// The agent's heartbeat: the programs rewrite only while it is fresh.
+///
+/// The agent moves `deadline_ns` forward while it runs with a current view of the cluster. Once
+/// `CLOCK_MONOTONIC` (coarse, as `bpf_ktime_get_coarse_ns` reads it) passes it, the programs stop
+/// rewriting and every connection goes to the ClusterIP untouched, where kube-proxy (or whatever
+/// implements Services on the node) answers: a node whose agent is gone fails open, not stale.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Heartbeat {
+    /// Rewrite while `CLOCK_MONOTONIC_COARSE` is at most this; `u64::MAX`: never fail open; 0 (a
+    /// map no agent has written yet): fail open at once.
+    pub deadline_ns: u64,
+}
+const _: () = assert!(size_of::<Heartbeat>() == 8);
+
+/// Per-CPU counters of the whole node, for what has no service to count under.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct NodeCounters {
+    /// Connections and datagrams to a service port passed through untouched because the
+    /// heartbeat lapsed (the agent is gone, or its view has been stale for too long).
+    pub fail_open: u64,
+    /// Connections of the agent's own cgroup to services it must reach whatever its maps say (the
+    /// API server), passed through untouched.
+    pub agent_exempt: u64,
+    /// Rewrites whose socket storage could not be allocated: the connection works, but
+    /// `getpeername()` and replies show the backend instead of the ClusterIP.
+    pub no_storage: u64,
+}
+const _: () = assert!(size_of::<NodeCounters>() == NodeCounters::FIELDS * size_of::<u64>());
+
+impl NodeCounters {
+    /// Number of counters; the programs address them as `[u64; FIELDS]`.
+    pub const FIELDS: usize = 3;
+    /// Index of [`NodeCounters::fail_open`].
+    pub const FAIL_OPEN: usize = 0;
+    /// Index of [`NodeCounters::agent_exempt`].
+    pub const AGENT_EXEMPT: usize = 1;
+    /// Index of [`NodeCounters::no_storage`].
+    pub const NO_STORAGE: usize = 2;
+}
+const _: () = assert!(offset_of!(NodeCounters, fail_open) == NodeCounters::FAIL_OPEN * 8);
+const _: () = assert!(offset_of!(NodeCounters, agent_exempt) == NodeCounters::AGENT_EXEMPT * 8);
+const _: () = assert!(offset_of!(NodeCounters, no_storage) == NodeCounters::NO_STORAGE * 8);
+
+/// Flags of [`ServiceOptions::flags`].
+pub mod service_flags {
+    /// Sockets of the agent's own cgroup reach this service untouched: the agent's connections to
+    /// the API server must not depend on the maps it is about to repair.
+    pub const AGENT_EXEMPT: u32 = 1 << 0;
+}
+
+/// Per-service options, by service id.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct ServiceOptions {
+    /// `sessionAffinity: ClientIP`: seconds a client keeps its backend after its last connection;
+    /// 0: no affinity.
+    pub affinity_timeout_s: u32,
+    /// [`service_flags`].
+    pub flags: u32,
+}
+const _: () = assert!(size_of::<ServiceOptions>() == 8);
+
+/// Key of the client affinity map: one client of one service port.
+///
+/// A client is its network namespace (`bpf_get_netns_cookie`), not its IP: at `connect()` the
+/// source address is not chosen yet, and every socket of a pod shares its namespace. Host-network
+/// processes share the host's namespace and so count as one client, as they share one IP.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct ClientAffinityKey {
+    /// Network namespace cookie of the client.
+    pub netns: u64,
+    /// The service port's id.
+    pub service_id: u32,
+    /// Always zero.
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<ClientAffinityKey>() == 16);
+
+/// Value of the client affinity map: the backend a client keeps.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct ClientAffinityValue {
+    /// The backend.
+    pub backend: Backend,
+    /// Backend set in which the backend was last seen; when the service's set changes, the
+    /// programs check the backend is still in the new set before keeping it.
+    pub set_id: u32,
+    /// `CLOCK_MONOTONIC_COARSE` of the client's last connection (ns).
+    pub last_used_ns: u64,
+}
+const _: () = assert!(size_of::<ClientAffinityValue>() == 32);

@@ -1,0 +1,135 @@
+//! The per-socket records that undo a rewrite for the application: a connected socket's
+//! translation (`getpeername()`, replies), an unconnected UDP socket's services and the backend
+//! it keeps for each. Both live in socket storage, freed with the socket.
+
+use aya_ebpf::programs::SockAddrContext;
+use topology_common::{Backend, DATAGRAM_PEERS, DatagramPeer, DatagramPeers, SockTranslation};
+
+use crate::{
+    choose::Choice,
+    maps::{SOCK_CONNECTIONS, SOCK_DATAGRAMS},
+    sockaddr::{self, Words},
+};
+
+/// Where a socket was headed: the ClusterIP, its port and family, and the socket's protocol.
+#[derive(Clone, Copy)]
+pub struct Addressed {
+    /// `AF_INET` or `AF_INET6` (of the service, not of the socket: IPv4-mapped is AF_INET).
+    pub family: u8,
+    /// ClusterIP in the maps' form.
+    pub vip: Words,
+    /// Service port.
+    pub port: u16,
+    /// IP protocol number.
+    pub proto: u8,
+}
+
+/// Records that this connected socket reaches `to` through the chosen backend; false when the
+/// kernel could not allocate the storage.
+#[inline(always)]
+pub fn remember_connection(ctx: &SockAddrContext, to: &Addressed, choice: &Choice) -> bool {
+    // SAFETY: the context's socket is valid for the program's lifetime.
+    let record = unsafe { SOCK_CONNECTIONS.get_or_insert_ptr_mut(ctx, None) };
+    if record.is_null() {
+        return false;
+    }
+    // SAFETY: non-null storage of this socket, valid for the program's lifetime; only this
+    // socket's own system calls touch it.
+    unsafe {
+        *record = SockTranslation {
+            vip: sockaddr::bytes(to.vip),
+            backend: choice.backend.addr,
+            vip_port: to.port,
+            backend_port: choice.backend.port,
+            family: to.family,
+            proto: to.proto,
+            _pad: 0,
+        };
+    }
+    true
+}
+
+/// Forgets a connected socket's translation: a UDP socket connected again, to a destination
+/// that is not a service, must not show the old ClusterIP.
+#[inline(always)]
+pub fn forget_connection(ctx: &SockAddrContext) {
+    // SAFETY: as in `remember_connection`, without creating storage.
+    let record = unsafe { SOCK_CONNECTIONS.get_ptr_mut(ctx) };
+    if !record.is_null() {
+        // SAFETY: as in `remember_connection`. A zero family matches no peer.
+        unsafe { (*record).family = 0 };
+    }
+}
+
+/// The ClusterIP and port this connected socket addressed, if its `connect()` was rewritten to
+/// exactly `addr:port` of `family`.
+#[inline(always)]
+pub fn connection_translation(ctx: &SockAddrContext, family: u8, addr: Words, port: u16) -> Option<(Words, u16)> {
+    // SAFETY: as in `forget_connection`.
+    let record = unsafe { SOCK_CONNECTIONS.get_ptr_mut(ctx) };
+    if record.is_null() {
+        return None;
+    }
+    // SAFETY: as in `remember_connection`; copied out at once.
+    let record = unsafe { *record };
+    (record.family == family && record.backend_port == port && sockaddr::words(&record.backend) == addr)
+        .then_some((sockaddr::words(&record.vip), record.vip_port))
+}
+
+/// An unconnected UDP socket's record of the services it sent to; null when it has none and
+/// `create` is false, or when the kernel could not allocate it.
+#[inline(always)]
+pub fn datagram_peers(ctx: &SockAddrContext, create: bool) -> *mut DatagramPeers {
+    // SAFETY: as in `remember_connection`.
+    unsafe { if create { SOCK_DATAGRAMS.get_or_insert_ptr_mut(ctx, None) } else { SOCK_DATAGRAMS.get_ptr_mut(ctx) } }
+}
+
+/// The entry of `peers` for the service at `to`, if this socket sent to it recently.
+#[inline(always)]
+pub fn find_service(peers: &DatagramPeers, to: &Addressed) -> Option<usize> {
+    (0..DATAGRAM_PEERS).find(|&i| {
+        let peer = &peers.peers[i];
+        peer.family == to.family && peer.vip_port == to.port && sockaddr::words(&peer.vip) == to.vip
+    })
+}
+
+/// Records in `peers` (at `entry`, or replacing the oldest) that the socket keeps `choice`'s
+/// backend for the service at `to`.
+#[inline(always)]
+pub fn keep_datagram_peer(peers: &mut DatagramPeers, entry: Option<usize>, to: &Addressed, choice: &Choice) {
+    let index = match entry {
+        Some(index) => index,
+        None => {
+            let next = peers.next as usize % DATAGRAM_PEERS;
+            peers.next = ((next + 1) % DATAGRAM_PEERS) as u32;
+            next
+        }
+    };
+    if index < DATAGRAM_PEERS {
+        peers.peers[index] = DatagramPeer {
+            vip: sockaddr::bytes(to.vip),
+            vip_port: to.port,
+            family: to.family,
+            _pad: 0,
+            set_id: choice.service.set_id,
+            backend: choice.backend,
+        };
+    }
+}
+
+/// The ClusterIP and port an unconnected socket addressed when it sent to `addr:port`.
+#[inline(always)]
+pub fn datagram_translation(ctx: &SockAddrContext, family: u8, addr: Words, port: u16) -> Option<(Words, u16)> {
+    let peers = datagram_peers(ctx, false);
+    if peers.is_null() {
+        return None;
+    }
+    // SAFETY: non-null storage of this socket (see `remember_connection`).
+    let peers = unsafe { &*peers };
+    let source = Backend { addr: sockaddr::bytes(addr), port, locality: 0, _pad: 0 };
+    (0..DATAGRAM_PEERS).find_map(|i| {
+        let peer = &peers.peers[i];
+        (peer.family == family && crate::choose::same(&peer.backend, &source))
+            .then_some((sockaddr::words(&peer.vip), peer.vip_port))
+    })
+}
