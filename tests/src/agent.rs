@@ -33,6 +33,9 @@ pub struct AgentOptions<'a> {
     pub netns: Option<&'a str>,
     /// More arguments of `run`.
     pub extra: Vec<String>,
+    /// A command the agent runs under (`capsh ... --`), its arguments ending where the agent's
+    /// path goes.
+    pub wrapper: Vec<String>,
     /// Node name.
     pub node: &'a str,
     /// cgroup to attach to.
@@ -49,7 +52,14 @@ impl Agent {
     /// Starts the agent (stderr goes to the test's stderr).
     pub fn start(options: &AgentOptions<'_>) -> Self {
         let http = free_port();
-        let mut command = Command::new(agent_binary());
+        let mut command = match options.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(agent_binary());
+                command
+            }
+            None => Command::new(agent_binary()),
+        };
         command.arg("run");
         match options.kubeconfig {
             Some(kubeconfig) => command.arg("--kubeconfig").arg(kubeconfig),

@@ -72,9 +72,16 @@ struct Store {
     compacted: u64,
     held: BTreeSet<Resource>,
     down: bool,
+    /// Every request answered with this status.
+    failing: Option<u16>,
+    /// Watch requests answered with this status; lists still work.
+    failing_watches: Option<u16>,
+    /// Watches stay open and send nothing, not even bookmarks.
+    stalled: bool,
     lists: HashMap<Resource, usize>,
     watches: HashMap<Resource, usize>,
     events: Vec<Value>,
+    requests: usize,
 }
 
 /// The fake API server; stops when dropped.
@@ -204,6 +211,30 @@ impl FakeApi {
         self.with(|store| store.down = down);
     }
 
+    /// Answers every request with `status` (429 comes with `Retry-After: 1`); `None` ends it.
+    pub fn fail_with(&self, status: Option<u16>) {
+        self.with(|store| store.failing = status);
+    }
+
+    /// Answers watch requests with `status` while lists keep working; `None` ends it.
+    pub fn fail_watches_with(&self, status: Option<u16>) {
+        self.with(|store| store.failing_watches = status);
+    }
+
+    /// Stalls every watch: connections stay open, nothing is sent, not even bookmarks, and
+    /// `timeoutSeconds` is not honoured — a hung server or a black-holed connection.
+    pub fn stall(&self, stalled: bool) {
+        self.with(|store| store.stalled = stalled);
+        if !stalled {
+            self.changes.send_modify(|_| {});
+        }
+    }
+
+    /// Requests of any kind received so far (lists, watches, posts).
+    pub fn requests(&self) -> usize {
+        self.with(|store| store.requests)
+    }
+
     /// How many list requests (not watches) `resource` has served.
     pub fn lists(&self, resource: Resource) -> usize {
         self.with(|store| store.lists.get(&resource).copied().unwrap_or(0))
@@ -266,11 +297,23 @@ struct Server {
 impl Server {
     async fn handle(&self, request: Request<Incoming>) -> Response<Body> {
         let path = request.uri().path().to_owned();
-        if self.store.lock().expect("store").down {
+        let (down, failing, failing_watches) = {
+            let mut store = self.store.lock().expect("store");
+            store.requests += 1;
+            (store.down, store.failing, store.failing_watches)
+        };
+        if down {
             let unavailable = status(503, "ServiceUnavailable", "the fake API is down");
             return json_response(StatusCode::SERVICE_UNAVAILABLE, &unavailable);
         }
+        if let Some(code) = failing {
+            return failure(code);
+        }
         let query: HashMap<String, String> = request.uri().query().map(|q| url_pairs(q).collect()).unwrap_or_default();
+        let watching = query.get("watch").is_some_and(|w| w == "true" || w == "1");
+        if let (true, Some(code)) = (watching, failing_watches) {
+            return failure(code);
+        }
         if request.method() == hyper::Method::POST && path.starts_with("/apis/events.k8s.io/v1/namespaces/") {
             let body = request.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
             let event: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
@@ -280,7 +323,7 @@ impl Server {
         let Some(resource) = Resource::from_path(&path) else {
             return json_response(StatusCode::NOT_FOUND, &status(404, "NotFound", &format!("no route {path}")));
         };
-        if query.get("watch").is_some_and(|w| w == "true" || w == "1") {
+        if watching {
             *self.store.lock().expect("store").watches.entry(resource).or_default() += 1;
             self.watch(resource, &query)
         } else {
@@ -326,6 +369,10 @@ impl Server {
     fn watch(&self, resource: Resource, query: &HashMap<String, String>) -> Response<Body> {
         let from: u64 = query.get("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
         let bookmarks = query.get("allowWatchBookmarks").is_some_and(|b| b == "true");
+        let ends = query
+            .get("timeoutSeconds")
+            .and_then(|t| t.parse::<u64>().ok())
+            .map(|seconds| tokio::time::Instant::now() + Duration::from_secs(seconds));
         let (mut tx, rx) = mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(64);
         let (store, mut changes, mut aborts) =
             (Arc::clone(&self.store), self.changes.subscribe(), self.aborts.subscribe());
@@ -341,6 +388,19 @@ impl Server {
                 }
             }
             loop {
+                if store.lock().expect("store").stalled {
+                    // Hold the connection open, silent, until the stall ends or the client leaves.
+                    while store.lock().expect("store").stalled {
+                        if tx.is_closed() {
+                            return;
+                        }
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+                if ends.is_some_and(|at| tokio::time::Instant::now() >= at) {
+                    // The server ends the watch, as asked; the client resumes from where it was.
+                    return;
+                }
                 let pending: Vec<Value> = {
                     let store = store.lock().expect("store");
                     let fresh = store
@@ -357,7 +417,9 @@ impl Server {
                         return;
                     }
                 }
+                let end = ends.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
                 tokio::select! {
+                    () = tokio::time::sleep_until(end) => return,
                     changed = changes.changed() => if changed.is_err() { return },
                     _ = aborts.changed() => {
                         let _ = tx.send(Err(std::io::Error::other("connection aborted by the fake API"))).await;
@@ -378,6 +440,23 @@ impl Server {
         response.headers_mut().insert(hyper::header::CONTENT_TYPE, "application/json".parse().expect("header"));
         response
     }
+}
+
+/// An error answer with `code`, as the API server words it.
+fn failure(code: u16) -> Response<Body> {
+    let (reason, message) = match code {
+        429 => ("TooManyRequests", "too many requests, please try again later"),
+        403 => ("Forbidden", "User \"system:serviceaccount:topology-agent:topology-agent\" cannot list resource"),
+        _ => ("InternalError", "the fake API fails as asked"),
+    };
+    let mut response = json_response(
+        StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        &status(code, reason, message),
+    );
+    if code == 429 {
+        response.headers_mut().insert(hyper::header::RETRY_AFTER, "1".parse().expect("header"));
+    }
+    response
 }
 
 fn line(value: &Value) -> Bytes {

@@ -9,4 +9,5 @@ pub mod fixture;
 pub mod net;
 pub mod netns;
 pub mod sandbox;
+pub mod soak;
 pub mod traffic;

@@ -277,6 +277,20 @@ impl ClientPlace {
     /// Starts a client that connects in a loop until told to stop (or `max` passes), and waits
     /// until its first attempt is done. `scratch` is a directory for its control files.
     pub fn spawn_loop(&self, target: SocketAddr, scratch: &Path, max: Duration, udp: bool) -> LoopClient {
+        self.spawn_loop_with(target, scratch, max, udp, Duration::ZERO, false)
+    }
+
+    /// Like [`ClientPlace::spawn_loop`], pausing `pause` between attempts and, with `stamp`,
+    /// recording when and where each attempt landed.
+    pub fn spawn_loop_with(
+        &self,
+        target: SocketAddr,
+        scratch: &Path,
+        max: Duration,
+        udp: bool,
+        pause: Duration,
+        stamp: bool,
+    ) -> LoopClient {
         static SEQ: AtomicU32 = AtomicU32::new(0);
         let n = SEQ.fetch_add(1, Ordering::Relaxed);
         let stop = scratch.join(format!("loop{n}.stop"));
@@ -284,8 +298,11 @@ impl ClientPlace {
         let _ = std::fs::remove_file(&stop);
         let _ = std::fs::remove_file(&started);
         let mut command = self.command(target);
+        if stamp {
+            command.arg("--record-landings");
+        }
         command.args(["loop", "--stop-file"]).arg(&stop).arg("--started-file").arg(&started);
-        command.args(["--max-ms", &max.as_millis().to_string()]);
+        command.args(["--max-ms", &max.as_millis().to_string(), "--pause-us", &pause.as_micros().to_string()]);
         if udp {
             command.arg("--udp");
         }

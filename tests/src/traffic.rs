@@ -30,6 +30,20 @@ pub struct Report {
     /// durations, `baseline_ns[i]` measured next to `connect_ns[i]`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub baseline_ns: Vec<u64>,
+    /// (`CLOCK_MONOTONIC` ns, backend) of every successful attempt, when asked for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub landings: Vec<(u64, String)>,
+    /// Whether to fill `landings`.
+    #[serde(skip)]
+    pub stamp: bool,
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the same clock in every process of the machine.
+pub fn monotonic_ns() -> u64 {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid timespec to write; CLOCK_MONOTONIC exists on every Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
 }
 
 impl Report {
@@ -56,7 +70,12 @@ impl Report {
     fn record(&mut self, outcome: io::Result<String>) {
         self.attempts += 1;
         match outcome {
-            Ok(name) => *self.landed.entry(name).or_default() += 1,
+            Ok(name) => {
+                if self.stamp {
+                    self.landings.push((monotonic_ns(), name.clone()));
+                }
+                *self.landed.entry(name).or_default() += 1;
+            }
             Err(error) => *self.errors.entry(errno_name(&error)).or_default() += 1,
         }
     }
@@ -145,6 +164,8 @@ pub struct Client {
     pub timeout: Duration,
     /// Record `connect()` durations.
     pub time_connects: bool,
+    /// Record when and where each successful attempt landed (loops).
+    pub record_landings: bool,
 }
 
 impl Client {
@@ -253,7 +274,7 @@ impl Client {
     /// Repeats TCP (or UDP, one socket each) attempts until `stop` exists or `max` elapsed;
     /// `started` is called once after the first attempt.
     pub fn until(&self, stop: &Path, max: Duration, udp: bool, pause: Duration, started: impl FnOnce()) -> Report {
-        let mut report = Report::default();
+        let mut report = Report { stamp: self.record_landings, ..Report::default() };
         let begin = Instant::now();
         let mut started = Some(started);
         let mut attempt = 0;

@@ -68,6 +68,7 @@ impl World {
             kubeconfig: None,
             netns: None,
             extra: Vec::new(),
+            wrapper: Vec::new(),
         });
         agent.wait_ready(READY);
         agent

@@ -89,6 +89,7 @@ fn a_restarted_agent_reaches_an_api_server_that_moved_while_it_was_down() {
             home: Some(home.path()),
             netns: Some(client.netns.name()),
             extra: Vec::new(),
+            wrapper: Vec::new(),
         })
     };
     let mut agent = start();

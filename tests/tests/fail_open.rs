@@ -33,6 +33,7 @@ fn start(fx: &Fixture, file: &std::path::Path) -> Agent {
         kubeconfig: None,
         netns: None,
         extra: vec!["--fail-open-after".into(), "2s".into()],
+        wrapper: Vec::new(),
     })
 }
 

@@ -342,3 +342,67 @@ async fn an_unknown_node_stops_the_controller_with_a_clear_error() {
     assert!(error.to_string().contains("node \"node-z\" is not in the cluster"), "{error}");
     assert_eq!(harness.applies(), 0, "nothing was programmed");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stalled_watch_is_stale_within_30_seconds_and_fresh_again_once_it_resumes() {
+    let harness = Harness::start(world().await, "node-a").await;
+    harness.wait_ready(true).await;
+    // Connections stay open and nothing comes: no event, no bookmark, no end.
+    harness.api.stall(true);
+    let stalled = Instant::now();
+    let deadline = stalled + Duration::from_secs(35);
+    let reason = loop {
+        if let Err(reason) = harness.health.readiness() {
+            break reason;
+        }
+        assert!(Instant::now() < deadline, "a stalled watch was not noticed within 35 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let noticed = stalled.elapsed();
+    assert!(noticed <= Duration::from_secs(30), "noticed after {noticed:?}: {reason}");
+    assert!(reason.contains("view is stale"), "{reason}");
+    harness.api.stall(false);
+    harness.api.apply(web_slice(&[("10.1.0.9", "node-a")]));
+    harness.wait_for("the change made after the stall", |d| backends(d, "10.96.0.10") == set(&["10.1.0.9"])).await;
+    harness.wait_ready(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn throttling_and_forbidden_are_named_in_readyz_and_retried_with_backoff() {
+    let harness = Harness::start(world().await, "node-a").await;
+    harness.wait_ready(true).await;
+    let api = &harness.api;
+    for (code, words) in [(429, "throttled by the API server (HTTP 429"), (403, "forbidden (HTTP 403)")] {
+        api.fail_with(Some(code));
+        api.abort_watches();
+        harness.wait_ready(false).await;
+        let before = api.requests();
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        let reason = harness.health.readiness().unwrap_err();
+        assert!(reason.contains(words), "{reason}");
+        // Backing off (1, 2, 4 s ...): a handful of attempts per watch in 6 s, not a storm.
+        let attempts = api.requests() - before;
+        assert!(attempts <= 15, "{attempts} requests in 6 s while answered {code}");
+        api.fail_with(None);
+        harness.wait_ready(true).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_list_that_succeeds_does_not_make_a_failing_watch_fresh() {
+    let harness = Harness::start(world().await, "node-a").await;
+    harness.wait_ready(true).await;
+    // Lists work, watches are refused (a ServiceAccount without `watch`, a broken proxy).
+    harness.api.fail_watches_with(Some(500));
+    harness.api.abort_watches();
+    harness.wait_ready(false).await;
+    let until = Instant::now() + Duration::from_secs(8);
+    while Instant::now() < until {
+        let readiness = harness.health.readiness();
+        assert!(readiness.is_err(), "the view was called current while its watches fail");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(harness.api.lists(Resource::Nodes) >= 3, "the lists themselves were retried and succeeded");
+    harness.api.fail_watches_with(None);
+    harness.wait_ready(true).await;
+}

@@ -114,6 +114,7 @@ fn services_the_agent_does_not_handle_pass_untouched_to_kube_proxy() {
         kubeconfig: None,
         netns: None,
         extra: vec!["--capacity".into(), "topo_svc4=1".into()],
+        wrapper: Vec::new(),
     });
     let ready = loop {
         match agent.get("/readyz") {

@@ -47,6 +47,7 @@ fn a_connected_udp_socket_to_a_removed_backend_is_destroyed_and_reconnects_to_a_
         kubeconfig: None,
         netns: None,
         extra: Vec::new(),
+        wrapper: Vec::new(),
     });
     agent.wait_ready(Duration::from_secs(20));
 

@@ -7,6 +7,7 @@ use tokio::io::unix::AsyncFd;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
+    caps::{self, Capability, CapabilityError},
     controller::{Controller, ControllerConfig, ControllerError, Health},
     dataplane::{
         Capacities, CounterReader, Dataplane, DataplaneConfig, DataplaneError, IndexOrdering, KernelLogLevel,
@@ -70,6 +71,9 @@ pub enum RunError {
     /// No node name was given.
     #[error("--node (or NODE_NAME) is empty")]
     EmptyNode,
+    /// A capability the configuration needs is missing.
+    #[error(transparent)]
+    Capability(#[from] CapabilityError),
     /// The cgroup v2 mount could not be found.
     #[error(transparent)]
     Mount(#[from] MountError),
@@ -103,11 +107,33 @@ impl RunConfig {
         }
         Ok(self.capacities.validate()?)
     }
+
+    /// The capabilities this configuration needs, and what for.
+    pub fn capabilities(&self) -> Vec<(Capability, &'static str)> {
+        let mut needed = vec![
+            (Capability::Bpf, "needed to load the programs and create and pin their maps"),
+            (Capability::NetAdmin, "needed to attach the programs to the cgroup and to end sockets"),
+            (
+                Capability::Perfmon,
+                "needed for the verifier to accept the programs (without it they are checked as an unprivileged \
+                 user's, whose restrictions they do not meet) and to load the socket iterator",
+            ),
+        ];
+        if self.terminate != TerminateSockets::Off {
+            needed.push((
+                Capability::SysAdmin,
+                "needed to enter pods' network namespaces and end sockets whose backend left (or run with \
+                 --terminate-sockets off)",
+            ));
+        }
+        needed
+    }
 }
 
 /// Runs the agent until `shutdown` is cancelled or the controller fails.
 pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), RunError> {
     config.validate()?;
+    caps::check(caps::effective()?, &config.capabilities())?;
     let cgroup = match &config.cgroup {
         Some(cgroup) => cgroup.clone(),
         None => mounts::cgroup2_root()?,

@@ -5,11 +5,14 @@
 //! The data flows one way: source -> cluster state -> policy -> desired state -> dataplane.
 
 pub mod agent;
+pub mod caps;
 pub mod cluster;
 pub mod controller;
 pub mod dataplane;
 pub mod desired;
 pub mod explain;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 pub mod http;
 pub mod metrics;
 pub mod mounts;

@@ -52,6 +52,10 @@ enum Command {
         /// Output format.
         #[arg(long, value_enum, default_value_t = Output::Table)]
         output: Output,
+        /// Only check the pinned state is consistent (slot runs whole and disjoint, the index
+        /// agreeing with the service maps); exit 1 with the first problem if not.
+        #[arg(long)]
+        verify: bool,
     },
     /// Compare routing algorithms over the KubeCon input space: in-zone traffic, overload and
     /// deviation of random, the talk's "local", Auto hints, PreferClose and capacity spillover.
@@ -165,7 +169,12 @@ fn main() -> anyhow::Result<()> {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
             }
         }
-        Command::Status { pin_path, output } => {
+        Command::Status { pin_path, verify: true, .. } => {
+            let check = dataplane::verify_pins(&pin_path)
+                .map_err(|problem| anyhow::anyhow!("{}: inconsistent: {problem}", pin_path.display()))?;
+            println!("consistent: {} service ports, {} live slots", check.services, check.live_slots);
+        }
+        Command::Status { pin_path, output, .. } => {
             let snapshot = dataplane::snapshot(&pin_path)
                 .with_context(|| format!("reading the pinned state under {}", pin_path.display()))?;
             let report = StatusReport::new(&pin_path, &snapshot);

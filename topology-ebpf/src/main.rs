@@ -107,7 +107,9 @@ pub fn connect6(ctx: SockAddrContext) -> i32 {
 /// TCP and connected UDP: choose, and record the translation for `getpeername()` and replies.
 #[inline(always)]
 fn connect(ctx: &SockAddrContext, dest: Dest) -> Result<Option<Choice>, Error> {
-    let proto = sockaddr::protocol(ctx);
+    let Some(proto) = sockaddr::protocol(ctx) else {
+        return Ok(None);
+    };
     let Some(service) = dest.service(proto) else {
         if proto == IPPROTO_UDP {
             // A UDP socket may connect again; what it connected to before is no longer its peer.
@@ -153,7 +155,9 @@ pub fn sendmsg6(ctx: SockAddrContext) -> i32 {
 /// else a new choice; the socket's record also translates the replies.
 #[inline(always)]
 fn send(ctx: &SockAddrContext, dest: Dest) -> Result<Option<Choice>, Error> {
-    let proto = sockaddr::protocol(ctx);
+    let Some(proto) = sockaddr::protocol(ctx) else {
+        return Ok(None);
+    };
     let Some(service) = dest.service(proto) else {
         return Ok(None);
     };

@@ -76,11 +76,20 @@ pub fn set_port(ctx: &SockAddrContext, port: u16) {
     unsafe { write_volatile(addr_of_mut!((*ctx.sock_addr).user_port), u32::from(port.to_be())) }
 }
 
-/// IP protocol of the socket (TCP, UDP, ...).
+/// `IPPROTO_MPTCP`: a multipath TCP socket, which the kernel falls back to TCP for.
+const IPPROTO_MPTCP: u32 = 262;
+
+/// IP protocol of the socket as the maps key it: TCP, UDP, SCTP ...; MPTCP is TCP (the services
+/// maps know TCP ports); `None` for a number beyond a byte, which no service port has.
 #[inline(always)]
-pub fn protocol(ctx: &SockAddrContext) -> u8 {
+pub fn protocol(ctx: &SockAddrContext) -> Option<u8> {
     // SAFETY: as in `ip4`.
-    unsafe { read_volatile(addr_of!((*ctx.sock_addr).protocol)) as u8 }
+    let protocol = unsafe { read_volatile(addr_of!((*ctx.sock_addr).protocol)) };
+    match protocol {
+        IPPROTO_MPTCP => Some(topology_common::IPPROTO_TCP),
+        byte if byte <= 0xff => Some(byte as u8),
+        _ => None,
+    }
 }
 
 /// Makes the syscall fail with `errno` once the program returns [`DENY`].

@@ -1,4 +1,4 @@
-//! `cargo xtask bench [policy|datapath|control-plane]`: the benchmarks whose tables go into the
+//! `cargo xtask bench [policy|datapath|control-plane|soak]`: the benchmarks whose tables go into the
 //! issue notes.
 
 use clap::{Args, ValueEnum};
@@ -21,6 +21,8 @@ enum Suite {
     Datapath,
     /// Initial sync, update latency and RSS against the fake API server (root).
     ControlPlane,
+    /// 200 SIGKILLs of the agent mid-write under client load (root).
+    Soak,
 }
 
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
@@ -42,6 +44,11 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 .env("TOPOLOGY_AGENT", agent)
                 .current_dir(&root),
         )?;
+    }
+    if wants(Suite::Soak) {
+        // The soak runs the agent and the probe next to it, optimized.
+        cmd::run(cargo().args(["build", "--release", "--bins"]).current_dir(&root))?;
+        cmd::run(cargo().args(["bench", "-p", "topology-tests", "--bench", "soak"]).current_dir(&root))?;
     }
     Ok(())
 }

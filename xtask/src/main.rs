@@ -4,6 +4,7 @@
 mod bench;
 mod cmd;
 mod demo;
+mod fuzz;
 mod setup;
 mod test;
 
@@ -25,6 +26,8 @@ enum Task {
     Test(test::TestArgs),
     /// Set up, then run benchmarks and print their tables.
     Bench(bench::BenchArgs),
+    /// Set up, then run every fuzz target for a bounded time (nightly, cargo-fuzz).
+    Fuzz(fuzz::FuzzArgs),
     /// Set up, then simulate a multi-zone cluster on this machine with real agents and real
     /// connections, and report where they landed (root).
     Demo(demo::DemoArgs),
@@ -40,6 +43,10 @@ fn main() -> anyhow::Result<()> {
         Task::Bench(args) => {
             setup::run()?;
             bench::run(&args)
+        }
+        Task::Fuzz(args) => {
+            setup::run()?;
+            fuzz::run(&args)
         }
         Task::Demo(args) => {
             setup::run()?;

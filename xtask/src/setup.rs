@@ -15,12 +15,14 @@ use crate::cmd::{self, is_root, on_path, succeeds};
 /// The bpf-linker release known to build against nightly's LLVM here.
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Debian packages the tests and benchmarks call, with a command each provides.
-const PACKAGES: [(&str, &str); 3] = [("bpftool", "bpftool"), ("iproute2", "ip"), ("iptables", "iptables-restore")];
+const PACKAGES: [(&str, &str); 4] =
+    [("bpftool", "bpftool"), ("iproute2", "ip"), ("iptables", "iptables-restore"), ("libcap2-bin", "capsh")];
 
 pub fn run() -> anyhow::Result<()> {
     ensure_nightly()?;
     ensure_rust_src()?;
     ensure_bpf_linker()?;
+    ensure_cargo_fuzz()?;
     ensure_packages()?;
     ensure_bpffs()?;
     eprintln!("setup: everything is in place");
@@ -64,6 +66,17 @@ fn ensure_bpf_linker() -> anyhow::Result<()> {
         bail!("bpf-linker was installed but does not run; is {} on PATH?", cargo_home().join("bin").display());
     }
     Ok(())
+}
+
+/// The cargo-fuzz release the fuzz targets are built with.
+const CARGO_FUZZ_VERSION: &str = "0.13.2";
+
+fn ensure_cargo_fuzz() -> anyhow::Result<()> {
+    if succeeds(Command::new("cargo-fuzz").arg("--version")) {
+        return Ok(());
+    }
+    eprintln!("setup: installing cargo-fuzz {CARGO_FUZZ_VERSION} (about a minute)");
+    cmd::run(cmd::cargo().args(["install", "cargo-fuzz", "--locked", "--version", CARGO_FUZZ_VERSION]))
 }
 
 /// The shared LLVM library of the nightly toolchain (`libLLVM.so.<major>.<minor>-rust-...`).

@@ -22,6 +22,34 @@ enum Tier {
     Unit,
     /// Root integration tests against the real kernel.
     Root,
+    /// Every fuzz target for a few seconds (nightly, cargo-fuzz); `cargo xtask fuzz` runs longer.
+    Fuzz,
+}
+
+/// Seconds each fuzz target runs in `cargo xtask test`: enough to replay the kept inputs and
+/// catch a shallow regression; `cargo xtask fuzz` is the real search.
+const FUZZ_SECONDS: u64 = 10;
+
+/// Builds the kernel programs as `topology-agent/build.rs` does, for another architecture.
+fn build_ebpf_for(arch: &str, features: &str, cpu: Option<&str>) -> anyhow::Result<()> {
+    let root = cmd::workspace_root();
+    let mut flags =
+        vec![format!("--cfg=bpf_target_arch=\"{arch}\""), "-Cdebuginfo=2".into(), "-Clink-arg=--btf".into()];
+    flags.extend(cpu.map(|cpu| format!("-Ctarget-cpu={cpu}")));
+    cmd::run(
+        Command::new("rustup")
+            .args(["run", "nightly", "cargo", "build", "--package", "topology-ebpf", "--bins", "--release"])
+            .args(["--target", "bpfel-unknown-none", "-Z", "build-std=core", "--features", features])
+            .arg("--target-dir")
+            .arg(
+                root.join("target/ebpf")
+                    .join(format!("{arch}-{}", if features.is_empty() { "plain" } else { features })),
+            )
+            .env("CARGO_ENCODED_RUSTFLAGS", flags.join("\x1f"))
+            .env_remove("RUSTC")
+            .env_remove("RUSTC_WORKSPACE_WRAPPER")
+            .current_dir(&root),
+    )
 }
 
 pub fn run(args: &TestArgs) -> anyhow::Result<()> {
@@ -34,6 +62,10 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
                 .current_dir(&root),
         )?;
         cmd::run(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]).current_dir(&root))?;
+        // The agent embeds programs built for its own architecture; both supported ones build.
+        for (arch, features, cpu) in [("aarch64", "", None), ("aarch64", "acquire", Some("v4"))] {
+            build_ebpf_for(arch, features, cpu)?;
+        }
     }
     // Every binary first: the root tests run the agent and the probe as separate processes. The
     // eBPF crate is not a default member: it only links for bpfel-unknown-none, via build.rs.
@@ -49,6 +81,9 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
         // Root tests share kernel state (cgroups, pins, namespaces): one at a time. Without root
         // they print why they skip.
         cmd::run(cargo().args(["test", "-p", "topology-tests", "--", "--test-threads=1"]).current_dir(&root))?;
+    }
+    if wants(Tier::Fuzz) {
+        crate::fuzz::run_for(FUZZ_SECONDS, &[])?;
     }
     Ok(())
 }

@@ -55,6 +55,9 @@ enum Mode {
         /// Record every connect() duration.
         #[arg(long)]
         time_connects: bool,
+        /// Record when and where each attempt of a loop landed.
+        #[arg(long)]
+        record_landings: bool,
         #[command(subcommand)]
         traffic: Traffic,
     },
@@ -153,11 +156,12 @@ fn main() -> anyhow::Result<()> {
             })
             .with_context(|| format!("serving {name}"))?;
         }
-        Mode::Client { target, timeout_ms, time_connects, traffic } => {
+        Mode::Client { target, timeout_ms, time_connects, record_landings, traffic } => {
             if target.iter().any(|t| t.is_ipv4() != target[0].is_ipv4()) {
                 bail!("--target: every target must be of one address family");
             }
-            let client = Client { targets: target, timeout: Duration::from_millis(timeout_ms), time_connects };
+            let client =
+                Client { targets: target, timeout: Duration::from_millis(timeout_ms), time_connects, record_landings };
             let report = match traffic {
                 Traffic::Hold => client
                     .hold(|| {

@@ -82,6 +82,7 @@ impl DemoCluster {
                     kubeconfig: None,
                     netns: None,
                     extra: Vec::new(),
+                    wrapper: Vec::new(),
                 })
             })
             .collect();

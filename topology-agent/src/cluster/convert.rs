@@ -289,27 +289,50 @@ fn indexed(field: &str, index: usize) -> String {
     if field == "spec.clusterIP" { field.to_owned() } else { format!("{field}[{index}]") }
 }
 
-/// A CPU quantity (`4`, `3500m`, `1.5`, `250u`) in millicores.
+/// A Kubernetes quantity (`resource.Quantity`) as thousandths, rounded up as `MilliValue()` does:
+/// a sign, a decimal number (`2`, `1.5`, `.5`), and a binary SI suffix (`Ki` … `Ei`), a decimal SI
+/// suffix (`n`, `u`, `m`, none, `k`, `M`, `G`, `T`, `P`, `E`) or a decimal exponent (`e3`, `E-2`).
+/// Negative quantities are refused; values beyond `u64` saturate.
 pub fn cpu_millis(quantity: &str) -> Result<u64, String> {
-    let quantity = quantity.trim();
-    let split = quantity.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(quantity.len());
-    let (number, suffix) = quantity.split_at(split);
-    let value: f64 = number.parse().map_err(|_| format!("{quantity:?} is not a quantity"))?;
+    let text = quantity.trim();
+    let invalid = || format!("{text:?} is not a quantity");
+    let unsigned = text.strip_prefix('+').unwrap_or(text);
+    if unsigned.starts_with('-') {
+        return Err(format!("{text:?} is negative"));
+    }
+    let digits = unsigned.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(unsigned.len());
+    let (number, suffix) = unsigned.split_at(digits);
+    if number.is_empty() || number == "." || number.matches('.').count() > 1 {
+        return Err(invalid());
+    }
+    let value: f64 = number.parse().map_err(|_| invalid())?;
+    // Thousandths per unit of the suffix.
     let scale = match suffix {
         "" => 1e3,
-        "m" => 1.0,
-        "u" => 1e-3,
         "n" => 1e-6,
+        "u" => 1e-3,
+        "m" => 1.0,
         "k" => 1e6,
         "M" => 1e9,
         "G" => 1e12,
-        "Ki" => 1024e3,
-        _ => return Err(format!("{quantity:?} has an unknown suffix {suffix:?}")),
+        "T" => 1e15,
+        "P" => 1e18,
+        "E" => 1e21,
+        "Ki" => 1e3 * 1024.0,
+        "Mi" => 1e3 * 1024f64.powi(2),
+        "Gi" => 1e3 * 1024f64.powi(3),
+        "Ti" => 1e3 * 1024f64.powi(4),
+        "Pi" => 1e3 * 1024f64.powi(5),
+        "Ei" => 1e3 * 1024f64.powi(6),
+        exponent if exponent.starts_with(['e', 'E']) => {
+            let power: i32 = exponent[1..].parse().map_err(|_| format!("{text:?} has an invalid exponent"))?;
+            1e3 * 10f64.powi(power.clamp(-40, 40))
+        }
+        other => return Err(format!("{text:?} has an unknown suffix {other:?}")),
     };
-    if !value.is_finite() || value < 0.0 {
-        return Err(format!("{quantity:?} is not a non-negative quantity"));
-    }
-    Ok((value * scale).round() as u64)
+    let millis = (value * scale).ceil();
+    // `as` saturates: a quantity beyond u64 is as much CPU as can be counted.
+    Ok(if millis.is_finite() { millis as u64 } else { u64::MAX })
 }
 
 #[cfg(test)]
@@ -328,6 +351,24 @@ mod tests {
         assert_eq!(cpu_millis("250000u"), Ok(250));
         assert!(cpu_millis("four").is_err());
         assert!(cpu_millis("4x").is_err());
+        for (quantity, millis) in [
+            ("500m", 500),
+            ("2", 2000),
+            ("2k", 2_000_000),
+            ("1e3", 1_000_000),
+            ("1E-3", 1),
+            (".5", 500),
+            ("0.5Ki", 512_000),
+            ("+1", 1000),
+            ("0.0001", 1),
+            ("1n", 1),
+            ("9E", u64::MAX),
+        ] {
+            assert_eq!(cpu_millis(quantity), Ok(millis), "{quantity}");
+        }
+        for bad in ["-1", "", ".", "1..2", "1e", "1ee3", "Ki", "1 Ki"] {
+            assert!(cpu_millis(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

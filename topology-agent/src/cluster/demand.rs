@@ -65,7 +65,7 @@ impl Demand {
     /// Adds a node's contribution.
     pub fn add(&mut self, contribution: &Contribution) {
         let zone = self.zones.entry(contribution.zone.clone()).or_default();
-        zone.cpu_millis += contribution.cpu_millis;
+        zone.cpu_millis = zone.cpu_millis.saturating_add(contribution.cpu_millis);
         zone.nodes += 1;
         if let Some(region) = &contribution.region {
             *zone.regions.entry(region.clone()).or_default() += 1;

@@ -39,18 +39,12 @@ pub struct ControllerConfig {
     pub node: String,
     /// How often the whole desired state is re-applied, retrying service ports that failed.
     pub reconcile_interval: Duration,
-    /// How often the kernel counters are read for the metrics.
-    pub counters_interval: Duration,
 }
 
 impl ControllerConfig {
-    /// Defaults: reconcile every minute, counters every five seconds.
+    /// Defaults: reconcile every minute.
     pub fn new(node: impl Into<String>) -> Self {
-        Self {
-            node: node.into(),
-            reconcile_interval: Duration::from_secs(60),
-            counters_interval: Duration::from_secs(5),
-        }
+        Self { node: node.into(), reconcile_interval: Duration::from_secs(60) }
     }
 }
 
@@ -67,6 +61,9 @@ pub enum ControllerError {
          NODE_NAME: routing without knowing where this node is would send traffic anywhere"
     )]
     UnknownNode(String),
+    /// This node's own Node object cannot be used.
+    #[error("this node's Node object cannot be used: {0}; the agent cannot route without knowing where it is")]
+    InvalidOwnNode(crate::cluster::ObjectError),
 }
 
 /// The control loop.
@@ -209,6 +206,9 @@ impl<P: Programmer> Controller<P> {
         let node = self.config.node.clone();
         let Some(this) = self.state.node(&node).cloned() else {
             if !self.programmed {
+                if let Some(invalid) = self.skipped.get(&ObjectId::Node(node.clone())) {
+                    return Err(ControllerError::InvalidOwnNode(invalid.error.clone()));
+                }
                 return Err(ControllerError::UnknownNode(node));
             }
             self.health.set_blocked(Some(format!(

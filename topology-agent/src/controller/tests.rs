@@ -114,11 +114,7 @@ fn run(events: Vec<SourceEvent>) -> Recording {
     drop(sender);
     let recording = Arc::new(Mutex::new(Recording::default()));
     let controller = Controller::new(
-        ControllerConfig {
-            node: "a".into(),
-            reconcile_interval: Duration::from_secs(3600),
-            counters_interval: Duration::from_secs(3600),
-        },
+        ControllerConfig { node: "a".into(), reconcile_interval: Duration::from_secs(3600) },
         Recorder(Arc::clone(&recording)),
         Arc::new(Health::default()),
         Arc::new(Metrics::default()),
@@ -316,4 +312,34 @@ fn a_demand_change_anywhere_recomputes_the_spillover_services() {
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(recording.lock().unwrap().partial.len(), 1);
     live.stop();
+}
+
+#[test]
+fn an_unusable_own_node_is_an_error_naming_its_field_not_node_not_found() {
+    let error = crate::cluster::ObjectError {
+        kind: Kind::Node,
+        name: "a".into(),
+        field: "status.allocatable.cpu".into(),
+        message: "\"lots\" is not a quantity".into(),
+    };
+    let invalid = Invalid { id: ObjectId::Node("a".into()), service: None, error };
+    let (sender, receiver) = EventSender::channel();
+    sender.send(SourceEvent::Replace { kind: Kind::Node, objects: vec![], invalid: vec![invalid] });
+    for kind in [Kind::Service, Kind::EndpointSlice] {
+        sender.send(replace(kind, vec![]));
+    }
+    drop(sender);
+    let controller = Controller::new(
+        ControllerConfig::new("a"),
+        Recorder(Arc::default()),
+        Arc::new(Health::default()),
+        Arc::new(Metrics::default()),
+        Box::new(LogOnly),
+    );
+    let Err(error) = controller.run(&receiver, &CancellationToken::new()) else { panic!("must stop") };
+    assert_eq!(
+        error.to_string(),
+        "this node's Node object cannot be used: Node a: status.allocatable.cpu: \"lots\" is not a quantity; the \
+         agent cannot route without knowing where it is"
+    );
 }

@@ -22,6 +22,9 @@ mod slot_space;
 mod state;
 mod writer;
 
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
+
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
@@ -218,6 +221,46 @@ pub fn snapshot(pin_path: &Path) -> Result<Snapshot, DataplaneError> {
     let attached = program_names::ALL.into_iter().filter(|name| layout.link(name).exists()).collect();
     Ok(Snapshot { kernel, counters, node_counters, heartbeat, attached, capacities: maps.capacities })
 }
+
+/// What [`verify_pins`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PinCheck {
+    /// Service entries.
+    pub services: usize,
+    /// Slots the service entries refer to.
+    pub live_slots: u64,
+}
+
+/// Checks what the pins hold is consistent, as a program would find it: every service entry's
+/// slot run lies in the array, carries the entry's set id and overlaps no other run; every
+/// lookup the programs could make in the service index agrees with the hash maps. For an agent
+/// that was killed at any instant, this must hold on what it left.
+pub fn verify_pins(pin_path: &Path) -> Result<PinCheck, String> {
+    let layout = PinLayout::new(pin_path);
+    let maps = maps::MapSet::from_pins(&layout).map_err(|e| e.to_string())?;
+    let kernel = state::read(&maps).map_err(|e| e.to_string())?;
+    let mut runs: Vec<(u32, u32, ProgrammedPort)> = Vec::new();
+    for (port, service) in &kernel.services {
+        if !service.intact() {
+            return Err(format!("{port}: {} of its {} slots carry its set id", service.slots.len(), service.count));
+        }
+        if service.count > 0 {
+            runs.push((service.base, service.count, *port));
+        }
+    }
+    runs.sort();
+    for pair in runs.windows(2) {
+        let ((base, count, first), (next, _, second)) = (pair[0], pair[1]);
+        if u64::from(base) + u64::from(count) > u64::from(next) {
+            return Err(format!("{first} and {second} share slots"));
+        }
+    }
+    writer::verify_index(&maps, &kernel)?;
+    Ok(PinCheck { services: kernel.services.len(), live_slots: kernel.slot_entries() })
+}
+
+/// A service port, as [`verify_pins`] names it.
+type ProgrammedPort = crate::desired::ServicePort;
 
 /// Reads the kernel counters from the pins, on its own descriptors: the metrics endpoint uses it
 /// without touching the controller's dataplane.

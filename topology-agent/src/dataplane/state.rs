@@ -101,17 +101,28 @@ pub fn read(maps: &MapSet) -> Result<KernelState, DataplaneError> {
 /// The slots of a service entry's set, in order, up to the first that is out of range or not
 /// tagged with the entry's `set_id`.
 fn read_set(maps: &MapSet, value: &ServiceValue) -> Result<Vec<Slot>, DataplaneError> {
-    // Capped by the slots map: `count` is read from a map and may be anything.
-    let mut slots = Vec::with_capacity(value.count.min(maps.capacities.slots) as usize);
+    set_slots(value, maps.capacities.slots, |index| {
+        maps.slots.get(&index, 0).map_err(DataplaneError::map(map_names::SLOTS))
+    })
+}
+
+/// [`read_set`] over any slot array of `capacity` entries: whatever a service entry says (it is
+/// read from a map and may be anything), no slot beyond the array is read and nothing is sized by it.
+pub fn set_slots<E>(
+    value: &ServiceValue,
+    capacity: u32,
+    mut slot: impl FnMut(u32) -> Result<Slot, E>,
+) -> Result<Vec<Slot>, E> {
+    let mut slots = Vec::with_capacity(value.count.min(capacity).min(4096) as usize);
     for offset in 0..value.count {
-        let Some(index) = value.base.checked_add(offset).filter(|&index| index < maps.capacities.slots) else {
+        let Some(index) = value.base.checked_add(offset).filter(|&index| index < capacity) else {
             break;
         };
-        let slot = maps.slots.get(&index, 0).map_err(DataplaneError::map(map_names::SLOTS))?;
-        if slot.set_id != value.set_id {
+        let read = slot(index)?;
+        if read.set_id != value.set_id {
             break;
         }
-        slots.push(Slot { set_id: 0, ..slot });
+        slots.push(Slot { set_id: 0, ..read });
     }
     Ok(slots)
 }

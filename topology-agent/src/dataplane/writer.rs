@@ -58,6 +58,8 @@ pub struct ApplyReport {
     pub slots_written: usize,
     /// Grace periods waited for to reuse retired slots.
     pub grace_periods: usize,
+    /// Time spent waiting for them.
+    pub grace_wait: std::time::Duration,
     /// Service ports that could not be programmed; the kernel keeps their previous state.
     pub failed: Vec<(ServicePort, DataplaneError)>,
     /// Leftovers (ids of a removed service) that could not be deleted yet; they are retried on the
@@ -365,7 +367,10 @@ impl Writer {
         };
         // A position of the index not yet published may still lead to a retired run.
         if self.slots.has_retired() && self.repair_index() {
-            match self.maps.counters.wait() {
+            let started = std::time::Instant::now();
+            let waited = self.maps.counters.wait();
+            report.grace_wait += started.elapsed();
+            match waited {
                 Ok(()) => {
                     self.slots.reclaim();
                     self.index4.grace_passed();
@@ -427,9 +432,7 @@ impl Writer {
     /// Checks the service indexes in the kernel against the service entries: what every lookup
     /// the programs could make answers (see [`index::verify`]).
     pub fn verify_index(&self) -> Result<(), String> {
-        let (services4, services6) = entries_by_family(&self.kernel);
-        index::verify(&self.maps.index4, &services4)?;
-        index::verify(&self.maps.index6, &services6)
+        verify_index(&self.maps, &self.kernel)
     }
 
     /// Publishes index positions left pending; true if the index holds every decision.
@@ -539,6 +542,13 @@ fn drawn(slots: &[Slot]) -> HashSet<([u8; 16], u16)> {
         }
     }
     out
+}
+
+/// Checks the service indexes in `maps` against the service entries of `kernel`.
+pub fn verify_index(maps: &MapSet, kernel: &KernelState) -> Result<(), String> {
+    let (services4, services6) = entries_by_family(kernel);
+    index::verify(&maps.index4, &services4)?;
+    index::verify(&maps.index6, &services6)
 }
 
 /// The service entries of each family, keyed as in the maps.

@@ -2,9 +2,10 @@
 //! `PreferSameZone` and `PreferClose` (this zone, else all). The EndpointSlice hints are used when
 //! every usable endpoint carries them; when they are missing or partial (a rollout, an older
 //! control plane, a file without hints), each endpoint's node and zone come from its own fields, so
-//! missing hints never turn the preference off (the failure mode of cilium#47960).
+//! missing hints never turn the preference off (the failure mode of cilium#47960). The
+//! serving-and-terminating fallback is not filtered (kube-proxy's rule).
 
-use super::{Candidate, PolicyKind, Selection, describe};
+use super::{Candidate, PolicyKind, Selection, describe, terminating_fallback};
 use crate::cluster::{Node, TrafficDistribution};
 
 /// The preferred endpoints for `distribution`, or why the value is ignored.
@@ -28,6 +29,9 @@ pub fn select(
     if usable.is_empty() {
         let reason = format!("{name}: no ready or serving-and-terminating endpoint; connections are refused");
         return Ok(Selection::equal(policy, reason, this, &[]));
+    }
+    if terminating {
+        return Ok(terminating_fallback(policy, &name, this, usable));
     }
     let mut misses = Vec::new();
     for level in levels {

@@ -1,9 +1,10 @@
 //! Topology Aware Routing (`service.kubernetes.io/topology-mode: Auto`, formerly
 //! `service.kubernetes.io/topology-aware-hints: auto`) with kube-proxy's safeguards: the zone
 //! hints are used only if every usable endpoint has one and at least one names this node's zone;
-//! a node without a zone label does not filter. Otherwise every usable endpoint is used.
+//! a node without a zone label does not filter. Otherwise every usable endpoint is used. Hints
+//! are read from ready endpoints only: the serving-and-terminating fallback is not filtered.
 
-use super::{Candidate, PolicyKind, Selection, describe};
+use super::{Candidate, PolicyKind, Selection, describe, terminating_fallback};
 use crate::cluster::Node;
 
 /// Whether an annotation value turns hints on: kube-proxy accepts any value but the disabled ones.
@@ -25,6 +26,14 @@ pub fn select(this: &Node, mode: &str, usable: &[Candidate<'_>], terminating: bo
     };
     if usable.is_empty() {
         return all(String::new());
+    }
+    if terminating {
+        return terminating_fallback(
+            PolicyKind::TopologyAwareHints,
+            &format!("topology-aware hints ({mode})"),
+            this,
+            usable,
+        );
     }
     let Some(zone) = this.zone() else {
         return all(format!("node {} has no zone label", this.name));

@@ -1,7 +1,9 @@
 //! Topology keys (KEP-536, `spec.topologyKeys` of Kubernetes 1.17-1.21, or the
 //! `topology-agent.io/topology-keys` annotation): walk the keys in order, take the endpoints whose
 //! node has this node's value for the key; the first key with any match wins; `*` matches every
-//! endpoint; nothing matched and no `*` means refuse (a hard requirement).
+//! endpoint; nothing matched and no `*` means refuse (a hard requirement). The
+//! serving-and-terminating fallback takes no preference from the order of the keys: with `*`, every
+//! one of them; without, every one any key admits (the hard scope still holds).
 
 use std::fmt;
 
@@ -61,6 +63,9 @@ pub fn select(this: &Node, keys: &[TopologyKey], usable: &[Candidate<'_>], termi
             format!("topology keys [{listed}]: no ready or serving-and-terminating endpoint; connections are refused");
         return Selection::equal(PolicyKind::TopologyKeys, reason, this, &[]);
     }
+    if terminating {
+        return terminating_fallback(this, keys, &listed, usable);
+    }
     let mut tried = Vec::new();
     for key in keys {
         let label = match key {
@@ -94,6 +99,43 @@ pub fn select(this: &Node, keys: &[TopologyKey], usable: &[Candidate<'_>], termi
     let reason =
         format!("topology keys [{listed}]: {}; no \"*\" fallback, so connections are refused", tried.join("; "));
     Selection::equal(PolicyKind::TopologyKeys, reason, this, &[])
+}
+
+/// The serving-and-terminating fallback: no order of preference, only the scope the keys allow.
+fn terminating_fallback(this: &Node, keys: &[TopologyKey], listed: &str, usable: &[Candidate<'_>]) -> Selection {
+    if keys.contains(&TopologyKey::Any) {
+        return super::terminating_fallback(
+            PolicyKind::TopologyKeys,
+            &format!("topology keys [{listed}]"),
+            this,
+            usable,
+        );
+    }
+    let admitted: Vec<Candidate<'_>> = usable
+        .iter()
+        .filter(|c| {
+            keys.iter().any(|key| match key {
+                TopologyKey::Any => true,
+                TopologyKey::Label(label) => {
+                    this.topology_value(label).is_some_and(|value| c.topology_value(label) == Some(value))
+                }
+            })
+        })
+        .cloned()
+        .collect();
+    let reason = if admitted.is_empty() {
+        format!(
+            "topology keys [{listed}]: none of {} shares a key with this node; no \"*\" fallback, so connections are refused",
+            describe(usable.len(), true)
+        )
+    } else {
+        format!(
+            "topology keys [{listed}]: no preference among the serving-and-terminating fallback (kube-proxy's rule), only the keys' scope: {} of {}",
+            admitted.len(),
+            describe(usable.len(), true)
+        )
+    };
+    Selection::equal(PolicyKind::TopologyKeys, reason, this, &admitted)
 }
 
 /// Checks a Kubernetes label key: an optional DNS-subdomain prefix and `/`, then a name of at most

@@ -11,6 +11,10 @@
 //! 6. default: every usable endpoint.
 //!
 //! "Usable" endpoints are the ready ones or, when none is ready, the serving-and-terminating ones.
+//! The serving-and-terminating fallback takes no preference (hints, trafficDistribution,
+//! spillover): like kube-proxy, it is a best effort not to drop connections, and a preference
+//! would pile a draining zone's connections onto its last terminating pods. Only a hard scope
+//! the Service wrote (topology keys without `*`) still bounds it.
 
 pub mod desired;
 pub mod distribution;
@@ -256,6 +260,17 @@ pub fn usable<'a>(candidates: &[Candidate<'a>]) -> (Vec<Candidate<'a>>, bool) {
     let terminating: Vec<Candidate<'a>> = candidates.iter().filter(|c| c.is_serving_terminating()).cloned().collect();
     let fallback = !terminating.is_empty();
     (terminating, fallback)
+}
+
+/// The serving-and-terminating fallback under a mode that reads topology: every one of them,
+/// equally, as kube-proxy does (it reads hints from ready endpoints only). `mode` names the
+/// preference that is not applied.
+pub fn terminating_fallback(policy: PolicyKind, mode: &str, this: &Node, usable: &[Candidate<'_>]) -> Selection {
+    let reason = format!(
+        "{mode}: not applied to the serving-and-terminating fallback (kube-proxy's rule); all {}",
+        describe(usable.len(), true)
+    );
+    Selection::equal(policy, reason, this, usable)
 }
 
 /// "3 ready endpoints", "2 serving-and-terminating endpoints (none is ready)".

@@ -200,7 +200,7 @@ impl Channel {
 }
 
 /// The value of the first map's storage in a socket's attributes.
-fn find_storage(attributes: &[u8]) -> Option<Vec<u8>> {
+pub(super) fn find_storage(attributes: &[u8]) -> Option<Vec<u8>> {
     let storages = attrs(attributes).find(|(kind, _)| *kind == INET_DIAG_SK_BPF_STORAGES)?.1;
     let storage = attrs(storages).find(|(kind, _)| *kind == SK_DIAG_BPF_STORAGE)?.1;
     attrs(storage).find(|(kind, _)| *kind == SK_DIAG_BPF_STORAGE_MAP_VALUE).map(|(_, value)| value.to_vec())

@@ -16,6 +16,19 @@ mod diag;
 mod iter;
 mod netns;
 
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing {
+    //! Entry points for the fuzz targets.
+
+    /// Walks every attribute of a sock_diag answer and looks for socket storage in it.
+    pub fn attributes(data: &[u8]) {
+        let _ = super::diag::find_storage(data);
+        for (_, payload) in super::diag::attrs(data) {
+            let _ = super::diag::attrs(payload).count();
+        }
+    }
+}
+
 use std::{
     collections::HashMap,
     net::{IpAddr, SocketAddr},

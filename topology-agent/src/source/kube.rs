@@ -3,29 +3,25 @@
 //! relist, e.g. after 410 Gone) is buffered and sent as one [`SourceEvent::Replace`], so the
 //! controller never acts on half a list. Objects are reduced to the cluster model at once, so
 //! nothing of their bulk (managedFields, status) is kept.
+//!
+//! Each kind runs its own list-and-watch ([`reflector`](super::reflector)).
 
-use std::{fmt::Debug, path::Path, time::Duration};
+use std::path::Path;
 
-use futures::StreamExt as _;
 use k8s_openapi::api::{
     core::v1::{Node as K8sNode, Service as K8sService},
     discovery::v1::EndpointSlice as K8sEndpointSlice,
 };
 use kube::{
     Api, Client, Resource, ResourceExt as _,
-    api::{ApiResource, DynamicObject, ListParams},
+    api::{ApiResource, DynamicObject},
     config::{KubeConfigOptions, Kubeconfig},
-    runtime::{WatchStreamExt as _, watcher},
 };
-use serde::de::DeserializeOwned;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::{EventSender, Invalid, Object, ObjectId, SourceEvent};
+use super::{EventSender, Invalid, Object, ObjectId, reflector};
 use crate::cluster::{Kind, ObjectKey, convert};
-
-/// How often a stale watcher checks whether the API answers again.
-const PROBE_INTERVAL: Duration = Duration::from_secs(2);
 
 /// The Kubernetes client could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -77,18 +73,20 @@ impl KubeSource {
     pub fn start(client: &Client, events: &EventSender, shutdown: &CancellationToken) -> Self {
         let services = Api::<DynamicObject>::all_with(client.clone(), &ApiResource::erase::<K8sService>(&()));
         let tasks = vec![
-            tokio::spawn(watch(
+            tokio::spawn(reflector::run(
                 Api::<K8sNode>::all(client.clone()),
                 Kind::Node,
                 node,
+                id_of,
                 events.clone(),
                 shutdown.clone(),
             )),
-            tokio::spawn(watch(services, Kind::Service, service, events.clone(), shutdown.clone())),
-            tokio::spawn(watch(
+            tokio::spawn(reflector::run(services, Kind::Service, service, id_of, events.clone(), shutdown.clone())),
+            tokio::spawn(reflector::run(
                 Api::<K8sEndpointSlice>::all(client.clone()),
                 Kind::EndpointSlice,
                 endpoint_slice,
+                id_of,
                 events.clone(),
                 shutdown.clone(),
             )),
@@ -101,76 +99,6 @@ impl KubeSource {
         for task in self.tasks {
             // A panicked watcher has nothing left to clean up.
             let _ = task.await;
-        }
-    }
-}
-
-/// How one kind's objects become model objects.
-type Convert<K> = fn(&K) -> Result<Option<Object>, Box<Invalid>>;
-
-async fn watch<K>(api: Api<K>, kind: Kind, convert: Convert<K>, events: EventSender, shutdown: CancellationToken)
-where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
-{
-    let source = format!("{kind} watch");
-    let stream = watcher(api.clone(), watcher::Config::default()).default_backoff();
-    futures::pin_mut!(stream);
-    let mut listing: Option<(Vec<Object>, Vec<Invalid>)> = None;
-    let mut stale = false;
-    loop {
-        let item = tokio::select! {
-            () = shutdown.cancelled() => return,
-            // A watch that comes back without news says nothing; probe the API to clear staleness.
-            () = tokio::time::sleep(PROBE_INTERVAL), if stale => {
-                if api.list(&ListParams::default().limit(1)).await.is_ok() {
-                    stale = false;
-                    events.send(SourceEvent::Fresh { source: source.clone() });
-                }
-                continue;
-            }
-            item = stream.next() => item,
-        };
-        let Some(item) = item else { return };
-        let event = match item {
-            Ok(event) => event,
-            Err(error) => {
-                tracing::warn!(kind = %kind, %error, "watch failed; retrying with backoff, keeping the last good state");
-                stale = true;
-                events.send(SourceEvent::Stale { source: source.clone(), reason: error.to_string() });
-                continue;
-            }
-        };
-        if std::mem::take(&mut stale) {
-            events.send(SourceEvent::Fresh { source: source.clone() });
-        }
-        let sent = match event {
-            watcher::Event::Init => {
-                listing = Some((Vec::new(), Vec::new()));
-                true
-            }
-            watcher::Event::InitApply(object) => {
-                let (objects, invalid) = listing.get_or_insert_with(Default::default);
-                match convert(&object) {
-                    Ok(Some(object)) => objects.push(object),
-                    Ok(None) => {}
-                    Err(bad) => invalid.push(*bad),
-                }
-                true
-            }
-            watcher::Event::InitDone => {
-                let (objects, invalid) = listing.take().unwrap_or_default();
-                tracing::info!(kind = %kind, objects = objects.len(), invalid = invalid.len(), "listed");
-                events.send(SourceEvent::Replace { kind, objects, invalid })
-            }
-            watcher::Event::Apply(object) => match convert(&object) {
-                Ok(Some(object)) => events.send(SourceEvent::Apply(object)),
-                Ok(None) => events.send(SourceEvent::Delete(id_of(&object, kind))),
-                Err(bad) => events.send(SourceEvent::Invalid(*bad)),
-            },
-            watcher::Event::Delete(object) => events.send(SourceEvent::Delete(id_of(&object, kind))),
-        };
-        if !sent {
-            return;
         }
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod file;
 pub mod kube;
+pub mod reflector;
 
 use std::{fmt, sync::mpsc, time::Instant};
 

@@ -13,5 +13,7 @@ mod publish;
 #[cfg(test)]
 mod tests;
 
+#[cfg(any(test, feature = "fuzzing"))]
+pub use placement::Placement;
 pub use placement::positions_for;
 pub use publish::{ServiceIndex, verify};

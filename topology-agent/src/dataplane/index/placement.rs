@@ -252,6 +252,19 @@ impl<K: IndexKey> Placement<K> {
         changed
     }
 
+    /// Whether a lookup of `key` reaches its position before any empty one, whatever the `seq`s
+    /// (half-written positions get finished with what is decided).
+    fn reachable(&self, key: &K) -> bool {
+        for step in 0..self.window {
+            match self.content(self.at(key, step)) {
+                Content::Empty => return false,
+                Content::Used(held, _) if held == *key => return true,
+                _ => {}
+            }
+        }
+        false
+    }
+
     fn is_used(&self, position: u32) -> bool {
         matches!(self.content(position), Content::Used(..))
     }
@@ -341,6 +354,16 @@ impl<K: IndexKey> Placement<K> {
                 None => changed.extend(placement.remove(&key)),
             }
         }
+        // A key held behind an empty position of its window (a map edited by hand, a bug) would
+        // look absent to the programs: its copy becomes a tombstone and it is placed anew.
+        for key in services.keys() {
+            if !placement.reachable(key)
+                && let Some(position) = placement.find(key)
+            {
+                placement.set(position, Content::Tombstone);
+                changed.insert(position);
+            }
+        }
         for (key, value) in services {
             if placement.find(key).is_none() {
                 changed.extend(placement.upsert(*key, *value));
@@ -370,6 +393,18 @@ impl<K: IndexKey> Placement<K> {
             }
         }
         Ok(())
+    }
+
+    /// Records that `positions` were published as a rewrite does: `seq` even again, contents
+    /// as decided (what a fuzz target checks adoption against, without a kernel).
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub fn published_all(&mut self, positions: &[u32]) {
+        for position in positions {
+            self.published.remove(position);
+            if let Some(known) = self.positions.get_mut(position) {
+                known.seq = if known.seq & 1 == 0 { known.seq.wrapping_add(2) } else { known.seq.wrapping_add(1) };
+            }
+        }
     }
 
     /// Keys that overflowed their window.

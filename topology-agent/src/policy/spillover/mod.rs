@@ -232,6 +232,9 @@ pub fn select(
         let reason = format!("{heading}: {why}; all {} in scope equally", describe(in_scope.len(), terminating));
         Selection::equal(PolicyKind::Spillover, reason, this, &in_scope)
     };
+    if terminating {
+        return everyone("not applied to the serving-and-terminating fallback (kube-proxy's rule)".into());
+    }
     let Some(own) = this.zone() else {
         return everyone(format!("node {} has no zone label, so its traffic is outside the plan", this.name));
     };

@@ -1,7 +1,9 @@
 //! Policy tests: tables per mode, joins, and properties.
 
 mod join;
+mod kube_proxy;
 mod props;
 mod spillover;
 mod tables;
+mod terminating;
 mod world;

@@ -339,14 +339,14 @@ fn topology_aware_hints_follow_kube_proxy() {
             policy: Hints,
         },
         Row {
-            name: "serving-and-terminating fallback",
+            name: "serving-and-terminating fallback is not filtered (kube-proxy)",
             service: auto(),
             endpoints: vec![
                 ep("10.0.1.1", "a1").terminating().for_zones(&["a"]),
                 ep("10.0.2.1", "b1").terminating().for_zones(&["b"]),
             ],
             node: "a2",
-            expect: &["10.0.1.1"],
+            expect: &["10.0.1.1", "10.0.2.1"],
             policy: Hints,
         },
         Row {
@@ -493,11 +493,11 @@ fn traffic_distribution_with_and_without_hints() {
             policy: SameNode,
         },
         Row {
-            name: "terminating fallback",
+            name: "terminating fallback is not filtered (kube-proxy)",
             service: td("PreferClose"),
             endpoints: vec![ep("10.0.1.1", "a1").terminating(), ep("10.0.2.1", "b1").terminating()],
             node: "b1",
-            expect: &["10.0.2.1"],
+            expect: &["10.0.1.1", "10.0.2.1"],
             policy: Close,
         },
         Row {

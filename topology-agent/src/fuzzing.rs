@@ -1,0 +1,151 @@
+//! Entry points for the fuzz targets (`topology-agent/fuzz/`) and their regression test: each
+//! takes untrusted bytes and must never panic. Built only with the `fuzzing` feature or in tests.
+
+use std::collections::HashMap;
+
+use topology_common::{IndexEntry4, ServiceKey4, ServiceValue, Slot};
+
+use crate::{
+    cluster::{Node, ObjectKey, Service, TopologyKeysSource, TopologyKeysSpec, convert, file},
+    dataplane::fuzzing as dataplane,
+    mounts, policy, sockets,
+};
+
+/// A fuzz target: untrusted bytes in, no panic.
+pub type Target = fn(&[u8]);
+
+/// Every fuzz target, by name, for the regression replay.
+pub const TARGETS: [(&str, Target); 6] = [
+    ("cluster_file", cluster_file),
+    ("quantity", quantity),
+    ("annotations", annotations),
+    ("mountinfo", mountinfo),
+    ("adopt", adopt),
+    ("sock_diag", sock_diag),
+];
+
+/// A cluster file: parsed (every object converted), then decided for each of its first nodes.
+pub fn cluster_file(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let Ok(state) = file::parse(text, "fuzz.yaml") else { return };
+    let nodes: Vec<String> = state.nodes().take(3).map(|n| n.name.clone()).collect();
+    for node in nodes {
+        let _ = policy::compute(&state, &node);
+        let _ = crate::explain::explain(&state, &node, None).map(|report| report.table());
+    }
+}
+
+/// A Kubernetes quantity.
+pub fn quantity(data: &[u8]) {
+    if let Ok(text) = std::str::from_utf8(data) {
+        let _ = convert::cpu_millis(text);
+    }
+}
+
+/// Topology keys and the agent's annotations of a Service, decided as the policy decides: the
+/// first line is the keys (comma-separated), the rest `name=value` annotations.
+pub fn annotations(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else { return };
+    let mut lines = text.lines();
+    let keys: Vec<String> = lines.next().unwrap_or_default().split(',').map(str::to_owned).collect();
+    let mut service = Service {
+        key: ObjectKey::new("fuzz", "svc"),
+        cluster_ips: vec!["10.96.0.1".parse().expect("address")],
+        ports: Vec::new(),
+        internal_traffic_local: false,
+        session_affinity_timeout_s: None,
+        traffic_distribution: None,
+        topology_keys: Some(TopologyKeysSpec { source: TopologyKeysSource::Annotation, keys }),
+        topology_mode: None,
+        agent_annotations: Default::default(),
+    };
+    for line in lines {
+        if let Some((name, value)) = line.split_once('=') {
+            service.agent_annotations.insert(name.to_owned(), value.to_owned());
+        }
+    }
+    let labels = [("topology.kubernetes.io/zone".to_owned(), "z".to_owned())].into();
+    let node = Node { name: "n".into(), labels, allocatable_cpu_millis: 1000, ready: true };
+    let _ = policy::select(&node, &Default::default(), &service, &[]);
+}
+
+/// `/proc/self/mountinfo` and `/proc/self/cgroup` texts, split at the first NUL.
+pub fn mountinfo(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let (mountinfo, cgroups) = text.split_once('\0').unwrap_or((&text, ""));
+    let _ = mounts::cgroup2_root_in(mountinfo);
+    let _ = mounts::own_cgroup_in(cgroups, mountinfo);
+}
+
+/// What a previous agent (or anything else) left in the pinned maps: index positions, service
+/// entries, slot runs and ids, adopted as the writer adopts them.
+pub fn adopt(data: &[u8]) {
+    let positions = 1u32 << (data.first().copied().unwrap_or(0) % 8 + 3);
+    let mut services = HashMap::new();
+    let mut held = Vec::new();
+    for chunk in data.get(1..).unwrap_or_default().chunks_exact(40) {
+        // SAFETY: 32 bytes of any pattern make an IndexEntry4 (plain integers).
+        let entry = unsafe { std::ptr::read_unaligned(chunk.as_ptr().cast::<IndexEntry4>()) };
+        let position = u32::from_le_bytes([chunk[32], chunk[33], chunk[34], chunk[35]]) % positions;
+        held.push((position, entry));
+        if chunk[36] & 1 == 1 {
+            // The writer's service keys come from service ports: their padding is always zero.
+            services.insert(ServiceKey4 { _pad: 0, ..entry.key }, entry.value);
+        }
+    }
+    dataplane::adopt_index(positions, held, &services);
+    let runs: Vec<(u32, u32)> = data.chunks_exact(8).map(|c| (read_u32(&c[..4]), read_u32(&c[4..]))).collect();
+    let capacity = read_u32(data.get(..4).unwrap_or(&[0, 1, 0, 0])).clamp(1, 1 << 16);
+    dataplane::adopt_slots(capacity, &runs);
+    let ids: Vec<u32> = runs.iter().map(|(a, _)| *a).collect();
+    dataplane::adopt_ids(&ids, capacity);
+    // A service entry and a slot array, both arbitrary.
+    if data.len() >= 16 {
+        // SAFETY: 16 bytes of any pattern make a ServiceValue (plain integers).
+        let value = unsafe { std::ptr::read_unaligned(data.as_ptr().cast::<ServiceValue>()) };
+        let slots: Vec<Slot> = data[16..]
+            .chunks_exact(size_of::<Slot>())
+            .map(|chunk| {
+                // SAFETY: as above, for a Slot.
+                unsafe { std::ptr::read_unaligned(chunk.as_ptr().cast::<Slot>()) }
+            })
+            .collect();
+        dataplane::read_set(&value, &slots);
+    }
+}
+
+/// A sock_diag answer's attributes.
+pub fn sock_diag(data: &[u8]) {
+    sockets::fuzzing::attributes(data);
+}
+
+fn read_u32(bytes: &[u8]) -> u32 {
+    let mut word = [0u8; 4];
+    for (to, from) in word.iter_mut().zip(bytes) {
+        *to = *from;
+    }
+    u32::from_le_bytes(word)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+
+    /// Every input ever kept (crashes found by the fuzzers, and seeds) still passes every target.
+    #[test]
+    fn the_kept_fuzz_inputs_pass() {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fuzz/regressions");
+        let mut replayed = 0;
+        for (name, target) in TARGETS {
+            let Ok(entries) = std::fs::read_dir(root.join(name)) else { continue };
+            for entry in entries.flatten() {
+                let data = std::fs::read(entry.path()).expect("read a kept input");
+                target(&data);
+                replayed += 1;
+            }
+        }
+        assert!(replayed > 0, "no kept inputs under {}", root.display());
+    }
+}

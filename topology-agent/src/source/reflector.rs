@@ -1,0 +1,214 @@
+//! One kind's list-and-watch, written out rather than taken from kube-runtime's watcher, because
+//! the agent must see what that hides: bookmarks, the end of each watch, and the silence of a
+//! stalled one.
+//!
+//! A view is current only while its watch delivers. After a full list, the watch runs from the
+//! list's resourceVersion in rounds the server ends after [`WATCH_TIMEOUT_S`] (with a bookmark
+//! that keeps the resourceVersion current). The view counts as current once a watch has run
+//! [`CONFIRM`] without failing — a list that succeeds proves nothing about the watch. Any failure
+//! (an error, 410 Gone, or a watch silent for [`STALL`]: neither event, bookmark nor end) makes
+//! it stale, and the next attempt lists again after a backoff from 1 s to 30 s.
+
+use std::{fmt::Debug, time::Duration};
+
+use futures::TryStreamExt as _;
+use kube::{
+    Api, Resource, ResourceExt as _,
+    api::{ListParams, WatchEvent, WatchParams},
+};
+use serde::de::DeserializeOwned;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::{EventSender, Invalid, Object, ObjectId, SourceEvent};
+use crate::cluster::Kind;
+
+/// Seconds after which the API server ends each watch round (the next round resumes from the
+/// last resourceVersion): the longest a healthy watch stays silent.
+pub const WATCH_TIMEOUT_S: u32 = 20;
+/// A watch silent this long (no event, no bookmark, no end) is stalled: stale within 30 s.
+pub const STALL: Duration = Duration::from_secs(25);
+/// How long a watch must run after its list without failing before the view counts as current.
+pub const CONFIRM: Duration = Duration::from_secs(2);
+/// Objects per list page.
+const PAGE: u32 = 500;
+/// First wait before listing again after a failure; doubled up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+/// Longest wait between attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// How one kind's objects become model objects: `Ok(None)` for objects the model skips.
+pub type Convert<K> = fn(&K) -> Result<Option<Object>, Box<Invalid>>;
+/// The identity of a deleted object.
+pub type Identify<K> = fn(&K, Kind) -> ObjectId;
+
+/// Why one list-and-watch ended.
+enum Ended {
+    /// Shutdown, or the controller is gone.
+    Stop,
+    /// A failure, as `/readyz` names it.
+    Failed(String),
+}
+
+/// Lists and watches `api` until `shutdown`, sending what it sees to `events`.
+pub async fn run<K>(
+    api: Api<K>,
+    kind: Kind,
+    convert: Convert<K>,
+    identify: Identify<K>,
+    events: EventSender,
+    shutdown: CancellationToken,
+) where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    let source = format!("{kind} watch");
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        let reflector = Reflector { api: &api, kind, convert, identify, events: &events, source: &source };
+        let failure = tokio::select! {
+            () = shutdown.cancelled() => return,
+            ended = reflector.list_and_watch(&mut backoff) => match ended {
+                Ended::Stop => return,
+                Ended::Failed(why) => why,
+            },
+        };
+        tracing::warn!(kind = %kind, error = %failure, retry_in = ?backoff, "watch failed; keeping the last good state");
+        if !events.send(SourceEvent::Stale { source: source.clone(), reason: failure }) {
+            return;
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+struct Reflector<'a, K: Resource> {
+    api: &'a Api<K>,
+    kind: Kind,
+    convert: Convert<K>,
+    identify: Identify<K>,
+    events: &'a EventSender,
+    source: &'a str,
+}
+
+impl<K> Reflector<'_, K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    /// One full list, then watch rounds until something fails.
+    async fn list_and_watch(&self, backoff: &mut Duration) -> Ended {
+        let mut version = match self.list().await {
+            Ok(Some(version)) => version,
+            Ok(None) => return Ended::Stop,
+            Err(why) => return Ended::Failed(why),
+        };
+        *backoff = FIRST_BACKOFF;
+        let mut confirm = Some(Instant::now() + CONFIRM);
+        let params = WatchParams::default().timeout(WATCH_TIMEOUT_S);
+        loop {
+            let stream = match self.api.watch(&params, &version).await {
+                Ok(stream) => stream,
+                Err(error) => return Ended::Failed(describe(self.kind, &error)),
+            };
+            futures::pin_mut!(stream);
+            loop {
+                let deadline = Instant::now() + STALL;
+                let item = tokio::select! {
+                    () = tokio::time::sleep_until(confirm.unwrap_or(deadline)), if confirm.is_some() => {
+                        confirm = None;
+                        if !self.events.send(SourceEvent::Fresh { source: self.source.to_owned() }) {
+                            return Ended::Stop;
+                        }
+                        continue;
+                    }
+                    () = tokio::time::sleep_until(deadline) => {
+                        return Ended::Failed(format!(
+                            "stalled: no event, bookmark or end of watch for {} s",
+                            STALL.as_secs()
+                        ));
+                    }
+                    item = stream.try_next() => item,
+                };
+                let event = match item {
+                    // The server ended this round; the next resumes from `version`.
+                    Ok(None) => break,
+                    Ok(Some(event)) => event,
+                    Err(error) => return Ended::Failed(describe(self.kind, &error)),
+                };
+                let sent = match event {
+                    WatchEvent::Added(object) | WatchEvent::Modified(object) => {
+                        version = object.resource_version().unwrap_or(version);
+                        match (self.convert)(&object) {
+                            Ok(Some(object)) => self.events.send(SourceEvent::Apply(object)),
+                            Ok(None) => self.events.send(SourceEvent::Delete((self.identify)(&object, self.kind))),
+                            Err(bad) => self.events.send(SourceEvent::Invalid(*bad)),
+                        }
+                    }
+                    WatchEvent::Deleted(object) => {
+                        version = object.resource_version().unwrap_or(version);
+                        self.events.send(SourceEvent::Delete((self.identify)(&object, self.kind)))
+                    }
+                    WatchEvent::Bookmark(bookmark) => {
+                        version = bookmark.metadata.resource_version;
+                        true
+                    }
+                    WatchEvent::Error(status) if status.code == 410 => {
+                        return Ended::Failed(format!("resourceVersion {version} expired (410 Gone); listing again"));
+                    }
+                    WatchEvent::Error(status) => return Ended::Failed(describe_status(self.kind, &status)),
+                };
+                if !sent {
+                    return Ended::Stop;
+                }
+            }
+        }
+    }
+
+    /// Every object, page by page, sent as one replacement; the list's resourceVersion.
+    async fn list(&self) -> Result<Option<String>, String> {
+        let mut objects = Vec::new();
+        let mut invalid = Vec::new();
+        let mut params = ListParams::default().limit(PAGE);
+        let version = loop {
+            let page = match tokio::time::timeout(STALL, self.api.list(&params)).await {
+                Ok(page) => page.map_err(|error| describe(self.kind, &error))?,
+                Err(_) => return Err(format!("stalled: a list page took more than {} s", STALL.as_secs())),
+            };
+            for object in &page.items {
+                match (self.convert)(object) {
+                    Ok(Some(object)) => objects.push(object),
+                    Ok(None) => {}
+                    Err(bad) => invalid.push(*bad),
+                }
+            }
+            match page.metadata.continue_.filter(|token| !token.is_empty()) {
+                Some(token) => params = params.continue_token(&token),
+                None => break page.metadata.resource_version.unwrap_or_default(),
+            }
+        };
+        tracing::info!(kind = %self.kind, objects = objects.len(), invalid = invalid.len(), "listed");
+        let sent = self.events.send(SourceEvent::Replace { kind: self.kind, objects, invalid });
+        Ok(sent.then_some(version))
+    }
+}
+
+/// A request failure as `/readyz` names it: throttling and missing permissions said plainly.
+fn describe(kind: Kind, error: &kube::Error) -> String {
+    match error {
+        kube::Error::Api(status) => describe_status(kind, status),
+        other => other.to_string(),
+    }
+}
+
+fn describe_status(kind: Kind, status: &kube::core::Status) -> String {
+    match status.code {
+        429 => format!("throttled by the API server (HTTP 429 {}): {}; backing off", status.reason, status.message),
+        403 => format!(
+            "forbidden (HTTP 403): {}; the agent's ServiceAccount needs get, list and watch on {kind}",
+            status.message
+        ),
+        code => format!("HTTP {code} {}: {}", status.reason, status.message),
+    }
+}
