@@ -4,6 +4,7 @@
 pub mod agent;
 pub mod cluster;
 pub mod demo;
+pub mod dns;
 pub mod fake_api;
 pub mod fixture;
 pub mod net;

@@ -41,6 +41,7 @@ fn cluster(services: usize, spill: bool) -> ClusterState {
         state.upsert_service(Service {
             key: key.clone(),
             cluster_ips: vec![IpAddr::from([10, 96, (s >> 8) as u8, s as u8])],
+            headless: false,
             ports: vec![ServicePort { name: "http".into(), port: 80, protocol: Protocol::Tcp }],
             internal_traffic_local,
             session_affinity_timeout_s: None,
@@ -66,6 +67,7 @@ fn cluster(services: usize, spill: bool) -> ClusterState {
                     zone: Some(zone.as_str().into()),
                     hint_zones: vec![zone],
                     hint_nodes: vec![format!("node-{node}")],
+                    hostname: None,
                 }
             })
             .collect();

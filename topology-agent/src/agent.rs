@@ -13,6 +13,7 @@ use crate::{
         Capacities, CounterReader, Dataplane, DataplaneConfig, DataplaneError, IndexOrdering, KernelLogLevel,
         KernelLogger,
     },
+    dns::{self, DnsConfig, DnsError, DnsPublisher},
     http,
     metrics::Metrics,
     mounts::{self, MountError},
@@ -63,6 +64,8 @@ pub struct RunConfig {
     pub terminate: TerminateSockets,
     /// Directories of network namespace files searched for such sockets.
     pub netns_dirs: Vec<PathBuf>,
+    /// The node-local DNS responder (`None`: off).
+    pub dns: Option<DnsConfig>,
 }
 
 /// Why `run` stopped or could not start.
@@ -94,6 +97,9 @@ pub enum RunError {
     /// The Kubernetes client could not be built.
     #[error(transparent)]
     Kube(#[from] KubeSourceError),
+    /// The DNS responder could not start.
+    #[error(transparent)]
+    Dns(#[from] DnsError),
     /// The controller stopped on an error.
     #[error(transparent)]
     Controller(#[from] ControllerError),
@@ -126,8 +132,22 @@ impl RunConfig {
                  --terminate-sockets off)",
             ));
         }
+        if self.dns.as_ref().is_some_and(|dns| dns.listen.port() < unprivileged_port_start()) {
+            needed.push((
+                Capability::NetBindService,
+                "needed to serve DNS on a port below net.ipv4.ip_unprivileged_port_start (--dns-listen)",
+            ));
+        }
         needed
     }
+}
+
+/// The lowest port any process may bind (`net.ipv4.ip_unprivileged_port_start`, 1024 when unreadable).
+fn unprivileged_port_start() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_unprivileged_port_start")
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+        .unwrap_or(1024)
 }
 
 /// Runs the agent until `shutdown` is cancelled or the controller fails.
@@ -179,6 +199,16 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
     tracing::info!(addr = %bound, "serving /healthz, /readyz and /metrics");
     let http = tokio::spawn(http::serve(listener, Arc::clone(&health), Arc::clone(&metrics), shutdown.clone()));
 
+    let dns = match &config.dns {
+        Some(dns_config) => {
+            let (publisher, view) = DnsPublisher::new(dns_config.upstreams.clone());
+            let addr = dns::start(dns_config, view, Arc::clone(&metrics.dns), shutdown.clone()).await?;
+            tracing::info!(%addr, domain = %dns_config.domain, "serving DNS over UDP and TCP");
+            Some(publisher)
+        }
+        None => None,
+    };
+
     let (events, receiver) = EventSender::channel();
     let mut file_source = None;
     let mut kube_source = None;
@@ -211,7 +241,8 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
         Arc::clone(&metrics),
         sink,
     )
-    .with_terminator(terminator);
+    .with_terminator(terminator)
+    .with_dns(dns);
     tokio::spawn(release_memory_after_sync(Arc::clone(&health), shutdown.clone()));
     let token = shutdown.clone();
     // The controller owns the dataplane and makes blocking syscalls: it gets its own thread.

@@ -6,6 +6,8 @@ use std::fmt;
 /// A Linux capability the agent may need.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Capability {
+    /// `CAP_NET_BIND_SERVICE` (10).
+    NetBindService,
     /// `CAP_NET_ADMIN` (12).
     NetAdmin,
     /// `CAP_SYS_ADMIN` (21).
@@ -19,6 +21,7 @@ pub enum Capability {
 impl Capability {
     fn bit(self) -> u32 {
         match self {
+            Self::NetBindService => 10,
             Self::NetAdmin => 12,
             Self::SysAdmin => 21,
             Self::Perfmon => 38,
@@ -30,6 +33,7 @@ impl Capability {
 impl fmt::Display for Capability {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
+            Self::NetBindService => "CAP_NET_BIND_SERVICE",
             Self::NetAdmin => "CAP_NET_ADMIN",
             Self::SysAdmin => "CAP_SYS_ADMIN",
             Self::Perfmon => "CAP_PERFMON",

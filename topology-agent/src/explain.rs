@@ -8,6 +8,10 @@ use serde::Serialize;
 use crate::{
     cluster::{ClusterState, Family, ObjectKey},
     desired::{Locality, PortOptions, Protocol},
+    dns::{
+        DnsView,
+        explain::{self as dns_explain, Answer, HeadlessEntry},
+    },
     policy::{self, PolicyError, PolicyKind, PortSelection, spillover::SpilloverReport},
 };
 
@@ -18,6 +22,9 @@ pub struct ExplainReport {
     pub node: String,
     /// One entry per Service port and IP family.
     pub services: Vec<ServiceEntry>,
+    /// What this node's DNS responder answers for each headless Service.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub headless: Vec<HeadlessEntry>,
 }
 
 /// The decision for one Service port and family.
@@ -82,15 +89,26 @@ pub enum ExplainError {
 
 /// The report for `node`, optionally for one Service.
 pub fn explain(state: &ClusterState, node: &str, service: Option<&ObjectKey>) -> Result<ExplainReport, ExplainError> {
+    let this = state.node(node).ok_or_else(|| PolicyError::UnknownNode(node.to_owned()))?;
+    let mut view = DnsView::new(Vec::new());
     let selections = match service {
-        None => policy::compute(state, node)?,
+        None => {
+            for key in state.services().map(|s| &s.key) {
+                view.update(state, this, key);
+            }
+            policy::compute(state, node)?
+        }
         Some(key) => {
-            let this = state.node(node).ok_or_else(|| PolicyError::UnknownNode(node.to_owned()))?;
             let service = state.service(key).ok_or_else(|| ExplainError::UnknownService(key.clone()))?;
+            view.update(state, this, key);
             policy::compute_service(state, this, service)
         }
     };
-    Ok(ExplainReport { node: node.to_owned(), services: selections.iter().map(entry).collect() })
+    Ok(ExplainReport {
+        node: node.to_owned(),
+        services: selections.iter().map(entry).collect(),
+        headless: dns_explain::entries(&view, service),
+    })
 }
 
 fn entry(selected: &PortSelection) -> ServiceEntry {
@@ -174,7 +192,37 @@ impl ExplainReport {
                 );
             }
         }
+        headless_table(&mut out, &self.headless);
         out
+    }
+}
+
+/// What the DNS responder answers for each headless Service, and why.
+fn headless_table(out: &mut String, entries: &[HeadlessEntry]) {
+    for entry in entries {
+        let policy = entry.policy.map_or_else(|| "-".to_owned(), |p| format!("{p:?}"));
+        let _ = writeln!(out, "\n{}  headless: DNS {}.<cluster domain>  {policy}", entry.service, entry.name);
+        for reason in &entry.reasons {
+            let _ = writeln!(out, "  why: {reason}");
+        }
+        let answer = match entry.answer {
+            Answer::Nxdomain => {
+                "NXDOMAIN (no endpoint for this node, as CoreDNS answers a headless Service without one)"
+            }
+            Answer::OneByWeight => "one address per answer, drawn by weight (answers across queries follow the plan)",
+            Answer::All => "every address below",
+        };
+        let _ = writeln!(out, "  answer: {answer}");
+        for address in &entry.addresses {
+            let _ = writeln!(
+                out,
+                "  {:<28} {:<7} name {:<24} weight {}",
+                address.address,
+                address.locality.as_str(),
+                address.label,
+                weight(address.weight)
+            );
+        }
     }
 }
 
@@ -338,5 +386,32 @@ items:
         let missing = explain(&state, "node-b", Some(&ObjectKey::new("default", "nope"))).unwrap_err();
         assert_eq!(missing.to_string(), "service default/nope is not in the cluster");
         assert!(explain(&state, "node-z", None).is_err());
+    }
+
+    #[test]
+    fn a_headless_service_shows_the_dns_answer_of_this_node() {
+        let cluster = CLUSTER.to_owned()
+            + "- {apiVersion: v1, kind: Service, metadata: {name: db, namespace: default},\n   spec: {clusterIP: None, \
+               trafficDistribution: PreferClose, ports: [{name: pg, port: 5432}]}}\n- apiVersion: discovery.k8s.io/v1\n  \
+               kind: EndpointSlice\n  metadata: {name: db-1, namespace: default, labels: {kubernetes.io/service-name: \
+               db}}\n  addressType: IPv4\n  ports: [{name: pg, port: 5432}]\n  endpoints:\n  - {addresses: \
+               [10.1.0.1], hostname: db-0, nodeName: node-a}\n  - {addresses: [10.1.0.2], hostname: db-1, nodeName: \
+               node-b}\n";
+        let state = file::parse(&cluster, "c.yaml").unwrap();
+        let report = explain(&state, "node-b", Some(&ObjectKey::new("default", "db"))).unwrap();
+        assert!(report.services.is_empty(), "a headless Service has no port the hooks rewrite");
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["headless"][0]["name"], "db.default.svc");
+        assert_eq!(json["headless"][0]["answer"], "all");
+        assert_eq!(
+            json["headless"][0]["addresses"],
+            serde_json::json!([{"address": "10.1.0.2", "label": "db-1", "weight": 1.0, "locality": "node"}])
+        );
+        let table = report.table();
+        assert!(table.contains("default/db  headless: DNS db.default.svc.<cluster domain>  PreferClose"), "{table}");
+        assert!(table.contains("10.1.0.2                     node    name db-1"), "{table}");
+        // Without headless Services the JSON keeps its shape.
+        let plain = serde_json::to_value(explain(&state, "node-b", Some(&ObjectKey::new("default", "web"))).unwrap());
+        assert!(plain.unwrap().get("headless").is_none());
     }
 }

@@ -15,13 +15,14 @@ use crate::{
 pub type Target = fn(&[u8]);
 
 /// Every fuzz target, by name, for the regression replay.
-pub const TARGETS: [(&str, Target); 6] = [
+pub const TARGETS: [(&str, Target); 7] = [
     ("cluster_file", cluster_file),
     ("quantity", quantity),
     ("annotations", annotations),
     ("mountinfo", mountinfo),
     ("adopt", adopt),
     ("sock_diag", sock_diag),
+    ("dns_packet", dns_packet),
 ];
 
 /// A cluster file: parsed (every object converted), then decided for each of its first nodes.
@@ -51,6 +52,7 @@ pub fn annotations(data: &[u8]) {
     let mut service = Service {
         key: ObjectKey::new("fuzz", "svc"),
         cluster_ips: vec!["10.96.0.1".parse().expect("address")],
+        headless: false,
         ports: Vec::new(),
         internal_traffic_local: false,
         session_affinity_timeout_s: None,
@@ -117,6 +119,82 @@ pub fn adopt(data: &[u8]) {
 /// A sock_diag answer's attributes.
 pub fn sock_diag(data: &[u8]) {
     sockets::fuzzing::attributes(data);
+}
+
+/// The cluster the DNS target answers from: headless Services in several modes (one under
+/// spillover, so answers are drawn by weight), dual-stack, and a ClusterIP Service.
+const DNS_CLUSTER: &str = r#"
+apiVersion: v1
+kind: List
+items:
+- {apiVersion: v1, kind: Node, metadata: {name: a, labels: {topology.kubernetes.io/zone: za}}, status: {allocatable: {cpu: "2"}}}
+- {apiVersion: v1, kind: Node, metadata: {name: b, labels: {topology.kubernetes.io/zone: zb}}, status: {allocatable: {cpu: "8"}}}
+- {apiVersion: v1, kind: Service, metadata: {name: db, namespace: default}, spec: {clusterIP: None, trafficDistribution: PreferClose, ports: [{name: pg, port: 5432}]}}
+- {apiVersion: v1, kind: Service, metadata: {name: spill, namespace: default, annotations: {topology-agent.io/spillover: capacity}}, spec: {clusterIP: None, ports: [{name: http, port: 80}]}}
+- {apiVersion: v1, kind: Service, metadata: {name: web, namespace: default}, spec: {clusterIPs: [10.96.0.10, "fd00::10"], ports: [{name: http, port: 80}, {name: dns, port: 53, protocol: UDP}]}}
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {name: db-1, namespace: default, labels: {kubernetes.io/service-name: db}}
+  addressType: IPv4
+  ports: [{name: pg, port: 5432}]
+  endpoints:
+  - {addresses: [10.1.0.1], hostname: db-0, nodeName: a, zone: za}
+  - {addresses: [10.1.0.2], hostname: db-1, nodeName: b, zone: zb}
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {name: db-6, namespace: default, labels: {kubernetes.io/service-name: db}}
+  addressType: IPv6
+  ports: [{name: pg, port: 5432}]
+  endpoints:
+  - {addresses: ["fd00::1:1"], nodeName: a, zone: za}
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {name: spill-1, namespace: default, labels: {kubernetes.io/service-name: spill}}
+  addressType: IPv4
+  ports: [{name: http, port: 8080}]
+  endpoints:
+  - {addresses: [10.2.0.1], nodeName: a, zone: za}
+  - {addresses: [10.2.0.2], nodeName: b, zone: zb}
+  - {addresses: [10.2.0.3], nodeName: b, zone: zb}
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}
+  addressType: IPv4
+  ports: [{name: http, port: 8080}]
+  endpoints:
+  - {addresses: [10.3.0.1], nodeName: a}
+"#;
+
+/// A DNS message to the node-local responder, over TCP when the first byte is odd, else over UDP;
+/// every reply must be a message a resolver can parse, within the client's UDP size.
+pub fn dns_packet(data: &[u8]) {
+    use std::sync::OnceLock;
+
+    use hickory_proto::op::Message;
+
+    use crate::dns::{DnsView, answer, parse_domain, server};
+
+    static VIEW: OnceLock<(DnsView, answer::Zone)> = OnceLock::new();
+    let (view, zone) = VIEW.get_or_init(|| {
+        let state = file::parse(DNS_CLUSTER, "dns.yaml").expect("the DNS fuzz cluster parses");
+        let view = DnsView::build(&state, "a", vec!["192.0.2.53:53".parse().expect("address")]).expect("node a");
+        (view, answer::Zone { domain: parse_domain("cluster.local").expect("domain"), ttl: 5 })
+    });
+    let Some((&mode, packet)) = data.split_first() else { return };
+    let tcp = mode & 1 == 1;
+    let mut at = f64::from(mode) / 256.0;
+    let mut draw = || {
+        at = (at + 0.618_034) % 1.0;
+        at
+    };
+    if let server::Handled::Reply { bytes, .. } = server::respond(view, zone, packet, tcp, &mut draw) {
+        let reply = Message::from_vec(&bytes).expect("every reply parses");
+        if !tcp {
+            let request_limit = Message::from_vec(packet).map_or(512, |request| answer::udp_limit(&request));
+            assert!(bytes.len() <= usize::from(request_limit), "a UDP reply over the client's size");
+        }
+        drop(reply);
+    }
 }
 
 fn read_u32(bytes: &[u8]) -> u32 {

@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod controller;
 pub mod dataplane;
 pub mod desired;
+pub mod dns;
 pub mod explain;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;

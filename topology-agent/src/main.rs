@@ -9,6 +9,7 @@ use topology_agent::{
     agent::{self, RunConfig, SourceConfig},
     cluster::{ObjectKey, file},
     dataplane::{self, Capacities, IndexOrdering, KernelLogLevel},
+    dns::{self, DnsConfig},
     explain, simulate,
     sockets::TerminateSockets,
     status::StatusReport,
@@ -27,7 +28,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the agent: watch the cluster (or a file) and keep this node's kernel maps in step.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Show, per Service port, which backends this node would use and why: the same decision the
     /// agent programs into the kernel.
     Explain {
@@ -134,6 +135,30 @@ struct RunArgs {
     /// Where network namespaces are pinned as files (CNI runtimes and `ip netns` use /run/netns).
     #[arg(long = "netns-dir", default_value = "/run/netns")]
     netns_dirs: Vec<PathBuf>,
+    /// Serve DNS over UDP and TCP on this address (off when absent): headless Services answered
+    /// with the endpoints this node's policy chooses, other names relayed to the upstream.
+    #[arg(long, value_name = "ADDR")]
+    dns_listen: Option<SocketAddr>,
+    /// The cluster domain the responder answers for.
+    #[arg(long, default_value = "cluster.local")]
+    cluster_domain: String,
+    /// Where names outside the cluster's Services go, `IP` or `IP:PORT` (default: the ready
+    /// endpoints of kube-system/kube-dns, dialled directly).
+    #[arg(long, value_delimiter = ',', value_name = "ADDR[,ADDR]", value_parser = parse_upstream)]
+    dns_upstream: Vec<SocketAddr>,
+    /// TTL of the responder's answers, seconds.
+    #[arg(long, default_value_t = dns::DEFAULT_TTL)]
+    dns_ttl: u32,
+    /// Queries per second one client address may send to the responder (0: no limit).
+    #[arg(long, default_value_t = dns::DEFAULT_SOURCE_QPS)]
+    dns_source_qps: u32,
+}
+
+/// `--dns-upstream` entry: `IP:PORT`, or `IP` for port 53.
+fn parse_upstream(text: &str) -> Result<SocketAddr, String> {
+    text.parse::<SocketAddr>()
+        .or_else(|_| text.parse::<std::net::IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
+        .map_err(|_| format!("{text:?} is neither IP nor IP:PORT"))
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -153,7 +178,7 @@ fn main() -> anyhow::Result<()> {
     init_logging(cli.log_format);
     match cli.command {
         Command::Run(args) => {
-            let config = run_config(args)?;
+            let config = run_config(*args)?;
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             runtime.block_on(async {
                 let shutdown = CancellationToken::new();
@@ -247,6 +272,16 @@ fn run_config(args: RunArgs) -> anyhow::Result<RunConfig> {
         fail_open_after: (!args.fail_open_after.is_zero()).then_some(args.fail_open_after),
         terminate: args.terminate_sockets,
         netns_dirs: args.netns_dirs,
+        dns: match args.dns_listen {
+            Some(listen) => Some(DnsConfig {
+                listen,
+                domain: dns::parse_domain(&args.cluster_domain)?,
+                ttl: args.dns_ttl,
+                upstreams: args.dns_upstream,
+                per_source_qps: args.dns_source_qps,
+            }),
+            None => None,
+        },
     })
 }
 

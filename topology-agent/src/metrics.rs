@@ -18,6 +18,7 @@ use topology_common::ServiceCounters;
 use crate::{
     dataplane::{CounterReading, KernelReading},
     desired::Locality,
+    dns::DnsMetrics,
 };
 
 /// Labels of a map.
@@ -76,6 +77,8 @@ pub struct Metrics {
     pub sockets_terminated: Family<ProtocolLabels, Counter>,
     /// Failures to enter a namespace, dump or destroy sockets.
     pub socket_termination_errors: Counter,
+    /// The node-local DNS responder's metrics (`dns_*`).
+    pub dns: Arc<DnsMetrics>,
     kernel: Arc<KernelCounters>,
 }
 
@@ -140,6 +143,8 @@ impl Default for Metrics {
             "Failures to enter a network namespace, dump its sockets or destroy one",
             socket_termination_errors.clone(),
         );
+        let dns = Arc::new(DnsMetrics::default());
+        dns.register(&mut registry);
         registry.register_collector(Box::new(Arc::clone(&kernel)));
         Self {
             registry,
@@ -155,6 +160,7 @@ impl Default for Metrics {
             failed_service_ports,
             sockets_terminated,
             socket_termination_errors,
+            dns,
             kernel,
         }
     }

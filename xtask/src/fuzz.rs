@@ -9,7 +9,8 @@ use clap::Args;
 use crate::cmd::{self, workspace_root};
 
 /// Every target (`topology-agent/fuzz/fuzz_targets/*.rs`).
-pub const TARGETS: [&str; 6] = ["cluster_file", "quantity", "annotations", "mountinfo", "adopt", "sock_diag"];
+pub const TARGETS: [&str; 7] =
+    ["cluster_file", "quantity", "annotations", "mountinfo", "adopt", "sock_diag", "dns_packet"];
 
 /// How long to fuzz.
 #[derive(Args)]

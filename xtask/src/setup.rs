@@ -15,8 +15,14 @@ use crate::cmd::{self, is_root, on_path, succeeds};
 /// The bpf-linker release known to build against nightly's LLVM here.
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Debian packages the tests and benchmarks call, with a command each provides.
-const PACKAGES: [(&str, &str); 4] =
-    [("bpftool", "bpftool"), ("iproute2", "ip"), ("iptables", "iptables-restore"), ("libcap2-bin", "capsh")];
+const PACKAGES: [(&str, &str); 6] = [
+    ("bpftool", "bpftool"),
+    ("iproute2", "ip"),
+    ("iptables", "iptables-restore"),
+    ("libcap2-bin", "capsh"),
+    ("dnsutils", "dig"),
+    ("dnsperf", "dnsperf"),
+];
 
 pub fn run() -> anyhow::Result<()> {
     ensure_nightly()?;

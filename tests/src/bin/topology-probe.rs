@@ -44,6 +44,18 @@ enum Mode {
         #[arg(long)]
         udp: Vec<SocketAddr>,
     },
+    /// A stand-in DNS upstream: answers every UDP query with one A record, or never (`--silent`).
+    DnsUpstream {
+        /// UDP address to listen on.
+        #[arg(long)]
+        listen: SocketAddr,
+        /// The address every answer holds.
+        #[arg(long, default_value = "192.0.2.7")]
+        answer: std::net::Ipv4Addr,
+        /// Receive queries and never answer.
+        #[arg(long)]
+        silent: bool,
+    },
     /// Dial a target and report where each attempt landed.
     Client {
         /// Address to dial; repeated, each attempt picks one at random (all of one family).
@@ -155,6 +167,12 @@ fn main() -> anyhow::Result<()> {
                 let _ = std::io::stdout().flush();
             })
             .with_context(|| format!("serving {name}"))?;
+        }
+        Mode::DnsUpstream { listen, answer, silent } => {
+            topology_tests::dns::serve_upstream(listen, answer, silent, || {
+                println!("ready");
+                let _ = std::io::stdout().flush();
+            })?;
         }
         Mode::Client { target, timeout_ms, time_connects, record_landings, traffic } => {
             if target.iter().any(|t| t.is_ipv4() != target[0].is_ipv4()) {

@@ -143,6 +143,8 @@ pub struct Service {
     pub key: ObjectKey,
     /// ClusterIPs, one per family; empty for headless and ExternalName Services.
     pub cluster_ips: Vec<IpAddr>,
+    /// `clusterIP: None`: no ClusterIP; reached by name (the node-local DNS responder).
+    pub headless: bool,
     /// Ports.
     pub ports: Vec<ServicePort>,
     /// `spec.internalTrafficPolicy: Local`.
@@ -219,6 +221,8 @@ pub struct Endpoint {
     pub hint_zones: Vec<String>,
     /// `hints.forNodes[].name`.
     pub hint_nodes: Vec<String>,
+    /// `hostname`: the endpoint's DNS label under its Service.
+    pub hostname: Option<String>,
 }
 
 /// An EndpointSlice of an IP family.

@@ -211,6 +211,7 @@ mod tests {
                 zone: None,
                 hint_zones: vec![],
                 hint_nodes: vec![],
+                hostname: None,
             }],
         }
     }

@@ -15,7 +15,7 @@ use crate::{
     dataplane::ApplyReport,
     desired::{DesiredState, Protocol, ServicePort},
     report::LogOnly,
-    source::EventSender,
+    source::{EventSender, Object, SourceEvent},
 };
 
 #[derive(Debug, Default)]
@@ -61,6 +61,7 @@ fn service(name: &str, vip: &str) -> Service {
     Service {
         key: ObjectKey::new("ns", name),
         cluster_ips: vec![vip.parse().unwrap()],
+        headless: false,
         ports: vec![SvcPort { name: "http".into(), port: 80, protocol: Protocol::Tcp }],
         internal_traffic_local: false,
         session_affinity_timeout_s: None,
@@ -88,6 +89,7 @@ fn slice(name: &str, service: &str, addresses: &[&str]) -> EndpointSlice {
                 zone: None,
                 hint_zones: vec![],
                 hint_nodes: vec![],
+                hostname: None,
             })
             .collect(),
     }
@@ -342,4 +344,34 @@ fn an_unusable_own_node_is_an_error_naming_its_field_not_node_not_found() {
         "this node's Node object cannot be used: Node a: status.allocatable.cpu: \"lots\" is not a quantity; the \
          agent cannot route without knowing where it is"
     );
+}
+
+#[test]
+fn the_dns_view_follows_the_cluster() {
+    let (sender, receiver) = EventSender::channel();
+    let mut db = service("db", "10.96.0.9");
+    db.cluster_ips.clear();
+    db.headless = true;
+    sender.send(replace(Kind::Node, vec![node("a", "z1")]));
+    sender.send(replace(Kind::Service, vec![Object::Service(db), Object::Service(service("web", "10.96.0.1"))]));
+    sender.send(replace(Kind::EndpointSlice, vec![Object::EndpointSlice(slice("db-1", "db", &["10.1.0.1"]))]));
+    sender.send(SourceEvent::Apply(Object::EndpointSlice(slice("db-1", "db", &["10.1.0.1", "10.1.0.2"]))));
+    drop(sender);
+    let (publisher, view) = crate::dns::DnsPublisher::new(Vec::new());
+    let controller = Controller::new(
+        ControllerConfig { node: "a".into(), reconcile_interval: Duration::from_secs(3600) },
+        Recorder(Arc::default()),
+        Arc::new(Health::default()),
+        Arc::new(Metrics::default()),
+        Box::new(LogOnly),
+    )
+    .with_dns(Some(publisher));
+    controller.run(&receiver, &CancellationToken::new()).expect("controller");
+    let published = Arc::clone(&view.borrow());
+    let Some(crate::dns::view::Records::Headless(db)) = published.service("ns", "db") else {
+        panic!("db is answered as headless: {published:?}");
+    };
+    let chosen: Vec<String> = db.addresses.choices.iter().map(|c| c.address.to_string()).collect();
+    assert_eq!(chosen, ["10.1.0.1", "10.1.0.2"], "the slice update reached the view");
+    assert!(matches!(published.service("ns", "web"), Some(crate::dns::view::Records::ClusterIp { .. })));
 }

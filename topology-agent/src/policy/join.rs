@@ -4,7 +4,7 @@
 
 use std::{collections::BTreeMap, net::IpAddr};
 
-use crate::cluster::{ClusterState, Family, Node, Service, ServicePort, model::LABEL_ZONE};
+use crate::cluster::{ClusterState, Endpoint, Family, Node, Service, ServicePort, model::LABEL_ZONE};
 
 /// An endpoint of one Service port, as the policy weighs it.
 #[derive(Clone, Debug, PartialEq)]
@@ -100,25 +100,8 @@ pub fn candidates<'a>(state: &'a ClusterState, service: &Service, port: &Service
             continue;
         };
         for endpoint in &slice.endpoints {
-            let node = endpoint.node_name.as_deref().and_then(|name| state.node(name));
-            let candidate = Candidate {
-                address: endpoint.address,
-                port: slice_port.port,
-                ready: endpoint.ready,
-                serving: endpoint.serving,
-                terminating: endpoint.terminating,
-                node_name: endpoint.node_name.as_deref(),
-                node,
-                zone: node.and_then(Node::zone).or(endpoint.zone.as_deref()),
-                hint_zones: &endpoint.hint_zones,
-                hint_nodes: &endpoint.hint_nodes,
-            };
-            match by_address.get(&(candidate.address, candidate.port)) {
-                Some(existing) if !candidate.preferred_over(existing) => {}
-                _ => {
-                    by_address.insert((candidate.address, candidate.port), candidate);
-                }
-            }
+            let candidate = candidate(state, endpoint, slice_port.port);
+            keep(&mut by_address, candidate);
         }
     }
     let unmatched_port = (by_address.is_empty() && family_slices > 0 && !other_names.is_empty()).then(|| {
@@ -132,4 +115,43 @@ pub fn candidates<'a>(state: &'a ClusterState, service: &Service, port: &Service
         )
     });
     Joined { candidates: by_address.into_values().collect(), unmatched_port }
+}
+
+/// Every distinct endpoint of a headless Service in `family`, whatever ports its slices list, with
+/// port 0: the addresses a DNS answer for the Service's name may hold.
+pub fn addresses<'a>(state: &'a ClusterState, service: &Service, family: Family) -> Vec<Candidate<'a>> {
+    let mut by_address: BTreeMap<(IpAddr, u16), Candidate<'a>> = BTreeMap::new();
+    for slice in state.slices_of(&service.key).filter(|slice| slice.family == family) {
+        for endpoint in &slice.endpoints {
+            keep(&mut by_address, candidate(state, endpoint, 0));
+        }
+    }
+    by_address.into_values().collect()
+}
+
+/// `endpoint` as the policy weighs it, at target `port`, its topology resolved from its Node.
+fn candidate<'a>(state: &'a ClusterState, endpoint: &'a Endpoint, port: u16) -> Candidate<'a> {
+    let node = endpoint.node_name.as_deref().and_then(|name| state.node(name));
+    Candidate {
+        address: endpoint.address,
+        port,
+        ready: endpoint.ready,
+        serving: endpoint.serving,
+        terminating: endpoint.terminating,
+        node_name: endpoint.node_name.as_deref(),
+        node,
+        zone: node.and_then(Node::zone).or(endpoint.zone.as_deref()),
+        hint_zones: &endpoint.hint_zones,
+        hint_nodes: &endpoint.hint_nodes,
+    }
+}
+
+/// Keeps the more usable of two listings of the same endpoint.
+fn keep<'a>(by_address: &mut BTreeMap<(IpAddr, u16), Candidate<'a>>, candidate: Candidate<'a>) {
+    match by_address.get(&(candidate.address, candidate.port)) {
+        Some(existing) if !candidate.preferred_over(existing) => {}
+        _ => {
+            by_address.insert((candidate.address, candidate.port), candidate);
+        }
+    }
 }

@@ -305,4 +305,4 @@ pub fn locality(this: &Node, candidate: &Candidate<'_>) -> Locality {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

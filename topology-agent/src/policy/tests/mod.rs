@@ -6,4 +6,4 @@ mod props;
 mod spillover;
 mod tables;
 mod terminating;
-mod world;
+pub(crate) mod world;

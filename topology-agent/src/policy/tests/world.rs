@@ -29,6 +29,7 @@ pub fn service(name: &str) -> Service {
     Service {
         key: ObjectKey::new("ns", name),
         cluster_ips: vec!["10.96.0.10".parse().unwrap()],
+        headless: false,
         ports: vec![ServicePort { name: "http".into(), port: 80, protocol: Protocol::Tcp }],
         internal_traffic_local: false,
         session_affinity_timeout_s: None,
@@ -97,6 +98,7 @@ pub fn ep(address: &str, node: &str) -> Endpoint {
         zone: None,
         hint_zones: vec![],
         hint_nodes: vec![],
+        hostname: None,
     }
 }
 

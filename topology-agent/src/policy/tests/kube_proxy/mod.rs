@@ -189,6 +189,7 @@ impl Case {
                 zone: one(e.zones),
                 hint_zones: e.zones.iter().map(|z| (*z).to_owned()).collect(),
                 hint_nodes: e.nodes.iter().map(|n| (*n).to_owned()).collect(),
+                hostname: None,
             })
             .collect();
         state.upsert_slice(EndpointSlice {

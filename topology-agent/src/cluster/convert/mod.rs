@@ -114,9 +114,11 @@ pub fn service(service: &K8sService, spec_topology_keys: Option<Vec<String>>) ->
     let agent_annotations: BTreeMap<String, String> =
         annotations.into_iter().filter(|(name, _)| name.starts_with(AGENT_ANNOTATION_PREFIX)).collect();
 
+    let headless = !external_name && ips.iter().any(|ip| ip == "None");
     Ok(Service {
         key,
         cluster_ips,
+        headless,
         ports,
         internal_traffic_local,
         session_affinity_timeout_s,
@@ -206,6 +208,12 @@ pub fn endpoint_slice(slice: &K8sEndpointSlice) -> Result<Option<EndpointSlice>,
         if Family::of(&address) != family {
             return Err(error(field, format!("{address} is not an {} address", slice.address_type)));
         }
+        let hostname = match endpoint.hostname.as_deref().filter(|h| !h.is_empty()) {
+            Some(name) if !is_dns_label(name) => {
+                return Err(error(format!("endpoints[{i}].hostname"), format!("{name:?} is not a DNS label")));
+            }
+            name => name.map(str::to_ascii_lowercase),
+        };
         let conditions = endpoint.conditions.clone().unwrap_or_default();
         let hints = endpoint.hints.clone().unwrap_or_default();
         endpoints.push(Endpoint {
@@ -218,9 +226,19 @@ pub fn endpoint_slice(slice: &K8sEndpointSlice) -> Result<Option<EndpointSlice>,
             zone: endpoint.zone.as_deref().filter(|z| !z.is_empty()).map(Into::into),
             hint_zones: hints.for_zones.unwrap_or_default().into_iter().map(|z| z.name).collect(),
             hint_nodes: hints.for_nodes.unwrap_or_default().into_iter().map(|n| n.name).collect(),
+            hostname,
         });
     }
     Ok(Some(EndpointSlice { key, service, family, ports, endpoints }))
+}
+
+/// An RFC 1123 label (what the API server allows in `hostname`), case-insensitively.
+fn is_dns_label(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    (1..=63).contains(&bytes.len())
+        && bytes.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'-')
+        && bytes[0] != b'-'
+        && bytes[bytes.len() - 1] != b'-'
 }
 
 /// A Service from its raw JSON: the k8s-openapi type for everything current, plus
@@ -336,210 +354,4 @@ pub fn cpu_millis(quantity: &str) -> Result<u64, String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn service_from(json: serde_json::Value) -> Result<Service, ObjectError> {
-        service_from_value(&json)
-    }
-
-    #[test]
-    fn cpu_quantities() {
-        assert_eq!(cpu_millis("4"), Ok(4000));
-        assert_eq!(cpu_millis("3500m"), Ok(3500));
-        assert_eq!(cpu_millis("1.5"), Ok(1500));
-        assert_eq!(cpu_millis("250000u"), Ok(250));
-        assert!(cpu_millis("four").is_err());
-        assert!(cpu_millis("4x").is_err());
-        for (quantity, millis) in [
-            ("500m", 500),
-            ("2", 2000),
-            ("2k", 2_000_000),
-            ("1e3", 1_000_000),
-            ("1E-3", 1),
-            (".5", 500),
-            ("0.5Ki", 512_000),
-            ("+1", 1000),
-            ("0.0001", 1),
-            ("1n", 1),
-            ("9E", u64::MAX),
-        ] {
-            assert_eq!(cpu_millis(quantity), Ok(millis), "{quantity}");
-        }
-        for bad in ["-1", "", ".", "1..2", "1e", "1ee3", "Ki", "1 Ki"] {
-            assert!(cpu_millis(bad).is_err(), "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn service_fields_and_defaults() {
-        let svc = service_from(serde_json::json!({
-            "apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": "web", "annotations": {
-                "topology-agent.io/topology-keys": "kubernetes.io/hostname, topology.kubernetes.io/zone,*",
-                "service.kubernetes.io/topology-aware-hints": "auto",
-                "topology-agent.io/spillover": "capacity",
-                "unrelated": "x"}},
-            "spec": {"clusterIPs": ["10.96.0.10", "fd00::10"], "ports": [{"port": 80}, {"name": "dns", "port": 53, "protocol": "UDP"}],
-                     "internalTrafficPolicy": "Cluster", "trafficDistribution": "PreferClose"}
-        }))
-        .unwrap();
-        assert_eq!(svc.key, ObjectKey::new("default", "web"));
-        assert_eq!(svc.cluster_ips.len(), 2);
-        assert_eq!(svc.ports[0], ServicePort { name: String::new(), port: 80, protocol: Protocol::Tcp });
-        assert_eq!(svc.ports[1].protocol, Protocol::Udp);
-        assert_eq!(svc.traffic_distribution, Some(TrafficDistribution::PreferClose));
-        let keys = svc.topology_keys.unwrap();
-        assert_eq!(keys.source, TopologyKeysSource::Annotation);
-        assert_eq!(keys.keys, ["kubernetes.io/hostname", "topology.kubernetes.io/zone", "*"]);
-        assert_eq!(svc.topology_mode.as_deref(), Some("auto"));
-        assert_eq!(svc.agent_annotations.len(), 2);
-        assert_eq!(svc.session_affinity_timeout_s, None);
-    }
-
-    #[test]
-    fn session_affinity_defaults_to_three_hours_and_bad_values_name_the_field() {
-        let with = |spec: serde_json::Value| {
-            service_from(
-                serde_json::json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"}, "spec": spec}),
-            )
-        };
-        let default = with(serde_json::json!({"clusterIP": "10.96.0.1", "sessionAffinity": "ClientIP"})).unwrap();
-        assert_eq!(default.session_affinity_timeout_s, Some(10_800));
-        let set = with(serde_json::json!({"sessionAffinity": "ClientIP",
-            "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 60}}}))
-        .unwrap();
-        assert_eq!(set.session_affinity_timeout_s, Some(60));
-        assert_eq!(with(serde_json::json!({"sessionAffinity": "None"})).unwrap().session_affinity_timeout_s, None);
-        let error = with(serde_json::json!({"sessionAffinity": "ClientIP",
-            "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 0}}}))
-        .unwrap_err();
-        assert_eq!(
-            error.to_string(),
-            "Service default/web: spec.sessionAffinityConfig.clientIP.timeoutSeconds: 0 is not between 1 and 86400"
-        );
-        let error = with(serde_json::json!({"sessionAffinity": "Cookie"})).unwrap_err();
-        assert_eq!(
-            error.to_string(),
-            "Service default/web: spec.sessionAffinity: \"Cookie\" is neither None nor ClientIP"
-        );
-    }
-
-    #[test]
-    fn spec_topology_keys_are_read_from_the_raw_object() {
-        let svc = service_from(serde_json::json!({
-            "apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "shop"},
-            "spec": {"clusterIP": "10.96.0.10", "ports": [{"port": 80}], "topologyKeys": ["kubernetes.io/hostname", "*"]}
-        }))
-        .unwrap();
-        let keys = svc.topology_keys.unwrap();
-        assert_eq!((keys.source, keys.keys.len()), (TopologyKeysSource::Spec, 2));
-    }
-
-    #[test]
-    fn topology_mode_wins_over_the_older_annotation() {
-        let svc = service_from(serde_json::json!({
-            "apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": "web", "annotations": {"service.kubernetes.io/topology-mode": "Auto",
-                "service.kubernetes.io/topology-aware-hints": "disabled"}},
-            "spec": {"clusterIP": "10.96.0.10"}
-        }))
-        .unwrap();
-        assert_eq!(svc.topology_mode.as_deref(), Some("Auto"));
-    }
-
-    #[test]
-    fn headless_and_external_name_services_have_no_cluster_ip() {
-        for spec in [
-            serde_json::json!({"clusterIP": "None", "ports": [{"port": 80}]}),
-            serde_json::json!({"type": "ExternalName", "externalName": "example.com"}),
-        ] {
-            let svc = service_from(
-                serde_json::json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "h"}, "spec": spec}),
-            )
-            .unwrap();
-            assert!(svc.cluster_ips.is_empty());
-        }
-    }
-
-    #[test]
-    fn service_errors_name_the_field() {
-        let bad_ip =
-            service_from(serde_json::json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
-            "spec": {"clusterIPs": ["10.96.0.10", "not-an-ip"]}}))
-            .unwrap_err();
-        assert_eq!(bad_ip.to_string(), "Service default/web: spec.clusterIPs[1]: \"not-an-ip\" is not an IP address");
-        let bad_port =
-            service_from(serde_json::json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
-            "spec": {"clusterIP": "10.96.0.10", "ports": [{"port": 70000}]}}))
-            .unwrap_err();
-        assert_eq!(bad_port.field, "spec.ports[0].port");
-        let bad_policy =
-            service_from(serde_json::json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
-            "spec": {"clusterIP": "10.96.0.10", "internalTrafficPolicy": "local"}}))
-            .unwrap_err();
-        assert_eq!(bad_policy.field, "spec.internalTrafficPolicy");
-    }
-
-    fn slice_from(json: serde_json::Value) -> Result<Option<EndpointSlice>, ObjectError> {
-        endpoint_slice(&serde_json::from_value(json).unwrap())
-    }
-
-    #[test]
-    fn endpoint_slice_conditions_default_as_kube_proxy_reads_them() {
-        let slice = slice_from(serde_json::json!({
-            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-            "metadata": {"name": "web-abc", "namespace": "shop", "labels": {"kubernetes.io/service-name": "web"}},
-            "addressType": "IPv4",
-            "ports": [{"name": "http", "port": 8080}, {"name": "all"}],
-            "endpoints": [
-                {"addresses": ["10.1.0.1"], "nodeName": "a", "zone": "z1", "hints": {"forZones": [{"name": "z1"}], "forNodes": [{"name": "a"}]}},
-                {"addresses": ["10.1.0.2"], "conditions": {"ready": false, "serving": true, "terminating": true}}
-            ]
-        }))
-        .unwrap()
-        .unwrap();
-        assert_eq!(slice.service, Some(ObjectKey::new("shop", "web")));
-        assert_eq!(slice.ports.len(), 1, "a port without a number is not routable");
-        let (a, b) = (&slice.endpoints[0], &slice.endpoints[1]);
-        assert!(a.ready && a.serving && !a.terminating);
-        assert_eq!((a.hint_zones.clone(), a.hint_nodes.clone()), (vec!["z1".to_owned()], vec!["a".to_owned()]));
-        assert!(!b.ready && b.serving && b.terminating);
-        assert_eq!(b.node_name, None);
-        assert_eq!(a.node_name.as_deref(), Some("a"));
-    }
-
-    #[test]
-    fn endpoint_slice_errors_name_the_field_and_fqdn_is_skipped() {
-        let wrong_family = slice_from(serde_json::json!({
-            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "metadata": {"name": "s"},
-            "addressType": "IPv4", "endpoints": [{"addresses": ["10.0.0.1"]}, {"addresses": ["fd00::1"]}]
-        }))
-        .unwrap_err();
-        assert_eq!(wrong_family.field, "endpoints[1].addresses[0]");
-        assert!(wrong_family.message.contains("not an IPv4 address"), "{wrong_family}");
-        let fqdn = slice_from(serde_json::json!({
-            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "metadata": {"name": "s"},
-            "addressType": "FQDN", "endpoints": [{"addresses": ["example.com"]}]
-        }))
-        .unwrap();
-        assert_eq!(fqdn, None);
-    }
-
-    #[test]
-    fn node_topology_and_capacity() {
-        let node = node(
-            &serde_json::from_value(serde_json::json!({
-                "apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": "node-a", "labels": {"topology.kubernetes.io/zone": "zone-a"}},
-                "status": {"allocatable": {"cpu": "3500m"}, "conditions": [{"type": "Ready", "status": "True"}]}
-            }))
-            .unwrap(),
-        )
-        .unwrap();
-        assert_eq!((node.allocatable_cpu_millis, node.ready), (3500, true));
-        assert_eq!(node.zone(), Some("zone-a"));
-        assert_eq!(node.topology_value("kubernetes.io/hostname"), Some("node-a"), "hostname defaults to the name");
-        assert_eq!(node.region(), None);
-    }
-}
+mod tests;

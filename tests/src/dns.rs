@@ -1,0 +1,82 @@
+//! DNS for the responder's tests: a stand-in upstream that answers every name with one address,
+//! and `dig` run inside a test namespace.
+
+use std::{
+    net::{Ipv4Addr, SocketAddr, UdpSocket},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use hickory_proto::{
+    op::{Message, MessageType},
+    rr::{RData, Record, rdata::A},
+};
+
+/// TTL of the stand-in upstream's answers, so a test can tell a relayed answer from ours.
+pub const UPSTREAM_TTL: u32 = 42;
+
+/// Answers every query on `listen` (UDP) with `answer` as an A record, or never (`silent`),
+/// until the process is killed. Calls `ready` once bound.
+pub fn serve_upstream(listen: SocketAddr, answer: Ipv4Addr, silent: bool, ready: impl FnOnce()) -> anyhow::Result<()> {
+    let socket = UdpSocket::bind(listen)?;
+    ready();
+    let mut buffer = [0u8; 4096];
+    loop {
+        let (len, source) = socket.recv_from(&mut buffer)?;
+        if silent {
+            continue;
+        }
+        let Ok(request) = Message::from_vec(&buffer[..len]) else { continue };
+        let mut response = Message::new(request.metadata.id, MessageType::Response, request.metadata.op_code);
+        response.metadata.recursion_desired = request.metadata.recursion_desired;
+        response.metadata.recursion_available = true;
+        response.add_queries(request.queries.iter().cloned());
+        if let Some(query) = request.queries.first() {
+            response.add_answer(Record::from_rdata(query.name().clone(), UPSTREAM_TTL, RData::A(A(answer))));
+        }
+        socket.send_to(&response.to_vec()?, source)?;
+    }
+}
+
+/// What `dig` saw.
+#[derive(Debug)]
+pub struct Dig {
+    /// `status:` of the header (`NOERROR`, `NXDOMAIN`, `SERVFAIL`…).
+    pub status: String,
+    /// Answer records as dig prints them: `name ttl class type data`, whitespace-normalised.
+    pub answers: Vec<String>,
+    /// The data of each answer record (addresses, SRV data), sorted.
+    pub data: Vec<String>,
+    /// How long dig took.
+    pub elapsed: Duration,
+}
+
+/// Runs `dig @server -p port name type [extra…]` inside `netns` (if any); one try, 4 s timeout.
+pub fn dig(netns: Option<&str>, server: SocketAddr, name: &str, rtype: &str, extra: &[&str]) -> Dig {
+    let mut command = match netns {
+        Some(netns) => {
+            let mut command = Command::new("ip");
+            command.args(["netns", "exec", netns, "dig"]);
+            command
+        }
+        None => Command::new("dig"),
+    };
+    command
+        .arg(format!("@{}", server.ip()))
+        .args(["-p", &server.port().to_string(), "+tries=1", "+time=4", "+noall", "+comments", "+answer"])
+        .args(extra)
+        .args([name, rtype]);
+    let started = Instant::now();
+    let output = command.output().expect("dig (cargo xtask setup installs dnsutils)");
+    let elapsed = started.elapsed();
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let status = text.split("status: ").nth(1).and_then(|rest| rest.split(',').next()).unwrap_or("NO REPLY").to_owned();
+    let answers: Vec<String> = text
+        .lines()
+        .filter(|line| !line.starts_with(';') && !line.trim().is_empty())
+        .map(|line| line.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect();
+    let mut data: Vec<String> = answers.iter().map(|a| a.split(' ').skip(4).collect::<Vec<_>>().join(" ")).collect();
+    data.sort();
+    Dig { status, answers, data, elapsed }
+}

@@ -1,0 +1,229 @@
+//! Conversion of API objects into the model: fields, defaults, and errors naming the field.
+
+use super::*;
+
+fn service_from(json: serde_json::Value) -> Result<Service, ObjectError> {
+    service_from_value(&json)
+}
+
+#[test]
+fn cpu_quantities() {
+    assert_eq!(cpu_millis("4"), Ok(4000));
+    assert_eq!(cpu_millis("3500m"), Ok(3500));
+    assert_eq!(cpu_millis("1.5"), Ok(1500));
+    assert_eq!(cpu_millis("250000u"), Ok(250));
+    assert!(cpu_millis("four").is_err());
+    assert!(cpu_millis("4x").is_err());
+    for (quantity, millis) in [
+        ("500m", 500),
+        ("2", 2000),
+        ("2k", 2_000_000),
+        ("1e3", 1_000_000),
+        ("1E-3", 1),
+        (".5", 500),
+        ("0.5Ki", 512_000),
+        ("+1", 1000),
+        ("0.0001", 1),
+        ("1n", 1),
+        ("9E", u64::MAX),
+    ] {
+        assert_eq!(cpu_millis(quantity), Ok(millis), "{quantity}");
+    }
+    for bad in ["-1", "", ".", "1..2", "1e", "1ee3", "Ki", "1 Ki"] {
+        assert!(cpu_millis(bad).is_err(), "{bad:?}");
+    }
+}
+
+#[test]
+fn service_fields_and_defaults() {
+    let svc = service_from(serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web", "annotations": {
+            "topology-agent.io/topology-keys": "kubernetes.io/hostname, topology.kubernetes.io/zone,*",
+            "service.kubernetes.io/topology-aware-hints": "auto",
+            "topology-agent.io/spillover": "capacity",
+            "unrelated": "x"}},
+        "spec": {"clusterIPs": ["10.96.0.10", "fd00::10"], "ports": [{"port": 80}, {"name": "dns", "port": 53, "protocol": "UDP"}],
+                 "internalTrafficPolicy": "Cluster", "trafficDistribution": "PreferClose"}
+    }))
+    .unwrap();
+    assert_eq!(svc.key, ObjectKey::new("default", "web"));
+    assert_eq!(svc.cluster_ips.len(), 2);
+    assert_eq!(svc.ports[0], ServicePort { name: String::new(), port: 80, protocol: Protocol::Tcp });
+    assert_eq!(svc.ports[1].protocol, Protocol::Udp);
+    assert_eq!(svc.traffic_distribution, Some(TrafficDistribution::PreferClose));
+    let keys = svc.topology_keys.unwrap();
+    assert_eq!(keys.source, TopologyKeysSource::Annotation);
+    assert_eq!(keys.keys, ["kubernetes.io/hostname", "topology.kubernetes.io/zone", "*"]);
+    assert_eq!(svc.topology_mode.as_deref(), Some("auto"));
+    assert_eq!(svc.agent_annotations.len(), 2);
+    assert_eq!(svc.session_affinity_timeout_s, None);
+}
+
+#[test]
+fn session_affinity_defaults_to_three_hours_and_bad_values_name_the_field() {
+    let with = |spec: serde_json::Value| {
+        service_from(
+            serde_json::json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"}, "spec": spec}),
+        )
+    };
+    let default = with(serde_json::json!({"clusterIP": "10.96.0.1", "sessionAffinity": "ClientIP"})).unwrap();
+    assert_eq!(default.session_affinity_timeout_s, Some(10_800));
+    let set = with(serde_json::json!({"sessionAffinity": "ClientIP",
+        "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 60}}}))
+    .unwrap();
+    assert_eq!(set.session_affinity_timeout_s, Some(60));
+    assert_eq!(with(serde_json::json!({"sessionAffinity": "None"})).unwrap().session_affinity_timeout_s, None);
+    let error = with(serde_json::json!({"sessionAffinity": "ClientIP",
+        "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 0}}}))
+    .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "Service default/web: spec.sessionAffinityConfig.clientIP.timeoutSeconds: 0 is not between 1 and 86400"
+    );
+    let error = with(serde_json::json!({"sessionAffinity": "Cookie"})).unwrap_err();
+    assert_eq!(error.to_string(), "Service default/web: spec.sessionAffinity: \"Cookie\" is neither None nor ClientIP");
+}
+
+#[test]
+fn spec_topology_keys_are_read_from_the_raw_object() {
+    let svc = service_from(serde_json::json!({
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "shop"},
+        "spec": {"clusterIP": "10.96.0.10", "ports": [{"port": 80}], "topologyKeys": ["kubernetes.io/hostname", "*"]}
+    }))
+    .unwrap();
+    let keys = svc.topology_keys.unwrap();
+    assert_eq!((keys.source, keys.keys.len()), (TopologyKeysSource::Spec, 2));
+}
+
+#[test]
+fn topology_mode_wins_over_the_older_annotation() {
+    let svc = service_from(serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web", "annotations": {"service.kubernetes.io/topology-mode": "Auto",
+            "service.kubernetes.io/topology-aware-hints": "disabled"}},
+        "spec": {"clusterIP": "10.96.0.10"}
+    }))
+    .unwrap();
+    assert_eq!(svc.topology_mode.as_deref(), Some("Auto"));
+}
+
+#[test]
+fn headless_and_external_name_services_have_no_cluster_ip() {
+    for spec in [
+        serde_json::json!({"clusterIP": "None", "ports": [{"port": 80}]}),
+        serde_json::json!({"type": "ExternalName", "externalName": "example.com"}),
+    ] {
+        let svc = service_from(
+            serde_json::json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "h"}, "spec": spec}),
+        )
+        .unwrap();
+        assert!(svc.cluster_ips.is_empty());
+    }
+}
+
+#[test]
+fn service_errors_name_the_field() {
+    let bad_ip = service_from(serde_json::json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+        "spec": {"clusterIPs": ["10.96.0.10", "not-an-ip"]}}))
+    .unwrap_err();
+    assert_eq!(bad_ip.to_string(), "Service default/web: spec.clusterIPs[1]: \"not-an-ip\" is not an IP address");
+    let bad_port = service_from(serde_json::json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+        "spec": {"clusterIP": "10.96.0.10", "ports": [{"port": 70000}]}}))
+    .unwrap_err();
+    assert_eq!(bad_port.field, "spec.ports[0].port");
+    let bad_policy =
+        service_from(serde_json::json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+        "spec": {"clusterIP": "10.96.0.10", "internalTrafficPolicy": "local"}}))
+        .unwrap_err();
+    assert_eq!(bad_policy.field, "spec.internalTrafficPolicy");
+}
+
+fn slice_from(json: serde_json::Value) -> Result<Option<EndpointSlice>, ObjectError> {
+    endpoint_slice(&serde_json::from_value(json).unwrap())
+}
+
+#[test]
+fn endpoint_slice_conditions_default_as_kube_proxy_reads_them() {
+    let slice = slice_from(serde_json::json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": "web-abc", "namespace": "shop", "labels": {"kubernetes.io/service-name": "web"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": 8080}, {"name": "all"}],
+        "endpoints": [
+            {"addresses": ["10.1.0.1"], "nodeName": "a", "zone": "z1", "hints": {"forZones": [{"name": "z1"}], "forNodes": [{"name": "a"}]}},
+            {"addresses": ["10.1.0.2"], "conditions": {"ready": false, "serving": true, "terminating": true}}
+        ]
+    }))
+    .unwrap()
+    .unwrap();
+    assert_eq!(slice.service, Some(ObjectKey::new("shop", "web")));
+    assert_eq!(slice.ports.len(), 1, "a port without a number is not routable");
+    let (a, b) = (&slice.endpoints[0], &slice.endpoints[1]);
+    assert!(a.ready && a.serving && !a.terminating);
+    assert_eq!((a.hint_zones.clone(), a.hint_nodes.clone()), (vec!["z1".to_owned()], vec!["a".to_owned()]));
+    assert!(!b.ready && b.serving && b.terminating);
+    assert_eq!(b.node_name, None);
+    assert_eq!(a.node_name.as_deref(), Some("a"));
+}
+
+#[test]
+fn endpoint_slice_errors_name_the_field_and_fqdn_is_skipped() {
+    let wrong_family = slice_from(serde_json::json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "metadata": {"name": "s"},
+        "addressType": "IPv4", "endpoints": [{"addresses": ["10.0.0.1"]}, {"addresses": ["fd00::1"]}]
+    }))
+    .unwrap_err();
+    assert_eq!(wrong_family.field, "endpoints[1].addresses[0]");
+    assert!(wrong_family.message.contains("not an IPv4 address"), "{wrong_family}");
+    let fqdn = slice_from(serde_json::json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "metadata": {"name": "s"},
+        "addressType": "FQDN", "endpoints": [{"addresses": ["example.com"]}]
+    }))
+    .unwrap();
+    assert_eq!(fqdn, None);
+}
+
+#[test]
+fn headless_services_and_endpoint_hostnames() {
+    let headless = service_from(serde_json::json!({
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "db", "namespace": "default"},
+        "spec": {"clusterIP": "None", "clusterIPs": ["None"], "ports": [{"name": "pg", "port": 5432}]}
+    }))
+    .unwrap();
+    assert!(headless.headless && headless.cluster_ips.is_empty());
+    let external = service_from(serde_json::json!({
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "ext", "namespace": "default"},
+        "spec": {"type": "ExternalName", "externalName": "example.com", "clusterIP": "None"}
+    }))
+    .unwrap();
+    assert!(!external.headless, "an ExternalName Service is not answered as headless");
+    let slice = |hostname: &str| {
+        slice_from(serde_json::json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": "db-1", "namespace": "default"}, "addressType": "IPv4",
+            "endpoints": [{"addresses": ["10.0.0.1"]}, {"addresses": ["10.0.0.2"], "hostname": hostname}]
+        }))
+    };
+    let named = slice("DB-1").unwrap().unwrap();
+    assert_eq!((named.endpoints[0].hostname.clone(), named.endpoints[1].hostname.clone()), (None, Some("db-1".into())));
+    let bad = slice("db_1").unwrap_err();
+    assert_eq!(bad.to_string(), "EndpointSlice default/db-1: endpoints[1].hostname: \"db_1\" is not a DNS label");
+}
+
+#[test]
+fn node_topology_and_capacity() {
+    let node = node(
+        &serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "node-a", "labels": {"topology.kubernetes.io/zone": "zone-a"}},
+            "status": {"allocatable": {"cpu": "3500m"}, "conditions": [{"type": "Ready", "status": "True"}]}
+        }))
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!((node.allocatable_cpu_millis, node.ready), (3500, true));
+    assert_eq!(node.zone(), Some("zone-a"));
+    assert_eq!(node.topology_value("kubernetes.io/hostname"), Some("node-a"), "hostname defaults to the name");
+    assert_eq!(node.region(), None);
+}

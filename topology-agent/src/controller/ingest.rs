@@ -1,0 +1,161 @@
+//! Ingest: objects from the sources into the cluster state, each change marking the Services it
+//! can affect; objects that cannot be used are skipped (their last good version stays) and counted.
+
+use std::{collections::BTreeSet, time::Instant};
+
+use super::{Controller, Programmer};
+use crate::{
+    cluster::Kind,
+    metrics::KindLabels,
+    policy,
+    source::{Invalid, Object, ObjectId, SourceEvent},
+};
+
+impl<P: Programmer> Controller<P> {
+    /// Takes one event into the cluster state and notes what it may change.
+    pub fn receive(&mut self, seen: Instant, event: SourceEvent) {
+        self.oldest_pending.get_or_insert(seen);
+        match event {
+            SourceEvent::Replace { kind, objects, invalid } => self.replace(kind, objects, invalid),
+            SourceEvent::Snapshot(state) => {
+                self.state = *state;
+                self.everything_dirty = true;
+                for kind in [Kind::Node, Kind::Service, Kind::EndpointSlice] {
+                    self.listed.insert(kind);
+                }
+                self.health.listed_all();
+            }
+            SourceEvent::Apply(object) => {
+                self.unskip(&object.id());
+                self.upsert(object);
+            }
+            SourceEvent::Delete(id) => {
+                self.unskip(&id);
+                self.remove(&id);
+            }
+            SourceEvent::Invalid(invalid) => self.skip(invalid),
+            SourceEvent::Stale { source, reason } => self.health.set_stale(&source, Some(reason)),
+            SourceEvent::Fresh { source } => self.health.set_stale(&source, None),
+        }
+    }
+
+    fn replace(&mut self, kind: Kind, objects: Vec<Object>, invalid: Vec<Invalid>) {
+        let listed: BTreeSet<ObjectId> = objects.iter().map(Object::id).collect();
+        let keep: BTreeSet<ObjectId> = invalid.iter().map(|i| i.id.clone()).collect();
+        let present: Vec<ObjectId> = match kind {
+            Kind::Node => self.state.nodes().map(|n| ObjectId::Node(n.name.clone())).collect(),
+            Kind::Service => self.state.services().map(|s| ObjectId::Service(s.key.clone())).collect(),
+            Kind::EndpointSlice => self.state.slices().map(|s| ObjectId::EndpointSlice(s.key.clone())).collect(),
+        };
+        for id in present {
+            if !listed.contains(&id) && !keep.contains(&id) {
+                self.remove(&id);
+            }
+        }
+        let stale_skips: Vec<ObjectId> =
+            self.skipped.keys().filter(|id| id.kind() == kind && !keep.contains(id)).cloned().collect();
+        for id in stale_skips {
+            self.unskip(&id);
+        }
+        for object in objects {
+            self.upsert(object);
+        }
+        for bad in invalid {
+            self.skip(bad);
+        }
+        self.listed.insert(kind);
+        self.health.listed(kind);
+    }
+
+    fn upsert(&mut self, object: Object) {
+        match object {
+            Object::Node(node) => {
+                let name = node.name.clone();
+                let demand = self.state.demand_version();
+                if self.state.upsert_node(node) {
+                    self.node_changed(&name, demand);
+                }
+            }
+            Object::Service(service) => {
+                let key = service.key.clone();
+                if self.state.upsert_service(service) {
+                    self.dirty.insert(key);
+                }
+            }
+            Object::EndpointSlice(slice) => {
+                let affected = self.state.upsert_slice(slice);
+                self.dirty.extend(affected);
+            }
+        }
+    }
+
+    fn remove(&mut self, id: &ObjectId) {
+        match id {
+            ObjectId::Node(name) => {
+                let demand = self.state.demand_version();
+                if self.state.remove_node(name).is_some() {
+                    self.node_changed(name, demand);
+                }
+            }
+            ObjectId::Service(key) => {
+                if self.state.remove_service(key) {
+                    self.dirty.insert(key.clone());
+                }
+            }
+            ObjectId::EndpointSlice(key) => {
+                let affected = self.state.remove_slice(key);
+                self.dirty.extend(affected);
+            }
+        }
+    }
+
+    /// A Node changed: this node re-decides everything; another node re-decides the Services with
+    /// endpoints on it (their topology comes from its labels) and, when the demand by zone moved
+    /// (`demand_before` is the demand version before the change), every spillover Service.
+    fn node_changed(&mut self, name: &str, demand_before: u64) {
+        if name == self.config.node {
+            self.everything_dirty = true;
+        }
+        if self.everything_dirty || !self.programmed {
+            return;
+        }
+        let affected = self.state.services_with_endpoints_on(name);
+        self.dirty.extend(affected);
+        if self.state.demand_version() != demand_before {
+            let spilling = self
+                .state
+                .services()
+                .filter(|s| s.agent_annotations.contains_key(policy::spillover::ANNOTATION_SPILLOVER))
+                .map(|s| s.key.clone());
+            self.dirty.extend(spilling);
+        }
+    }
+
+    fn skip(&mut self, invalid: Invalid) {
+        tracing::warn!(object = %invalid.id, error = %invalid.error, "object skipped; its last good version stays in use");
+        let kind = KindLabels { kind: invalid.id.kind().to_string() };
+        self.metrics.skipped_total.get_or_create(&kind).inc();
+        if let Some(service) = &invalid.service {
+            let message = format!("{}: {}; its last good version stays in use", invalid.id, invalid.error);
+            self.problem(service, format!("object {}", invalid.id), "InvalidObject", message);
+        }
+        self.skipped.insert(invalid.id.clone(), invalid);
+        self.count_skipped();
+    }
+
+    fn unskip(&mut self, id: &ObjectId) {
+        if let Some(invalid) = self.skipped.remove(id) {
+            if let Some(service) = invalid.service {
+                self.reported.remove(&(service, format!("object {id}")));
+            }
+            self.count_skipped();
+        }
+    }
+
+    fn count_skipped(&self) {
+        for kind in [Kind::Node, Kind::Service, Kind::EndpointSlice] {
+            let count = self.skipped.keys().filter(|id| id.kind() == kind).count();
+            self.metrics.skipped.get_or_create(&KindLabels { kind: kind.to_string() }).set(count as i64);
+        }
+    }
+}

@@ -1,0 +1,291 @@
+//! One query in, one answer out (or "forward it"): the records of the cluster domain as CoreDNS
+//! serves them, with headless Services answered by this node's policy. Pure: the caller passes
+//! the view and the randomness.
+
+use std::net::IpAddr;
+
+use hickory_proto::{
+    op::{Edns, Message, MessageType, OpCode, Query, ResponseCode},
+    rr::{
+        DNSClass, Name, RData, Record, RecordType,
+        rdata::{A, AAAA, SOA, SRV},
+    },
+};
+
+use super::{
+    names::Lookup,
+    view::{Choice, Chosen, DnsView, NamedPort, Records},
+};
+use crate::desired::{Locality, Protocol};
+
+/// The largest UDP answer offered over EDNS (the DNS flag day 2020 value).
+pub const EDNS_PAYLOAD: u16 = 1232;
+
+/// The zone the responder is authoritative for.
+#[derive(Clone, Debug)]
+pub struct Zone {
+    /// The cluster domain, fully qualified (`cluster.local.`).
+    pub domain: Name,
+    /// TTL of every record it answers.
+    pub ttl: u32,
+}
+
+/// What to do with a query.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Send this answer; `localities` of the headless endpoints it holds.
+    Answer(Message, Kind, Vec<Locality>),
+    /// Not ours: relay to the upstream unchanged.
+    Forward,
+}
+
+/// What an answer was, for the metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Records.
+    Records,
+    /// The name exists, not with this type.
+    NoData,
+    /// No such name.
+    NxDomain,
+    /// A malformed or unsupported query.
+    Refused,
+}
+
+impl Kind {
+    /// Label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Records => "answer",
+            Self::NoData => "nodata",
+            Self::NxDomain => "nxdomain",
+            Self::Refused => "error",
+        }
+    }
+}
+
+/// Decides `request` from the view. `draw` returns a uniform value in [0, 1).
+pub fn answer(view: &DnsView, zone: &Zone, request: &Message, draw: &mut dyn FnMut() -> f64) -> Outcome {
+    if request.metadata.op_code != OpCode::Query {
+        return Outcome::Answer(error(request, ResponseCode::NotImp), Kind::Refused, Vec::new());
+    }
+    let [query] = request.queries.as_slice() else {
+        return Outcome::Answer(error(request, ResponseCode::FormErr), Kind::Refused, Vec::new());
+    };
+    let lookup = Lookup::parse(query.name(), &zone.domain);
+    if matches!(lookup, Lookup::Outside | Lookup::Pod) {
+        return Outcome::Forward;
+    }
+    let mut response = reply(request);
+    response.metadata.authoritative = true;
+    let mut builder = Builder { zone, query, response: &mut response, localities: Vec::new() };
+    let kind = builder.resolve(view, &lookup, draw);
+    let localities = std::mem::take(&mut builder.localities);
+    Outcome::Answer(response, kind, localities)
+}
+
+/// An error reply to a query we could parse.
+pub fn error(request: &Message, code: ResponseCode) -> Message {
+    let mut response = reply(request);
+    response.metadata.response_code = code;
+    response
+}
+
+/// A reply skeleton: same id, opcode, question, RD; EDNS when asked.
+fn reply(request: &Message) -> Message {
+    let mut response = Message::new(request.metadata.id, MessageType::Response, request.metadata.op_code);
+    response.metadata.recursion_desired = request.metadata.recursion_desired;
+    response.metadata.recursion_available = true;
+    response.add_queries(request.queries.iter().cloned());
+    if let Some(edns) = &request.edns {
+        let mut ours = Edns::new();
+        ours.set_max_payload(EDNS_PAYLOAD.min(edns.max_payload().max(512)));
+        ours.set_dnssec_ok(false);
+        response.set_edns(ours);
+    }
+    response
+}
+
+/// The UDP size limit for the answer to `request`.
+pub fn udp_limit(request: &Message) -> u16 {
+    request.edns.as_ref().map_or(512, |edns| edns.max_payload().clamp(512, EDNS_PAYLOAD))
+}
+
+struct Builder<'a> {
+    zone: &'a Zone,
+    query: &'a Query,
+    response: &'a mut Message,
+    localities: Vec<Locality>,
+}
+
+impl Builder<'_> {
+    fn resolve(&mut self, view: &DnsView, lookup: &Lookup, draw: &mut dyn FnMut() -> f64) -> Kind {
+        let qtype = self.query.query_type();
+        let name = self.query.name().clone();
+        let answers: Option<Vec<Record>> = match lookup {
+            Lookup::Apex => Some(if qtype == RecordType::SOA { vec![self.soa()] } else { Vec::new() }),
+            Lookup::SvcZone => Some(Vec::new()),
+            Lookup::Namespace { namespace } => view.has_namespace(namespace).then(Vec::new),
+            Lookup::Service { namespace, name: service } => match view.service(namespace, service) {
+                None => None,
+                Some(Records::ClusterIp { ips, ports, .. }) => Some(match qtype {
+                    RecordType::SRV => self.srv_cluster_ip(&name, ips, ports, None),
+                    _ => self.addresses(&name, qtype, ips.iter().copied()),
+                }),
+                Some(Records::Headless(h)) if h.addresses.choices.is_empty() => None,
+                Some(Records::Headless(h)) => Some(match qtype {
+                    RecordType::SRV => {
+                        let mut all = Vec::new();
+                        for (_, chosen) in &h.ports {
+                            all.extend(self.srv_headless(&name, chosen, namespace, service));
+                        }
+                        all
+                    }
+                    _ => {
+                        let picked = pick(&h.addresses, draw);
+                        let records = self.addresses(&name, qtype, picked.iter().map(|c| c.address));
+                        if !records.is_empty() {
+                            self.localities.extend(picked.iter().map(|c| c.locality));
+                        }
+                        records
+                    }
+                }),
+            },
+            Lookup::Endpoint { namespace, name: service, host } => view
+                .service(namespace, service)
+                .and_then(|records| records.hosts().get(host))
+                .map(|ips| self.addresses(&name, qtype, ips.iter().copied())),
+            Lookup::Srv { namespace, name: service, port, protocol } => match view.service(namespace, service) {
+                Some(Records::ClusterIp { ips, ports, .. }) => {
+                    let records = self.srv_cluster_ip(&name, ips, ports, Some((port, protocol)));
+                    (!records.is_empty())
+                        .then_some(records)
+                        .map(|r| if qtype == RecordType::SRV { r } else { Vec::new() })
+                }
+                Some(Records::Headless(h)) => {
+                    let found = h.ports.iter().find(|(p, _)| p.name == *port && proto_name(p.protocol) == protocol);
+                    match found {
+                        Some((_, chosen)) if !chosen.choices.is_empty() => Some(if qtype == RecordType::SRV {
+                            self.srv_headless(&name, chosen, namespace, service)
+                        } else {
+                            Vec::new()
+                        }),
+                        _ => None,
+                    }
+                }
+                None => None,
+            },
+            Lookup::Unknown => None,
+            Lookup::Outside | Lookup::Pod => unreachable!("forwarded before"),
+        };
+        let Some(answers) = answers else {
+            self.response.metadata.response_code = ResponseCode::NXDomain;
+            self.response.add_authority(self.soa());
+            return Kind::NxDomain;
+        };
+        if answers.is_empty() {
+            self.response.add_authority(self.soa());
+            return Kind::NoData;
+        }
+        self.response.add_answers(answers);
+        Kind::Records
+    }
+
+    fn record(&self, name: &Name, rdata: RData) -> Record {
+        let mut record = Record::from_rdata(name.clone(), self.zone.ttl, rdata);
+        record.dns_class = DNSClass::IN;
+        record
+    }
+
+    /// A or AAAA of `ips` as the query type asks (ANY: both); none for other types.
+    fn addresses(&self, name: &Name, qtype: RecordType, ips: impl Iterator<Item = IpAddr>) -> Vec<Record> {
+        ips.filter_map(|ip| match (ip, qtype) {
+            (IpAddr::V4(v4), RecordType::A | RecordType::ANY) => Some(self.record(name, RData::A(A(v4)))),
+            (IpAddr::V6(v6), RecordType::AAAA | RecordType::ANY) => Some(self.record(name, RData::AAAA(AAAA(v6)))),
+            _ => None,
+        })
+        .collect()
+    }
+
+    fn srv_cluster_ip(
+        &mut self,
+        name: &Name,
+        ips: &[IpAddr],
+        ports: &[NamedPort],
+        only: Option<(&String, &String)>,
+    ) -> Vec<Record> {
+        let target = self.trim_to_service(name, only.is_some());
+        let mut out = Vec::new();
+        for port in ports {
+            if only.is_some_and(|(p, proto)| port.name != *p || proto_name(port.protocol) != proto) {
+                continue;
+            }
+            out.push(self.record(name, RData::SRV(SRV::new(0, 100, port.port, target.clone()))));
+        }
+        if !out.is_empty() {
+            let additional = self.addresses(&target, RecordType::ANY, ips.iter().copied());
+            self.response.add_additionals(additional);
+        }
+        out
+    }
+
+    fn srv_headless(&mut self, name: &Name, chosen: &Chosen, ns: &str, svc: &str) -> Vec<Record> {
+        let total: f64 = chosen.choices.iter().map(|c| c.weight).sum();
+        let mut out = Vec::new();
+        for choice in &chosen.choices {
+            let Ok(target) = Name::from_ascii(format!("{}.{svc}.{ns}.svc.", choice.label))
+                .and_then(|n| n.append_domain(&self.zone.domain))
+            else {
+                continue;
+            };
+            // SRV weights carry the plan's weights (RFC 2782): equal modes give equal weights.
+            let weight = if total > 0.0 { ((choice.weight / total) * 10_000.0).round().max(1.0) as u16 } else { 1 };
+            self.localities.push(choice.locality);
+            out.push(self.record(name, RData::SRV(SRV::new(0, weight, choice.port, target.clone()))));
+            let additional = self.addresses(&target, RecordType::ANY, std::iter::once(choice.address));
+            self.response.add_additionals(additional);
+        }
+        out
+    }
+
+    /// `<svc>.<ns>.svc.<domain>` from a query name (dropping `_port._proto.` when `srv_form`).
+    fn trim_to_service(&self, name: &Name, srv_form: bool) -> Name {
+        if srv_form { name.trim_to(name.num_labels() as usize - 2) } else { name.clone() }
+    }
+
+    fn soa(&self) -> Record {
+        let domain = &self.zone.domain;
+        let mname =
+            Name::from_ascii("ns.dns.").and_then(|n| n.append_domain(domain)).unwrap_or_else(|_| domain.clone());
+        let rname =
+            Name::from_ascii("hostmaster.").and_then(|n| n.append_domain(domain)).unwrap_or_else(|_| domain.clone());
+        let soa = SOA::new(mname, rname, 1, 7200, 1800, 86400, self.zone.ttl);
+        self.record(domain, RData::SOA(soa))
+    }
+}
+
+/// The label SRV uses for a protocol.
+fn proto_name(protocol: Protocol) -> &'static str {
+    match protocol {
+        Protocol::Tcp => "tcp",
+        Protocol::Udp => "udp",
+        Protocol::Sctp => "sctp",
+    }
+}
+
+/// The addresses one answer holds: all chosen ones when their weights are equal, else one drawn
+/// by weight (clients re-sort address lists, so only the set, not the order, can carry weights).
+pub fn pick<'a>(chosen: &'a Chosen, draw: &mut dyn FnMut() -> f64) -> Vec<&'a Choice> {
+    if !chosen.weighted {
+        return chosen.choices.iter().collect();
+    }
+    let total: f64 = chosen.choices.iter().map(|c| c.weight).sum();
+    let mut at = draw() * total;
+    for choice in &chosen.choices {
+        if at < choice.weight {
+            return vec![choice];
+        }
+        at -= choice.weight;
+    }
+    chosen.choices.last().into_iter().collect()
+}

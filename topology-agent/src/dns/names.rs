@@ -1,0 +1,125 @@
+//! Which record a query name asks for, relative to the cluster domain, as the Kubernetes DNS
+//! specification names them. Case-insensitive; pure.
+
+use hickory_proto::rr::Name;
+
+/// What a name under (or outside) the cluster domain refers to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    /// Not in the cluster domain: forwarded.
+    Outside,
+    /// The cluster domain itself.
+    Apex,
+    /// `svc.<domain>`.
+    SvcZone,
+    /// `<ns>.svc.<domain>`.
+    Namespace { namespace: String },
+    /// `<svc>.<ns>.svc.<domain>`.
+    Service { namespace: String, name: String },
+    /// `<host>.<svc>.<ns>.svc.<domain>`: one endpoint of a Service.
+    Endpoint { namespace: String, name: String, host: String },
+    /// `_<port>._<proto>.<svc>.<ns>.svc.<domain>`.
+    Srv { namespace: String, name: String, port: String, protocol: String },
+    /// `….pod.<domain>`: pod records, which the upstream (CoreDNS) answers.
+    Pod,
+    /// Anything else in the cluster domain: no such name.
+    Unknown,
+}
+
+impl Lookup {
+    /// Parses `name` against `domain` (for example `cluster.local`), ignoring case.
+    pub fn parse(name: &Name, domain: &Name) -> Self {
+        let labels: Vec<String> = name.iter().map(|l| String::from_utf8_lossy(l).to_ascii_lowercase()).collect();
+        let zone: Vec<String> = domain.iter().map(|l| String::from_utf8_lossy(l).to_ascii_lowercase()).collect();
+        if labels.len() < zone.len() || labels[labels.len() - zone.len()..] != zone[..] {
+            return Self::Outside;
+        }
+        let rel = &labels[..labels.len() - zone.len()];
+        let owned = |s: &String| s.clone();
+        match rel {
+            [] => Self::Apex,
+            [.., last] if last == "pod" => Self::Pod,
+            [svc] if svc == "svc" => Self::SvcZone,
+            [ns, svc] if svc == "svc" => Self::Namespace { namespace: owned(ns) },
+            [name, ns, svc] if svc == "svc" => Self::Service { namespace: owned(ns), name: owned(name) },
+            [host, name, ns, svc] if svc == "svc" && !host.starts_with('_') => {
+                Self::Endpoint { namespace: owned(ns), name: owned(name), host: owned(host) }
+            }
+            [port, protocol, name, ns, svc]
+                if svc == "svc"
+                    && port.len() > 1
+                    && protocol.len() > 1
+                    && port.starts_with('_')
+                    && protocol.starts_with('_') =>
+            {
+                Self::Srv {
+                    namespace: owned(ns),
+                    name: owned(name),
+                    port: port[1..].to_owned(),
+                    protocol: protocol[1..].to_owned(),
+                }
+            }
+            _ => Self::Unknown,
+        }
+    }
+}
+
+/// The label an endpoint is known by: its `hostname`, else its address with `.` or `:` as `-`
+/// (as CoreDNS names endpoints without one).
+pub fn endpoint_label(hostname: Option<&str>, address: std::net::IpAddr) -> String {
+    match hostname {
+        Some(host) if !host.is_empty() => host.to_ascii_lowercase(),
+        _ => address.to_string().replace(['.', ':'], "-"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(name: &str) -> Lookup {
+        Lookup::parse(&Name::from_ascii(name).unwrap(), &Name::from_ascii("cluster.local.").unwrap())
+    }
+
+    fn s(v: &str) -> String {
+        v.to_owned()
+    }
+
+    #[test]
+    fn names_by_the_kubernetes_dns_specification() {
+        let rows = [
+            ("example.com.", Lookup::Outside),
+            ("local.", Lookup::Outside),
+            ("cluster.local.", Lookup::Apex),
+            ("svc.cluster.local.", Lookup::SvcZone),
+            ("default.svc.cluster.local.", Lookup::Namespace { namespace: s("default") }),
+            ("web.default.svc.cluster.local.", Lookup::Service { namespace: s("default"), name: s("web") }),
+            ("WEB.Default.SVC.Cluster.Local.", Lookup::Service { namespace: s("default"), name: s("web") }),
+            (
+                "web-0.web.default.svc.cluster.local.",
+                Lookup::Endpoint { namespace: s("default"), name: s("web"), host: s("web-0") },
+            ),
+            (
+                "_http._tcp.web.default.svc.cluster.local.",
+                Lookup::Srv { namespace: s("default"), name: s("web"), port: s("http"), protocol: s("tcp") },
+            ),
+            ("_._tcp.web.default.svc.cluster.local.", Lookup::Unknown),
+            ("_http.web.default.svc.cluster.local.", Lookup::Unknown),
+            ("a.b.web.default.svc.cluster.local.", Lookup::Unknown),
+            ("10-0-0-1.default.pod.cluster.local.", Lookup::Pod),
+            ("web.default.cluster.local.", Lookup::Unknown),
+            ("nodes.cluster.local.", Lookup::Unknown),
+            ("web.default.svc.cluster.local.example.com.", Lookup::Outside),
+        ];
+        for (name, expect) in rows {
+            assert_eq!(parse(name), expect, "{name}");
+        }
+    }
+
+    #[test]
+    fn endpoints_without_a_hostname_are_named_by_address() {
+        assert_eq!(endpoint_label(Some("Web-0"), "10.0.0.1".parse().unwrap()), "web-0");
+        assert_eq!(endpoint_label(None, "10.0.0.1".parse().unwrap()), "10-0-0-1");
+        assert_eq!(endpoint_label(Some(""), "fd00::1".parse().unwrap()), "fd00--1");
+    }
+}

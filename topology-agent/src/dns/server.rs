@@ -1,0 +1,289 @@
+//! The sockets: DNS over UDP and TCP on one address, answering from the latest view, relaying
+//! other names to the upstream byte for byte. Bounded everywhere: in-flight forwards, TCP
+//! connections, and queries per source address.
+
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use hickory_proto::{
+    op::{Message, MessageType, ResponseCode},
+    serialize::binary::{BinEncodable, BinEncoder},
+};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{TcpListener, TcpStream, UdpSocket},
+    sync::{Semaphore, watch},
+};
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    DnsMetrics,
+    answer::{self, Outcome, Zone},
+    limit::SourceLimiter,
+    view::DnsView,
+};
+use crate::desired::Locality;
+
+/// How long an upstream has to answer before the client gets SERVFAIL.
+pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(2);
+/// Forwarded queries in flight; beyond, SERVFAIL at once.
+const MAX_FORWARDS: usize = 1024;
+/// TCP connections open; beyond, new ones wait in the kernel's backlog.
+const MAX_TCP: usize = 256;
+/// A TCP connection idle this long is closed.
+const TCP_IDLE: Duration = Duration::from_secs(10);
+
+/// The shared state of both sockets.
+pub struct Responder {
+    zone: Zone,
+    view: watch::Receiver<Arc<DnsView>>,
+    metrics: Arc<DnsMetrics>,
+    forwards: Arc<Semaphore>,
+    limiter: Mutex<SourceLimiter>,
+}
+
+/// What to do with one datagram or TCP message.
+pub enum Handled {
+    /// Send these bytes back; the query type and outcome, and the localities answered, for the
+    /// metrics.
+    Reply { bytes: Vec<u8>, qtype: String, outcome: &'static str, localities: Vec<Locality> },
+    /// Relay `raw` to the upstream.
+    Forward { request: Message, raw: Vec<u8> },
+    /// Not a query: no reply.
+    Drop,
+}
+
+/// The whole packet path but the sockets: parse, answer, encode (over TCP when `tcp`, else
+/// within the client's UDP size). Never panics on any input.
+pub fn respond(view: &DnsView, zone: &Zone, bytes: &[u8], tcp: bool, draw: &mut dyn FnMut() -> f64) -> Handled {
+    let request = match Message::from_vec(bytes) {
+        Ok(request) => request,
+        Err(_) => {
+            return formerr(bytes).map_or(Handled::Drop, |bytes| Handled::Reply {
+                bytes,
+                qtype: "unknown".into(),
+                outcome: "malformed",
+                localities: Vec::new(),
+            });
+        }
+    };
+    if request.metadata.message_type != MessageType::Query {
+        return Handled::Drop;
+    }
+    let limit = if tcp { u16::MAX } else { answer::udp_limit(&request) };
+    let qtype = request.queries.first().map(|q| q.query_type().to_string()).unwrap_or_else(|| "none".into());
+    match answer::answer(view, zone, &request, draw) {
+        Outcome::Answer(response, kind, localities) => {
+            Handled::Reply { bytes: encode(&response, limit), qtype, outcome: kind.as_str(), localities }
+        }
+        Outcome::Forward => Handled::Forward { request, raw: bytes.to_vec() },
+    }
+}
+
+impl Responder {
+    /// A responder for `zone` reading `view`, limiting each source to `per_source_qps` (0: no limit).
+    pub fn new(zone: Zone, view: watch::Receiver<Arc<DnsView>>, metrics: Arc<DnsMetrics>, per_source_qps: u32) -> Self {
+        Self {
+            zone,
+            view,
+            metrics,
+            forwards: Arc::new(Semaphore::new(MAX_FORWARDS)),
+            limiter: Mutex::new(SourceLimiter::new(per_source_qps)),
+        }
+    }
+
+    /// Answers `bytes`, counting the outcome.
+    fn handle(&self, bytes: &[u8], tcp: bool) -> Handled {
+        let view = Arc::clone(&self.view.borrow());
+        let handled = respond(&view, &self.zone, bytes, tcp, &mut || rand::random::<f64>());
+        if let Handled::Reply { qtype, outcome, localities, .. } = &handled {
+            self.metrics.query(qtype, outcome);
+            for locality in localities {
+                self.metrics.answered(*locality);
+            }
+        }
+        handled
+    }
+
+    /// Relays `raw` to the upstreams, in turn, within [`UPSTREAM_TIMEOUT`]; the reply or SERVFAIL.
+    async fn forward(&self, request: &Message, raw: &[u8], tcp: bool) -> Vec<u8> {
+        let limit = if tcp { u16::MAX } else { answer::udp_limit(request) };
+        let qtype = request.queries.first().map(|q| q.query_type().to_string()).unwrap_or_default();
+        let upstreams = self.view.borrow().upstreams.clone();
+        let Ok(_permit) = self.forwards.try_acquire() else {
+            self.metrics.query(&qtype, "overloaded");
+            return encode(&answer::error(request, ResponseCode::ServFail), limit);
+        };
+        let started = Instant::now();
+        let deadline = started + UPSTREAM_TIMEOUT;
+        let first = if upstreams.is_empty() { 0 } else { rand::random::<u32>() as usize % upstreams.len() };
+        for i in 0..upstreams.len() {
+            let upstream = upstreams[(first + i) % upstreams.len()];
+            let left = deadline.saturating_duration_since(Instant::now());
+            // Each upstream gets its share of what is left, the last one all of it.
+            let budget = left / u32::try_from(upstreams.len() - i).unwrap_or(1);
+            let exchange = async {
+                if tcp {
+                    exchange_tcp(upstream, raw).await
+                } else {
+                    exchange_udp(upstream, raw, request.metadata.id).await
+                }
+            };
+            if let Ok(Ok(reply)) = tokio::time::timeout(budget, exchange).await {
+                self.metrics.upstream_seconds.observe(started.elapsed().as_secs_f64());
+                self.metrics.query(&qtype, "forwarded");
+                return reply;
+            }
+        }
+        self.metrics.query(&qtype, "upstream_failed");
+        encode(&answer::error(request, ResponseCode::ServFail), limit)
+    }
+
+    fn admit(&self, source: IpAddr) -> bool {
+        let admitted = self.limiter.lock().map(|mut l| l.admit(source, Instant::now())).unwrap_or(true);
+        if !admitted {
+            self.metrics.query("unknown", "rate_limited");
+        }
+        admitted
+    }
+}
+
+/// Encodes `message` within `limit` bytes; what does not fit is cut and flagged (TC), so the
+/// client retries over TCP.
+pub fn encode(message: &Message, limit: u16) -> Vec<u8> {
+    let mut buffer = Vec::with_capacity(512);
+    let mut encoder = BinEncoder::new(&mut buffer);
+    encoder.set_max_size(limit);
+    if message.emit(&mut encoder).is_ok() {
+        return buffer;
+    }
+    let mut failed = Message::new(message.metadata.id, MessageType::Response, message.metadata.op_code);
+    failed.metadata.response_code = ResponseCode::ServFail;
+    failed.to_vec().unwrap_or_default()
+}
+
+/// FORMERR for a message whose header is readable and is a query; nothing otherwise.
+fn formerr(bytes: &[u8]) -> Option<Vec<u8>> {
+    if bytes.len() < 12 || bytes[2] & 0x80 != 0 {
+        return None;
+    }
+    let mut reply = bytes[..12].to_vec();
+    reply[2] = (reply[2] & 0x79) | 0x80; // QR=1, keep opcode and RD, clear AA and TC
+    reply[3] = 0x01; // RCODE FORMERR
+    reply[4..12].fill(0); // no sections
+    Some(reply)
+}
+
+async fn exchange_udp(upstream: SocketAddr, raw: &[u8], id: u16) -> std::io::Result<Vec<u8>> {
+    let local: SocketAddr = match upstream {
+        SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
+        SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    let socket = UdpSocket::bind(local).await?;
+    socket.connect(upstream).await?;
+    socket.send(raw).await?;
+    let mut buffer = vec![0u8; 65_535];
+    loop {
+        let len = socket.recv(&mut buffer).await?;
+        // Only the reply to this query; anything else on the port is ignored.
+        if len >= 12 && u16::from_be_bytes([buffer[0], buffer[1]]) == id && buffer[2] & 0x80 != 0 {
+            buffer.truncate(len);
+            return Ok(buffer);
+        }
+    }
+}
+
+async fn exchange_tcp(upstream: SocketAddr, raw: &[u8]) -> std::io::Result<Vec<u8>> {
+    let mut stream = TcpStream::connect(upstream).await?;
+    let len = u16::try_from(raw.len()).map_err(|_| std::io::Error::other("query over 65535 bytes"))?;
+    stream.write_all(&len.to_be_bytes()).await?;
+    stream.write_all(raw).await?;
+    read_framed(&mut stream).await
+}
+
+async fn read_framed(stream: &mut TcpStream) -> std::io::Result<Vec<u8>> {
+    let len = stream.read_u16().await?;
+    let mut message = vec![0u8; usize::from(len)];
+    stream.read_exact(&mut message).await?;
+    Ok(message)
+}
+
+/// Serves UDP on `socket` until `shutdown`.
+pub async fn serve_udp(socket: Arc<UdpSocket>, responder: Arc<Responder>, shutdown: CancellationToken) {
+    let mut buffer = vec![0u8; 65_535];
+    loop {
+        let (len, source) = tokio::select! {
+            () = shutdown.cancelled() => return,
+            received = socket.recv_from(&mut buffer) => match received {
+                Ok(received) => received,
+                Err(error) => {
+                    tracing::debug!(%error, "DNS UDP receive");
+                    continue;
+                }
+            },
+        };
+        if !responder.admit(source.ip()) {
+            continue;
+        }
+        match responder.handle(&buffer[..len], false) {
+            Handled::Reply { bytes, .. } => {
+                let _ = socket.send_to(&bytes, source).await;
+            }
+            Handled::Forward { request, raw } => {
+                let (socket, responder) = (Arc::clone(&socket), Arc::clone(&responder));
+                tokio::spawn(async move {
+                    let reply = responder.forward(&request, &raw, false).await;
+                    let _ = socket.send_to(&reply, source).await;
+                });
+            }
+            Handled::Drop => {}
+        }
+    }
+}
+
+/// Serves TCP on `listener` until `shutdown`.
+pub async fn serve_tcp(listener: TcpListener, responder: Arc<Responder>, shutdown: CancellationToken) {
+    let connections = Arc::new(Semaphore::new(MAX_TCP));
+    loop {
+        let Ok(permit) = Arc::clone(&connections).acquire_owned().await else { return };
+        let (stream, source) = tokio::select! {
+            () = shutdown.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    tracing::debug!(%error, "DNS TCP accept");
+                    continue;
+                }
+            },
+        };
+        let (responder, shutdown) = (Arc::clone(&responder), shutdown.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            tokio::select! {
+                () = shutdown.cancelled() => {}
+                () = connection(stream, source.ip(), &responder) => {}
+            }
+        });
+    }
+}
+
+async fn connection(mut stream: TcpStream, source: IpAddr, responder: &Responder) {
+    loop {
+        let Ok(Ok(bytes)) = tokio::time::timeout(TCP_IDLE, read_framed(&mut stream)).await else { return };
+        if !responder.admit(source) {
+            return;
+        }
+        let reply = match responder.handle(&bytes, true) {
+            Handled::Reply { bytes, .. } => bytes,
+            Handled::Forward { request, raw } => responder.forward(&request, &raw, true).await,
+            Handled::Drop => return,
+        };
+        let Ok(len) = u16::try_from(reply.len()) else { return };
+        if stream.write_all(&len.to_be_bytes()).await.is_err() || stream.write_all(&reply).await.is_err() {
+            return;
+        }
+    }
+}
