@@ -2,14 +2,20 @@
 //! and `dig` run inside a test namespace.
 
 use std::{
+    io::{BufRead as _, BufReader},
     net::{Ipv4Addr, SocketAddr, UdpSocket},
-    process::Command,
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use hickory_proto::{
     op::{Message, MessageType},
     rr::{RData, Record, rdata::A},
+};
+
+use crate::{
+    net::{Host, Network, probe_binary},
+    sandbox::ProcessGuard,
 };
 
 /// TTL of the stand-in upstream's answers, so a test can tell a relayed answer from ours.
@@ -38,6 +44,22 @@ pub fn serve_upstream(listen: SocketAddr, answer: Ipv4Addr, silent: bool, ready:
     }
 }
 
+/// The stand-in upstream (the probe's `dns-upstream`) in a new host of `network`, answering
+/// every name with 192.0.2.7 (or never, `silent`) on port 53 of the host's IPv4 address.
+pub fn start_upstream(network: &mut Network, silent: bool) -> (Host, ProcessGuard) {
+    let host = network.host("up");
+    let mut command = Command::new(probe_binary());
+    command.args(["--netns", host.netns.name(), "dns-upstream", "--listen", &format!("{}:53", host.v4)]);
+    if silent {
+        command.arg("--silent");
+    }
+    let mut process = ProcessGuard::new(command.stdout(Stdio::piped()).spawn().expect("spawn upstream"));
+    let mut line = String::new();
+    BufReader::new(process.child().stdout.take().expect("stdout")).read_line(&mut line).expect("ready line");
+    assert_eq!(line.trim(), "ready");
+    (host, process)
+}
+
 /// What `dig` saw.
 #[derive(Debug)]
 pub struct Dig {
@@ -53,6 +75,18 @@ pub struct Dig {
 
 /// Runs `dig @server -p port name type [extra…]` inside `netns` (if any); one try, 4 s timeout.
 pub fn dig(netns: Option<&str>, server: SocketAddr, name: &str, rtype: &str, extra: &[&str]) -> Dig {
+    dig_from(netns, None, server, name, rtype, extra)
+}
+
+/// [`dig`], the process in `cgroup` (where the programs are attached) when given.
+pub fn dig_from(
+    netns: Option<&str>,
+    cgroup: Option<&std::path::Path>,
+    server: SocketAddr,
+    name: &str,
+    rtype: &str,
+    extra: &[&str],
+) -> Dig {
     let mut command = match netns {
         Some(netns) => {
             let mut command = Command::new("ip");
@@ -66,6 +100,9 @@ pub fn dig(netns: Option<&str>, server: SocketAddr, name: &str, rtype: &str, ext
         .args(["-p", &server.port().to_string(), "+tries=1", "+time=4", "+noall", "+comments", "+answer"])
         .args(extra)
         .args([name, rtype]);
+    if let Some(cgroup) = cgroup {
+        crate::sandbox::join_cgroup_on_spawn(&mut command, cgroup);
+    }
     let started = Instant::now();
     let output = command.output().expect("dig (cargo xtask setup installs dnsutils)");
     let elapsed = started.elapsed();

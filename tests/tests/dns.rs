@@ -4,9 +4,7 @@
 //! upstream is SERVFAIL, not a hang. `--test-threads=1`.
 
 use std::{
-    io::{BufRead as _, BufReader},
     net::{IpAddr, SocketAddr},
-    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
@@ -14,10 +12,10 @@ use serde_json::json;
 use topology_tests::{
     agent::{Agent, AgentOptions},
     cluster::{self, EndpointSpec},
-    dns::{UPSTREAM_TTL, dig},
-    net::{Host, Network, probe_binary},
+    dns::{UPSTREAM_TTL, dig, start_upstream},
+    net::{Host, Network},
     require_root,
-    sandbox::{CgroupGuard, PinGuard, ProcessGuard, unique_id},
+    sandbox::{CgroupGuard, PinGuard, unique_id},
 };
 
 const DB: &str = "db.default.svc.cluster.local";
@@ -106,21 +104,6 @@ impl Node {
     }
 }
 
-/// The stand-in upstream in its own namespace.
-fn upstream(network: &mut Network, silent: bool) -> (Host, ProcessGuard) {
-    let host = network.host("up");
-    let mut command = Command::new(probe_binary());
-    command.args(["--netns", host.netns.name(), "dns-upstream", "--listen", &format!("{}:53", host.v4)]);
-    if silent {
-        command.arg("--silent");
-    }
-    let mut process = ProcessGuard::new(command.stdout(Stdio::piped()).spawn().expect("spawn upstream"));
-    let mut line = String::new();
-    BufReader::new(process.child().stdout.take().expect("stdout")).read_line(&mut line).expect("ready line");
-    assert_eq!(line.trim(), "ready");
-    (host, process)
-}
-
 #[test]
 fn each_node_answers_a_headless_name_with_its_own_zone() {
     require_root!();
@@ -129,7 +112,7 @@ fn each_node_answers_a_headless_name_with_its_own_zone() {
     let scratch = tempfile::tempdir().expect("scratch dir");
     let file = scratch.path().join("cluster.yaml");
     cluster::write(&file, &objects(true));
-    let (up, _upstream) = upstream(&mut network, false);
+    let (up, _upstream) = start_upstream(&mut network, false);
     let upstream = SocketAddr::from((up.v4, 53));
     let a = Node::start(&mut network, &id, "node-a", &file, upstream);
     let b = Node::start(&mut network, &id, "node-b", &file, upstream);
@@ -183,7 +166,7 @@ fn a_dead_or_silent_upstream_is_servfail_not_a_hang() {
     let scratch = tempfile::tempdir().expect("scratch dir");
     let file = scratch.path().join("cluster.yaml");
     cluster::write(&file, &objects(true));
-    let (silent_host, _silent) = upstream(&mut network, true);
+    let (silent_host, _silent) = start_upstream(&mut network, true);
     let a = Node::start(&mut network, &id, "node-a", &file, SocketAddr::from((silent_host.v4, 53)));
     let answer = a.dig("example.com", "A", &[]);
     assert_eq!(answer.status, "SERVFAIL", "{answer:?}");

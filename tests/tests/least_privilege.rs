@@ -67,6 +67,30 @@ fn under_capsh(keep: &[&str]) -> Vec<String> {
     vec!["capsh".into(), format!("--drop={}", drop.join(",")), "--".into(), "-c".into(), "exec \"$0\" \"$@\"".into()]
 }
 
+/// The DaemonSet as shipped: its capabilities are the ones the root test runs with, and the DNS
+/// responder listens on an unprivileged port (no NET_BIND_SERVICE).
+#[test]
+fn the_daemonset_asks_for_exactly_these_capabilities() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/daemonset.yaml");
+    let text = std::fs::read_to_string(&path).expect("deploy/daemonset.yaml");
+    let daemonset: serde_json::Value = serde_yaml::from_str(&text).expect("the DaemonSet parses");
+    let container = &daemonset["spec"]["template"]["spec"]["containers"][0];
+    let mut added: Vec<String> = container["securityContext"]["capabilities"]["add"]
+        .as_array()
+        .expect("capabilities.add")
+        .iter()
+        .map(|cap| format!("cap_{}", cap.as_str().expect("a name").to_lowercase()))
+        .collect();
+    added.sort();
+    let mut expected: Vec<String> = DAEMONSET.iter().map(|cap| (*cap).to_owned()).collect();
+    expected.sort();
+    assert_eq!(added, expected);
+    let args: Vec<&str> = container["args"].as_array().expect("args").iter().filter_map(|a| a.as_str()).collect();
+    let listen = args.iter().find_map(|a| a.strip_prefix("--dns-listen=")).expect("--dns-listen");
+    let port: u16 = listen.rsplit(':').next().and_then(|p| p.parse().ok()).expect("a port");
+    assert!(port >= 1024, "{listen}: a privileged port would need NET_BIND_SERVICE");
+}
+
 #[test]
 fn the_agent_runs_with_exactly_the_daemonsets_capabilities_and_names_any_missing_one() {
     require_root!();
@@ -116,8 +140,13 @@ fn the_agent_runs_with_exactly_the_daemonsets_capabilities_and_names_any_missing
         assert!(!fx.pins.path().exists(), "without {missing} nothing was pinned");
     }
 
-    // With exactly the DaemonSet's: it loads, programs and serves.
-    let mut agent = Agent::start(&options(under_capsh(&DAEMONSET)));
+    // With exactly the DaemonSet's: it loads, programs and serves, DNS included (on an
+    // unprivileged port, as the DaemonSet's, with the steering heartbeat written).
+    let mut full = options(under_capsh(&DAEMONSET));
+    let dns = format!("{}:0", fx.client.v4);
+    full.netns = Some(fx.client.netns.name());
+    full.extra = vec!["--dns-listen".into(), dns];
+    let mut agent = Agent::start(&full);
     agent.wait_ready(Duration::from_secs(20));
     let status = std::fs::read_to_string(format!("/proc/{}/status", agent.pid())).expect("agent status");
     let effective = status.lines().find_map(|l| l.strip_prefix("CapEff:")).expect("CapEff").trim().to_owned();

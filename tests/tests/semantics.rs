@@ -39,7 +39,7 @@ fn client_ip_affinity_keeps_each_client_on_its_backend_until_it_leaves_the_set()
     let second = fx.network.host("c");
     let elsewhere = ClientPlace { netns: second.netns.name().to_owned(), ..fx.place() };
     let port = service("10.96.0.40", 80, Protocol::Tcp);
-    let affinity = PortOptions { affinity_timeout_s: Some(60), agent_exempt: false };
+    let affinity = PortOptions { affinity_timeout_s: Some(60), ..Default::default() };
     // Backend `i` gets weight `i + skew`: a new skew is a new set with the same members.
     let desired = |backends: &[usize], skew: u32| {
         let mut desired = DesiredState::default();

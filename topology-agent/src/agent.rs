@@ -10,10 +10,10 @@ use crate::{
     caps::{self, Capability, CapabilityError},
     controller::{Controller, ControllerConfig, ControllerError, Health},
     dataplane::{
-        Capacities, CounterReader, Dataplane, DataplaneConfig, DataplaneError, IndexOrdering, KernelLogLevel,
+        Capacities, CounterReader, Dataplane, DataplaneConfig, DataplaneError, DnsBeat, IndexOrdering, KernelLogLevel,
         KernelLogger,
     },
-    dns::{self, DnsConfig, DnsError, DnsPublisher},
+    dns::{self, DnsConfig, DnsError, DnsPublisher, steer::Steering},
     http,
     metrics::Metrics,
     mounts::{self, MountError},
@@ -132,7 +132,7 @@ impl RunConfig {
                  --terminate-sockets off)",
             ));
         }
-        if self.dns.as_ref().is_some_and(|dns| dns.listen.port() < unprivileged_port_start()) {
+        if self.dns.as_ref().is_some_and(|dns| (1..unprivileged_port_start()).contains(&dns.listen.port())) {
             needed.push((
                 Capability::NetBindService,
                 "needed to serve DNS on a port below net.ipv4.ip_unprivileged_port_start (--dns-listen)",
@@ -199,14 +199,9 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
     tracing::info!(addr = %bound, "serving /healthz, /readyz and /metrics");
     let http = tokio::spawn(http::serve(listener, Arc::clone(&health), Arc::clone(&metrics), shutdown.clone()));
 
-    let dns = match &config.dns {
-        Some(dns_config) => {
-            let (publisher, view) = DnsPublisher::new(dns_config.upstreams.clone());
-            let addr = dns::start(dns_config, view, Arc::clone(&metrics.dns), shutdown.clone()).await?;
-            tracing::info!(%addr, domain = %dns_config.domain, "serving DNS over UDP and TCP");
-            Some(publisher)
-        }
-        None => None,
+    let (dns, steering, dns_stopped) = match &config.dns {
+        Some(dns_config) => start_dns(dns_config, &config.pin_path, &metrics, &shutdown).await?,
+        None => (None, None, None),
     };
 
     let (events, receiver) = EventSender::channel();
@@ -242,7 +237,8 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
         sink,
     )
     .with_terminator(terminator)
-    .with_dns(dns);
+    .with_dns(dns)
+    .with_steering(steering);
     tokio::spawn(release_memory_after_sync(Arc::clone(&health), shutdown.clone()));
     let token = shutdown.clone();
     // The controller owns the dataplane and makes blocking syscalls: it gets its own thread.
@@ -255,8 +251,44 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
     }
     drop(file_source);
     let _ = http.await;
+    if let Some(stopped) = dns_stopped {
+        // The steering is off before the responder's sockets close.
+        let _ = stopped.await;
+    }
     tracing::info!("stopped; the kernel keeps the last programmed state");
     Ok(result?)
+}
+
+/// Starts the DNS responder and, when it steers the cluster DNS, the prober that keeps the
+/// steering heartbeat fresh while the responder answers. The task returned ends once the steering
+/// is off and the sockets are closed, after `shutdown`.
+async fn start_dns(
+    config: &DnsConfig,
+    pin_path: &std::path::Path,
+    metrics: &Metrics,
+    shutdown: &CancellationToken,
+) -> Result<(Option<DnsPublisher>, Option<Steering>, Option<tokio::task::JoinHandle<()>>), RunError> {
+    if config.steer.is_some() && (config.listen.ip().is_unspecified() || config.listen.ip().is_loopback()) {
+        return Err(DnsError::SteerAddress(config.listen).into());
+    }
+    let (publisher, view) = DnsPublisher::new(config.upstreams.clone());
+    let sockets = CancellationToken::new();
+    let addr = dns::start(config, view, Arc::clone(&metrics.dns), sockets.clone()).await?;
+    tracing::info!(%addr, domain = %config.domain, "serving DNS over UDP and TCP");
+    let steering = config.steer.clone().map(|service| Steering { service, responder: addr });
+    let beat = match &steering {
+        Some(_) => Some(DnsBeat::open(&crate::dataplane::PinLayout::new(pin_path)).map_err(DnsError::Beat)?),
+        None => None,
+    };
+    let (domain, shutdown) = (config.domain.clone(), shutdown.clone());
+    let stopped = tokio::spawn(async move {
+        match beat {
+            Some(beat) => dns::steer::keep_steering(beat, addr, domain, shutdown).await,
+            None => shutdown.cancelled().await,
+        }
+        sockets.cancel();
+    });
+    Ok((Some(publisher), steering, Some(stopped)))
 }
 
 /// The id of this process's cgroup, whose sockets reach the API server's Service untouched;

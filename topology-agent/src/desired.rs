@@ -155,6 +155,10 @@ pub struct PortOptions {
     /// the agent must reach whatever its maps say.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub agent_exempt: bool,
+    /// Steered to this node's DNS responder: rewritten only while the responder's own heartbeat
+    /// is fresh, else passed to the ClusterIP (the cluster DNS) untouched.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub local_dns: bool,
 }
 
 impl PortOptions {
@@ -162,7 +166,8 @@ impl PortOptions {
     pub fn to_kernel(self) -> ServiceOptions {
         ServiceOptions {
             affinity_timeout_s: self.affinity_timeout_s.unwrap_or(0),
-            flags: if self.agent_exempt { service_flags::AGENT_EXEMPT } else { 0 },
+            flags: if self.agent_exempt { service_flags::AGENT_EXEMPT } else { 0 }
+                | if self.local_dns { service_flags::LOCAL_DNS } else { 0 },
         }
     }
 
@@ -171,6 +176,7 @@ impl PortOptions {
         Self {
             affinity_timeout_s: (options.affinity_timeout_s != 0).then_some(options.affinity_timeout_s),
             agent_exempt: options.flags & service_flags::AGENT_EXEMPT != 0,
+            local_dns: options.flags & service_flags::LOCAL_DNS != 0,
         }
     }
 }
@@ -229,8 +235,9 @@ mod tests {
     fn port_options_round_trip_through_the_kernel_form() {
         for options in [
             PortOptions::default(),
-            PortOptions { affinity_timeout_s: Some(10_800), agent_exempt: false },
-            PortOptions { affinity_timeout_s: None, agent_exempt: true },
+            PortOptions { affinity_timeout_s: Some(10_800), ..PortOptions::default() },
+            PortOptions { agent_exempt: true, ..PortOptions::default() },
+            PortOptions { local_dns: true, affinity_timeout_s: Some(1), ..PortOptions::default() },
         ] {
             assert_eq!(PortOptions::from_kernel(&options.to_kernel()), options);
         }

@@ -11,6 +11,7 @@ use crate::{
     dns::{
         DnsView,
         explain::{self as dns_explain, Answer, HeadlessEntry},
+        steer::Steering,
     },
     policy::{self, PolicyError, PolicyKind, PortSelection, spillover::SpilloverReport},
 };
@@ -87,11 +88,17 @@ pub enum ExplainError {
     UnknownService(ObjectKey),
 }
 
-/// The report for `node`, optionally for one Service.
-pub fn explain(state: &ClusterState, node: &str, service: Option<&ObjectKey>) -> Result<ExplainReport, ExplainError> {
+/// The report for `node`, optionally for one Service; `steering`: the cluster DNS steered to this
+/// node's responder, as `run --dns-listen` programs it.
+pub fn explain(
+    state: &ClusterState,
+    node: &str,
+    service: Option<&ObjectKey>,
+    steering: Option<&Steering>,
+) -> Result<ExplainReport, ExplainError> {
     let this = state.node(node).ok_or_else(|| PolicyError::UnknownNode(node.to_owned()))?;
     let mut view = DnsView::new(Vec::new());
-    let selections = match service {
+    let mut selections = match service {
         None => {
             for key in state.services().map(|s| &s.key) {
                 view.update(state, this, key);
@@ -104,6 +111,9 @@ pub fn explain(state: &ClusterState, node: &str, service: Option<&ObjectKey>) ->
             policy::compute_service(state, this, service)
         }
     };
+    if let Some(steering) = steering {
+        steering.apply(node, &mut selections);
+    }
     Ok(ExplainReport {
         node: node.to_owned(),
         services: selections.iter().map(entry).collect(),
@@ -286,7 +296,7 @@ items:
     #[test]
     fn the_json_has_the_documented_shape() {
         let state = file::parse(CLUSTER, "c.yaml").unwrap();
-        let report = explain(&state, "node-a", None).unwrap();
+        let report = explain(&state, "node-a", None, None).unwrap();
         let json = serde_json::to_value(&report).unwrap();
         // Node labels win over the endpoint's zone field: node-b is in zone-b, so nothing is close.
         assert_eq!(json["node"], "node-a");
@@ -336,7 +346,7 @@ items:
   - {addresses: [10.2.0.2], nodeName: node-b}
 "#;
         let state = file::parse(cluster, "c.yaml").unwrap();
-        let report = explain(&state, "node-a", None).unwrap();
+        let report = explain(&state, "node-a", None, None).unwrap();
         let json = serde_json::to_value(&report).unwrap();
         let web = &json["services"][0];
         assert_eq!(web["policy"], "Spillover");
@@ -352,7 +362,7 @@ items:
         let table = report.table();
         assert!(table.contains("plan: 61.7% of all traffic stays in zone (bound 61.7%)"), "{table}");
         assert!(table.contains("zone-a"), "{table}");
-        let plain = explain(&file::parse(CLUSTER, "c.yaml").unwrap(), "node-a", None).unwrap();
+        let plain = explain(&file::parse(CLUSTER, "c.yaml").unwrap(), "node-a", None, None).unwrap();
         let json = serde_json::to_value(&plain).unwrap();
         assert!(json["services"][0].get("spillover").is_none(), "only spillover decisions carry a plan");
     }
@@ -364,7 +374,7 @@ items:
             "trafficDistribution: PreferClose, sessionAffinity: ClientIP,\n         sessionAffinityConfig: {clientIP: {timeoutSeconds: 600}}}",
         ) + "- {apiVersion: v1, kind: Service, metadata: {name: kubernetes, namespace: default},\n   spec: {clusterIP: 10.96.0.1, ports: [{name: https, port: 443}]}}\n";
         let state = file::parse(&cluster, "c.yaml").unwrap();
-        let report = explain(&state, "node-a", None).unwrap();
+        let report = explain(&state, "node-a", None, None).unwrap();
         let json = serde_json::to_value(&report).unwrap();
         let web = json["services"].as_array().unwrap().iter().find(|s| s["service"] == "default/web").unwrap();
         assert_eq!(web["options"], serde_json::json!({"affinityTimeoutS": 600}));
@@ -378,14 +388,14 @@ items:
     #[test]
     fn one_service_or_an_error_naming_it() {
         let state = file::parse(CLUSTER, "c.yaml").unwrap();
-        let report = explain(&state, "node-b", Some(&ObjectKey::new("default", "web"))).unwrap();
+        let report = explain(&state, "node-b", Some(&ObjectKey::new("default", "web")), None).unwrap();
         assert_eq!(report.services.len(), 1);
         assert_eq!(report.services[0].backends.len(), 2, "both endpoints are in zone-b");
         let table = report.table();
         assert!(table.contains("default/web:http  80/TCP 10.96.0.10  PreferClose"), "{table}");
-        let missing = explain(&state, "node-b", Some(&ObjectKey::new("default", "nope"))).unwrap_err();
+        let missing = explain(&state, "node-b", Some(&ObjectKey::new("default", "nope")), None).unwrap_err();
         assert_eq!(missing.to_string(), "service default/nope is not in the cluster");
-        assert!(explain(&state, "node-z", None).is_err());
+        assert!(explain(&state, "node-z", None, None).is_err());
     }
 
     #[test]
@@ -398,7 +408,7 @@ items:
                [10.1.0.1], hostname: db-0, nodeName: node-a}\n  - {addresses: [10.1.0.2], hostname: db-1, nodeName: \
                node-b}\n";
         let state = file::parse(&cluster, "c.yaml").unwrap();
-        let report = explain(&state, "node-b", Some(&ObjectKey::new("default", "db"))).unwrap();
+        let report = explain(&state, "node-b", Some(&ObjectKey::new("default", "db")), None).unwrap();
         assert!(report.services.is_empty(), "a headless Service has no port the hooks rewrite");
         let json = serde_json::to_value(&report).unwrap();
         assert_eq!(json["headless"][0]["name"], "db.default.svc");
@@ -411,7 +421,27 @@ items:
         assert!(table.contains("default/db  headless: DNS db.default.svc.<cluster domain>  PreferClose"), "{table}");
         assert!(table.contains("10.1.0.2                     node    name db-1"), "{table}");
         // Without headless Services the JSON keeps its shape.
-        let plain = serde_json::to_value(explain(&state, "node-b", Some(&ObjectKey::new("default", "web"))).unwrap());
+        let plain =
+            serde_json::to_value(explain(&state, "node-b", Some(&ObjectKey::new("default", "web")), None).unwrap());
         assert!(plain.unwrap().get("headless").is_none());
+    }
+
+    #[test]
+    fn the_cluster_dns_steered_to_this_nodes_responder_is_shown_as_programmed() {
+        let cluster = CLUSTER.to_owned()
+            + "- {apiVersion: v1, kind: Service, metadata: {name: kube-dns, namespace: kube-system},\n   spec: \
+               {clusterIP: 10.96.0.53, ports: [{name: dns, port: 53, protocol: UDP}, {name: metrics, port: 9153}]}}\n";
+        let state = file::parse(&cluster, "c.yaml").unwrap();
+        let steering =
+            Steering { service: ObjectKey::new("kube-system", "kube-dns"), responder: "10.0.0.5:53".parse().unwrap() };
+        let report = explain(&state, "node-a", None, Some(&steering)).unwrap();
+        let json = serde_json::to_value(&report).unwrap();
+        let dns: Vec<&serde_json::Value> =
+            json["services"].as_array().unwrap().iter().filter(|s| s["service"] == "kube-system/kube-dns").collect();
+        assert_eq!(dns[0]["policy"], "LocalDns");
+        assert_eq!(dns[0]["options"], serde_json::json!({"localDns": true}));
+        assert_eq!(dns[0]["backends"][0]["address"], "10.0.0.5");
+        assert_eq!(dns[1]["policy"], "Default", "the metrics port is not steered");
+        assert!(report.table().contains("steered to this node's DNS responder at 10.0.0.5:53"));
     }
 }

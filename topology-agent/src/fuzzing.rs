@@ -32,7 +32,7 @@ pub fn cluster_file(data: &[u8]) {
     let nodes: Vec<String> = state.nodes().take(3).map(|n| n.name.clone()).collect();
     for node in nodes {
         let _ = policy::compute(&state, &node);
-        let _ = crate::explain::explain(&state, &node, None).map(|report| report.table());
+        let _ = crate::explain::explain(&state, &node, None, None).map(|report| report.table());
     }
 }
 

@@ -9,7 +9,7 @@ use topology_agent::{
     agent::{self, RunConfig, SourceConfig},
     cluster::{ObjectKey, file},
     dataplane::{self, Capacities, IndexOrdering, KernelLogLevel},
-    dns::{self, DnsConfig},
+    dns::{self, DnsConfig, steer::Steering},
     explain, simulate,
     sockets::TerminateSockets,
     status::StatusReport,
@@ -41,6 +41,12 @@ enum Command {
         /// Only this Service (NAMESPACE/NAME).
         #[arg(long)]
         service: Option<ObjectKey>,
+        /// Show the cluster DNS steered to a responder at this address, as `run --dns-listen` does.
+        #[arg(long, value_name = "ADDR")]
+        dns_listen: Option<SocketAddr>,
+        /// The cluster DNS Service `--dns-listen` steers (`NAMESPACE/NAME`), or `off`.
+        #[arg(long, default_value = "kube-system/kube-dns", value_name = "NAMESPACE/NAME|off")]
+        dns_steer: String,
         /// Output format.
         #[arg(long, value_enum, default_value_t = Output::Table)]
         output: Output,
@@ -152,6 +158,18 @@ struct RunArgs {
     /// Queries per second one client address may send to the responder (0: no limit).
     #[arg(long, default_value_t = dns::DEFAULT_SOURCE_QPS)]
     dns_source_qps: u32,
+    /// The cluster DNS Service whose port 53 this node steers to the responder while it answers
+    /// (`NAMESPACE/NAME`), or `off`.
+    #[arg(long, default_value = "kube-system/kube-dns", value_name = "NAMESPACE/NAME|off")]
+    dns_steer: String,
+}
+
+/// `--dns-steer`: a Service, or `off`.
+fn steer_service(value: &str) -> anyhow::Result<Option<ObjectKey>> {
+    match value {
+        "off" => Ok(None),
+        service => Ok(Some(service.parse::<ObjectKey>().map_err(|e| anyhow::anyhow!("--dns-steer: {e}"))?)),
+    }
 }
 
 /// `--dns-upstream` entry: `IP:PORT`, or `IP` for port 53.
@@ -186,9 +204,13 @@ fn main() -> anyhow::Result<()> {
                 agent::run(config, shutdown).await
             })?;
         }
-        Command::Explain { cluster, node, service, output } => {
+        Command::Explain { cluster, node, service, dns_listen, dns_steer, output } => {
             let state = file::load(&cluster)?;
-            let report = explain::explain(&state, &node, service.as_ref())?;
+            let steering = match (dns_listen, steer_service(&dns_steer)?) {
+                (Some(responder), Some(service)) => Some(Steering { service, responder }),
+                _ => None,
+            };
+            let report = explain::explain(&state, &node, service.as_ref(), steering.as_ref())?;
             match output {
                 Output::Table => print!("{}", report.table()),
                 Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
@@ -279,6 +301,7 @@ fn run_config(args: RunArgs) -> anyhow::Result<RunConfig> {
                 ttl: args.dns_ttl,
                 upstreams: args.dns_upstream,
                 per_source_qps: args.dns_source_qps,
+                steer: steer_service(&args.dns_steer)?,
             }),
             None => None,
         },

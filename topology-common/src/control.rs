@@ -55,6 +55,10 @@ pub mod service_flags {
     /// Sockets of the agent's own cgroup reach this service untouched: the agent's connections to
     /// the API server must not depend on the maps it is about to repair.
     pub const AGENT_EXEMPT: u32 = 1 << 0;
+    /// Steered to the agent's node-local DNS responder: rewritten only while the responder's own
+    /// heartbeat (`map_names::DNS_BEAT`) is fresh, else passed to the ClusterIP untouched, where
+    /// kube-proxy sends it to the cluster DNS as if the agent were not there.
+    pub const LOCAL_DNS: u32 = 1 << 1;
 }
 
 /// Per-service options, by service id.

@@ -69,9 +69,12 @@ pub mod map_names {
     pub const HEARTBEAT: &str = "topo_heartbeat";
     /// Per-CPU [`NodeCounters`](crate::NodeCounters), one entry.
     pub const NODE_COUNTERS: &str = "topo_node_cnt";
+    /// The node-local DNS responder's own heartbeat, one [`Heartbeat`](crate::Heartbeat): service
+    /// ports steered to it (`service_flags::LOCAL_DNS`) are rewritten only while it is fresh.
+    pub const DNS_BEAT: &str = "topo_dns_beat";
 
     /// Every map the agent pins and keeps across restarts, in a stable order.
-    pub const PINNED: [&str; 13] = [
+    pub const PINNED: [&str; 14] = [
         SERVICES_V4,
         SERVICES_V6,
         SLOTS,
@@ -85,6 +88,7 @@ pub mod map_names {
         CLIENT_AFFINITY,
         HEARTBEAT,
         NODE_COUNTERS,
+        DNS_BEAT,
     ];
 
     /// State of the programs' random number generator; not pinned (a new state per load is as

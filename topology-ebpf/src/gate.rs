@@ -1,13 +1,14 @@
 //! Whether a connection to a service port is rewritten at all: not once the agent's heartbeat has
-//! lapsed (fail open to kube-proxy), and not for the agent's own sockets to services it must reach
-//! whatever its maps say (the API server).
+//! lapsed (fail open to kube-proxy), not for the agent's own sockets to services it must reach
+//! whatever its maps say (the API server), and not to the node-local DNS responder once its own
+//! heartbeat has lapsed (DNS fails open to the cluster DNS).
 
 use aya_ebpf::helpers::generated::{bpf_get_current_cgroup_id, bpf_ktime_get_coarse_ns};
 use topology_common::{NodeCounters, ServiceOptions, service_flags};
 
 use crate::{
     count::count_node,
-    maps::{HEARTBEAT, SERVICE_OPTIONS, agent_cgroup},
+    maps::{DNS_BEAT, HEARTBEAT, SERVICE_OPTIONS, agent_cgroup},
 };
 
 /// `CLOCK_MONOTONIC_COARSE`, read at most once per program run.
@@ -57,6 +58,13 @@ pub fn admit(service_id: u32, clock: &mut Clock) -> Gate {
         // SAFETY: no arguments; the cgroup v2 id of the calling task.
         if agent != 0 && unsafe { bpf_get_current_cgroup_id() } == agent {
             count_node(NodeCounters::AGENT_EXEMPT);
+            return Gate::Pass;
+        }
+    }
+    if options.flags & service_flags::LOCAL_DNS != 0 {
+        // SAFETY: as for the agent's heartbeat.
+        let deadline = DNS_BEAT.get_ptr(0).map_or(0, |beat| unsafe { (*beat).deadline_ns });
+        if clock.now() > deadline {
             return Gate::Pass;
         }
     }

@@ -109,6 +109,11 @@ pub static CLIENT_AFFINITY: LruHashMap<ClientAffinityKey, ClientAffinityValue, {
 #[btf_map(name = "topo_heartbeat")]
 pub static HEARTBEAT: Array<Heartbeat, 1> = Array::new();
 
+/// The node-local DNS responder's heartbeat; service ports steered to it are rewritten only while
+/// it is fresh.
+#[btf_map(name = "topo_dns_beat")]
+pub static DNS_BEAT: Array<Heartbeat, 1> = Array::new();
+
 /// Counters of the whole node (fail-open passes, exemptions, storage failures), per CPU.
 #[btf_map(name = "topo_node_cnt")]
 pub static NODE_COUNTERS: PerCpuArray<NodeCounters, 1> = PerCpuArray::new();

@@ -26,7 +26,7 @@ use crate::{
     cluster::{ClusterState, Kind, Node, ObjectKey},
     dataplane::{ApplyReport, DataplaneError},
     desired::ServicePort,
-    dns::DnsPublisher,
+    dns::{DnsPublisher, steer::Steering},
     metrics::{Metrics, ReasonLabels},
     policy::{self, desired::desired_state},
     report::{Problem, ProblemSink},
@@ -85,6 +85,7 @@ pub struct Controller<P: Programmer> {
     last_beat: Option<Instant>,
     terminator: Option<Terminator>,
     dns: Option<DnsPublisher>,
+    steering: Option<Steering>,
     health: Arc<Health>,
     metrics: Arc<Metrics>,
     sink: Box<dyn ProblemSink>,
@@ -115,6 +116,7 @@ impl<P: Programmer> Controller<P> {
             last_beat: None,
             terminator: None,
             dns: None,
+            steering: None,
             health,
             metrics,
             sink,
@@ -131,6 +133,12 @@ impl<P: Programmer> Controller<P> {
     /// Keeps `dns`'s view of this node's answers current, one Service at a time.
     pub fn with_dns(mut self, dns: Option<DnsPublisher>) -> Self {
         self.dns = dns;
+        self
+    }
+
+    /// Steers the cluster DNS Service's port 53 to this node's responder.
+    pub fn with_steering(mut self, steering: Option<Steering>) -> Self {
+        self.steering = steering;
         self
     }
 
@@ -297,10 +305,13 @@ impl<P: Programmer> Controller<P> {
 
     /// Recomputes one Service and stores its entries; returns the changed service ports.
     fn recompute(&mut self, this: &Node, key: &ObjectKey) -> BTreeSet<ServicePort> {
-        let selections = match self.state.service(key) {
+        let mut selections = match self.state.service(key) {
             Some(service) => policy::compute_service(&self.state, this, service),
             None => Vec::new(),
         };
+        if let Some(steering) = &self.steering {
+            steering.apply(&this.name, &mut selections);
+        }
         if let Some(dns) = &mut self.dns {
             let changed = dns.view_mut().update(&self.state, this, key);
             dns.touch(changed);

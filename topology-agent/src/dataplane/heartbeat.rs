@@ -84,6 +84,36 @@ fn reading(deadline_ns: u64, now_ns: u64) -> HeartbeatReading {
     }
 }
 
+/// The node-local DNS responder's heartbeat (`map_names::DNS_BEAT`), on its own descriptor: the
+/// responder's prober writes it, never blocking the controller.
+pub struct DnsBeat {
+    map: Array<MapData, Heartbeat>,
+}
+
+impl DnsBeat {
+    /// Opens the pinned map under `layout` (the programs are loaded: it exists).
+    pub fn open(layout: &super::PinLayout) -> Result<Self, DataplaneError> {
+        let name = map_names::DNS_BEAT;
+        let data = MapData::from_pin(layout.map(name)).map_err(DataplaneError::map(name))?;
+        let map = aya::maps::Map::from_map_data(data).map_err(DataplaneError::map(name))?;
+        Ok(Self { map: map.try_into().map_err(DataplaneError::map(name))? })
+    }
+
+    /// Keeps the steering on for `grace` from now.
+    pub fn refresh(&mut self, grace: Duration) -> Result<(), DataplaneError> {
+        self.write(FailOpen::new(Some(grace)).deadline(now_ns()))
+    }
+
+    /// Turns the steering off now.
+    pub fn stop(&mut self) -> Result<(), DataplaneError> {
+        self.write(0)
+    }
+
+    fn write(&mut self, deadline_ns: u64) -> Result<(), DataplaneError> {
+        self.map.set(0, Heartbeat { deadline_ns }, 0).map_err(DataplaneError::map(map_names::DNS_BEAT))
+    }
+}
+
 /// The node counters summed over CPUs.
 pub fn read_node_counters(map: &PerCpuArray<MapData, NodeCounters>) -> Result<NodeCounters, DataplaneError> {
     let per_cpu = map.get(&0, 0).map_err(DataplaneError::map(map_names::NODE_COUNTERS))?;

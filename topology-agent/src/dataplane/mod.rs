@@ -33,7 +33,7 @@ use std::{
 
 use aya::Ebpf;
 pub use error::DataplaneError;
-pub use heartbeat::{FailOpen, HeartbeatReading};
+pub use heartbeat::{DnsBeat, FailOpen, HeartbeatReading};
 pub(crate) use loader::PROGRAMS;
 pub use loader::{Flavour, IndexOrdering, KernelLogLevel};
 pub use maps::{Capacities, PinLayout};

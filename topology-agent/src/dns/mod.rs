@@ -11,6 +11,7 @@ pub mod explain;
 mod limit;
 pub mod names;
 pub mod server;
+pub mod steer;
 pub mod view;
 
 use std::{net::SocketAddr, sync::Arc};
@@ -48,6 +49,8 @@ pub struct DnsConfig {
     pub upstreams: Vec<SocketAddr>,
     /// Queries per second per source address; 0: unlimited.
     pub per_source_qps: u32,
+    /// The cluster DNS Service whose port 53 this node steers to the responder (`None`: none).
+    pub steer: Option<crate::cluster::ObjectKey>,
 }
 
 /// The responder could not start.
@@ -61,6 +64,15 @@ pub enum DnsError {
         /// Why.
         reason: String,
     },
+    /// Steering needs an address pods can reach.
+    #[error(
+        "--dns-listen {0}: steering the cluster DNS needs an address every pod of the node reaches (the pod IP of \
+         the DaemonSet), not a loopback or unspecified one; or run with --dns-steer off"
+    )]
+    SteerAddress(SocketAddr),
+    /// The steering heartbeat could not be opened.
+    #[error("steering the cluster DNS: {0}")]
+    Beat(#[from] crate::dataplane::DataplaneError),
     /// A socket could not be bound.
     #[error("--dns-listen {addr}: binding {protocol}: {source}")]
     Bind {

@@ -83,7 +83,7 @@ mod tests {
                 warnings: vec![],
                 spillover: None,
             },
-            options: crate::desired::PortOptions { affinity_timeout_s: Some(60), agent_exempt: false },
+            options: crate::desired::PortOptions { affinity_timeout_s: Some(60), ..Default::default() },
         }
     }
 

@@ -57,6 +57,8 @@ pub enum PolicyKind {
     PreferSameNode,
     /// Capacity-aware spillover (`topology-agent.io/spillover: capacity`).
     Spillover,
+    /// The cluster DNS Service's port 53, steered to this node's DNS responder (`run --dns-listen`).
+    LocalDns,
 }
 
 /// One chosen backend.
@@ -157,6 +159,7 @@ pub fn compute_service(state: &ClusterState, this: &Node, service: &Service) -> 
     let options = PortOptions {
         affinity_timeout_s: service.session_affinity_timeout_s,
         agent_exempt: service.key.namespace == API_SERVICE.0 && service.key.name == API_SERVICE.1,
+        local_dns: false,
     };
     let mut out = Vec::new();
     for port in &service.ports {

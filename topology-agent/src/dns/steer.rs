@@ -1,0 +1,211 @@
+//! Steering: on this node, the cluster DNS Service's port 53 (UDP and TCP) goes to the node-local
+//! responder instead of CoreDNS, by the same socket hooks — a per-node rule, so kubelet's
+//! `--cluster-dns` stays as it is.
+//!
+//! The rule fails open twice over. The programs apply it only while the responder's own heartbeat
+//! (`map_names::DNS_BEAT`) is fresh, and the agent refreshes that heartbeat only while the
+//! responder answers a probe: a responder that stops answering, a frozen agent or a dead one stop
+//! the steering within [`BEAT_GRACE`], and queries pass to the ClusterIP untouched, where
+//! kube-proxy sends them to CoreDNS as if the agent were not there.
+
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    time::Duration,
+};
+
+use hickory_proto::{
+    op::{Message, MessageType, OpCode, Query},
+    rr::{Name, RecordType},
+};
+use tokio::net::UdpSocket;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    cluster::{Family, ObjectKey},
+    dataplane::DnsBeat,
+    desired::{Locality, Protocol},
+    policy::{Backend, PolicyKind, PortSelection},
+};
+
+/// The Service steered by default: the cluster DNS, as kubeadm, kops and every managed offering
+/// name it.
+pub const DEFAULT_SERVICE: (&str, &str) = ("kube-system", "kube-dns");
+/// The DNS port.
+const DNS_PORT: u16 = 53;
+/// How long a fresh heartbeat keeps the steering on.
+pub const BEAT_GRACE: Duration = Duration::from_secs(1);
+/// How often the responder is probed (and the heartbeat refreshed when it answers).
+const PROBE_INTERVAL: Duration = Duration::from_millis(250);
+/// How long the responder has to answer a probe.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// The per-node rule: this Service's port 53 goes to this responder.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Steering {
+    /// The cluster DNS Service.
+    pub service: ObjectKey,
+    /// The responder's address (`--dns-listen`).
+    pub responder: SocketAddr,
+}
+
+impl Steering {
+    /// Replaces this node's choice for the steered Service's port 53 (UDP and TCP, in the
+    /// responder's family) with the responder; every other selection is left as the policy made it.
+    pub fn apply(&self, node: &str, selections: &mut [PortSelection]) {
+        let family = Family::of(&self.responder.ip());
+        for steered in selections.iter_mut().filter(|s| {
+            s.service == self.service
+                && s.port.port == DNS_PORT
+                && matches!(s.port.protocol, Protocol::Udp | Protocol::Tcp)
+                && s.family == family
+        }) {
+            let selection = &mut steered.selection;
+            selection.reason = format!(
+                "steered to this node's DNS responder at {} while it answers; else to the ClusterIP untouched \
+                 (kube-proxy, CoreDNS), where this node's policy would send: {}",
+                self.responder, selection.reason
+            );
+            selection.policy = PolicyKind::LocalDns;
+            selection.reject = false;
+            selection.spillover = None;
+            selection.backends = vec![Backend {
+                address: self.responder.ip(),
+                port: self.responder.port(),
+                node: Some(node.to_owned()),
+                zone: None,
+                locality: Locality::Node,
+                weight: 1.0,
+            }];
+            steered.options.local_dns = true;
+            // A client keeps no backend: there is one, and it may be passed by at any moment.
+            steered.options.affinity_timeout_s = None;
+        }
+    }
+}
+
+/// Probes the responder at `listen` and keeps the steering heartbeat fresh while it answers;
+/// stops the steering at once when it does not, and on `shutdown` (before the sockets close).
+pub async fn keep_steering(mut beat: DnsBeat, listen: SocketAddr, domain: Name, shutdown: CancellationToken) {
+    let target = probe_target(listen);
+    let mut ticks = tokio::time::interval(PROBE_INTERVAL);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut steering = false;
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            _ = ticks.tick() => {}
+        }
+        let answered = matches!(tokio::time::timeout(PROBE_TIMEOUT, probe(target, &domain)).await, Ok(Ok(())));
+        let result = if answered { beat.refresh(BEAT_GRACE) } else { beat.stop() };
+        if let Err(error) = result {
+            tracing::warn!(%error, "writing the DNS steering heartbeat");
+        }
+        if answered != steering {
+            steering = answered;
+            if steering {
+                tracing::info!(responder = %listen, "steering the cluster DNS to this node's responder");
+            } else {
+                tracing::warn!(responder = %listen, "the DNS responder does not answer; DNS goes to the cluster DNS");
+            }
+        }
+    }
+    if let Err(error) = beat.stop() {
+        tracing::warn!(%error, "stopping the DNS steering");
+    }
+}
+
+/// Where a probe goes: the listening address, or loopback when it listens on every address.
+fn probe_target(listen: SocketAddr) -> SocketAddr {
+    match listen.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => SocketAddr::new(Ipv4Addr::LOCALHOST.into(), listen.port()),
+        IpAddr::V6(ip) if ip.is_unspecified() => SocketAddr::new(Ipv6Addr::LOCALHOST.into(), listen.port()),
+        _ => listen,
+    }
+}
+
+/// One SOA query for the cluster domain, answered by the responder itself (never forwarded).
+async fn probe(target: SocketAddr, domain: &Name) -> std::io::Result<()> {
+    let local: SocketAddr = match target {
+        SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
+        SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    let socket = UdpSocket::bind(local).await?;
+    socket.connect(target).await?;
+    let id: u16 = rand::random();
+    let mut query = Message::new(id, MessageType::Query, OpCode::Query);
+    query.add_query(Query::query(domain.clone(), RecordType::SOA));
+    socket.send(&query.to_vec().map_err(std::io::Error::other)?).await?;
+    let mut buffer = [0u8; 1232];
+    loop {
+        let len = socket.recv(&mut buffer).await?;
+        if len >= 12 && u16::from_be_bytes([buffer[0], buffer[1]]) == id && buffer[2] & 0x80 != 0 {
+            return Ok(());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        cluster::ServicePort,
+        desired::PortOptions,
+        policy::{PortSelection, Selection},
+    };
+
+    fn selection(name: &str, port: u16, protocol: Protocol, family: Family) -> PortSelection {
+        PortSelection {
+            service: ObjectKey::new("kube-system", name),
+            port: ServicePort { name: String::new(), port, protocol },
+            family,
+            cluster_ips: vec![],
+            selection: Selection {
+                policy: PolicyKind::Default,
+                reason: "all 2 ready endpoints".into(),
+                reject: false,
+                backends: vec![],
+                warnings: vec![],
+                spillover: None,
+            },
+            options: PortOptions { affinity_timeout_s: Some(10), ..PortOptions::default() },
+        }
+    }
+
+    #[test]
+    fn only_port_53_of_the_dns_service_in_the_responders_family_is_steered() {
+        let steering = Steering {
+            service: ObjectKey::new(DEFAULT_SERVICE.0, DEFAULT_SERVICE.1),
+            responder: "10.0.0.5:53".parse().unwrap(),
+        };
+        let mut selections = vec![
+            selection("kube-dns", 53, Protocol::Udp, Family::V4),
+            selection("kube-dns", 53, Protocol::Tcp, Family::V4),
+            selection("kube-dns", 9153, Protocol::Tcp, Family::V4),
+            selection("kube-dns", 53, Protocol::Udp, Family::V6),
+            selection("kube-dns", 53, Protocol::Sctp, Family::V4),
+            selection("other-dns", 53, Protocol::Udp, Family::V4),
+        ];
+        steering.apply("node-a", &mut selections);
+        let steered: Vec<bool> = selections.iter().map(|s| s.options.local_dns).collect();
+        assert_eq!(steered, [true, true, false, false, false, false]);
+        let udp = &selections[0];
+        assert_eq!(udp.selection.policy, PolicyKind::LocalDns);
+        assert_eq!(udp.selection.backends.len(), 1);
+        assert_eq!(
+            (udp.selection.backends[0].address, udp.selection.backends[0].port),
+            ("10.0.0.5".parse().unwrap(), 53)
+        );
+        assert_eq!(udp.selection.backends[0].locality, Locality::Node);
+        assert_eq!(udp.options.affinity_timeout_s, None);
+        assert!(udp.selection.reason.starts_with("steered to this node's DNS responder at 10.0.0.5:53"));
+        assert!(udp.selection.reason.ends_with("all 2 ready endpoints"), "{}", udp.selection.reason);
+        assert_eq!(selections[2].selection.policy, PolicyKind::Default);
+    }
+
+    #[test]
+    fn a_responder_on_every_address_is_probed_on_loopback() {
+        assert_eq!(probe_target("0.0.0.0:53".parse().unwrap()), "127.0.0.1:53".parse().unwrap());
+        assert_eq!(probe_target("[::]:5353".parse().unwrap()), "[::1]:5353".parse().unwrap());
+        assert_eq!(probe_target("10.0.0.5:53".parse().unwrap()), "10.0.0.5:53".parse().unwrap());
+    }
+}
