@@ -3,19 +3,20 @@
 
 use std::{
     io::{BufRead as _, BufReader},
-    net::{Ipv4Addr, SocketAddr, UdpSocket},
+    net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket},
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use hickory_proto::{
-    op::{Message, MessageType},
-    rr::{RData, Record, rdata::A},
+    op::{Message, MessageType, OpCode, Query},
+    rr::{Name, RData, Record, RecordType, rdata::A},
 };
 
 use crate::{
     net::{Host, Network, probe_binary},
     sandbox::ProcessGuard,
+    traffic::{Client, Report, pick},
 };
 
 /// TTL of the stand-in upstream's answers, so a test can tell a relayed answer from ours.
@@ -45,13 +46,17 @@ pub fn serve_upstream(listen: SocketAddr, answer: Ipv4Addr, silent: bool, ready:
 }
 
 /// The stand-in upstream (the probe's `dns-upstream`) in a new host of `network`, answering
-/// every name with 192.0.2.7 (or never, `silent`) on port 53 of the host's IPv4 address.
-pub fn start_upstream(network: &mut Network, silent: bool) -> (Host, ProcessGuard) {
+/// every name with 192.0.2.7 (or never, `silent`) on port 53 of the host's IPv4 address; the
+/// process joins `home` when given.
+pub fn start_upstream(network: &mut Network, silent: bool, home: Option<&std::path::Path>) -> (Host, ProcessGuard) {
     let host = network.host("up");
     let mut command = Command::new(probe_binary());
     command.args(["--netns", host.netns.name(), "dns-upstream", "--listen", &format!("{}:53", host.v4)]);
     if silent {
         command.arg("--silent");
+    }
+    if let Some(home) = home {
+        crate::sandbox::join_cgroup_on_spawn(&mut command, home);
     }
     let mut process = ProcessGuard::new(command.stdout(Stdio::piped()).spawn().expect("spawn upstream"));
     let mut line = String::new();
@@ -116,4 +121,52 @@ pub fn dig_from(
     let mut data: Vec<String> = answers.iter().map(|a| a.split(' ').skip(4).collect::<Vec<_>>().join(" ")).collect();
     data.sort();
     Dig { status, answers, data, elapsed }
+}
+
+/// `count` times, as a client-side balancer does: resolve `name` (A, over UDP) through `server`,
+/// then connect to one of the answered addresses at random on `port` and read the backend's name.
+/// A lookup that fails or answers no address counts as a failed attempt (`ENOENT`).
+pub fn resolve_and_connect(client: &Client, server: SocketAddr, name: &str, port: u16, count: u64) -> Report {
+    let mut report = Report::default();
+    for attempt in 0..count {
+        match resolve(server, name, client.timeout) {
+            Ok(addresses) if !addresses.is_empty() => {
+                let targets: Vec<SocketAddr> = addresses.into_iter().map(|ip| SocketAddr::new(ip, port)).collect();
+                client.tcp_once(pick(&targets, attempt), &mut report, false);
+            }
+            Ok(_) => report.record(Err(std::io::Error::from_raw_os_error(libc::ENOENT))),
+            Err(error) => report.record(Err(error)),
+        }
+    }
+    report
+}
+
+/// The A records of `name` from `server`, over a connected UDP socket (as glibc asks).
+fn resolve(server: SocketAddr, name: &str, timeout: Duration) -> std::io::Result<Vec<IpAddr>> {
+    let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
+    socket.set_read_timeout(Some(timeout))?;
+    socket.connect(server)?;
+    static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(1);
+    let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) ^ (std::process::id() as u16);
+    let mut query = Message::new(id, MessageType::Query, OpCode::Query);
+    query.metadata.recursion_desired = true;
+    let name = Name::from_ascii(name).map_err(std::io::Error::other)?;
+    query.add_query(Query::query(name, RecordType::A));
+    socket.send(&query.to_vec().map_err(std::io::Error::other)?)?;
+    let mut buffer = [0u8; 4096];
+    loop {
+        let len = socket.recv(&mut buffer)?;
+        let Ok(reply) = Message::from_vec(&buffer[..len]) else { continue };
+        if reply.metadata.id != id {
+            continue;
+        }
+        return Ok(reply
+            .answers
+            .iter()
+            .filter_map(|record| match &record.data {
+                RData::A(a) => Some(IpAddr::V4(a.0)),
+                _ => None,
+            })
+            .collect());
+    }
 }

@@ -5,6 +5,7 @@ pub mod agent;
 pub mod cluster;
 pub mod demo;
 pub mod dns;
+pub mod dnsperf;
 pub mod fake_api;
 pub mod fixture;
 pub mod net;

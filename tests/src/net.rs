@@ -183,6 +183,13 @@ impl ClientPlace {
         run_report(command)
     }
 
+    /// `count` times: resolve `name` through the DNS server `dns`, connect to an answer on `port`.
+    pub fn resolve_tcp(&self, dns: SocketAddr, name: &str, port: u16, count: u64) -> Report {
+        let mut command = self.command(dns);
+        command.args(["resolve", "--count", &count.to_string(), "--name", name, "--port", &port.to_string()]);
+        run_report(command)
+    }
+
     /// `count` TCP connections, each to one of `targets` at random, recording every `connect()`
     /// duration.
     pub fn timed_tcp(&self, targets: &[SocketAddr], count: u64) -> Report {

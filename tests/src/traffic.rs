@@ -67,7 +67,7 @@ impl Report {
         self.errors.get(name).copied().unwrap_or(0)
     }
 
-    fn record(&mut self, outcome: io::Result<String>) {
+    pub(crate) fn record(&mut self, outcome: io::Result<String>) {
         self.attempts += 1;
         match outcome {
             Ok(name) => {
@@ -96,7 +96,7 @@ impl Report {
 }
 
 /// One of `targets`: the only one, or one picked by `attempt` pseudo-randomly.
-fn pick(targets: &[SocketAddr], attempt: u64) -> SocketAddr {
+pub(crate) fn pick(targets: &[SocketAddr], attempt: u64) -> SocketAddr {
     match targets {
         [only] => *only,
         targets => targets[(mix(attempt) % targets.len() as u64) as usize],
@@ -381,7 +381,7 @@ impl Client {
         out
     }
 
-    fn tcp_once(&self, target: SocketAddr, report: &mut Report, timed: bool) {
+    pub(crate) fn tcp_once(&self, target: SocketAddr, report: &mut Report, timed: bool) {
         let started = Instant::now();
         let stream = TcpStream::connect_timeout(&target, self.timeout);
         if timed {

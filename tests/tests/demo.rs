@@ -21,7 +21,7 @@ fn the_reduced_demo_lands_every_policy_where_it_should() {
     eprintln!("{}", demo::report::table(&results));
 
     // Close policies keep (almost) everything in the zone: every zone has backends.
-    for name in ["prefer-close", "topology-keys", "auto-hints", "dns", "prefer-same-node"] {
+    for name in ["prefer-close", "topology-keys", "auto-hints", "udp", "dns", "prefer-same-node"] {
         let r = result(&results, name);
         assert_eq!(r.total.refused + r.total.failed, 0, "{name}: {:?}", r.total);
         let in_zone = r.total.in_zone().unwrap();

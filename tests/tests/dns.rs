@@ -112,7 +112,7 @@ fn each_node_answers_a_headless_name_with_its_own_zone() {
     let scratch = tempfile::tempdir().expect("scratch dir");
     let file = scratch.path().join("cluster.yaml");
     cluster::write(&file, &objects(true));
-    let (up, _upstream) = start_upstream(&mut network, false);
+    let (up, _upstream) = start_upstream(&mut network, false, None);
     let upstream = SocketAddr::from((up.v4, 53));
     let a = Node::start(&mut network, &id, "node-a", &file, upstream);
     let b = Node::start(&mut network, &id, "node-b", &file, upstream);
@@ -166,7 +166,7 @@ fn a_dead_or_silent_upstream_is_servfail_not_a_hang() {
     let scratch = tempfile::tempdir().expect("scratch dir");
     let file = scratch.path().join("cluster.yaml");
     cluster::write(&file, &objects(true));
-    let (silent_host, _silent) = start_upstream(&mut network, true);
+    let (silent_host, _silent) = start_upstream(&mut network, true, None);
     let a = Node::start(&mut network, &id, "node-a", &file, SocketAddr::from((silent_host.v4, 53)));
     let answer = a.dig("example.com", "A", &[]);
     assert_eq!(answer.status, "SERVFAIL", "{answer:?}");

@@ -273,7 +273,8 @@ async fn start_dns(
     }
     let (publisher, view) = DnsPublisher::new(config.upstreams.clone());
     let sockets = CancellationToken::new();
-    let addr = dns::start(config, view, Arc::clone(&metrics.dns), sockets.clone()).await?;
+    let server = dns::start(config, view, Arc::clone(&metrics.dns), sockets.clone())?;
+    let addr = server.addr;
     tracing::info!(%addr, domain = %config.domain, "serving DNS over UDP and TCP");
     let steering = config.steer.clone().map(|service| Steering { service, responder: addr });
     let beat = match &steering {
@@ -287,6 +288,7 @@ async fn start_dns(
             None => shutdown.cancelled().await,
         }
         sockets.cancel();
+        drop(server);
     });
     Ok((Some(publisher), steering, Some(stopped)))
 }

@@ -1,4 +1,4 @@
-//! `cargo xtask bench [policy|datapath|control-plane|soak]`: the benchmarks whose tables go into the
+//! `cargo xtask bench [policy|datapath|control-plane|soak|dns]`: the benchmarks whose tables go into the
 //! issue notes.
 
 use clap::{Args, ValueEnum};
@@ -23,6 +23,8 @@ enum Suite {
     ControlPlane,
     /// 200 SIGKILLs of the agent mid-write under client load (root).
     Soak,
+    /// The DNS responder under dnsperf, and the control loop beside it (root).
+    Dns,
 }
 
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
@@ -45,10 +47,12 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 .current_dir(&root),
         )?;
     }
-    if wants(Suite::Soak) {
-        // The soak runs the agent and the probe next to it, optimized.
-        cmd::run(cargo().args(["build", "--release", "--bins"]).current_dir(&root))?;
-        cmd::run(cargo().args(["bench", "-p", "topology-tests", "--bench", "soak"]).current_dir(&root))?;
+    for (suite, bench) in [(Suite::Soak, "soak"), (Suite::Dns, "dns")] {
+        if wants(suite) {
+            // These run the agent and the probe next to it, optimized.
+            cmd::run(cargo().args(["build", "--release", "--bins"]).current_dir(&root))?;
+            cmd::run(cargo().args(["bench", "-p", "topology-tests", "--bench", bench]).current_dir(&root))?;
+        }
     }
     Ok(())
 }

@@ -82,6 +82,18 @@ enum Traffic {
         #[arg(long)]
         count: u64,
     },
+    /// Resolve a name through the target (a DNS server), then connect over TCP to one of the
+    /// addresses answered, at random, as a client-side balancer does.
+    Resolve {
+        #[arg(long)]
+        count: u64,
+        /// The name to resolve (A).
+        #[arg(long)]
+        name: String,
+        /// The port to connect to on the answered addresses.
+        #[arg(long)]
+        port: u16,
+    },
     /// UDP request/response exchanges.
     Udp {
         #[arg(long)]
@@ -205,6 +217,10 @@ fn main() -> anyhow::Result<()> {
                     return Ok(());
                 }
                 Traffic::Tcp { count } => client.tcp(count),
+                Traffic::Resolve { count, name, port } => {
+                    let [server] = client.targets[..] else { bail!("resolve: one --target, the DNS server") };
+                    topology_tests::dns::resolve_and_connect(&client, server, &name, port, count)
+                }
                 Traffic::UdpConnect { count } => client.udp_connects(count),
                 Traffic::Udp { count, mode } => client.udp(count, mode),
                 Traffic::Interleaved { timed, count, block, baseline_cgroup, baseline_target } => {

@@ -8,12 +8,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::plan::{BACKEND_PORT, DemoConfig, Plan, SERVICE_PORT, Transport};
+use super::plan::{BACKEND_PORT, DemoConfig, KUBE_DNS, Plan, SERVICE_PORT, Transport};
 use crate::{
     agent::{Agent, AgentOptions},
     cluster,
     net::{ClientPlace, Host, Network, Server, ServerOptions, agent_binary},
-    sandbox::{CgroupGuard, PinGuard, run, unique_id},
+    sandbox::{CgroupGuard, PinGuard, ProcessGuard, run, unique_id},
     traffic::{Report, UdpMode},
 };
 
@@ -28,7 +28,9 @@ pub struct DemoCluster {
     /// Unique prefix of every kernel object the demo made.
     pub id: String,
     addresses: Vec<Ipv4Addr>,
+    coredns: Ipv4Addr,
     _agents: Vec<Agent>,
+    _coredns: (Host, ProcessGuard),
     _servers: Vec<Server>,
     pins: Vec<PinGuard>,
     node_cgroups: Vec<CgroupGuard>,
@@ -60,8 +62,10 @@ impl DemoCluster {
             })
             .collect();
         let addresses: Vec<Ipv4Addr> = backend_hosts.iter().map(|h| h.v4).collect();
+        // The cluster DNS every name outside the demo's Services goes to.
+        let coredns = crate::dns::start_upstream(&mut network, false, Some(infra.path()));
         let cluster_file = dir.join("cluster.yaml");
-        cluster::write(&cluster_file, &plan.objects(&addresses, None));
+        cluster::write(&cluster_file, &plan.objects(&addresses, coredns.0.v4, None));
 
         let node_cgroups: Vec<CgroupGuard> =
             plan.nodes.iter().map(|n| CgroupGuard::new(&format!("{id}-{}", n.name))).collect();
@@ -72,6 +76,9 @@ impl DemoCluster {
             .enumerate()
             .map(|(i, node)| {
                 let log = dir.join("logs").join(format!("agent-{}.log", node.name));
+                // Each agent answers DNS on its node's address; the node's kube-dns traffic is
+                // steered to it.
+                let host = &node_hosts[i];
                 Agent::start(&AgentOptions {
                     cluster: &cluster_file,
                     node: &node.name,
@@ -80,8 +87,13 @@ impl DemoCluster {
                     log: Some(&log),
                     home: Some(infra.path()),
                     kubeconfig: None,
-                    netns: None,
-                    extra: Vec::new(),
+                    netns: Some(host.netns.name()),
+                    extra: vec![
+                        "--dns-listen".into(),
+                        format!("{}:53", host.v4),
+                        "--dns-upstream".into(),
+                        format!("{}:53", coredns.0.v4),
+                    ],
                     wrapper: Vec::new(),
                 })
             })
@@ -95,7 +107,9 @@ impl DemoCluster {
             cluster_file,
             id,
             addresses,
+            coredns: coredns.0.v4,
             _agents: agents,
+            _coredns: coredns,
             _servers: servers,
             pins,
             node_cgroups,
@@ -122,6 +136,10 @@ impl DemoCluster {
         match service.transport {
             Transport::Tcp => self.place(node).tcp(target, count),
             Transport::Udp => self.place(node).udp(target, count, UdpMode::Unconnected),
+            Transport::Dns => {
+                let dns = SocketAddr::new(IpAddr::V4(KUBE_DNS), 53);
+                self.place(node).resolve_tcp(dns, &Plan::dns_name(service), BACKEND_PORT, count)
+            }
         }
     }
 
@@ -144,7 +162,7 @@ impl DemoCluster {
 
     /// Rewrites `cluster.yaml`, leaving out the backends of `removed_zone`.
     pub fn write_cluster(&self, removed_zone: Option<&str>) {
-        cluster::write(&self.cluster_file, &self.plan.objects(&self.addresses, removed_zone));
+        cluster::write(&self.cluster_file, &self.plan.objects(&self.addresses, self.coredns, removed_zone));
     }
 
     /// Commands to explore a kept demo, and to remove it.

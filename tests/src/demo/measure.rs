@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::{
     cluster::{DemoCluster, wait_until},
-    plan::{Policy, SERVICE_PORT, Transport},
+    plan::{Policy, SERVICE_PORT, ServicePlan, Transport},
 };
 use crate::traffic::Report;
 
@@ -110,7 +110,7 @@ pub fn measure(demo: &DemoCluster, connections: u64, progress: &mut dyn FnMut(us
                 *per_backend.entry(name.clone()).or_default() += count;
             }
         }
-        let (expected_in_zone, expected_refusing_nodes, reason) = expected(&explains, service.vip, &service.name);
+        let (expected_in_zone, expected_refusing_nodes, reason) = expected(&explains, service);
         results.push(ServiceResult {
             name: service.name.clone(),
             policy: service.policy,
@@ -150,28 +150,32 @@ fn classify(demo: &DemoCluster, node: usize, report: &Report) -> Landing {
     landing
 }
 
-/// What `explain` said for a Service: expected in-zone share, refusing nodes, first reason.
-fn expected(explains: &[serde_json::Value], vip: std::net::Ipv4Addr, name: &str) -> (Option<f64>, usize, String) {
+/// What `explain` said for a Service: expected in-zone share, refusing nodes, first reason. A
+/// headless Service is read from what the node's DNS responder answers.
+fn expected(explains: &[serde_json::Value], service: &ServicePlan) -> (Option<f64>, usize, String) {
     let mut shares = Vec::new();
     let mut refusing = 0;
     let mut reason = String::new();
+    let vip = service.vip.to_string();
+    let headless_name = format!("{}.demo.svc", service.name);
     for explain in explains {
-        let Some(entry) = explain["services"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|e| e["clusterIPs"].as_array().is_some_and(|ips| ips.iter().any(|ip| ip == &vip.to_string())))
-        else {
-            panic!("explain has no entry for {name}");
+        let (section, found): (&str, &dyn Fn(&serde_json::Value) -> bool) = match service.transport {
+            Transport::Dns => ("headless", &|e| e["name"] == headless_name.as_str()),
+            _ => ("services", &|e| e["clusterIPs"].as_array().is_some_and(|ips| ips.iter().any(|ip| ip == &vip))),
+        };
+        let Some(entry) = explain[section].as_array().into_iter().flatten().find(|e| found(e)) else {
+            panic!("explain has no entry for {}", service.name);
         };
         if reason.is_empty() {
-            reason = entry["reason"].as_str().unwrap_or_default().to_owned();
+            let reasons = entry["reasons"].as_array().map(|r| r.iter().filter_map(|r| r.as_str()).collect::<Vec<_>>());
+            reason = reasons.map_or_else(|| entry["reason"].as_str().unwrap_or_default().to_owned(), |r| r.join("; "));
         }
-        if entry["reject"] == true {
+        if entry["reject"] == true || entry["answer"] == "nxdomain" {
             refusing += 1;
             continue;
         }
-        let backends = entry["backends"].as_array().cloned().unwrap_or_default();
+        let list = if service.transport == Transport::Dns { "addresses" } else { "backends" };
+        let backends = entry[list].as_array().cloned().unwrap_or_default();
         let weight = |b: &serde_json::Value| b["weight"].as_f64().unwrap_or(0.0);
         let total: f64 = backends.iter().map(weight).sum();
         let close: f64 =

@@ -94,6 +94,9 @@ pub enum Transport {
     Tcp,
     /// UDP request/response from unconnected sockets (like a resolver).
     Udp,
+    /// A headless Service: each attempt resolves its name through the kube-dns ClusterIP (which
+    /// every node steers to its own agent's responder), then connects over TCP to an answer.
+    Dns,
 }
 
 /// A demo Service.
@@ -115,6 +118,11 @@ pub struct ServicePlan {
 pub const SERVICE_PORT: u16 = 80;
 /// Port every backend listens on, TCP and UDP.
 pub const BACKEND_PORT: u16 = 8080;
+/// The kube-dns ClusterIP; its endpoint is the demo's stand-in CoreDNS.
+pub const KUBE_DNS: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 250);
+/// The cluster domain.
+pub const DOMAIN: &str = "cluster.local";
+
 /// The label key of the hard-keys Service, carried by no node.
 pub const HARD_KEY: &str = "example.com/rack";
 
@@ -159,7 +167,8 @@ impl Plan {
             ("topology-keys", Policy::TopologyKeys, Transport::Tcp),
             ("hard-keys", Policy::HardKeys, Transport::Tcp),
             ("local", Policy::Local, Transport::Tcp),
-            ("dns", Policy::PreferClose, Transport::Udp),
+            ("udp", Policy::PreferClose, Transport::Udp),
+            ("dns", Policy::PreferClose, Transport::Dns),
             ("auto-hints", Policy::AutoHints, Transport::Tcp),
         ];
         let mut services = Vec::new();
@@ -182,10 +191,25 @@ impl Plan {
         self.backends.iter().find(|b| b.name == backend).map(|b| &self.nodes[b.node])
     }
 
-    /// The cluster as Kubernetes objects; backends in `removed_zone` are left out of every slice.
-    pub fn objects(&self, addresses: &[Ipv4Addr], removed_zone: Option<&str>) -> Vec<Value> {
+    /// The name a headless Service is resolved by.
+    pub fn dns_name(service: &ServicePlan) -> String {
+        format!("{}.demo.svc.{DOMAIN}", service.name)
+    }
+
+    /// The cluster as Kubernetes objects, with kube-dns answered by `coredns`; backends in
+    /// `removed_zone` are left out of every slice.
+    pub fn objects(&self, addresses: &[Ipv4Addr], coredns: Ipv4Addr, removed_zone: Option<&str>) -> Vec<Value> {
         let mut objects: Vec<Value> =
             self.nodes.iter().map(|n| cluster::node(&n.name, &n.zone, Some(&n.region), "4")).collect();
+        let mut kube_dns = cluster::service("kube-system", "kube-dns", IpAddr::V4(KUBE_DNS), 53, "UDP", "dns");
+        kube_dns["spec"]["ports"] = serde_json::json!([
+            {"name": "dns", "port": 53, "protocol": "UDP"}, {"name": "dns-tcp", "port": 53, "protocol": "TCP"}]);
+        objects.push(kube_dns);
+        let coredns_endpoint = EndpointSpec::new(IpAddr::V4(coredns), &self.nodes[0].name);
+        let mut slice = cluster::slice("kube-system", "kube-dns-1", "kube-dns", "dns", 53, "UDP", &[coredns_endpoint]);
+        slice["ports"] = serde_json::json!([
+            {"name": "dns", "port": 53, "protocol": "UDP"}, {"name": "dns-tcp", "port": 53, "protocol": "TCP"}]);
+        objects.push(slice);
         let present: Vec<(usize, &BackendPlan)> = self
             .backends
             .iter()
@@ -195,11 +219,15 @@ impl Plan {
         let zones_with_endpoints: Vec<&str> = present.iter().map(|(_, b)| self.nodes[b.node].zone.as_str()).collect();
         for service in &self.services {
             let protocol = match service.transport {
-                Transport::Tcp => "TCP",
+                Transport::Tcp | Transport::Dns => "TCP",
                 Transport::Udp => "UDP",
             };
             let mut object =
                 cluster::service("demo", &service.name, IpAddr::V4(service.vip), SERVICE_PORT, protocol, "main");
+            if service.transport == Transport::Dns {
+                object["spec"]["clusterIP"] = "None".into();
+                object["spec"]["clusterIPs"] = serde_json::json!(["None"]);
+            }
             match service.policy {
                 Policy::Default => {}
                 Policy::PreferClose => object["spec"]["trafficDistribution"] = "PreferClose".into(),
@@ -254,11 +282,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn default_plan_has_six_nodes_six_backends_and_sixteen_services() {
+    fn default_plan_has_six_nodes_six_backends_and_eighteen_services() {
         let plan = Plan::new(&DemoConfig::default());
         assert_eq!(plan.nodes.len(), 6);
         assert_eq!(plan.backends.len(), 6);
-        assert_eq!(plan.services.len(), 16);
+        assert_eq!(plan.services.len(), 18);
         assert_eq!(plan.node_of("zone-b-2").unwrap().name, "node-b2");
         let two_regions = Plan::new(&DemoConfig { zones: 4, regions: 2, ..DemoConfig::default() });
         assert_eq!(two_regions.nodes.iter().filter(|n| n.region == "region-2").count(), 4);
@@ -268,8 +296,8 @@ mod tests {
     fn removing_a_zone_removes_its_endpoints_from_every_slice() {
         let plan = Plan::new(&DemoConfig::default());
         let addresses: Vec<Ipv4Addr> = (0..6).map(|i| Ipv4Addr::new(10, 244, 0, i + 1)).collect();
-        let objects = plan.objects(&addresses, Some("zone-a"));
-        for slice in objects.iter().filter(|o| o["kind"] == "EndpointSlice") {
+        let objects = plan.objects(&addresses, Ipv4Addr::new(10, 244, 9, 9), Some("zone-a"));
+        for slice in objects.iter().filter(|o| o["kind"] == "EndpointSlice" && o["metadata"]["namespace"] == "demo") {
             assert_eq!(slice["endpoints"].as_array().unwrap().len(), 4);
         }
     }

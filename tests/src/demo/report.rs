@@ -5,7 +5,7 @@ use std::{fmt::Write as _, path::Path};
 
 use super::{
     measure::{Failover, Landing, ServiceResult},
-    plan::{DemoConfig, Policy},
+    plan::{DemoConfig, Policy, Transport},
 };
 
 /// Price of cross-zone traffic per GB in each direction (AWS, GCP and Azure charge about this).
@@ -44,8 +44,14 @@ fn percent(share: Option<f64>) -> String {
     share.map_or_else(|| "–".into(), |s| format!("{:.1}%", s * 100.0))
 }
 
-fn policy_name(policy: Policy) -> &'static str {
-    match policy {
+fn policy_name(result: &ServiceResult) -> &'static str {
+    if result.transport == Transport::Dns {
+        return match result.policy {
+            Policy::PreferClose => "PreferClose, by DNS",
+            _ => "default, by DNS",
+        };
+    }
+    match result.policy {
         Policy::Default => "default",
         Policy::PreferClose => "PreferClose",
         Policy::PreferSameNode => "PreferSameNode",
@@ -96,7 +102,7 @@ pub fn table(results: &[ServiceResult]) -> String {
             out,
             "{:<18} {:<19} {:>8} {:>10} {:>8} {:>8} {:>10} {:>12} {:>8} {:>13}",
             ours.name,
-            policy_name(ours.policy),
+            policy_name(ours),
             percent(ours.total.in_zone()),
             percent(comparison.baseline.total.in_zone()),
             node,
@@ -144,7 +150,7 @@ fn markdown(config: &DemoConfig, results: &[ServiceResult], failover: &Failover)
             out,
             "| `{}` | {} | {} | {} | {node} | {zone} | {other_zone} | {other_region} | {refused} | {said} |",
             ours.name,
-            policy_name(ours.policy),
+            policy_name(ours),
             percent(ours.total.in_zone()),
             percent(comparison.baseline.total.in_zone())
         );

@@ -14,9 +14,13 @@ pub mod server;
 pub mod steer;
 pub mod view;
 
-use std::{net::SocketAddr, sync::Arc};
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    sync::{Arc, RwLock},
+};
 
-use hickory_proto::rr::Name;
+use hickory_proto::rr::{Name, RecordType};
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, histogram::Histogram},
@@ -73,6 +77,9 @@ pub enum DnsError {
     /// The steering heartbeat could not be opened.
     #[error("steering the cluster DNS: {0}")]
     Beat(#[from] crate::dataplane::DataplaneError),
+    /// The responder's threads could not be started.
+    #[error("starting the DNS responder's threads: {0}")]
+    Threads(std::io::Error),
     /// A socket could not be bound.
     #[error("--dns-listen {addr}: binding {protocol}: {source}")]
     Bind {
@@ -114,20 +121,30 @@ pub struct LocalityLabels {
     pub locality: String,
 }
 
-/// The responder's metrics.
+/// The responder's metrics. Counting a query costs no allocation once its type and outcome have
+/// been seen: the hot path keeps the counters it has used.
 #[derive(Debug)]
 pub struct DnsMetrics {
     queries: Family<QueryLabels, Counter>,
     answers: Family<LocalityLabels, Counter>,
+    /// The counters of `queries` by query type (`None`: unreadable) and outcome.
+    seen: RwLock<HashMap<(Option<RecordType>, &'static str), Counter>>,
+    /// The counters of `answers`, by locality class.
+    by_locality: [Counter; Locality::ALL.len()],
     /// Seconds for the upstream to answer a relayed query.
     pub upstream_seconds: Histogram,
 }
 
 impl Default for DnsMetrics {
     fn default() -> Self {
+        let answers = Family::<LocalityLabels, Counter>::default();
+        let by_locality =
+            Locality::ALL.map(|l| answers.get_or_create(&LocalityLabels { locality: l.as_str().into() }).clone());
         Self {
             queries: Family::default(),
-            answers: Family::default(),
+            answers,
+            seen: RwLock::default(),
+            by_locality,
             // 100 us .. ~3 s.
             upstream_seconds: Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(1e-4, 2.0, 15)),
         }
@@ -150,12 +167,22 @@ impl DnsMetrics {
         );
     }
 
-    fn query(&self, r#type: &str, outcome: &str) {
-        self.queries.get_or_create(&QueryLabels { r#type: r#type.into(), outcome: outcome.into() }).inc();
+    fn query(&self, r#type: Option<RecordType>, outcome: &'static str) {
+        let key = (r#type, outcome);
+        if let Some(counter) = self.seen.read().ok().and_then(|seen| seen.get(&key).cloned()) {
+            counter.inc();
+            return;
+        }
+        let name = r#type.map_or_else(|| "unknown".to_owned(), |t| t.to_string());
+        let counter = self.queries.get_or_create(&QueryLabels { r#type: name, outcome: outcome.into() }).clone();
+        counter.inc();
+        if let Ok(mut seen) = self.seen.write() {
+            seen.insert(key, counter);
+        }
     }
 
     fn answered(&self, locality: Locality) {
-        self.answers.get_or_create(&LocalityLabels { locality: locality.as_str().into() }).inc();
+        self.by_locality[usize::from(locality.class())].inc();
     }
 }
 
@@ -193,23 +220,78 @@ impl DnsPublisher {
     }
 }
 
-/// Binds UDP and TCP on `config.listen` and serves until `shutdown`.
-pub async fn start(
+/// Nice value of the responder's threads; the control loop keeps the process's own. Under a query
+/// storm that saturates the CPUs the kernel gives the control loop about three times the CPU of
+/// a responder thread: answers slow down before updates to the kernel do.
+const NICE: libc::c_int = 5;
+
+/// The running responder: its own threads and runtime, stopped on drop.
+pub struct DnsServer {
+    runtime: Option<tokio::runtime::Runtime>,
+    /// Where it serves, UDP and TCP.
+    pub addr: SocketAddr,
+}
+
+impl Drop for DnsServer {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// Binds UDP and TCP on `config.listen` and serves until `shutdown`, on threads of its own at a
+/// lower priority than the control loop. UDP is served by one socket per CPU (`SO_REUSEPORT`:
+/// the kernel spreads the clients over them), so answering scales with the cores.
+pub fn start(
     config: &DnsConfig,
     view: watch::Receiver<Arc<DnsView>>,
     metrics: Arc<DnsMetrics>,
     shutdown: CancellationToken,
-) -> Result<SocketAddr, DnsError> {
+) -> Result<DnsServer, DnsError> {
     let addr = config.listen;
-    let udp = UdpSocket::bind(addr).await.map_err(|source| DnsError::Bind { addr, protocol: "UDP", source })?;
-    let bound = udp.local_addr().map_err(|source| DnsError::Bind { addr, protocol: "UDP", source })?;
-    // TCP on the port UDP got (an ephemeral port is chosen once, for both).
-    let tcp = TcpListener::bind(bound).await.map_err(|source| DnsError::Bind { addr, protocol: "TCP", source })?;
+    let threads = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .thread_name("dns")
+        .on_thread_start(|| {
+            // SAFETY: plain syscall; `who = 0` is the calling thread on Linux. Raising one's own
+            // nice value needs no privilege; failing leaves the thread at normal priority.
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, NICE) };
+        })
+        .enable_all()
+        .build()
+        .map_err(DnsError::Threads)?;
+    let entered = runtime.enter();
+    let udp_error = |source| DnsError::Bind { addr, protocol: "UDP", source };
+    let first = reuse_port_udp(addr).map_err(udp_error)?;
+    let bound = first.local_addr().map_err(udp_error)?;
+    let mut sockets = vec![first];
+    // The others on the port the first got (an ephemeral port is chosen once, for all).
+    for _ in 1..threads {
+        sockets.push(reuse_port_udp(bound).map_err(udp_error)?);
+    }
+    let tcp_error = |source| DnsError::Bind { addr, protocol: "TCP", source };
+    let tcp = std::net::TcpListener::bind(bound).map_err(tcp_error)?;
+    tcp.set_nonblocking(true).map_err(tcp_error)?;
+    let tcp = TcpListener::from_std(tcp).map_err(tcp_error)?;
     let zone = answer::Zone { domain: config.domain.clone(), ttl: config.ttl };
     let responder = Arc::new(server::Responder::new(zone, view, metrics, config.per_source_qps));
-    tokio::spawn(server::serve_udp(Arc::new(udp), Arc::clone(&responder), shutdown.clone()));
-    tokio::spawn(server::serve_tcp(tcp, responder, shutdown));
-    Ok(bound)
+    for socket in sockets {
+        runtime.spawn(server::serve_udp(Arc::new(socket), Arc::clone(&responder), shutdown.clone()));
+    }
+    runtime.spawn(server::serve_tcp(tcp, responder, shutdown));
+    drop(entered);
+    Ok(DnsServer { runtime: Some(runtime), addr: bound })
+}
+
+/// A non-blocking UDP socket bound to `addr` with `SO_REUSEPORT`.
+fn reuse_port_udp(addr: SocketAddr) -> std::io::Result<UdpSocket> {
+    let socket = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::DGRAM, None)?;
+    socket.set_reuse_port(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    UdpSocket::from_std(socket.into())
 }
 
 #[cfg(test)]

@@ -9,7 +9,8 @@ use std::{
 };
 
 use hickory_proto::{
-    op::{Message, MessageType, ResponseCode},
+    op::{Message, MessageType, Query, ResponseCode},
+    rr::RecordType,
     serialize::binary::{BinEncodable, BinEncoder},
 };
 use tokio::{
@@ -43,13 +44,14 @@ pub struct Responder {
     metrics: Arc<DnsMetrics>,
     forwards: Arc<Semaphore>,
     limiter: Mutex<SourceLimiter>,
+    unlimited: bool,
 }
 
 /// What to do with one datagram or TCP message.
 pub enum Handled {
     /// Send these bytes back; the query type and outcome, and the localities answered, for the
     /// metrics.
-    Reply { bytes: Vec<u8>, qtype: String, outcome: &'static str, localities: Vec<Locality> },
+    Reply { bytes: Vec<u8>, qtype: Option<RecordType>, outcome: &'static str, localities: Vec<Locality> },
     /// Relay `raw` to the upstream.
     Forward { request: Message, raw: Vec<u8> },
     /// Not a query: no reply.
@@ -64,7 +66,7 @@ pub fn respond(view: &DnsView, zone: &Zone, bytes: &[u8], tcp: bool, draw: &mut 
         Err(_) => {
             return formerr(bytes).map_or(Handled::Drop, |bytes| Handled::Reply {
                 bytes,
-                qtype: "unknown".into(),
+                qtype: None,
                 outcome: "malformed",
                 localities: Vec::new(),
             });
@@ -74,7 +76,7 @@ pub fn respond(view: &DnsView, zone: &Zone, bytes: &[u8], tcp: bool, draw: &mut 
         return Handled::Drop;
     }
     let limit = if tcp { u16::MAX } else { answer::udp_limit(&request) };
-    let qtype = request.queries.first().map(|q| q.query_type().to_string()).unwrap_or_else(|| "none".into());
+    let qtype = request.queries.first().map(Query::query_type);
     match answer::answer(view, zone, &request, draw) {
         Outcome::Answer(response, kind, localities) => {
             Handled::Reply { bytes: encode(&response, limit), qtype, outcome: kind.as_str(), localities }
@@ -92,6 +94,7 @@ impl Responder {
             metrics,
             forwards: Arc::new(Semaphore::new(MAX_FORWARDS)),
             limiter: Mutex::new(SourceLimiter::new(per_source_qps)),
+            unlimited: per_source_qps == 0,
         }
     }
 
@@ -100,7 +103,7 @@ impl Responder {
         let view = Arc::clone(&self.view.borrow());
         let handled = respond(&view, &self.zone, bytes, tcp, &mut || rand::random::<f64>());
         if let Handled::Reply { qtype, outcome, localities, .. } = &handled {
-            self.metrics.query(qtype, outcome);
+            self.metrics.query(*qtype, outcome);
             for locality in localities {
                 self.metrics.answered(*locality);
             }
@@ -111,15 +114,17 @@ impl Responder {
     /// Relays `raw` to the upstreams, in turn, within [`UPSTREAM_TIMEOUT`]; the reply or SERVFAIL.
     async fn forward(&self, request: &Message, raw: &[u8], tcp: bool) -> Vec<u8> {
         let limit = if tcp { u16::MAX } else { answer::udp_limit(request) };
-        let qtype = request.queries.first().map(|q| q.query_type().to_string()).unwrap_or_default();
+        let qtype = request.queries.first().map(Query::query_type);
         let upstreams = self.view.borrow().upstreams.clone();
         let Ok(_permit) = self.forwards.try_acquire() else {
-            self.metrics.query(&qtype, "overloaded");
+            self.metrics.query(qtype, "overloaded");
             return encode(&answer::error(request, ResponseCode::ServFail), limit);
         };
         let started = Instant::now();
         let deadline = started + UPSTREAM_TIMEOUT;
         let first = if upstreams.is_empty() { 0 } else { rand::random::<u32>() as usize % upstreams.len() };
+        // What the client offered, unclamped: the upstream answers to that size.
+        let capacity = usize::from(request.edns.as_ref().map_or(512, |edns| edns.max_payload().max(512)));
         for i in 0..upstreams.len() {
             let upstream = upstreams[(first + i) % upstreams.len()];
             let left = deadline.saturating_duration_since(Instant::now());
@@ -129,23 +134,26 @@ impl Responder {
                 if tcp {
                     exchange_tcp(upstream, raw).await
                 } else {
-                    exchange_udp(upstream, raw, request.metadata.id).await
+                    exchange_udp(upstream, raw, request.metadata.id, capacity).await
                 }
             };
             if let Ok(Ok(reply)) = tokio::time::timeout(budget, exchange).await {
                 self.metrics.upstream_seconds.observe(started.elapsed().as_secs_f64());
-                self.metrics.query(&qtype, "forwarded");
+                self.metrics.query(qtype, "forwarded");
                 return reply;
             }
         }
-        self.metrics.query(&qtype, "upstream_failed");
+        self.metrics.query(qtype, "upstream_failed");
         encode(&answer::error(request, ResponseCode::ServFail), limit)
     }
 
     fn admit(&self, source: IpAddr) -> bool {
+        if self.unlimited {
+            return true;
+        }
         let admitted = self.limiter.lock().map(|mut l| l.admit(source, Instant::now())).unwrap_or(true);
         if !admitted {
-            self.metrics.query("unknown", "rate_limited");
+            self.metrics.query(None, "rate_limited");
         }
         admitted
     }
@@ -177,7 +185,9 @@ fn formerr(bytes: &[u8]) -> Option<Vec<u8>> {
     Some(reply)
 }
 
-async fn exchange_udp(upstream: SocketAddr, raw: &[u8], id: u16) -> std::io::Result<Vec<u8>> {
+/// Relays `raw` over a fresh socket (a new random source port per query, as resolvers do against
+/// spoofed answers); `capacity`: the largest reply the client accepts.
+async fn exchange_udp(upstream: SocketAddr, raw: &[u8], id: u16, capacity: usize) -> std::io::Result<Vec<u8>> {
     let local: SocketAddr = match upstream {
         SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
         SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
@@ -185,7 +195,7 @@ async fn exchange_udp(upstream: SocketAddr, raw: &[u8], id: u16) -> std::io::Res
     let socket = UdpSocket::bind(local).await?;
     socket.connect(upstream).await?;
     socket.send(raw).await?;
-    let mut buffer = vec![0u8; 65_535];
+    let mut buffer = vec![0u8; capacity];
     loop {
         let len = socket.recv(&mut buffer).await?;
         // Only the reply to this query; anything else on the port is ignored.

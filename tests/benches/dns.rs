@@ -1,0 +1,161 @@
+//! `cargo xtask bench dns`: the node-local DNS responder under dnsperf (root, namespaces, the
+//! optimized agent). Queries per second and latency for headless names, ClusterIP names and
+//! names relayed to the upstream, beside the same stand-in upstream asked directly; and the
+//! control loop's event-to-kernel latency while the responder is loaded, against idle.
+
+use std::{
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use serde_json::{Value, json};
+use topology_tests::{
+    agent::{Agent, AgentOptions},
+    cluster::{self, EndpointSpec},
+    dns::start_upstream,
+    dnsperf::{HistogramReading, Perf, dnsperf},
+    fixture::Fixture,
+    sandbox::is_root,
+};
+
+/// Headless Services answered, ten endpoints each, half per zone.
+const HEADLESS: usize = 200;
+/// Offered load of the latency rows: the throughput target.
+const TARGET_QPS: u32 = 50_000;
+const SECONDS: u32 = 10;
+const EVENT_TO_KERNEL: &str = "topology_agent_event_to_kernel_seconds";
+
+fn objects(web_generation: u8) -> Vec<Value> {
+    let mut objects = vec![cluster::node("node-a", "zone-a", None, "4"), cluster::node("node-b", "zone-b", None, "4")];
+    for s in 0..HEADLESS {
+        let name = format!("h{s}");
+        objects.push(json!({
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"clusterIP": "None", "trafficDistribution": "PreferClose",
+                     "ports": [{"name": "pg", "port": 5432, "protocol": "TCP"}]}
+        }));
+        let endpoints: Vec<EndpointSpec> = (0..10)
+            .map(|e| {
+                let (node, zone) = if e % 2 == 0 { ("node-a", "zone-a") } else { ("node-b", "zone-b") };
+                let mut spec = EndpointSpec::new(IpAddr::V4(Ipv4Addr::new(10, 1, s as u8, e)), node);
+                spec.zone = Some(zone.into());
+                spec
+            })
+            .collect();
+        objects.push(cluster::slice("default", &format!("{name}-1"), &name, "pg", 5432, "TCP", &endpoints));
+    }
+    // The Service the control-plane measurement changes: its endpoint moves every 100 ms.
+    objects.push(cluster::service("default", "web", "10.96.0.80".parse().unwrap(), 80, "TCP", "http"));
+    let web = EndpointSpec::new(IpAddr::V4(Ipv4Addr::new(10, 2, 0, web_generation)), "node-a");
+    objects.push(cluster::slice("default", "web-1", "web", "http", 8080, "TCP", &[web]));
+    objects
+}
+
+fn queries(path: &Path, names: impl Iterator<Item = String>) {
+    let text: String = names.map(|name| format!("{name} A\n")).collect();
+    std::fs::write(path, text).expect("query file");
+}
+
+fn row(what: &str, offered: &str, perf: &Perf) {
+    println!(
+        "| {what} | {offered} | {:.0} | {:.3} | {:.3} | {} | {:?} |",
+        perf.qps,
+        perf.quantile_ms(0.5),
+        perf.quantile_ms(0.99),
+        perf.lost,
+        perf.rcodes
+    );
+}
+
+/// Moves `web`'s endpoint every 100 ms for `seconds`; what the agent's event-to-kernel
+/// histogram recorded meanwhile.
+fn churn(agent: &Agent, file: &Path, seconds: u32) -> (u64, f64, f64) {
+    let before = HistogramReading::parse(&agent.get("/metrics").expect("metrics").1, EVENT_TO_KERNEL);
+    let started = Instant::now();
+    let mut generation = 1u8;
+    while started.elapsed() < Duration::from_secs(u64::from(seconds)) {
+        generation = generation % 200 + 1;
+        cluster::write(file, &objects(generation));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    HistogramReading::parse(&agent.get("/metrics").expect("metrics").1, EVENT_TO_KERNEL).since(&before)
+}
+
+fn main() {
+    if !is_root() {
+        eprintln!("SKIPPED DNS benchmark: needs root");
+        return;
+    }
+    let mut fx = Fixture::new(0);
+    let (upstream_host, _upstream) = start_upstream(&mut fx.network, false, None);
+    let upstream = SocketAddr::from((upstream_host.v4, 53));
+    let node = fx.network.host("node");
+    let responder = SocketAddr::from((node.v4, 53));
+    let scratch = fx.scratch();
+    let file = scratch.join("cluster.yaml");
+    cluster::write(&file, &objects(0));
+    let mut agent = Agent::start(&AgentOptions {
+        cluster: &file,
+        node: "node-a",
+        cgroup: fx.cgroup.path(),
+        pins: fx.pins.path(),
+        log: None,
+        home: None,
+        kubeconfig: None,
+        netns: Some(node.netns.name()),
+        extra: ["--dns-listen", &responder.to_string(), "--dns-upstream", &upstream.to_string()]
+            .into_iter()
+            .chain(["--dns-steer", "off", "--dns-source-qps", "0"])
+            .map(str::to_owned)
+            .collect(),
+        wrapper: Vec::new(),
+    });
+    agent.wait_ready(Duration::from_secs(30));
+    let client = fx.client.netns.name();
+    let headless = scratch.join("headless.txt");
+    queries(&headless, (0..HEADLESS).map(|s| format!("h{s}.default.svc.cluster.local")));
+    let cluster_ip = scratch.join("clusterip.txt");
+    queries(&cluster_ip, std::iter::once("web.default.svc.cluster.local".to_owned()));
+    let outside = scratch.join("outside.txt");
+    queries(&outside, (0..HEADLESS).map(|s| format!("name{s}.example.com")));
+
+    println!("| queries | offered | answered per s | p50 ms | p99 ms | lost | rcodes |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | --- |");
+    let offered = format!("{TARGET_QPS}/s");
+    row("headless A (this node's choice)", &offered, &dnsperf(client, responder, &headless, SECONDS, TARGET_QPS));
+    row("ClusterIP A", &offered, &dnsperf(client, responder, &cluster_ip, SECONDS, TARGET_QPS));
+    row("other names, relayed to the upstream", &offered, &dnsperf(client, responder, &outside, SECONDS, TARGET_QPS));
+    row("the same, upstream asked directly", &offered, &dnsperf(client, upstream, &outside, SECONDS, TARGET_QPS));
+    row("headless A, as fast as it answers", "max", &dnsperf(client, responder, &headless, 5, 0));
+    row("upstream directly, as fast as it answers", "max", &dnsperf(client, upstream, &outside, 5, 0));
+
+    // The control loop while the responder answers at the target rate, against idle.
+    let idle = churn(&agent, &file, SECONDS);
+    let (loaded, perf) = std::thread::scope(|scope| {
+        let perf = scope.spawn(|| dnsperf(client, responder, &headless, SECONDS + 1, TARGET_QPS));
+        std::thread::sleep(Duration::from_millis(500));
+        let loaded = churn(&agent, &file, SECONDS);
+        (loaded, perf.join().expect("dnsperf"))
+    });
+    println!();
+    println!(
+        "| control loop (an EndpointSlice change every 100 ms) | events | event to kernel mean ms | p99 ms (bucket bound) |"
+    );
+    println!("| --- | ---: | ---: | ---: |");
+    println!("| DNS idle | {} | {:.2} | {:.2} |", idle.0, idle.1, idle.2);
+    println!("| DNS answering {:.0}/s | {} | {:.2} | {:.2} |", perf.qps, loaded.0, loaded.1, loaded.2);
+    let rss = agent_rss_kib(agent.pid());
+    println!("\nagent RSS after the runs: {:.1} MiB", rss as f64 / 1024.0);
+    agent.signal(libc::SIGTERM);
+    agent.wait_exit(Duration::from_secs(10));
+}
+
+fn agent_rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VmRSS:")).map(str::to_owned))
+        .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
+        .unwrap_or(0)
+}

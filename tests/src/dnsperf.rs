@@ -1,0 +1,118 @@
+//! `dnsperf` (Debian's package) run inside a test namespace, its per-query latencies read from its
+//! verbose output; and the agent's event-to-kernel histogram read from `/metrics`, for the DNS
+//! benchmark.
+
+use std::{path::Path, process::Command};
+
+/// One `dnsperf` run.
+#[derive(Debug, Default)]
+pub struct Perf {
+    /// Queries answered.
+    pub completed: u64,
+    /// Queries with no answer within dnsperf's timeout.
+    pub lost: u64,
+    /// Answered queries per second.
+    pub qps: f64,
+    /// Latency of each answered query, seconds, sorted.
+    pub latencies: Vec<f64>,
+    /// Answers by RCODE.
+    pub rcodes: std::collections::BTreeMap<String, u64>,
+}
+
+impl Perf {
+    /// The `q` quantile of the latencies, milliseconds.
+    pub fn quantile_ms(&self, q: f64) -> f64 {
+        if self.latencies.is_empty() {
+            return f64::NAN;
+        }
+        let at = ((self.latencies.len() - 1) as f64 * q).round() as usize;
+        self.latencies[at] * 1e3
+    }
+}
+
+/// Runs `dnsperf` in `netns` against `server` with the queries of `queries` for `seconds`,
+/// offering at most `max_qps` (0: as fast as it can, with 1000 queries outstanding).
+pub fn dnsperf(netns: &str, server: std::net::SocketAddr, queries: &Path, seconds: u32, max_qps: u32) -> Perf {
+    let mut command = Command::new("ip");
+    command.args(["netns", "exec", netns, "dnsperf", "-s", &server.ip().to_string()]);
+    command.args(["-p", &server.port().to_string(), "-l", &seconds.to_string(), "-t", "2", "-c", "8", "-T", "2"]);
+    command.arg("-d").arg(queries).args(["-q", "1000", "-v"]);
+    if max_qps > 0 {
+        command.args(["-Q", &max_qps.to_string()]);
+    }
+    let output = command.output().expect("dnsperf (cargo xtask setup installs it)");
+    let text = String::from_utf8_lossy(&output.stdout);
+    let mut perf = Perf::default();
+    let mut run_time = f64::from(seconds);
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("> ") {
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            match fields.first() {
+                Some(&"T") => perf.lost += 1,
+                Some(code) => {
+                    *perf.rcodes.entry((*code).to_owned()).or_default() += 1;
+                    if let Some(latency) = fields.last().and_then(|l| l.parse::<f64>().ok()) {
+                        perf.latencies.push(latency);
+                    }
+                }
+                None => {}
+            }
+        } else if let Some(value) = line.trim().strip_prefix("Run time (s):") {
+            run_time = value.trim().parse().unwrap_or(run_time);
+        } else if let Some(value) = line.trim().strip_prefix("Queries lost:") {
+            perf.lost = perf.lost.max(value.split_whitespace().next().and_then(|v| v.parse().ok()).unwrap_or(0));
+        }
+    }
+    perf.completed = perf.latencies.len() as u64;
+    perf.qps = perf.completed as f64 / run_time;
+    perf.latencies.sort_by(f64::total_cmp);
+    perf
+}
+
+/// The cumulative buckets, sum and count of a Prometheus histogram in a `/metrics` text.
+#[derive(Clone, Debug, Default)]
+pub struct HistogramReading {
+    /// `(le, cumulative count)`, ascending.
+    pub buckets: Vec<(f64, u64)>,
+    /// Sum of observations.
+    pub sum: f64,
+    /// Number of observations.
+    pub count: u64,
+}
+
+impl HistogramReading {
+    /// Reads histogram `name` from `metrics`.
+    pub fn parse(metrics: &str, name: &str) -> Self {
+        let mut reading = Self::default();
+        for line in metrics.lines() {
+            let Some((key, value)) = line.rsplit_once(' ') else { continue };
+            if let Some(le) = key.strip_prefix(&format!("{name}_bucket{{le=\"")).and_then(|r| r.strip_suffix("\"}")) {
+                let le = if le == "+Inf" { f64::INFINITY } else { le.parse().unwrap_or(f64::INFINITY) };
+                reading.buckets.push((le, value.parse().unwrap_or(0)));
+            } else if key == format!("{name}_sum") {
+                reading.sum = value.parse().unwrap_or(0.0);
+            } else if key == format!("{name}_count") {
+                reading.count = value.parse().unwrap_or(0);
+            }
+        }
+        reading
+    }
+
+    /// What was observed between `before` and `self`: the number, the mean (ms) and the upper
+    /// bound of the bucket holding the 99th percentile (ms).
+    pub fn since(&self, before: &Self) -> (u64, f64, f64) {
+        let count = self.count.saturating_sub(before.count);
+        if count == 0 {
+            return (0, f64::NAN, f64::NAN);
+        }
+        let mean = (self.sum - before.sum) / count as f64 * 1e3;
+        let wanted = (count as f64 * 0.99).ceil() as u64;
+        let p99 = self
+            .buckets
+            .iter()
+            .zip(&before.buckets)
+            .find(|((_, now), (_, then))| now.saturating_sub(*then) >= wanted)
+            .map_or(f64::INFINITY, |((le, _), _)| le * 1e3);
+        (count, mean, p99)
+    }
+}
