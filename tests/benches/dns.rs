@@ -97,20 +97,13 @@ fn main() {
     let file = scratch.join("cluster.yaml");
     cluster::write(&file, &objects(0));
     let mut agent = Agent::start(&AgentOptions {
-        cluster: &file,
-        node: "node-a",
-        cgroup: fx.cgroup.path(),
-        pins: fx.pins.path(),
-        log: None,
-        home: None,
-        kubeconfig: None,
         netns: Some(node.netns.name()),
         extra: ["--dns-listen", &responder.to_string(), "--dns-upstream", &upstream.to_string()]
             .into_iter()
             .chain(["--dns-steer", "off", "--dns-source-qps", "0"])
             .map(str::to_owned)
             .collect(),
-        wrapper: Vec::new(),
+        ..AgentOptions::new(&file, "node-a", fx.cgroup.path(), fx.pins.path())
     });
     agent.wait_ready(Duration::from_secs(30));
     let client = fx.client.netns.name();

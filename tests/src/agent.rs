@@ -48,6 +48,25 @@ pub struct AgentOptions<'a> {
     pub home: Option<&'a Path>,
 }
 
+impl<'a> AgentOptions<'a> {
+    /// Options for an agent reading `cluster` as `node`, attached to `cgroup`, pinning under
+    /// `pins`; everything else as the agent defaults it.
+    pub fn new(cluster: &'a Path, node: &'a str, cgroup: &'a Path, pins: &'a Path) -> Self {
+        Self {
+            cluster,
+            kubeconfig: None,
+            netns: None,
+            extra: Vec::new(),
+            wrapper: Vec::new(),
+            node,
+            cgroup,
+            pins,
+            log: None,
+            home: None,
+        }
+    }
+}
+
 impl Agent {
     /// Starts the agent (stderr goes to the test's stderr).
     pub fn start(options: &AgentOptions<'_>) -> Self {

@@ -89,18 +89,8 @@ pub fn run(fx: &Fixture, kills: usize, seed: u64) -> SoakReport {
     let backends: Vec<IpAddrPair> = fx.backends.iter().map(|b| (b.addr(false), b.addr(true))).collect();
     write_with(&backends, &file, 0, &versions);
     let log = fx.scratch().join("soak-agent.log");
-    let options = || AgentOptions {
-        cluster: &file,
-        node: "node-a",
-        cgroup: fx.cgroup.path(),
-        pins: fx.pins.path(),
-        log: Some(&log),
-        home: None,
-        kubeconfig: None,
-        netns: None,
-        extra: Vec::new(),
-        wrapper: Vec::new(),
-    };
+    let options =
+        || AgentOptions { log: Some(&log), ..AgentOptions::new(&file, "node-a", fx.cgroup.path(), fx.pins.path()) };
     let started = Instant::now();
     let mut agent = Agent::start(&options());
     agent.wait_ready(Duration::from_secs(30));

@@ -58,18 +58,8 @@ impl World {
     }
 
     fn start(&self) -> Agent {
-        let mut agent = Agent::start(&AgentOptions {
-            cluster: &self.file,
-            node: "node-a",
-            cgroup: self.fx.cgroup.path(),
-            pins: self.fx.pins.path(),
-            log: None,
-            home: None,
-            kubeconfig: None,
-            netns: None,
-            extra: Vec::new(),
-            wrapper: Vec::new(),
-        });
+        let mut agent =
+            Agent::start(&AgentOptions::new(&self.file, "node-a", self.fx.cgroup.path(), self.fx.pins.path()));
         agent.wait_ready(READY);
         agent
     }

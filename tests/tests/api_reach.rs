@@ -80,16 +80,10 @@ fn a_restarted_agent_reaches_an_api_server_that_moved_while_it_was_down() {
 
     let start = || {
         Agent::start(&AgentOptions {
-            cluster: Path::new(""),
             kubeconfig: Some(&config),
-            node: "node-a",
-            cgroup: cgroup.path(),
-            pins: pins.path(),
-            log: None,
             home: Some(home.path()),
             netns: Some(client.netns.name()),
-            extra: Vec::new(),
-            wrapper: Vec::new(),
+            ..AgentOptions::new(Path::new(""), "node-a", cgroup.path(), pins.path())
         })
     };
     let mut agent = start();

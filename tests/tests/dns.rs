@@ -15,7 +15,7 @@ use topology_tests::{
     dns::{UPSTREAM_TTL, dig, start_upstream},
     net::{Host, Network},
     require_root,
-    sandbox::{CgroupGuard, PinGuard, unique_id},
+    sandbox::{CgroupGuard, PinGuard, ProcessGuard, unique_id},
 };
 
 const DB: &str = "db.default.svc.cluster.local";
@@ -75,13 +75,6 @@ impl Node {
         let cgroup = CgroupGuard::new(&format!("{id}-{name}"));
         let pins = PinGuard::new(&format!("{id}-{name}"));
         let mut agent = Agent::start(&AgentOptions {
-            cluster: file,
-            node: name,
-            cgroup: cgroup.path(),
-            pins: pins.path(),
-            log: None,
-            home: None,
-            kubeconfig: None,
             netns: Some(host.netns.name()),
             extra: vec![
                 "--dns-listen".into(),
@@ -89,7 +82,7 @@ impl Node {
                 "--dns-upstream".into(),
                 upstream.to_string(),
             ],
-            wrapper: Vec::new(),
+            ..AgentOptions::new(file, name, cgroup.path(), pins.path())
         });
         agent.wait_ready(Duration::from_secs(30));
         Self { agent, host, _cgroup: cgroup, _pins: pins }
@@ -104,18 +97,40 @@ impl Node {
     }
 }
 
+/// A network, the cluster file and the stand-in upstream (answering, or `silent`).
+struct World {
+    id: String,
+    network: Network,
+    file: std::path::PathBuf,
+    upstream: SocketAddr,
+    _upstream: (Host, ProcessGuard),
+    _scratch: tempfile::TempDir,
+}
+
+impl World {
+    fn new(silent: bool) -> Self {
+        let id = unique_id();
+        let mut network = Network::new(&id);
+        let scratch = tempfile::tempdir().expect("scratch dir");
+        let file = scratch.path().join("cluster.yaml");
+        cluster::write(&file, &objects(true));
+        let stand_in = start_upstream(&mut network, silent, None);
+        let upstream = SocketAddr::from((stand_in.0.v4, 53));
+        Self { id, network, file, upstream, _upstream: stand_in, _scratch: scratch }
+    }
+
+    fn node(&mut self, name: &str) -> Node {
+        Node::start(&mut self.network, &self.id, name, &self.file, self.upstream)
+    }
+}
+
 #[test]
 fn each_node_answers_a_headless_name_with_its_own_zone() {
     require_root!();
-    let id = unique_id();
-    let mut network = Network::new(&id);
-    let scratch = tempfile::tempdir().expect("scratch dir");
-    let file = scratch.path().join("cluster.yaml");
-    cluster::write(&file, &objects(true));
-    let (up, _upstream) = start_upstream(&mut network, false, None);
-    let upstream = SocketAddr::from((up.v4, 53));
-    let a = Node::start(&mut network, &id, "node-a", &file, upstream);
-    let b = Node::start(&mut network, &id, "node-b", &file, upstream);
+    let mut world = World::new(false);
+    let file = world.file.clone();
+    let a = world.node("node-a");
+    let b = world.node("node-b");
 
     // The same name, different answers: each node's policy (PreferClose) chose its own zone.
     for (node, expect) in [(&a, "10.1.0.1"), (&b, "10.1.0.2")] {
@@ -161,13 +176,8 @@ fn each_node_answers_a_headless_name_with_its_own_zone() {
 #[test]
 fn a_dead_or_silent_upstream_is_servfail_not_a_hang() {
     require_root!();
-    let id = unique_id();
-    let mut network = Network::new(&id);
-    let scratch = tempfile::tempdir().expect("scratch dir");
-    let file = scratch.path().join("cluster.yaml");
-    cluster::write(&file, &objects(true));
-    let (silent_host, _silent) = start_upstream(&mut network, true, None);
-    let a = Node::start(&mut network, &id, "node-a", &file, SocketAddr::from((silent_host.v4, 53)));
+    let mut world = World::new(true);
+    let a = world.node("node-a");
     let answer = a.dig("example.com", "A", &[]);
     assert_eq!(answer.status, "SERVFAIL", "{answer:?}");
     assert!(answer.elapsed < Duration::from_secs(3), "answered in {:?}", answer.elapsed);

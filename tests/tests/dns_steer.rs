@@ -75,16 +75,9 @@ fn objects(coredns: IpAddr) -> Vec<serde_json::Value> {
 
 fn start(fx: &Fixture, node: &Host, file: &std::path::Path, upstream: SocketAddr) -> Agent {
     let mut agent = Agent::start(&AgentOptions {
-        cluster: file,
-        node: "node-a",
-        cgroup: fx.cgroup.path(),
-        pins: fx.pins.path(),
-        log: None,
-        home: None,
-        kubeconfig: None,
         netns: Some(node.netns.name()),
         extra: vec!["--dns-listen".into(), format!("{}:53", node.v4), "--dns-upstream".into(), upstream.to_string()],
-        wrapper: Vec::new(),
+        ..AgentOptions::new(file, "node-a", fx.cgroup.path(), fx.pins.path())
     });
     agent.wait_ready(Duration::from_secs(30));
     agent

@@ -24,16 +24,8 @@ fn vip() -> SocketAddr {
 
 fn start(fx: &Fixture, file: &std::path::Path) -> Agent {
     Agent::start(&AgentOptions {
-        cluster: file,
-        node: "node-a",
-        cgroup: fx.cgroup.path(),
-        pins: fx.pins.path(),
-        log: None,
-        home: None,
-        kubeconfig: None,
-        netns: None,
         extra: vec!["--fail-open-after".into(), "2s".into()],
-        wrapper: Vec::new(),
+        ..AgentOptions::new(file, "node-a", fx.cgroup.path(), fx.pins.path())
     })
 }
 

@@ -12,7 +12,8 @@ use topology_tests::{
     require_root,
 };
 
-/// The DaemonSet's `capabilities.add` (deploy/daemonset.yaml), which the deploy test pins.
+/// The DaemonSet's `capabilities.add` (deploy/daemonset.yaml), which
+/// `topology-agent/tests/deploy_manifests.rs` pins.
 const DAEMONSET: [&str; 4] = ["cap_bpf", "cap_net_admin", "cap_sys_admin", "cap_perfmon"];
 
 /// Every capability the kernel knows (capability(7)), by `capsh`'s names.
@@ -67,30 +68,6 @@ fn under_capsh(keep: &[&str]) -> Vec<String> {
     vec!["capsh".into(), format!("--drop={}", drop.join(",")), "--".into(), "-c".into(), "exec \"$0\" \"$@\"".into()]
 }
 
-/// The DaemonSet as shipped: its capabilities are the ones the root test runs with, and the DNS
-/// responder listens on an unprivileged port (no NET_BIND_SERVICE).
-#[test]
-fn the_daemonset_asks_for_exactly_these_capabilities() {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/daemonset.yaml");
-    let text = std::fs::read_to_string(&path).expect("deploy/daemonset.yaml");
-    let daemonset: serde_json::Value = serde_yaml::from_str(&text).expect("the DaemonSet parses");
-    let container = &daemonset["spec"]["template"]["spec"]["containers"][0];
-    let mut added: Vec<String> = container["securityContext"]["capabilities"]["add"]
-        .as_array()
-        .expect("capabilities.add")
-        .iter()
-        .map(|cap| format!("cap_{}", cap.as_str().expect("a name").to_lowercase()))
-        .collect();
-    added.sort();
-    let mut expected: Vec<String> = DAEMONSET.iter().map(|cap| (*cap).to_owned()).collect();
-    expected.sort();
-    assert_eq!(added, expected);
-    let args: Vec<&str> = container["args"].as_array().expect("args").iter().filter_map(|a| a.as_str()).collect();
-    let listen = args.iter().find_map(|a| a.strip_prefix("--dns-listen=")).expect("--dns-listen");
-    let port: u16 = listen.rsplit(':').next().and_then(|p| p.parse().ok()).expect("a port");
-    assert!(port >= 1024, "{listen}: a privileged port would need NET_BIND_SERVICE");
-}
-
 #[test]
 fn the_agent_runs_with_exactly_the_daemonsets_capabilities_and_names_any_missing_one() {
     require_root!();
@@ -106,16 +83,8 @@ fn the_agent_runs_with_exactly_the_daemonsets_capabilities_and_names_any_missing
         ],
     );
     let options = |wrapper: Vec<String>| AgentOptions {
-        cluster: &file,
-        node: "node-a",
-        cgroup: fx.cgroup.path(),
-        pins: fx.pins.path(),
-        log: None,
-        home: None,
-        kubeconfig: None,
-        netns: None,
-        extra: Vec::new(),
         wrapper,
+        ..AgentOptions::new(&file, "node-a", fx.cgroup.path(), fx.pins.path())
     };
 
     // Without one capability: a clear error naming it, before anything is loaded.

@@ -54,18 +54,7 @@ fn idle_connections_and_scrapes_do_not_slow_the_control_loop() {
     let fx = Fixture::new(2);
     let file = fx.scratch().join("cluster.yaml");
     write(&fx, &file, 0);
-    let mut agent = Agent::start(&AgentOptions {
-        cluster: &file,
-        node: "node-a",
-        cgroup: fx.cgroup.path(),
-        pins: fx.pins.path(),
-        log: None,
-        home: None,
-        kubeconfig: None,
-        netns: None,
-        extra: Vec::new(),
-        wrapper: Vec::new(),
-    });
+    let mut agent = Agent::start(&AgentOptions::new(&file, "node-a", fx.cgroup.path(), fx.pins.path()));
     agent.wait_ready(Duration::from_secs(20));
     let http: SocketAddr = agent.http;
     let stop = Arc::new(AtomicBool::new(false));

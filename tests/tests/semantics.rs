@@ -105,16 +105,8 @@ fn services_the_agent_does_not_handle_pass_untouched_to_kube_proxy() {
     objects.extend(slices);
     cluster::write(&file, &objects);
     let agent = Agent::start(&AgentOptions {
-        cluster: &file,
-        node: "node-a",
-        cgroup: fx.cgroup.path(),
-        pins: fx.pins.path(),
-        log: None,
-        home: None,
-        kubeconfig: None,
-        netns: None,
         extra: vec!["--capacity".into(), "topo_svc4=1".into()],
-        wrapper: Vec::new(),
+        ..AgentOptions::new(&file, "node-a", fx.cgroup.path(), fx.pins.path())
     });
     let ready = loop {
         match agent.get("/readyz") {

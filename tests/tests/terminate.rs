@@ -37,18 +37,7 @@ fn a_connected_udp_socket_to_a_removed_backend_is_destroyed_and_reconnects_to_a_
     let fx = Fixture::new(2);
     let file = fx.scratch().join("cluster.yaml");
     write(&fx, &file, &[0, 1]);
-    let mut agent = Agent::start(&AgentOptions {
-        cluster: &file,
-        node: "node-a",
-        cgroup: fx.cgroup.path(),
-        pins: fx.pins.path(),
-        log: None,
-        home: None,
-        kubeconfig: None,
-        netns: None,
-        extra: Vec::new(),
-        wrapper: Vec::new(),
-    });
+    let mut agent = Agent::start(&AgentOptions::new(&file, "node-a", fx.cgroup.path(), fx.pins.path()));
     agent.wait_ready(Duration::from_secs(20));
 
     let scratch = fx.scratch();

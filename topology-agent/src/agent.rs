@@ -111,6 +111,12 @@ impl RunConfig {
         if self.node.trim().is_empty() {
             return Err(RunError::EmptyNode);
         }
+        if let Some(dns) = &self.dns
+            && dns.steer.is_some()
+            && (dns.listen.ip().is_unspecified() || dns.listen.ip().is_loopback())
+        {
+            return Err(DnsError::SteerAddress(dns.listen).into());
+        }
         Ok(self.capacities.validate()?)
     }
 
@@ -199,8 +205,12 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
     tracing::info!(addr = %bound, "serving /healthz, /readyz and /metrics");
     let http = tokio::spawn(http::serve(listener, Arc::clone(&health), Arc::clone(&metrics), shutdown.clone()));
 
-    let (dns, steering, dns_stopped) = match &config.dns {
-        Some(dns_config) => start_dns(dns_config, &config.pin_path, &metrics, &shutdown).await?,
+    let dns = match &config.dns {
+        Some(dns_config) => Some(start_dns(dns_config, &config.pin_path, &metrics, &shutdown)?),
+        None => None,
+    };
+    let (publisher, steering, dns_stopped) = match dns {
+        Some(dns) => (Some(dns.publisher), dns.steering, Some(dns.stopped)),
         None => (None, None, None),
     };
 
@@ -237,7 +247,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
         sink,
     )
     .with_terminator(terminator)
-    .with_dns(dns)
+    .with_dns(publisher)
     .with_steering(steering);
     tokio::spawn(release_memory_after_sync(Arc::clone(&health), shutdown.clone()));
     let token = shutdown.clone();
@@ -259,18 +269,24 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
     Ok(result?)
 }
 
+/// The DNS responder, running.
+struct RunningDns {
+    /// Where the controller publishes the view the responder answers from.
+    publisher: DnsPublisher,
+    /// The per-node rule that steers the cluster DNS to it, if any.
+    steering: Option<Steering>,
+    /// Ends once the steering is off and the sockets are closed, after the shutdown.
+    stopped: tokio::task::JoinHandle<()>,
+}
+
 /// Starts the DNS responder and, when it steers the cluster DNS, the prober that keeps the
-/// steering heartbeat fresh while the responder answers. The task returned ends once the steering
-/// is off and the sockets are closed, after `shutdown`.
-async fn start_dns(
+/// steering heartbeat fresh while the responder answers.
+fn start_dns(
     config: &DnsConfig,
     pin_path: &std::path::Path,
     metrics: &Metrics,
     shutdown: &CancellationToken,
-) -> Result<(Option<DnsPublisher>, Option<Steering>, Option<tokio::task::JoinHandle<()>>), RunError> {
-    if config.steer.is_some() && (config.listen.ip().is_unspecified() || config.listen.ip().is_loopback()) {
-        return Err(DnsError::SteerAddress(config.listen).into());
-    }
+) -> Result<RunningDns, DnsError> {
     let (publisher, view) = DnsPublisher::new(config.upstreams.clone());
     let sockets = CancellationToken::new();
     let server = dns::start(config, view, Arc::clone(&metrics.dns), sockets.clone())?;
@@ -278,7 +294,7 @@ async fn start_dns(
     tracing::info!(%addr, domain = %config.domain, "serving DNS over UDP and TCP");
     let steering = config.steer.clone().map(|service| Steering { service, responder: addr });
     let beat = match &steering {
-        Some(_) => Some(DnsBeat::open(&crate::dataplane::PinLayout::new(pin_path)).map_err(DnsError::Beat)?),
+        Some(_) => Some(DnsBeat::open(&crate::dataplane::PinLayout::new(pin_path))?),
         None => None,
     };
     let (domain, shutdown) = (config.domain.clone(), shutdown.clone());
@@ -290,7 +306,7 @@ async fn start_dns(
         sockets.cancel();
         drop(server);
     });
-    Ok((Some(publisher), steering, Some(stopped)))
+    Ok(RunningDns { publisher, steering, stopped })
 }
 
 /// The id of this process's cgroup, whose sockets reach the API server's Service untouched;
@@ -353,5 +369,55 @@ async fn release_memory_after_sync(health: Arc<Health>, shutdown: CancellationTo
     #[cfg(target_env = "gnu")]
     unsafe {
         libc::malloc_trim(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(listen: &str, steer: bool) -> RunConfig {
+        RunConfig {
+            source: SourceConfig::File("cluster.yaml".into()),
+            node: "node-a".into(),
+            cgroup: None,
+            pin_path: "/sys/fs/bpf/topology".into(),
+            metrics_addr: "127.0.0.1:9464".parse().unwrap(),
+            capacities: Capacities::default(),
+            kernel_log: KernelLogLevel::Off,
+            index: IndexOrdering::default(),
+            fail_open_after: None,
+            terminate: TerminateSockets::Off,
+            netns_dirs: Vec::new(),
+            dns: Some(DnsConfig {
+                listen: listen.parse().unwrap(),
+                domain: dns::parse_domain("cluster.local").unwrap(),
+                ttl: dns::DEFAULT_TTL,
+                upstreams: Vec::new(),
+                per_source_qps: 0,
+                steer: steer.then(|| crate::cluster::ObjectKey::new("kube-system", "kube-dns")),
+            }),
+        }
+    }
+
+    #[test]
+    fn steering_needs_an_address_every_pod_reaches() {
+        for listen in ["0.0.0.0:5353", "127.0.0.1:5353", "[::1]:5353"] {
+            let error = config(listen, true).validate().unwrap_err().to_string();
+            assert!(error.starts_with(&format!("--dns-listen {listen}: steering the cluster DNS needs")), "{error}");
+        }
+        assert!(config("127.0.0.1:5353", false).validate().is_ok(), "serving without steering may use loopback");
+        assert!(config("10.0.0.5:5353", true).validate().is_ok());
+    }
+
+    #[test]
+    fn only_a_privileged_dns_port_needs_net_bind_service() {
+        let needs = |listen: &str| {
+            config(listen, false).capabilities().iter().any(|(capability, _)| *capability == Capability::NetBindService)
+        };
+        // As this host's net.ipv4.ip_unprivileged_port_start says (1024 unless lowered).
+        assert_eq!(needs("10.0.0.5:53"), unprivileged_port_start() > 53);
+        assert_eq!(needs("10.0.0.5:5353"), unprivileged_port_start() > 5353);
+        assert!(!needs("10.0.0.5:0"), "an ephemeral port is never privileged");
     }
 }

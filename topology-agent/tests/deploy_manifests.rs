@@ -105,6 +105,23 @@ fn the_daemonset_has_what_the_agent_needs_and_no_more() {
     assert_eq!(pod_ip.value_from.as_ref().unwrap().field_ref.as_ref().unwrap().field_path, "status.podIP");
     let args = container.args.as_ref().unwrap();
     assert!(args.contains(&"--metrics-addr=$(POD_IP):9464".to_owned()), "metrics on the pod IP only: {args:?}");
+    // DNS on the pod IP (steering needs an address every pod reaches), on an unprivileged port:
+    // the capabilities above have no NET_BIND_SERVICE.
+    let listen = args.iter().find_map(|a| a.strip_prefix("--dns-listen=")).expect("--dns-listen");
+    let (ip, port) = listen.rsplit_once(':').expect("IP:PORT");
+    assert_eq!(ip, "$(POD_IP)");
+    assert!(port.parse::<u16>().is_ok_and(|port| port >= 1024), "{listen}: a privileged port needs NET_BIND_SERVICE");
+    let ports: BTreeSet<(i32, &str)> = container
+        .ports
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|p| (p.container_port, p.protocol.as_deref().unwrap_or("TCP")))
+        .collect();
+    assert!(
+        ports.contains(&(port.parse().unwrap(), "UDP")) && ports.contains(&(port.parse().unwrap(), "TCP")),
+        "{ports:?}"
+    );
 }
 
 /// Every document under deploy/uninstall/, with its file name.
@@ -183,8 +200,9 @@ fn the_daemonset_arguments_are_accepted_by_the_agent() {
         .unwrap()
         .into_iter()
         .map(|arg| if arg.starts_with("--pin-path=") { format!("--pin-path={}", not_bpffs.display()) } else { arg })
-        // Kubernetes expands $(POD_IP) from the environment it declares.
-        .map(|arg| arg.replace("$(POD_IP)", "127.0.0.1"))
+        // Kubernetes expands $(POD_IP) from the environment it declares (a pod address, never
+        // loopback: DNS steering refuses one).
+        .map(|arg| arg.replace("$(POD_IP)", "192.0.2.10"))
         .chain(["--node=manifest-test".to_owned(), "--cluster=/nonexistent.yaml".to_owned()])
         .collect();
     let output = Command::new(env!("CARGO_BIN_EXE_topology-agent")).args(&args).output().expect("run the agent");

@@ -80,13 +80,8 @@ impl DemoCluster {
                 // steered to it.
                 let host = &node_hosts[i];
                 Agent::start(&AgentOptions {
-                    cluster: &cluster_file,
-                    node: &node.name,
-                    cgroup: node_cgroups[i].path(),
-                    pins: pins[i].path(),
                     log: Some(&log),
                     home: Some(infra.path()),
-                    kubeconfig: None,
                     netns: Some(host.netns.name()),
                     extra: vec![
                         "--dns-listen".into(),
@@ -94,7 +89,7 @@ impl DemoCluster {
                         "--dns-upstream".into(),
                         format!("{}:53", coredns.0.v4),
                     ],
-                    wrapper: Vec::new(),
+                    ..AgentOptions::new(&cluster_file, &node.name, node_cgroups[i].path(), pins[i].path())
                 })
             })
             .collect();

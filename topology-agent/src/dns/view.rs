@@ -120,11 +120,13 @@ impl Records {
 }
 
 /// Everything the responder answers from. Kept up to date one Service at a time by the
-/// controller, and published as a whole (the records are shared, so a publish copies pointers).
+/// controller, and published as a whole: keys and records are shared, so a publish copies
+/// pointers, never strings or records.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct DnsView {
-    services: HashMap<(String, String), Arc<Records>>,
-    namespaces: HashMap<String, usize>,
+    /// By `namespace/name` (neither part can hold a `/`).
+    services: HashMap<Arc<str>, Arc<Records>>,
+    namespaces: HashMap<Arc<str>, usize>,
     configured: Vec<SocketAddr>,
     /// Where other names go: the configured upstreams, else the ready endpoints of
     /// `kube-system/kube-dns` (pod addresses: never a ClusterIP this node rewrites).
@@ -150,7 +152,7 @@ impl DnsView {
 
     /// Recomputes the records of Service `key` from `this` node; whether anything changed.
     pub fn update(&mut self, state: &ClusterState, this: &Node, key: &ObjectKey) -> bool {
-        let id = (key.namespace.clone(), key.name.clone());
+        let id = service_key(&key.namespace, &key.name);
         let records = state.service(key).and_then(|service| {
             if service.headless {
                 Some(Records::Headless(Box::new(headless(state, this, service))))
@@ -172,22 +174,22 @@ impl DnsView {
         }
         match records {
             Some(records) => {
-                if self.services.get(&id).is_some_and(|old| **old == records) {
+                if self.services.get(id.as_str()).is_some_and(|old| **old == records) {
                     return changed;
                 }
-                if self.services.insert(id.clone(), Arc::new(records)).is_none() {
-                    *self.namespaces.entry(id.0).or_default() += 1;
+                if self.services.insert(id.into(), Arc::new(records)).is_none() {
+                    *self.namespaces.entry(key.namespace.as_str().into()).or_default() += 1;
                 }
                 true
             }
             None => {
-                if self.services.remove(&id).is_none() {
+                if self.services.remove(id.as_str()).is_none() {
                     return changed;
                 }
-                if let Some(count) = self.namespaces.get_mut(&id.0) {
+                if let Some(count) = self.namespaces.get_mut(key.namespace.as_str()) {
                     *count -= 1;
                     if *count == 0 {
-                        self.namespaces.remove(&id.0);
+                        self.namespaces.remove(key.namespace.as_str());
                     }
                 }
                 true
@@ -197,7 +199,7 @@ impl DnsView {
 
     /// The records of `namespace/name`.
     pub fn service(&self, namespace: &str, name: &str) -> Option<&Records> {
-        self.services.get(&(namespace.to_owned(), name.to_owned())).map(AsRef::as_ref)
+        self.services.get(service_key(namespace, name).as_str()).map(AsRef::as_ref)
     }
 
     /// Whether any Service lives in `namespace`.
@@ -210,14 +212,19 @@ impl DnsView {
         let mut out: Vec<(ObjectKey, &Headless)> = self
             .services
             .iter()
-            .filter_map(|((ns, name), records)| match records.as_ref() {
-                Records::Headless(h) => Some((ObjectKey::new(ns.as_str(), name.as_str()), h.as_ref())),
-                Records::ClusterIp { .. } => None,
+            .filter_map(|(id, records)| match (records.as_ref(), id.split_once('/')) {
+                (Records::Headless(h), Some((ns, name))) => Some((ObjectKey::new(ns, name), h.as_ref())),
+                _ => None,
             })
             .collect();
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out
     }
+}
+
+/// The view's key of a Service.
+fn service_key(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
 }
 
 fn named_ports(service: &Service) -> Vec<NamedPort> {
