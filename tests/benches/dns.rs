@@ -2,6 +2,9 @@
 //! optimized agent). Queries per second and latency for headless names, ClusterIP names and
 //! names relayed to the upstream, beside the same stand-in upstream asked directly; and the
 //! control loop's event-to-kernel latency while the responder is loaded, against idle.
+//!
+//! The load generator gets a CPU of its own (the last), the agent and the stand-in upstream the
+//! others, so the figures are the responder's and not dnsperf's competition for the same core.
 
 use std::{
     net::{IpAddr, Ipv4Addr, SocketAddr},
@@ -14,7 +17,7 @@ use topology_tests::{
     agent::{Agent, AgentOptions},
     cluster::{self, EndpointSpec},
     dns::start_upstream,
-    dnsperf::{HistogramReading, Perf, dnsperf},
+    dnsperf::{HistogramReading, Load, Perf, dnsperf},
     fixture::Fixture,
     sandbox::is_root,
 };
@@ -89,7 +92,10 @@ fn main() {
         return;
     }
     let mut fx = Fixture::new(0);
-    let (upstream_host, _upstream) = start_upstream(&mut fx.network, false, None);
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let (server_cpus, load_cpu) =
+        if cpus > 1 { (format!("0-{}", cpus - 2), Some(cpus - 1)) } else { ("0".into(), None) };
+    let (upstream_host, _upstream) = start_upstream(&mut fx.network, false, None, Some(0));
     let upstream = SocketAddr::from((upstream_host.v4, 53));
     let node = fx.network.host("node");
     let responder = SocketAddr::from((node.v4, 53));
@@ -103,10 +109,11 @@ fn main() {
             .chain(["--dns-steer", "off", "--dns-source-qps", "0"])
             .map(str::to_owned)
             .collect(),
+        wrapper: vec!["taskset".into(), "-c".into(), server_cpus.clone()],
         ..AgentOptions::new(&file, "node-a", fx.cgroup.path(), fx.pins.path())
     });
     agent.wait_ready(Duration::from_secs(30));
-    let client = fx.client.netns.name();
+    let client = Load { netns: fx.client.netns.name(), cpu: load_cpu };
     let headless = scratch.join("headless.txt");
     queries(&headless, (0..HEADLESS).map(|s| format!("h{s}.default.svc.cluster.local")));
     let cluster_ip = scratch.join("clusterip.txt");
@@ -114,6 +121,7 @@ fn main() {
     let outside = scratch.join("outside.txt");
     queries(&outside, (0..HEADLESS).map(|s| format!("name{s}.example.com")));
 
+    println!("agent on CPUs {server_cpus}, dnsperf on CPU {load_cpu:?}\n");
     println!("| queries | offered | answered per s | p50 ms | p99 ms | lost | rcodes |");
     println!("| --- | ---: | ---: | ---: | ---: | ---: | --- |");
     let offered = format!("{TARGET_QPS}/s");

@@ -47,11 +47,20 @@ pub fn serve_upstream(listen: SocketAddr, answer: Ipv4Addr, silent: bool, ready:
 
 /// The stand-in upstream (the probe's `dns-upstream`) in a new host of `network`, answering
 /// every name with 192.0.2.7 (or never, `silent`) on port 53 of the host's IPv4 address; the
-/// process joins `home` when given.
-pub fn start_upstream(network: &mut Network, silent: bool, home: Option<&std::path::Path>) -> (Host, ProcessGuard) {
+/// process joins `home` and runs on `cpu` only, when given.
+pub fn start_upstream(
+    network: &mut Network,
+    silent: bool,
+    home: Option<&std::path::Path>,
+    cpu: Option<usize>,
+) -> (Host, ProcessGuard) {
     let host = network.host("up");
     let mut command = Command::new(probe_binary());
-    command.args(["--netns", host.netns.name(), "dns-upstream", "--listen", &format!("{}:53", host.v4)]);
+    command.args(["--netns", host.netns.name()]);
+    if let Some(cpu) = cpu {
+        command.args(["--cpu", &cpu.to_string()]);
+    }
+    command.args(["dns-upstream", "--listen", &format!("{}:53", host.v4)]);
     if silent {
         command.arg("--silent");
     }

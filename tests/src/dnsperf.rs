@@ -30,12 +30,29 @@ impl Perf {
     }
 }
 
-/// Runs `dnsperf` in `netns` against `server` with the queries of `queries` for `seconds`,
+/// Where and how hard `dnsperf` runs.
+#[derive(Clone, Copy, Debug)]
+pub struct Load<'a> {
+    /// Network namespace.
+    pub netns: &'a str,
+    /// The one CPU it runs on (one thread), or every CPU (two threads).
+    pub cpu: Option<usize>,
+}
+
+/// Runs `dnsperf` as `load` says against `server` with the queries of `queries` for `seconds`,
 /// offering at most `max_qps` (0: as fast as it can, with 1000 queries outstanding).
-pub fn dnsperf(netns: &str, server: std::net::SocketAddr, queries: &Path, seconds: u32, max_qps: u32) -> Perf {
+pub fn dnsperf(load: Load<'_>, server: std::net::SocketAddr, queries: &Path, seconds: u32, max_qps: u32) -> Perf {
     let mut command = Command::new("ip");
-    command.args(["netns", "exec", netns, "dnsperf", "-s", &server.ip().to_string()]);
-    command.args(["-p", &server.port().to_string(), "-l", &seconds.to_string(), "-t", "2", "-c", "8", "-T", "2"]);
+    command.args(["netns", "exec", load.netns]);
+    let threads = match load.cpu {
+        Some(cpu) => {
+            command.args(["taskset", "-c", &cpu.to_string()]);
+            "1"
+        }
+        None => "2",
+    };
+    command.args(["dnsperf", "-s", &server.ip().to_string()]);
+    command.args(["-p", &server.port().to_string(), "-l", &seconds.to_string(), "-t", "2", "-c", "8", "-T", threads]);
     command.arg("-d").arg(queries).args(["-q", "1000", "-v"]);
     if max_qps > 0 {
         command.args(["-Q", &max_qps.to_string()]);

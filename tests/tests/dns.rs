@@ -114,7 +114,7 @@ impl World {
         let scratch = tempfile::tempdir().expect("scratch dir");
         let file = scratch.path().join("cluster.yaml");
         cluster::write(&file, &objects(true));
-        let stand_in = start_upstream(&mut network, silent, None);
+        let stand_in = start_upstream(&mut network, silent, None, None);
         let upstream = SocketAddr::from((stand_in.0.v4, 53));
         Self { id, network, file, upstream, _upstream: stand_in, _scratch: scratch }
     }

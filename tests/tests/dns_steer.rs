@@ -107,7 +107,7 @@ fn until_answer(fx: &Fixture, expect: &str, within: Duration) -> Duration {
 fn the_cluster_dns_is_steered_to_the_node_responder_and_fails_open_to_coredns() {
     require_root!();
     let mut fx = Fixture::new(0);
-    let (coredns, _coredns) = start_upstream(&mut fx.network, false, None);
+    let (coredns, _coredns) = start_upstream(&mut fx.network, false, None, None);
     let coredns = SocketAddr::from((coredns.v4, 53));
     let node = fx.network.host("node");
     let proxy = KubeProxyStandIn::new(fx.client.netns.name());

@@ -122,13 +122,14 @@ pub fn sock_diag(data: &[u8]) {
 }
 
 /// The cluster the DNS target answers from: headless Services in several modes (one under
-/// spillover, so answers are drawn by weight), dual-stack, and a ClusterIP Service.
-const DNS_CLUSTER: &str = r#"
+/// spillover: zone `za` has most of the demand and a third of the endpoints, so node `a`'s
+/// answers are drawn by weight), dual-stack, and a ClusterIP Service.
+pub(crate) const DNS_CLUSTER: &str = r#"
 apiVersion: v1
 kind: List
 items:
-- {apiVersion: v1, kind: Node, metadata: {name: a, labels: {topology.kubernetes.io/zone: za}}, status: {allocatable: {cpu: "2"}}}
-- {apiVersion: v1, kind: Node, metadata: {name: b, labels: {topology.kubernetes.io/zone: zb}}, status: {allocatable: {cpu: "8"}}}
+- {apiVersion: v1, kind: Node, metadata: {name: a, labels: {topology.kubernetes.io/zone: za}}, status: {allocatable: {cpu: "8"}, conditions: [{type: Ready, status: "True"}]}}
+- {apiVersion: v1, kind: Node, metadata: {name: b, labels: {topology.kubernetes.io/zone: zb}}, status: {allocatable: {cpu: "2"}, conditions: [{type: Ready, status: "True"}]}}
 - {apiVersion: v1, kind: Service, metadata: {name: db, namespace: default}, spec: {clusterIP: None, trafficDistribution: PreferClose, ports: [{name: pg, port: 5432}]}}
 - {apiVersion: v1, kind: Service, metadata: {name: spill, namespace: default, annotations: {topology-agent.io/spillover: capacity}}, spec: {clusterIP: None, ports: [{name: http, port: 80}]}}
 - {apiVersion: v1, kind: Service, metadata: {name: web, namespace: default}, spec: {clusterIPs: [10.96.0.10, "fd00::10"], ports: [{name: http, port: 80}, {name: dns, port: 53, protocol: UDP}]}}

@@ -355,3 +355,23 @@ async fn cancel_on_signal(shutdown: CancellationToken) {
     }
     shutdown.cancel();
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dns_flags_parse_or_name_the_flag() {
+        assert_eq!(parse_upstream("10.0.0.10"), Ok("10.0.0.10:53".parse().unwrap()));
+        assert_eq!(parse_upstream("[fd00::10]:5353"), Ok("[fd00::10]:5353".parse().unwrap()));
+        assert_eq!(parse_upstream("dns.local"), Err("\"dns.local\" is neither IP nor IP:PORT".into()));
+        assert_eq!(steer_service("off").unwrap(), None);
+        assert_eq!(steer_service("kube-system/kube-dns").unwrap(), Some(ObjectKey::new("kube-system", "kube-dns")));
+        let error = steer_service("kube-dns").unwrap_err().to_string();
+        assert_eq!(error, "--dns-steer: \"kube-dns\" is not NAMESPACE/NAME");
+        let domain = dns::parse_domain("cluster..local").unwrap_err().to_string();
+        assert!(domain.starts_with("--cluster-domain \"cluster..local\": "), "{domain}");
+        assert_eq!(dns::parse_domain("Cluster.Local.").unwrap().to_ascii(), "cluster.local.");
+        assert!(dns::parse_domain("").is_err());
+    }
+}

@@ -63,7 +63,7 @@ impl DemoCluster {
             .collect();
         let addresses: Vec<Ipv4Addr> = backend_hosts.iter().map(|h| h.v4).collect();
         // The cluster DNS every name outside the demo's Services goes to.
-        let coredns = crate::dns::start_upstream(&mut network, false, Some(infra.path()));
+        let coredns = crate::dns::start_upstream(&mut network, false, Some(infra.path()), None);
         let cluster_file = dir.join("cluster.yaml");
         cluster::write(&cluster_file, &plan.objects(&addresses, coredns.0.v4, None));
 

@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use super::{
     DnsMetrics,
     answer::{self, Outcome, Zone},
+    cache::{AnswerCache, Cached},
     limit::SourceLimiter,
     view::DnsView,
 };
@@ -98,17 +99,49 @@ impl Responder {
         }
     }
 
-    /// Answers `bytes`, counting the outcome.
-    fn handle(&self, bytes: &[u8], tcp: bool) -> Handled {
+    /// Answers `bytes`, counting the outcome; `cache`: answers this socket already built.
+    fn handle(&self, bytes: &[u8], tcp: bool, mut cache: Option<&mut AnswerCache>) -> Handled {
         let view = Arc::clone(&self.view.borrow());
-        let handled = respond(&view, &self.zone, bytes, tcp, &mut || rand::random::<f64>());
-        if let Handled::Reply { qtype, outcome, localities, .. } = &handled {
-            self.metrics.query(*qtype, outcome);
-            for locality in localities {
-                self.metrics.answered(*locality);
+        if let Some(cache) = cache.as_deref_mut()
+            && let Some((reply, hit)) = cache.get(&view, bytes)
+        {
+            self.count(hit.qtype, hit.outcome, &hit.localities);
+            return Handled::Reply {
+                bytes: reply,
+                qtype: hit.qtype,
+                outcome: hit.outcome,
+                localities: hit.localities.to_vec(),
+            };
+        }
+        let mut drawn = false;
+        let mut draw = || {
+            drawn = true;
+            rand::random::<f64>()
+        };
+        let handled = respond(&view, &self.zone, bytes, tcp, &mut draw);
+        if let Handled::Reply { bytes: reply, qtype, outcome, localities } = &handled {
+            self.count(*qtype, outcome, localities);
+            // An answer drawn by weight is drawn anew for every query.
+            if let Some(cache) = cache
+                && !drawn
+            {
+                let kept = Cached {
+                    bytes: reply.as_slice().into(),
+                    qtype: *qtype,
+                    outcome,
+                    localities: localities.as_slice().into(),
+                };
+                cache.put(bytes, kept);
             }
         }
         handled
+    }
+
+    fn count(&self, qtype: Option<RecordType>, outcome: &'static str, localities: &[Locality]) {
+        self.metrics.query(qtype, outcome);
+        for locality in localities {
+            self.metrics.answered(*locality);
+        }
     }
 
     /// Relays `raw` to the upstreams, in turn, within [`UPSTREAM_TIMEOUT`]; the reply or SERVFAIL.
@@ -224,6 +257,7 @@ async fn read_framed(stream: &mut TcpStream) -> std::io::Result<Vec<u8>> {
 /// Serves UDP on `socket` until `shutdown`.
 pub async fn serve_udp(socket: Arc<UdpSocket>, responder: Arc<Responder>, shutdown: CancellationToken) {
     let mut buffer = vec![0u8; 65_535];
+    let mut cache = AnswerCache::default();
     loop {
         let (len, source) = tokio::select! {
             () = shutdown.cancelled() => return,
@@ -238,7 +272,7 @@ pub async fn serve_udp(socket: Arc<UdpSocket>, responder: Arc<Responder>, shutdo
         if !responder.admit(source.ip()) {
             continue;
         }
-        match responder.handle(&buffer[..len], false) {
+        match responder.handle(&buffer[..len], false, Some(&mut cache)) {
             Handled::Reply { bytes, .. } => {
                 let _ = socket.send_to(&bytes, source).await;
             }
@@ -286,7 +320,7 @@ async fn connection(mut stream: TcpStream, source: IpAddr, responder: &Responder
         if !responder.admit(source) {
             return;
         }
-        let reply = match responder.handle(&bytes, true) {
+        let reply = match responder.handle(&bytes, true, None) {
             Handled::Reply { bytes, .. } => bytes,
             Handled::Forward { request, raw } => responder.forward(&request, &raw, true).await,
             Handled::Drop => return,
@@ -295,5 +329,59 @@ async fn connection(mut stream: TcpStream, source: IpAddr, responder: &Responder
         if stream.write_all(&len.to_be_bytes()).await.is_err() || stream.write_all(&reply).await.is_err() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use hickory_proto::op::OpCode;
+
+    use super::*;
+    use crate::{cluster::file, dns::parse_domain};
+
+    fn responder() -> Responder {
+        let state = file::parse(crate::fuzzing::DNS_CLUSTER, "dns.yaml").unwrap();
+        let view = DnsView::build(&state, "a", Vec::new()).unwrap();
+        let (_sender, receiver) = watch::channel(Arc::new(view));
+        let zone = Zone { domain: parse_domain("cluster.local").unwrap(), ttl: 5 };
+        Responder::new(zone, receiver, Arc::new(DnsMetrics::default()), 0)
+    }
+
+    fn query(name: &str, id: u16) -> Vec<u8> {
+        let mut message = Message::new(id, MessageType::Query, OpCode::Query);
+        message.add_query(Query::query(hickory_proto::rr::Name::from_ascii(name).unwrap(), RecordType::A));
+        message.to_vec().unwrap()
+    }
+
+    fn answered(handled: Handled) -> (u16, Vec<String>) {
+        let Handled::Reply { bytes, .. } = handled else { panic!("no reply") };
+        let reply = Message::from_vec(&bytes).unwrap();
+        (reply.metadata.id, reply.answers.iter().map(|r| r.data.to_string()).collect())
+    }
+
+    #[test]
+    fn kept_answers_are_the_answers_and_weighted_ones_are_drawn_every_time() {
+        let responder = responder();
+        let mut cache = AnswerCache::default();
+        let first = answered(responder.handle(&query("db.default.svc.cluster.local.", 1), false, Some(&mut cache)));
+        let again = answered(responder.handle(&query("db.default.svc.cluster.local.", 2), false, Some(&mut cache)));
+        assert_eq!((first.0, again.0), (1, 2), "each reply carries its query's id");
+        assert_eq!(first.1, again.1);
+        let fresh = answered(responder.handle(&query("db.default.svc.cluster.local.", 3), false, None));
+        assert_eq!(fresh.1, first.1, "the kept answer is the one built anew");
+        // Spillover: one address per answer, drawn by weight, never kept.
+        let mut seen = std::collections::BTreeSet::new();
+        for id in 0..200 {
+            let (_, addresses) =
+                answered(responder.handle(&query("spill.default.svc.cluster.local.", id), false, Some(&mut cache)));
+            assert_eq!(addresses.len(), 1);
+            seen.extend(addresses);
+        }
+        assert!(seen.len() > 1, "answers are drawn anew: {seen:?}");
+        let counted = responder
+            .metrics
+            .queries
+            .get_or_create(&super::super::QueryLabels { r#type: "A".into(), outcome: "answer".into() });
+        assert_eq!(counted.get(), 203, "kept answers are counted too");
     }
 }
