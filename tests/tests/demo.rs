@@ -1,6 +1,9 @@
 //! The demo, reduced (fewer connections), with the landing shares every policy must reach.
 //! Root, real kernel, `--test-threads=1`.
 
+use std::collections::BTreeMap;
+
+use serde_json::Value;
 use topology_tests::{
     demo::{self, DemoCluster, DemoConfig, Policy, ServiceResult},
     require_root,
@@ -8,6 +11,47 @@ use topology_tests::{
 
 fn result<'a>(results: &'a [ServiceResult], name: &str) -> &'a ServiceResult {
     results.iter().find(|r| r.name == name).unwrap_or_else(|| panic!("no result for {name}"))
+}
+
+/// (ClusterIP, port, protocol) -> (backend address, port) -> share of new connections.
+type Shares = BTreeMap<(String, u64, String), BTreeMap<(String, u64), f64>>;
+
+fn planned_shares(explain: &Value) -> Shares {
+    let mut out = Shares::new();
+    for entry in explain["services"].as_array().expect("services") {
+        let backends: BTreeMap<_, _> = entry["backends"]
+            .as_array()
+            .expect("backends")
+            .iter()
+            .filter(|b| b["share"].as_f64().expect("share") > 0.0)
+            .map(|b| ((text(&b["address"]), b["port"].as_u64().unwrap()), b["share"].as_f64().unwrap()))
+            .collect();
+        for ip in entry["clusterIPs"].as_array().expect("clusterIPs") {
+            out.insert((text(ip), entry["port"].as_u64().unwrap(), text(&entry["protocol"])), backends.clone());
+        }
+    }
+    out
+}
+
+fn held_shares(status: &Value) -> Shares {
+    status["services"]
+        .as_array()
+        .expect("services")
+        .iter()
+        .map(|service| {
+            let backends = service["backends"]
+                .as_array()
+                .expect("backends")
+                .iter()
+                .map(|b| ((text(&b["address"]), b["port"].as_u64().unwrap()), b["share"].as_f64().unwrap()))
+                .collect();
+            ((text(&service["clusterIp"]), service["port"].as_u64().unwrap(), text(&service["protocol"])), backends)
+        })
+        .collect()
+}
+
+fn text(value: &Value) -> String {
+    value.as_str().unwrap_or_else(|| panic!("not a string: {value}")).to_owned()
 }
 
 #[test]
@@ -51,6 +95,14 @@ fn the_reduced_demo_lands_every_policy_where_it_should() {
     for r in results.iter().filter(|r| r.expected_in_zone.is_some()) {
         let (said, got) = (r.expected_in_zone.unwrap(), r.total.in_zone().unwrap());
         assert!((said - got).abs() < 0.1, "{}: explain said {said:.2}, measured {got:.2}", r.name);
+    }
+
+    // Explain is what the kernel holds: on every node, for every ClusterIP and port, the same
+    // backends with the same shares, read back from the maps by `status`.
+    for node in 0..cluster.nodes() {
+        let (planned, held) = (planned_shares(&cluster.explain(node)), held_shares(&cluster.status(node)));
+        assert!(!planned.is_empty());
+        assert_eq!(planned, held, "node {node}: explain and status disagree");
     }
 
     let failover = demo::failover(&cluster);

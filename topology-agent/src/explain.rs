@@ -1,19 +1,20 @@
 //! `topology-agent explain`: the policy's decision for every Service port, as a table or as the
 //! stable JSON documented in the README. It prints exactly what the agent programs.
 
-use std::fmt::Write as _;
+use std::{fmt::Write as _, net::IpAddr};
 
 use serde::Serialize;
 
 use crate::{
     cluster::{ClusterState, Family, ObjectKey},
+    dataplane::alias,
     desired::{Locality, PortOptions, Protocol},
     dns::{
         DnsView,
         explain::{self as dns_explain, Answer, HeadlessEntry},
         steer::Steering,
     },
-    policy::{self, PolicyError, PolicyKind, PortSelection, spillover::SpilloverReport},
+    policy::{self, PolicyError, PolicyKind, PortSelection, desired::integer_weights, spillover::SpilloverReport},
 };
 
 /// The decisions of one node.
@@ -71,8 +72,11 @@ pub struct BackendEntry {
     pub node: Option<String>,
     /// Zone of the endpoint, if known.
     pub zone: Option<String>,
-    /// Relative weight.
+    /// Relative weight, as the policy decided it.
     pub weight: f64,
+    /// Share of this node's new connections the kernel gives it (0..1), from the same table the
+    /// dataplane writes: what `status` reports once programmed.
+    pub share: f64,
     /// Where it is relative to the deciding node.
     pub locality: Locality,
 }
@@ -123,6 +127,11 @@ pub fn explain(
 
 fn entry(selected: &PortSelection) -> ServiceEntry {
     let selection = &selected.selection;
+    let ipv4 = selected.family == Family::V4;
+    let drawn = alias::drawn(&alias::build(&integer_weights(selected)), ipv4);
+    let share = |address: IpAddr, port: u16| {
+        drawn.iter().find(|b| b.addr == address && b.port == port).map_or(0.0, |b| f64::from(b.weight) / 1e6)
+    };
     ServiceEntry {
         service: selected.service.to_string(),
         port: selected.port.port,
@@ -141,6 +150,7 @@ fn entry(selected: &PortSelection) -> ServiceEntry {
                 node: b.node.clone(),
                 zone: b.zone.clone(),
                 weight: b.weight,
+                share: share(b.address, b.port),
                 locality: b.locality,
             })
             .collect(),
@@ -193,12 +203,13 @@ impl ExplainReport {
             for backend in &service.backends {
                 let _ = writeln!(
                     out,
-                    "  {:<28} {:<7} node {:<16} zone {:<12} weight {}",
+                    "  {:<28} {:<7} node {:<16} zone {:<12} weight {:<8} share {:.2}%",
                     format!("{}:{}", backend.address, backend.port),
                     backend.locality.as_str(),
                     backend.node.as_deref().unwrap_or("-"),
                     backend.zone.as_deref().unwrap_or("-"),
-                    weight(backend.weight)
+                    weight(backend.weight),
+                    backend.share * 100.0
                 );
             }
         }

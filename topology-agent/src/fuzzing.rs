@@ -15,7 +15,7 @@ use crate::{
 pub type Target = fn(&[u8]);
 
 /// Every fuzz target, by name, for the regression replay.
-pub const TARGETS: [(&str, Target); 7] = [
+pub const TARGETS: [(&str, Target); 8] = [
     ("cluster_file", cluster_file),
     ("quantity", quantity),
     ("annotations", annotations),
@@ -23,6 +23,7 @@ pub const TARGETS: [(&str, Target); 7] = [
     ("adopt", adopt),
     ("sock_diag", sock_diag),
     ("dns_packet", dns_packet),
+    ("apply", apply),
 ];
 
 /// A cluster file: parsed (every object converted), then decided for each of its first nodes.
@@ -114,6 +115,12 @@ pub fn adopt(data: &[u8]) {
             .collect();
         dataplane::read_set(&value, &slots);
     }
+}
+
+/// A sequence of desired states applied by the writer to in-memory maps, with failing writes
+/// and refused grace periods: see `dataplane::fuzzing::apply`.
+pub fn apply(data: &[u8]) {
+    dataplane::apply(data);
 }
 
 /// A sock_diag answer's attributes.

@@ -19,7 +19,6 @@ pub mod metrics;
 pub mod mounts;
 pub mod policy;
 pub mod report;
-pub mod simulate;
 pub mod sockets;
 pub mod source;
 pub mod status;

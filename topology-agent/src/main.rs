@@ -10,7 +10,7 @@ use topology_agent::{
     cluster::{ObjectKey, file},
     dataplane::{self, Capacities, IndexOrdering, KernelLogLevel},
     dns::{self, DnsConfig, steer::Steering},
-    explain, simulate,
+    explain,
     sockets::TerminateSockets,
     status::StatusReport,
 };
@@ -63,25 +63,6 @@ enum Command {
         /// agreeing with the service maps); exit 1 with the first problem if not.
         #[arg(long)]
         verify: bool,
-    },
-    /// Compare routing algorithms over the KubeCon input space: in-zone traffic, overload and
-    /// deviation of random, the talk's "local", Auto hints, PreferClose and capacity spillover.
-    Simulate {
-        /// Evaluate one input in this many (1: all 39,273,145).
-        #[arg(long, default_value_t = 16)]
-        sample_every: u64,
-        /// Worker threads (default: every core).
-        #[arg(long)]
-        threads: Option<usize>,
-        /// Spillover's ε values to compare (fractions).
-        #[arg(long = "max-overload", value_delimiter = ',', default_values_t = [0.0, 0.05, 0.1])]
-        max_overloads: Vec<f64>,
-        /// Output format.
-        #[arg(long, value_enum, default_value_t = Output::Table)]
-        output: Output,
-        /// Also write the chart here.
-        #[arg(long)]
-        svg: Option<PathBuf>,
     },
     /// Detach every program and remove every pin the agent owns. Connections to ClusterIPs are no
     /// longer rewritten afterwards.
@@ -218,7 +199,7 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Status { pin_path, verify: true, .. } => {
             let check = dataplane::verify_pins(&pin_path)
-                .map_err(|problem| anyhow::anyhow!("{}: inconsistent: {problem}", pin_path.display()))?;
+                .with_context(|| format!("checking the pinned state under {}", pin_path.display()))?;
             println!("consistent: {} service ports, {} live slots", check.services, check.live_slots);
         }
         Command::Status { pin_path, output, .. } => {
@@ -228,24 +209,6 @@ fn main() -> anyhow::Result<()> {
             match output {
                 Output::Table => print!("{}", report.table()),
                 Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
-            }
-        }
-        Command::Simulate { sample_every, threads, max_overloads, output, svg } => {
-            let mut config = simulate::run::Config { sample_every, max_overloads, ..Default::default() };
-            if let Some(threads) = threads {
-                config.threads = threads;
-            }
-            let report = simulate::run::run(&config);
-            match output {
-                Output::Table => print!("{}", report.table()),
-                Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
-            }
-            if let Some(path) = svg {
-                std::fs::write(&path, report.svg()).with_context(|| format!("writing {}", path.display()))?;
-            }
-            let failed: Vec<String> = report.checks().into_iter().filter(|c| !c.ok).map(|c| c.what).collect();
-            if !failed.is_empty() {
-                bail!("{} check(s) failed: {}", failed.len(), failed.join("; "));
             }
         }
         Command::Cleanup { pin_path, wait, check } => {

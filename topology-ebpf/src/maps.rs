@@ -1,6 +1,10 @@
 //! Every map the programs use, declared once. All are BTF maps, so `bpftool map dump` prints field
 //! names. The agent pins each under its pin directory (all but the random generator's state) and
 //! may override any `max_entries`.
+//!
+//! `#[btf_map(name = …)]` takes a literal, so each name is spelled here once more; the agent's
+//! test `the_objects_declare_exactly_the_maps_topology_common_names` holds every one to
+//! `topology_common::map_names` in both builds of the object.
 
 use aya_ebpf::{
     Global,

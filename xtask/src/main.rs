@@ -31,6 +31,13 @@ enum Task {
     /// Set up, then simulate a multi-zone cluster on this machine with real agents and real
     /// connections, and report where they landed (root).
     Demo(demo::DemoArgs),
+    /// Set up, then run the routing simulator (`topology-sim`, release build) with these
+    /// arguments, e.g. `cargo xtask simulate --sample-every 1 --svg chart.svg`.
+    Simulate {
+        /// Arguments of `topology-sim` (see `cargo xtask simulate --help`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -51,6 +58,10 @@ fn main() -> anyhow::Result<()> {
         Task::Demo(args) => {
             setup::run()?;
             demo::run(&args)
+        }
+        Task::Simulate { args } => {
+            setup::run()?;
+            cmd::run(cmd::cargo().args(["run", "--release", "--quiet", "-p", "topology-sim", "--"]).args(&args))
         }
     }
 }

@@ -138,7 +138,7 @@ impl DemoCluster {
         }
     }
 
-    /// `topology-agent explain --output json` for node `index`.
+    /// `topology-agent explain --output json` for node `index`, with the DNS steering its agent runs.
     pub fn explain(&self, index: usize) -> serde_json::Value {
         let json = run(
             &agent_binary().to_string_lossy(),
@@ -148,11 +148,25 @@ impl DemoCluster {
                 &self.cluster_file.to_string_lossy(),
                 "--node",
                 &self.plan.nodes[index].name,
+                "--dns-listen",
+                &format!("{}:53", self.node_hosts[index].v4),
                 "--output",
                 "json",
             ],
         );
         serde_json::from_str(&json).expect("explain JSON")
+    }
+
+    /// `topology-agent status --output json` of node `index`'s pins: what its kernel holds.
+    pub fn status(&self, index: usize) -> serde_json::Value {
+        let pins = self.pins[index].path().to_string_lossy().into_owned();
+        let json = run(&agent_binary().to_string_lossy(), &["status", "--pin-path", &pins, "--output", "json"]);
+        serde_json::from_str(&json).expect("status JSON")
+    }
+
+    /// Number of nodes.
+    pub fn nodes(&self) -> usize {
+        self.plan.nodes.len()
     }
 
     /// Rewrites `cluster.yaml`, leaving out the backends of `removed_zone`.

@@ -71,6 +71,11 @@ pub fn shares(slots: &[Slot]) -> Vec<(Backend, f64)> {
     shares
 }
 
+/// The backends `slots` draw and their shares in parts per million, as `status` reports them.
+pub fn drawn(slots: &[Slot], ipv4: bool) -> Vec<WeightedBackend> {
+    shares(slots).iter().map(|(backend, share)| weighted_backend(backend, *share, ipv4)).collect()
+}
+
 /// The map form of a backend.
 pub fn backend(b: &WeightedBackend) -> Backend {
     Backend { addr: addr_bytes(b.addr), port: b.port, locality: b.locality.class(), _pad: 0 }

@@ -186,6 +186,14 @@ pub enum DataplaneError {
         /// Configured capacity.
         configured: u32,
     },
+    /// What the maps hold breaks an invariant the programs rely on.
+    #[error("map {map}: inconsistent: {problem}")]
+    Inconsistent {
+        /// Map name.
+        map: &'static str,
+        /// The first problem found.
+        problem: String,
+    },
     /// A desired service cannot be expressed in the maps.
     #[error("service {service}: {reason}")]
     InvalidService {

@@ -8,7 +8,10 @@
 
 pub mod alias;
 mod counters;
+mod diff;
 mod error;
+#[cfg(test)]
+mod golden;
 mod grace;
 mod heartbeat;
 mod ids;
@@ -16,7 +19,10 @@ mod index;
 mod links;
 mod loader;
 mod maps;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod memory;
 mod mmap;
+mod ops;
 mod pins;
 mod slot_space;
 mod state;
@@ -183,7 +189,7 @@ impl Dataplane {
 
     /// Checks the kernel's service indexes against the service entries (for tests and
     /// diagnostics): every lookup the programs could make answers the entry or asks the hash map.
-    pub fn verify_index(&self) -> Result<(), String> {
+    pub fn verify_index(&self) -> Result<(), DataplaneError> {
         self.writer.verify_index()
     }
 
@@ -235,14 +241,16 @@ pub struct PinCheck {
 /// slot run lies in the array, carries the entry's set id and overlaps no other run; every
 /// lookup the programs could make in the service index agrees with the hash maps. For an agent
 /// that was killed at any instant, this must hold on what it left.
-pub fn verify_pins(pin_path: &Path) -> Result<PinCheck, String> {
+pub fn verify_pins(pin_path: &Path) -> Result<PinCheck, DataplaneError> {
     let layout = PinLayout::new(pin_path);
-    let maps = maps::MapSet::from_pins(&layout).map_err(|e| e.to_string())?;
-    let kernel = state::read(&maps).map_err(|e| e.to_string())?;
+    let maps = maps::MapSet::from_pins(&layout)?;
+    let kernel = state::read(&maps)?;
+    let inconsistent = |problem| DataplaneError::Inconsistent { map: topology_common::map_names::SLOTS, problem };
     let mut runs: Vec<(u32, u32, ProgrammedPort)> = Vec::new();
     for (port, service) in &kernel.services {
         if !service.intact() {
-            return Err(format!("{port}: {} of its {} slots carry its set id", service.slots.len(), service.count));
+            let found = service.slots.len();
+            return Err(inconsistent(format!("{port}: {found} of its {} slots carry its set id", service.count)));
         }
         if service.count > 0 {
             runs.push((service.base, service.count, *port));
@@ -252,7 +260,7 @@ pub fn verify_pins(pin_path: &Path) -> Result<PinCheck, String> {
     for pair in runs.windows(2) {
         let ((base, count, first), (next, _, second)) = (pair[0], pair[1]);
         if u64::from(base) + u64::from(count) > u64::from(next) {
-            return Err(format!("{first} and {second} share slots"));
+            return Err(inconsistent(format!("{first} and {second} share slots")));
         }
     }
     writer::verify_index(&maps, &kernel)?;

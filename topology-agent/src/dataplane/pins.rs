@@ -90,3 +90,31 @@ fn remove(path: &Path) -> Result<(), DataplaneError> {
         Err(source) => Err(DataplaneError::PinDir { path: path.to_path_buf(), source }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+    use crate::dataplane::loader::PROGRAMS_ACQUIRE;
+
+    /// The eBPF crate must spell map names as literals (`#[btf_map(name = …)]`); this holds them
+    /// to `topology_common::map_names`, in both builds of the object.
+    #[test]
+    fn the_objects_declare_exactly_the_maps_topology_common_names() {
+        let mut expected: BTreeSet<&str> = map_names::PINNED.into_iter().collect();
+        expected.insert(map_names::RNG);
+        for (object, bytes) in [("topology", PROGRAMS), ("topology-acquire", PROGRAMS_ACQUIRE)] {
+            let parsed = aya_obj::Object::parse(bytes).unwrap_or_else(|error| panic!("{object}: {error}"));
+            let declared: BTreeSet<&str> =
+                parsed.maps.keys().map(String::as_str).filter(|name| name.starts_with("topo_")).collect();
+            assert_eq!(declared, expected, "{object}: map names differ from topology_common::map_names");
+            for name in parsed.maps.keys().filter(|name| !name.starts_with("topo_")) {
+                assert!(
+                    name.starts_with('.') || name.starts_with("AYA_"),
+                    "{object}: map {name} is neither the agent's nor a data section or aya-log's"
+                );
+            }
+        }
+    }
+}

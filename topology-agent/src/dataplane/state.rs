@@ -1,15 +1,12 @@
 //! What the kernel holds now, read back from the maps: the agent's mirror after adoption, and
 //! what `status` prints.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    net::IpAddr,
-};
+use std::collections::{BTreeMap, BTreeSet};
 
 use topology_common::{ServiceCounters, ServiceMeta, ServiceValue, Slot, map_names};
 
-use super::{alias, error::DataplaneError, maps::MapSet};
-use crate::desired::{PortOptions, Protocol, ServicePort, WeightedBackend};
+use super::{alias, error::DataplaneError, maps::MapSet, ops::ServiceKey};
+use crate::desired::{PortOptions, ServicePort, WeightedBackend};
 
 /// One service port as the kernel holds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,10 +54,7 @@ impl ProgrammedService {
 
     /// The backends and their effective weights (parts per million of traffic).
     pub fn backends(&self, ipv4: bool) -> Vec<WeightedBackend> {
-        alias::shares(&self.slots)
-            .iter()
-            .map(|(backend, share)| alias::weighted_backend(backend, *share, ipv4))
-            .collect()
+        alias::drawn(&self.slots, ipv4)
     }
 }
 
@@ -187,15 +181,11 @@ fn service_entries(maps: &MapSet) -> Result<Vec<(ServicePort, ServiceValue)>, Da
     let mut entries = Vec::new();
     for item in maps.services4.iter() {
         let (key, value) = item.map_err(DataplaneError::map(map_names::SERVICES_V4))?;
-        if let Some(protocol) = Protocol::from_number(key.proto) {
-            entries.push((ServicePort { vip: IpAddr::from(key.addr), port: key.port, protocol }, value));
-        }
+        entries.extend(ServiceKey::V4(key).port().map(|port| (port, value)));
     }
     for item in maps.services6.iter() {
         let (key, value) = item.map_err(DataplaneError::map(map_names::SERVICES_V6))?;
-        if let Some(protocol) = Protocol::from_number(key.proto) {
-            entries.push((ServicePort { vip: IpAddr::from(key.addr), port: key.port, protocol }, value));
-        }
+        entries.extend(ServiceKey::V6(key).port().map(|port| (port, value)));
     }
     Ok(entries)
 }

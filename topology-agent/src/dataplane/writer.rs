@@ -1,4 +1,5 @@
-//! Applies a desired state to the maps as a minimal diff. The only code that writes BPF maps.
+//! Carries out the diff ([`super::diff`]) against the maps, through [`MapOps`]: service and set
+//! ids, slot runs, the service index and the kernel mirror. The only code that writes service maps.
 //!
 //! # Swap protocol
 //!
@@ -20,25 +21,22 @@
 //! Room is checked before the first write for a service, and a failed write frees what that
 //! service wrote, so a map is never left holding part of a set.
 
-use std::{
-    collections::{HashMap, HashSet},
-    io,
-};
+use std::collections::HashMap;
 
-use aya::maps::MapError;
-use topology_common::{Backend, ServiceKey4, ServiceKey6, ServiceValue, Slot, THRESHOLD_ONE, map_names};
+use topology_common::{ServiceKey4, ServiceKey6, ServiceValue, Slot, map_names};
 
 use super::{
-    alias,
+    diff::{self, Foreign, Op},
     error::DataplaneError,
-    grace::Grace as _,
     ids::{DenseIds, IdPool},
     index::{self, ServiceIndex},
     maps::MapSet,
+    ops::{MapOps, PerFamily, ServiceKey, check_room, services_map},
     slot_space::{Run, Shortage, SlotSpace},
     state::{KernelState, ProgrammedService, meta_from_name},
 };
 use crate::{
+    cluster::Family,
     desired::{DesiredService, DesiredState, PortOptions, ServicePort},
     sockets::Departure,
 };
@@ -48,11 +46,11 @@ use crate::{
 pub struct ApplyReport {
     /// Service ports written for the first time.
     pub added: usize,
-    /// Service ports whose backend set was swapped.
+    /// Service ports whose backend set (or options) changed.
     pub updated: usize,
     /// Service ports removed.
     pub removed: usize,
-    /// Service ports already as desired (not rewritten).
+    /// Service ports already as desired (not rewritten; a new name only is no new routing).
     pub unchanged: usize,
     /// Slot entries written.
     pub slots_written: usize,
@@ -70,20 +68,15 @@ pub struct ApplyReport {
 }
 
 /// The dataplane's view of the kernel and the means to change it.
-pub struct Writer {
-    maps: MapSet,
+pub struct Writer<M: MapOps = MapSet> {
+    maps: M,
     kernel: KernelState,
     service_ids: DenseIds,
     set_ids: IdPool,
     slots: SlotSpace,
-    /// Services adopted with a run that overlaps another's or lies out of range: the run is not
-    /// theirs to retire when they are rewritten.
-    foreign_runs: HashSet<ServicePort>,
-    /// Services adopted with a service id out of range or shared with another: rewritten from
-    /// scratch (removed, then added with a fresh id) on the next apply.
-    foreign_ids: HashSet<ServicePort>,
+    foreign: Foreign,
     /// Service entries per family, kept as services are added and removed.
-    family_entries: [u64; 2],
+    entries: PerFamily<u64>,
     /// The service indexes the programs probe before the hash maps.
     index4: ServiceIndex<ServiceKey4>,
     index6: ServiceIndex<ServiceKey6>,
@@ -104,43 +97,33 @@ pub struct Usage {
     pub service_ids: u64,
 }
 
-impl Writer {
+impl<M: MapOps> Writer<M> {
     /// Adopts what the kernel holds.
-    pub fn adopt(maps: MapSet, kernel: KernelState) -> Result<Self, DataplaneError> {
-        let capacity = maps.capacities.service_ids;
-        let mut seen = HashSet::new();
-        let foreign_ids: HashSet<ServicePort> = kernel
+    pub fn adopt(mut maps: M, kernel: KernelState) -> Result<Self, DataplaneError> {
+        let capacities = maps.capacities();
+        let mut seen = std::collections::HashSet::new();
+        let foreign_ids = kernel
             .services
             .iter()
-            .filter(|(_, s)| s.service_id >= capacity || !seen.insert(s.service_id))
+            .filter(|(_, s)| s.service_id >= capacities.service_ids || !seen.insert(s.service_id))
             .map(|(port, _)| *port)
             .collect();
         let service_ids = DenseIds::new(
             kernel.services.values().map(|s| s.service_id).chain(kernel.orphan_ids.iter().copied()),
-            capacity,
+            capacities.service_ids,
         );
         let set_ids = IdPool::new(kernel.services.values().map(|s| s.set_id));
         let runs = kernel.services.iter().map(|(port, s)| (Run { base: s.base, len: s.count }, *port));
-        let (slots, rejected) = SlotSpace::adopt(maps.capacities.slots, runs);
-        let foreign_runs = rejected.into_iter().collect();
+        let (slots, rejected) = SlotSpace::adopt(capacities.slots, runs);
+        let foreign = Foreign { runs: rejected.into_iter().collect(), ids: foreign_ids };
         let v4 = kernel.services.keys().filter(|port| port.vip.is_ipv4()).count() as u64;
-        let family_entries = [v4, kernel.services.len() as u64 - v4];
-        let mut maps = maps;
+        let entries = PerFamily { v4, v6: kernel.services.len() as u64 - v4 };
         let (services4, services6) = entries_by_family(&kernel);
-        let index4 = ServiceIndex::adopt(&mut maps.index4, &services4, &mut maps.counters)?;
-        let index6 = ServiceIndex::adopt(&mut maps.index6, &services6, &mut maps.counters)?;
-        Ok(Self {
-            maps,
-            kernel,
-            service_ids,
-            set_ids,
-            slots,
-            foreign_runs,
-            foreign_ids,
-            family_entries,
-            index4,
-            index6,
-        })
+        let (map, grace) = maps.index4();
+        let index4 = ServiceIndex::adopt(map, &services4, grace)?;
+        let (map, grace) = maps.index6();
+        let index6 = ServiceIndex::adopt(map, &services6, grace)?;
+        Ok(Self { maps, kernel, service_ids, set_ids, slots, foreign, entries, index4, index6 })
     }
 
     /// What the kernel holds, as last written or adopted.
@@ -149,12 +132,12 @@ impl Writer {
     }
 
     /// The maps, for reading counters.
-    pub fn maps(&self) -> &MapSet {
+    pub fn maps(&self) -> &M {
         &self.maps
     }
 
     /// The maps, for the writes that are not about service ports (the heartbeat).
-    pub fn maps_mut(&mut self) -> &mut MapSet {
+    pub fn maps_mut(&mut self) -> &mut M {
         &mut self.maps
     }
 
@@ -168,7 +151,7 @@ impl Writer {
     }
 
     /// Makes the kernel hold the given service ports as desired (`None`: removed), leaving every
-    /// other service port alone. Removals run first, so they free capacity for additions.
+    /// other service port alone.
     pub fn apply_changes<'a>(
         &mut self,
         changes: impl IntoIterator<Item = (ServicePort, Option<&'a DesiredService>)>,
@@ -176,9 +159,12 @@ impl Writer {
         let mut report = ApplyReport::default();
         self.remove_orphan_ids();
         self.repair_index();
-        let (removals, upserts): (Vec<_>, Vec<_>) = changes.into_iter().partition(|(_, desired)| desired.is_none());
-        for (port, desired) in removals.into_iter().chain(upserts) {
-            if let Err(error) = self.reconcile(&port, desired, &mut report) {
+        let diff = diff::diff(changes, &self.kernel, &self.foreign);
+        report.unchanged = diff.unchanged;
+        report.failed = diff.invalid;
+        for op in diff.ops {
+            let port = *op.port();
+            if let Err(error) = self.execute(op, &mut report) {
                 report.failed.push((port, error));
             }
         }
@@ -187,49 +173,35 @@ impl Writer {
         report
     }
 
-    /// Brings one service port to `desired`, counting what happened in `report`.
-    fn reconcile(
-        &mut self,
-        port: &ServicePort,
-        desired: Option<&DesiredService>,
-        report: &mut ApplyReport,
-    ) -> Result<(), DataplaneError> {
-        let Some(service) = desired else {
-            if self.kernel.services.contains_key(port) {
-                self.remove(port, report)?;
+    /// Carries out one operation, counting what happened in `report`.
+    fn execute(&mut self, op: Op<'_>, report: &mut ApplyReport) -> Result<(), DataplaneError> {
+        match op {
+            Op::Remove(port) => {
+                self.remove(&port, report)?;
                 report.removed += 1;
             }
-            return Ok(());
-        };
-        let slots = validated_slots(port, service)?;
-        if self.foreign_ids.contains(port) {
-            self.remove(port, &mut ApplyReport::default())?;
-            self.foreign_ids.remove(port);
-        }
-        match self.kernel.services.get(port) {
-            Some(current) if current.intact() && !self.foreign_runs.contains(port) && current.slots == slots => {
-                let (name_changed, options_changed) =
-                    (current.name != service.name, current.options != service.options);
-                if name_changed {
-                    self.rename(port, &service.name)?;
+            Op::Add { port, slots, service, replace } => {
+                if replace {
+                    self.remove(&port, &mut ApplyReport::default())?;
                 }
-                if options_changed {
-                    self.set_options(port, service.options)?;
-                }
-                // A new name is no new routing; new options are.
-                if options_changed {
-                    report.updated += 1;
-                } else {
-                    report.unchanged += 1;
-                }
+                self.add(&port, service, slots, report)?;
+                report.added += 1;
             }
-            Some(_) => {
-                self.swap(port, service, slots, report)?;
+            Op::Swap { port, slots, service } => {
+                self.swap(&port, service, slots, report)?;
                 report.updated += 1;
             }
-            None => {
-                self.add(port, service, slots, report)?;
-                report.added += 1;
+            Op::Retag { port, name, options } => {
+                if let Some(name) = name {
+                    self.rename(&port, name)?;
+                }
+                match options {
+                    Some(options) => {
+                        self.set_options(&port, options)?;
+                        report.updated += 1;
+                    }
+                    None => report.unchanged += 1,
+                }
             }
         }
         Ok(())
@@ -242,25 +214,27 @@ impl Writer {
         slots: Vec<Slot>,
         report: &mut ApplyReport,
     ) -> Result<(), DataplaneError> {
-        let ipv4 = port.vip.is_ipv4();
-        let (family_map, family_used, family_capacity) = if ipv4 {
-            (map_names::SERVICES_V4, self.family_entries[0], self.maps.capacities.services_v4)
-        } else {
-            (map_names::SERVICES_V6, self.family_entries[1], self.maps.capacities.services_v6)
+        let family = Family::of(&port.vip);
+        let capacities = self.maps.capacities();
+        let family_capacity = match family {
+            Family::V4 => capacities.services_v4,
+            Family::V6 => capacities.services_v6,
         };
-        check_room(family_map, family_used, 1, family_capacity)?;
-        check_room(map_names::COUNTERS, self.service_ids.len() as u64, 1, self.maps.capacities.service_ids)?;
+        check_room(services_map(family), *self.entries.get(family), 1, family_capacity)?;
+        check_room(map_names::COUNTERS, self.service_ids.len() as u64, 1, capacities.service_ids)?;
         let run = self.allocate(slots.len() as u32, report)?;
 
         let service_id = self.service_ids.allocate();
         let set_id = if slots.is_empty() { 0 } else { self.set_ids.allocate() };
         let value = ServiceValue { service_id, set_id, count: run.len, base: run.base };
-        let written = self
-            .write_counters(service_id)
-            .and_then(|()| self.write_meta(service_id, &service.name))
-            .and_then(|()| self.write_options(service_id, service.options))
-            .and_then(|()| self.write_slots(set_id, run, &slots))
-            .and_then(|()| self.write_entry(port, value));
+        let key = ServiceKey::of(port);
+        let maps = &mut self.maps;
+        let written = maps
+            .reset_counters(service_id)
+            .and_then(|()| maps.put_name(service_id, meta_from_name(&service.name)))
+            .and_then(|()| maps.put_options(service_id, service.options.to_kernel()))
+            .and_then(|()| write_slots(maps, set_id, run, &slots))
+            .and_then(|()| maps.put_service(key, value));
         if let Err(error) = written {
             // Roll back everything this service wrote; the entry was the last write, so no program
             // has seen the run and it is free at once.
@@ -270,8 +244,8 @@ impl Writer {
             self.set_ids.release(set_id);
             return Err(error);
         }
-        self.family_entries[family_index(port)] += 1;
-        self.index_upsert(port, value);
+        *self.entries.get_mut(family) += 1;
+        self.index_upsert(key, value);
         report.slots_written += slots.len();
         self.kernel
             .services
@@ -289,24 +263,25 @@ impl Writer {
         let current = self.kernel.services[port].clone();
         if current.options != service.options {
             // Before the new set: a client's affinity is only ever judged by the options in force.
-            self.write_options(current.service_id, service.options)?;
-            self.update_mirror(port, |s| s.options = service.options);
+            self.set_options(port, service.options)?;
         }
         let run = self.allocate(slots.len() as u32, report)?;
         let set_id = if slots.is_empty() { 0 } else { self.set_ids.allocate() };
         let value = ServiceValue { service_id: current.service_id, set_id, count: run.len, base: run.base };
+        let key = ServiceKey::of(port);
         // Steps 1 and 2 of the swap protocol.
-        if let Err(error) = self.write_slots(set_id, run, &slots).and_then(|()| self.write_entry(port, value)) {
+        let maps = &mut self.maps;
+        if let Err(error) = write_slots(maps, set_id, run, &slots).and_then(|()| maps.put_service(key, value)) {
             self.slots.release(run);
             self.set_ids.release(set_id);
             return Err(error);
         }
-        self.index_upsert(port, value);
+        self.index_upsert(key, value);
         report.slots_written += slots.len();
         // Step 3: the old run waits for a grace period. The mirror follows the kernel before
         // anything else can fail, so the old run is never retired twice.
         self.retire(port, &current);
-        report.departed.extend(departures(port, &current.slots, &slots));
+        report.departed.extend(diff::departures(port, &current.slots, &slots));
         self.kernel
             .services
             .insert(*port, ProgrammedService::new(&value, slots, current.name.clone(), service.options));
@@ -325,18 +300,32 @@ impl Writer {
 
     fn set_options(&mut self, port: &ServicePort, options: PortOptions) -> Result<(), DataplaneError> {
         let service_id = self.kernel.services[port].service_id;
-        self.write_options(service_id, options)?;
+        self.maps.put_options(service_id, options.to_kernel())?;
         self.update_mirror(port, |s| s.options = options);
+        Ok(())
+    }
+
+    fn rename(&mut self, port: &ServicePort, name: &str) -> Result<(), DataplaneError> {
+        let service_id = self.kernel.services[port].service_id;
+        self.maps.put_name(service_id, meta_from_name(name))?;
+        self.update_mirror(port, |s| s.name = name.to_owned());
         Ok(())
     }
 
     fn remove(&mut self, port: &ServicePort, report: &mut ApplyReport) -> Result<(), DataplaneError> {
         let current = self.kernel.services[port].clone();
-        self.index_remove(port);
-        self.delete_entry(port)?;
-        report.departed.extend(departures(port, &current.slots, &[]));
+        let key = ServiceKey::of(port);
+        self.index_remove(key);
+        if let Err(error) = self.maps.delete_service(key) {
+            // The entry stays, so must its place in the index: the programs trust the index's
+            // "absent", and the next apply, finding the port as desired, would change nothing.
+            self.index_upsert(key, current.value());
+            return Err(error);
+        }
+        report.departed.extend(diff::departures(port, &current.slots, &[]));
         self.kernel.services.remove(port);
-        self.family_entries[family_index(port)] -= 1;
+        self.foreign.ids.remove(port);
+        *self.entries.get_mut(key.family()) -= 1;
         self.retire(port, &current);
         if self.delete_ids(current.service_id) {
             self.service_ids.release(current.service_id);
@@ -348,7 +337,7 @@ impl Writer {
 
     /// Retires the run a replaced or removed service entry referred to, and frees its set id.
     fn retire(&mut self, port: &ServicePort, old: &ProgrammedService) {
-        if !self.foreign_runs.remove(port) {
+        if !self.foreign.runs.remove(port) {
             self.slots.retire(Run { base: old.base, len: old.count });
         }
         if old.set_id != 0 {
@@ -368,7 +357,7 @@ impl Writer {
         // A position of the index not yet published may still lead to a retired run.
         if self.slots.has_retired() && self.repair_index() {
             let started = std::time::Instant::now();
-            let waited = self.maps.counters.wait();
+            let waited = self.maps.grace().wait();
             report.grace_wait += started.elapsed();
             match waited {
                 Ok(()) => {
@@ -386,25 +375,13 @@ impl Writer {
                 Err(error) => report.housekeeping.push(error),
             }
         }
+        let capacity = self.maps.capacities().slots;
         Err(match shortage {
-            Shortage::Full { needed } => {
-                DataplaneError::MapFull { map: map_names::SLOTS, needed, capacity: self.maps.capacities.slots }
+            Shortage::Full { needed } => DataplaneError::MapFull { map: map_names::SLOTS, needed, capacity },
+            Shortage::Fragmented { free, largest } => {
+                DataplaneError::MapFragmented { map: map_names::SLOTS, needed: len, free, largest, capacity }
             }
-            Shortage::Fragmented { free, largest } => DataplaneError::MapFragmented {
-                map: map_names::SLOTS,
-                needed: len,
-                free,
-                largest,
-                capacity: self.maps.capacities.slots,
-            },
         })
-    }
-
-    fn rename(&mut self, port: &ServicePort, name: &str) -> Result<(), DataplaneError> {
-        let service_id = self.kernel.services[port].service_id;
-        self.write_meta(service_id, name)?;
-        self.update_mirror(port, |s| s.name = name.to_owned());
-        Ok(())
     }
 
     fn remove_orphan_ids(&mut self) {
@@ -421,8 +398,8 @@ impl Writer {
     /// Entries in use, from the writer's own counts (no kernel access).
     pub fn usage(&self) -> Usage {
         Usage {
-            services_v4: self.family_entries[0],
-            services_v6: self.family_entries[1],
+            services_v4: self.entries.v4,
+            services_v6: self.entries.v6,
             slots: self.slots.live(),
             slots_retired: self.slots.retired(),
             service_ids: self.service_ids.len() as u64,
@@ -431,233 +408,79 @@ impl Writer {
 
     /// Checks the service indexes in the kernel against the service entries: what every lookup
     /// the programs could make answers (see [`index::verify`]).
-    pub fn verify_index(&self) -> Result<(), String> {
+    pub fn verify_index(&self) -> Result<(), DataplaneError> {
         verify_index(&self.maps, &self.kernel)
     }
 
     /// Publishes index positions left pending; true if the index holds every decision.
     fn repair_index(&mut self) -> bool {
-        let v4 = self.index4.repair(&mut self.maps.index4, &mut self.maps.counters);
-        self.index6.repair(&mut self.maps.index6, &mut self.maps.counters) && v4
+        let (map, grace) = self.maps.index4();
+        let v4 = self.index4.repair(map, grace);
+        let (map, grace) = self.maps.index6();
+        self.index6.repair(map, grace) && v4
     }
 
     /// Points the index at a service entry just written to the hash map. A failure is reported
     /// with the apply and repaired on the next; meanwhile the position holds earlier, whole
     /// contents, and the run they point at is not reclaimed.
-    fn index_upsert(&mut self, port: &ServicePort, value: ServiceValue) {
-        let maps = &mut self.maps;
-        match key_of(port) {
-            Key::V4(key) => self.index4.upsert(&mut maps.index4, key, value, &mut maps.counters),
-            Key::V6(key) => self.index6.upsert(&mut maps.index6, key, value, &mut maps.counters),
+    fn index_upsert(&mut self, key: ServiceKey, value: ServiceValue) {
+        match key {
+            ServiceKey::V4(key) => {
+                let (map, grace) = self.maps.index4();
+                self.index4.upsert(map, key, value, grace);
+            }
+            ServiceKey::V6(key) => {
+                let (map, grace) = self.maps.index6();
+                self.index6.upsert(map, key, value, grace);
+            }
         }
     }
 
     /// Takes a service port out of the index, before its hash map entry goes.
-    fn index_remove(&mut self, port: &ServicePort) {
-        let maps = &mut self.maps;
-        match key_of(port) {
-            Key::V4(key) => self.index4.remove(&mut maps.index4, &key, &mut maps.counters),
-            Key::V6(key) => self.index6.remove(&mut maps.index6, &key, &mut maps.counters),
-        }
-    }
-
-    /// Writes `slots`, tagged with `set_id`, into `run`.
-    fn write_slots(&mut self, set_id: u32, run: Run, slots: &[Slot]) -> Result<(), DataplaneError> {
-        for (index, slot) in (run.base..).zip(slots) {
-            self.maps.slots.set(index, Slot { set_id, ..*slot }, 0).map_err(DataplaneError::map(map_names::SLOTS))?;
-        }
-        Ok(())
-    }
-
-    fn write_entry(&mut self, port: &ServicePort, value: ServiceValue) -> Result<(), DataplaneError> {
-        match key_of(port) {
-            Key::V4(key) => {
-                self.maps.services4.insert(key, value, 0).map_err(DataplaneError::map(map_names::SERVICES_V4))
+    fn index_remove(&mut self, key: ServiceKey) {
+        match key {
+            ServiceKey::V4(key) => {
+                let (map, grace) = self.maps.index4();
+                self.index4.remove(map, &key, grace);
             }
-            Key::V6(key) => {
-                self.maps.services6.insert(key, value, 0).map_err(DataplaneError::map(map_names::SERVICES_V6))
+            ServiceKey::V6(key) => {
+                let (map, grace) = self.maps.index6();
+                self.index6.remove(map, &key, grace);
             }
         }
-    }
-
-    fn delete_entry(&mut self, port: &ServicePort) -> Result<(), DataplaneError> {
-        match key_of(port) {
-            Key::V4(key) => {
-                ignore_missing(self.maps.services4.remove(&key)).map_err(DataplaneError::map(map_names::SERVICES_V4))
-            }
-            Key::V6(key) => {
-                ignore_missing(self.maps.services6.remove(&key)).map_err(DataplaneError::map(map_names::SERVICES_V6))
-            }
-        }
-    }
-
-    fn write_counters(&mut self, service_id: u32) -> Result<(), DataplaneError> {
-        self.maps.counters.reset(service_id)
-    }
-
-    fn write_meta(&mut self, service_id: u32, name: &str) -> Result<(), DataplaneError> {
-        self.maps.meta.insert(service_id, meta_from_name(name), 0).map_err(DataplaneError::map(map_names::SERVICE_META))
-    }
-
-    fn write_options(&mut self, service_id: u32, options: PortOptions) -> Result<(), DataplaneError> {
-        self.maps
-            .options
-            .set(service_id, options.to_kernel(), 0)
-            .map_err(DataplaneError::map(map_names::SERVICE_OPTIONS))
     }
 
     /// Deletes the name of a service id (its counters are zeroed when the id is reused); false if
     /// it is still there.
     fn delete_ids(&mut self, service_id: u32) -> bool {
-        ignore_missing(self.maps.meta.remove(&service_id)).is_ok()
+        self.maps.delete_name(service_id).is_ok()
     }
 }
 
-/// The backends a set change takes away from a service port: drawn from `old`, never from `new`.
-fn departures(port: &ServicePort, old: &[Slot], new: &[Slot]) -> Vec<Departure> {
-    let kept = drawn(new);
-    let ipv4 = port.vip.is_ipv4();
-    let mut gone: Vec<Departure> = drawn(old)
-        .difference(&kept)
-        .map(|(addr, backend_port)| {
-            let backend =
-                alias::weighted_backend(&Backend { addr: *addr, port: *backend_port, ..Backend::default() }, 0.0, ipv4);
-            Departure { service: *port, backend: std::net::SocketAddr::new(backend.addr, backend.port) }
-        })
-        .collect();
-    gone.sort();
-    gone
-}
-
-/// The backends (address, port) a set can draw: a slot's primary unless its threshold is 0, its
-/// alias unless its threshold is one.
-fn drawn(slots: &[Slot]) -> HashSet<([u8; 16], u16)> {
-    let mut out = HashSet::new();
-    for slot in slots {
-        if slot.threshold > 0 {
-            out.insert((slot.primary.addr, slot.primary.port));
-        }
-        if slot.threshold < THRESHOLD_ONE {
-            out.insert((slot.alias.addr, slot.alias.port));
-        }
+/// Writes `slots`, tagged with `set_id`, into `run`.
+fn write_slots(maps: &mut impl MapOps, set_id: u32, run: Run, slots: &[Slot]) -> Result<(), DataplaneError> {
+    for (index, slot) in (run.base..).zip(slots) {
+        maps.put_slot(index, Slot { set_id, ..*slot })?;
     }
-    out
+    Ok(())
 }
 
 /// Checks the service indexes in `maps` against the service entries of `kernel`.
-pub fn verify_index(maps: &MapSet, kernel: &KernelState) -> Result<(), String> {
+pub fn verify_index(maps: &impl MapOps, kernel: &KernelState) -> Result<(), DataplaneError> {
     let (services4, services6) = entries_by_family(kernel);
-    index::verify(&maps.index4, &services4)?;
-    index::verify(&maps.index6, &services6)
+    let (index4, index6) = maps.indexes();
+    index::verify(index4, &services4)?;
+    index::verify(index6, &services6)
 }
 
 /// The service entries of each family, keyed as in the maps.
 fn entries_by_family(kernel: &KernelState) -> (HashMap<ServiceKey4, ServiceValue>, HashMap<ServiceKey6, ServiceValue>) {
     let (mut services4, mut services6) = (HashMap::new(), HashMap::new());
     for (port, service) in &kernel.services {
-        match key_of(port) {
-            Key::V4(key) => services4.insert(key, service.value()),
-            Key::V6(key) => services6.insert(key, service.value()),
+        match ServiceKey::of(port) {
+            ServiceKey::V4(key) => services4.insert(key, service.value()),
+            ServiceKey::V6(key) => services6.insert(key, service.value()),
         };
     }
     (services4, services6)
-}
-
-/// Index of a service port's family in `family_entries`.
-fn family_index(port: &ServicePort) -> usize {
-    usize::from(port.vip.is_ipv6())
-}
-
-enum Key {
-    V4(ServiceKey4),
-    V6(ServiceKey6),
-}
-
-fn key_of(port: &ServicePort) -> Key {
-    let proto = port.protocol.number();
-    match port.vip {
-        std::net::IpAddr::V4(vip) => Key::V4(ServiceKey4 { addr: vip.octets(), port: port.port, proto, _pad: 0 }),
-        std::net::IpAddr::V6(vip) => Key::V6(ServiceKey6 { addr: vip.octets(), port: port.port, proto, _pad: 0 }),
-    }
-}
-
-/// The slots for a desired service, after checking every backend has the ClusterIP's family.
-fn validated_slots(port: &ServicePort, service: &DesiredService) -> Result<Vec<Slot>, DataplaneError> {
-    if let Some(backend) = service.backends.iter().find(|b| b.addr.is_ipv4() != port.vip.is_ipv4()) {
-        return Err(DataplaneError::InvalidService {
-            service: *port,
-            reason: format!("backend {} is not of the ClusterIP's address family", backend.addr),
-        });
-    }
-    let slots = alias::build(&service.backends);
-    if slots.len() > u32::MAX as usize {
-        return Err(DataplaneError::InvalidService { service: *port, reason: "too many backends".into() });
-    }
-    Ok(slots)
-}
-
-fn check_room(map: &'static str, used: u64, more: u64, capacity: u32) -> Result<(), DataplaneError> {
-    if used + more > u64::from(capacity) {
-        return Err(DataplaneError::MapFull { map, needed: used + more, capacity });
-    }
-    Ok(())
-}
-
-/// A delete of an entry that is already gone succeeded.
-fn ignore_missing(result: Result<(), MapError>) -> Result<(), MapError> {
-    match result {
-        Err(MapError::SyscallError(aya::sys::SyscallError { io_error, .. }))
-            if io_error.kind() == io::ErrorKind::NotFound =>
-        {
-            Ok(())
-        }
-        other => other,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn departures_are_the_backends_the_old_set_drew_and_the_new_one_does_not() {
-        let port =
-            ServicePort { vip: "10.96.0.10".parse().unwrap(), port: 53, protocol: crate::desired::Protocol::Udp };
-        let backend = |last: u8| crate::desired::WeightedBackend {
-            addr: std::net::IpAddr::from([10, 244, 0, last]),
-            port: 8053,
-            weight: 1,
-            locality: crate::desired::Locality::Zone,
-        };
-        let old = alias::build(&[backend(1), backend(2), backend(3)]);
-        let new = alias::build(&[backend(2), backend(3), backend(4)]);
-        let gone = departures(&port, &old, &new);
-        assert_eq!(gone, vec![Departure { service: port, backend: "10.244.0.1:8053".parse().unwrap() }]);
-        assert!(departures(&port, &old, &old).is_empty(), "new weights for the same members take nobody away");
-        assert_eq!(departures(&port, &old, &[]).len(), 3, "a removed service port takes every backend");
-    }
-
-    #[test]
-    fn room_is_checked_before_writing() {
-        assert!(check_room("topo_slots", 10, 5, 15).is_ok());
-        let error = check_room("topo_slots", 10, 6, 15).unwrap_err();
-        assert_eq!(error.to_string(), "map topo_slots is full: 16 entries needed, capacity 15");
-    }
-
-    #[test]
-    fn backends_must_match_the_cluster_ip_family() {
-        let port = ServicePort { vip: "10.96.0.1".parse().unwrap(), port: 80, protocol: crate::desired::Protocol::Tcp };
-        let service = DesiredService {
-            name: "default/web:http".into(),
-            backends: vec![crate::desired::WeightedBackend {
-                addr: "fd00::1".parse().unwrap(),
-                port: 8080,
-                weight: 1,
-                locality: crate::desired::Locality::Zone,
-            }],
-            options: PortOptions::default(),
-        };
-        let error = validated_slots(&port, &service).unwrap_err();
-        assert!(error.to_string().contains("fd00::1 is not of the ClusterIP's address family"), "{error}");
-    }
 }

@@ -13,7 +13,7 @@ pub fn desired_state(selections: &[PortSelection]) -> DesiredState {
     let mut desired = DesiredState::default();
     for selected in selections {
         let name = port_name(selected);
-        let backends = weighted(selected);
+        let backends = integer_weights(selected);
         let options = selected.options;
         for vip in &selected.cluster_ips {
             let port = ServicePort { vip: *vip, port: selected.port.port, protocol: selected.port.protocol };
@@ -32,7 +32,9 @@ pub fn port_name(selected: &PortSelection) -> String {
     }
 }
 
-fn weighted(selected: &PortSelection) -> Vec<WeightedBackend> {
+/// The backends the kernel gets for a selection: weights scaled so the largest is
+/// [`WEIGHT_SCALE`], zero weights dropped.
+pub fn integer_weights(selected: &PortSelection) -> Vec<WeightedBackend> {
     let max = selected.selection.backends.iter().map(|b| b.weight).fold(0.0_f64, f64::max);
     selected
         .selection

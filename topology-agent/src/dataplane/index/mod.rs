@@ -4,9 +4,10 @@
 //! [`Placement`] is the pure part: it decides positions and keeps the invariant the programs rely
 //! on. [`ServiceIndex`] publishes what it decides through the index's shared mapping, one
 //! position at a time, in an order that keeps the invariant true in the kernel after every single
-//! store. The hash maps stay the authority: a position that could not be published keeps whole,
-//! earlier contents, or an odd `seq` (a killed agent's half-done rewrite), which the programs
-//! treat as "not sure" and answer from the hash map.
+//! store. The hash maps stay the authority: a position that could not be published (a grace
+//! period was due and refused) keeps whole, earlier contents under an odd `seq`, as a killed
+//! agent's half-done rewrite does; the programs treat an odd `seq` as "not sure" and answer from
+//! the hash map.
 
 mod placement;
 mod publish;

@@ -374,7 +374,8 @@ impl<K: IndexKey> Placement<K> {
     }
 
     /// Checks the invariant the programs rely on against `services`, the authority: every
-    /// lookup of a service answers its entry or "not sure", and every placed key is a service.
+    /// lookup of a service answers its entry or "not sure", and no lookup finds a key that is not
+    /// a service (one left under an odd `seq` answers "not sure": the hash map says absent).
     pub fn check(&self, services: &HashMap<K, ServiceValue>) -> Result<(), String> {
         for (key, value) in services {
             match self.lookup(key) {
@@ -388,8 +389,9 @@ impl<K: IndexKey> Placement<K> {
         for position in self.positions.values() {
             if let Content::Used(key, _) = position.content
                 && !services.contains_key(&key)
+                && matches!(self.lookup(&key), Lookup::Found(_))
             {
-                return Err(format!("{key:?}: placed but not a service"));
+                return Err(format!("{key:?}: found by a lookup but not a service"));
             }
         }
         Ok(())

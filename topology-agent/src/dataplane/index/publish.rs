@@ -9,15 +9,12 @@ use std::{
 use topology_common::ServiceValue;
 
 use super::placement::{Content, IndexKey, Placement, Position};
-use crate::dataplane::{error::DataplaneError, grace::Grace, mmap::MappedArray};
+use crate::dataplane::{error::DataplaneError, grace::Grace, ops::IndexStore};
 
 /// Rewrites of one position between grace periods. `seq` advances by two per rewrite and wraps at
 /// 256, so a program would have to stay inside one lookup for 128 rewrites of its position to see
 /// the same even `seq` twice; the agent waits for a grace period long before.
 const REWRITES_PER_GRACE: u8 = 64;
-
-/// The kernel map of one family's index.
-pub type IndexMap<K> = MappedArray<<K as IndexKey>::Entry>;
 
 /// The index of one family: its placement, and the writes that publish it to its map.
 pub struct ServiceIndex<K: IndexKey> {
@@ -32,7 +29,7 @@ pub struct ServiceIndex<K: IndexKey> {
 impl<K: IndexKey> ServiceIndex<K> {
     /// Adopts the index in `map` and makes it index exactly `services`.
     pub fn adopt(
-        map: &mut IndexMap<K>,
+        map: &mut dyn IndexStore<K::Entry>,
         services: &HashMap<K, ServiceValue>,
         grace: &mut dyn Grace,
     ) -> Result<Self, DataplaneError> {
@@ -48,19 +45,19 @@ impl<K: IndexKey> ServiceIndex<K> {
     }
 
     /// Makes `key` map to `value` in the index.
-    pub fn upsert(&mut self, map: &mut IndexMap<K>, key: K, value: ServiceValue, grace: &mut dyn Grace) {
+    pub fn upsert(&mut self, map: &mut dyn IndexStore<K::Entry>, key: K, value: ServiceValue, grace: &mut dyn Grace) {
         let changed = self.placement.upsert(key, value);
         self.publish(map, changed, grace);
     }
 
     /// Removes `key` from the index.
-    pub fn remove(&mut self, map: &mut IndexMap<K>, key: &K, grace: &mut dyn Grace) {
+    pub fn remove(&mut self, map: &mut dyn IndexStore<K::Entry>, key: &K, grace: &mut dyn Grace) {
         let changed = self.placement.remove(key);
         self.publish(map, changed, grace);
     }
 
     /// Publishes positions left pending; true if the kernel holds every decision.
-    pub fn repair(&mut self, map: &mut IndexMap<K>, grace: &mut dyn Grace) -> bool {
+    pub fn repair(&mut self, map: &mut dyn IndexStore<K::Entry>, grace: &mut dyn Grace) -> bool {
         let pending = std::mem::take(&mut self.pending).into_iter().collect();
         self.publish(map, pending, grace);
         self.pending.is_empty()
@@ -79,7 +76,7 @@ impl<K: IndexKey> ServiceIndex<K> {
     }
 
     /// Publishes the current contents of `positions`, in order.
-    fn publish(&mut self, map: &mut IndexMap<K>, positions: Vec<u32>, grace: &mut dyn Grace) {
+    fn publish(&mut self, map: &mut dyn IndexStore<K::Entry>, positions: Vec<u32>, grace: &mut dyn Grace) {
         let mut done = HashSet::new();
         for position in positions {
             if !done.insert(position) {
@@ -93,12 +90,29 @@ impl<K: IndexKey> ServiceIndex<K> {
     }
 
     /// Rewrites one position: `seq` made odd over the old contents, the new contents, `seq` made
-    /// even by a release store. Fails, leaving the old contents whole, only when a grace period
-    /// is due and cannot be waited for.
-    fn rewrite(&mut self, map: &mut IndexMap<K>, position: u32, grace: &mut dyn Grace) -> Result<(), DataplaneError> {
+    /// even by a release store. Fails only when a grace period is due and cannot be waited for,
+    /// leaving the old contents whole under an odd `seq` ("not sure": ask the hash map).
+    fn rewrite(
+        &mut self,
+        map: &mut dyn IndexStore<K::Entry>,
+        position: u32,
+        grace: &mut dyn Grace,
+    ) -> Result<(), DataplaneError> {
         let known = *self.placement.positions.entry(position).or_insert_with(Position::never_written);
         if known.rewrites >= REWRITES_PER_GRACE {
-            grace.wait()?;
+            if let Err(error) = grace.wait() {
+                // The old contents may now be wrong (an "absent" where a key was just added), so
+                // the programs must not trust them: an odd `seq` sends them to the hash map. Making
+                // `seq` odd never validates a read, so it needs no grace period.
+                if known.seq & 1 == 0 {
+                    let odd = known.seq.wrapping_add(1);
+                    map.store_seq(position, odd, Ordering::Release);
+                    if let Some(known) = self.placement.positions.get_mut(&position) {
+                        known.seq = odd;
+                    }
+                }
+                return Err(error);
+            }
             self.grace_passed();
         }
         let mut seq = known.seq;
@@ -119,18 +133,22 @@ impl<K: IndexKey> ServiceIndex<K> {
 
 /// Checks what the kernel holds in `map` against `services`: each service's lookup, as the
 /// programs make it, answers its entry or "not sure", and every placed key is a service.
-pub fn verify<K: IndexKey>(map: &IndexMap<K>, services: &HashMap<K, ServiceValue>) -> Result<(), String> {
+pub fn verify<K: IndexKey>(
+    map: &dyn IndexStore<K::Entry>,
+    services: &HashMap<K, ServiceValue>,
+) -> Result<(), DataplaneError> {
+    let inconsistent = |problem| DataplaneError::Inconsistent { map: K::MAP, problem };
     let mut held = Placement::new(map.len());
     let mut seen = HashSet::new();
     for position in 0..map.len() {
         let entry = map.read(position);
-        let (seq, content) = K::parse(&entry).ok_or_else(|| format!("{}[{position}]: invalid state", K::MAP))?;
+        let (seq, content) = K::parse(&entry).ok_or_else(|| inconsistent(format!("[{position}]: invalid state")))?;
         if let Content::Used(key, _) = content
             && !seen.insert(key)
         {
-            return Err(format!("{}: {key:?} at two positions", K::MAP));
+            return Err(inconsistent(format!("{key:?} at two positions")));
         }
         held.record(position, seq, content);
     }
-    held.check(services).map_err(|error| format!("{}: {error}", K::MAP))
+    held.check(services).map_err(inconsistent)
 }

@@ -5,8 +5,9 @@ pub mod local;
 
 use std::fmt;
 
+use topology_agent::policy::spillover::solve::{self, ZoneInput};
+
 use super::{outcome::Outcome, space::Input};
-use crate::policy::spillover::solve::{self, ZoneInput};
 
 /// An algorithm of the comparison.
 #[derive(Clone, Copy, Debug, PartialEq)]

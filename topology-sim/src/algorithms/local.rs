@@ -9,7 +9,7 @@
 //! The order of the zone queues decides ties, so they are kept exactly as Go's `container/heap`
 //! keeps them: the same sift-up and sift-down over the same comparison.
 
-use crate::simulate::space::{Input, ZONES};
+use crate::space::{Input, ZONES};
 
 /// Load 50 % above the fair share is too much.
 const OVERLOAD_THRESHOLD: f64 = 0.5;
@@ -203,7 +203,7 @@ impl Queue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::simulate::algorithms::Algorithm;
+    use crate::algorithms::Algorithm;
 
     fn groups_of(nodes: [u32; 3], endpoints: [u32; 3]) -> Option<Vec<Vec<u32>>> {
         groups(&Input { nodes, endpoints })

@@ -8,7 +8,7 @@
 //! endpoint. No hints at all (every zone uses every endpoint) when there are fewer endpoints
 //! than zones, or when the minimums do not fit in the endpoints there are.
 
-use crate::simulate::space::{Input, ZONES};
+use crate::space::{Input, ZONES};
 
 /// The most any endpoint should be overloaded.
 const OVERLOAD_THRESHOLD: f64 = 0.2;

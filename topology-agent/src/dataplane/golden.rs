@@ -1,0 +1,210 @@
+//! Golden tests of the map contents, without root: each case under `testdata/maps/<case>/` is a
+//! node, map capacities and a sequence of cluster files. Every step runs the policy for the node
+//! and applies its desired state to in-memory maps through the same writer the kernel gets;
+//! `expected.maps` keeps the report and the map contents after each step. After a deliberate
+//! change, `UPDATE_GOLDEN=1 cargo test -p topology-agent golden` rewrites the files; review the diff.
+
+use std::{fmt::Write as _, fs, path::Path};
+
+use serde::Deserialize;
+use topology_common::map_names;
+
+use super::{
+    ApplyReport, Capacities, KernelState,
+    memory::MemoryMaps,
+    writer::{Writer, verify_index},
+};
+use crate::{
+    cluster,
+    desired::{DesiredService, DesiredState, Locality, PortOptions, Protocol, ServicePort, WeightedBackend},
+    policy::{self, desired::desired_state},
+};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Case {
+    node: String,
+    capacities: Capacities,
+    steps: Vec<String>,
+}
+
+/// The report of one apply, as the golden files keep it.
+fn describe(report: &ApplyReport) -> String {
+    let mut out = format!(
+        "added={} updated={} removed={} unchanged={} slots_written={} grace_periods={}\n",
+        report.added, report.updated, report.removed, report.unchanged, report.slots_written, report.grace_periods
+    );
+    for (port, error) in &report.failed {
+        let _ = writeln!(out, "failed {port}: {error}");
+    }
+    for error in &report.housekeeping {
+        let _ = writeln!(out, "housekeeping: {error}");
+    }
+    for departure in &report.departed {
+        let _ = writeln!(out, "departed {} from {}", departure.backend, departure.service);
+    }
+    out
+}
+
+/// Runs one case and returns what `expected.maps` should hold.
+fn run_case(dir: &Path) -> String {
+    let case: Case = serde_yaml::from_str(&fs::read_to_string(dir.join("case.yaml")).unwrap())
+        .unwrap_or_else(|error| panic!("{}/case.yaml: {error}", dir.display()));
+    let mut writer = Writer::adopt(MemoryMaps::new(case.capacities), KernelState::default()).unwrap();
+    let mut out = String::new();
+    for step in &case.steps {
+        let path = dir.join(step);
+        let state = cluster::file::load(&path).unwrap_or_else(|error| panic!("{error}"));
+        let selections = policy::compute(&state, &case.node).unwrap_or_else(|error| panic!("{step}: {error}"));
+        let desired = desired_state(&selections);
+        let report = writer.apply(&desired);
+        verify_index(writer.maps(), writer.kernel()).unwrap_or_else(|error| panic!("{step}: {error}"));
+        let failed: Vec<_> = report.failed.iter().map(|(port, _)| *port).collect();
+        for (port, service) in &desired.services {
+            if !failed.contains(port) {
+                let (held, wanted) = (held(writer.kernel(), port), weights_of(service));
+                let close = held.len() == wanted.len()
+                    && held.iter().zip(&wanted).all(|(h, w)| h.0 == w.0 && h.1 == w.1 && h.2.abs_diff(w.2) <= 2);
+                assert!(close, "{step}: {port} holds {held:?}, policy chose {wanted:?}");
+            }
+        }
+        let _ = write!(out, "## {step}\n{}{}\n", describe(&report), writer.maps().dump());
+    }
+    out
+}
+
+/// What the kernel mirror says a service port draws: backends and parts per million.
+fn held(kernel: &KernelState, port: &ServicePort) -> Vec<(std::net::IpAddr, u16, u32)> {
+    let service = &kernel.services[port];
+    let mut backends: Vec<_> =
+        service.backends(port.vip.is_ipv4()).iter().map(|b| (b.addr, b.port, b.weight)).collect();
+    backends.sort();
+    backends
+}
+
+/// The desired shares of a service port, in parts per million.
+fn weights_of(service: &DesiredService) -> Vec<(std::net::IpAddr, u16, u32)> {
+    let total: f64 = service.backends.iter().map(|b| f64::from(b.weight)).sum();
+    let mut backends: Vec<_> =
+        service.backends.iter().map(|b| (b.addr, b.port, (f64::from(b.weight) / total * 1e6).round() as u32)).collect();
+    backends.sort();
+    backends
+}
+
+#[test]
+fn map_contents_match_the_golden_files() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/maps");
+    let update = std::env::var_os("UPDATE_GOLDEN").is_some();
+    let mut cases: Vec<_> = fs::read_dir(&root).unwrap().map(|entry| entry.unwrap().path()).collect();
+    cases.sort();
+    assert!(cases.len() >= 3, "the golden cases are missing from {}", root.display());
+    let mut stale = Vec::new();
+    for dir in cases {
+        let actual = run_case(&dir);
+        let expected_path = dir.join("expected.maps");
+        if update {
+            fs::write(&expected_path, &actual).unwrap();
+            continue;
+        }
+        let expected = fs::read_to_string(&expected_path).unwrap_or_default();
+        if expected != actual {
+            stale.push(format!("{}:\n{}", dir.display(), first_difference(&expected, &actual)));
+        }
+    }
+    assert!(stale.is_empty(), "map contents differ (UPDATE_GOLDEN=1 to accept):\n{}", stale.join("\n"));
+}
+
+fn first_difference(expected: &str, actual: &str) -> String {
+    let (mut expected_lines, mut actual_lines) = (expected.lines(), actual.lines());
+    for line in 1.. {
+        match (expected_lines.next(), actual_lines.next()) {
+            (None, None) => break,
+            (e, a) if e != a => return format!("  line {line}: expected {e:?}\n  line {line}:   actual {a:?}"),
+            _ => {}
+        }
+    }
+    String::new()
+}
+
+fn web(backends: &[u8]) -> DesiredState {
+    let port = ServicePort { vip: "10.96.0.10".parse().unwrap(), port: 80, protocol: Protocol::Tcp };
+    let backends = backends
+        .iter()
+        .map(|&last| WeightedBackend {
+            addr: std::net::IpAddr::from([10, 244, 0, last]),
+            port: 8080,
+            weight: 1,
+            locality: Locality::Zone,
+        })
+        .collect();
+    let service = DesiredService { name: "default/web:http".into(), backends, options: PortOptions::default() };
+    DesiredState { services: [(port, service)].into() }
+}
+
+#[test]
+fn a_failed_write_names_the_map_keeps_the_old_set_and_is_retried() {
+    let port = ServicePort { vip: "10.96.0.10".parse().unwrap(), port: 80, protocol: Protocol::Tcp };
+    let mut changed = web(&[1, 2, 3]);
+    for service in changed.services.values_mut() {
+        service.name = "default/web:www".into();
+        service.options.affinity_timeout_s = Some(10);
+    }
+    for map in [map_names::SLOTS, map_names::SERVICES_V4, map_names::SERVICE_META, map_names::SERVICE_OPTIONS] {
+        let mut writer = Writer::adopt(MemoryMaps::new(Capacities::default()), KernelState::default()).unwrap();
+        assert!(writer.apply(&web(&[1, 2])).failed.is_empty());
+        let (before, slots_before) = (writer.maps().dump(), writer.usage().slots);
+        writer.maps_mut().failing = Some(map);
+        let report = writer.apply(&changed);
+        assert_eq!(report.failed.len(), 1, "{map}");
+        assert!(report.failed[0].1.to_string().contains(map), "{map}: {}", report.failed[0].1);
+        if map == map_names::SLOTS || map == map_names::SERVICES_V4 {
+            // The swap failed before its entry was written: the programs still find the old set,
+            // and the run written for the new one is free again.
+            let entries =
+                |dump: &str| dump.lines().take_while(|l| !l.starts_with(map_names::SLOTS)).collect::<String>();
+            assert_eq!(entries(&writer.maps().dump()), entries(&before), "{map}");
+            assert_eq!(held(writer.kernel(), &port).len(), 2, "{map}: the mirror follows the kernel");
+            assert_eq!(writer.usage().slots, slots_before, "{map}: the new run was freed");
+        }
+        writer.maps_mut().failing = None;
+        let retried = writer.apply(&changed);
+        assert!(retried.failed.is_empty(), "{map}: {:?}", retried.failed);
+        let programmed = &writer.kernel().services[&port];
+        assert_eq!((programmed.name.as_str(), programmed.options.affinity_timeout_s), ("default/web:www", Some(10)));
+        assert_eq!(held(writer.kernel(), &port).len(), 3, "{map}");
+        assert!(writer.apply(&changed).failed.is_empty());
+        assert_eq!(writer.apply(&changed).unchanged, 1, "{map}: nothing left to do");
+    }
+}
+
+#[test]
+fn without_a_grace_period_retired_slots_are_never_reused() {
+    let capacities = Capacities { slots: 4, ..Capacities::default() };
+    let mut writer = Writer::adopt(MemoryMaps::new(capacities), KernelState::default()).unwrap();
+    assert!(writer.apply(&web(&[1, 2])).failed.is_empty());
+    assert!(writer.apply(&web(&[3, 4])).failed.is_empty());
+    writer.maps_mut().grace.fail = true;
+    let report = writer.apply(&web(&[5, 6]));
+    assert_eq!(report.failed.len(), 1);
+    assert!(report.housekeeping.iter().any(|e| e.to_string().contains("grace period")), "{report:?}");
+    assert_eq!(writer.usage().slots_retired, 2, "the retired run stays retired");
+    writer.maps_mut().grace.fail = false;
+    let report = writer.apply(&web(&[5, 6]));
+    assert!(report.failed.is_empty());
+    assert_eq!(report.grace_periods, 1);
+}
+
+#[test]
+fn a_removal_that_fails_leaves_the_port_where_the_programs_find_it() {
+    // Found by the `apply` fuzz target: the index entry went before the hash map's delete failed,
+    // and a later apply wanting the port back saw nothing to do.
+    let mut writer = Writer::adopt(MemoryMaps::new(Capacities::default()), KernelState::default()).unwrap();
+    assert!(writer.apply(&web(&[1, 2])).failed.is_empty());
+    writer.maps_mut().failing = Some(map_names::SERVICES_V4);
+    let report = writer.apply(&DesiredState::default());
+    assert_eq!(report.failed.len(), 1);
+    verify_index(writer.maps(), writer.kernel()).expect("the index still finds the port");
+    writer.maps_mut().failing = None;
+    assert_eq!(writer.apply(&web(&[1, 2])).unchanged, 1);
+    verify_index(writer.maps(), writer.kernel()).expect("and keeps finding it");
+}

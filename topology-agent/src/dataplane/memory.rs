@@ -1,0 +1,309 @@
+//! The maps in memory: what the kernel would hold after the same operations, with the kernel's
+//! limits (array bounds, hash map capacity), grace periods counted instead of waited for, and
+//! writes to a chosen map made to fail. [`MemoryMaps::dump`] prints the contents the way the
+//! golden files under `topology-agent/testdata/maps/` keep them.
+
+use std::{collections::BTreeMap, fmt::Write as _, io, sync::atomic::Ordering};
+
+use aya::maps::MapError;
+use topology_common::{
+    Backend, IndexEntry4, IndexEntry6, ServiceKey4, ServiceKey6, ServiceMeta, ServiceOptions, ServiceValue, Slot,
+    THRESHOLD_ONE, index::USED, map_names,
+};
+
+use super::{
+    alias,
+    error::DataplaneError,
+    grace::Grace,
+    index::positions_for,
+    maps::Capacities,
+    ops::{IndexStore, MapOps, ServiceKey},
+    state::name_from_meta,
+};
+use crate::{cluster::Family, desired::PortOptions};
+
+/// One family's index as a plain array.
+#[derive(Clone, Debug)]
+pub struct MemoryIndex<T>(Vec<T>);
+
+impl<T: Copy + Default> MemoryIndex<T> {
+    fn new(positions: u32) -> Self {
+        Self(vec![T::default(); positions as usize])
+    }
+}
+
+impl<T: Copy + aya::Pod> IndexStore<T> for MemoryIndex<T> {
+    fn len(&self) -> u32 {
+        self.0.len() as u32
+    }
+
+    fn read(&self, position: u32) -> T {
+        self.0[position as usize]
+    }
+
+    fn store_seq(&mut self, position: u32, seq: u8, _ordering: Ordering) {
+        // SAFETY: `T` is Pod and at least one byte long; byte 0 is `seq` in both index entries.
+        unsafe { *std::ptr::from_mut(&mut self.0[position as usize]).cast::<u8>() = seq };
+    }
+
+    fn store_body(&mut self, position: u32, value: &T) {
+        let seq = IndexStore::read(self, position);
+        self.0[position as usize] = *value;
+        // SAFETY: as above.
+        let kept = unsafe { *std::ptr::from_ref(&seq).cast::<u8>() };
+        self.store_seq(position, kept, Ordering::Relaxed);
+    }
+}
+
+/// Grace periods, counted.
+#[derive(Clone, Debug, Default)]
+pub struct CountedGrace {
+    /// Grace periods waited for.
+    pub periods: u64,
+    /// Every wait fails (the kernel refused the map-in-map update).
+    pub fail: bool,
+}
+
+impl Grace for CountedGrace {
+    fn wait(&mut self) -> Result<(), DataplaneError> {
+        if self.fail {
+            return Err(DataplaneError::GracePeriod { source: io::Error::other("injected failure") });
+        }
+        self.periods += 1;
+        Ok(())
+    }
+}
+
+/// Every map the writer changes, in memory.
+#[derive(Clone, Debug)]
+pub struct MemoryMaps {
+    capacities: Capacities,
+    /// `topo_svc4`.
+    pub services4: BTreeMap<ServiceKey4, ServiceValue>,
+    /// `topo_svc6`.
+    pub services6: BTreeMap<ServiceKey6, ServiceValue>,
+    /// `topo_slots`.
+    pub slots: Vec<Slot>,
+    /// `topo_svc_meta`.
+    pub names: BTreeMap<u32, ServiceMeta>,
+    /// `topo_svc_opts`.
+    pub options: Vec<ServiceOptions>,
+    /// How often each service id's counters were zeroed.
+    pub counter_resets: BTreeMap<u32, u32>,
+    /// `topo_svc4_idx`.
+    pub index4: MemoryIndex<IndexEntry4>,
+    /// `topo_svc6_idx`.
+    pub index6: MemoryIndex<IndexEntry6>,
+    /// Grace periods.
+    pub grace: CountedGrace,
+    /// Writes to this map fail, as a full or broken kernel map would make them.
+    pub failing: Option<&'static str>,
+}
+
+impl MemoryMaps {
+    /// Empty maps of `capacities`, as a fresh load creates them.
+    pub fn new(capacities: Capacities) -> Self {
+        Self {
+            capacities,
+            services4: BTreeMap::new(),
+            services6: BTreeMap::new(),
+            slots: vec![Slot::default(); capacities.slots as usize],
+            names: BTreeMap::new(),
+            options: vec![ServiceOptions::default(); capacities.service_ids as usize],
+            counter_resets: BTreeMap::new(),
+            index4: MemoryIndex::new(positions_for(capacities.services_v4)),
+            index6: MemoryIndex::new(positions_for(capacities.services_v6)),
+            grace: CountedGrace::default(),
+            failing: None,
+        }
+    }
+
+    fn check(&self, map: &'static str) -> Result<(), DataplaneError> {
+        match self.failing {
+            Some(failing) if failing == map => Err(DataplaneError::Map {
+                map,
+                source: MapError::SyscallError(aya::sys::SyscallError {
+                    call: "bpf_map_update_elem",
+                    io_error: io::Error::other("injected failure"),
+                }),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// The contents as the golden files keep them: every entry in key order, every slot written.
+    pub fn dump(&self) -> String {
+        let mut out = String::new();
+        let mut families = BTreeMap::new();
+        let entries = self
+            .services4
+            .iter()
+            .map(|(k, v)| (ServiceKey::V4(*k), *v))
+            .chain(self.services6.iter().map(|(k, v)| (ServiceKey::V6(*k), *v)));
+        for (family, map, count) in [
+            (Family::V4, map_names::SERVICES_V4, self.services4.len()),
+            (Family::V6, map_names::SERVICES_V6, self.services6.len()),
+        ] {
+            let _ = writeln!(out, "{map}: {count}");
+            for (key, value) in entries.clone().filter(|(key, _)| key.family() == family) {
+                let _ = writeln!(out, "  {} {}", describe_key(&key), describe_value(&value));
+                let ServiceValue { count, base, .. } = value;
+                for index in base..base.saturating_add(count) {
+                    families.insert(index, family);
+                }
+            }
+        }
+        let written: Vec<_> = self.slots.iter().enumerate().filter(|(_, s)| **s != Slot::default()).collect();
+        let _ = writeln!(out, "{}: {} written", map_names::SLOTS, written.len());
+        for (index, slot) in written {
+            let ipv4 = families.get(&(index as u32)).is_none_or(|f| *f == Family::V4);
+            let _ = writeln!(out, "  [{index}] set={} {}", slot.set_id, describe_slot(slot, ipv4));
+        }
+        let _ = writeln!(out, "{}: {}", map_names::SERVICE_META, self.names.len());
+        for (id, meta) in &self.names {
+            let options = PortOptions::from_kernel(&self.options[*id as usize]);
+            let options = serde_json::to_string(&options).unwrap_or_default();
+            let resets = self.counter_resets.get(id).copied().unwrap_or(0);
+            let _ = writeln!(out, "  {id} {:?} options={options} counters-zeroed={resets}", name_from_meta(meta));
+        }
+        dump_index(&mut out, map_names::INDEX_V4, &self.index4.0, |e| (e.seq, e.state, ServiceKey::V4(e.key), e.value));
+        dump_index(&mut out, map_names::INDEX_V6, &self.index6.0, |e| (e.seq, e.state, ServiceKey::V6(e.key), e.value));
+        let _ = writeln!(out, "grace periods: {}", self.grace.periods);
+        out
+    }
+}
+
+fn describe_key(key: &ServiceKey) -> String {
+    key.port().map_or_else(|| format!("{key:?}"), |port| port.to_string())
+}
+
+fn describe_value(value: &ServiceValue) -> String {
+    let ServiceValue { service_id, set_id, count, base } = value;
+    format!("id={service_id} set={set_id} base={base} count={count}")
+}
+
+/// `threshold` as a share of the primary, then primary | alias.
+fn describe_slot(slot: &Slot, ipv4: bool) -> String {
+    let backend = |b: &Backend| {
+        let w = alias::weighted_backend(b, 0.0, ipv4);
+        format!("{}/{}", std::net::SocketAddr::new(w.addr, w.port), w.locality.as_str())
+    };
+    let share = f64::from(slot.threshold) / f64::from(THRESHOLD_ONE);
+    format!("{share:.6} {} | {}", backend(&slot.primary), backend(&slot.alias))
+}
+
+fn dump_index<T: Copy + Default + PartialEq>(
+    out: &mut String,
+    map: &str,
+    positions: &[T],
+    parts: impl Fn(&T) -> (u8, u8, ServiceKey, ServiceValue),
+) {
+    let held: Vec<_> = positions.iter().enumerate().filter(|(_, e)| **e != T::default()).collect();
+    let _ = writeln!(out, "{map}: {} of {} positions", held.len(), positions.len());
+    for (position, entry) in held {
+        let (seq, state, key, value) = parts(entry);
+        let what = if state == USED {
+            format!("{} {}", describe_key(&key), describe_value(&value))
+        } else {
+            format!("state={state}")
+        };
+        let _ = writeln!(out, "  [{position}] seq={seq} {what}");
+    }
+}
+
+impl MapOps for MemoryMaps {
+    fn capacities(&self) -> Capacities {
+        self.capacities
+    }
+
+    fn put_slot(&mut self, index: u32, slot: Slot) -> Result<(), DataplaneError> {
+        self.check(map_names::SLOTS)?;
+        let max_entries = self.capacities.slots;
+        let entry = self.slots.get_mut(index as usize).ok_or(DataplaneError::Map {
+            map: map_names::SLOTS,
+            source: MapError::OutOfBounds { index, max_entries },
+        })?;
+        *entry = slot;
+        Ok(())
+    }
+
+    fn put_service(&mut self, key: ServiceKey, value: ServiceValue) -> Result<(), DataplaneError> {
+        self.check(key.map())?;
+        let full = |map| DataplaneError::Map {
+            map,
+            source: MapError::SyscallError(aya::sys::SyscallError {
+                call: "bpf_map_update_elem",
+                io_error: io::Error::from_raw_os_error(7), // E2BIG, as a full hash map answers
+            }),
+        };
+        match key {
+            ServiceKey::V4(k)
+                if !self.services4.contains_key(&k) && self.services4.len() as u32 >= self.capacities.services_v4 =>
+            {
+                return Err(full(key.map()));
+            }
+            ServiceKey::V6(k)
+                if !self.services6.contains_key(&k) && self.services6.len() as u32 >= self.capacities.services_v6 =>
+            {
+                return Err(full(key.map()));
+            }
+            ServiceKey::V4(k) => self.services4.insert(k, value),
+            ServiceKey::V6(k) => self.services6.insert(k, value),
+        };
+        Ok(())
+    }
+
+    fn delete_service(&mut self, key: ServiceKey) -> Result<(), DataplaneError> {
+        self.check(key.map())?;
+        match key {
+            ServiceKey::V4(k) => self.services4.remove(&k),
+            ServiceKey::V6(k) => self.services6.remove(&k),
+        };
+        Ok(())
+    }
+
+    fn reset_counters(&mut self, service_id: u32) -> Result<(), DataplaneError> {
+        self.check(map_names::COUNTERS)?;
+        *self.counter_resets.entry(service_id).or_default() += 1;
+        Ok(())
+    }
+
+    fn put_name(&mut self, service_id: u32, name: ServiceMeta) -> Result<(), DataplaneError> {
+        self.check(map_names::SERVICE_META)?;
+        self.names.insert(service_id, name);
+        Ok(())
+    }
+
+    fn delete_name(&mut self, service_id: u32) -> Result<(), DataplaneError> {
+        self.check(map_names::SERVICE_META)?;
+        self.names.remove(&service_id);
+        Ok(())
+    }
+
+    fn put_options(&mut self, service_id: u32, options: ServiceOptions) -> Result<(), DataplaneError> {
+        self.check(map_names::SERVICE_OPTIONS)?;
+        let max_entries = self.capacities.service_ids;
+        let entry = self.options.get_mut(service_id as usize).ok_or(DataplaneError::Map {
+            map: map_names::SERVICE_OPTIONS,
+            source: MapError::OutOfBounds { index: service_id, max_entries },
+        })?;
+        *entry = options;
+        Ok(())
+    }
+
+    fn index4(&mut self) -> (&mut dyn IndexStore<IndexEntry4>, &mut dyn Grace) {
+        (&mut self.index4, &mut self.grace)
+    }
+
+    fn index6(&mut self) -> (&mut dyn IndexStore<IndexEntry6>, &mut dyn Grace) {
+        (&mut self.index6, &mut self.grace)
+    }
+
+    fn grace(&mut self) -> &mut dyn Grace {
+        &mut self.grace
+    }
+
+    fn indexes(&self) -> (&dyn IndexStore<IndexEntry4>, &dyn IndexStore<IndexEntry6>) {
+        (&self.index4, &self.index6)
+    }
+}
