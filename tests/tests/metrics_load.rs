@@ -1,6 +1,6 @@
 //! The HTTP surface cannot hurt the control loop (root, real kernel): 1,000 idle connections held
 //! open (and reopened as the agent closes them) and 50 scrapes a second while the cluster file
-//! changes five times a second; event-to-kernel stays fast and the agent's descriptors bounded.
+//! changes ten times a second; event-to-kernel stays fast and the agent's descriptors bounded.
 //! `--test-threads=1`.
 
 use std::{
@@ -106,7 +106,7 @@ fn idle_connections_and_scrapes_do_not_slow_the_control_loop() {
     while started.elapsed() < Duration::from_secs(10) {
         round += 1;
         write(&fx, &file, round);
-        std::thread::sleep(Duration::from_millis(200));
+        std::thread::sleep(Duration::from_millis(100));
     }
     let fds = std::fs::read_dir(format!("/proc/{}/fd", agent.pid())).expect("agent fds").count();
     stop.store(true, Ordering::Relaxed);
@@ -129,8 +129,10 @@ fn idle_connections_and_scrapes_do_not_slow_the_control_loop() {
         "{events} syncs during the attack; {fast} of {all} within 6.4 ms; {} scrapes answered; {fds} agent descriptors",
         scrapes.load(Ordering::Relaxed)
     );
-    assert!(events >= 25, "the file changes reached the kernel: {events}");
-    // p99 below 10 ms: at least 99 % of all observations in the 6.4 ms bucket.
+    assert!(events >= 60, "the file changes reached the kernel: {events}");
+    // p99 below 10 ms: at least 99 % of all observations in the 6.4 ms bucket (the buckets double;
+    // 12.8 ms is the next). About 100 events, so one outlier is the 1 % a p99 allows — with the 50
+    // events of a 200 ms period, p99 was the maximum, and one slow sync failed the test.
     assert!(fast * 100 >= all * 99, "event-to-kernel p99 above 6.4 ms: {fast} of {all} within it");
     assert!(fds < 128 + 64, "the connection limit bounds the agent's descriptors: {fds}");
     // Idle connections are evicted for new ones: most scrapes (up to 500 in 10 s) get through.
