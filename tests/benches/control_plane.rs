@@ -19,8 +19,8 @@ use topology_agent::{
     controller::{Controller, ControllerConfig, Health, Observation, Programmer},
     dataplane::{ApplyReport, Dataplane, DataplaneConfig},
     desired::{DesiredState, Protocol, ServicePort},
+    events::LogOnly,
     metrics::Metrics,
-    report::LogOnly,
     source::{EventSender, kube::KubeSource},
 };
 use topology_tests::{

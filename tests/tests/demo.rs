@@ -26,7 +26,12 @@ fn planned_shares(explain: &Value) -> Shares {
             .filter(|b| b["share"].as_f64().expect("share") > 0.0)
             .map(|b| ((text(&b["address"]), b["port"].as_u64().unwrap()), b["share"].as_f64().unwrap()))
             .collect();
+        // A ClusterIP whose port another Service owns holds that Service's set, listed under it.
+        let held_by_others: Vec<&Value> = entry["conflicts"].as_array().map_or(Vec::new(), |c| c.iter().collect());
         for ip in entry["clusterIPs"].as_array().expect("clusterIPs") {
+            if held_by_others.iter().any(|conflict| conflict["clusterIP"] == *ip) {
+                continue;
+            }
             out.insert((text(ip), entry["port"].as_u64().unwrap(), text(&entry["protocol"])), backends.clone());
         }
     }

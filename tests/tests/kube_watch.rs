@@ -14,8 +14,8 @@ use topology_agent::{
     controller::{Controller, ControllerConfig, ControllerError, Health, Observation, Programmer},
     dataplane::ApplyReport,
     desired::{DesiredState, ServicePort},
+    events::KubeEvents,
     metrics::Metrics,
-    report::KubeEvents,
     source::{EventSender, kube::KubeSource},
 };
 use topology_tests::{
@@ -168,7 +168,7 @@ async fn nothing_is_programmed_before_all_three_lists_complete() {
     let harness = Harness::start(api, "node-a").await;
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert_eq!(harness.applies(), 0, "programmed with Nodes and Services but no EndpointSlices");
-    let readiness = harness.health.readiness().unwrap_err();
+    let readiness = harness.health.readiness().unwrap_err().to_string();
     assert!(readiness.contains("waiting for the initial list of EndpointSlice"), "{readiness}");
 
     harness.api.release(Resource::EndpointSlices);
@@ -239,7 +239,7 @@ async fn disconnects_outages_and_410_gone_converge() {
     api.set_down(true);
     api.abort_watches();
     harness.wait_ready(false).await;
-    let stale = harness.health.readiness().unwrap_err();
+    let stale = harness.health.readiness().unwrap_err().to_string();
     assert!(stale.contains("view is stale") && stale.contains("watch"), "{stale}");
     api.set_down(false);
     api.apply(web_slice(&[("10.1.0.6", "node-a")]));
@@ -353,7 +353,7 @@ async fn a_stalled_watch_is_stale_within_30_seconds_and_fresh_again_once_it_resu
     let deadline = stalled + Duration::from_secs(35);
     let reason = loop {
         if let Err(reason) = harness.health.readiness() {
-            break reason;
+            break reason.to_string();
         }
         assert!(Instant::now() < deadline, "a stalled watch was not noticed within 35 s");
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -378,7 +378,7 @@ async fn throttling_and_forbidden_are_named_in_readyz_and_retried_with_backoff()
         harness.wait_ready(false).await;
         let before = api.requests();
         tokio::time::sleep(Duration::from_secs(6)).await;
-        let reason = harness.health.readiness().unwrap_err();
+        let reason = harness.health.readiness().unwrap_err().to_string();
         assert!(reason.contains(words), "{reason}");
         // Backing off (1, 2, 4 s ...): a handful of attempts per watch in 6 s, not a storm.
         let attempts = api.requests() - before;

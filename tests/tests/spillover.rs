@@ -5,9 +5,10 @@
 use std::net::{IpAddr, SocketAddr};
 
 use topology_agent::{
-    cluster::file,
+    cluster::yaml,
     dataplane::Dataplane,
-    policy::{self, PolicyKind, desired::desired_state},
+    plan::weights::desired_state,
+    policy::{self, PolicyKind},
 };
 use topology_tests::{
     cluster::{self, EndpointSpec},
@@ -44,7 +45,7 @@ fn spillover_weights_hold_over_100000_connects() {
     let path = fx.scratch().join("cluster.yaml");
     cluster::write(&path, &[nodes, vec![service, slice]].concat());
 
-    let state = file::load(&path).expect("cluster file");
+    let state = yaml::load(&path).expect("cluster file");
     let selections = policy::compute(&state, "node-a").expect("policy");
     let selection = &selections[0].selection;
     assert_eq!(selection.policy, PolicyKind::Spillover, "{}", selection.reason);

@@ -7,10 +7,11 @@ use std::{collections::BTreeMap, hint::black_box, net::IpAddr};
 use criterion::{Criterion, criterion_group, criterion_main};
 use topology_agent::{
     cluster::{
-        ClusterState, Endpoint, EndpointSlice, Family, Node, ObjectKey, Service, ServicePort, SlicePort,
+        ClusterState, Endpoint, EndpointSlice, Family, Node, ObjectKey, PortSpec, Service, SlicePort,
         TopologyKeysSource, TopologyKeysSpec, TrafficDistribution,
     },
     desired::Protocol,
+    plan::NodePlan,
     policy,
 };
 
@@ -42,7 +43,7 @@ fn cluster(services: usize, spill: bool) -> ClusterState {
             key: key.clone(),
             cluster_ips: vec![IpAddr::from([10, 96, (s >> 8) as u8, s as u8])],
             headless: false,
-            ports: vec![ServicePort { name: "http".into(), port: 80, protocol: Protocol::Tcp }],
+            ports: vec![PortSpec { name: "http".into(), port: 80, protocol: Protocol::Tcp }],
             internal_traffic_local,
             session_affinity_timeout_s: None,
             traffic_distribution,
@@ -92,11 +93,8 @@ fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("policy");
     group.sample_size(20);
     for (name, state) in [("mixed modes", &mixed), ("all spillover", &spilling)] {
-        group.bench_function(format!("10k services x 10 endpoints, one node, {name} (decide + desired state)"), |b| {
-            b.iter(|| {
-                let selections = policy::compute(black_box(state), "node-1").expect("node exists");
-                black_box(policy::desired::desired_state(&selections))
-            })
+        group.bench_function(format!("10k services x 10 endpoints, one node, {name} (the whole node plan)"), |b| {
+            b.iter(|| black_box(NodePlan::build(black_box(state), "node-1", None).expect("node exists")))
         });
     }
     group.finish();

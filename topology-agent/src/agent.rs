@@ -14,10 +14,10 @@ use crate::{
         KernelLogger,
     },
     dns::{self, DnsConfig, DnsError, DnsPublisher, steer::Steering},
+    events::{KubeEvents, LogOnly, ProblemSink},
     http,
     metrics::Metrics,
     mounts::{self, MountError},
-    report::{KubeEvents, LogOnly, ProblemSink},
     sockets::{TerminateConfig, TerminateSockets, Terminator},
     source::{
         EventSender,

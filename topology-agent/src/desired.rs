@@ -49,15 +49,20 @@ impl fmt::Display for Protocol {
     }
 }
 
+/// A protocol name that is not TCP, UDP or SCTP.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown protocol {0:?}; expected TCP, UDP or SCTP")]
+pub struct UnknownProtocol(pub String);
+
 impl FromStr for Protocol {
-    type Err = String;
+    type Err = UnknownProtocol;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.to_ascii_uppercase().as_str() {
             "TCP" => Ok(Self::Tcp),
             "UDP" => Ok(Self::Udp),
             "SCTP" => Ok(Self::Sctp),
-            other => Err(format!("unknown protocol {other:?}; expected TCP, UDP or SCTP")),
+            other => Err(UnknownProtocol(other.to_owned())),
         }
     }
 }

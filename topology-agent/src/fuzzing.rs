@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use topology_common::{IndexEntry4, ServiceKey4, ServiceValue, Slot};
 
 use crate::{
-    cluster::{Node, ObjectKey, Service, TopologyKeysSource, TopologyKeysSpec, convert, file},
+    cluster::{Node, ObjectKey, Service, TopologyKeysSource, TopologyKeysSpec, convert, yaml},
     dataplane::fuzzing as dataplane,
     mounts, policy, sockets,
 };
@@ -29,7 +29,7 @@ pub const TARGETS: [(&str, Target); 8] = [
 /// A cluster file: parsed (every object converted), then decided for each of its first nodes.
 pub fn cluster_file(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else { return };
-    let Ok(state) = file::parse(text, "fuzz.yaml") else { return };
+    let Ok(state) = yaml::parse(text, "fuzz.yaml") else { return };
     let nodes: Vec<String> = state.nodes().take(3).map(|n| n.name.clone()).collect();
     for node in nodes {
         let _ = policy::compute(&state, &node);
@@ -184,7 +184,7 @@ pub fn dns_packet(data: &[u8]) {
 
     static VIEW: OnceLock<(DnsView, answer::Zone)> = OnceLock::new();
     let (view, zone) = VIEW.get_or_init(|| {
-        let state = file::parse(DNS_CLUSTER, "dns.yaml").expect("the DNS fuzz cluster parses");
+        let state = yaml::parse(DNS_CLUSTER, "dns.yaml").expect("the DNS fuzz cluster parses");
         let view = DnsView::build(&state, "a", vec!["192.0.2.53:53".parse().expect("address")]).expect("node a");
         (view, answer::Zone { domain: parse_domain("cluster.local").expect("domain"), ttl: 5 })
     });

@@ -2,7 +2,7 @@
 //! and programs those sets into cgroup socket hooks that rewrite ClusterIP connections in the
 //! kernel.
 //!
-//! The data flows one way: source -> cluster state -> policy -> desired state -> dataplane.
+//! The data flows one way: source -> cluster state -> policy -> node plan -> diff -> dataplane.
 
 pub mod agent;
 pub mod caps;
@@ -11,14 +11,15 @@ pub mod controller;
 pub mod dataplane;
 pub mod desired;
 pub mod dns;
+pub mod events;
 pub mod explain;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 pub mod http;
 pub mod metrics;
 pub mod mounts;
+pub mod plan;
 pub mod policy;
-pub mod report;
 pub mod sockets;
 pub mod source;
 pub mod status;

@@ -7,7 +7,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use tokio_util::sync::CancellationToken;
 use topology_agent::{
     agent::{self, RunConfig, SourceConfig},
-    cluster::{ObjectKey, file},
+    cluster::{ObjectKey, yaml},
     dataplane::{self, Capacities, IndexOrdering, KernelLogLevel},
     dns::{self, DnsConfig, steer::Steering},
     explain,
@@ -186,7 +186,7 @@ fn main() -> anyhow::Result<()> {
             })?;
         }
         Command::Explain { cluster, node, service, dns_listen, dns_steer, output } => {
-            let state = file::load(&cluster)?;
+            let state = yaml::load(&cluster)?;
             let steering = match (dns_listen, steer_service(&dns_steer)?) {
                 (Some(responder), Some(service)) => Some(Steering { service, responder }),
                 _ => None,

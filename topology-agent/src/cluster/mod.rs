@@ -3,12 +3,12 @@
 
 pub mod convert;
 pub mod demand;
-pub mod file;
 pub mod model;
 pub mod state;
+pub mod yaml;
 
 pub use model::{
-    Endpoint, EndpointSlice, Family, Kind, Node, ObjectError, ObjectKey, Service, ServicePort, SlicePort,
+    Endpoint, EndpointSlice, Family, Kind, Node, ObjectError, ObjectKey, PortSpec, Service, SlicePort,
     TopologyKeysSource, TopologyKeysSpec, TrafficDistribution,
 };
 pub use state::ClusterState;

@@ -125,9 +125,9 @@ impl TrafficDistribution {
     }
 }
 
-/// One port of a Service.
+/// One entry of a Service's `spec.ports` (the kernel's key is [`crate::desired::ServicePort`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ServicePort {
+pub struct PortSpec {
     /// Port name ("" when the Service has a single unnamed port).
     pub name: String,
     /// Service port number.
@@ -146,7 +146,7 @@ pub struct Service {
     /// `clusterIP: None`: no ClusterIP; reached by name (the node-local DNS responder).
     pub headless: bool,
     /// Ports.
-    pub ports: Vec<ServicePort>,
+    pub ports: Vec<PortSpec>,
     /// `spec.internalTrafficPolicy: Local`.
     pub internal_traffic_local: bool,
     /// `spec.sessionAffinity: ClientIP`: seconds a client keeps its endpoint
@@ -162,6 +162,20 @@ pub struct Service {
     pub topology_mode: Option<String>,
     /// Annotations of this agent (`topology-agent.io/...`), for modes added later.
     pub agent_annotations: BTreeMap<String, String>,
+}
+
+/// Turns capacity spillover on: `capacity`.
+pub const ANNOTATION_SPILLOVER: &str = "topology-agent.io/spillover";
+/// ε of spillover: the most any endpoint may get above its fair share, as a fraction (`0.1`) or
+/// percentage (`10%`).
+pub const ANNOTATION_MAX_OVERLOAD: &str = "topology-agent.io/max-overload";
+
+impl Service {
+    /// The Service asks for a decision that depends on the demand of every zone (spillover), so
+    /// any change of a Node's zone, CPU or readiness can move it.
+    pub fn depends_on_demand(&self) -> bool {
+        self.agent_annotations.contains_key(ANNOTATION_SPILLOVER)
+    }
 }
 
 /// Where topology keys came from, and their raw entries.
@@ -249,6 +263,11 @@ pub enum Kind {
     Service,
     /// discovery.k8s.io/v1 EndpointSlice.
     EndpointSlice,
+}
+
+impl Kind {
+    /// Every kind the agent watches; nothing is programmed before each has been listed.
+    pub const ALL: [Self; 3] = [Self::Node, Self::Service, Self::EndpointSlice];
 }
 
 impl fmt::Display for Kind {

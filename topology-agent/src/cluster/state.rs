@@ -185,6 +185,18 @@ impl ClusterState {
             .collect()
     }
 
+    /// The Services a change of Node `name` can re-route, seen from any other node: those with
+    /// endpoints on it (their topology comes from its labels) and, when the demand by zone moved
+    /// (`demand_before`: [`Self::demand_version`] before the change), every Service whose decision
+    /// depends on the demand. (A change of the deciding node itself moves everything.)
+    pub fn affected_by_node(&self, name: &str, demand_before: u64) -> BTreeSet<ObjectKey> {
+        let mut affected = self.services_with_endpoints_on(name);
+        if self.demand_version() != demand_before {
+            affected.extend(self.services.values().filter(|s| s.depends_on_demand()).map(|s| s.key.clone()));
+        }
+        affected
+    }
+
     /// Number of Nodes, Services and EndpointSlices.
     pub fn counts(&self) -> (usize, usize, usize) {
         (self.nodes.len(), self.services.len(), self.slices.len())

@@ -32,7 +32,7 @@ impl Default for Health {
         Self {
             state: Mutex::new(State {
                 heartbeat: Instant::now(),
-                waiting_for: [Kind::Node, Kind::Service, Kind::EndpointSlice].into(),
+                waiting_for: Kind::ALL.into(),
                 stale: BTreeMap::new(),
                 programmed: false,
                 blocked: None,
@@ -98,19 +98,15 @@ impl Health {
     }
 
     /// Ok when the controller loop checked in recently.
-    pub fn liveness(&self) -> Result<(), String> {
+    pub fn liveness(&self) -> Result<(), NotLive> {
         self.with(|s| {
-            let age = s.heartbeat.elapsed();
-            if age > LIVENESS_DEADLINE {
-                Err(format!("controller loop silent for {:.0} s", age.as_secs_f64()))
-            } else {
-                Ok(())
-            }
+            let silent_for = s.heartbeat.elapsed();
+            if silent_for > LIVENESS_DEADLINE { Err(NotLive { silent_for }) } else { Ok(()) }
         })
     }
 
     /// Ok when the kernel holds the policy of a complete, current view of the cluster.
-    pub fn readiness(&self) -> Result<(), String> {
+    pub fn readiness(&self) -> Result<(), NotReady> {
         self.with(|s| {
             let mut reasons = Vec::new();
             if !s.waiting_for.is_empty() {
@@ -128,9 +124,26 @@ impl Health {
             if let Some(failing) = &s.failing {
                 reasons.push(failing.clone());
             }
-            if reasons.is_empty() { Ok(()) } else { Err(reasons.join("; ")) }
+            if reasons.is_empty() { Ok(()) } else { Err(NotReady { reasons }) }
         })
     }
+}
+
+/// The controller loop has not checked in for too long (`/healthz`).
+#[derive(Debug, thiserror::Error)]
+#[error("controller loop silent for {:.0} s", silent_for.as_secs_f64())]
+pub struct NotLive {
+    /// Since its last check-in.
+    pub silent_for: Duration,
+}
+
+/// Why the kernel does not hold the policy of a complete, current view (`/readyz`): every
+/// reason, in order.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{}", reasons.join("; "))]
+pub struct NotReady {
+    /// One line each.
+    pub reasons: Vec<String>,
 }
 
 #[cfg(test)]
@@ -141,24 +154,31 @@ mod tests {
     fn ready_only_when_listed_fresh_and_programmed() {
         let health = Health::default();
         assert!(
-            health.readiness().unwrap_err().contains("waiting for the initial list of Node, Service, EndpointSlice")
+            health
+                .readiness()
+                .unwrap_err()
+                .to_string()
+                .contains("waiting for the initial list of Node, Service, EndpointSlice")
         );
         health.listed(Kind::Node);
         health.listed(Kind::Service);
         health.listed(Kind::EndpointSlice);
-        assert_eq!(health.readiness().unwrap_err(), "not programmed yet");
+        assert_eq!(health.readiness().unwrap_err().to_string(), "not programmed yet");
         health.programmed();
         assert!(health.readiness().is_ok());
         health.set_stale("EndpointSlice watch", Some("connection reset".into()));
-        assert_eq!(health.readiness().unwrap_err(), "view is stale: EndpointSlice watch: connection reset");
+        assert_eq!(health.readiness().unwrap_err().to_string(), "view is stale: EndpointSlice watch: connection reset");
         health.set_stale("EndpointSlice watch", None);
         health.set_blocked(Some("node a is gone".into()));
-        assert_eq!(health.readiness().unwrap_err(), "node a is gone");
+        assert_eq!(health.readiness().unwrap_err().to_string(), "node a is gone");
         health.set_blocked(None);
         assert!(health.readiness().is_ok());
         assert!(health.view_current());
         health.set_failing(Some("2 service ports failed to program: map topo_slots is full".into()));
-        assert_eq!(health.readiness().unwrap_err(), "2 service ports failed to program: map topo_slots is full");
+        assert_eq!(
+            health.readiness().unwrap_err().to_string(),
+            "2 service ports failed to program: map topo_slots is full"
+        );
         assert!(health.view_current(), "failed ports do not make the view old");
         health.set_failing(None);
         health.set_stale("Node watch", Some("stalled".into()));

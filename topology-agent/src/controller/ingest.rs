@@ -3,11 +3,10 @@
 
 use std::{collections::BTreeSet, time::Instant};
 
-use super::{Controller, Programmer};
+use super::{Controller, Programmer, context::Topic};
 use crate::{
     cluster::Kind,
     metrics::KindLabels,
-    policy,
     source::{Invalid, Object, ObjectId, SourceEvent},
 };
 
@@ -20,10 +19,10 @@ impl<P: Programmer> Controller<P> {
             SourceEvent::Snapshot(state) => {
                 self.state = *state;
                 self.everything_dirty = true;
-                for kind in [Kind::Node, Kind::Service, Kind::EndpointSlice] {
+                for kind in Kind::ALL {
                     self.listed.insert(kind);
                 }
-                self.health.listed_all();
+                self.ctx.health.listed_all();
             }
             SourceEvent::Apply(object) => {
                 self.unskip(&object.id());
@@ -34,8 +33,8 @@ impl<P: Programmer> Controller<P> {
                 self.remove(&id);
             }
             SourceEvent::Invalid(invalid) => self.skip(invalid),
-            SourceEvent::Stale { source, reason } => self.health.set_stale(&source, Some(reason)),
-            SourceEvent::Fresh { source } => self.health.set_stale(&source, None),
+            SourceEvent::Stale { source, reason } => self.ctx.health.set_stale(&source, Some(reason)),
+            SourceEvent::Fresh { source } => self.ctx.health.set_stale(&source, None),
         }
     }
 
@@ -64,7 +63,7 @@ impl<P: Programmer> Controller<P> {
             self.skip(bad);
         }
         self.listed.insert(kind);
-        self.health.listed(kind);
+        self.ctx.health.listed(kind);
     }
 
     fn upsert(&mut self, object: Object) {
@@ -109,9 +108,8 @@ impl<P: Programmer> Controller<P> {
         }
     }
 
-    /// A Node changed: this node re-decides everything; another node re-decides the Services with
-    /// endpoints on it (their topology comes from its labels) and, when the demand by zone moved
-    /// (`demand_before` is the demand version before the change), every spillover Service.
+    /// A Node changed: this node re-decides everything; another node, what the cluster state says
+    /// it affects (`demand_before`: the demand version before the change).
     fn node_changed(&mut self, name: &str, demand_before: u64) {
         if name == self.config.node {
             self.everything_dirty = true;
@@ -119,25 +117,17 @@ impl<P: Programmer> Controller<P> {
         if self.everything_dirty || !self.programmed {
             return;
         }
-        let affected = self.state.services_with_endpoints_on(name);
+        let affected = self.state.affected_by_node(name, demand_before);
         self.dirty.extend(affected);
-        if self.state.demand_version() != demand_before {
-            let spilling = self
-                .state
-                .services()
-                .filter(|s| s.agent_annotations.contains_key(policy::spillover::ANNOTATION_SPILLOVER))
-                .map(|s| s.key.clone());
-            self.dirty.extend(spilling);
-        }
     }
 
     fn skip(&mut self, invalid: Invalid) {
         tracing::warn!(object = %invalid.id, error = %invalid.error, "object skipped; its last good version stays in use");
         let kind = KindLabels { kind: invalid.id.kind().to_string() };
-        self.metrics.skipped_total.get_or_create(&kind).inc();
+        self.ctx.metrics.skipped_total.get_or_create(&kind).inc();
         if let Some(service) = &invalid.service {
             let message = format!("{}: {}; its last good version stays in use", invalid.id, invalid.error);
-            self.problem(service, format!("object {}", invalid.id), "InvalidObject", message);
+            self.ctx.problem(service, Topic::Object(invalid.id.clone()), "InvalidObject", message);
         }
         self.skipped.insert(invalid.id.clone(), invalid);
         self.count_skipped();
@@ -146,16 +136,16 @@ impl<P: Programmer> Controller<P> {
     fn unskip(&mut self, id: &ObjectId) {
         if let Some(invalid) = self.skipped.remove(id) {
             if let Some(service) = invalid.service {
-                self.reported.remove(&(service, format!("object {id}")));
+                self.ctx.resolved(&service, &Topic::Object(id.clone()));
             }
             self.count_skipped();
         }
     }
 
     fn count_skipped(&self) {
-        for kind in [Kind::Node, Kind::Service, Kind::EndpointSlice] {
+        for kind in Kind::ALL {
             let count = self.skipped.keys().filter(|id| id.kind() == kind).count();
-            self.metrics.skipped.get_or_create(&KindLabels { kind: kind.to_string() }).set(count as i64);
+            self.ctx.metrics.skipped.get_or_create(&KindLabels { kind: kind.to_string() }).set(count as i64);
         }
     }
 }

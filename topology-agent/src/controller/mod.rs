@@ -6,10 +6,10 @@
 //! is a full reconcile with whatever a previous agent left pinned (stale entries removed,
 //! unchanged ones not rewritten). Events that arrive together are handled as one batch.
 
+mod context;
 mod health;
 mod ingest;
 mod program;
-mod routes;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -17,19 +17,19 @@ use std::{
     time::{Duration, Instant},
 };
 
-pub use health::Health;
+use context::{Context, Topic};
+pub use health::{Health, NotLive, NotReady};
 pub use program::{Observation, Programmer};
-use routes::Routes;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
     cluster::{ClusterState, Kind, Node, ObjectKey},
-    dataplane::{ApplyReport, DataplaneError},
+    dataplane::ApplyReport,
     desired::ServicePort,
     dns::{DnsPublisher, steer::Steering},
-    metrics::{Metrics, ReasonLabels},
-    policy::{self, desired::desired_state},
-    report::{Problem, ProblemSink},
+    events::ProblemSink,
+    metrics::Metrics,
+    plan::{self, NodePlan},
     sockets::Terminator,
     source::{EventReceiver, Invalid, ObjectId},
 };
@@ -54,6 +54,10 @@ impl ControllerConfig {
 /// must be comfortably longer.
 pub const BEAT_INTERVAL: Duration = Duration::from_millis(500);
 
+/// The longest the loop sleeps without events: the liveness beat and the kernel heartbeat are
+/// refreshed at least this often.
+const IDLE_WAKE: Duration = Duration::from_secs(1);
+
 /// The controller cannot go on.
 #[derive(Debug, thiserror::Error)]
 pub enum ControllerError {
@@ -73,22 +77,17 @@ pub struct Controller<P: Programmer> {
     config: ControllerConfig,
     programmer: P,
     state: ClusterState,
-    routes: Routes,
+    plan: NodePlan,
     dirty: BTreeSet<ObjectKey>,
     everything_dirty: bool,
     listed: BTreeSet<Kind>,
     programmed: bool,
     skipped: BTreeMap<ObjectId, Invalid>,
-    reported: BTreeMap<(ObjectKey, String), String>,
-    kernel_failures: BTreeMap<ServicePort, (ObjectKey, String)>,
     oldest_pending: Option<Instant>,
     last_beat: Option<Instant>,
     terminator: Option<Terminator>,
     dns: Option<DnsPublisher>,
-    steering: Option<Steering>,
-    health: Arc<Health>,
-    metrics: Arc<Metrics>,
-    sink: Box<dyn ProblemSink>,
+    ctx: Context,
 }
 
 impl<P: Programmer> Controller<P> {
@@ -100,26 +99,22 @@ impl<P: Programmer> Controller<P> {
         metrics: Arc<Metrics>,
         sink: Box<dyn ProblemSink>,
     ) -> Self {
+        let node = config.node.clone();
         Self {
             config,
             programmer,
             state: ClusterState::default(),
-            routes: Routes::default(),
+            plan: NodePlan::new(node, None),
             dirty: BTreeSet::new(),
             everything_dirty: false,
             listed: BTreeSet::new(),
             programmed: false,
             skipped: BTreeMap::new(),
-            reported: BTreeMap::new(),
-            kernel_failures: BTreeMap::new(),
             oldest_pending: None,
             last_beat: None,
             terminator: None,
             dns: None,
-            steering: None,
-            health,
-            metrics,
-            sink,
+            ctx: Context::new(health, metrics, sink),
         }
     }
 
@@ -138,7 +133,7 @@ impl<P: Programmer> Controller<P> {
 
     /// Steers the cluster DNS Service's port 53 to this node's responder.
     pub fn with_steering(mut self, steering: Option<Steering>) -> Self {
-        self.steering = steering;
+        self.plan = NodePlan::new(self.config.node.clone(), steering);
         self
     }
 
@@ -147,9 +142,9 @@ impl<P: Programmer> Controller<P> {
     pub fn run(mut self, events: &EventReceiver, shutdown: &CancellationToken) -> Result<P, ControllerError> {
         let mut next_reconcile = Instant::now() + self.config.reconcile_interval;
         while !shutdown.is_cancelled() {
-            self.health.beat();
+            self.ctx.health.beat();
             let wait = next_reconcile.saturating_duration_since(Instant::now());
-            match events.recv_timeout(wait.min(Duration::from_secs(1))) {
+            match events.recv_timeout(wait.min(IDLE_WAKE)) {
                 Ok((seen, event)) => {
                     self.receive(seen, event);
                     // Everything already queued joins this batch: bursts cost one sync.
@@ -175,7 +170,7 @@ impl<P: Programmer> Controller<P> {
     /// [`BEAT_INTERVAL`]: the programs fail open once the view has not been current for
     /// `--fail-open-after`.
     fn beat(&mut self) {
-        if !self.health.view_current() || self.last_beat.is_some_and(|at| at.elapsed() < BEAT_INTERVAL) {
+        if !self.ctx.health.view_current() || self.last_beat.is_some_and(|at| at.elapsed() < BEAT_INTERVAL) {
             return;
         }
         match self.programmer.heartbeat() {
@@ -191,7 +186,7 @@ impl<P: Programmer> Controller<P> {
 
     /// Recomputes what the events changed and programs it; nothing before every kind is listed.
     pub fn sync(&mut self) -> Result<(), ControllerError> {
-        if self.listed.len() < 3 {
+        if self.listed.len() < Kind::ALL.len() {
             return Ok(());
         }
         let node = self.config.node.clone();
@@ -202,23 +197,23 @@ impl<P: Programmer> Controller<P> {
                 }
                 return Err(ControllerError::UnknownNode(node));
             }
-            self.health.set_blocked(Some(format!(
+            self.ctx.health.set_blocked(Some(format!(
                 "node {node} is no longer in the cluster; the kernel keeps the last programmed state"
             )));
             return Ok(());
         };
-        self.health.set_blocked(None);
+        self.ctx.health.set_blocked(None);
         if !self.programmed || self.everything_dirty {
             self.dirty.clear();
             self.everything_dirty = false;
             let keys: BTreeSet<ObjectKey> =
-                self.state.services().map(|s| s.key.clone()).chain(self.routes.services().cloned()).collect();
+                self.state.services().map(|s| s.key.clone()).chain(self.plan.services()).collect();
             let started = Instant::now();
             for key in &keys {
                 self.recompute(&this, key);
             }
             self.drain_retries(&this);
-            let report = self.programmer.apply(self.routes.desired());
+            let report = self.programmer.apply(self.plan.kernel());
             self.finish(started, &report, None);
         } else if !self.dirty.is_empty() {
             let started = Instant::now();
@@ -227,7 +222,7 @@ impl<P: Programmer> Controller<P> {
                 changed.extend(self.recompute(&this, &key));
             }
             changed.extend(self.drain_retries(&this));
-            let report = self.programmer.apply_changes(self.routes.desired(), &changed);
+            let report = self.programmer.apply_changes(self.plan.kernel(), &changed);
             self.finish(started, &report, Some(&changed));
         } else {
             self.oldest_pending = None;
@@ -242,7 +237,7 @@ impl<P: Programmer> Controller<P> {
     fn reconcile(&mut self) {
         if self.programmed {
             let started = Instant::now();
-            let report = self.programmer.apply(self.routes.desired());
+            let report = self.programmer.apply(self.plan.kernel());
             self.finish(started, &report, None);
         }
     }
@@ -251,13 +246,13 @@ impl<P: Programmer> Controller<P> {
     /// `attempted` is the set of ports the apply covered (`None`: all).
     fn finish(&mut self, started: Instant, report: &ApplyReport, attempted: Option<&BTreeSet<ServicePort>>) {
         self.programmed = true;
-        self.health.programmed();
+        self.ctx.health.programmed();
         if let Some(terminator) = &self.terminator {
             terminator.submit(report.departed.clone());
         }
-        self.metrics.sync_duration.observe(started.elapsed().as_secs_f64());
+        self.ctx.metrics.sync_duration.observe(started.elapsed().as_secs_f64());
         if let Some(seen) = self.oldest_pending.take() {
-            self.metrics.event_to_kernel.observe(seen.elapsed().as_secs_f64());
+            self.ctx.metrics.event_to_kernel.observe(seen.elapsed().as_secs_f64());
         }
         if report.added + report.updated + report.removed + report.failed.len() > 0 {
             tracing::info!(
@@ -269,69 +264,38 @@ impl<P: Programmer> Controller<P> {
                 "kernel maps updated"
             );
         }
-        let mut failed = BTreeMap::new();
-        for (port, error) in &report.failed {
-            let reason = match error {
-                DataplaneError::MapFull { .. } => "MapFull",
-                DataplaneError::InvalidService { .. } => "InvalidService",
-                _ => "KernelWriteFailed",
-            };
-            self.metrics.apply_failures.get_or_create(&ReasonLabels { reason: reason.into() }).inc();
-            if let Some(service) = self.routes.owner(port).cloned() {
-                let message = format!("{port}: {error}; the kernel keeps its previous state for this port");
-                self.problem(&service, format!("kernel {port}"), reason, message);
-                failed.insert(*port, (service, error.to_string()));
-            }
-        }
-        let recovered: Vec<ServicePort> = self
-            .kernel_failures
-            .keys()
-            .filter(|port| !failed.contains_key(*port) && attempted.is_none_or(|a| a.contains(*port)))
-            .copied()
-            .collect();
-        for port in recovered {
-            if let Some((service, _)) = self.kernel_failures.remove(&port) {
-                self.reported.remove(&(service, format!("kernel {port}")));
-            }
-        }
-        self.kernel_failures.extend(failed);
-        self.metrics.failed_service_ports.set(self.kernel_failures.len() as i64);
-        self.health.set_failing(failing_summary(&self.kernel_failures));
+        let plan = &self.plan;
+        self.ctx.kernel_failures(report, attempted, |port| plan.owner(port).cloned());
         for error in &report.housekeeping {
             tracing::warn!(%error, "kernel clean-up deferred to the next apply");
         }
-        self.observe();
+        self.ctx.observe(&self.programmer.observe());
     }
 
-    /// Recomputes one Service and stores its entries; returns the changed service ports.
+    /// Decides one Service again and updates its entries in the plan; returns the changed ports.
     fn recompute(&mut self, this: &Node, key: &ObjectKey) -> BTreeSet<ServicePort> {
-        let mut selections = match self.state.service(key) {
-            Some(service) => policy::compute_service(&self.state, this, service),
-            None => Vec::new(),
-        };
-        if let Some(steering) = &self.steering {
-            steering.apply(&this.name, &mut selections);
-        }
+        let update = self.plan.update(&self.state, this, key);
         if let Some(dns) = &mut self.dns {
             let changed = dns.view_mut().update(&self.state, this, key);
             dns.touch(changed);
         }
-        let warnings: Vec<String> = selections
+        let warnings: Vec<String> = self
+            .plan
+            .decisions(key)
             .iter()
             .flat_map(|s| s.selection.warnings.iter().map(move |w| format!("port {}: {w}", s.port.port)))
             .collect();
         if warnings.is_empty() {
-            self.reported.remove(&(key.clone(), "policy".into()));
+            self.ctx.resolved(key, &Topic::Policy);
         } else {
-            self.problem(key, "policy".into(), "IgnoredConfiguration", warnings.join("; "));
+            self.ctx.problem(key, Topic::Policy, "IgnoredConfiguration", warnings.join("; "));
         }
-        let update = self.routes.set(key, desired_state(&selections).services);
         for (port, holder) in &update.conflicts {
             let message = format!("{port} is already programmed for Service {holder}; this Service's port is skipped");
-            self.problem(key, format!("conflict {port}"), "ClusterIPConflict", message);
+            self.ctx.problem(key, Topic::Conflict(*port), "ClusterIPConflict", message);
         }
         if update.conflicts.is_empty() {
-            self.reported.retain(|(service, topic), _| service != key || !topic.starts_with("conflict "));
+            self.ctx.conflicts_resolved(key);
         }
         self.dirty.extend(update.retry);
         update.changed
@@ -341,7 +305,7 @@ impl<P: Programmer> Controller<P> {
     fn drain_retries(&mut self, this: &Node) -> BTreeSet<ServicePort> {
         let mut changed = BTreeSet::new();
         // Each round only adds Services that were blocked; a port is released once per sync.
-        for _ in 0..16 {
+        for _ in 0..plan::RETRY_ROUNDS {
             if self.dirty.is_empty() {
                 break;
             }
@@ -351,43 +315,6 @@ impl<P: Programmer> Controller<P> {
         }
         changed
     }
-
-    /// Logs and publishes a problem, once per (Service, topic) until its message changes.
-    fn problem(&mut self, service: &ObjectKey, topic: String, reason: &'static str, message: String) {
-        let key = (service.clone(), topic);
-        if self.reported.get(&key) == Some(&message) {
-            return;
-        }
-        tracing::warn!(service = %service, reason, "{message}");
-        self.sink.publish(&Problem { service: service.clone(), reason, message: message.clone() });
-        self.reported.insert(key, message);
-    }
-
-    /// Updates the gauges from what the programmer reports.
-    fn observe(&mut self) {
-        let observation = self.programmer.observe();
-        self.metrics.services.set(observation.services as i64);
-        self.metrics.backends.set(observation.backends as i64);
-        for (map, used, capacity) in &observation.maps {
-            let labels = crate::metrics::MapLabels { map: (*map).to_owned() };
-            self.metrics.map_entries.get_or_create(&labels).set(*used as i64);
-            self.metrics.map_capacity.get_or_create(&labels).set(i64::from(*capacity));
-        }
-    }
-}
-
-/// "2 service ports failed to program (10.96.0.1:80/TCP: map topo_slots is full ...)", naming
-/// the first few; `None` when none failed.
-fn failing_summary(failures: &BTreeMap<ServicePort, (ObjectKey, String)>) -> Option<String> {
-    const NAMED: usize = 3;
-    if failures.is_empty() {
-        return None;
-    }
-    let named: Vec<String> = failures.iter().take(NAMED).map(|(port, (_, error))| format!("{port}: {error}")).collect();
-    let more = failures.len().saturating_sub(NAMED);
-    let tail = if more > 0 { format!("; and {more} more") } else { String::new() };
-    let noun = if failures.len() == 1 { "service port" } else { "service ports" };
-    Some(format!("{} {noun} failed to program ({}{tail})", failures.len(), named.join("; ")))
 }
 
 #[cfg(test)]

@@ -11,10 +11,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::*;
 use crate::{
-    cluster::{Endpoint, EndpointSlice, Family, ObjectError, Service, ServicePort as SvcPort, SlicePort},
+    cluster::{Endpoint, EndpointSlice, Family, ObjectError, PortSpec as SvcPort, Service, SlicePort},
     dataplane::ApplyReport,
     desired::{DesiredState, Protocol, ServicePort},
-    report::LogOnly,
+    events::LogOnly,
     source::{EventSender, Object, SourceEvent},
 };
 
@@ -277,7 +277,7 @@ fn two_services_claiming_one_cluster_ip_do_not_fight() {
 fn a_demand_change_anywhere_recomputes_the_spillover_services() {
     // web spills by capacity over an endpoint in z1 (on a) and two in z2 (on b); api does not.
     let mut web = service("web", "10.96.0.1");
-    web.agent_annotations.insert(policy::spillover::ANNOTATION_SPILLOVER.into(), "capacity".into());
+    web.agent_annotations.insert(crate::policy::spillover::ANNOTATION_SPILLOVER.into(), "capacity".into());
     let mut web_slice = slice("web-1", "web", &["10.1.0.1", "10.1.0.2", "10.1.0.3"]);
     for endpoint in &mut web_slice.endpoints[1..] {
         endpoint.node_name = Some("b".into());

@@ -17,7 +17,7 @@ use super::{
 use crate::{
     cluster,
     desired::{DesiredService, DesiredState, Locality, PortOptions, Protocol, ServicePort, WeightedBackend},
-    policy::{self, desired::desired_state},
+    plan::NodePlan,
 };
 
 #[derive(Deserialize)]
@@ -54,10 +54,10 @@ fn run_case(dir: &Path) -> String {
     let mut out = String::new();
     for step in &case.steps {
         let path = dir.join(step);
-        let state = cluster::file::load(&path).unwrap_or_else(|error| panic!("{error}"));
-        let selections = policy::compute(&state, &case.node).unwrap_or_else(|error| panic!("{step}: {error}"));
-        let desired = desired_state(&selections);
-        let report = writer.apply(&desired);
+        let state = cluster::yaml::load(&path).unwrap_or_else(|error| panic!("{error}"));
+        let plan = NodePlan::build(&state, &case.node, None).unwrap_or_else(|error| panic!("{step}: {error}"));
+        let desired = plan.kernel();
+        let report = writer.apply(desired);
         verify_index(writer.maps(), writer.kernel()).unwrap_or_else(|error| panic!("{step}: {error}"));
         let failed: Vec<_> = report.failed.iter().map(|(port, _)| *port).collect();
         for (port, service) in &desired.services {

@@ -148,7 +148,7 @@ async fn probe(target: SocketAddr, domain: &Name) -> std::io::Result<()> {
 mod tests {
     use super::*;
     use crate::{
-        cluster::ServicePort,
+        cluster::PortSpec,
         desired::PortOptions,
         policy::{PortSelection, Selection},
     };
@@ -156,7 +156,7 @@ mod tests {
     fn selection(name: &str, port: u16, protocol: Protocol, family: Family) -> PortSelection {
         PortSelection {
             service: ObjectKey::new("kube-system", name),
-            port: ServicePort { name: String::new(), port, protocol },
+            port: PortSpec { name: String::new(), port, protocol },
             family,
             cluster_ips: vec![],
             selection: Selection {

@@ -303,8 +303,7 @@ fn the_default_upstream_is_kube_dns_endpoints_dialled_directly() {
     let mut state = world();
     let mut dns = service("kube-dns");
     dns.key = crate::cluster::ObjectKey::new("kube-system", "kube-dns");
-    dns.ports[0] =
-        crate::cluster::ServicePort { name: "dns".into(), port: 53, protocol: crate::desired::Protocol::Udp };
+    dns.ports[0] = crate::cluster::PortSpec { name: "dns".into(), port: 53, protocol: crate::desired::Protocol::Udp };
     state.upsert_service(dns);
     let mut slice = slice("kube-dns-1", "kube-dns", 1053, vec![ep("10.0.5.1", "a1"), ep("10.0.5.2", "b1").unready()]);
     slice.key.namespace = "kube-system".into();

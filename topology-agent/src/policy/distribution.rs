@@ -8,22 +8,23 @@
 use super::{Candidate, PolicyKind, Selection, describe, terminating_fallback};
 use crate::cluster::{Node, TrafficDistribution};
 
+/// A `spec.trafficDistribution` this agent does not know: ignored, as kube-proxy ignores it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("spec.trafficDistribution {0:?} ignored: not PreferClose, PreferSameZone or PreferSameNode")]
+pub struct UnknownDistribution(pub String);
+
 /// The preferred endpoints for `distribution`, or why the value is ignored.
 pub fn select(
     this: &Node,
     distribution: &TrafficDistribution,
     usable: &[Candidate<'_>],
     terminating: bool,
-) -> Result<Selection, String> {
+) -> Result<Selection, UnknownDistribution> {
     let (policy, levels): (PolicyKind, &[Level]) = match distribution {
         TrafficDistribution::PreferClose => (PolicyKind::PreferClose, &[Level::Zone]),
         TrafficDistribution::PreferSameZone => (PolicyKind::PreferSameZone, &[Level::Zone]),
         TrafficDistribution::PreferSameNode => (PolicyKind::PreferSameNode, &[Level::Node, Level::Zone]),
-        TrafficDistribution::Unknown(value) => {
-            return Err(format!(
-                "spec.trafficDistribution {value:?} ignored: not PreferClose, PreferSameZone or PreferSameNode"
-            ));
-        }
+        TrafficDistribution::Unknown(value) => return Err(UnknownDistribution(value.clone())),
     };
     let name = format!("{policy:?}");
     if usable.is_empty() {

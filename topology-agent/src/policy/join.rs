@@ -4,7 +4,7 @@
 
 use std::{collections::BTreeMap, net::IpAddr};
 
-use crate::cluster::{ClusterState, Endpoint, Family, Node, Service, ServicePort, model::LABEL_ZONE};
+use crate::cluster::{ClusterState, Endpoint, Family, Node, PortSpec, Service, model::LABEL_ZONE};
 
 /// An endpoint of one Service port, as the policy weighs it.
 #[derive(Clone, Debug, PartialEq)]
@@ -89,7 +89,7 @@ pub struct Joined<'a> {
 
 /// The endpoints of `port` in `family`. An endpoint listed by several slices appears once, with
 /// the most usable conditions any of them reports.
-pub fn candidates<'a>(state: &'a ClusterState, service: &Service, port: &ServicePort, family: Family) -> Joined<'a> {
+pub fn candidates<'a>(state: &'a ClusterState, service: &Service, port: &PortSpec, family: Family) -> Joined<'a> {
     let mut by_address: BTreeMap<(IpAddr, u16), Candidate<'a>> = BTreeMap::new();
     let mut family_slices = 0;
     let mut other_names = Vec::new();

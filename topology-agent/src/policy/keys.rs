@@ -31,24 +31,66 @@ impl fmt::Display for TopologyKey {
     }
 }
 
+/// Why a list of topology keys is refused (as a whole).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum KeysError {
+    /// More than [`MAX_KEYS`].
+    #[error("{0} keys; at most {MAX_KEYS} are allowed")]
+    TooMany(usize),
+    /// `*` before another key.
+    #[error("\"*\" must be the last key")]
+    AnyNotLast,
+    /// A key that is not a label key.
+    #[error("{key:?} is not a valid label key: {why}")]
+    InvalidKey {
+        /// The key.
+        key: String,
+        /// What is wrong with it.
+        why: LabelKeyError,
+    },
+    /// A key listed twice.
+    #[error("{0:?} appears more than once")]
+    Duplicate(String),
+}
+
+/// What is wrong with a label key.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LabelKeyError {
+    /// The prefix before `/` is empty or too long.
+    #[error("the prefix must be 1 to 253 characters")]
+    PrefixLength,
+    /// The prefix is not a lowercase DNS subdomain.
+    #[error("the prefix {0:?} is not a lowercase DNS subdomain")]
+    PrefixNotSubdomain(String),
+    /// The name is empty or too long.
+    #[error("the name must be 1 to 63 characters")]
+    NameLength,
+    /// The name starts or ends with something else than a letter or digit.
+    #[error("the name must start and end with a letter or digit")]
+    NameEnds,
+    /// The name holds a character a label key may not.
+    #[error("the name may only contain letters, digits, '-', '_' and '.'")]
+    NameCharacters,
+}
+
 /// Validates keys as the KEP does: at most 16, each a valid label key or `*`, `*` only last, no
 /// duplicates. An invalid list is rejected as a whole.
-pub fn parse(raw: &[String]) -> Result<Vec<TopologyKey>, String> {
+pub fn parse(raw: &[String]) -> Result<Vec<TopologyKey>, KeysError> {
     if raw.len() > MAX_KEYS {
-        return Err(format!("{} keys; at most {MAX_KEYS} are allowed", raw.len()));
+        return Err(KeysError::TooMany(raw.len()));
     }
     let mut keys = Vec::with_capacity(raw.len());
     for (index, key) in raw.iter().enumerate() {
         if key == "*" {
             if index + 1 != raw.len() {
-                return Err("\"*\" must be the last key".into());
+                return Err(KeysError::AnyNotLast);
             }
             keys.push(TopologyKey::Any);
             continue;
         }
-        label_key(key).map_err(|why| format!("{key:?} is not a valid label key: {why}"))?;
+        label_key(key).map_err(|why| KeysError::InvalidKey { key: key.clone(), why })?;
         if raw[..index].contains(key) {
-            return Err(format!("{key:?} appears more than once"));
+            return Err(KeysError::Duplicate(key.clone()));
         }
         keys.push(TopologyKey::Label(key.clone()));
     }
@@ -140,14 +182,14 @@ fn terminating_fallback(this: &Node, keys: &[TopologyKey], listed: &str, usable:
 
 /// Checks a Kubernetes label key: an optional DNS-subdomain prefix and `/`, then a name of at most
 /// 63 characters, alphanumeric at both ends, with `-`, `_` and `.` inside.
-pub fn label_key(key: &str) -> Result<(), String> {
+pub fn label_key(key: &str) -> Result<(), LabelKeyError> {
     let (prefix, name) = match key.split_once('/') {
         Some((prefix, name)) => (Some(prefix), name),
         None => (None, key),
     };
     if let Some(prefix) = prefix {
         if prefix.is_empty() || prefix.len() > 253 {
-            return Err("the prefix must be 1 to 253 characters".into());
+            return Err(LabelKeyError::PrefixLength);
         }
         for label in prefix.split('.') {
             let ok = !label.is_empty()
@@ -156,20 +198,20 @@ pub fn label_key(key: &str) -> Result<(), String> {
                 && !label.starts_with('-')
                 && !label.ends_with('-');
             if !ok {
-                return Err(format!("the prefix {prefix:?} is not a lowercase DNS subdomain"));
+                return Err(LabelKeyError::PrefixNotSubdomain(prefix.to_owned()));
             }
         }
     }
     if name.is_empty() || name.len() > 63 {
-        return Err("the name must be 1 to 63 characters".into());
+        return Err(LabelKeyError::NameLength);
     }
     let alnum = |b: u8| b.is_ascii_alphanumeric();
     let bytes = name.as_bytes();
     if !alnum(bytes[0]) || !alnum(bytes[bytes.len() - 1]) {
-        return Err("the name must start and end with a letter or digit".into());
+        return Err(LabelKeyError::NameEnds);
     }
     if !bytes.iter().all(|&b| alnum(b) || b == b'-' || b == b'_' || b == b'.') {
-        return Err("the name may only contain letters, digits, '-', '_' and '.'".into());
+        return Err(LabelKeyError::NameCharacters);
     }
     Ok(())
 }

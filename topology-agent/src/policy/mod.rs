@@ -16,7 +16,6 @@
 //! would pile a draining zone's connections onto its last terminating pods. Only a hard scope
 //! the Service wrote (topology keys without `*`) still bounds it.
 
-pub mod desired;
 pub mod distribution;
 pub mod hints;
 pub mod join;
@@ -30,7 +29,7 @@ pub use join::Candidate;
 use serde::Serialize;
 
 use crate::{
-    cluster::{ClusterState, Family, Node, ObjectKey, Service, ServicePort, TrafficDistribution, demand::Demand},
+    cluster::{ClusterState, Family, Node, ObjectKey, PortSpec, Service, TrafficDistribution, demand::Demand},
     desired::{Locality, PortOptions},
 };
 
@@ -124,7 +123,7 @@ pub struct PortSelection {
     /// The Service.
     pub service: ObjectKey,
     /// The port.
-    pub port: ServicePort,
+    pub port: PortSpec,
     /// The family.
     pub family: Family,
     /// The Service's ClusterIPs of this family.
@@ -211,7 +210,7 @@ pub fn select(this: &Node, demand: &Demand, service: &Service, candidates: &[Can
                 return spillover::select(this, demand, settings, &scope, replaced, &usable, terminating)
                     .warn(warnings);
             }
-            Err(why) => warnings.push(why),
+            Err(none) => warnings.push(none.to_string()),
         }
     }
     if let Some(keys) = keys {
@@ -223,7 +222,7 @@ pub fn select(this: &Node, demand: &Demand, service: &Service, candidates: &[Can
     if let Some(distribution) = &service.traffic_distribution {
         match distribution::select(this, distribution, &usable, terminating) {
             Ok(selection) => return selection.warn(warnings),
-            Err(reason) => warnings.push(reason),
+            Err(unknown) => warnings.push(unknown.to_string()),
         }
     }
     Selection::equal(PolicyKind::Default, default_reason(usable.len(), terminating), this, &usable).warn(warnings)

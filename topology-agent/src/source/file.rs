@@ -14,7 +14,7 @@ use notify::{RecursiveMode, Watcher as _};
 use tokio_util::sync::CancellationToken;
 
 use super::{EventSender, SourceEvent};
-use crate::cluster::file::{self, FileError};
+use crate::cluster::yaml::{self, FileError};
 
 /// Name of this source in readiness reasons.
 const SOURCE: &str = "cluster file";
@@ -48,7 +48,7 @@ impl FileSource {
     /// watches for changes until `shutdown`.
     pub fn start(path: &Path, events: EventSender, shutdown: CancellationToken) -> Result<Self, FileSourceError> {
         let text = read(path)?;
-        let state = file::parse(&text, &path.display().to_string())?;
+        let state = yaml::parse(&text, &path.display().to_string())?;
         events.send(SourceEvent::Snapshot(Box::new(state)));
 
         let (changed_tx, changed_rx) = mpsc::channel::<()>();
@@ -102,7 +102,7 @@ fn reload_loop(
             if text == last && !stale {
                 return Ok(None);
             }
-            let state = file::parse(&text, &path.display().to_string())?;
+            let state = yaml::parse(&text, &path.display().to_string())?;
             Ok(Some((text, state)))
         });
         let sent = match outcome {

@@ -12,10 +12,10 @@ use k8s_openapi::{
 };
 
 use super::model::{
-    Endpoint, EndpointSlice, Family, Kind, LABEL_SERVICE_NAME, Node, ObjectError, ObjectKey, Service, ServicePort,
+    Endpoint, EndpointSlice, Family, Kind, LABEL_SERVICE_NAME, Node, ObjectError, ObjectKey, PortSpec, Service,
     SlicePort, TopologyKeysSource, TopologyKeysSpec, TrafficDistribution,
 };
-use crate::desired::Protocol;
+use crate::desired::{Protocol, UnknownProtocol};
 
 /// Annotation carrying topology keys (KEP-536) on clusters without `spec.topologyKeys`.
 pub const ANNOTATION_TOPOLOGY_KEYS: &str = "topology-agent.io/topology-keys";
@@ -40,7 +40,9 @@ pub fn node(node: &K8sNode) -> Result<Node, ObjectError> {
     }
     let status = node.status.as_ref();
     let allocatable_cpu_millis = match status.and_then(|s| s.allocatable.as_ref()).and_then(|a| a.get("cpu")) {
-        Some(quantity) => cpu_millis(&quantity.0).map_err(|message| error("status.allocatable.cpu", message))?,
+        Some(quantity) => {
+            cpu_millis(&quantity.0).map_err(|invalid| error("status.allocatable.cpu", invalid.to_string()))?
+        }
         None => 0,
     };
     let ready = status
@@ -83,8 +85,8 @@ pub fn service(service: &K8sService, spec_topology_keys: Option<Vec<String>>) ->
             .filter(|&p| p != 0)
             .ok_or_else(|| error(format!("spec.ports[{i}].port"), format!("{} is not a port number", port.port)))?;
         let protocol = protocol(port.protocol.as_deref())
-            .map_err(|message| error(format!("spec.ports[{i}].protocol"), message))?;
-        ports.push(ServicePort { name: port.name.clone().unwrap_or_default(), port: number, protocol });
+            .map_err(|unknown| error(format!("spec.ports[{i}].protocol"), unknown.to_string()))?;
+        ports.push(PortSpec { name: port.name.clone().unwrap_or_default(), port: number, protocol });
     }
 
     let internal_traffic_local = match spec.internal_traffic_policy.as_deref() {
@@ -193,8 +195,8 @@ pub fn endpoint_slice(slice: &K8sEndpointSlice) -> Result<Option<EndpointSlice>,
         };
         let number = u16::try_from(number)
             .map_err(|_| error(format!("ports[{i}].port"), format!("{number} is not a port number")))?;
-        let protocol =
-            protocol(port.protocol.as_deref()).map_err(|message| error(format!("ports[{i}].protocol"), message))?;
+        let protocol = protocol(port.protocol.as_deref())
+            .map_err(|unknown| error(format!("ports[{i}].protocol"), unknown.to_string()))?;
         ports.push(SlicePort { name: port.name.clone().unwrap_or_default(), port: number, protocol });
     }
 
@@ -245,11 +247,11 @@ fn is_dns_label(name: &str) -> bool {
 /// `spec.topologyKeys`, which current API types no longer carry.
 pub fn service_from_value(raw: &serde_json::Value) -> Result<Service, ObjectError> {
     let typed_service: K8sService = typed(raw, Kind::Service)?;
-    let keys = spec_topology_keys(raw).map_err(|message| ObjectError {
+    let keys = spec_topology_keys(raw).map_err(|invalid| ObjectError {
         kind: Kind::Service,
         name: name_of(raw),
         field: "spec.topologyKeys".into(),
-        message,
+        message: invalid.to_string(),
     })?;
     service(&typed_service, keys)
 }
@@ -279,16 +281,27 @@ pub fn name_of(raw: &serde_json::Value) -> String {
 }
 
 /// `spec.topologyKeys` of a raw Service object, if present.
-pub fn spec_topology_keys(raw: &serde_json::Value) -> Result<Option<Vec<String>>, String> {
+pub fn spec_topology_keys(raw: &serde_json::Value) -> Result<Option<Vec<String>>, TopologyKeysFieldError> {
     match raw.pointer("/spec/topologyKeys") {
         None | Some(serde_json::Value::Null) => Ok(None),
         Some(serde_json::Value::Array(items)) => items
             .iter()
-            .map(|item| item.as_str().map(str::to_owned).ok_or_else(|| format!("{item} is not a string")))
+            .map(|item| item.as_str().map(str::to_owned).ok_or_else(|| TopologyKeysFieldError::Item(item.to_string())))
             .collect::<Result<Vec<_>, _>>()
             .map(Some),
-        Some(other) => Err(format!("{other} is not a list of strings")),
+        Some(other) => Err(TopologyKeysFieldError::NotAList(other.to_string())),
     }
+}
+
+/// `spec.topologyKeys` that is not a list of strings.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TopologyKeysFieldError {
+    /// The field is something else than a list.
+    #[error("{0} is not a list of strings")]
+    NotAList(String),
+    /// An entry is not a string.
+    #[error("{0} is not a string")]
+    Item(String),
 }
 
 fn object_key(metadata: &ObjectMeta) -> ObjectKey {
@@ -299,7 +312,7 @@ fn object_key(metadata: &ObjectMeta) -> ObjectKey {
 }
 
 /// A port's protocol; absent means TCP.
-fn protocol(value: Option<&str>) -> Result<Protocol, String> {
+fn protocol(value: Option<&str>) -> Result<Protocol, UnknownProtocol> {
     value.map_or(Ok(Protocol::Tcp), str::parse)
 }
 
@@ -307,16 +320,38 @@ fn indexed(field: &str, index: usize) -> String {
     if field == "spec.clusterIP" { field.to_owned() } else { format!("{field}[{index}]") }
 }
 
+/// Why a quantity cannot be read.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum QuantityError {
+    /// Not a number with a suffix.
+    #[error("{0:?} is not a quantity")]
+    NotAQuantity(String),
+    /// Below zero.
+    #[error("{0:?} is negative")]
+    Negative(String),
+    /// `e`/`E` followed by something else than an integer.
+    #[error("{0:?} has an invalid exponent")]
+    Exponent(String),
+    /// A suffix Kubernetes does not define.
+    #[error("{quantity:?} has an unknown suffix {suffix:?}")]
+    Suffix {
+        /// The quantity.
+        quantity: String,
+        /// Its suffix.
+        suffix: String,
+    },
+}
+
 /// A Kubernetes quantity (`resource.Quantity`) as thousandths, rounded up as `MilliValue()` does:
 /// a sign, a decimal number (`2`, `1.5`, `.5`), and a binary SI suffix (`Ki` … `Ei`), a decimal SI
 /// suffix (`n`, `u`, `m`, none, `k`, `M`, `G`, `T`, `P`, `E`) or a decimal exponent (`e3`, `E-2`).
 /// Negative quantities are refused; values beyond `u64` saturate.
-pub fn cpu_millis(quantity: &str) -> Result<u64, String> {
+pub fn cpu_millis(quantity: &str) -> Result<u64, QuantityError> {
     let text = quantity.trim();
-    let invalid = || format!("{text:?} is not a quantity");
+    let invalid = || QuantityError::NotAQuantity(text.to_owned());
     let unsigned = text.strip_prefix('+').unwrap_or(text);
     if unsigned.starts_with('-') {
-        return Err(format!("{text:?} is negative"));
+        return Err(QuantityError::Negative(text.to_owned()));
     }
     let digits = unsigned.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(unsigned.len());
     let (number, suffix) = unsigned.split_at(digits);
@@ -343,10 +378,10 @@ pub fn cpu_millis(quantity: &str) -> Result<u64, String> {
         "Pi" => 1e3 * 1024f64.powi(5),
         "Ei" => 1e3 * 1024f64.powi(6),
         exponent if exponent.starts_with(['e', 'E']) => {
-            let power: i32 = exponent[1..].parse().map_err(|_| format!("{text:?} has an invalid exponent"))?;
+            let power: i32 = exponent[1..].parse().map_err(|_| QuantityError::Exponent(text.to_owned()))?;
             1e3 * 10f64.powi(power.clamp(-40, 40))
         }
-        other => return Err(format!("{text:?} has an unknown suffix {other:?}")),
+        other => return Err(QuantityError::Suffix { quantity: text.to_owned(), suffix: other.to_owned() }),
     };
     let millis = (value * scale).ceil();
     // `as` saturates: a quantity beyond u64 is as much CPU as can be counted.

@@ -49,7 +49,7 @@ fn service_fields_and_defaults() {
     .unwrap();
     assert_eq!(svc.key, ObjectKey::new("default", "web"));
     assert_eq!(svc.cluster_ips.len(), 2);
-    assert_eq!(svc.ports[0], ServicePort { name: String::new(), port: 80, protocol: Protocol::Tcp });
+    assert_eq!(svc.ports[0], PortSpec { name: String::new(), port: 80, protocol: Protocol::Tcp });
     assert_eq!(svc.ports[1].protocol, Protocol::Udp);
     assert_eq!(svc.traffic_distribution, Some(TrafficDistribution::PreferClose));
     let keys = svc.topology_keys.unwrap();

@@ -128,6 +128,27 @@ impl<K> Position<K> {
     }
 }
 
+/// A lookup the programs could make that the index answers wrongly.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum IndexViolation {
+    /// The index has another entry than the hash map.
+    #[error("{key}: index has {index:?}, hash map {hash:?}")]
+    Differs {
+        /// The service key.
+        key: String,
+        /// What the index answers.
+        index: ServiceValue,
+        /// What the hash map holds.
+        hash: ServiceValue,
+    },
+    /// The index says a service is absent.
+    #[error("{0}: index says absent")]
+    Absent(String),
+    /// The index finds a key that is not a service.
+    #[error("{0}: found by a lookup but not a service")]
+    NotAService(String),
+}
+
 /// Where every key sits; pure bookkeeping, no I/O.
 #[derive(Debug)]
 pub struct Placement<K> {
@@ -376,13 +397,13 @@ impl<K: IndexKey> Placement<K> {
     /// Checks the invariant the programs rely on against `services`, the authority: every
     /// lookup of a service answers its entry or "not sure", and no lookup finds a key that is not
     /// a service (one left under an odd `seq` answers "not sure": the hash map says absent).
-    pub fn check(&self, services: &HashMap<K, ServiceValue>) -> Result<(), String> {
+    pub fn check(&self, services: &HashMap<K, ServiceValue>) -> Result<(), IndexViolation> {
         for (key, value) in services {
             match self.lookup(key) {
                 Lookup::Found(found) if found != *value => {
-                    return Err(format!("{key:?}: index has {found:?}, hash map {value:?}"));
+                    return Err(IndexViolation::Differs { key: format!("{key:?}"), index: found, hash: *value });
                 }
-                Lookup::Absent => return Err(format!("{key:?}: index says absent")),
+                Lookup::Absent => return Err(IndexViolation::Absent(format!("{key:?}"))),
                 _ => {}
             }
         }
@@ -391,7 +412,7 @@ impl<K: IndexKey> Placement<K> {
                 && !services.contains_key(&key)
                 && matches!(self.lookup(&key), Lookup::Found(_))
             {
-                return Err(format!("{key:?}: found by a lookup but not a service"));
+                return Err(IndexViolation::NotAService(format!("{key:?}")));
             }
         }
         Ok(())

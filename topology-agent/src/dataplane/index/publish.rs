@@ -150,5 +150,5 @@ pub fn verify<K: IndexKey>(
         }
         held.record(position, seq, content);
     }
-    held.check(services).map_err(inconsistent)
+    held.check(services).map_err(|violation| inconsistent(violation.to_string()))
 }

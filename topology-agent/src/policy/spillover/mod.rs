@@ -20,17 +20,12 @@ use serde::Serialize;
 use solve::{Plan, SolveError, ZoneInput};
 
 use super::{Backend, Candidate, PolicyKind, Selection, describe, keys::TopologyKey, locality};
+pub use crate::cluster::model::{ANNOTATION_MAX_OVERLOAD, ANNOTATION_SPILLOVER};
 use crate::cluster::{
     Node, Service,
     demand::Demand,
     model::{LABEL_REGION, LABEL_ZONE},
 };
-
-/// Turns spillover on: `capacity`.
-pub const ANNOTATION_SPILLOVER: &str = "topology-agent.io/spillover";
-/// ε: the most any endpoint may get above its fair share, as a fraction (`0.1`) or percentage
-/// (`10%`).
-pub const ANNOTATION_MAX_OVERLOAD: &str = "topology-agent.io/max-overload";
 /// ε when the annotation is absent or invalid.
 pub const DEFAULT_MAX_OVERLOAD: f64 = 0.1;
 /// The largest ε accepted (1000 %).
@@ -78,16 +73,27 @@ pub fn settings(service: &Service) -> (Option<Settings>, Vec<String>) {
     (Some(Settings { max_overload }), warnings)
 }
 
+/// Why a max-overload annotation is ignored.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MaxOverloadError {
+    /// Not a number.
+    #[error("not a number (write 0.1 or 10%)")]
+    NotANumber,
+    /// Outside 0..=10.
+    #[error("must be between 0 and {MAX_MAX_OVERLOAD} (0% to {}%)", MAX_MAX_OVERLOAD * 100.0)]
+    OutOfRange,
+}
+
 /// Parses ε: `0.1` or `10%`, between 0 and 10.
-pub fn parse_max_overload(raw: &str) -> Result<f64, String> {
+pub fn parse_max_overload(raw: &str) -> Result<f64, MaxOverloadError> {
     let raw = raw.trim();
     let (number, scale) = match raw.strip_suffix('%') {
         Some(number) => (number.trim_end(), 0.01),
         None => (raw, 1.0),
     };
-    let value = number.parse::<f64>().map_err(|_| "not a number (write 0.1 or 10%)".to_owned())? * scale;
+    let value = number.parse::<f64>().map_err(|_| MaxOverloadError::NotANumber)? * scale;
     if !value.is_finite() || !(0.0..=MAX_MAX_OVERLOAD).contains(&value) {
-        return Err(format!("must be between 0 and {MAX_MAX_OVERLOAD} (0% to {}%)", MAX_MAX_OVERLOAD * 100.0));
+        return Err(MaxOverloadError::OutOfRange);
     }
     Ok(value)
 }
@@ -124,7 +130,7 @@ impl Scope {
 /// The scope topology keys allow from `this` node (the widest of `*`, the region key and the
 /// zone key that this node has a value for), with notes on keys that do not apply; an error
 /// when none of them does, and the keys decide alone.
-pub fn scope(this: &Node, keys: Option<&[TopologyKey]>) -> Result<(Scope, Vec<String>), String> {
+pub fn scope(this: &Node, keys: Option<&[TopologyKey]>) -> Result<(Scope, Vec<String>), NoScope> {
     let Some(keys) = keys else { return Ok((Scope::Cluster, Vec::new())) };
     let mut widest: Option<Scope> = None;
     let mut notes = Vec::new();
@@ -141,11 +147,15 @@ pub fn scope(this: &Node, keys: Option<&[TopologyKey]>) -> Result<(Scope, Vec<St
         widest = widest.max(scope);
     }
     let listed = keys.iter().map(ToString::to_string).collect::<Vec<_>>().join(",");
-    widest.map(|scope| (scope, notes)).ok_or_else(|| {
-        format!(
-            "{ANNOTATION_SPILLOVER} ignored: topology keys [{listed}] give this node no zone, region or \"*\" scope"
-        )
-    })
+    widest.map(|scope| (scope, notes)).ok_or(NoScope { listed })
+}
+
+/// Topology keys that give this node no scope spillover can balance: it is ignored.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{ANNOTATION_SPILLOVER} ignored: topology keys [{listed}] give this node no zone, region or \"*\" scope")]
+pub struct NoScope {
+    /// The keys, comma-separated.
+    pub listed: String,
 }
 
 /// What spillover decided for this node, as `explain` shows it.

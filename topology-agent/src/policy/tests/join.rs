@@ -2,7 +2,7 @@
 
 use super::world::*;
 use crate::{
-    cluster::{Family, ObjectKey, ServicePort, SlicePort},
+    cluster::{Family, ObjectKey, PortSpec, SlicePort},
     desired::Protocol,
 };
 
@@ -45,9 +45,9 @@ fn ports_match_by_name_and_protocol() {
     let mut state = world();
     let mut svc = service("dns");
     svc.ports = vec![
-        ServicePort { name: "dns".into(), port: 53, protocol: Protocol::Udp },
-        ServicePort { name: "dns-tcp".into(), port: 53, protocol: Protocol::Tcp },
-        ServicePort { name: "metrics".into(), port: 9153, protocol: Protocol::Tcp },
+        PortSpec { name: "dns".into(), port: 53, protocol: Protocol::Udp },
+        PortSpec { name: "dns-tcp".into(), port: 53, protocol: Protocol::Tcp },
+        PortSpec { name: "metrics".into(), port: 9153, protocol: Protocol::Tcp },
     ];
     state.upsert_service(svc);
     let mut s = slice("dns-1", "dns", 53, vec![ep("10.0.1.1", "a1")]);

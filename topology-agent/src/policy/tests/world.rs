@@ -4,7 +4,7 @@ use std::{collections::BTreeMap, net::IpAddr};
 
 use crate::{
     cluster::{
-        ClusterState, Endpoint, EndpointSlice, Family, Node, ObjectKey, Service, ServicePort, SlicePort,
+        ClusterState, Endpoint, EndpointSlice, Family, Node, ObjectKey, PortSpec, Service, SlicePort,
         TopologyKeysSource, TopologyKeysSpec, TrafficDistribution,
         model::{LABEL_REGION, LABEL_ZONE},
     },
@@ -30,7 +30,7 @@ pub fn service(name: &str) -> Service {
         key: ObjectKey::new("ns", name),
         cluster_ips: vec!["10.96.0.10".parse().unwrap()],
         headless: false,
-        ports: vec![ServicePort { name: "http".into(), port: 80, protocol: Protocol::Tcp }],
+        ports: vec![PortSpec { name: "http".into(), port: 80, protocol: Protocol::Tcp }],
         internal_traffic_local: false,
         session_affinity_timeout_s: None,
         traffic_distribution: None,

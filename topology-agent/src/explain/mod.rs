@@ -1,20 +1,21 @@
 //! `topology-agent explain`: the policy's decision for every Service port, as a table or as the
 //! stable JSON documented in the README. It prints exactly what the agent programs.
 
-use std::{fmt::Write as _, net::IpAddr};
+use std::net::IpAddr;
 
 use serde::Serialize;
 
 use crate::{
     cluster::{ClusterState, Family, ObjectKey},
     dataplane::alias,
-    desired::{Locality, PortOptions, Protocol},
+    desired::{Locality, PortOptions, Protocol, ServicePort},
     dns::{
         DnsView,
-        explain::{self as dns_explain, Answer, HeadlessEntry},
+        explain::{self as dns_explain, HeadlessEntry},
         steer::Steering,
     },
-    policy::{self, PolicyError, PolicyKind, PortSelection, desired::integer_weights, spillover::SpilloverReport},
+    plan::{NodePlan, weights::integer_weights},
+    policy::{PolicyError, PolicyKind, PortSelection, spillover::SpilloverReport},
 };
 
 /// The decisions of one node.
@@ -59,6 +60,20 @@ pub struct ServiceEntry {
     pub spillover: Option<SpilloverReport>,
     /// Session affinity and exemptions the programs apply on top of the choice.
     pub options: PortOptions,
+    /// ClusterIPs whose port another Service already owns: the kernel holds that Service's set.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub conflicts: Vec<Conflict>,
+}
+
+/// A port of this entry that another Service owns.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Conflict {
+    /// The ClusterIP.
+    #[serde(rename = "clusterIP")]
+    pub cluster_ip: String,
+    /// `namespace/name` of the Service holding it (the first to claim it).
+    pub held_by: String,
 }
 
 /// One backend.
@@ -93,7 +108,8 @@ pub enum ExplainError {
 }
 
 /// The report for `node`, optionally for one Service; `steering`: the cluster DNS steered to this
-/// node's responder, as `run --dns-listen` programs it.
+/// node's responder, as `run --dns-listen` programs it. It prints the node's plan, the same the
+/// agent programs: decisions, the kernel's shares, and ports another Service owns.
 pub fn explain(
     state: &ClusterState,
     node: &str,
@@ -101,34 +117,47 @@ pub fn explain(
     steering: Option<&Steering>,
 ) -> Result<ExplainReport, ExplainError> {
     let this = state.node(node).ok_or_else(|| PolicyError::UnknownNode(node.to_owned()))?;
+    if let Some(key) = service
+        && state.service(key).is_none()
+    {
+        return Err(ExplainError::UnknownService(key.clone()));
+    }
+    let wanted = |key: &ObjectKey| service.is_none_or(|wanted| wanted == key);
+    let plan = NodePlan::build(state, node, steering.cloned())?;
     let mut view = DnsView::new(Vec::new());
-    let mut selections = match service {
-        None => {
-            for key in state.services().map(|s| &s.key) {
-                view.update(state, this, key);
-            }
-            policy::compute(state, node)?
-        }
-        Some(key) => {
-            let service = state.service(key).ok_or_else(|| ExplainError::UnknownService(key.clone()))?;
-            view.update(state, this, key);
-            policy::compute_service(state, this, service)
-        }
-    };
-    if let Some(steering) = steering {
-        steering.apply(node, &mut selections);
+    for key in state.services().map(|s| &s.key).filter(|key| wanted(key)) {
+        view.update(state, this, key);
     }
     Ok(ExplainReport {
         node: node.to_owned(),
-        services: selections.iter().map(entry).collect(),
+        services: plan
+            .all_decisions()
+            .filter(|(key, _)| wanted(key))
+            .flat_map(|(_, selections)| selections.iter().map(|selected| entry(&plan, selected)))
+            .collect(),
         headless: dns_explain::entries(&view, service),
     })
 }
 
-fn entry(selected: &PortSelection) -> ServiceEntry {
+fn entry(plan: &NodePlan, selected: &PortSelection) -> ServiceEntry {
     let selection = &selected.selection;
     let ipv4 = selected.family == Family::V4;
-    let drawn = alias::drawn(&alias::build(&integer_weights(selected)), ipv4);
+    let port_of = |vip: &IpAddr| ServicePort { vip: *vip, port: selected.port.port, protocol: selected.port.protocol };
+    let conflicts: Vec<Conflict> = selected
+        .cluster_ips
+        .iter()
+        .filter_map(|vip| {
+            let owner = plan.owner(&port_of(vip))?;
+            (*owner != selected.service).then(|| Conflict { cluster_ip: vip.to_string(), held_by: owner.to_string() })
+        })
+        .collect();
+    // The kernel's entry where this Service owns the port; what it would get where it does not.
+    let owned = selected.cluster_ips.iter().find_map(|vip| {
+        let port = port_of(vip);
+        (plan.owner(&port) == Some(&selected.service)).then(|| plan.entry(&port)).flatten()
+    });
+    let backends = owned.map_or_else(|| integer_weights(selected), |entry| entry.backends.clone());
+    let drawn = alias::drawn(&alias::build(&backends), ipv4);
     let share = |address: IpAddr, port: u16| {
         drawn.iter().find(|b| b.addr == address && b.port == port).map_or(0.0, |b| f64::from(b.weight) / 1e6)
     };
@@ -157,132 +186,16 @@ fn entry(selected: &PortSelection) -> ServiceEntry {
         warnings: selection.warnings.clone(),
         spillover: selection.spillover.clone(),
         options: selected.options,
+        conflicts,
     }
 }
 
-impl ExplainReport {
-    /// Human-readable table.
-    pub fn table(&self) -> String {
-        let mut out = format!("node {}\n", self.node);
-        for service in &self.services {
-            let family = if service.cluster_ips.iter().any(|ip| ip.contains(':')) { Family::V6 } else { Family::V4 };
-            let name = if service.port_name.is_empty() {
-                service.service.clone()
-            } else {
-                format!("{}:{}", service.service, service.port_name)
-            };
-            let _ = writeln!(
-                out,
-                "\n{name}  {}/{} {}  {:?}{}",
-                service.port,
-                service.protocol,
-                service.cluster_ips.join(","),
-                service.policy,
-                if family == Family::V6 { "  (IPv6)" } else { "" }
-            );
-            let _ = writeln!(out, "  why: {}", service.reason);
-            for warning in &service.warnings {
-                let _ = writeln!(out, "  warning: {warning}");
-            }
-            if service.reject {
-                let _ = writeln!(out, "  REFUSED: connections fail with ECONNREFUSED");
-            }
-            if let Some(timeout) = service.options.affinity_timeout_s {
-                let _ = writeln!(
-                    out,
-                    "  session affinity: ClientIP, {timeout} s: each client (network namespace) keeps the backend it \
-                     got among these while it stays in the set"
-                );
-            }
-            if service.options.agent_exempt {
-                let _ = writeln!(out, "  the agent's own connections (to the API server) are never rewritten");
-            }
-            if let Some(plan) = &service.spillover {
-                spillover_table(&mut out, plan);
-            }
-            for backend in &service.backends {
-                let _ = writeln!(
-                    out,
-                    "  {:<28} {:<7} node {:<16} zone {:<12} weight {:<8} share {:.2}%",
-                    format!("{}:{}", backend.address, backend.port),
-                    backend.locality.as_str(),
-                    backend.node.as_deref().unwrap_or("-"),
-                    backend.zone.as_deref().unwrap_or("-"),
-                    weight(backend.weight),
-                    backend.share * 100.0
-                );
-            }
-        }
-        headless_table(&mut out, &self.headless);
-        out
-    }
-}
-
-/// What the DNS responder answers for each headless Service, and why.
-fn headless_table(out: &mut String, entries: &[HeadlessEntry]) {
-    for entry in entries {
-        let policy = entry.policy.map_or_else(|| "-".to_owned(), |p| format!("{p:?}"));
-        let _ = writeln!(out, "\n{}  headless: DNS {}.<cluster domain>  {policy}", entry.service, entry.name);
-        for reason in &entry.reasons {
-            let _ = writeln!(out, "  why: {reason}");
-        }
-        let answer = match entry.answer {
-            Answer::Nxdomain => {
-                "NXDOMAIN (no endpoint for this node, as CoreDNS answers a headless Service without one)"
-            }
-            Answer::OneByWeight => "one address per answer, drawn by weight (answers across queries follow the plan)",
-            Answer::All => "every address below",
-        };
-        let _ = writeln!(out, "  answer: {answer}");
-        for address in &entry.addresses {
-            let _ = writeln!(
-                out,
-                "  {:<28} {:<7} name {:<24} weight {}",
-                address.address,
-                address.locality.as_str(),
-                address.label,
-                weight(address.weight)
-            );
-        }
-    }
-}
-
-/// The plan behind a spillover decision: every zone's demand, endpoints and resulting load.
-fn spillover_table(out: &mut String, plan: &SpilloverReport) {
-    let _ = writeln!(
-        out,
-        "  plan: {} of all traffic stays in zone (bound {}); no endpoint above {:.2}x its fair share",
-        pct(plan.in_zone),
-        pct(plan.bound),
-        1.0 + plan.max_overload
-    );
-    let _ = writeln!(out, "    {:<16} {:<14} {:>7} {:>9} {:>6}", "zone", "region", "demand", "endpoints", "load");
-    for zone in &plan.zones {
-        let _ = writeln!(
-            out,
-            "    {:<16} {:<14} {:>7} {:>9} {:>6}",
-            if zone.zone.is_empty() { "(no zone)" } else { &zone.zone },
-            zone.region.as_deref().unwrap_or("-"),
-            pct(zone.demand_share),
-            zone.endpoints,
-            zone.load_factor.map_or_else(|| "-".into(), |f| format!("{f:.2}x"))
-        );
-    }
-}
-
-/// `1` for equal weights, `0.2556` for fractions.
-fn weight(value: f64) -> String {
-    if value.fract() == 0.0 { format!("{value:.0}") } else { format!("{value:.4}") }
-}
-
-fn pct(fraction: f64) -> String {
-    format!("{:.1}%", fraction * 100.0)
-}
+mod table;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::file;
+    use crate::cluster::yaml;
 
     const CLUSTER: &str = r#"
 apiVersion: v1
@@ -306,7 +219,7 @@ items:
 
     #[test]
     fn the_json_has_the_documented_shape() {
-        let state = file::parse(CLUSTER, "c.yaml").unwrap();
+        let state = yaml::parse(CLUSTER, "c.yaml").unwrap();
         let report = explain(&state, "node-a", None, None).unwrap();
         let json = serde_json::to_value(&report).unwrap();
         // Node labels win over the endpoint's zone field: node-b is in zone-b, so nothing is close.
@@ -325,7 +238,23 @@ items:
         assert_eq!(backend["node"], "node-b");
         assert_eq!(backend["zone"], "zone-b");
         assert_eq!(backend["weight"], 1.0);
+        assert_eq!(backend["share"], 0.5, "two equal backends: half each, as the kernel draws them");
+        assert!(web.get("conflicts").is_none(), "no conflicts, no field");
         assert!(web["reason"].as_str().unwrap().starts_with("PreferClose: no endpoint in zone zone-a"), "{web}");
+    }
+
+    #[test]
+    fn a_port_another_service_owns_is_named_with_its_owner() {
+        let copy = "- {apiVersion: v1, kind: Service, metadata: {name: copy, namespace: default}, spec: {clusterIP: \
+                    10.96.0.10, ports: [{port: 80}]}}\n";
+        let state = yaml::parse(&format!("{CLUSTER}{copy}"), "c.yaml").unwrap();
+        let report = explain(&state, "node-a", Some(&ObjectKey::new("default", "web")), None).unwrap();
+        let json = serde_json::to_value(&report).unwrap();
+        let conflicts = &json["services"][0]["conflicts"];
+        assert_eq!(conflicts, &serde_json::json!([{"clusterIP": "10.96.0.10", "heldBy": "default/copy"}]));
+        assert!(report.table().contains("conflict: 10.96.0.10:80/TCP is programmed for Service default/copy"));
+        // Its shares are what it would get; the kernel holds copy's (refused: no endpoints).
+        assert_eq!(json["services"][0]["backends"][0]["share"], 0.5);
     }
 
     #[test]
@@ -356,7 +285,7 @@ items:
   - {addresses: [10.2.0.1], nodeName: node-b}
   - {addresses: [10.2.0.2], nodeName: node-b}
 "#;
-        let state = file::parse(cluster, "c.yaml").unwrap();
+        let state = yaml::parse(cluster, "c.yaml").unwrap();
         let report = explain(&state, "node-a", None, None).unwrap();
         let json = serde_json::to_value(&report).unwrap();
         let web = &json["services"][0];
@@ -373,7 +302,7 @@ items:
         let table = report.table();
         assert!(table.contains("plan: 61.7% of all traffic stays in zone (bound 61.7%)"), "{table}");
         assert!(table.contains("zone-a"), "{table}");
-        let plain = explain(&file::parse(CLUSTER, "c.yaml").unwrap(), "node-a", None, None).unwrap();
+        let plain = explain(&yaml::parse(CLUSTER, "c.yaml").unwrap(), "node-a", None, None).unwrap();
         let json = serde_json::to_value(&plain).unwrap();
         assert!(json["services"][0].get("spillover").is_none(), "only spillover decisions carry a plan");
     }
@@ -384,7 +313,7 @@ items:
             "trafficDistribution: PreferClose}",
             "trafficDistribution: PreferClose, sessionAffinity: ClientIP,\n         sessionAffinityConfig: {clientIP: {timeoutSeconds: 600}}}",
         ) + "- {apiVersion: v1, kind: Service, metadata: {name: kubernetes, namespace: default},\n   spec: {clusterIP: 10.96.0.1, ports: [{name: https, port: 443}]}}\n";
-        let state = file::parse(&cluster, "c.yaml").unwrap();
+        let state = yaml::parse(&cluster, "c.yaml").unwrap();
         let report = explain(&state, "node-a", None, None).unwrap();
         let json = serde_json::to_value(&report).unwrap();
         let web = json["services"].as_array().unwrap().iter().find(|s| s["service"] == "default/web").unwrap();
@@ -398,7 +327,7 @@ items:
 
     #[test]
     fn one_service_or_an_error_naming_it() {
-        let state = file::parse(CLUSTER, "c.yaml").unwrap();
+        let state = yaml::parse(CLUSTER, "c.yaml").unwrap();
         let report = explain(&state, "node-b", Some(&ObjectKey::new("default", "web")), None).unwrap();
         assert_eq!(report.services.len(), 1);
         assert_eq!(report.services[0].backends.len(), 2, "both endpoints are in zone-b");
@@ -418,7 +347,7 @@ items:
                db}}\n  addressType: IPv4\n  ports: [{name: pg, port: 5432}]\n  endpoints:\n  - {addresses: \
                [10.1.0.1], hostname: db-0, nodeName: node-a}\n  - {addresses: [10.1.0.2], hostname: db-1, nodeName: \
                node-b}\n";
-        let state = file::parse(&cluster, "c.yaml").unwrap();
+        let state = yaml::parse(&cluster, "c.yaml").unwrap();
         let report = explain(&state, "node-b", Some(&ObjectKey::new("default", "db")), None).unwrap();
         assert!(report.services.is_empty(), "a headless Service has no port the hooks rewrite");
         let json = serde_json::to_value(&report).unwrap();
@@ -442,7 +371,7 @@ items:
         let cluster = CLUSTER.to_owned()
             + "- {apiVersion: v1, kind: Service, metadata: {name: kube-dns, namespace: kube-system},\n   spec: \
                {clusterIP: 10.96.0.53, ports: [{name: dns, port: 53, protocol: UDP}, {name: metrics, port: 9153}]}}\n";
-        let state = file::parse(&cluster, "c.yaml").unwrap();
+        let state = yaml::parse(&cluster, "c.yaml").unwrap();
         let steering =
             Steering { service: ObjectKey::new("kube-system", "kube-dns"), responder: "10.0.0.5:53".parse().unwrap() };
         let report = explain(&state, "node-a", None, Some(&steering)).unwrap();

@@ -1,8 +1,10 @@
-//! The policy's decisions as the desired datapath state: one entry per ClusterIP and port, with
-//! weights scaled to the integers the alias tables are built from.
+//! The policy's decisions as the kernel's entries: one per ClusterIP and port, with weights scaled
+//! to the integers the alias tables are built from.
 
-use super::PortSelection;
-use crate::desired::{DesiredService, DesiredState, ServicePort, WeightedBackend};
+use crate::{
+    desired::{DesiredService, DesiredState, ServicePort, WeightedBackend},
+    policy::PortSelection,
+};
 
 /// Scale of the largest weight of a set; relative precision of 10^-6 is far below what any
 /// measurement of traffic shares can resolve.
@@ -55,7 +57,7 @@ pub fn integer_weights(selected: &PortSelection) -> Vec<WeightedBackend> {
 mod tests {
     use super::*;
     use crate::{
-        cluster::{Family, ObjectKey, ServicePort as SvcPort},
+        cluster::{Family, ObjectKey, PortSpec as SvcPort},
         desired::{Locality, Protocol},
         policy::{Backend, PolicyKind, Selection},
     };

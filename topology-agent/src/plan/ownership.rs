@@ -1,5 +1,6 @@
-//! The desired state kept per Service, so that a change to one Service rewrites only its entries,
-//! and two Services claiming the same ClusterIP, port and protocol are caught instead of fighting.
+//! Which Service owns each service port of the plan: the desired state kept per Service, so that a
+//! change to one Service rewrites only its entries, and two Services claiming the same ClusterIP,
+//! port and protocol are caught instead of fighting (the first keeps it until it lets go).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -8,9 +9,9 @@ use crate::{
     desired::{DesiredService, DesiredState, ServicePort},
 };
 
-/// What one [`Routes::set`] changed.
+/// What one [`Ownership::set`] changed.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct RouteUpdate {
+pub struct OwnershipUpdate {
     /// Service ports whose desired entry changed (added, replaced or removed).
     pub changed: BTreeSet<ServicePort>,
     /// Service ports the Service wanted but another Service already holds: (port, holder).
@@ -21,17 +22,17 @@ pub struct RouteUpdate {
 
 /// The desired state, indexed by owning Service.
 #[derive(Debug, Default)]
-pub struct Routes {
+pub struct Ownership {
     desired: DesiredState,
     by_service: BTreeMap<ObjectKey, Vec<ServicePort>>,
     owner: BTreeMap<ServicePort, ObjectKey>,
     waiting: BTreeMap<ServicePort, BTreeSet<ObjectKey>>,
 }
 
-impl Routes {
+impl Ownership {
     /// Replaces `service`'s entries with `entries` (empty: the Service is gone or has no ports).
-    pub fn set(&mut self, service: &ObjectKey, entries: BTreeMap<ServicePort, DesiredService>) -> RouteUpdate {
-        let mut update = RouteUpdate::default();
+    pub fn set(&mut self, service: &ObjectKey, entries: BTreeMap<ServicePort, DesiredService>) -> OwnershipUpdate {
+        let mut update = OwnershipUpdate::default();
         for port in self.by_service.remove(service).unwrap_or_default() {
             if !entries.contains_key(&port) {
                 self.desired.services.remove(&port);
@@ -95,34 +96,34 @@ mod tests {
 
     #[test]
     fn only_what_changed_is_reported() {
-        let mut routes = Routes::default();
+        let mut ownership = Ownership::default();
         let web = ObjectKey::new("ns", "web");
-        let first = routes.set(&web, BTreeMap::from([(port(1), entry("a")), (port(2), entry("b"))]));
+        let first = ownership.set(&web, BTreeMap::from([(port(1), entry("a")), (port(2), entry("b"))]));
         assert_eq!(first.changed, BTreeSet::from([port(1), port(2)]));
-        let same = routes.set(&web, BTreeMap::from([(port(1), entry("a")), (port(2), entry("b"))]));
+        let same = ownership.set(&web, BTreeMap::from([(port(1), entry("a")), (port(2), entry("b"))]));
         assert!(same.changed.is_empty());
-        let shrink = routes.set(&web, BTreeMap::from([(port(1), entry("a2"))]));
+        let shrink = ownership.set(&web, BTreeMap::from([(port(1), entry("a2"))]));
         assert_eq!(shrink.changed, BTreeSet::from([port(1), port(2)]));
-        assert_eq!(routes.desired().services.len(), 1);
-        let gone = routes.set(&web, BTreeMap::new());
+        assert_eq!(ownership.desired().services.len(), 1);
+        let gone = ownership.set(&web, BTreeMap::new());
         assert_eq!(gone.changed, BTreeSet::from([port(1)]));
-        assert!(routes.desired().services.is_empty());
-        assert_eq!(routes.services().count(), 0);
+        assert!(ownership.desired().services.is_empty());
+        assert_eq!(ownership.services().count(), 0);
     }
 
     #[test]
     fn a_claimed_port_is_a_conflict_until_its_holder_releases_it() {
-        let mut routes = Routes::default();
+        let mut ownership = Ownership::default();
         let (web, copy) = (ObjectKey::new("ns", "web"), ObjectKey::new("ns", "copy"));
-        routes.set(&web, BTreeMap::from([(port(1), entry("web"))]));
-        let clash = routes.set(&copy, BTreeMap::from([(port(1), entry("copy"))]));
+        ownership.set(&web, BTreeMap::from([(port(1), entry("web"))]));
+        let clash = ownership.set(&copy, BTreeMap::from([(port(1), entry("copy"))]));
         assert_eq!(clash.conflicts, vec![(port(1), web.clone())]);
         assert!(clash.changed.is_empty());
-        assert_eq!(routes.desired().services[&port(1)].name, "web");
-        let released = routes.set(&web, BTreeMap::new());
+        assert_eq!(ownership.desired().services[&port(1)].name, "web");
+        let released = ownership.set(&web, BTreeMap::new());
         assert_eq!(released.retry, BTreeSet::from([copy.clone()]));
-        let retried = routes.set(&copy, BTreeMap::from([(port(1), entry("copy"))]));
+        let retried = ownership.set(&copy, BTreeMap::from([(port(1), entry("copy"))]));
         assert!(retried.conflicts.is_empty());
-        assert_eq!(routes.owner(&port(1)), Some(&copy));
+        assert_eq!(ownership.owner(&port(1)), Some(&copy));
     }
 }

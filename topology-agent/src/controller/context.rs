@@ -1,0 +1,133 @@
+//! What the control loop reports to, beside the loop (the shape of kube-rs controllers' context):
+//! health, metrics, and the problems it publishes as Events, each once per Service and topic until
+//! its message changes, forgotten when it clears.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+};
+
+use super::{Health, Observation};
+use crate::{
+    cluster::ObjectKey,
+    dataplane::{ApplyReport, DataplaneError},
+    desired::ServicePort,
+    events::{Problem, ProblemSink},
+    metrics::{MapLabels, Metrics, ReasonLabels},
+    source::ObjectId,
+};
+
+/// What a problem of a Service is about: one is published per Service and topic until its
+/// message changes, and forgotten when the topic clears.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Topic {
+    /// The policy ignored some of the Service's configuration.
+    Policy,
+    /// A port of the Service is claimed by another Service.
+    Conflict(ServicePort),
+    /// A port of the Service could not be written to the kernel.
+    Kernel(ServicePort),
+    /// An object of the Service (itself, or one of its EndpointSlices) was skipped as invalid.
+    Object(ObjectId),
+}
+
+/// Health, metrics and published problems.
+pub(super) struct Context {
+    pub(super) health: Arc<Health>,
+    pub(super) metrics: Arc<Metrics>,
+    sink: Box<dyn ProblemSink>,
+    reported: BTreeMap<(ObjectKey, Topic), String>,
+    /// Ports the kernel refused, with their Service and the error, until an apply succeeds.
+    kernel_failures: BTreeMap<ServicePort, (ObjectKey, String)>,
+}
+
+impl Context {
+    pub(super) fn new(health: Arc<Health>, metrics: Arc<Metrics>, sink: Box<dyn ProblemSink>) -> Self {
+        Self { health, metrics, sink, reported: BTreeMap::new(), kernel_failures: BTreeMap::new() }
+    }
+
+    /// Logs and publishes a problem, once per (Service, topic) until its message changes.
+    pub(super) fn problem(&mut self, service: &ObjectKey, topic: Topic, reason: &'static str, message: String) {
+        let key = (service.clone(), topic);
+        if self.reported.get(&key) == Some(&message) {
+            return;
+        }
+        tracing::warn!(service = %service, reason, "{message}");
+        self.sink.publish(&Problem { service: service.clone(), reason, message: message.clone() });
+        self.reported.insert(key, message);
+    }
+
+    /// The problem cleared: its next occurrence is published again.
+    pub(super) fn resolved(&mut self, service: &ObjectKey, topic: &Topic) {
+        self.reported.remove(&(service.clone(), topic.clone()));
+    }
+
+    /// Every conflict of `service` cleared.
+    pub(super) fn conflicts_resolved(&mut self, service: &ObjectKey) {
+        self.reported.retain(|(key, topic), _| key != service || !matches!(topic, Topic::Conflict(_)));
+    }
+
+    /// Books the ports an apply could not program and those that recovered: metrics, readiness,
+    /// and a problem for the Service owning each (`owner`). `attempted`: the ports the apply
+    /// covered (`None`: all).
+    pub(super) fn kernel_failures(
+        &mut self,
+        report: &ApplyReport,
+        attempted: Option<&BTreeSet<ServicePort>>,
+        owner: impl Fn(&ServicePort) -> Option<ObjectKey>,
+    ) {
+        let mut failed = BTreeMap::new();
+        for (port, error) in &report.failed {
+            let reason = match error {
+                DataplaneError::MapFull { .. } => "MapFull",
+                DataplaneError::InvalidService { .. } => "InvalidService",
+                _ => "KernelWriteFailed",
+            };
+            self.metrics.apply_failures.get_or_create(&ReasonLabels { reason: reason.into() }).inc();
+            if let Some(service) = owner(port) {
+                let message = format!("{port}: {error}; the kernel keeps its previous state for this port");
+                self.problem(&service, Topic::Kernel(*port), reason, message);
+                failed.insert(*port, (service, error.to_string()));
+            }
+        }
+        let recovered: Vec<ServicePort> = self
+            .kernel_failures
+            .keys()
+            .filter(|port| !failed.contains_key(*port) && attempted.is_none_or(|a| a.contains(*port)))
+            .copied()
+            .collect();
+        for port in recovered {
+            if let Some((service, _)) = self.kernel_failures.remove(&port) {
+                self.resolved(&service, &Topic::Kernel(port));
+            }
+        }
+        self.kernel_failures.extend(failed);
+        self.metrics.failed_service_ports.set(self.kernel_failures.len() as i64);
+        self.health.set_failing(failing_summary(&self.kernel_failures));
+    }
+
+    /// Updates the gauges from what the programmer reports.
+    pub(super) fn observe(&self, observation: &Observation) {
+        self.metrics.services.set(observation.services as i64);
+        self.metrics.backends.set(observation.backends as i64);
+        for (map, used, capacity) in &observation.maps {
+            let labels = MapLabels { map: (*map).to_owned() };
+            self.metrics.map_entries.get_or_create(&labels).set(*used as i64);
+            self.metrics.map_capacity.get_or_create(&labels).set(i64::from(*capacity));
+        }
+    }
+}
+
+/// "2 service ports failed to program (10.96.0.1:80/TCP: map topo_slots is full ...)", naming
+/// the first few; `None` when none failed.
+fn failing_summary(failures: &BTreeMap<ServicePort, (ObjectKey, String)>) -> Option<String> {
+    const NAMED: usize = 3;
+    if failures.is_empty() {
+        return None;
+    }
+    let named: Vec<String> = failures.iter().take(NAMED).map(|(port, (_, error))| format!("{port}: {error}")).collect();
+    let more = failures.len().saturating_sub(NAMED);
+    let tail = if more > 0 { format!("; and {more} more") } else { String::new() };
+    let noun = if failures.len() == 1 { "service port" } else { "service ports" };
+    Some(format!("{} {noun} failed to program ({}{tail})", failures.len(), named.join("; ")))
+}

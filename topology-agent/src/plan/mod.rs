@@ -1,0 +1,174 @@
+//! The node plan: the output of the policy stage for one node, and the one thing both `explain`
+//! prints and the dataplane programs.
+//!
+//! For every Service it keeps the policy's decisions (per port and family: mode, reason,
+//! warnings, weights); from them, the kernel's entries (per ClusterIP, port and protocol: backends
+//! with integer weights, options), and which Service owns each such port when two claim it. The
+//! controller updates it one Service at a time; `explain` builds it whole.
+
+pub mod ownership;
+pub mod weights;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+pub use ownership::{Ownership, OwnershipUpdate};
+
+use crate::{
+    cluster::{ClusterState, Node, ObjectKey},
+    desired::{DesiredService, DesiredState, ServicePort},
+    dns::steer::Steering,
+    policy::{self, PolicyError, PortSelection},
+};
+
+/// Rounds of retries in one update: each round only recomputes Services that were waiting for a
+/// port another released, and a port is released once per update.
+pub const RETRY_ROUNDS: usize = 16;
+
+/// What one node programs, and why.
+#[derive(Debug)]
+pub struct NodePlan {
+    node: String,
+    steering: Option<Steering>,
+    decisions: BTreeMap<ObjectKey, Vec<PortSelection>>,
+    ownership: Ownership,
+}
+
+impl NodePlan {
+    /// An empty plan for `node`; `steering`: the cluster DNS steered to this node's responder.
+    pub fn new(node: impl Into<String>, steering: Option<Steering>) -> Self {
+        Self { node: node.into(), steering, decisions: BTreeMap::new(), ownership: Ownership::default() }
+    }
+
+    /// The whole plan of `node`: every Service decided, ports released retried by those waiting.
+    pub fn build(state: &ClusterState, node: &str, steering: Option<Steering>) -> Result<Self, PolicyError> {
+        let this = state.node(node).ok_or_else(|| PolicyError::UnknownNode(node.to_owned()))?;
+        let mut plan = Self::new(node, steering);
+        let mut waiting = BTreeSet::new();
+        for service in state.services() {
+            waiting.extend(plan.update(state, this, &service.key).retry);
+        }
+        plan.retry(state, this, waiting);
+        Ok(plan)
+    }
+
+    /// Decides `key` again (gone from `state`: removed from the plan) and updates its entries.
+    pub fn update(&mut self, state: &ClusterState, this: &Node, key: &ObjectKey) -> OwnershipUpdate {
+        let mut selections = match state.service(key) {
+            Some(service) => policy::compute_service(state, this, service),
+            None => Vec::new(),
+        };
+        if let Some(steering) = &self.steering {
+            steering.apply(&this.name, &mut selections);
+        }
+        let update = self.ownership.set(key, weights::desired_state(&selections).services);
+        if selections.is_empty() {
+            self.decisions.remove(key);
+        } else {
+            self.decisions.insert(key.clone(), selections);
+        }
+        update
+    }
+
+    /// Decides `waiting` Services again, and those waiting for the ports they release, until none
+    /// is left; returns the ports that changed.
+    pub fn retry(&mut self, state: &ClusterState, this: &Node, waiting: BTreeSet<ObjectKey>) -> BTreeSet<ServicePort> {
+        let (mut waiting, mut changed) = (waiting, BTreeSet::new());
+        for _ in 0..RETRY_ROUNDS {
+            if waiting.is_empty() {
+                break;
+            }
+            for key in std::mem::take(&mut waiting) {
+                let update = self.update(state, this, &key);
+                changed.extend(update.changed);
+                waiting.extend(update.retry);
+            }
+        }
+        changed
+    }
+
+    /// The node planned for.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// The policy's decisions for one Service, per port and family.
+    pub fn decisions(&self, key: &ObjectKey) -> &[PortSelection] {
+        self.decisions.get(key).map_or(&[], Vec::as_slice)
+    }
+
+    /// Every Service's decisions, by Service.
+    pub fn all_decisions(&self) -> impl Iterator<Item = (&ObjectKey, &[PortSelection])> {
+        self.decisions.iter().map(|(key, selections)| (key, selections.as_slice()))
+    }
+
+    /// What the kernel should hold: one entry per owned ClusterIP, port and protocol.
+    pub fn kernel(&self) -> &DesiredState {
+        self.ownership.desired()
+    }
+
+    /// The kernel entry of a port, if it is planned.
+    pub fn entry(&self, port: &ServicePort) -> Option<&DesiredService> {
+        self.kernel().services.get(port)
+    }
+
+    /// The Service owning a port.
+    pub fn owner(&self, port: &ServicePort) -> Option<&ObjectKey> {
+        self.ownership.owner(port)
+    }
+
+    /// Services with kernel entries, and those only decided (no ClusterIP, or every port held by
+    /// another): everything an update of the whole plan must visit.
+    pub fn services(&self) -> BTreeSet<ObjectKey> {
+        self.decisions.keys().chain(self.ownership.services()).cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::yaml;
+
+    const CLUSTER: &str = r#"
+apiVersion: v1
+kind: List
+items:
+- {apiVersion: v1, kind: Node, metadata: {name: node-a, labels: {topology.kubernetes.io/zone: zone-a}}}
+- apiVersion: v1
+  kind: Service
+  metadata: {name: first, namespace: default}
+  spec: {clusterIP: 10.96.0.10, ports: [{port: 80}]}
+- apiVersion: v1
+  kind: Service
+  metadata: {name: second, namespace: default}
+  spec: {clusterIP: 10.96.0.10, ports: [{port: 80}, {port: 81}]}
+"#;
+
+    #[test]
+    fn a_port_claimed_twice_is_owned_by_one_service_and_both_are_decided() {
+        let state = yaml::parse(CLUSTER, "test").unwrap();
+        let plan = NodePlan::build(&state, "node-a", None).unwrap();
+        let port =
+            |p| ServicePort { vip: "10.96.0.10".parse().unwrap(), port: p, protocol: crate::desired::Protocol::Tcp };
+        assert_eq!(plan.owner(&port(80)), Some(&ObjectKey::new("default", "first")));
+        assert_eq!(plan.owner(&port(81)), Some(&ObjectKey::new("default", "second")));
+        assert_eq!(plan.decisions(&ObjectKey::new("default", "second")).len(), 2, "decided even where not owned");
+        assert_eq!(plan.kernel().services.len(), 2);
+        assert!(matches!(NodePlan::build(&state, "node-z", None), Err(PolicyError::UnknownNode(_))));
+    }
+
+    #[test]
+    fn a_released_port_goes_to_the_service_waiting_for_it() {
+        let mut state = yaml::parse(CLUSTER, "test").unwrap();
+        let mut plan = NodePlan::build(&state, "node-a", None).unwrap();
+        let this = state.node("node-a").unwrap().clone();
+        let first = ObjectKey::new("default", "first");
+        state.remove_service(&first);
+        let update = plan.update(&state, &this, &first);
+        let changed = plan.retry(&state, &this, update.retry);
+        let port =
+            ServicePort { vip: "10.96.0.10".parse().unwrap(), port: 80, protocol: crate::desired::Protocol::Tcp };
+        assert!(changed.contains(&port));
+        assert_eq!(plan.owner(&port), Some(&ObjectKey::new("default", "second")));
+        assert!(plan.decisions(&first).is_empty());
+    }
+}
