@@ -1,5 +1,7 @@
-//! The desired datapath state: for each service port (ClusterIP, port, protocol), the weighted
-//! backends this node may use. Policy produces it, the dataplane programs it, `status` reads it back.
+//! What the kernel gets, in the words every stage shares: service ports (ClusterIP, port,
+//! protocol), protocols, localities, weighted backends and port options, and the desired state —
+//! per service port, the weighted backends this node may use. The node plan ([`crate::plan`])
+//! produces it, the dataplane programs it, `status` reads it back.
 
 use std::{collections::BTreeMap, fmt, net::IpAddr, str::FromStr};
 
@@ -136,7 +138,8 @@ impl fmt::Display for ServicePort {
     }
 }
 
-/// One backend with its relative weight.
+/// One backend as the kernel gets it: the plan's form of a [`crate::policy::Choice`], with an
+/// integer weight; written to the maps as `topology_common::Backend`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct WeightedBackend {
     /// Endpoint address; must be of the same family as the ClusterIP.

@@ -12,6 +12,7 @@ use topology_agent::{
     dns::{self, DnsConfig, steer::Steering},
     explain,
     sockets::TerminateSockets,
+    source::kube as kube_source,
     status::StatusReport,
 };
 
@@ -32,9 +33,14 @@ enum Command {
     /// Show, per Service port, which backends this node would use and why: the same decision the
     /// agent programs into the kernel.
     Explain {
-        /// Cluster objects (Nodes, Services, EndpointSlices) as multi-document YAML or a List.
+        /// Cluster objects (Nodes, Services, EndpointSlices) as multi-document YAML or a List;
+        /// without it, they are listed from the API (`--kubeconfig`, else in-cluster, else
+        /// `~/.kube/config`).
+        #[arg(long, conflicts_with = "kubeconfig")]
+        cluster: Option<PathBuf>,
+        /// List the objects from the API server of this kubeconfig, as the agent does.
         #[arg(long)]
-        cluster: PathBuf,
+        kubeconfig: Option<PathBuf>,
         /// The node to decide for.
         #[arg(long, env = "NODE_NAME")]
         node: String,
@@ -154,6 +160,22 @@ fn steer_service(value: &str) -> anyhow::Result<Option<ObjectKey>> {
 }
 
 /// `--dns-upstream` entry: `IP:PORT`, or `IP` for port 53.
+/// How long `explain` waits for the API to list every kind.
+const LIST_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The cluster as the API lists it now; objects the agent would skip are named on stderr.
+fn live_cluster(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<topology_agent::cluster::ClusterState> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let (state, skipped) = runtime.block_on(async {
+        let client = kube_source::client(kubeconfig).await?;
+        anyhow::Ok(kube_source::snapshot(&client, LIST_TIMEOUT).await.context("listing the cluster")?)
+    })?;
+    for invalid in skipped {
+        tracing::warn!(object = %invalid.id, error = %invalid.error, "object skipped, as the agent skips it");
+    }
+    Ok(state)
+}
+
 fn parse_upstream(text: &str) -> Result<SocketAddr, String> {
     text.parse::<SocketAddr>()
         .or_else(|_| text.parse::<std::net::IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
@@ -185,8 +207,11 @@ fn main() -> anyhow::Result<()> {
                 agent::run(config, shutdown).await
             })?;
         }
-        Command::Explain { cluster, node, service, dns_listen, dns_steer, output } => {
-            let state = yaml::load(&cluster)?;
+        Command::Explain { cluster, kubeconfig, node, service, dns_listen, dns_steer, output } => {
+            let state = match cluster {
+                Some(path) => yaml::load(&path)?,
+                None => live_cluster(kubeconfig.as_deref())?,
+            };
             let steering = match (dns_listen, steer_service(&dns_steer)?) {
                 (Some(responder), Some(service)) => Some(Steering { service, responder }),
                 _ => None,
@@ -322,6 +347,17 @@ async fn cancel_on_signal(shutdown: CancellationToken) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn explain_reads_a_file_or_the_api_never_both() {
+        let parse = |args: &[&str]| Cli::try_parse_from([&["topology-agent", "explain", "--node", "a"], args].concat());
+        assert!(matches!(parse(&["--cluster", "c.yaml"]).unwrap().command, Command::Explain { cluster: Some(_), .. }));
+        let live = parse(&["--kubeconfig", "k"]).unwrap().command;
+        assert!(matches!(live, Command::Explain { cluster: None, kubeconfig: Some(_), .. }));
+        assert!(matches!(parse(&[]).unwrap().command, Command::Explain { cluster: None, kubeconfig: None, .. }));
+        let both = parse(&["--cluster", "c.yaml", "--kubeconfig", "k"]).err().expect("refused").to_string();
+        assert!(both.contains("cannot be used with"), "{both}");
+    }
 
     #[test]
     fn dns_flags_parse_or_name_the_flag() {

@@ -24,7 +24,7 @@ use crate::{
     cluster::{Family, ObjectKey},
     dataplane::DnsBeat,
     desired::{Locality, Protocol},
-    policy::{Backend, PolicyKind, PortSelection},
+    policy::{Choice, PolicyKind, PortSelection},
 };
 
 /// The Service steered by default: the cluster DNS, as kubeadm, kops and every managed offering
@@ -68,7 +68,7 @@ impl Steering {
             selection.policy = PolicyKind::LocalDns;
             selection.reject = false;
             selection.spillover = None;
-            selection.backends = vec![Backend {
+            selection.backends = vec![Choice {
                 address: self.responder.ip(),
                 port: self.responder.port(),
                 node: Some(node.to_owned()),

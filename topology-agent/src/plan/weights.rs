@@ -59,7 +59,7 @@ mod tests {
     use crate::{
         cluster::{Family, ObjectKey, PortSpec as SvcPort},
         desired::{Locality, Protocol},
-        policy::{Backend, PolicyKind, Selection},
+        policy::{Choice, PolicyKind, Selection},
     };
 
     fn selection(weights: &[f64]) -> PortSelection {
@@ -75,7 +75,7 @@ mod tests {
                 backends: weights
                     .iter()
                     .enumerate()
-                    .map(|(i, &weight)| Backend {
+                    .map(|(i, &weight)| Choice {
                         address: format!("10.0.0.{i}").parse().unwrap(),
                         port: 8080,
                         node: None,

@@ -60,9 +60,11 @@ pub enum PolicyKind {
     LocalDns,
 }
 
-/// One chosen backend.
+/// One backend the policy chose: where it is, and its relative weight. The plan gives the kernel
+/// each as a [`crate::desired::WeightedBackend`] (integer weight), which the dataplane writes in
+/// the map form `topology_common::Backend`; `explain` and `status` print rows of their own.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Backend {
+pub struct Choice {
     /// Endpoint address.
     pub address: IpAddr,
     /// Target port.
@@ -87,7 +89,7 @@ pub struct Selection {
     /// Connections are refused: no backend may be used.
     pub reject: bool,
     /// The backends, sorted by address and port.
-    pub backends: Vec<Backend>,
+    pub backends: Vec<Choice>,
     /// Inputs that were ignored (an invalid annotation, an unknown value), with why.
     pub warnings: Vec<String>,
     /// The spillover plan behind the weights, when spillover decided.
@@ -97,9 +99,9 @@ pub struct Selection {
 impl Selection {
     /// A selection of `chosen` with equal weights; empty means refuse.
     pub fn equal(policy: PolicyKind, reason: String, this: &Node, chosen: &[Candidate<'_>]) -> Self {
-        let backends: Vec<Backend> = chosen
+        let backends: Vec<Choice> = chosen
             .iter()
-            .map(|c| Backend {
+            .map(|c| Choice {
                 address: c.address,
                 port: c.port,
                 node: c.node_name.map(str::to_owned),

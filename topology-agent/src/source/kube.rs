@@ -6,7 +6,11 @@
 //!
 //! Each kind runs its own list-and-watch ([`reflector`](super::reflector)).
 
-use std::path::Path;
+use std::{
+    collections::BTreeSet,
+    path::Path,
+    time::{Duration, Instant},
+};
 
 use k8s_openapi::api::{
     core::v1::{Node as K8sNode, Service as K8sService},
@@ -20,8 +24,8 @@ use kube::{
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::{EventSender, Invalid, Object, ObjectId, reflector};
-use crate::cluster::{Kind, ObjectKey, convert};
+use super::{EventReceiver, EventSender, Invalid, Object, ObjectId, SourceEvent, reflector};
+use crate::cluster::{ClusterState, Kind, ObjectKey, convert};
 
 /// The Kubernetes client could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -99,6 +103,95 @@ impl KubeSource {
         for task in self.tasks {
             // A panicked watcher has nothing left to clean up.
             let _ = task.await;
+        }
+    }
+}
+
+/// A one-off view could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// A kind could not be listed (refused, throttled, unreachable): the API's reason.
+    #[error("{watch}: {reason}")]
+    List {
+        /// Which watch (`Node watch`, ...).
+        watch: String,
+        /// Why, as `/readyz` would say it.
+        reason: String,
+    },
+    /// Not every kind was listed in time.
+    #[error("no complete list of {waiting_for} within {} s", within.as_secs())]
+    Timeout {
+        /// The kinds still missing, comma-separated.
+        waiting_for: String,
+        /// The time allowed.
+        within: Duration,
+    },
+}
+
+/// The cluster as the API lists it now, converted exactly as the running agent converts it: the
+/// same watchers, stopped once every kind has been listed (all pages). Objects that cannot be
+/// used are skipped and returned; a kind that cannot be listed is an error naming it and why.
+pub async fn snapshot(client: &Client, within: Duration) -> Result<(ClusterState, Vec<Invalid>), SnapshotError> {
+    let (events, receiver) = EventSender::channel();
+    let shutdown = CancellationToken::new();
+    let source = KubeSource::start(client, &events, &shutdown);
+    drop(events);
+    let collected = tokio::task::spawn_blocking(move || collect(&receiver, within)).await;
+    shutdown.cancel();
+    source.join().await;
+    collected.unwrap_or_else(|_| Err(SnapshotError::Timeout { waiting_for: "every kind".into(), within }))
+}
+
+/// Applies the watchers' events until every kind is listed.
+fn collect(receiver: &EventReceiver, within: Duration) -> Result<(ClusterState, Vec<Invalid>), SnapshotError> {
+    let deadline = Instant::now() + within;
+    let (mut state, mut skipped, mut listed) = (ClusterState::default(), Vec::new(), BTreeSet::new());
+    while listed.len() < Kind::ALL.len() {
+        let event = receiver.recv_timeout(deadline.saturating_duration_since(Instant::now())).map_err(|_| {
+            let missing: Vec<String> =
+                Kind::ALL.iter().filter(|kind| !listed.contains(*kind)).map(ToString::to_string).collect();
+            SnapshotError::Timeout { waiting_for: missing.join(", "), within }
+        })?;
+        match event.1 {
+            SourceEvent::Replace { kind, objects, invalid } => {
+                objects.into_iter().for_each(|object| apply(&mut state, object));
+                skipped.extend(invalid);
+                listed.insert(kind);
+            }
+            SourceEvent::Apply(object) => apply(&mut state, object),
+            SourceEvent::Delete(id) => remove(&mut state, &id),
+            SourceEvent::Invalid(invalid) => skipped.push(invalid),
+            SourceEvent::Stale { source, reason } => return Err(SnapshotError::List { watch: source, reason }),
+            SourceEvent::Snapshot(_) | SourceEvent::Fresh { .. } => {}
+        }
+    }
+    Ok((state, skipped))
+}
+
+fn apply(state: &mut ClusterState, object: Object) {
+    match object {
+        Object::Node(node) => {
+            state.upsert_node(node);
+        }
+        Object::Service(service) => {
+            state.upsert_service(service);
+        }
+        Object::EndpointSlice(slice) => {
+            state.upsert_slice(slice);
+        }
+    }
+}
+
+fn remove(state: &mut ClusterState, id: &ObjectId) {
+    match id {
+        ObjectId::Node(name) => {
+            state.remove_node(name);
+        }
+        ObjectId::Service(key) => {
+            state.remove_service(key);
+        }
+        ObjectId::EndpointSlice(key) => {
+            state.remove_slice(key);
         }
     }
 }

@@ -19,7 +19,7 @@ use std::{borrow::Cow, collections::BTreeMap};
 use serde::Serialize;
 use solve::{Plan, SolveError, ZoneInput};
 
-use super::{Backend, Candidate, PolicyKind, Selection, describe, keys::TopologyKey, locality};
+use super::{Candidate, Choice, PolicyKind, Selection, describe, keys::TopologyKey, locality};
 pub use crate::cluster::model::{ANNOTATION_MAX_OVERLOAD, ANNOTATION_SPILLOVER};
 use crate::cluster::{
     Node, Service,
@@ -292,12 +292,12 @@ pub fn select(
     };
     let me = plan.index(own).expect("this node's zone is in the plan");
     let route = plan.route(me);
-    let backends: Vec<Backend> = in_scope
+    let backends: Vec<Choice> = in_scope
         .iter()
         .filter_map(|c| {
             let j = plan.index(c.zone.unwrap_or_default()).expect("every endpoint's zone is in the plan");
             let weight = route[j] / f64::from(plan.zones[j].endpoints);
-            (weight > 0.0).then(|| Backend {
+            (weight > 0.0).then(|| Choice {
                 address: c.address,
                 port: c.port,
                 node: c.node_name.map(str::to_owned),
