@@ -141,6 +141,31 @@ fn status_and_metrics_show_what_was_programmed() {
         assert!(metrics.lines().any(|line| line == expected), "metrics lack {expected:?}:\n{metrics}");
     }
     assert_eq!(agent.get("/healthz").expect("GET /healthz").0, 200);
+
+    // The running agent's plan is the report `explain` prints for the same file.
+    let (code, plan) = agent.get("/debug/plan").expect("GET /debug/plan");
+    assert_eq!(code, 200, "{plan}");
+    let file = world.file.to_string_lossy().into_owned();
+    let explained = run(
+        &topology_tests::net::agent_binary().to_string_lossy(),
+        &["explain", "--cluster", &file, "--node", "node-a", "--output", "json"],
+    );
+    let (plan, explained): (Value, Value) =
+        (serde_json::from_str(&plan).expect("plan JSON"), serde_json::from_str(&explained).expect("explain JSON"));
+    assert_eq!(plan, explained, "/debug/plan and explain disagree");
+    let (code, one) = agent.get("/debug/plan?service=default%2Fweb").expect("GET /debug/plan?service=");
+    assert_eq!(code, 200, "{one}");
+    let one: Value = serde_json::from_str(&one).expect("plan JSON");
+    assert_eq!(one["services"].as_array().map(Vec::len), Some(1), "{one}");
+    let (code, missing) = agent.get("/debug/plan?service=default/none").expect("GET /debug/plan?service=");
+    assert_eq!((code, missing.trim()), (404, "service default/none is not in the cluster"));
+    // `status --plan` (what `kubectl exec … -- topology-agent status --plan` runs) prints it.
+    let agent_addr = agent.http.to_string();
+    let binary = topology_tests::net::agent_binary().to_string_lossy().into_owned();
+    let status_plan = run(&binary, &["status", "--plan", "--agent", &agent_addr, "--output", "json"]);
+    assert_eq!(serde_json::from_str::<Value>(&status_plan).expect("status --plan JSON"), plan);
+    let table = run(&binary, &["status", "--plan", "--agent", &agent_addr, "--service", "default/web"]);
+    assert!(table.contains("default/web:http  80/TCP") && table.contains("why: PreferClose"), "{table}");
     // Kernel counters appear within the counters interval (5 s).
     let deadline = Instant::now() + Duration::from_secs(10);
     let rewrites = format!(

@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     caps::{self, Capability, CapabilityError},
-    controller::{Controller, ControllerConfig, ControllerError, Health},
+    controller::{Controller, ControllerConfig, ControllerError, Health, PlanClient},
     dataplane::{
         Capacities, CounterReader, Dataplane, DataplaneConfig, DataplaneError, DnsBeat, IndexOrdering, KernelLogLevel,
         KernelLogger,
@@ -202,8 +202,29 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
     let listener =
         http::bind(config.metrics_addr).await.map_err(|source| RunError::Bind { addr: config.metrics_addr, source })?;
     let bound = listener.local_addr().map_err(|source| RunError::Bind { addr: config.metrics_addr, source })?;
-    tracing::info!(addr = %bound, "serving /healthz, /readyz and /metrics");
-    let http = tokio::spawn(http::serve(listener, Arc::clone(&health), Arc::clone(&metrics), shutdown.clone()));
+    tracing::info!(addr = %bound, "serving /healthz, /readyz, /metrics and /debug/plan");
+    let (plans, plan_queries) = PlanClient::channel();
+    // The same on the loopback of the agent's network namespace, where `kubectl port-forward`
+    // connects: reachable from nothing else.
+    let loopback = if bound.ip().is_loopback() || bound.ip().is_unspecified() {
+        None
+    } else {
+        let addr = SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), bound.port());
+        match http::bind(addr).await {
+            Ok(listener) => Some(listener),
+            Err(error) => {
+                tracing::warn!(%addr, %error, "not serving on the loopback too: kubectl port-forward will not reach it");
+                None
+            }
+        }
+    };
+    if let Some(listener) = loopback {
+        let serve =
+            http::serve(listener, Arc::clone(&health), Arc::clone(&metrics), Some(plans.clone()), shutdown.clone());
+        tokio::spawn(serve);
+    }
+    let http =
+        tokio::spawn(http::serve(listener, Arc::clone(&health), Arc::clone(&metrics), Some(plans), shutdown.clone()));
 
     let dns = match &config.dns {
         Some(dns_config) => Some(start_dns(dns_config, &config.pin_path, &metrics, &shutdown)?),
@@ -248,7 +269,8 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
     )
     .with_terminator(terminator)
     .with_dns(publisher)
-    .with_steering(steering);
+    .with_steering(steering)
+    .with_queries(Some(plan_queries));
     tokio::spawn(release_memory_after_sync(Arc::clone(&health), shutdown.clone()));
     let token = shutdown.clone();
     // The controller owns the dataplane and makes blocking syscalls: it gets its own thread.

@@ -1,5 +1,6 @@
 //! `/healthz` (the control loop is alive), `/readyz` (the kernel holds the policy of a complete,
-//! current view) and `/metrics` (Prometheus text).
+//! current view), `/metrics` (Prometheus text) and `/debug/plan[?service=NS/NAME]` (what this node
+//! programs now and why: the `explain --output json` report of the running agent's own plan).
 
 use std::{
     collections::VecDeque,
@@ -26,7 +27,14 @@ pub const MAX_CONNECTIONS: usize = 128;
 /// response on a kept-alive connection), else the connection is closed.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 
-use crate::{controller::Health, metrics::Metrics};
+use crate::{
+    cluster::ObjectKey,
+    controller::{AskError, Health, PlanClient},
+    metrics::Metrics,
+};
+
+/// How long `/debug/plan` waits for the control loop, which answers between batches.
+const PLAN_ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Content type of the OpenMetrics text exposition prometheus-client writes.
 const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -84,7 +92,13 @@ impl Connections {
 }
 
 /// Serves until `shutdown`.
-pub async fn serve(listener: TcpListener, health: Arc<Health>, metrics: Arc<Metrics>, shutdown: CancellationToken) {
+pub async fn serve(
+    listener: TcpListener,
+    health: Arc<Health>,
+    metrics: Arc<Metrics>,
+    plans: Option<PlanClient>,
+    shutdown: CancellationToken,
+) {
     let connections = Arc::new(Connections::default());
     loop {
         let (stream, _) = tokio::select! {
@@ -102,15 +116,15 @@ pub async fn serve(listener: TcpListener, health: Arc<Health>, metrics: Arc<Metr
             continue;
         }
         let _ = stream.set_nodelay(true);
-        let (health, metrics) = (Arc::clone(&health), Arc::clone(&metrics));
+        let (health, metrics, plans) = (Arc::clone(&health), Arc::clone(&metrics), plans.clone());
         let requested = Arc::new(AtomicBool::new(false));
         let seen = Arc::clone(&requested);
         let (ready, registered) = tokio::sync::oneshot::channel::<(u64, Arc<Connections>)>();
         let task = tokio::spawn(async move {
             let service = service_fn(move |request| {
                 seen.store(true, Ordering::Relaxed);
-                let (health, metrics) = (Arc::clone(&health), Arc::clone(&metrics));
-                async move { Ok::<_, Infallible>(respond(&request, &health, metrics).await) }
+                let (health, metrics, plans) = (Arc::clone(&health), Arc::clone(&metrics), plans.clone());
+                async move { Ok::<_, Infallible>(respond(&request, &health, metrics, plans.as_ref()).await) }
             });
             let served = http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -129,7 +143,12 @@ pub async fn serve(listener: TcpListener, health: Arc<Health>, metrics: Arc<Metr
     }
 }
 
-async fn respond<B>(request: &Request<B>, health: &Health, metrics: Arc<Metrics>) -> Response<Full<Bytes>> {
+async fn respond<B>(
+    request: &Request<B>,
+    health: &Health,
+    metrics: Arc<Metrics>,
+    plans: Option<&PlanClient>,
+) -> Response<Full<Bytes>> {
     let text = |status: StatusCode, body: String| {
         let mut response = Response::new(Full::new(Bytes::from(body)));
         *response.status_mut() = status;
@@ -156,6 +175,60 @@ async fn respond<B>(request: &Request<B>, health: &Health, metrics: Arc<Metrics>
                 .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static(METRICS_CONTENT_TYPE));
             response
         }
-        _ => text(StatusCode::NOT_FOUND, "not found; try /healthz, /readyz or /metrics\n".into()),
+        "/debug/plan" => {
+            let Some(plans) = plans else {
+                return text(StatusCode::NOT_FOUND, "this agent serves no plan\n".into());
+            };
+            let service = match service_param(request.uri().query()) {
+                Ok(service) => service,
+                Err(message) => return text(StatusCode::BAD_REQUEST, format!("{message}\n")),
+            };
+            match plans.ask(service, PLAN_ANSWER_TIMEOUT).await {
+                Ok(report) => {
+                    let body = serde_json::to_string_pretty(&report).unwrap_or_default() + "\n";
+                    let mut response = text(StatusCode::OK, body);
+                    response.headers_mut().insert(
+                        hyper::header::CONTENT_TYPE,
+                        hyper::header::HeaderValue::from_static("application/json"),
+                    );
+                    response
+                }
+                Err(error @ AskError::UnknownService(_)) => text(StatusCode::NOT_FOUND, format!("{error}\n")),
+                Err(error) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{error}\n")),
+            }
+        }
+        _ => text(StatusCode::NOT_FOUND, "not found; try /healthz, /readyz, /metrics or /debug/plan\n".into()),
+    }
+}
+
+/// `service=NAMESPACE/NAME` (the `/` plain or as `%2F`) from a query string; nothing else is taken.
+fn service_param(query: Option<&str>) -> Result<Option<ObjectKey>, String> {
+    let Some(query) = query.filter(|q| !q.is_empty()) else { return Ok(None) };
+    let mut service = None;
+    for pair in query.split('&') {
+        match pair.split_once('=') {
+            Some(("service", value)) => {
+                let value = value.replace("%2F", "/").replace("%2f", "/");
+                service = Some(value.parse::<ObjectKey>().map_err(|error| format!("service={value}: {error}"))?);
+            }
+            _ => return Err(format!("unknown parameter {pair:?}; the only one is service=NAMESPACE/NAME")),
+        }
+    }
+    Ok(service)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_plan_takes_one_service_or_none_and_names_what_it_refuses() {
+        assert_eq!(service_param(None), Ok(None));
+        assert_eq!(service_param(Some("")), Ok(None));
+        assert_eq!(service_param(Some("service=shop/api")), Ok(Some(ObjectKey::new("shop", "api"))));
+        assert_eq!(service_param(Some("service=shop%2Fapi")), Ok(Some(ObjectKey::new("shop", "api"))));
+        assert_eq!(service_param(Some("service=api")), Err("service=api: \"api\" is not NAMESPACE/NAME".into()));
+        let unknown = service_param(Some("node=a")).unwrap_err();
+        assert!(unknown.starts_with("unknown parameter \"node=a\""), "{unknown}");
     }
 }

@@ -67,8 +67,19 @@ enum Command {
         output: Output,
         /// Only check the pinned state is consistent (slot runs whole and disjoint, the index
         /// agreeing with the service maps); exit 1 with the first problem if not.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "plan")]
         verify: bool,
+        /// Print why this node routes each Service port where it does: the running agent's own
+        /// plan (its `/debug/plan`), the report `explain` prints.
+        #[arg(long)]
+        plan: bool,
+        /// With `--plan`: only this Service (NAMESPACE/NAME).
+        #[arg(long, requires = "plan")]
+        service: Option<ObjectKey>,
+        /// With `--plan`: the agent's HTTP address (default: `--metrics-addr`'s default,
+        /// `$POD_IP:9464`, else `127.0.0.1:9464`).
+        #[arg(long, requires = "plan", value_name = "ADDR")]
+        agent: Option<SocketAddr>,
     },
     /// Detach every program and remove every pin the agent owns. Connections to ClusterIPs are no
     /// longer rewritten afterwards.
@@ -222,6 +233,14 @@ fn main() -> anyhow::Result<()> {
                 Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
             }
         }
+        Command::Status { plan: true, service, agent, output, .. } => {
+            let addr = agent.map_or_else(default_metrics_addr, Ok)?;
+            let report = fetch_plan(addr, service.as_ref())?;
+            match output {
+                Output::Table => print!("{}", report.table()),
+                Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+            }
+        }
         Command::Status { pin_path, verify: true, .. } => {
             let check = dataplane::verify_pins(&pin_path)
                 .with_context(|| format!("checking the pinned state under {}", pin_path.display()))?;
@@ -294,6 +313,24 @@ fn run_config(args: RunArgs) -> anyhow::Result<RunConfig> {
             None => None,
         },
     })
+}
+
+/// The running agent's plan, from its `/debug/plan` at `addr`.
+fn fetch_plan(addr: SocketAddr, service: Option<&ObjectKey>) -> anyhow::Result<explain::ExplainReport> {
+    use std::io::{Read as _, Write as _};
+    let path = service.map_or_else(|| "/debug/plan".to_owned(), |key| format!("/debug/plan?service={key}"));
+    let failed = || format!("asking the agent at {addr} for its plan (is it running? --agent names its address)");
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).with_context(failed)?;
+    stream.set_read_timeout(Some(Duration::from_secs(10))).with_context(failed)?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").with_context(failed)?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).with_context(failed)?;
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let status = head.split_whitespace().nth(1).unwrap_or("");
+    if status != "200" {
+        bail!("the agent at {addr} answered {status}: {}", body.trim());
+    }
+    serde_json::from_str(body).with_context(|| format!("the plan the agent at {addr} sent"))
 }
 
 /// `$POD_IP:9464`, else `127.0.0.1:9464`.

@@ -10,6 +10,7 @@ mod context;
 mod health;
 mod ingest;
 mod program;
+mod query;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -20,6 +21,7 @@ use std::{
 use context::{Context, Topic};
 pub use health::{Health, NotLive, NotReady};
 pub use program::{Observation, Programmer};
+pub use query::{AskError, PlanClient, PlanQuery};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
@@ -28,6 +30,7 @@ use crate::{
     desired::ServicePort,
     dns::{DnsPublisher, steer::Steering},
     events::ProblemSink,
+    explain,
     metrics::Metrics,
     plan::{self, NodePlan},
     sockets::Terminator,
@@ -54,9 +57,9 @@ impl ControllerConfig {
 /// must be comfortably longer.
 pub const BEAT_INTERVAL: Duration = Duration::from_millis(500);
 
-/// The longest the loop sleeps without events: the liveness beat and the kernel heartbeat are
-/// refreshed at least this often.
-const IDLE_WAKE: Duration = Duration::from_secs(1);
+/// The longest the loop sleeps without events: the liveness beat, the kernel heartbeat and
+/// questions about the plan are served at least this often.
+const IDLE_WAKE: Duration = Duration::from_millis(250);
 
 /// The controller cannot go on.
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +90,7 @@ pub struct Controller<P: Programmer> {
     last_beat: Option<Instant>,
     terminator: Option<Terminator>,
     dns: Option<DnsPublisher>,
+    queries: Option<std::sync::mpsc::Receiver<PlanQuery>>,
     ctx: Context,
 }
 
@@ -114,6 +118,7 @@ impl<P: Programmer> Controller<P> {
             last_beat: None,
             terminator: None,
             dns: None,
+            queries: None,
             ctx: Context::new(health, metrics, sink),
         }
     }
@@ -128,6 +133,12 @@ impl<P: Programmer> Controller<P> {
     /// Keeps `dns`'s view of this node's answers current, one Service at a time.
     pub fn with_dns(mut self, dns: Option<DnsPublisher>) -> Self {
         self.dns = dns;
+        self
+    }
+
+    /// Answers questions about the plan from `queries` (`/debug/plan`).
+    pub fn with_queries(mut self, queries: Option<std::sync::mpsc::Receiver<PlanQuery>>) -> Self {
+        self.queries = queries;
         self
     }
 
@@ -162,8 +173,25 @@ impl<P: Programmer> Controller<P> {
                 self.reconcile();
             }
             self.beat();
+            self.answer_queries();
         }
         Ok(self.programmer)
+    }
+
+    /// Answers the questions waiting, from the plan the kernel was last given.
+    fn answer_queries(&self) {
+        let Some(queries) = &self.queries else { return };
+        while let Ok(query) = queries.try_recv() {
+            let answer = match self.state.node(&self.config.node) {
+                Some(this) if self.programmed => match &query.service {
+                    Some(key) if self.state.service(key).is_none() => Err(AskError::UnknownService(key.clone())),
+                    service => Ok(explain::report(&self.state, this, &self.plan, service.as_ref())),
+                },
+                _ => Err(AskError::NotProgrammed),
+            };
+            // The asker may have given up; nothing to do then.
+            let _ = query.reply.send(answer);
+        }
     }
 
     /// Refreshes the kernel's heartbeat while the view is current, at most every

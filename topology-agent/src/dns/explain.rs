@@ -7,7 +7,7 @@ use super::view::{Chosen, DnsView};
 use crate::{cluster::ObjectKey, desired::Locality, policy::PolicyKind};
 
 /// One headless Service, as this node answers it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct HeadlessEntry {
     /// `namespace/name`.
@@ -25,7 +25,7 @@ pub struct HeadlessEntry {
 }
 
 /// What an answer for a headless Service's name holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum Answer {
     /// Every chosen address (their weights are equal).
@@ -37,7 +37,7 @@ pub enum Answer {
 }
 
 /// One endpoint an answer may hold.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, serde::Deserialize)]
 pub struct AddressEntry {
     /// Address.
     pub address: String,

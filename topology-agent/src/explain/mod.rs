@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use serde::Serialize;
 
 use crate::{
-    cluster::{ClusterState, Family, ObjectKey},
+    cluster::{ClusterState, Family, Node, ObjectKey},
     dataplane::alias,
     desired::{Locality, PortOptions, Protocol, ServicePort},
     dns::{
@@ -19,19 +19,19 @@ use crate::{
 };
 
 /// The decisions of one node.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, serde::Deserialize)]
 pub struct ExplainReport {
     /// The node deciding.
     pub node: String,
     /// One entry per Service port and IP family.
     pub services: Vec<ServiceEntry>,
     /// What this node's DNS responder answers for each headless Service.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub headless: Vec<HeadlessEntry>,
 }
 
 /// The decision for one Service port and family.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ServiceEntry {
     /// `namespace/name`.
@@ -56,17 +56,17 @@ pub struct ServiceEntry {
     /// Inputs ignored, and why.
     pub warnings: Vec<String>,
     /// The spillover plan, when spillover decided.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spillover: Option<SpilloverReport>,
     /// Session affinity and exemptions the programs apply on top of the choice.
     pub options: PortOptions,
     /// ClusterIPs whose port another Service already owns: the kernel holds that Service's set.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conflicts: Vec<Conflict>,
 }
 
 /// A port of this entry that another Service owns.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Conflict {
     /// The ClusterIP.
@@ -77,7 +77,7 @@ pub struct Conflict {
 }
 
 /// One backend.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, serde::Deserialize)]
 pub struct BackendEntry {
     /// Address.
     pub address: String,
@@ -122,21 +122,27 @@ pub fn explain(
     {
         return Err(ExplainError::UnknownService(key.clone()));
     }
-    let wanted = |key: &ObjectKey| service.is_none_or(|wanted| wanted == key);
     let plan = NodePlan::build(state, node, steering.cloned())?;
+    Ok(report(state, this, &plan, service))
+}
+
+/// The report of a plan already built for `this` node from `state` (the running agent's own:
+/// what its kernel holds), optionally for one Service.
+pub fn report(state: &ClusterState, this: &Node, plan: &NodePlan, service: Option<&ObjectKey>) -> ExplainReport {
+    let wanted = |key: &ObjectKey| service.is_none_or(|wanted| wanted == key);
     let mut view = DnsView::new(Vec::new());
     for key in state.services().map(|s| &s.key).filter(|key| wanted(key)) {
         view.update(state, this, key);
     }
-    Ok(ExplainReport {
-        node: node.to_owned(),
+    ExplainReport {
+        node: this.name.clone(),
         services: plan
             .all_decisions()
             .filter(|(key, _)| wanted(key))
-            .flat_map(|(_, selections)| selections.iter().map(|selected| entry(&plan, selected)))
+            .flat_map(|(_, selections)| selections.iter().map(|selected| entry(plan, selected)))
             .collect(),
         headless: dns_explain::entries(&view, service),
-    })
+    }
 }
 
 fn entry(plan: &NodePlan, selected: &PortSelection) -> ServiceEntry {

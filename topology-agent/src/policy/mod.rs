@@ -38,7 +38,7 @@ use crate::{
 pub const API_SERVICE: (&str, &str) = ("default", "kubernetes");
 
 /// Which mode decided.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 pub enum PolicyKind {
     /// Every usable endpoint.
     Default,

@@ -159,7 +159,7 @@ pub struct NoScope {
 }
 
 /// What spillover decided for this node, as `explain` shows it.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SpilloverReport {
     /// ε.
@@ -185,7 +185,7 @@ pub struct SpilloverReport {
 }
 
 /// Part of this zone's traffic sent to another zone.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
 pub struct Spill {
     /// Receiving zone ("" for endpoints without a zone).
     pub zone: String,
@@ -194,7 +194,7 @@ pub struct Spill {
 }
 
 /// One zone of the plan.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ZoneReport {
     /// Zone ("" for endpoints without a zone).
