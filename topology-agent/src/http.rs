@@ -181,7 +181,7 @@ async fn respond<B>(
             };
             let service = match service_param(request.uri().query()) {
                 Ok(service) => service,
-                Err(message) => return text(StatusCode::BAD_REQUEST, format!("{message}\n")),
+                Err(bad) => return text(StatusCode::BAD_REQUEST, format!("{bad}\n")),
             };
             match plans.ask(service, PLAN_ANSWER_TIMEOUT).await {
                 Ok(report) => {
@@ -201,17 +201,25 @@ async fn respond<B>(
     }
 }
 
+/// A `/debug/plan` query it cannot answer.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+enum BadQuery {
+    /// `service=` is not `NAMESPACE/NAME`.
+    #[error("service={0}")]
+    Service(#[from] crate::cluster::model::NotNamespaced),
+    /// Another parameter.
+    #[error("unknown parameter {0:?}; the only one is service=NAMESPACE/NAME")]
+    Unknown(String),
+}
+
 /// `service=NAMESPACE/NAME` (the `/` plain or as `%2F`) from a query string; nothing else is taken.
-fn service_param(query: Option<&str>) -> Result<Option<ObjectKey>, String> {
+fn service_param(query: Option<&str>) -> Result<Option<ObjectKey>, BadQuery> {
     let Some(query) = query.filter(|q| !q.is_empty()) else { return Ok(None) };
     let mut service = None;
     for pair in query.split('&') {
         match pair.split_once('=') {
-            Some(("service", value)) => {
-                let value = value.replace("%2F", "/").replace("%2f", "/");
-                service = Some(value.parse::<ObjectKey>().map_err(|error| format!("service={value}: {error}"))?);
-            }
-            _ => return Err(format!("unknown parameter {pair:?}; the only one is service=NAMESPACE/NAME")),
+            Some(("service", value)) => service = Some(value.replace("%2F", "/").replace("%2f", "/").parse()?),
+            _ => return Err(BadQuery::Unknown(pair.to_owned())),
         }
     }
     Ok(service)
@@ -227,8 +235,9 @@ mod tests {
         assert_eq!(service_param(Some("")), Ok(None));
         assert_eq!(service_param(Some("service=shop/api")), Ok(Some(ObjectKey::new("shop", "api"))));
         assert_eq!(service_param(Some("service=shop%2Fapi")), Ok(Some(ObjectKey::new("shop", "api"))));
-        assert_eq!(service_param(Some("service=api")), Err("service=api: \"api\" is not NAMESPACE/NAME".into()));
-        let unknown = service_param(Some("node=a")).unwrap_err();
+        let bad = service_param(Some("service=api")).unwrap_err().to_string();
+        assert_eq!(bad, "service=\"api\" is not NAMESPACE/NAME");
+        let unknown = service_param(Some("node=a")).unwrap_err().to_string();
         assert!(unknown.starts_with("unknown parameter \"node=a\""), "{unknown}");
     }
 }

@@ -170,7 +170,6 @@ fn steer_service(value: &str) -> anyhow::Result<Option<ObjectKey>> {
     }
 }
 
-/// `--dns-upstream` entry: `IP:PORT`, or `IP` for port 53.
 /// How long `explain` waits for the API to list every kind.
 const LIST_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -187,6 +186,7 @@ fn live_cluster(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<topology
     Ok(state)
 }
 
+/// `--dns-upstream` entry: `IP:PORT`, or `IP` for port 53.
 fn parse_upstream(text: &str) -> Result<SocketAddr, String> {
     text.parse::<SocketAddr>()
         .or_else(|_| text.parse::<std::net::IpAddr>().map(|ip| SocketAddr::new(ip, 53)))

@@ -30,8 +30,13 @@ impl ObjectKey {
     }
 }
 
+/// Text that is not `NAMESPACE/NAME`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not NAMESPACE/NAME")]
+pub struct NotNamespaced(pub String);
+
 impl std::str::FromStr for ObjectKey {
-    type Err = String;
+    type Err = NotNamespaced;
 
     /// Parses `namespace/name`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -39,7 +44,7 @@ impl std::str::FromStr for ObjectKey {
             Some((namespace, name)) if !namespace.is_empty() && !name.is_empty() && !name.contains('/') => {
                 Ok(Self::new(namespace, name))
             }
-            _ => Err(format!("{s:?} is not NAMESPACE/NAME")),
+            _ => Err(NotNamespaced(s.to_owned())),
         }
     }
 }
