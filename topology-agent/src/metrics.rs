@@ -82,12 +82,19 @@ pub struct Metrics {
     kernel: Arc<KernelCounters>,
 }
 
+/// A bucket bound of `topology_agent_event_to_kernel_seconds`: 10 ms.
+pub const EVENT_TO_KERNEL_TARGET_S: f64 = 0.01;
+
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("topology_agent");
         // 100 us .. ~26 s: from one slice update to a full sync of a large cluster.
         let sync_duration = Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(1e-4, 2.0, 19));
-        let event_to_kernel = Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(1e-4, 2.0, 19));
+        // The same, with a bound at 10 ms, the target an SLO on event-to-kernel latency names.
+        let mut bounds: Vec<f64> = prometheus_client::metrics::histogram::exponential_buckets(1e-4, 2.0, 19).collect();
+        bounds.push(EVENT_TO_KERNEL_TARGET_S);
+        bounds.sort_by(f64::total_cmp);
+        let event_to_kernel = Histogram::new(bounds);
         let services = Gauge::default();
         let backends = Gauge::default();
         let map_entries = Family::<MapLabels, Gauge>::default();
