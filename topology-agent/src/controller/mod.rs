@@ -181,7 +181,8 @@ impl<P: Programmer> Controller<P> {
     /// Answers the questions waiting, from the plan the kernel was last given.
     fn answer_queries(&self) {
         let Some(queries) = &self.queries else { return };
-        while let Ok(query) = queries.try_recv() {
+        // At most what can be queued: a steady stream of questions still leaves the loop its events.
+        for query in std::iter::from_fn(|| queries.try_recv().ok()).take(query::QUEUED) {
             let answer = match self.state.node(&self.config.node) {
                 Some(this) if self.programmed => match &query.service {
                     Some(key) if self.state.service(key).is_none() => Err(AskError::UnknownService(key.clone())),
