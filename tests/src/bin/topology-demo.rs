@@ -1,5 +1,5 @@
 //! `cargo xtask demo`: a multi-zone cluster simulated on this machine, a real agent per simulated
-//! node, real connections, and a report of where they landed next to kube-proxy's default.
+//! node, real connections, and a report of where they landed next to a twin without topology policy.
 
 use std::{
     path::PathBuf,
@@ -120,7 +120,7 @@ fn main() -> anyhow::Result<()> {
     if let Some(close) = report::comparisons(&results).into_iter().find(|c| c.ours.name == "prefer-close") {
         let avoided = close.gb_avoided_per_gb().unwrap_or(0.0);
         println!(
-            "PreferClose keeps {:.1}% in zone where kube-proxy's default keeps {:.1}%: {:.0} MB of every GB stays in zone, \
+            "PreferClose keeps {:.1}% in zone where its twin without topology policy keeps {:.1}%: {:.0} MB of every GB stays in zone, \
              ${:.4} per GB saved at ${:.2}/GB each way",
             close.ours.total.in_zone().unwrap_or(0.0) * 100.0,
             close.baseline.total.in_zone().unwrap_or(0.0) * 100.0,

@@ -1,5 +1,5 @@
 //! `cargo xtask demo`: a multi-zone cluster simulated on one machine, with a real agent per
-//! simulated node and real connections, compared with kube-proxy's default policy.
+//! simulated node and real connections, compared with twins that have no topology policy.
 
 pub mod cluster;
 pub mod measure;

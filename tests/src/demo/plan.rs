@@ -1,5 +1,5 @@
 //! The demo cluster on paper: zones, nodes, backends and one Service per policy (each with a
-//! default-policy twin, the kube-proxy baseline), written as ordinary Kubernetes YAML.
+//! twin with no topology policy, the baseline), written as ordinary Kubernetes YAML.
 
 use std::net::{IpAddr, Ipv4Addr};
 
