@@ -82,6 +82,18 @@ pub fn agent_binary() -> PathBuf {
     sibling_binary("topology-agent")
 }
 
+/// The image archive `cargo xtask image` writes: `$TOPOLOGY_IMAGE` (which must exist: `cargo xtask
+/// test` builds it and sets it), else `target/image/topology-agent.tar` when it is there.
+pub fn image_archive() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("TOPOLOGY_IMAGE") {
+        let path = PathBuf::from(path);
+        assert!(path.is_file(), "$TOPOLOGY_IMAGE names {}, which does not exist", path.display());
+        return Some(path);
+    }
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/image/topology-agent.tar");
+    path.is_file().then_some(path)
+}
+
 /// `target/<profile>/<name>`, next to the running binary or, for a test binary running from
 /// `target/<profile>/deps/`, one directory up.
 fn sibling_binary(name: &str) -> PathBuf {

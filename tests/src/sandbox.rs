@@ -40,6 +40,11 @@ macro_rules! require_root {
 }
 
 /// A fresh name unique to this process: `tt<pid>x<seq>`.
+/// True if `program` is on the PATH.
+pub fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
+}
+
 pub fn unique_id() -> String {
     static SEQ: AtomicU32 = AtomicU32::new(0);
     sweep_stale_once();

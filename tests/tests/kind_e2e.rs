@@ -1,5 +1,5 @@
 //! End to end on a real cluster: kind with three workers in three zones, the agent deployed from
-//! `deploy/` with the binary built here, an echo Deployment spread over the zones behind a
+//! `deploy/` with the image `cargo xtask image` builds, an echo Deployment spread over the zones behind a
 //! `PreferClose` Service, and a client pod per worker that must only reach its own zone.
 //!
 //! Runs where `docker` (with a running engine), `kind` and `kubectl` exist; skips with the reason
@@ -13,7 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use topology_tests::sandbox::run;
+use topology_tests::sandbox::{on_path, run};
 
 const ECHO_IMAGE: &str = "registry.k8s.io/e2e-test-images/agnhost:2.52";
 const CLIENT_IMAGE: &str = "docker.io/library/busybox:1.36";
@@ -30,10 +30,6 @@ fn unavailable() -> Option<String> {
         return Some("no Docker engine answers `docker info`".into());
     }
     None
-}
-
-fn on_path(program: &str) -> bool {
-    std::env::var_os("PATH").is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
 }
 
 fn run_stdin(program: &str, args: &[&str], stdin: &str) {
@@ -106,29 +102,12 @@ fn connections_stay_in_zone_on_a_kind_cluster() {
     std::fs::create_dir_all(&dir).expect("scratch dir");
     let cluster = Kind::create(&dir);
 
-    // The agent image: the binary built by `cargo xtask test`, on a slim base.
-    let agent = topology_tests::net::agent_binary();
-    std::fs::copy(&agent, dir.join("topology-agent")).expect("copy the agent");
-    std::fs::write(
-        dir.join("Containerfile"),
-        "FROM docker.io/library/debian:bookworm-slim\nCOPY topology-agent /usr/local/bin/topology-agent\nENTRYPOINT [\"/usr/local/bin/topology-agent\"]\n",
-    )
-    .expect("Containerfile");
-    run(
-        "docker",
-        &[
-            "build",
-            "-t",
-            "topology-agent:e2e",
-            "-f",
-            &dir.join("Containerfile").to_string_lossy(),
-            &dir.to_string_lossy(),
-        ],
-    );
-    run("kind", &["load", "docker-image", "topology-agent:e2e", "--name", &cluster.name]);
+    // The agent image as `cargo xtask image` builds it, tagged as deploy/ names it.
+    let archive = topology_tests::net::image_archive().expect("no image archive; run `cargo xtask image`");
+    run("kind", &["load", "image-archive", &archive.to_string_lossy(), "--name", &cluster.name]);
     let deploy = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy");
     let manifests = cluster.kubectl(&["kustomize", &deploy.to_string_lossy()]);
-    cluster.apply(&manifests.replace("ghcr.io/topology-agent/topology-agent:0.1.0", "topology-agent:e2e"));
+    cluster.apply(&manifests);
     cluster.kubectl(&["-n", "topology-agent", "rollout", "status", "daemonset/topology-agent", "--timeout=180s"]);
 
     // Echo servers, one per zone, behind a PreferClose Service.

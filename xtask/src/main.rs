@@ -5,6 +5,7 @@ mod bench;
 mod cmd;
 mod demo;
 mod fuzz;
+mod image;
 mod setup;
 mod test;
 
@@ -28,6 +29,9 @@ enum Task {
     Bench(bench::BenchArgs),
     /// Set up, then run every fuzz target for a bounded time (nightly, cargo-fuzz).
     Fuzz(fuzz::FuzzArgs),
+    /// Build the DaemonSet's image (static musl agent, OCI layout and archive) without a
+    /// container engine or registry.
+    Image(image::ImageArgs),
     /// Set up, then simulate a multi-zone cluster on this machine with real agents and real
     /// connections, and report where they landed (root).
     Demo(demo::DemoArgs),
@@ -54,6 +58,10 @@ fn main() -> anyhow::Result<()> {
         Task::Fuzz(args) => {
             setup::run()?;
             fuzz::run(&args)
+        }
+        Task::Image(args) => {
+            setup::run()?;
+            image::run(&args)
         }
         Task::Demo(args) => {
             setup::run()?;

@@ -15,13 +15,16 @@ use crate::cmd::{self, is_root, on_path, succeeds};
 /// The bpf-linker release known to build against nightly's LLVM here.
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Debian packages the tests and benchmarks call, with a command each provides.
-const PACKAGES: [(&str, &str); 6] = [
+const PACKAGES: [(&str, &str); 8] = [
     ("bpftool", "bpftool"),
     ("iproute2", "ip"),
     ("iptables", "iptables-restore"),
     ("libcap2-bin", "capsh"),
     ("dnsutils", "dig"),
     ("dnsperf", "dnsperf"),
+    // `cargo xtask image`: a C compiler for musl (ring builds C), and an independent OCI reader.
+    ("musl-tools", "musl-gcc"),
+    ("skopeo", "skopeo"),
 ];
 
 pub fn run() -> anyhow::Result<()> {
@@ -29,6 +32,7 @@ pub fn run() -> anyhow::Result<()> {
     ensure_rust_src()?;
     ensure_bpf_linker()?;
     ensure_cargo_fuzz()?;
+    ensure_musl_target()?;
     ensure_packages()?;
     ensure_bpffs()?;
     eprintln!("setup: everything is in place");
@@ -51,6 +55,16 @@ fn ensure_rust_src() -> anyhow::Result<()> {
         return Ok(());
     }
     cmd::run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
+}
+
+/// The standard library for the static agent of `cargo xtask image`.
+fn ensure_musl_target() -> anyhow::Result<()> {
+    let triple = format!("{}-unknown-linux-musl", std::env::consts::ARCH);
+    let installed = cmd::output(Command::new("rustup").args(["target", "list", "--installed"]))?;
+    if installed.lines().any(|line| line.trim() == triple) {
+        return Ok(());
+    }
+    cmd::run(Command::new("rustup").args(["target", "add", &triple]))
 }
 
 fn ensure_bpf_linker() -> anyhow::Result<()> {

@@ -78,9 +78,16 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
         if !is_root() {
             eprintln!("SKIPPED root integration tests: not running as root");
         }
+        // The image test checks what `cargo xtask image` writes, and the kind suite loads it.
+        let image = crate::image::build(None, None)?;
         // Root tests share kernel state (cgroups, pins, namespaces): one at a time. Without root
         // they print why they skip.
-        cmd::run(cargo().args(["test", "-p", "topology-tests", "--", "--test-threads=1"]).current_dir(&root))?;
+        cmd::run(
+            cargo()
+                .args(["test", "-p", "topology-tests", "--", "--test-threads=1"])
+                .env("TOPOLOGY_IMAGE", &image.archive)
+                .current_dir(&root),
+        )?;
     }
     if wants(Tier::Fuzz) {
         crate::fuzz::run_for(FUZZ_SECONDS, &[])?;
