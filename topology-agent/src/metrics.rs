@@ -1,6 +1,9 @@
 //! Prometheus metrics of the agent, and the kernel's per-CPU counters exported at scrape time.
 
-use std::sync::{Arc, Mutex};
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+};
 
 use prometheus_client::{
     collector::Collector,
@@ -17,7 +20,7 @@ use topology_common::ServiceCounters;
 
 use crate::{
     dataplane::{CounterReading, KernelReading},
-    desired::Locality,
+    desired::{Locality, ServicePort},
     dns::DnsMetrics,
 };
 
@@ -40,6 +43,17 @@ pub struct KindLabels {
 pub struct ProtocolLabels {
     /// `TCP`, `UDP`, `SCTP`.
     pub protocol: String,
+}
+
+/// Labels of this node's place in the topology.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeLabels {
+    /// The Node's name.
+    pub node: String,
+    /// `topology.kubernetes.io/zone`, empty without it.
+    pub zone: String,
+    /// `topology.kubernetes.io/region`, empty without it.
+    pub region: String,
 }
 
 /// Labels of a failure.
@@ -77,6 +91,10 @@ pub struct Metrics {
     pub sockets_terminated: Family<ProtocolLabels, Counter>,
     /// Failures to enter a namespace, dump or destroy sockets.
     pub socket_termination_errors: Counter,
+    /// 1 while the kernel holds the policy of a complete, current view of the cluster.
+    pub view_current: Gauge,
+    /// Always 1, labelled with this node's name, zone and region (for joins by zone).
+    pub node_info: Family<NodeLabels, Gauge>,
     /// The node-local DNS responder's metrics (`dns_*`).
     pub dns: Arc<DnsMetrics>,
     kernel: Arc<KernelCounters>,
@@ -105,7 +123,16 @@ impl Default for Metrics {
         let failed_service_ports = Gauge::default();
         let sockets_terminated = Family::<ProtocolLabels, Counter>::default();
         let socket_termination_errors = Counter::default();
+        let view_current = Gauge::default();
+        let node_info = Family::<NodeLabels, Gauge>::default();
         let kernel = Arc::new(KernelCounters::default());
+        registry.register(
+            "view_current",
+            "1 while the kernel holds the policy of a complete, current view of the cluster (no watch stale, every \
+             kind listed, this Node known), else 0",
+            view_current.clone(),
+        );
+        registry.register("node_info", "This agent's node and its zone and region (always 1)", node_info.clone());
         registry.register(
             "sync_duration_seconds",
             "Time to recompute the affected services and write the kernel, per batch of events",
@@ -167,6 +194,8 @@ impl Default for Metrics {
             failed_service_ports,
             sockets_terminated,
             socket_termination_errors,
+            view_current,
+            node_info,
             dns,
             kernel,
         }
@@ -182,6 +211,20 @@ impl Metrics {
         out
     }
 
+    /// Sets (or, with `None`, forgets) what the default policy would keep in zone for a port.
+    pub fn set_baseline(&self, port: ServicePort, in_zone: Option<f64>) {
+        let mut baselines = self.kernel.baselines.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match in_zone {
+            Some(share) => baselines.insert(port, share),
+            None => baselines.remove(&port),
+        };
+    }
+
+    /// Replaces every port's baseline (after a whole apply).
+    pub fn replace_baselines(&self, all: impl IntoIterator<Item = (ServicePort, f64)>) {
+        *self.kernel.baselines.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = all.into_iter().collect();
+    }
+
     /// Sets where the kernel counters are read from at each scrape.
     pub fn set_kernel_source(&self, source: impl Fn() -> KernelReading + Send + 'static) {
         *self.kernel.source.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Box::new(source));
@@ -195,6 +238,8 @@ type CounterSource = Box<dyn Fn() -> KernelReading + Send>;
 #[derive(Default)]
 struct KernelCounters {
     source: Mutex<Option<CounterSource>>,
+    /// Per port, the share of connections the default policy would keep in this node's zone.
+    baselines: Mutex<HashMap<ServicePort, f64>>,
 }
 
 impl std::fmt::Debug for KernelCounters {
@@ -246,6 +291,23 @@ impl Collector for KernelCounters {
                 encoder.encode_descriptor(name, help, None, prometheus_client::metrics::MetricType::Counter)?;
             for service in services.iter() {
                 ConstCounter::new(value(&service.counters)).encode(family.encode_family(&labels(service))?)?;
+            }
+        }
+        {
+            // Beside each port's rewrites, with the same labels: what the default policy would have
+            // kept in zone, so rate(rewrites) × (1 − this) is the cross-zone traffic it would send.
+            let mut family = encoder.encode_descriptor(
+                "default_policy_in_zone_ratio",
+                "Share of this port's connections the default policy (every usable endpoint equally, no topology) \
+                 would keep in this node's zone",
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?;
+            let baselines = self.baselines.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            for service in services.iter() {
+                if let Some(share) = baselines.get(&service.port) {
+                    ConstGauge::new(*share).encode(family.encode_family(&labels(service))?)?;
+                }
             }
         }
         for (name, help, value) in [
@@ -305,6 +367,10 @@ mod tests {
             heartbeat: None,
         });
         metrics.services.set(1);
+        let web = ServicePort { vip: "10.96.0.10".parse().unwrap(), port: 80, protocol: Protocol::Tcp };
+        metrics.set_baseline(web, Some(0.25));
+        // A baseline of a port the kernel does not hold is not exported.
+        metrics.set_baseline(ServicePort { port: 81, ..web }, Some(1.0));
         let text = metrics.encode();
         let line = |prefix: &str| text.lines().any(|l| l.starts_with(prefix));
         assert!(
@@ -315,6 +381,13 @@ mod tests {
         );
         assert!(line("topology_agent_kernel_refused_total{service=\"default/web:http\""), "{text}");
         assert!(line("topology_agent_services_programmed 1"), "{text}");
+        assert!(
+            line(
+                "topology_agent_default_policy_in_zone_ratio{service=\"default/web:http\",cluster_ip=\"10.96.0.10\",port=\"80\",protocol=\"TCP\"} 0.25"
+            ),
+            "{text}"
+        );
+        assert_eq!(text.matches("default_policy_in_zone_ratio{").count(), 1, "{text}");
         assert!(line("topology_agent_kernel_fail_open_total 3"), "{text}");
         assert!(line("topology_agent_failed_service_ports 0"), "{text}");
         assert!(line("# TYPE topology_agent_event_to_kernel_seconds histogram"), "{text}");

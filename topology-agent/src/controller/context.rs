@@ -9,11 +9,11 @@ use std::{
 
 use super::{Health, Observation};
 use crate::{
-    cluster::ObjectKey,
+    cluster::{Node, ObjectKey},
     dataplane::{ApplyReport, DataplaneError},
     desired::ServicePort,
     events::{Problem, ProblemSink},
-    metrics::{MapLabels, Metrics, ReasonLabels},
+    metrics::{MapLabels, Metrics, NodeLabels, ReasonLabels},
     source::ObjectId,
 };
 
@@ -39,11 +39,13 @@ pub(super) struct Context {
     reported: BTreeMap<(ObjectKey, Topic), String>,
     /// Ports the kernel refused, with their Service and the error, until an apply succeeds.
     kernel_failures: BTreeMap<ServicePort, (ObjectKey, String)>,
+    /// What `node_info` says now.
+    node_labels: Option<NodeLabels>,
 }
 
 impl Context {
     pub(super) fn new(health: Arc<Health>, metrics: Arc<Metrics>, sink: Box<dyn ProblemSink>) -> Self {
-        Self { health, metrics, sink, reported: BTreeMap::new(), kernel_failures: BTreeMap::new() }
+        Self { health, metrics, sink, reported: BTreeMap::new(), kernel_failures: BTreeMap::new(), node_labels: None }
     }
 
     /// Logs and publishes a problem, once per (Service, topic) until its message changes.
@@ -104,6 +106,20 @@ impl Context {
         self.kernel_failures.extend(failed);
         self.metrics.failed_service_ports.set(self.kernel_failures.len() as i64);
         self.health.set_failing(failing_summary(&self.kernel_failures));
+    }
+
+    /// Labels `node_info` with this node's place (a changed zone replaces the series).
+    pub(super) fn node_info(&mut self, this: &Node) {
+        let labels = NodeLabels {
+            node: this.name.clone(),
+            zone: this.zone().unwrap_or_default().to_owned(),
+            region: this.region().unwrap_or_default().to_owned(),
+        };
+        if self.node_labels.as_ref() != Some(&labels) {
+            self.metrics.node_info.clear();
+            self.metrics.node_info.get_or_create(&labels).set(1);
+            self.node_labels = Some(labels);
+        }
     }
 
     /// Updates the gauges from what the programmer reports.

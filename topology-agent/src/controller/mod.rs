@@ -199,7 +199,9 @@ impl<P: Programmer> Controller<P> {
     /// [`BEAT_INTERVAL`]: the programs fail open once the view has not been current for
     /// `--fail-open-after`.
     fn beat(&mut self) {
-        if !self.ctx.health.view_current() || self.last_beat.is_some_and(|at| at.elapsed() < BEAT_INTERVAL) {
+        let current = self.ctx.health.view_current();
+        self.ctx.metrics.view_current.set(i64::from(current));
+        if !current || self.last_beat.is_some_and(|at| at.elapsed() < BEAT_INTERVAL) {
             return;
         }
         match self.programmer.heartbeat() {
@@ -232,6 +234,7 @@ impl<P: Programmer> Controller<P> {
             return Ok(());
         };
         self.ctx.health.set_blocked(None);
+        self.ctx.node_info(&this);
         if !self.programmed || self.everything_dirty {
             self.dirty.clear();
             self.everything_dirty = false;
@@ -294,6 +297,16 @@ impl<P: Programmer> Controller<P> {
             );
         }
         let plan = &self.plan;
+        match attempted {
+            Some(ports) => {
+                for port in ports {
+                    self.ctx.metrics.set_baseline(*port, plan.entry(port).and(plan.baseline_in_zone(port)));
+                }
+            }
+            None => self.ctx.metrics.replace_baselines(
+                plan.kernel().services.keys().filter_map(|port| Some((*port, plan.baseline_in_zone(port)?))),
+            ),
+        }
         self.ctx.kernel_failures(report, attempted, |port| plan.owner(port).cloned());
         for error in &report.housekeeping {
             tracing::warn!(%error, "kernel clean-up deferred to the next apply");

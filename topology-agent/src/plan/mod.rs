@@ -116,6 +116,15 @@ impl NodePlan {
         self.ownership.owner(port)
     }
 
+    /// What the default policy would keep in this node's zone for a planned port
+    /// ([`policy::Selection::baseline_in_zone`]).
+    pub fn baseline_in_zone(&self, port: &ServicePort) -> Option<f64> {
+        self.decisions(self.owner(port)?)
+            .iter()
+            .find(|d| d.port.port == port.port && d.port.protocol == port.protocol && d.cluster_ips.contains(&port.vip))
+            .and_then(|d| d.selection.baseline_in_zone)
+    }
+
     /// Services with kernel entries, and those only decided (no ClusterIP, or every port held by
     /// another): everything an update of the whole plan must visit.
     pub fn services(&self) -> BTreeSet<ObjectKey> {

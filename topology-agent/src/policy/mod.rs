@@ -94,6 +94,11 @@ pub struct Selection {
     pub warnings: Vec<String>,
     /// The spillover plan behind the weights, when spillover decided.
     pub spillover: Option<spillover::SpilloverReport>,
+    /// The share of connections the default policy (every usable endpoint equally, no topology,
+    /// as kube-proxy does) would keep in this node's zone: the baseline the cross-zone savings
+    /// are counted against. `None` without a usable endpoint.
+    #[serde(skip)]
+    pub baseline_in_zone: Option<f64>,
 }
 
 impl Selection {
@@ -110,7 +115,15 @@ impl Selection {
                 weight: 1.0,
             })
             .collect();
-        Self { policy, reason, reject: backends.is_empty(), backends, warnings: Vec::new(), spillover: None }
+        Self {
+            policy,
+            reason,
+            reject: backends.is_empty(),
+            backends,
+            warnings: Vec::new(),
+            spillover: None,
+            baseline_in_zone: None,
+        }
     }
 
     fn warn(mut self, warnings: Vec<String>) -> Self {
@@ -186,6 +199,19 @@ pub fn compute_service(state: &ClusterState, this: &Node, service: &Service) -> 
 /// The decision for one Service port from `this` node, given all its endpoints and the demand
 /// by zone.
 pub fn select(this: &Node, demand: &Demand, service: &Service, candidates: &[Candidate<'_>]) -> Selection {
+    Selection { baseline_in_zone: baseline_in_zone(this, candidates), ..decide(this, demand, service, candidates) }
+}
+
+/// The share of connections every usable endpoint chosen equally would keep in `this` node's
+/// zone (this node included); `None` without a usable endpoint.
+pub fn baseline_in_zone(this: &Node, candidates: &[Candidate<'_>]) -> Option<f64> {
+    let (usable, _) = usable(candidates);
+    let near = usable.iter().filter(|c| matches!(locality(this, c), Locality::Node | Locality::Zone)).count();
+    (!usable.is_empty()).then(|| near as f64 / usable.len() as f64)
+}
+
+/// [`select`] without the baseline.
+fn decide(this: &Node, demand: &Demand, service: &Service, candidates: &[Candidate<'_>]) -> Selection {
     let (spill, mut warnings) = spillover::settings(service);
     if service.internal_traffic_local {
         if spill.is_some() {

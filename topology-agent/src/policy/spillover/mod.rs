@@ -322,6 +322,7 @@ pub fn select(
         backends,
         warnings: Vec::new(),
         spillover: Some(report),
+        baseline_in_zone: None,
     }
 }
 

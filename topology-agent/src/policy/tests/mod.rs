@@ -1,5 +1,6 @@
 //! Policy tests: tables per mode, joins, and properties.
 
+mod baseline;
 mod join;
 mod kube_proxy;
 mod props;
