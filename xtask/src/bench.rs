@@ -1,9 +1,18 @@
-//! `cargo xtask bench [policy|datapath|control-plane|soak|dns]`: the benchmarks whose tables go into the
-//! issue notes.
+//! `cargo xtask bench [policy|datapath|control-plane|soak|dns]`: runs the benchmarks, prints their
+//! tables and writes them to `docs/benchmarks.md` (see `bench_doc`).
 
+use std::{
+    io::{BufRead as _, BufReader},
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context as _, bail};
 use clap::{Args, ValueEnum};
 
-use crate::cmd::{self, cargo};
+use crate::{
+    bench_doc::{self, Section},
+    cmd::{self, cargo},
+};
 
 /// Which benchmarks to run.
 #[derive(Args)]
@@ -11,6 +20,9 @@ pub struct BenchArgs {
     /// Benchmarks to run (default: all).
     #[arg(value_enum)]
     suites: Vec<Suite>,
+    /// Print the tables only; leave docs/benchmarks.md as it is.
+    #[arg(long)]
+    no_write: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -27,32 +39,76 @@ enum Suite {
     Dns,
 }
 
+/// Each suite's section key, title and bench source, in the order of the document.
+const SUITES: [(Suite, &str, &str, &str); 5] = [
+    (Suite::Policy, "policy", "Policy computation", "topology-agent/benches/policy.rs"),
+    (Suite::Datapath, "datapath", "Datapath: connect() overhead", "tests/benches/datapath.rs"),
+    (
+        Suite::ControlPlane,
+        "control-plane",
+        "Control plane: sync, update latency, memory",
+        "tests/benches/control_plane.rs",
+    ),
+    (Suite::Soak, "soak", "Crash soak", "tests/benches/soak.rs"),
+    (Suite::Dns, "dns", "Node-local DNS responder", "tests/benches/dns.rs"),
+];
+
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let wants = |suite| args.suites.is_empty() || args.suites.contains(&suite);
     let root = cmd::workspace_root();
-    if wants(Suite::Policy) {
-        cmd::run(cargo().args(["bench", "-p", "topology-agent", "--bench", "policy"]).current_dir(&root))?;
-    }
-    if wants(Suite::Datapath) {
-        cmd::run(cargo().args(["bench", "-p", "topology-tests", "--bench", "datapath"]).current_dir(&root))?;
-    }
-    if wants(Suite::ControlPlane) {
-        // The RSS measurement runs the optimized agent binary.
-        cmd::run(cargo().args(["build", "--release", "-p", "topology-agent"]).current_dir(&root))?;
-        let agent = root.join("target/release/topology-agent");
-        cmd::run(
-            cargo()
-                .args(["bench", "-p", "topology-tests", "--bench", "control_plane"])
-                .env("TOPOLOGY_AGENT", agent)
-                .current_dir(&root),
-        )?;
-    }
-    for (suite, bench) in [(Suite::Soak, "soak"), (Suite::Dns, "dns")] {
-        if wants(suite) {
-            // These run the agent and the probe next to it, optimized.
-            cmd::run(cargo().args(["build", "--release", "--bins"]).current_dir(&root))?;
-            cmd::run(cargo().args(["bench", "-p", "topology-tests", "--bench", bench]).current_dir(&root))?;
+    let mut sections = Vec::new();
+    for (suite, key, title, source) in SUITES {
+        if !wants(suite) {
+            continue;
+        }
+        let body = match suite {
+            Suite::Policy => {
+                let started = std::time::SystemTime::now();
+                cmd::run(cargo().args(["bench", "-p", "topology-agent", "--bench", "policy"]).current_dir(&root))?;
+                bench_doc::criterion_table(&root.join("target/criterion"), started)?
+            }
+            Suite::Datapath => captured(cargo().args(["bench", "-p", "topology-tests", "--bench", "datapath"]))?,
+            Suite::ControlPlane => {
+                // The RSS measurement runs the optimized agent binary.
+                cmd::run(cargo().args(["build", "--release", "-p", "topology-agent"]).current_dir(&root))?;
+                captured(
+                    cargo()
+                        .args(["bench", "-p", "topology-tests", "--bench", "control_plane"])
+                        .env("TOPOLOGY_AGENT", root.join("target/release/topology-agent")),
+                )?
+            }
+            Suite::Soak | Suite::Dns => {
+                // These run the agent and the probe next to it, optimized.
+                cmd::run(cargo().args(["build", "--release", "--bins"]).current_dir(&root))?;
+                captured(cargo().args(["bench", "-p", "topology-tests", "--bench", key]))?
+            }
+        };
+        // A suite that skipped (no root) printed nothing: its old section stays.
+        if !body.trim().is_empty() {
+            sections.push(Section { key, title, source, body });
         }
     }
+    if !args.no_write {
+        bench_doc::write(&sections, &SUITES.map(|(_, key, ..)| key))?;
+    }
     Ok(())
+}
+
+/// Runs a bench, echoing its stdout line by line as it comes, and returns what it printed.
+fn captured(command: &mut Command) -> anyhow::Result<String> {
+    let command = command.current_dir(cmd::workspace_root()).stdout(Stdio::piped());
+    eprintln!("+ {command:?}");
+    let mut child = command.spawn().context("starting the bench")?;
+    let mut out = String::new();
+    for line in BufReader::new(child.stdout.take().expect("piped stdout")).lines() {
+        let line = line?;
+        println!("{line}");
+        out.push_str(&line);
+        out.push('\n');
+    }
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("{command:?} failed: {status}");
+    }
+    Ok(out)
 }

@@ -2,6 +2,7 @@
 //! runs every test tier this machine can run.
 
 mod bench;
+mod bench_doc;
 mod cmd;
 mod demo;
 mod fuzz;
