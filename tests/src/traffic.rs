@@ -33,7 +33,10 @@ pub struct Report {
     /// (`CLOCK_MONOTONIC` ns, backend) of every successful attempt, when asked for.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub landings: Vec<(u64, String)>,
-    /// Whether to fill `landings`.
+    /// `CLOCK_MONOTONIC` ns of every failed attempt, when asked for (with `landings`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed_at: Vec<u64>,
+    /// Whether to fill `landings` and `failed_at`.
     #[serde(skip)]
     pub stamp: bool,
 }
@@ -76,7 +79,12 @@ impl Report {
                 }
                 *self.landed.entry(name).or_default() += 1;
             }
-            Err(error) => *self.errors.entry(errno_name(&error)).or_default() += 1,
+            Err(error) => {
+                if self.stamp {
+                    self.failed_at.push(monotonic_ns());
+                }
+                *self.errors.entry(errno_name(&error)).or_default() += 1;
+            }
         }
     }
 

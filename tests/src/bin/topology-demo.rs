@@ -87,7 +87,7 @@ fn main() -> anyhow::Result<()> {
         config.zones,
         config.zones * config.backends_per_zone
     );
-    let cluster = DemoCluster::start(&config, &args.out);
+    let mut cluster = DemoCluster::start(&config, &args.out);
     check_interrupt();
     eprintln!("cluster ready in {:.1} s: {}", started.elapsed().as_secs_f64(), cluster.cluster_file.display());
 
@@ -104,18 +104,22 @@ fn main() -> anyhow::Result<()> {
     });
     progress.finish_and_clear();
 
-    eprintln!("failover: removing zone {}'s backends from the file...", cluster.plan.nodes[0].zone);
-    let failover = demo::failover(&cluster);
+    eprintln!("failover: killing zone {}'s servers, then removing them from the file...", cluster.plan.nodes[0].zone);
+    let failover = demo::failover(&mut cluster);
     check_interrupt();
 
     println!("\n{}", report::table(&results));
     println!(
-        "failover: new connections left {} in {:.0} ms and came back in {:.0} ms; {} connections, {} failed",
+        "failover: {} servers killed; new connections left {} {:.0} ms after the endpoint update and came back in {:.0} ms; \
+         {} connections, {} failed before the update, {} while the agent reacted, {} after",
+        failover.killed,
         failover.zone,
         failover.moved_after.as_secs_f64() * 1e3,
         failover.back_after.as_secs_f64() * 1e3,
         failover.attempts,
-        failover.failures
+        failover.failed_before_update,
+        failover.failed_while_reacting,
+        failover.failed_after
     );
     if let Some(close) = report::comparisons(&results).into_iter().find(|c| c.ours.name == "prefer-close") {
         let avoided = close.gb_avoided_per_gb().unwrap_or(0.0);

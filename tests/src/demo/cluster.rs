@@ -31,11 +31,12 @@ pub struct DemoCluster {
     coredns: Ipv4Addr,
     _agents: Vec<Agent>,
     _coredns: (Host, ProcessGuard),
-    _servers: Vec<Server>,
+    /// Per backend of the plan, its server (`None` while killed).
+    servers: Vec<Option<Server>>,
     pins: Vec<PinGuard>,
     node_cgroups: Vec<CgroupGuard>,
-    _infra: CgroupGuard,
-    _backend_hosts: Vec<Host>,
+    infra: CgroupGuard,
+    backend_hosts: Vec<Host>,
     node_hosts: Vec<Host>,
     _network: Network,
 }
@@ -55,11 +56,7 @@ impl DemoCluster {
             .backends
             .iter()
             .zip(&backend_hosts)
-            .map(|(backend, host)| {
-                let log = dir.join("logs").join(format!("server-{}.log", backend.name));
-                let options = ServerOptions { cpu: None, home: Some(infra.path()), log: Some(&log) };
-                Server::start_with(host, &backend.name, &[BACKEND_PORT], &options)
-            })
+            .map(|(backend, host)| Some(start_server(dir, &infra, host, &backend.name)))
             .collect();
         let addresses: Vec<Ipv4Addr> = backend_hosts.iter().map(|h| h.v4).collect();
         // The cluster DNS every name outside the demo's Services goes to.
@@ -105,14 +102,41 @@ impl DemoCluster {
             coredns: coredns.0.v4,
             _agents: agents,
             _coredns: coredns,
-            _servers: servers,
+            servers,
             pins,
             node_cgroups,
-            _infra: infra,
-            _backend_hosts: backend_hosts,
+            infra,
+            backend_hosts,
             node_hosts,
             _network: network,
         }
+    }
+
+    /// Kills the servers of `zone`'s backends (SIGKILL, as when a zone's pods die), leaving their
+    /// endpoints in the cluster file; returns how many.
+    pub fn kill_zone(&mut self, zone: &str) -> usize {
+        let in_zone = self.backends_in(zone);
+        for &i in &in_zone {
+            // Dropping the server kills its process and waits for it.
+            self.servers[i] = None;
+        }
+        in_zone.len()
+    }
+
+    /// Starts the killed servers of `zone` again; returns once they listen.
+    pub fn restart_zone(&mut self, zone: &str) {
+        for i in self.backends_in(zone) {
+            if self.servers[i].is_none() {
+                let name = &self.plan.backends[i].name;
+                self.servers[i] = Some(start_server(&self.dir, &self.infra, &self.backend_hosts[i], name));
+            }
+        }
+    }
+
+    fn backends_in(&self, zone: &str) -> Vec<usize> {
+        (0..self.plan.backends.len())
+            .filter(|&i| self.plan.node_of(&self.plan.backends[i].name).is_some_and(|n| n.zone == zone))
+            .collect()
     }
 
     /// Where clients of node `index` run.
@@ -205,6 +229,13 @@ impl DemoCluster {
     pub fn keep(self) {
         std::mem::forget(self);
     }
+}
+
+/// A backend's echo server, in the demo's infrastructure cgroup, logging to `logs/`.
+fn start_server(dir: &Path, infra: &CgroupGuard, host: &Host, name: &str) -> Server {
+    let log = dir.join("logs").join(format!("server-{name}.log"));
+    let options = ServerOptions { cpu: None, home: Some(infra.path()), log: Some(&log) };
+    Server::start_with(host, name, &[BACKEND_PORT], &options)
 }
 
 /// Waits until connections from `node` to `service` satisfy `done` (checked on bursts of 20),

@@ -13,7 +13,7 @@ use super::{
     cluster::{DemoCluster, wait_until},
     plan::{Policy, SERVICE_PORT, ServicePlan, Transport},
 };
-use crate::traffic::Report;
+use crate::traffic::{Report, monotonic_ns};
 
 /// Where attempts from one node (or all) to one Service ended, by locality of the backend.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -188,50 +188,83 @@ fn expected(explains: &[serde_json::Value], service: &ServicePlan) -> (Option<f6
     (share, refusing, reason)
 }
 
-/// A zone's backends removed from the cluster file and restored, with a client looping meanwhile.
+/// A zone's servers killed under load, their endpoints then removed from the cluster file (as
+/// the endpoint controller does for dead pods), and later restarted and restored.
 #[derive(Clone, Debug, Serialize)]
 pub struct Failover {
-    /// Zone whose backends were removed.
+    /// Zone whose backends were killed.
     pub zone: String,
     /// Node the clients ran on (in that zone).
     pub node: String,
     /// Service dialled.
     pub service: String,
-    /// From writing the file without the zone to new connections all landing elsewhere.
+    /// Backend servers killed.
+    pub killed: usize,
+    /// From killing the servers to the cluster file without their endpoints being written: the
+    /// cluster's detection, here immediate (on a real cluster, readiness probes' period ×
+    /// failure threshold, or the pods' deletion).
+    pub detected_after: Duration,
+    /// From the file being written to new connections all landing elsewhere: the agent's part.
     pub moved_after: Duration,
-    /// From restoring the file to new connections all landing in the zone again.
+    /// From restoring the file (servers running again) to new connections all in the zone again.
     pub back_after: Duration,
-    /// Connections the looping client made meanwhile.
+    /// Connections the looping client made meanwhile (one attempt about every millisecond).
     pub attempts: u64,
-    /// Of which failed.
-    pub failures: u64,
+    /// Failed between the kill and the file update: no agent can know of it yet.
+    pub failed_before_update: u64,
+    /// Failed between the file update and the kernel holding the new set: while the agent reacted.
+    pub failed_while_reacting: u64,
+    /// Failed after the kernel held the new set, through the restore (should be none).
+    pub failed_after: u64,
 }
 
-/// Removes the first zone's backends from `cluster.yaml` while a client on that zone's first node
-/// connects in a loop to the PreferClose Service; then restores them.
-pub fn failover(demo: &DemoCluster) -> Failover {
+impl Failover {
+    /// Every failed connection.
+    pub fn failures(&self) -> u64 {
+        self.failed_before_update + self.failed_while_reacting + self.failed_after
+    }
+}
+
+/// Kills the first zone's servers while a client on that zone's first node connects in a loop to
+/// the PreferClose Service, removes their endpoints from `cluster.yaml`, waits for new connections
+/// to leave the zone; then restarts the servers, restores the endpoints, and waits for the return.
+pub fn failover(demo: &mut DemoCluster) -> Failover {
     let node = 0;
     let zone = demo.plan.nodes[node].zone.clone();
     let service = demo.plan.services.iter().position(|s| s.name == "prefer-close").expect("prefer-close");
     let target = SocketAddr::new(IpAddr::V4(demo.plan.services[service].vip), SERVICE_PORT);
-    let in_zone = |name: &str| demo.plan.node_of(name).is_some_and(|n| n.zone == zone);
-    let client = demo.place(node).spawn_loop(target, &demo.dir, Duration::from_secs(120), false);
+    let in_zone = |demo: &DemoCluster, name: &str| demo.plan.node_of(name).is_some_and(|n| n.zone == zone);
+    let client = demo.place(node).spawn_loop_with(target, &demo.dir, Duration::from_secs(120), false, PACE, true);
+    std::thread::sleep(Duration::from_millis(200));
+    let killed_at = monotonic_ns();
+    let killed = demo.kill_zone(&zone);
     demo.write_cluster(Some(&zone));
+    let updated_at = monotonic_ns();
     let moved_after = wait_until(demo, node, service, Duration::from_secs(30), |r| {
-        r.failures() == 0 && r.successes() > 0 && r.landed.keys().all(|name| !in_zone(name))
+        r.failures() == 0 && r.successes() > 0 && r.landed.keys().all(|name| !in_zone(demo, name))
     });
+    let moved_at = updated_at + moved_after.as_nanos() as u64;
+    demo.restart_zone(&zone);
     demo.write_cluster(None);
     let back_after = wait_until(demo, node, service, Duration::from_secs(30), |r| {
-        r.failures() == 0 && r.successes() > 0 && r.landed.keys().all(|name| in_zone(name))
+        r.failures() == 0 && r.successes() > 0 && r.landed.keys().all(|name| in_zone(demo, name))
     });
     let report = client.finish();
+    let failed_in = |from: u64, to: u64| report.failed_at.iter().filter(|&&at| at >= from && at < to).count() as u64;
     Failover {
-        zone,
         node: demo.plan.nodes[node].name.clone(),
         service: demo.plan.services[service].name.clone(),
+        killed,
+        detected_after: Duration::from_nanos(updated_at - killed_at),
         moved_after,
         back_after,
         attempts: report.attempts,
-        failures: report.failures(),
+        failed_before_update: failed_in(0, updated_at),
+        failed_while_reacting: failed_in(updated_at, moved_at),
+        failed_after: failed_in(moved_at, u64::MAX),
+        zone,
     }
 }
+
+/// Pause between the failover client's attempts: about a thousand a second.
+const PACE: Duration = Duration::from_millis(1);

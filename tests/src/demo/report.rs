@@ -175,24 +175,34 @@ fn markdown(config: &DemoConfig, results: &[ServiceResult], failover: &Failover)
         );
     }
     let _ = writeln!(out, "\n## Failover\n");
-    let _ = writeln!(
-        out,
-        "The backends of `{}` were removed from `cluster.yaml` while a client on `{}` connected to `{}` in a loop: new \
-         connections left the zone {:.0} ms after the file was written, and came back {:.0} ms after it was restored. \
-         {} connections, {} failed.\n",
-        failover.zone,
-        failover.node,
-        failover.service,
-        failover.moved_after.as_secs_f64() * 1e3,
-        failover.back_after.as_secs_f64() * 1e3,
-        failover.attempts,
-        failover.failures
-    );
+    let _ = writeln!(out, "{}\n", failover_sentence(failover));
     let _ = writeln!(out, "## Why (`topology-agent explain`, first node)\n");
     for result in results.iter().filter(|r| r.baseline_of.is_none()) {
         let _ = writeln!(out, "- `{}`: {}", result.name, result.reason);
     }
     out
+}
+
+/// The failover in one paragraph: what was killed, how long each part took, what failed when.
+pub fn failover_sentence(f: &Failover) -> String {
+    format!(
+        "The {} servers of `{}` were killed (SIGKILL) while a client on `{}` connected to `{}` about every millisecond; \
+         their endpoints left `cluster.yaml` {:.1} ms later (detection here is immediate; on a cluster it is the \
+         readiness probe's period × failure threshold, or the pods' deletion). New connections left the zone {:.0} ms \
+         after that, and came back {:.0} ms after the servers were restarted and the endpoints restored. Of {} \
+         connections, {} failed before the endpoints were updated, {} while the agent reacted, {} after.",
+        f.killed,
+        f.zone,
+        f.node,
+        f.service,
+        f.detected_after.as_secs_f64() * 1e3,
+        f.moved_after.as_secs_f64() * 1e3,
+        f.back_after.as_secs_f64() * 1e3,
+        f.attempts,
+        f.failed_before_update,
+        f.failed_while_reacting,
+        f.failed_after
+    )
 }
 
 fn svg(results: &[ServiceResult]) -> String {
