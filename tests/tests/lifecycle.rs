@@ -239,7 +239,7 @@ fn cleanup_leaves_no_attachment_pin_cgroup_or_namespace() {
         }
         drop(dp);
         let report = dataplane::cleanup(fx.pins.path()).expect("cleanup");
-        assert_eq!(report.links.len(), 8);
+        assert_eq!(report.links.len(), program_names::ALL.len());
         let chunks = report.maps.iter().filter(|p| p.to_string_lossy().contains(map_names::COUNTER_CHUNK)).count();
         assert_eq!((report.maps.len() - chunks, chunks), (map_names::PINNED.len(), 1), "{:?}", report.maps);
         let attached = run("bpftool", &["cgroup", "show", &cgroup.to_string_lossy()]);
@@ -274,7 +274,7 @@ fn status_prints_what_the_kernel_holds() {
     let agent = topology_tests::net::agent_binary();
     let json = run(&agent.to_string_lossy(), &["status", "--pin-path", &pins, "--output", "json"]);
     let status: serde_json::Value = serde_json::from_str(&json).expect("status JSON");
-    assert_eq!(status["attached"].as_array().map(Vec::len), Some(8), "{status}");
+    assert_eq!(status["attached"].as_array().map(Vec::len), Some(9), "{status}");
     let services = status["services"].as_array().expect("services");
     let all = services.iter().find(|s| s["service"] == "ns/all:http").expect("ns/all:http");
     assert_eq!(all["clusterIp"], "10.96.1.1");
@@ -284,6 +284,11 @@ fn status_prints_what_the_kernel_holds() {
     let none = services.iter().find(|s| s["service"] == "ns/none:http").expect("ns/none:http");
     assert_eq!(none["reject"], true);
     let table = run(&agent.to_string_lossy(), &["status", "--pin-path", &pins]);
-    assert!(table.contains("8 of 8 programs attached, 3 service ports"), "{table}");
+    assert!(table.contains("9 of 9 programs attached, 3 service ports"), "{table}");
+    // The ten connections, each closed: measured per backend by the sock_ops program.
+    let measured = status["backendLoad"].as_array().expect("backendLoad");
+    let connects: u64 = measured.iter().map(|m| m["connects"].as_u64().unwrap_or(0)).sum();
+    assert_eq!(connects, 10, "{status}");
+    assert!(table.contains("in flight 0, "), "{table}");
     assert!(table.contains("ns/one:http  10.96.1.2:80/TCP"), "{table}");
 }

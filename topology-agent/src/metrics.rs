@@ -19,7 +19,7 @@ use prometheus_client::{
 use topology_common::ServiceCounters;
 
 use crate::{
-    dataplane::{CounterReading, KernelReading},
+    dataplane::{CounterReading, KernelReading, MeasuredBackend},
     desired::{Locality, ServicePort},
     dns::DnsMetrics,
 };
@@ -331,6 +331,7 @@ impl Collector for KernelCounters {
                 encoder.encode_descriptor(name, help, None, prometheus_client::metrics::MetricType::Counter)?;
             ConstCounter::new(value).encode(family)?;
         }
+        encode_backend_load(&mut encoder, &reading.backends)?;
         if let Some(heartbeat) = reading.heartbeat {
             let family = encoder.encode_descriptor(
                 "kernel_failing_open",
@@ -342,6 +343,66 @@ impl Collector for KernelCounters {
         }
         Ok(())
     }
+}
+
+/// The load signal, per backend (`backend="ip:port"`): what the `sock_ops` program measured of
+/// the TCP connections this node's hooks sent there.
+fn encode_backend_load(encoder: &mut DescriptorEncoder, backends: &[MeasuredBackend]) -> Result<(), std::fmt::Error> {
+    use prometheus_client::metrics::MetricType::{Counter, Gauge};
+    type Field = fn(&MeasuredBackend) -> f64;
+    let families: [(&str, &str, _, Field); 8] = [
+        (
+            "backend_connections_in_flight",
+            "TCP connections from this node to the backend, established and open",
+            Gauge,
+            |m| m.in_flight as f64,
+        ),
+        ("backend_connects", "TCP handshakes this node's hooks started to the backend", Counter, |m| {
+            m.load.connects as f64
+        }),
+        (
+            "backend_connects_refused",
+            "Handshakes to the backend refused (RST) or abandoned before a SYN retransmission",
+            Counter,
+            |m| m.load.refused as f64,
+        ),
+        (
+            "backend_connects_timed_out",
+            "Handshakes to the backend abandoned after a SYN retransmission",
+            Counter,
+            |m| m.load.timed_out as f64,
+        ),
+        (
+            "backend_connections_reset",
+            "Established connections to the backend closed without the FIN exchange",
+            Counter,
+            |m| m.load.reset as f64,
+        ),
+        ("backend_connections_closed", "Established connections to the backend that ended", Counter, |m| {
+            m.load.closed as f64
+        }),
+        ("backend_connection_seconds", "Summed lifetime of the ended connections to the backend", Counter, |m| {
+            m.load.lifetime_us as f64 / 1e6
+        }),
+        (
+            "backend_handshake_seconds",
+            "Summed handshake time of the established connections to the backend",
+            Counter,
+            |m| m.load.handshake_us as f64 / 1e6,
+        ),
+    ];
+    for (name, help, kind, field) in families {
+        let mut family = encoder.encode_descriptor(name, help, None, kind)?;
+        for measured in backends {
+            let labels = [("backend".to_owned(), measured.backend.to_string())];
+            let encoder = family.encode_family(&labels)?;
+            match kind {
+                Counter => ConstCounter::new(field(measured)).encode(encoder)?,
+                _ => ConstGauge::new(field(measured)).encode(encoder)?,
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -365,6 +426,17 @@ mod tests {
             }],
             node: NodeCounters { fail_open: 3, agent_exempt: 0, no_storage: 0 },
             heartbeat: None,
+            backends: vec![MeasuredBackend {
+                backend: "10.0.1.5:8080".parse().unwrap(),
+                in_flight: 4,
+                connecting: 0,
+                load: crate::dataplane::LoadCounters {
+                    connects: 9,
+                    closed: 5,
+                    lifetime_us: 2_500_000,
+                    ..Default::default()
+                },
+            }],
         });
         metrics.services.set(1);
         let web = ServicePort { vip: "10.96.0.10".parse().unwrap(), port: 80, protocol: Protocol::Tcp };
@@ -389,6 +461,9 @@ mod tests {
         );
         assert_eq!(text.matches("default_policy_in_zone_ratio{").count(), 1, "{text}");
         assert!(line("topology_agent_kernel_fail_open_total 3"), "{text}");
+        assert!(line("topology_agent_backend_connections_in_flight{backend=\"10.0.1.5:8080\"} 4"), "{text}");
+        assert!(line("topology_agent_backend_connects_total{backend=\"10.0.1.5:8080\"} 9"), "{text}");
+        assert!(line("topology_agent_backend_connection_seconds_total{backend=\"10.0.1.5:8080\"} 2.5"), "{text}");
         assert!(line("topology_agent_failed_service_ports 0"), "{text}");
         assert!(line("# TYPE topology_agent_event_to_kernel_seconds histogram"), "{text}");
     }

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::{
-    dataplane::{HeartbeatReading, Snapshot},
+    dataplane::{HeartbeatReading, MeasuredBackend, Snapshot},
     desired::{Locality, PortOptions, Protocol},
 };
 
@@ -23,6 +23,9 @@ pub struct StatusReport {
     pub node: NodeStatus,
     /// Service ports, sorted by name then ClusterIP.
     pub services: Vec<ServiceStatus>,
+    /// The load signal: what the `sock_ops` program measured of each backend this node sent TCP
+    /// connections to, by address.
+    pub backend_load: Vec<MeasuredBackend>,
 }
 
 /// Counters of the whole node.
@@ -141,6 +144,7 @@ impl StatusReport {
                 no_storage: snapshot.node_counters.no_storage,
             },
             services,
+            backend_load: snapshot.backend_load.clone(),
         }
     }
 
@@ -149,9 +153,10 @@ impl StatusReport {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "pin path {}: {} of 8 programs attached, {} service ports",
+            "pin path {}: {} of {} programs attached, {} service ports",
             self.pin_path,
             self.attached.len(),
+            topology_common::program_names::ALL.len(),
             self.services.len()
         );
         let _ = writeln!(out, "{}", heartbeat_line(&self.heartbeat));
@@ -162,6 +167,7 @@ impl StatusReport {
              socket storage",
             n.fail_open, n.agent_exempt, n.no_storage
         );
+        let measured: std::collections::BTreeMap<_, _> = self.backend_load.iter().map(|m| (m.backend, m)).collect();
         for service in &self.services {
             let c = &service.counters;
             let _ = writeln!(
@@ -183,9 +189,16 @@ impl StatusReport {
                 let _ = writeln!(out, "    session affinity: ClientIP, {timeout} s");
             }
             for backend in &service.backends {
+                let load = backend
+                    .address
+                    .parse()
+                    .ok()
+                    .and_then(|ip| measured.get(&std::net::SocketAddr::new(ip, backend.port)))
+                    .map(|m| load_text(m))
+                    .unwrap_or_default();
                 let _ = writeln!(
                     out,
-                    "    {:<40} {:<7} {:>6.2}%",
+                    "    {:<40} {:<7} {:>6.2}%{load}",
                     format!("{}:{}", bracket(&backend.address), backend.port),
                     backend.locality.as_str(),
                     backend.share * 100.0
@@ -209,6 +222,16 @@ fn heartbeat_line(beat: &HeartbeatReading) -> String {
     } else {
         format!("rewriting; fails open in {} without a heartbeat from the agent", human(beat.remaining_ns))
     }
+}
+
+/// "  in flight 3, 1200 connects, 2 refused, 0 timed out, 1 reset": a backend's load from this
+/// node (all services together: the backend's capacity is shared).
+fn load_text(measured: &MeasuredBackend) -> String {
+    let l = &measured.load;
+    format!(
+        "  in flight {}, {} connects, {} refused, {} timed out, {} reset",
+        measured.in_flight, l.connects, l.refused, l.timed_out, l.reset
+    )
 }
 
 fn bracket(address: &str) -> String {

@@ -17,9 +17,11 @@ use core::mem::size_of;
 
 pub mod control;
 pub mod index;
+pub mod load;
 pub mod socket;
 pub use control::{ClientAffinityKey, ClientAffinityValue, Heartbeat, NodeCounters, ServiceOptions, service_flags};
 pub use index::{IndexEntry4, IndexEntry6};
+pub use load::{BackendKey, BackendLoad, SockLoad};
 pub use socket::{DATAGRAM_PEERS, DatagramPeer, DatagramPeers, IterRecord, SockTranslation};
 
 /// `AF_INET`, as stored in the `family` fields.
@@ -72,9 +74,14 @@ pub mod map_names {
     /// The node-local DNS responder's own heartbeat, one [`Heartbeat`](crate::Heartbeat): service
     /// ports steered to it (`service_flags::LOCAL_DNS`) are rewritten only while it is fresh.
     pub const DNS_BEAT: &str = "topo_dns_beat";
+    /// What the `sock_ops` program measured per backend: [`BackendKey`](crate::BackendKey) ->
+    /// [`BackendLoad`](crate::BackendLoad).
+    pub const BACKEND_LOAD: &str = "topo_backend_load";
+    /// The start of each measured TCP connection (socket storage): [`SockLoad`](crate::SockLoad).
+    pub const SOCK_LOAD: &str = "topo_sock_load";
 
     /// Every map the agent pins and keeps across restarts, in a stable order.
-    pub const PINNED: [&str; 14] = [
+    pub const PINNED: [&str; 16] = [
         SERVICES_V4,
         SERVICES_V6,
         SLOTS,
@@ -89,6 +96,8 @@ pub mod map_names {
         HEARTBEAT,
         NODE_COUNTERS,
         DNS_BEAT,
+        BACKEND_LOAD,
+        SOCK_LOAD,
     ];
 
     /// State of the programs' random number generator; not pinned (a new state per load is as
@@ -119,8 +128,17 @@ pub mod program_names {
     /// `getpeername()` on AF_INET6 sockets.
     pub const GETPEERNAME6: &str = "getpeername6";
 
-    /// Every program, in attach order.
-    pub const ALL: [&str; 8] = [CONNECT4, CONNECT6, SENDMSG4, SENDMSG6, RECVMSG4, RECVMSG6, GETPEERNAME4, GETPEERNAME6];
+    /// TCP state changes of the sockets the connect hooks rewrote (`sock_ops`): the load signal.
+    pub const BACKEND_LOAD: &str = "backend_load";
+
+    /// The socket-address programs, in attach order.
+    pub const SOCK_ADDR: [&str; 8] =
+        [CONNECT4, CONNECT6, SENDMSG4, SENDMSG6, RECVMSG4, RECVMSG6, GETPEERNAME4, GETPEERNAME6];
+
+    /// Every program attached to the cgroup, in attach order: the measurement first, so every
+    /// connection the hooks rewrite from then on is measured.
+    pub const ALL: [&str; 9] =
+        [BACKEND_LOAD, CONNECT4, CONNECT6, SENDMSG4, SENDMSG6, RECVMSG4, RECVMSG6, GETPEERNAME4, GETPEERNAME6];
 
     /// The UDP socket iterator socket termination reads (`iter/udp`), loaded only by it.
     pub const UDP_TRANSLATIONS: &str = "udp_translations";
@@ -141,6 +159,9 @@ pub mod capacity {
     /// Clients remembered for `sessionAffinity: ClientIP`, over all services (LRU: the least
     /// recently used client of a full map chooses again).
     pub const CLIENT_AFFINITY: u32 = 65_536;
+    /// Backends measured by the `sock_ops` program (allocated on use: 20-byte keys, 64-byte
+    /// values). A backend beyond it is not measured: its connections are still rewritten.
+    pub const BACKEND_LOAD: u32 = 65_536;
 }
 
 /// Service ids per chunk of the counters map. A chunk is a per-CPU array the agent creates when it
@@ -329,4 +350,7 @@ mod pod {
     unsafe impl aya::Pod for super::ClientAffinityValue {}
     unsafe impl aya::Pod for super::IndexEntry4 {}
     unsafe impl aya::Pod for super::IndexEntry6 {}
+    unsafe impl aya::Pod for super::BackendKey {}
+    unsafe impl aya::Pod for super::BackendLoad {}
+    unsafe impl aya::Pod for super::SockLoad {}
 }

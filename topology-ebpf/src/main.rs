@@ -4,13 +4,15 @@
 //! Every other destination passes untouched.
 #![no_std]
 #![no_main]
-#![cfg_attr(feature = "acquire", feature(core_intrinsics))]
-#![cfg_attr(feature = "acquire", allow(internal_features))]
+// Load-acquire (the `acquire` object) and atomic adds (the load counters) are intrinsics on BPF.
+#![cfg_attr(any(feature = "acquire", target_arch = "bpf"), feature(core_intrinsics))]
+#![cfg_attr(any(feature = "acquire", target_arch = "bpf"), allow(internal_features))]
 
 mod choose;
 mod count;
 mod gate;
 mod iter;
+mod load;
 mod lookup;
 mod maps;
 mod order;

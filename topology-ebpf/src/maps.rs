@@ -13,9 +13,9 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use topology_common::{
-    COUNTER_CHUNK, ClientAffinityKey, ClientAffinityValue, DatagramPeers, Heartbeat, IndexEntry4, IndexEntry6,
-    NodeCounters, ServiceCounters, ServiceKey4, ServiceKey6, ServiceMeta, ServiceOptions, ServiceValue, Slot,
-    SockTranslation, capacity,
+    BackendKey, BackendLoad, COUNTER_CHUNK, ClientAffinityKey, ClientAffinityValue, DatagramPeers, Heartbeat,
+    IndexEntry4, IndexEntry6, NodeCounters, ServiceCounters, ServiceKey4, ServiceKey6, ServiceMeta, ServiceOptions,
+    ServiceValue, Slot, SockLoad, SockTranslation, capacity,
 };
 
 /// Maps only userspace writes are allocated on write, so an idle capacity costs no kernel memory.
@@ -125,6 +125,16 @@ pub static NODE_COUNTERS: PerCpuArray<NodeCounters, 1> = PerCpuArray::new();
 /// The cgroup id of the agent's own cgroup (0: none), set at load.
 #[unsafe(no_mangle)]
 static AGENT_CGROUP: Global<u64> = Global::new(0);
+
+/// What the `sock_ops` program measured per backend (see `load`); created by the program on a
+/// backend's first connection, removed by the agent once the backend is gone and idle.
+#[btf_map(name = "topo_backend_load")]
+pub static BACKEND_LOAD: HashMap<BackendKey, BackendLoad, { capacity::BACKEND_LOAD as usize }, NO_PREALLOC> =
+    HashMap::new();
+
+/// When each measured TCP connection started and completed its handshake; freed with the socket.
+#[btf_map(name = "topo_sock_load")]
+pub static SOCK_LOAD: SkStorage<SockLoad> = SkStorage::new();
 
 /// The agent's cgroup id, 0 when it has none to exempt.
 #[inline(always)]

@@ -56,6 +56,9 @@ impl ControllerConfig {
 /// How often the kernel heartbeat is refreshed while the view is current; `--fail-open-after`
 /// must be comfortably longer.
 pub const BEAT_INTERVAL: Duration = Duration::from_millis(500);
+/// How often the programmer drops what no programmed set needs any more (the load measurements of
+/// backends gone and idle).
+pub const TIDY_INTERVAL: Duration = Duration::from_secs(30);
 
 /// The longest the loop sleeps without events: the liveness beat, the kernel heartbeat and
 /// questions about the plan are served at least this often.
@@ -88,6 +91,8 @@ pub struct Controller<P: Programmer> {
     skipped: BTreeMap<ObjectId, Invalid>,
     oldest_pending: Option<Instant>,
     last_beat: Option<Instant>,
+    /// When the programmer last dropped what no programmed set needs (see [`TIDY_INTERVAL`]).
+    last_tidy: Option<Instant>,
     terminator: Option<Terminator>,
     dns: Option<DnsPublisher>,
     queries: Option<std::sync::mpsc::Receiver<PlanQuery>>,
@@ -116,6 +121,7 @@ impl<P: Programmer> Controller<P> {
             skipped: BTreeMap::new(),
             oldest_pending: None,
             last_beat: None,
+            last_tidy: None,
             terminator: None,
             dns: None,
             queries: None,
@@ -207,6 +213,12 @@ impl<P: Programmer> Controller<P> {
         match self.programmer.heartbeat() {
             Ok(()) => self.last_beat = Some(Instant::now()),
             Err(error) => tracing::warn!(%error, "the kernel heartbeat could not be written; retrying"),
+        }
+        if self.last_tidy.is_none_or(|at| at.elapsed() >= TIDY_INTERVAL) {
+            self.last_tidy = Some(Instant::now());
+            if let Err(error) = self.programmer.tidy() {
+                tracing::warn!(%error, "tidying the kernel's maps failed; retrying later");
+            }
         }
     }
 

@@ -33,6 +33,10 @@ pub trait Programmer {
     fn heartbeat(&mut self) -> Result<(), DataplaneError> {
         Ok(())
     }
+    /// Drops what no programmed set needs any more (measurements of backends gone and idle).
+    fn tidy(&mut self) -> Result<(), DataplaneError> {
+        Ok(())
+    }
 }
 
 impl Programmer for Dataplane {
@@ -46,6 +50,14 @@ impl Programmer for Dataplane {
 
     fn heartbeat(&mut self) -> Result<(), DataplaneError> {
         Dataplane::heartbeat(self)
+    }
+
+    fn tidy(&mut self) -> Result<(), DataplaneError> {
+        let gone = self.prune_backend_load()?;
+        if gone > 0 {
+            tracing::debug!(gone, "dropped the load measurements of backends gone and idle");
+        }
+        Ok(())
     }
 
     fn observe(&self) -> Observation {

@@ -5,7 +5,7 @@ use std::{fs::File, path::Path};
 
 use aya::{
     Ebpf, EbpfLoader,
-    programs::{CgroupAttachMode, CgroupSockAddr, links::FdLink},
+    programs::{CgroupAttachMode, CgroupSockAddr, SockOps, links::FdLink},
 };
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
@@ -178,14 +178,19 @@ fn load_flavour(layout: &PinLayout, options: &LoadOptions, flavour: Flavour) -> 
     let agent = options.agent_cgroup.unwrap_or(0);
     loader.override_global(AGENT_CGROUP_GLOBAL, &agent, true);
     let mut ebpf = loader.load(flavour.bytes())?;
-    for name in program_names::ALL {
-        program(&mut ebpf, name)?.load().map_err(DataplaneError::program(name))?;
+    for name in program_names::SOCK_ADDR {
+        program::<CgroupSockAddr>(&mut ebpf, name)?.load().map_err(DataplaneError::program(name))?;
     }
+    let name = program_names::BACKEND_LOAD;
+    program::<SockOps>(&mut ebpf, name)?.load().map_err(DataplaneError::program(name))?;
     Ok(ebpf)
 }
 
-/// A loaded object's program by name.
-fn program<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut CgroupSockAddr, DataplaneError> {
+/// A loaded object's program by name, as its type.
+fn program<'a, P>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut P, DataplaneError>
+where
+    &'a mut P: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
     ebpf.program_mut(name)
         .ok_or(DataplaneError::Program { program: name, source: aya::programs::ProgramError::NotLoaded })?
         .try_into()
@@ -199,15 +204,21 @@ pub fn attach_all(ebpf: &mut Ebpf, layout: &PinLayout, cgroup: &Path) -> Result<
         return Err(DataplaneError::NotCgroup2 { path: cgroup.to_path_buf() });
     }
     let cgroup_fd = File::open(cgroup).map_err(cgroup_error)?;
+    let link_error = |name: &'static str| {
+        move |error| DataplaneError::Link { path: layout.link(name), source: std::io::Error::other(error) }
+    };
+    // Cgroup bpf_links always coexist with other programs (BPF_F_ALLOW_MULTI semantics) and the
+    // kernel rejects any attach flag on them, so the mode must be the flag-less one.
     for name in program_names::ALL {
-        let program = program(ebpf, name)?;
-        // Cgroup bpf_links always coexist with other programs (BPF_F_ALLOW_MULTI semantics) and the
-        // kernel rejects any attach flag on them, so the mode must be the flag-less one.
-        let link_id = program.attach(&cgroup_fd, CgroupAttachMode::Single).map_err(DataplaneError::program(name))?;
-        let link: FdLink =
-            program.take_link(link_id).map_err(DataplaneError::program(name))?.try_into().map_err(|error| {
-                DataplaneError::Link { path: layout.link(name), source: std::io::Error::other(error) }
-            })?;
+        let link: FdLink = if name == program_names::BACKEND_LOAD {
+            let program = program::<SockOps>(ebpf, name)?;
+            let id = program.attach(&cgroup_fd, CgroupAttachMode::Single).map_err(DataplaneError::program(name))?;
+            program.take_link(id).map_err(DataplaneError::program(name))?.try_into().map_err(link_error(name))?
+        } else {
+            let program = program::<CgroupSockAddr>(ebpf, name)?;
+            let id = program.attach(&cgroup_fd, CgroupAttachMode::Single).map_err(DataplaneError::program(name))?;
+            program.take_link(id).map_err(DataplaneError::program(name))?.try_into().map_err(link_error(name))?
+        };
         links::replace_pinned(link, &layout.link(name))?;
     }
     Ok(())

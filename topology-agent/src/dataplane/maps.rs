@@ -149,12 +149,14 @@ pub struct MapSet {
     pub heartbeat: Array<MapData, Heartbeat>,
     /// Counters of the whole node.
     pub node_counters: PerCpuArray<MapData, NodeCounters>,
+    /// What the `sock_ops` program measured per backend.
+    pub backend_load: super::load::LoadMap,
     /// Capacities as the kernel reports them.
     pub capacities: Capacities,
 }
 
 /// The maps of a [`MapSet`], in the order `MapSet::from_maps` takes them.
-const SET: [&str; 11] = [
+const SET: [&str; 12] = [
     map_names::SERVICES_V4,
     map_names::SERVICES_V6,
     map_names::SLOTS,
@@ -166,6 +168,7 @@ const SET: [&str; 11] = [
     map_names::HEARTBEAT,
     map_names::NODE_COUNTERS,
     map_names::CLIENT_AFFINITY,
+    map_names::BACKEND_LOAD,
 ];
 
 impl MapSet {
@@ -199,8 +202,8 @@ impl MapSet {
     }
 
     fn from_maps(maps: Vec<Map>, layout: &PinLayout) -> Result<Self, DataplaneError> {
-        let [services4, services6, slots, counters, meta, index4, index6, options, heartbeat, node, affinity]: [Map;
-            11] =
+        let [services4, services6, slots, counters, meta, index4, index6, options, heartbeat, node, affinity, load]: [Map;
+            12] =
             maps.try_into().map_err(|_| DataplaneError::MapMissing { map: "?", location: "the map set".into() })?;
         let services4: HashMap<_, ServiceKey4, ServiceValue> =
             services4.try_into().map_err(DataplaneError::map(map_names::SERVICES_V4))?;
@@ -221,6 +224,7 @@ impl MapSet {
             Ok(data.info().map_err(DataplaneError::map(name))?.max_entries())
         };
         let affinity = map_data(affinity, map_names::CLIENT_AFFINITY)?;
+        let backend_load = load.try_into().map_err(DataplaneError::map(map_names::BACKEND_LOAD))?;
         let capacities = Capacities {
             services_v4: max_entries(services4.map(), map_names::SERVICES_V4)?,
             services_v6: max_entries(services6.map(), map_names::SERVICES_V6)?,
@@ -239,6 +243,7 @@ impl MapSet {
             options,
             heartbeat,
             node_counters,
+            backend_load,
             capacities,
         })
     }

@@ -17,6 +17,7 @@ mod heartbeat;
 mod ids;
 mod index;
 mod links;
+mod load;
 mod loader;
 mod maps;
 #[cfg(any(test, feature = "fuzzing"))]
@@ -40,6 +41,7 @@ use std::{
 use aya::Ebpf;
 pub use error::DataplaneError;
 pub use heartbeat::{DnsBeat, FailOpen, HeartbeatReading};
+pub use load::{Counters as LoadCounters, MeasuredBackend};
 pub(crate) use loader::PROGRAMS;
 pub use loader::{Flavour, IndexOrdering, KernelLogLevel};
 pub use maps::{Capacities, PinLayout};
@@ -182,6 +184,18 @@ impl Dataplane {
         state::read_counters(self.writer.maps())
     }
 
+    /// What the `sock_ops` program measured of each backend this node sent TCP connections to.
+    pub fn backend_load(&self) -> Result<Vec<MeasuredBackend>, DataplaneError> {
+        load::read(&self.writer.maps().backend_load)
+    }
+
+    /// Drops the measurements of backends in no programmed set with nothing in flight; returns
+    /// how many went.
+    pub fn prune_backend_load(&mut self) -> Result<usize, DataplaneError> {
+        let live = self.writer.kernel().backends();
+        load::prune(&mut self.writer.maps_mut().backend_load, &live)
+    }
+
     /// The kernel log reader, when kernel logging is on; the caller polls it.
     pub fn take_logger(&mut self) -> Option<KernelLogger> {
         self.logger.take()
@@ -212,6 +226,8 @@ pub struct Snapshot {
     pub heartbeat: HeartbeatReading,
     /// Programs with a pinned (attached) link.
     pub attached: Vec<&'static str>,
+    /// What the `sock_ops` program measured per backend.
+    pub backend_load: Vec<MeasuredBackend>,
     /// Map capacities.
     pub capacities: Capacities,
 }
@@ -225,7 +241,8 @@ pub fn snapshot(pin_path: &Path) -> Result<Snapshot, DataplaneError> {
     let node_counters = heartbeat::read_node_counters(&maps.node_counters)?;
     let heartbeat = heartbeat::read(&maps.heartbeat)?;
     let attached = program_names::ALL.into_iter().filter(|name| layout.link(name).exists()).collect();
-    Ok(Snapshot { kernel, counters, node_counters, heartbeat, attached, capacities: maps.capacities })
+    let backend_load = load::read(&maps.backend_load)?;
+    Ok(Snapshot { kernel, counters, node_counters, heartbeat, attached, backend_load, capacities: maps.capacities })
 }
 
 /// What [`verify_pins`] found.
@@ -288,6 +305,7 @@ impl CounterReader {
             services: state::read_named_counters(&self.maps)?,
             node: heartbeat::read_node_counters(&self.maps.node_counters)?,
             heartbeat: Some(heartbeat::read(&self.maps.heartbeat)?),
+            backends: load::read(&self.maps.backend_load)?,
         })
     }
 }
@@ -301,6 +319,8 @@ pub struct KernelReading {
     pub node: NodeCounters,
     /// The agent's heartbeat as the programs see it.
     pub heartbeat: Option<HeartbeatReading>,
+    /// What the `sock_ops` program measured per backend.
+    pub backends: Vec<MeasuredBackend>,
 }
 
 /// What [`cleanup`] removed.

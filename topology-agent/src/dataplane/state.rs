@@ -68,6 +68,16 @@ pub struct KernelState {
 }
 
 impl KernelState {
+    /// Every backend of every programmed set.
+    pub fn backends(&self) -> BTreeSet<std::net::SocketAddr> {
+        self.services
+            .iter()
+            .flat_map(|(port, service)| {
+                service.backends(port.vip.is_ipv4()).into_iter().map(|b| std::net::SocketAddr::new(b.addr, b.port))
+            })
+            .collect()
+    }
+
     /// Number of slots the service entries refer to.
     pub fn slot_entries(&self) -> u64 {
         self.services.values().map(|s| u64::from(s.count)).sum()

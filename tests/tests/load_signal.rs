@@ -1,0 +1,173 @@
+//! Root test of the load signal: the `sock_ops` program's per-backend counters against known
+//! connection counts, through the real kernel. Run single-threaded (`--test-threads=1`).
+
+use std::{
+    net::SocketAddr,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use topology_agent::{
+    dataplane::{Dataplane, MeasuredBackend},
+    desired::{DesiredService, DesiredState, Protocol, WeightedBackend},
+};
+use topology_tests::{
+    fixture::{BACKEND_PORT, Fixture, service},
+    require_root,
+};
+
+/// A port nothing listens on: the backend's kernel refuses (RST).
+const CLOSED_PORT: u16 = 9;
+/// A port whose SYNs the backend drops: the handshake times out.
+const SILENT_PORT: u16 = 9999;
+
+fn addr(text: &str) -> SocketAddr {
+    text.parse().expect("socket address")
+}
+
+/// The measurement of `backend`, zero if it has none.
+fn load_of(dp: &Dataplane, backend: SocketAddr) -> MeasuredBackend {
+    let measured = dp.backend_load().expect("read the load map");
+    measured.into_iter().find(|m| m.backend == backend).unwrap_or(MeasuredBackend {
+        backend,
+        in_flight: 0,
+        connecting: 0,
+        load: Default::default(),
+    })
+}
+
+/// Waits up to 5 s for `done` over the measurement of `backends` summed.
+fn settle(dp: &Dataplane, backends: &[SocketAddr], what: &str, done: impl Fn(&Sum) -> bool) -> Sum {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let sum = Sum::of(backends.iter().map(|b| load_of(dp, *b)));
+        if done(&sum) {
+            return sum;
+        }
+        assert!(Instant::now() < deadline, "{what}: {sum:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Counters summed over backends.
+#[derive(Debug, Default)]
+struct Sum {
+    connects: u64,
+    established: u64,
+    closed: u64,
+    refused: u64,
+    timed_out: u64,
+    reset: u64,
+    in_flight: u64,
+    handshake_us: u64,
+    lifetime_us: u64,
+}
+
+impl Sum {
+    fn of(measured: impl Iterator<Item = MeasuredBackend>) -> Self {
+        measured.fold(Self::default(), |mut s, m| {
+            s.connects += m.load.connects;
+            s.established += m.load.established;
+            s.closed += m.load.closed;
+            s.refused += m.load.refused;
+            s.timed_out += m.load.timed_out;
+            s.reset += m.load.reset;
+            s.in_flight += m.in_flight;
+            s.handshake_us += m.load.handshake_us;
+            s.lifetime_us += m.load.lifetime_us;
+            s
+        })
+    }
+}
+
+fn one_backend(fx: &Fixture, index: usize, port: u16) -> WeightedBackend {
+    WeightedBackend { port, ..fx.backends[index].weighted(false, 1) }
+}
+
+#[test]
+fn the_sock_ops_counters_match_the_connections_made() {
+    require_root!();
+    let fx = Fixture::new(2);
+    let both = [fx.backends[0].socket(false), fx.backends[1].socket(false)];
+    let refusing = SocketAddr::new(fx.backends[0].addr(false), CLOSED_PORT);
+    let silent = SocketAddr::new(fx.backends[1].addr(false), SILENT_PORT);
+    let drop_syns = Command::new("ip")
+        .args(["netns", "exec", fx.backends[1].host.netns.name(), "iptables", "-w", "-A", "INPUT", "-p", "tcp"])
+        .args(["--dport", &SILENT_PORT.to_string(), "-j", "DROP"])
+        .output()
+        .expect("run iptables");
+    assert!(drop_syns.status.success(), "iptables: {}", String::from_utf8_lossy(&drop_syns.stderr));
+
+    let mut desired = DesiredState::default();
+    let all: Vec<_> = (0..2).map(|i| one_backend(&fx, i, BACKEND_PORT)).collect();
+    for protocol in [Protocol::Tcp, Protocol::Udp] {
+        let port = service("10.96.0.10", 80, protocol);
+        desired
+            .services
+            .insert(port, DesiredService { name: "test/a".into(), backends: all.clone(), ..Default::default() });
+    }
+    let refused = DesiredService {
+        name: "test/b".into(),
+        backends: vec![one_backend(&fx, 0, CLOSED_PORT)],
+        ..Default::default()
+    };
+    desired.services.insert(service("10.96.0.11", 80, Protocol::Tcp), refused);
+    let timeout = DesiredService {
+        name: "test/c".into(),
+        backends: vec![one_backend(&fx, 1, SILENT_PORT)],
+        ..Default::default()
+    };
+    desired.services.insert(service("10.96.0.12", 80, Protocol::Tcp), timeout);
+    let mut dp = Dataplane::open(&fx.config()).expect("open dataplane");
+    let report = dp.apply(&desired);
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+
+    // 200 request-per-connection exchanges: each handshake, each orderly close, nothing left.
+    let result = fx.place().tcp(addr("10.96.0.10:80"), 200);
+    assert_eq!(result.successes(), 200, "{result:?}");
+    let sum = settle(&dp, &both, "200 connections closed", |s| s.closed == 200);
+    assert_eq!((sum.connects, sum.established, sum.in_flight), (200, 200, 0), "{sum:?}");
+    assert_eq!((sum.refused, sum.timed_out, sum.reset), (0, 0, 0), "{sum:?}");
+    assert!(sum.handshake_us > 0 && sum.lifetime_us > 0, "{sum:?}");
+    for backend in both {
+        let measured = load_of(&dp, backend).load.connects;
+        assert!(measured > 50, "{backend}: {measured} of 200 connects");
+    }
+
+    // Connections held open are in flight until they close; UDP is not measured.
+    let held: Vec<_> = (0..5).map(|_| fx.place().hold(addr("10.96.0.10:80"))).collect();
+    let sum = settle(&dp, &both, "5 connections in flight", |s| s.in_flight == 5);
+    assert_eq!(sum.established, 205, "{sum:?}");
+    for holder in held {
+        let report = holder.check();
+        assert_eq!(report.failures(), 0, "{report:?}");
+    }
+    let sum = settle(&dp, &both, "the held connections closed", |s| s.closed == 205);
+    assert_eq!((sum.in_flight, sum.connects, sum.reset), (0, 205, 0), "{sum:?}");
+
+    // Connections to a backend directly, not through a service, are not this node's choice.
+    let direct = fx.place().tcp(both[0], 10);
+    assert_eq!(direct.successes(), 10, "{direct:?}");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(Sum::of(both.iter().map(|b| load_of(&dp, *b))).connects, 205);
+
+    // A port nothing listens on refuses every handshake.
+    let result = fx.place().tcp(addr("10.96.0.11:80"), 7);
+    assert_eq!(result.errno("ECONNREFUSED"), 7, "{result:?}");
+    let sum = settle(&dp, &[refusing], "7 refused handshakes", |s| s.refused == 7);
+    assert_eq!((sum.connects, sum.established, sum.timed_out, sum.in_flight), (7, 0, 0, 0), "{sum:?}");
+
+    // A backend that drops SYNs: the client gives up after the first retransmission (2 s).
+    let result = fx.place().tcp(addr("10.96.0.12:80"), 1);
+    assert_eq!(result.failures(), 1, "{result:?}");
+    let sum = settle(&dp, &[silent], "a timed-out handshake", |s| s.timed_out == 1);
+    assert_eq!((sum.connects, sum.refused, sum.established), (1, 0, 0), "{sum:?}");
+
+    // Backends no set holds any more, with nothing in flight, are forgotten; live ones are kept.
+    desired.services.retain(|port, _| port.vip == "10.96.0.10".parse::<std::net::IpAddr>().unwrap());
+    let report = dp.apply(&desired);
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    assert_eq!(dp.prune_backend_load().expect("prune"), 2);
+    let left: Vec<_> = dp.backend_load().expect("read").into_iter().map(|m| m.backend).collect();
+    assert_eq!(left, both.to_vec());
+}

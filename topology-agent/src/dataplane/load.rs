@@ -1,0 +1,165 @@
+//! The load signal as the `sock_ops` program left it: cumulative counters per backend of the TCP
+//! connections this node's hooks sent there (see `topology_common::load`).
+
+use std::{
+    collections::BTreeSet,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+};
+
+use aya::maps::{HashMap, MapData};
+use serde::Serialize;
+use topology_common::{AF_INET, AF_INET6, BackendKey, BackendLoad, map_names};
+
+use super::error::DataplaneError;
+
+/// The load map's typed handle.
+pub type LoadMap = HashMap<MapData, BackendKey, BackendLoad>;
+
+/// One backend's counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MeasuredBackend {
+    /// The backend's address and port.
+    pub backend: SocketAddr,
+    /// Connections in flight (established, not closed).
+    pub in_flight: u64,
+    /// Handshakes under way.
+    pub connecting: u64,
+    /// Cumulative counters.
+    #[serde(flatten)]
+    pub load: Counters,
+}
+
+/// [`BackendLoad`] as `status` and the metrics print it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Counters {
+    /// Handshakes started.
+    pub connects: u64,
+    /// Handshakes completed.
+    pub established: u64,
+    /// Connections ended.
+    pub closed: u64,
+    /// Handshakes refused (or abandoned before a SYN retransmission).
+    pub refused: u64,
+    /// Handshakes that timed out (after a SYN retransmission).
+    pub timed_out: u64,
+    /// Connections reset.
+    pub reset: u64,
+    /// Sum of handshake times, microseconds.
+    pub handshake_us: u64,
+    /// Sum of connection lifetimes, microseconds.
+    pub lifetime_us: u64,
+}
+
+impl From<BackendLoad> for Counters {
+    fn from(load: BackendLoad) -> Self {
+        Self {
+            connects: load.connects,
+            established: load.established,
+            closed: load.closed,
+            refused: load.refused,
+            timed_out: load.timed_out,
+            reset: load.reset,
+            handshake_us: load.handshake_us,
+            lifetime_us: load.lifetime_us,
+        }
+    }
+}
+
+impl MeasuredBackend {
+    fn new(backend: SocketAddr, load: BackendLoad) -> Self {
+        Self { backend, in_flight: load.in_flight(), connecting: load.connecting(), load: load.into() }
+    }
+}
+
+/// Every measured backend, by address. Entries whose key is not a valid backend (a map edited by
+/// hand) are skipped.
+pub fn read(map: &LoadMap) -> Result<Vec<MeasuredBackend>, DataplaneError> {
+    let mut backends = Vec::new();
+    for entry in map.iter() {
+        let (key, load) = entry.map_err(DataplaneError::map(map_names::BACKEND_LOAD))?;
+        if let Some(backend) = socket_addr(&key) {
+            backends.push(MeasuredBackend::new(backend, load));
+        }
+    }
+    backends.sort_by_key(|b| b.backend);
+    Ok(backends)
+}
+
+/// Removes the counters of backends that are in no programmed set and have nothing in flight, so
+/// the map holds what this node can still send to. Returns how many went.
+pub fn prune(map: &mut LoadMap, live: &BTreeSet<SocketAddr>) -> Result<usize, DataplaneError> {
+    let mut gone = Vec::new();
+    for entry in map.iter() {
+        let (key, load) = entry.map_err(DataplaneError::map(map_names::BACKEND_LOAD))?;
+        let idle = load.in_flight() == 0 && load.connecting() == 0;
+        if idle && socket_addr(&key).is_none_or(|backend| !live.contains(&backend)) {
+            gone.push(key);
+        }
+    }
+    for key in &gone {
+        match map.remove(key) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+            Err(error) => return Err(DataplaneError::map(map_names::BACKEND_LOAD)(error)),
+        }
+    }
+    Ok(gone.len())
+}
+
+/// The backend a key names, if it is a valid one.
+pub fn socket_addr(key: &BackendKey) -> Option<SocketAddr> {
+    let ip = match key.family {
+        AF_INET => {
+            let [a, b, c, d, rest @ ..] = key.addr;
+            if rest != [0; 12] {
+                return None;
+            }
+            IpAddr::V4(Ipv4Addr::new(a, b, c, d))
+        }
+        AF_INET6 => IpAddr::V6(Ipv6Addr::from(key.addr)),
+        _ => return None,
+    };
+    Some(SocketAddr::new(ip, key.port))
+}
+
+/// The key of a backend.
+#[cfg(test)]
+fn key(backend: SocketAddr) -> BackendKey {
+    let (addr, family) = match backend.ip() {
+        IpAddr::V4(v4) => {
+            let mut addr = [0; 16];
+            addr[..4].copy_from_slice(&v4.octets());
+            (addr, AF_INET)
+        }
+        IpAddr::V6(v6) => (v6.octets(), AF_INET6),
+    };
+    BackendKey { addr, port: backend.port(), family, _pad: 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_round_trip_and_reject_what_no_backend_is() {
+        for text in ["10.0.0.7:8080", "[fd00::7]:443"] {
+            let backend: SocketAddr = text.parse().unwrap();
+            assert_eq!(socket_addr(&key(backend)), Some(backend));
+        }
+        let mut stray = key("10.0.0.7:80".parse().unwrap());
+        stray.addr[9] = 1;
+        assert_eq!(socket_addr(&stray), None);
+        assert_eq!(socket_addr(&BackendKey { family: 1, ..stray }), None);
+    }
+
+    #[test]
+    fn derived_figures_never_underflow() {
+        let load =
+            BackendLoad { connects: 10, established: 7, closed: 5, refused: 1, timed_out: 1, ..Default::default() };
+        assert_eq!((load.in_flight(), load.connecting(), load.failed()), (2, 1, 2));
+        // A reading that raced a close, or counters older than the socket's record.
+        let raced = BackendLoad { established: 3, closed: 4, ..Default::default() };
+        assert_eq!((raced.in_flight(), raced.connecting()), (0, 0));
+    }
+}

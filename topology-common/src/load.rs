@@ -1,0 +1,100 @@
+//! The load signal: what the `sock_ops` program measures of the TCP connections the connect hooks
+//! rewrote, per backend, on this node. For request-per-connection traffic the connections in
+//! flight to a backend are its throughput times its latency (Little's law): the load a
+//! latency-aware proxy would measure, here without a proxy and without any per-packet cost.
+
+use core::mem::size_of;
+
+/// A backend as the load map names it: address, port and family.
+#[repr(C, align(4))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct BackendKey {
+    /// Address, network byte order; IPv4 in the first four bytes, zeros after it.
+    pub addr: [u8; 16],
+    /// Port, host byte order.
+    pub port: u16,
+    /// `AF_INET` or `AF_INET6`.
+    pub family: u8,
+    /// Always zero.
+    pub _pad: u8,
+}
+const _: () = assert!(size_of::<BackendKey>() == 20);
+
+/// Cumulative counters of the TCP connections this node's hooks sent to one backend. The program
+/// adds to them atomically; readers take differences between two readings.
+///
+/// Derived figures: connections in flight = `established - closed`; handshakes pending =
+/// `connects - established - refused - timed_out`; mean lifetime = `lifetime_us / closed`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct BackendLoad {
+    /// `connect()`s rewritten to this backend whose handshake started.
+    pub connects: u64,
+    /// Handshakes completed.
+    pub established: u64,
+    /// Established connections that ended (any way).
+    pub closed: u64,
+    /// Handshakes that ended without a retransmitted SYN: the backend refused (RST) or the
+    /// application gave up within the first retransmission timeout.
+    pub refused: u64,
+    /// Handshakes that ended after at least one SYN retransmission: nobody answered in time.
+    pub timed_out: u64,
+    /// Established connections that went straight to closed: reset by either side, without the
+    /// orderly FIN exchange.
+    pub reset: u64,
+    /// Sum of the handshake times of established connections, microseconds.
+    pub handshake_us: u64,
+    /// Sum of the lifetimes (established to closed) of closed connections, microseconds.
+    pub lifetime_us: u64,
+}
+const _: () = assert!(size_of::<BackendLoad>() == BackendLoad::FIELDS * size_of::<u64>());
+
+impl BackendLoad {
+    /// Number of counters; the program addresses them as `[u64; FIELDS]` in field order.
+    pub const FIELDS: usize = 8;
+    /// Index of [`BackendLoad::connects`].
+    pub const CONNECTS: usize = 0;
+    /// Index of [`BackendLoad::established`].
+    pub const ESTABLISHED: usize = 1;
+    /// Index of [`BackendLoad::closed`].
+    pub const CLOSED: usize = 2;
+    /// Index of [`BackendLoad::refused`].
+    pub const REFUSED: usize = 3;
+    /// Index of [`BackendLoad::timed_out`].
+    pub const TIMED_OUT: usize = 4;
+    /// Index of [`BackendLoad::reset`].
+    pub const RESET: usize = 5;
+    /// Index of [`BackendLoad::handshake_us`].
+    pub const HANDSHAKE_US: usize = 6;
+    /// Index of [`BackendLoad::lifetime_us`].
+    pub const LIFETIME_US: usize = 7;
+
+    /// Connections established and not closed yet (0 if a reading raced a close).
+    pub fn in_flight(&self) -> u64 {
+        self.established.saturating_sub(self.closed)
+    }
+
+    /// Handshakes started and not finished yet.
+    pub fn connecting(&self) -> u64 {
+        self.connects.saturating_sub(self.established + self.refused + self.timed_out)
+    }
+
+    /// Handshakes that failed.
+    pub fn failed(&self) -> u64 {
+        self.refused + self.timed_out
+    }
+}
+const _: () = assert!(core::mem::offset_of!(BackendLoad, lifetime_us) == BackendLoad::LIFETIME_US * size_of::<u64>());
+const _: () = assert!(core::mem::offset_of!(BackendLoad, reset) == BackendLoad::RESET * size_of::<u64>());
+
+/// What the `sock_ops` program keeps on each measured socket (socket storage, freed with it):
+/// its presence means the connect was counted, so the close is counted too and only then.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct SockLoad {
+    /// `CLOCK_MONOTONIC` when the handshake started, nanoseconds.
+    pub connect_ns: u64,
+    /// `CLOCK_MONOTONIC` when it completed, nanoseconds; 0 before.
+    pub established_ns: u64,
+}
+const _: () = assert!(size_of::<SockLoad>() == 16);
