@@ -9,8 +9,9 @@ use topology_agent::{
 };
 
 use crate::{
-    net::{ClientPlace, Host, Network, Server},
+    net::{ClientPlace, Host, Network, Server, ServerOptions},
     sandbox::{CgroupGuard, PinGuard, unique_id},
+    traffic::Capacity,
 };
 
 /// Port every backend server listens on, TCP and UDP.
@@ -65,14 +66,23 @@ pub struct Fixture {
 impl Fixture {
     /// A fixture with `backends` servers named `b0`, `b1`, ...
     pub fn new(backends: usize) -> Self {
+        Self::with_capacities(&vec![None; backends])
+    }
+
+    /// A fixture with one server per entry, named `b0`, `b1`, ..., each with that capacity limit
+    /// (`None`: it answers at once).
+    pub fn with_capacities(capacities: &[Option<Capacity>]) -> Self {
         let id = unique_id();
         let mut network = Network::new(&id);
         let client = network.host("c");
-        let backends = (0..backends)
-            .map(|i| {
+        let backends = capacities
+            .iter()
+            .enumerate()
+            .map(|(i, capacity)| {
                 let host = network.host("b");
                 let name = format!("b{i}");
-                let server = Server::start(&host, &name, &[BACKEND_PORT]);
+                let options = ServerOptions { capacity: *capacity, ..ServerOptions::default() };
+                let server = Server::start_with(&host, &name, &[BACKEND_PORT], &options);
                 Backend { name, _server: server, host }
             })
             .collect();

@@ -114,6 +114,8 @@ pub struct ServerOptions<'a> {
     pub home: Option<&'a Path>,
     /// File for the server's stderr (default: the caller's stderr).
     pub log: Option<&'a Path>,
+    /// A real capacity limit on its TCP service (default: it answers at once).
+    pub capacity: Option<crate::traffic::Capacity>,
 }
 
 /// A backend server process answering with its name.
@@ -143,6 +145,10 @@ impl Server {
             command.stderr(std::fs::OpenOptions::new().create(true).append(true).open(log).expect("server log file"));
         }
         command.args(["serve", "--name", name]);
+        if let Some(capacity) = options.capacity {
+            command.args(["--workers", &capacity.workers.to_string()]);
+            command.args(["--service-ms", &capacity.service.as_millis().to_string()]);
+        }
         for port in ports {
             for addr in [SocketAddr::from((host.v4, *port)), SocketAddr::from((host.v6, *port))] {
                 command.args(["--tcp", &addr.to_string(), "--udp", &addr.to_string()]);

@@ -13,6 +13,7 @@ pub mod desired;
 pub mod dns;
 pub mod events;
 pub mod explain;
+pub mod feedback;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 pub mod http;

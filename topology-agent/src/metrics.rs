@@ -22,6 +22,7 @@ use crate::{
     dataplane::{CounterReading, KernelReading, MeasuredBackend},
     desired::{Locality, ServicePort},
     dns::DnsMetrics,
+    feedback::metrics::FeedbackMetrics,
 };
 
 /// Labels of a map.
@@ -97,6 +98,8 @@ pub struct Metrics {
     pub node_info: Family<NodeLabels, Gauge>,
     /// The node-local DNS responder's metrics (`dns_*`).
     pub dns: Arc<DnsMetrics>,
+    /// The feedback controller's decisions (`feedback_*`).
+    pub feedback: Arc<FeedbackMetrics>,
     kernel: Arc<KernelCounters>,
 }
 
@@ -180,6 +183,8 @@ impl Default for Metrics {
         let dns = Arc::new(DnsMetrics::default());
         dns.register(&mut registry);
         registry.register_collector(Box::new(Arc::clone(&kernel)));
+        let feedback = Arc::new(FeedbackMetrics::default());
+        registry.register_collector(Box::new(Arc::clone(&feedback)));
         Self {
             registry,
             sync_duration,
@@ -197,6 +202,7 @@ impl Default for Metrics {
             view_current,
             node_info,
             dns,
+            feedback,
             kernel,
         }
     }

@@ -43,6 +43,12 @@ enum Mode {
         /// UDP address to listen on (repeatable).
         #[arg(long)]
         udp: Vec<SocketAddr>,
+        /// Serve TCP with this many workers (a real capacity limit); default: answer at once.
+        #[arg(long)]
+        workers: Option<usize>,
+        /// Time each worker takes per connection, milliseconds.
+        #[arg(long, default_value_t = 0)]
+        service_ms: u64,
     },
     /// A stand-in DNS upstream: answers every UDP query with one A record, or never (`--silent`).
     DnsUpstream {
@@ -173,8 +179,10 @@ fn main() -> anyhow::Result<()> {
         pin_to_cpu(cpu)?;
     }
     match args.command {
-        Mode::Serve { name, tcp, udp } => {
-            traffic::serve(&name, &tcp, &udp, || {
+        Mode::Serve { name, tcp, udp, workers, service_ms } => {
+            let capacity =
+                workers.map(|workers| traffic::Capacity { workers, service: Duration::from_millis(service_ms) });
+            traffic::serve(&name, &tcp, &udp, capacity, || {
                 println!("ready");
                 let _ = std::io::stdout().flush();
             })

@@ -234,7 +234,7 @@ impl DemoCluster {
 /// A backend's echo server, in the demo's infrastructure cgroup, logging to `logs/`.
 fn start_server(dir: &Path, infra: &CgroupGuard, host: &Host, name: &str) -> Server {
     let log = dir.join("logs").join(format!("server-{name}.log"));
-    let options = ServerOptions { cpu: None, home: Some(infra.path()), log: Some(&log) };
+    let options = ServerOptions { cpu: None, home: Some(infra.path()), log: Some(&log), capacity: None };
     Server::start_with(host, name, &[BACKEND_PORT], &options)
 }
 

@@ -7,6 +7,7 @@
 //! unchanged ones not rewritten). Events that arrive together are handled as one batch.
 
 mod context;
+mod feedback;
 mod health;
 mod ingest;
 mod program;
@@ -93,6 +94,7 @@ pub struct Controller<P: Programmer> {
     last_beat: Option<Instant>,
     /// When the programmer last dropped what no programmed set needs (see [`TIDY_INTERVAL`]).
     last_tidy: Option<Instant>,
+    feedback: feedback::FeedbackLoop,
     terminator: Option<Terminator>,
     dns: Option<DnsPublisher>,
     queries: Option<std::sync::mpsc::Receiver<PlanQuery>>,
@@ -122,6 +124,7 @@ impl<P: Programmer> Controller<P> {
             oldest_pending: None,
             last_beat: None,
             last_tidy: None,
+            feedback: feedback::FeedbackLoop::new(Default::default()),
             terminator: None,
             dns: None,
             queries: None,
@@ -179,6 +182,13 @@ impl<P: Programmer> Controller<P> {
                 self.reconcile();
             }
             self.beat();
+            if self.programmed {
+                let moved = self.feedback.step(&self.programmer, &mut self.plan, &self.ctx.metrics.feedback);
+                if !moved.is_empty() {
+                    self.dirty.extend(moved);
+                    self.sync()?;
+                }
+            }
             self.answer_queries();
         }
         Ok(self.programmer)

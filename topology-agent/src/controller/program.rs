@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use topology_common::map_names;
 
 use crate::{
-    dataplane::{ApplyReport, Dataplane, DataplaneError},
+    dataplane::{ApplyReport, Dataplane, DataplaneError, MeasuredBackend},
     desired::{DesiredState, ServicePort},
 };
 
@@ -37,6 +37,10 @@ pub trait Programmer {
     fn tidy(&mut self) -> Result<(), DataplaneError> {
         Ok(())
     }
+    /// What the kernel measured of each backend (the load signal).
+    fn backend_load(&self) -> Result<Vec<MeasuredBackend>, DataplaneError> {
+        Ok(Vec::new())
+    }
 }
 
 impl Programmer for Dataplane {
@@ -50,6 +54,10 @@ impl Programmer for Dataplane {
 
     fn heartbeat(&mut self) -> Result<(), DataplaneError> {
         Dataplane::heartbeat(self)
+    }
+
+    fn backend_load(&self) -> Result<Vec<MeasuredBackend>, DataplaneError> {
+        Dataplane::backend_load(self)
     }
 
     fn tidy(&mut self) -> Result<(), DataplaneError> {

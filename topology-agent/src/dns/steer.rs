@@ -166,6 +166,7 @@ mod tests {
                 backends: vec![],
                 warnings: vec![],
                 spillover: None,
+                feedback: None,
                 baseline_in_zone: None,
             },
             options: PortOptions { affinity_timeout_s: Some(10), ..PortOptions::default() },

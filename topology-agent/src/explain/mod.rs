@@ -15,7 +15,7 @@ use crate::{
         steer::Steering,
     },
     plan::{NodePlan, weights::integer_weights},
-    policy::{PolicyError, PolicyKind, PortSelection, spillover::SpilloverReport},
+    policy::{PolicyError, PolicyKind, PortSelection, feedback::FeedbackReport, spillover::SpilloverReport},
 };
 
 /// The decisions of one node.
@@ -58,6 +58,9 @@ pub struct ServiceEntry {
     /// The spillover plan, when spillover decided.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spillover: Option<SpilloverReport>,
+    /// What feedback measured and moved, when feedback decided.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub feedback: Option<FeedbackReport>,
     /// Session affinity and exemptions the programs apply on top of the choice.
     pub options: PortOptions,
     /// ClusterIPs whose port another Service already owns: the kernel holds that Service's set.
@@ -191,6 +194,7 @@ fn entry(plan: &NodePlan, selected: &PortSelection) -> ServiceEntry {
             .collect(),
         warnings: selection.warnings.clone(),
         spillover: selection.spillover.clone(),
+        feedback: selection.feedback.clone(),
         options: selected.options,
         conflicts,
     }

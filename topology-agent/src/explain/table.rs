@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use super::{ExplainReport, Family};
 use crate::{
     dns::explain::{Answer, HeadlessEntry},
-    policy::spillover::SpilloverReport,
+    policy::{feedback::FeedbackReport, spillover::SpilloverReport},
 };
 
 impl ExplainReport {
@@ -57,6 +57,9 @@ impl ExplainReport {
             if let Some(plan) = &service.spillover {
                 spillover_table(&mut out, plan);
             }
+            if let Some(feedback) = &service.feedback {
+                feedback_lines(&mut out, feedback);
+            }
             for backend in &service.backends {
                 let _ = writeln!(
                     out,
@@ -101,6 +104,35 @@ fn headless_table(out: &mut String, entries: &[HeadlessEntry]) {
                 weight(address.weight)
             );
         }
+    }
+}
+
+/// What feedback measured: the latencies against the unloaded one, what is in flight, the share
+/// moved, the backends ejected.
+fn feedback_lines(out: &mut String, report: &FeedbackReport) {
+    let Some(input) = &report.input else {
+        let _ = writeln!(out, "  feedback: no measurement yet (explain from a file, or the agent just started)");
+        return;
+    };
+    let m = &input.measured;
+    let ms = |us: Option<f64>| us.map_or("-".to_owned(), |us| format!("{:.1} ms", us / 1000.0));
+    let ratio = |r: Option<f64>| r.map_or("-".to_owned(), |r| format!("{r:.1}×"));
+    let _ = writeln!(
+        out,
+        "  feedback: {:.0}% moved out; this zone {} ({}), other zones {} ({}), unloaded {}; in flight {} here, {} \
+         elsewhere",
+        input.shift * 100.0,
+        ms(m.near_us),
+        ratio(m.near_ratio()),
+        ms(m.far_us),
+        ratio(m.far_ratio()),
+        ms(m.baseline_us),
+        m.near_in_flight,
+        m.far_in_flight
+    );
+    if !input.ejected.is_empty() {
+        let list: Vec<String> = input.ejected.iter().map(ToString::to_string).collect();
+        let _ = writeln!(out, "  ejected for failing: {}", list.join(", "));
     }
 }
 

@@ -17,6 +17,7 @@ use crate::{
     cluster::{ClusterState, Node, ObjectKey},
     desired::{DesiredService, DesiredState, ServicePort},
     dns::steer::Steering,
+    feedback,
     policy::{self, PolicyError, PortSelection},
 };
 
@@ -31,12 +32,19 @@ pub struct NodePlan {
     steering: Option<Steering>,
     decisions: BTreeMap<ObjectKey, Vec<PortSelection>>,
     ownership: Ownership,
+    feedback: feedback::Inputs,
 }
 
 impl NodePlan {
     /// An empty plan for `node`; `steering`: the cluster DNS steered to this node's responder.
     pub fn new(node: impl Into<String>, steering: Option<Steering>) -> Self {
-        Self { node: node.into(), steering, decisions: BTreeMap::new(), ownership: Ownership::default() }
+        Self {
+            node: node.into(),
+            steering,
+            decisions: BTreeMap::new(),
+            ownership: Ownership::default(),
+            feedback: feedback::Inputs::new(),
+        }
     }
 
     /// The whole plan of `node`: every Service decided, ports released retried by those waiting.
@@ -54,7 +62,7 @@ impl NodePlan {
     /// Decides `key` again (gone from `state`: removed from the plan) and updates its entries.
     pub fn update(&mut self, state: &ClusterState, this: &Node, key: &ObjectKey) -> OwnershipUpdate {
         let mut selections = match state.service(key) {
-            Some(service) => policy::compute_service(state, this, service),
+            Some(service) => policy::compute_service_with(state, this, service, &self.feedback),
             None => Vec::new(),
         };
         if let Some(steering) = &self.steering {
@@ -123,6 +131,41 @@ impl NodePlan {
             .iter()
             .find(|d| d.port.port == port.port && d.port.protocol == port.protocol && d.cluster_ips.contains(&port.vip))
             .and_then(|d| d.selection.baseline_in_zone)
+    }
+
+    /// The feedback controller's inputs from now on; returns the Services whose ports' inputs
+    /// changed, for the caller to [`NodePlan::update`].
+    pub fn set_feedback(&mut self, inputs: feedback::Inputs) -> BTreeSet<ObjectKey> {
+        let mut changed: BTreeSet<ObjectKey> = BTreeSet::new();
+        for (key, input) in &inputs {
+            if self.feedback.get(key) != Some(input) {
+                changed.insert(key.service.clone());
+            }
+        }
+        changed.extend(self.feedback.keys().filter(|key| !inputs.contains_key(*key)).map(|key| key.service.clone()));
+        self.feedback = inputs;
+        changed
+    }
+
+    /// Every port under feedback, with its usable endpoints near and far: what the controller
+    /// measures.
+    pub fn feedback_ports(&self) -> BTreeMap<feedback::PortKey, feedback::control::PortBackends> {
+        let mut ports = BTreeMap::new();
+        for (service, selections) in &self.decisions {
+            for selected in selections {
+                if let Some(report) = &selected.selection.feedback {
+                    let key = feedback::PortKey {
+                        service: service.clone(),
+                        port: selected.port.port,
+                        family: selected.family,
+                    };
+                    let backends =
+                        feedback::control::PortBackends { near: report.near.clone(), far: report.far.clone() };
+                    ports.insert(key, backends);
+                }
+            }
+        }
+        ports
     }
 
     /// Services with kernel entries, and those only decided (no ClusterIP, or every port held by

@@ -86,6 +86,7 @@ mod tests {
                     .collect(),
                 warnings: vec![],
                 spillover: None,
+                feedback: None,
                 baseline_in_zone: None,
             },
             options: crate::desired::PortOptions { affinity_timeout_s: Some(60), ..Default::default() },

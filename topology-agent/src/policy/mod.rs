@@ -17,6 +17,7 @@
 //! the Service wrote (topology keys without `*`) still bounds it.
 
 pub mod distribution;
+pub mod feedback;
 pub mod hints;
 pub mod join;
 pub mod keys;
@@ -31,6 +32,7 @@ use serde::Serialize;
 use crate::{
     cluster::{ClusterState, Family, Node, ObjectKey, PortSpec, Service, TrafficDistribution, demand::Demand},
     desired::{Locality, PortOptions},
+    feedback::{Inputs, PortInput, PortKey},
 };
 
 /// The Service the API server is reached through in-cluster (`KUBERNETES_SERVICE_HOST` is its
@@ -56,6 +58,9 @@ pub enum PolicyKind {
     PreferSameNode,
     /// Capacity-aware spillover (`topology-agent.io/spillover: capacity`).
     Spillover,
+    /// Capacity-aware spillover moved between zones by the measured load
+    /// (`topology-agent.io/spillover: feedback`).
+    Feedback,
     /// The cluster DNS Service's port 53, steered to this node's DNS responder (`run --dns-listen`).
     LocalDns,
 }
@@ -94,6 +99,9 @@ pub struct Selection {
     pub warnings: Vec<String>,
     /// The spillover plan behind the weights, when spillover decided.
     pub spillover: Option<spillover::SpilloverReport>,
+    /// What feedback measured and moved, when feedback decided.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub feedback: Option<feedback::FeedbackReport>,
     /// The share of connections the default policy (every usable endpoint equally, no topology,
     /// as kube-proxy does) would keep in this node's zone: the baseline the cross-zone savings
     /// are counted against. `None` without a usable endpoint.
@@ -122,6 +130,7 @@ impl Selection {
             backends,
             warnings: Vec::new(),
             spillover: None,
+            feedback: None,
             baseline_in_zone: None,
         }
     }
@@ -165,8 +174,18 @@ pub fn compute(state: &ClusterState, node: &str) -> Result<Vec<PortSelection>, P
     Ok(state.services().flat_map(|service| compute_service(state, this, service)).collect())
 }
 
-/// Every port and family of one Service, for `this` node.
+/// Every port and family of one Service, for `this` node, without measurements.
 pub fn compute_service(state: &ClusterState, this: &Node, service: &Service) -> Vec<PortSelection> {
+    compute_service_with(state, this, service, &Inputs::new())
+}
+
+/// Every port and family of one Service, for `this` node, with the feedback controller's inputs.
+pub fn compute_service_with(
+    state: &ClusterState,
+    this: &Node,
+    service: &Service,
+    inputs: &Inputs,
+) -> Vec<PortSelection> {
     let mut families: Vec<Family> = service.cluster_ips.iter().map(Family::of).collect();
     families.sort();
     families.dedup();
@@ -179,7 +198,8 @@ pub fn compute_service(state: &ClusterState, this: &Node, service: &Service) -> 
     for port in &service.ports {
         for &family in &families {
             let joined = join::candidates(state, service, port, family);
-            let mut selection = select(this, state.demand(), service, &joined.candidates);
+            let key = PortKey { service: service.key.clone(), port: port.port, family };
+            let mut selection = select_with(this, state.demand(), service, &joined.candidates, inputs.get(&key));
             if let Some(note) = joined.unmatched_port {
                 selection.warnings.push(note);
             }
@@ -199,7 +219,21 @@ pub fn compute_service(state: &ClusterState, this: &Node, service: &Service) -> 
 /// The decision for one Service port from `this` node, given all its endpoints and the demand
 /// by zone.
 pub fn select(this: &Node, demand: &Demand, service: &Service, candidates: &[Candidate<'_>]) -> Selection {
-    Selection { baseline_in_zone: baseline_in_zone(this, candidates), ..decide(this, demand, service, candidates) }
+    select_with(this, demand, service, candidates, None)
+}
+
+/// [`select`] with the feedback controller's input for the port.
+pub fn select_with(
+    this: &Node,
+    demand: &Demand,
+    service: &Service,
+    candidates: &[Candidate<'_>],
+    input: Option<&PortInput>,
+) -> Selection {
+    Selection {
+        baseline_in_zone: baseline_in_zone(this, candidates),
+        ..decide(this, demand, service, candidates, input)
+    }
 }
 
 /// The share of connections every usable endpoint chosen equally would keep in `this` node's
@@ -211,7 +245,13 @@ pub fn baseline_in_zone(this: &Node, candidates: &[Candidate<'_>]) -> Option<f64
 }
 
 /// [`select`] without the baseline.
-fn decide(this: &Node, demand: &Demand, service: &Service, candidates: &[Candidate<'_>]) -> Selection {
+fn decide(
+    this: &Node,
+    demand: &Demand,
+    service: &Service,
+    candidates: &[Candidate<'_>],
+    input: Option<&PortInput>,
+) -> Selection {
     let (spill, mut warnings) = spillover::settings(service);
     if service.internal_traffic_local {
         if spill.is_some() {
@@ -235,8 +275,12 @@ fn decide(this: &Node, demand: &Demand, service: &Service, candidates: &[Candida
             Ok((scope, notes)) => {
                 warnings.extend(notes);
                 let replaced = replaced_mode(service, keys.is_some(), &mut warnings);
-                return spillover::select(this, demand, settings, &scope, replaced, &usable, terminating)
-                    .warn(warnings);
+                let plan = spillover::select(this, demand, settings, &scope, replaced, &usable, terminating);
+                if !settings.feedback {
+                    return plan.warn(warnings);
+                }
+                let in_scope = spillover::in_scope(demand, &scope, &usable);
+                return feedback::reweight(this, plan, &in_scope, input).warn(warnings);
             }
             Err(none) => warnings.push(none.to_string()),
         }

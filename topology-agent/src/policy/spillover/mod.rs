@@ -36,6 +36,8 @@ const MAX_MAX_OVERLOAD: f64 = 10.0;
 pub struct Settings {
     /// ε.
     pub max_overload: f64,
+    /// `feedback`: the capacity plan is the static plan the measured load moves between zones.
+    pub feedback: bool,
 }
 
 /// The Service's spillover settings, `None` when it is off, and what was wrong with its
@@ -44,12 +46,15 @@ pub fn settings(service: &Service) -> (Option<Settings>, Vec<String>) {
     let mut warnings = Vec::new();
     let mode = service.agent_annotations.get(ANNOTATION_SPILLOVER).map(|v| v.trim());
     let raw_overload = service.agent_annotations.get(ANNOTATION_MAX_OVERLOAD);
-    let enabled = match mode {
-        Some("capacity") => true,
-        None | Some("" | "none" | "off" | "disabled") => false,
+    let (enabled, feedback) = match mode {
+        Some("capacity") => (true, false),
+        Some("feedback") => (true, true),
+        None | Some("" | "none" | "off" | "disabled") => (false, false),
         Some(other) => {
-            warnings.push(format!("annotation {ANNOTATION_SPILLOVER} {other:?} ignored: the mode is \"capacity\""));
-            false
+            warnings.push(format!(
+                "annotation {ANNOTATION_SPILLOVER} {other:?} ignored: the modes are \"capacity\" and \"feedback\""
+            ));
+            (false, false)
         }
     };
     if !enabled {
@@ -70,7 +75,7 @@ pub fn settings(service: &Service) -> (Option<Settings>, Vec<String>) {
             DEFAULT_MAX_OVERLOAD
         }
     };
-    (Some(Settings { max_overload }), warnings)
+    (Some(Settings { max_overload, feedback }), warnings)
 }
 
 /// Why a max-overload annotation is ignored.
@@ -226,10 +231,7 @@ pub fn select(
         scope.describe(),
         instead_of.map(|mode| format!(", instead of {mode}")).unwrap_or_default()
     );
-    let in_scope: Cow<'_, [Candidate<'_>]> = match scope {
-        Scope::Cluster => Cow::Borrowed(usable),
-        _ => usable.iter().filter(|c| scope.admits(c.zone, region_of(demand, c))).cloned().collect(),
-    };
+    let in_scope = in_scope(demand, scope, usable);
     if in_scope.is_empty() {
         let reason = if usable.is_empty() {
             format!("{heading}: no ready or serving-and-terminating endpoint; connections are refused")
@@ -322,7 +324,16 @@ pub fn select(
         backends,
         warnings: Vec::new(),
         spillover: Some(report),
+        feedback: None,
         baseline_in_zone: None,
+    }
+}
+
+/// The endpoints of `usable` that `scope` admits.
+pub fn in_scope<'a, 'b>(demand: &Demand, scope: &Scope, usable: &'b [Candidate<'a>]) -> Cow<'b, [Candidate<'a>]> {
+    match scope {
+        Scope::Cluster => Cow::Borrowed(usable),
+        _ => usable.iter().filter(|c| scope.admits(c.zone, region_of(demand, c))).cloned().collect(),
     }
 }
 

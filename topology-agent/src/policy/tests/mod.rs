@@ -1,6 +1,7 @@
 //! Policy tests: tables per mode, joins, and properties.
 
 mod baseline;
+mod feedback;
 mod join;
 mod kube_proxy;
 mod props;

@@ -1,0 +1,116 @@
+//! Feedback (`topology-agent.io/spillover: feedback`): the static plan (capacity spillover)
+//! reweighted with what the controller measured ([`crate::feedback`]). Pure: the measurement
+//! comes in as a [`PortInput`]; without one (no measurement yet, or `explain` from a file) the
+//! static plan stands.
+
+use std::net::SocketAddr;
+
+use serde::Serialize;
+
+use super::{Candidate, Choice, PolicyKind, Selection, locality};
+use crate::{cluster::Node, desired::Locality, feedback::PortInput};
+
+/// What feedback worked from, for `explain` and the controller.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FeedbackReport {
+    /// The controller's input, `None` before its first measurement.
+    pub input: Option<PortInput>,
+    /// Usable endpoints in scope on this node or in its zone: the traffic measured as "near".
+    pub near: Vec<SocketAddr>,
+    /// Usable endpoints in scope in other zones: where traffic moves to.
+    pub far: Vec<SocketAddr>,
+}
+
+/// Reweights `static_plan` (chosen among `in_scope`) by `input`.
+pub fn reweight(
+    this: &Node,
+    static_plan: Selection,
+    in_scope: &[Candidate<'_>],
+    input: Option<&PortInput>,
+) -> Selection {
+    let near_far = |c: &&Candidate<'_>| matches!(locality(this, c), Locality::Node | Locality::Zone);
+    let report = FeedbackReport {
+        input: input.cloned(),
+        near: in_scope.iter().filter(near_far).map(addr).collect(),
+        far: in_scope.iter().filter(|c| !near_far(c)).map(addr).collect(),
+    };
+    let heading = |why: &str| format!("feedback: {why}; static plan: {}", static_plan.reason);
+    let Some(input) = input else {
+        let reason = heading("no measurement yet");
+        return Selection { policy: PolicyKind::Feedback, reason, feedback: Some(report), ..static_plan };
+    };
+    if static_plan.reject || in_scope.is_empty() {
+        return Selection { policy: PolicyKind::Feedback, feedback: Some(report), ..static_plan };
+    }
+    if input.panic {
+        let mut panic = Selection::equal(PolicyKind::Feedback, heading(&input.reason), this, in_scope);
+        panic.spillover = static_plan.spillover;
+        panic.feedback = Some(report);
+        return panic;
+    }
+    let ejected = |address: std::net::IpAddr, port: u16| input.ejected.contains(&SocketAddr::new(address, port));
+    let mut backends: Vec<Choice> =
+        static_plan.backends.iter().filter(|b| !ejected(b.address, b.port)).cloned().collect();
+    let left: Vec<Candidate<'_>> = in_scope.iter().filter(|c| !ejected(c.address, c.port)).cloned().collect();
+    if backends.is_empty() {
+        // Every backend of the static plan is out: the endpoints left, equally.
+        let why = format!("{}; every backend of the static plan ejected", input.reason);
+        let mut all = Selection::equal(PolicyKind::Feedback, heading(&why), this, &left);
+        all.spillover = static_plan.spillover;
+        all.feedback = Some(report);
+        return all;
+    }
+    shift(this, &mut backends, &left, input.shift);
+    Selection {
+        policy: PolicyKind::Feedback,
+        reason: heading(&input.reason),
+        reject: backends.is_empty(),
+        backends,
+        feedback: Some(report),
+        ..static_plan
+    }
+}
+
+/// Moves `share` of the total weight from this zone's backends to the other zones': onto the
+/// static plan's own far backends in proportion, or, when it has none, equally onto the far
+/// endpoints of `left` (this region's first).
+fn shift(this: &Node, backends: &mut Vec<Choice>, left: &[Candidate<'_>], share: f64) {
+    let is_near = |locality: Locality| matches!(locality, Locality::Node | Locality::Zone);
+    let near: f64 = backends.iter().filter(|b| is_near(b.locality)).map(|b| b.weight).sum();
+    let far: f64 = backends.iter().filter(|b| !is_near(b.locality)).map(|b| b.weight).sum();
+    let moved = (share.clamp(0.0, 1.0) * (near + far)).min(near);
+    if moved <= 0.0 {
+        return;
+    }
+    for backend in backends.iter_mut().filter(|b| is_near(b.locality)) {
+        backend.weight *= (near - moved) / near;
+    }
+    if far > 0.0 {
+        for backend in backends.iter_mut().filter(|b| !is_near(b.locality)) {
+            backend.weight *= (far + moved) / far;
+        }
+    } else {
+        let others: Vec<&Candidate<'_>> = left.iter().filter(|c| !is_near(locality(this, c))).collect();
+        let region: Vec<&Candidate<'_>> =
+            others.iter().copied().filter(|c| locality(this, c) == Locality::Region).collect();
+        let targets = if region.is_empty() { others } else { region };
+        let each = moved / targets.len().max(1) as f64;
+        for c in targets {
+            backends.push(Choice {
+                address: c.address,
+                port: c.port,
+                node: c.node_name.map(str::to_owned),
+                zone: c.zone.map(str::to_owned),
+                locality: locality(this, c),
+                weight: each,
+            });
+        }
+        backends.sort_by_key(|b| (b.address, b.port));
+    }
+    backends.retain(|b| b.weight > 0.0);
+}
+
+fn addr(candidate: &Candidate<'_>) -> SocketAddr {
+    SocketAddr::new(candidate.address, candidate.port)
+}
