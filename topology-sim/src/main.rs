@@ -6,7 +6,11 @@ use std::path::PathBuf;
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, ValueEnum};
-use topology_sim::run::{self, Config};
+use topology_agent::feedback::Tuning;
+use topology_sim::{
+    dynamic::{self, Scenario},
+    run::{self, Config},
+};
 
 #[derive(Parser)]
 #[command(version, about = "Compare topology-aware routing algorithms over the KubeCon 2020 input space")]
@@ -26,6 +30,16 @@ struct Cli {
     /// Also write the chart here.
     #[arg(long)]
     svg: Option<PathBuf>,
+    /// Compare real-time feedback with the static plans over time instead: queueing backends,
+    /// demand that surges and calms, one independent agent per node.
+    #[arg(long)]
+    dynamic: bool,
+    /// The demand pattern of `--dynamic`.
+    #[arg(long, value_enum, default_value_t = Scenario::Surge, requires = "dynamic")]
+    scenario: Scenario,
+    /// Seed of `--dynamic`'s arrivals and choices.
+    #[arg(long, default_value_t = 7, requires = "dynamic")]
+    seed: u64,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -36,6 +50,14 @@ enum Output {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if cli.dynamic {
+        let report = dynamic::simulate(cli.scenario, cli.seed, Tuning::default())?;
+        match cli.output {
+            Output::Table => print!("{}", report.table()),
+            Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        }
+        return Ok(());
+    }
     let mut config = Config { sample_every: cli.sample_every, max_overloads: cli.max_overloads, ..Config::default() };
     if let Some(threads) = cli.threads {
         config.threads = threads;
@@ -68,5 +90,8 @@ mod tests {
         assert_eq!(cli.max_overloads, vec![0.0, 0.2]);
         assert_eq!(cli.sample_every, 16);
         assert!(Cli::try_parse_from(["topology-sim", "--sample-every", "x"]).is_err());
+        let dynamic = Cli::try_parse_from(["topology-sim", "--dynamic", "--scenario", "zones"]).unwrap();
+        assert!(dynamic.dynamic && dynamic.scenario == Scenario::Zones);
+        assert!(Cli::try_parse_from(["topology-sim", "--scenario", "zones"]).is_err(), "needs --dynamic");
     }
 }

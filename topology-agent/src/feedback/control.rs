@@ -18,8 +18,15 @@ use crate::dataplane::MeasuredBackend;
 pub struct PortBackends {
     /// This node's and this zone's.
     pub near: Vec<SocketAddr>,
-    /// The other zones' the static plan's scope admits.
-    pub far: Vec<SocketAddr>,
+    /// The other zones' the static plan's scope admits, by zone.
+    pub far: BTreeMap<String, Vec<SocketAddr>>,
+}
+
+impl PortBackends {
+    /// Every other zone's endpoint.
+    pub fn far_all(&self) -> impl Iterator<Item = &SocketAddr> {
+        self.far.values().flatten()
+    }
 }
 
 /// A backend out of the set for failing.
@@ -35,6 +42,12 @@ struct Ejection {
 #[derive(Clone, Debug, Default)]
 struct PortState {
     shift: f64,
+    last_look_ms: Option<u64>,
+    /// Other zones found overloaded, until when they get no moved traffic.
+    avoid: BTreeMap<String, u64>,
+    /// This node's share of the zone's capacity (per second), and when the zone was last seen
+    /// saturated.
+    capacity: Option<(f64, u64)>,
     baseline_us: Option<f64>,
     last_change_ms: Option<u64>,
     ejections: BTreeMap<SocketAddr, Ejection>,
@@ -99,7 +112,7 @@ fn step_port(
     windows: &BTreeMap<SocketAddr, Window>,
     t: &Tuning,
 ) {
-    let usable = ports.near.len() + ports.far.len();
+    let usable = ports.near.len() + ports.far_all().count();
     let may_change = state.last_change_ms.is_none_or(|at| now_ms.saturating_sub(at) >= t.interval_ms);
     if usable < t.min_endpoints {
         state.shift = 0.0;
@@ -123,28 +136,48 @@ fn step_port(
         };
         return;
     }
-    let sum = |backends: &[SocketAddr]| {
+    let sum = |backends: &mut dyn Iterator<Item = &SocketAddr>| {
         let mut total = Window::default();
-        for backend in backends.iter().filter(|b| !ejected.contains(b)) {
+        for backend in backends.filter(|b| !ejected.contains(b)) {
             if let Some(window) = windows.get(backend) {
                 total.add(window);
             }
         }
         total
     };
-    let (near, far) = (sum(&ports.near), sum(&ports.far));
+    let (near, far) = (sum(&mut ports.near.iter()), sum(&mut ports.far_all()));
     let (near_us, far_us) = (near.mean_lifetime_us(t.min_samples), far.mean_lifetime_us(t.min_samples));
     let drifted = state.baseline_us.map(|b| b * t.baseline_drift);
     state.baseline_us = [drifted, near_us, far_us].into_iter().flatten().reduce(f64::min);
+    let seconds = state.last_look_ms.map_or(t.interval_ms, |at| now_ms.saturating_sub(at)).max(1) as f64 / 1000.0;
+    state.last_look_ms = Some(now_ms);
+    let offered_per_s = (near.connects + far.connects) as f64 / seconds;
+    let near_done_per_s = near.closed as f64 / seconds;
+    let saturated = near_us.zip(state.baseline_us).is_some_and(|(near, base)| near / base > t.band_high);
+    state.capacity = match state.capacity {
+        _ if saturated && near_done_per_s > 0.0 => Some((near_done_per_s, now_ms)),
+        Some((_, at)) if now_ms.saturating_sub(at) > t.capacity_memory_ms => None,
+        Some((capacity, at)) => Some((capacity.max(near_done_per_s), at)),
+        None => None,
+    };
+    avoid_loaded(state, now_ms, ports, &|zone| sum(&mut zone.iter()), t);
     let measured = Measured {
         baseline_us: state.baseline_us,
         near_us,
         far_us,
         near_in_flight: near.in_flight,
         far_in_flight: far.in_flight,
+        offered_per_s,
+        near_done_per_s,
+        capacity_per_s: state.capacity.map(|(capacity, _)| capacity),
     };
-    let (target, why) = decide(state.shift, &measured, !ports.far.is_empty(), t);
+    let (target, why) = decide(state.shift, &measured, ports.far_all().next().is_some(), t);
     let target = (target * 100.0).round() / 100.0;
+    let (target, why) = if target != 0.0 && (target - state.shift).abs() < t.min_move {
+        (state.shift, format!("{why} (a move under {} is not made)", pct(t.min_move)))
+    } else {
+        (target, why)
+    };
     let ejected_list: Vec<SocketAddr> = ejected.into_iter().collect();
     let moves = target != state.shift || ejected_list != state.input.ejected;
     if moves && !may_change {
@@ -156,10 +189,47 @@ fn step_port(
         state.last_change_ms = Some(now_ms);
     }
     state.shift = target;
-    state.input = PortInput { shift: target, ejected: ejected_list, panic: false, measured, reason: why };
+    let avoid = state.avoid.keys().cloned().collect();
+    state.input = PortInput { shift: target, ejected: ejected_list, avoid, panic: false, measured, reason: why };
 }
 
+/// Marks the other zones whose latency is above the band: moved traffic skips them for a while
+/// (they are not measured once they get nothing), unless every other zone is marked.
+fn avoid_loaded(
+    state: &mut PortState,
+    now_ms: u64,
+    ports: &PortBackends,
+    window: &dyn Fn(&[SocketAddr]) -> Window,
+    t: &Tuning,
+) {
+    state.avoid.retain(|zone, until| ports.far.contains_key(zone) && now_ms < *until);
+    let Some(baseline) = state.baseline_us else { return };
+    for (zone, backends) in &ports.far {
+        match window(backends).mean_lifetime_us(t.min_samples) {
+            Some(us) if us / baseline > t.band_high => {
+                state.avoid.insert(zone.clone(), now_ms + AVOID_MS);
+            }
+            Some(_) => {
+                state.avoid.remove(zone);
+            }
+            None => {}
+        }
+    }
+    if state.avoid.len() == ports.far.len() {
+        state.avoid.clear();
+    }
+}
+
+/// How long an overloaded zone gets no moved traffic without a new measurement, milliseconds.
+const AVOID_MS: u64 = 5000;
+
 /// The shift after this interval, and why.
+///
+/// Above the band the zone is saturated, and what this node's connections to it completed is this
+/// node's share of its capacity: the shift aims at using `headroom` of it (the rest of the
+/// traffic leaves), in steps of at most `step_out`; if the shift already does, the latency is a
+/// backlog draining, and the shift holds. Below the band traffic comes back `step_back` at a time,
+/// but never so much that the remembered capacity would be exceeded again.
 fn decide(shift: f64, m: &Measured, has_far: bool, t: &Tuning) -> (f64, String) {
     let band = format!("band {:.1}–{:.1}×", t.band_low, t.band_high);
     if !has_far {
@@ -168,36 +238,64 @@ fn decide(shift: f64, m: &Measured, has_far: bool, t: &Tuning) -> (f64, String) 
     let Some(near) = m.near_ratio() else {
         return (shift, format!("too few connections ended to read the zone's latency: holding {}", pct(shift)));
     };
+    let zone = format!("zone at {near:.1}× its unloaded latency ({band})");
+    // The least shift that keeps this node's traffic to its zone within the remembered capacity.
+    let floor = m
+        .capacity_per_s
+        .filter(|_| m.offered_per_s > 0.0)
+        .map(|capacity| (1.0 - t.headroom * capacity / m.offered_per_s).clamp(0.0, t.max_shift));
     let far = m.far_ratio();
     if near > t.band_high {
         if let Some(far) = far.filter(|&far| far >= near) {
-            return (
-                shift,
-                format!("zone at {near:.1}× its unloaded latency, other zones at {far:.1}×: holding {}", pct(shift)),
-            );
+            return (shift, format!("{zone}, other zones at {far:.1}×: holding {}", pct(shift)));
         }
-        let push = ((near - t.band_low) / t.band_high).clamp(0.2, 1.0);
-        let next = (shift + t.step_out * push).min(t.max_shift);
-        return (
-            next,
-            format!("zone at {near:.1}× its unloaded latency ({band}): moving {} → {} out", pct(shift), pct(next)),
-        );
+        // Little's law: the capacity serves capacity × unloaded latency connections at once; the
+        // rest of what is in flight is a queue, drained within `drain_ms` by moving that much more.
+        let drain = m.capacity_per_s.zip(m.baseline_us).filter(|_| m.offered_per_s > 0.0).map_or(0.0, |(c, base)| {
+            let queued = (m.near_in_flight as f64 - c * base / 1e6).max(0.0);
+            queued / (t.drain_ms as f64 / 1000.0) / m.offered_per_s
+        });
+        let floor = floor.map(|floor| (floor + drain).min(t.max_shift));
+        return match floor {
+            Some(floor) if floor <= shift => (
+                shift,
+                format!("{zone}, but {} out already fits its capacity: a backlog draining, holding", pct(shift)),
+            ),
+            Some(floor) => {
+                let next = floor.min(shift + t.step_out);
+                (next, format!("{zone}, {}: moving {} → {} out", capacity_text(m), pct(shift), pct(next)))
+            }
+            None => {
+                let next = (shift + t.step_out).min(t.max_shift);
+                (next, format!("{zone}: moving {} → {} out", pct(shift), pct(next)))
+            }
+        };
     }
     if let Some(far) = far.filter(|&far| far > t.band_high && far > near && shift > 0.0) {
-        let next = (shift - t.step_back).max(0.0);
+        let next = (shift - t.step_back).max(floor.unwrap_or(0.0)).min(shift);
         return (
             next,
             format!("other zones at {far:.1}×, this zone at {near:.1}×: moving back {} → {}", pct(shift), pct(next)),
         );
     }
     if near < t.band_low && shift > 0.0 {
-        let next = (shift - t.step_back).max(0.0);
-        return (
-            next,
-            format!("zone at {near:.1}× its unloaded latency ({band}): moving back {} → {}", pct(shift), pct(next)),
-        );
+        let next = (shift - t.step_back).max(floor.unwrap_or(0.0));
+        if next >= shift {
+            return (shift, format!("{zone}, but {}: holding {}", capacity_text(m), pct(shift)));
+        }
+        return (next, format!("{zone}: moving back {} → {}", pct(shift), pct(next)));
     }
-    (shift, format!("zone at {near:.1}× its unloaded latency ({band}): holding {}", pct(shift)))
+    (shift, format!("{zone}: holding {}", pct(shift)))
+}
+
+/// "this node's share of its capacity is 120/s of 300/s offered".
+fn capacity_text(m: &Measured) -> String {
+    match m.capacity_per_s {
+        Some(capacity) => {
+            format!("this node's share of its capacity is {capacity:.0}/s of {:.0}/s offered", m.offered_per_s)
+        }
+        None => "its capacity unknown".into(),
+    }
 }
 
 /// Updates the port's ejections from this interval's failures; returns the backends out now.
@@ -208,7 +306,7 @@ fn eject(
     windows: &BTreeMap<SocketAddr, Window>,
     t: &Tuning,
 ) -> BTreeSet<SocketAddr> {
-    let usable: BTreeSet<&SocketAddr> = ports.near.iter().chain(&ports.far).collect();
+    let usable: BTreeSet<&SocketAddr> = ports.near.iter().chain(ports.far_all()).collect();
     state.ejections.retain(|backend, e| usable.contains(backend) && now_ms < e.until_ms.saturating_add(t.eject_max_ms));
     for backend in &usable {
         let Some(window) = windows.get(backend) else { continue };

@@ -42,6 +42,16 @@ pub struct Tuning {
     pub step_back: f64,
     /// The most of this node's traffic ever moved out of its zone.
     pub max_shift: f64,
+    /// Smaller moves are not made (except back to none): a set changes only for a real move.
+    pub min_move: f64,
+    /// The share of the zone's measured capacity the shift aims to use.
+    pub headroom: f64,
+    /// While the zone is saturated, the shift also drains this node's backlog there (its
+    /// connections in flight beyond what the capacity serves at once) within this long,
+    /// milliseconds.
+    pub drain_ms: u64,
+    /// How long a capacity measured while the zone was saturated is remembered, milliseconds.
+    pub capacity_memory_ms: u64,
     /// Ports with fewer usable endpoints are left to the static plan.
     pub min_endpoints: usize,
     /// Connections that must end in an interval for its latency to count.
@@ -67,9 +77,13 @@ impl Default for Tuning {
             interval_ms: 1000,
             band_low: 1.3,
             band_high: 2.0,
-            step_out: 0.25,
+            step_out: 0.5,
             step_back: 0.1,
             max_shift: 0.9,
+            min_move: 0.05,
+            headroom: 0.9,
+            capacity_memory_ms: 60_000,
+            drain_ms: 3000,
             min_endpoints: 2,
             min_samples: 5,
             baseline_drift: 1.01,
@@ -102,6 +116,9 @@ pub struct PortInput {
     pub shift: f64,
     /// Backends left out for failing (outlier ejection), until their back-off ends.
     pub ejected: Vec<SocketAddr>,
+    /// Other zones found overloaded: the moved traffic goes elsewhere.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub avoid: Vec<String>,
     /// Most endpoints fail: every usable endpoint is used, equally.
     pub panic: bool,
     /// The measurement behind the decision.
@@ -124,6 +141,13 @@ pub struct Measured {
     pub near_in_flight: u64,
     /// Connections in flight to the other zones' backends, from this node.
     pub far_in_flight: u64,
+    /// Connections this node opened per second, to every zone.
+    pub offered_per_s: f64,
+    /// Connections to this zone's backends that ended per second.
+    pub near_done_per_s: f64,
+    /// This node's share of its zone's capacity, per second: what its connections to the zone
+    /// completed while the zone was saturated (raised by any higher rate seen since).
+    pub capacity_per_s: Option<f64>,
 }
 
 impl Measured {

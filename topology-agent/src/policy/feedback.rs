@@ -3,7 +3,7 @@
 //! comes in as a [`PortInput`]; without one (no measurement yet, or `explain` from a file) the
 //! static plan stands.
 
-use std::net::SocketAddr;
+use std::{collections::BTreeMap, net::SocketAddr};
 
 use serde::Serialize;
 
@@ -18,8 +18,8 @@ pub struct FeedbackReport {
     pub input: Option<PortInput>,
     /// Usable endpoints in scope on this node or in its zone: the traffic measured as "near".
     pub near: Vec<SocketAddr>,
-    /// Usable endpoints in scope in other zones: where traffic moves to.
-    pub far: Vec<SocketAddr>,
+    /// Usable endpoints in scope in other zones, by zone: where traffic moves to.
+    pub far: BTreeMap<String, Vec<SocketAddr>>,
 }
 
 /// Reweights `static_plan` (chosen among `in_scope`) by `input`.
@@ -30,11 +30,12 @@ pub fn reweight(
     input: Option<&PortInput>,
 ) -> Selection {
     let near_far = |c: &&Candidate<'_>| matches!(locality(this, c), Locality::Node | Locality::Zone);
-    let report = FeedbackReport {
-        input: input.cloned(),
-        near: in_scope.iter().filter(near_far).map(addr).collect(),
-        far: in_scope.iter().filter(|c| !near_far(c)).map(addr).collect(),
-    };
+    let mut far: BTreeMap<String, Vec<SocketAddr>> = BTreeMap::new();
+    for c in in_scope.iter().filter(|c| !near_far(c)) {
+        far.entry(c.zone.unwrap_or_default().to_owned()).or_default().push(addr(c));
+    }
+    let report =
+        FeedbackReport { input: input.cloned(), near: in_scope.iter().filter(near_far).map(addr).collect(), far };
     let heading = |why: &str| format!("feedback: {why}; static plan: {}", static_plan.reason);
     let Some(input) = input else {
         let reason = heading("no measurement yet");
@@ -61,7 +62,9 @@ pub fn reweight(
         all.feedback = Some(report);
         return all;
     }
-    shift(this, &mut backends, &left, input.shift);
+    let receiving: Vec<Candidate<'_>> =
+        left.iter().filter(|c| !input.avoid.iter().any(|z| Some(z.as_str()) == c.zone)).cloned().collect();
+    shift(this, &mut backends, if receiving.is_empty() { &left } else { &receiving }, input.shift);
     Selection {
         policy: PolicyKind::Feedback,
         reason: heading(&input.reason),
@@ -86,9 +89,13 @@ fn shift(this: &Node, backends: &mut Vec<Choice>, left: &[Candidate<'_>], share:
     for backend in backends.iter_mut().filter(|b| is_near(b.locality)) {
         backend.weight *= (near - moved) / near;
     }
-    if far > 0.0 {
-        for backend in backends.iter_mut().filter(|b| !is_near(b.locality)) {
-            backend.weight *= (far + moved) / far;
+    // The static plan's own other-zone backends, if any receives: they take the moved share in
+    // proportion.
+    let receives = |b: &Choice| !is_near(b.locality) && left.iter().any(|c| c.address == b.address && c.port == b.port);
+    let far_receiving: f64 = backends.iter().filter(|b| receives(b)).map(|b| b.weight).sum();
+    if far_receiving > 0.0 {
+        for backend in backends.iter_mut().filter(|b| receives(b)) {
+            backend.weight *= (far_receiving + moved) / far_receiving;
         }
     } else {
         let others: Vec<&Candidate<'_>> = left.iter().filter(|c| !is_near(locality(this, c))).collect();
