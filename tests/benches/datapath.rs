@@ -89,6 +89,11 @@ struct Scenario {
     hook: Option<PathBuf>,
     /// The hook's own run time and runs over the run-time rounds, as the kernel counts them.
     hook_run: (Duration, u64),
+    /// The load signal's `sock_ops` program behind the same cgroup, and its run time over
+    /// `hook_connects` connects.
+    load: Option<PathBuf>,
+    load_run: Duration,
+    hook_connects: u64,
 }
 
 const NO_HOOK: &str = "no hook, direct to the backends";
@@ -117,6 +122,9 @@ impl Scenario {
             round_delta_ns: Vec::new(),
             hook: None,
             hook_run: Default::default(),
+            load: None,
+            load_run: Duration::ZERO,
+            hook_connects: 0,
         }
     }
 
@@ -150,6 +158,7 @@ impl Scenario {
     fn hook_round(&mut self, count: u64) {
         let Some(link) = self.hook.clone() else { return };
         let before = run_stats(&link);
+        let load_before = self.load.as_deref().map(run_stats);
         let kept = (self.samples_ns.len(), self.baseline_ns.len(), self.round_p50_ns.len(), self.round_delta_ns.len());
         self.round(count, 0);
         self.samples_ns.truncate(kept.0);
@@ -159,6 +168,16 @@ impl Scenario {
         let after = run_stats(&link);
         self.hook_run.0 += after.0 - before.0;
         self.hook_run.1 += after.1 - before.1;
+        if let (Some(load), Some(before)) = (self.load.as_deref(), load_before) {
+            self.load_run += run_stats(load).0 - before.0;
+            self.hook_connects += count;
+        }
+    }
+
+    /// Run time of the `sock_ops` program per connect (all its callbacks of one connection).
+    fn load_ns(&self) -> Option<f64> {
+        (self.kind == Timed::Tcp && self.hook_connects > 0)
+            .then(|| self.load_run.as_nanos() as f64 / self.hook_connects as f64)
     }
 
     /// Mean run time of the hook per call, in nanoseconds.
@@ -225,10 +244,12 @@ fn main() {
         // Links are pinned: the programs stay attached after the handle is dropped.
         drop(dp);
         let link = PinLayout::new(pins.path()).link("connect4");
+        let load = PinLayout::new(pins.path()).link("backend_load");
         for kind in [Timed::Tcp, Timed::UdpConnect] {
             let mut hook = Scenario::new(kind, HOOK, Some(count), place(&client, &cgroup), vec![target(count)]);
             hook.baseline = no_hook();
             hook.hook = Some(link.clone());
+            hook.load = Some(load.clone());
             scenarios.push(hook);
             if count == *counts.last().expect("counts") {
                 // The hook's fixed cost: it runs and looks the destination up, but rewrites nothing.
@@ -236,6 +257,7 @@ fn main() {
                     Scenario::new(kind, NOT_A_SERVICE, Some(count), place(&client, &cgroup), backends.clone());
                 fixed.baseline = no_hook();
                 fixed.hook = Some(link.clone());
+                fixed.load = Some(load.clone());
                 scenarios.push(fixed);
             }
         }
@@ -401,7 +423,8 @@ fn print_table(scenarios: &[Scenario]) {
          backends directly; \"over no hook\" compares the two sides of those pairs (pooled p50s, and the median \
          [quartiles] of the per-round p50 differences). Other rows are compared with the no-hook row's own \
          processes, round by round. The hook's run time per call is the kernel's own count (BPF run-time \
-         statistics, {HOOK_ROUNDS} extra rounds, includes two clock reads)\n"
+         statistics, {HOOK_ROUNDS} extra rounds, includes two clock reads); so is the load signal's \
+         (`sock_ops`: every callback of a TCP connection, summed, per connect)\n"
     );
     for (kind, title) in [
         (Timed::Tcp, "TCP connect() (handshake through the bridge)"),
@@ -411,9 +434,10 @@ fn print_table(scenarios: &[Scenario]) {
         println!("{title}\n");
         println!(
             "| scenario | services | samples | p50 (µs) | p99 (µs) | no-hook p50 beside it (µs) | p50 over no hook (µs) \
-             | per round: median [quartiles] (µs) | iptables p50 / this p50 | hook run time (ns/call) |"
+             | per round: median [quartiles] (µs) | iptables p50 / this p50 | hook run time (ns/call) | sock_ops run \
+             time (ns/connect) |"
         );
-        println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+        println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
         for scenario in scenarios.iter().filter(|s| s.kind == kind) {
             let (p50, p99, samples) = summary(&scenario.samples_ns);
             // The baseline beside it (interleaved), else the no-hook row's own processes.
@@ -440,10 +464,11 @@ fn print_table(scenarios: &[Scenario]) {
                 _ => String::new(),
             };
             println!(
-                "| {} | {} | {samples} | {p50:.2} | {p99:.2} | {beside} | {over} | {rounds} | {ratio} | {} |",
+                "| {} | {} | {samples} | {p50:.2} | {p99:.2} | {beside} | {over} | {rounds} | {ratio} | {} | {} |",
                 scenario.name,
                 scenario.services.map_or("–".into(), |s| s.to_string()),
                 scenario.hook_ns().map_or(String::new(), |ns| format!("{ns:.0}")),
+                scenario.load_ns().map_or(String::new(), |ns| format!("{ns:.0}")),
             );
         }
         println!();
