@@ -87,24 +87,38 @@ pub fn read(map: &LoadMap) -> Result<Vec<MeasuredBackend>, DataplaneError> {
     Ok(backends)
 }
 
-/// Removes the counters of backends that are in no programmed set and have nothing in flight, so
-/// the map holds what this node can still send to. Returns how many went.
-pub fn prune(map: &mut LoadMap, live: &BTreeSet<SocketAddr>) -> Result<usize, DataplaneError> {
-    let mut gone = Vec::new();
+/// The measured backends with nothing in flight (candidates for [`remove`]), and the keys that
+/// name no valid backend (a map edited by hand).
+pub fn idle(map: &LoadMap) -> Result<(BTreeSet<SocketAddr>, Vec<BackendKey>), DataplaneError> {
+    let (mut idle, mut invalid) = (BTreeSet::new(), Vec::new());
     for entry in map.iter() {
         let (key, load) = entry.map_err(DataplaneError::map(map_names::BACKEND_LOAD))?;
-        let idle = load.in_flight() == 0 && load.connecting() == 0;
-        if idle && socket_addr(&key).is_none_or(|backend| !live.contains(&backend)) {
-            gone.push(key);
+        if load.in_flight() == 0 && load.connecting() == 0 {
+            match socket_addr(&key) {
+                Some(backend) => {
+                    idle.insert(backend);
+                }
+                None => invalid.push(key),
+            }
         }
     }
-    for key in &gone {
+    Ok((idle, invalid))
+}
+
+/// Removes the counters of `backends` and `invalid` keys; returns how many went.
+pub fn remove(
+    map: &mut LoadMap,
+    backends: BTreeSet<SocketAddr>,
+    invalid: Vec<BackendKey>,
+) -> Result<usize, DataplaneError> {
+    let keys: Vec<BackendKey> = invalid.into_iter().chain(backends.into_iter().map(key)).collect();
+    for key in &keys {
         match map.remove(key) {
             Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
             Err(error) => return Err(DataplaneError::map(map_names::BACKEND_LOAD)(error)),
         }
     }
-    Ok(gone.len())
+    Ok(keys.len())
 }
 
 /// The backend a key names, if it is a valid one.
@@ -124,7 +138,6 @@ pub fn socket_addr(key: &BackendKey) -> Option<SocketAddr> {
 }
 
 /// The key of a backend.
-#[cfg(test)]
 fn key(backend: SocketAddr) -> BackendKey {
     let (addr, family) = match backend.ip() {
         IpAddr::V4(v4) => {

@@ -192,8 +192,10 @@ impl Dataplane {
     /// Drops the measurements of backends in no programmed set with nothing in flight; returns
     /// how many went.
     pub fn prune_backend_load(&mut self) -> Result<usize, DataplaneError> {
-        let live = self.writer.kernel().backends();
-        load::prune(&mut self.writer.maps_mut().backend_load, &live)
+        // Only the idle measured backends are looked for in the sets: a few, not every backend.
+        let (mut idle, invalid) = load::idle(&self.writer.maps().backend_load)?;
+        self.writer.kernel().keep_unused(&mut idle);
+        load::remove(&mut self.writer.maps_mut().backend_load, idle, invalid)
     }
 
     /// The kernel log reader, when kernel logging is on; the caller polls it.

@@ -68,14 +68,24 @@ pub struct KernelState {
 }
 
 impl KernelState {
-    /// Every backend of every programmed set.
-    pub fn backends(&self) -> BTreeSet<std::net::SocketAddr> {
-        self.services
-            .iter()
-            .flat_map(|(port, service)| {
-                service.backends(port.vip.is_ipv4()).into_iter().map(|b| std::net::SocketAddr::new(b.addr, b.port))
-            })
-            .collect()
+    /// Removes from `backends` every one that some programmed set holds.
+    pub fn keep_unused(&self, backends: &mut BTreeSet<std::net::SocketAddr>) {
+        for (port, service) in &self.services {
+            if backends.is_empty() {
+                return;
+            }
+            for slot in &service.slots {
+                for backend in [&slot.primary, &slot.alias] {
+                    let ip = if port.vip.is_ipv4() {
+                        let [a, b, c, d, ..] = backend.addr;
+                        std::net::IpAddr::from([a, b, c, d])
+                    } else {
+                        std::net::IpAddr::from(backend.addr)
+                    };
+                    backends.remove(&std::net::SocketAddr::new(ip, backend.port));
+                }
+            }
+        }
     }
 
     /// Number of slots the service entries refer to.

@@ -193,8 +193,8 @@ fn entry(plan: &NodePlan, selected: &PortSelection) -> ServiceEntry {
             })
             .collect(),
         warnings: selection.warnings.clone(),
-        spillover: selection.spillover.clone(),
-        feedback: selection.feedback.clone(),
+        spillover: selection.spillover.as_deref().cloned(),
+        feedback: selection.feedback.as_deref().cloned(),
         options: selected.options,
         conflicts,
     }

@@ -39,15 +39,15 @@ pub fn reweight(
     let heading = |why: &str| format!("feedback: {why}; static plan: {}", static_plan.reason);
     let Some(input) = input else {
         let reason = heading("no measurement yet");
-        return Selection { policy: PolicyKind::Feedback, reason, feedback: Some(report), ..static_plan };
+        return Selection { policy: PolicyKind::Feedback, reason, feedback: Some(Box::new(report)), ..static_plan };
     };
     if static_plan.reject || in_scope.is_empty() {
-        return Selection { policy: PolicyKind::Feedback, feedback: Some(report), ..static_plan };
+        return Selection { policy: PolicyKind::Feedback, feedback: Some(Box::new(report)), ..static_plan };
     }
     if input.panic {
         let mut panic = Selection::equal(PolicyKind::Feedback, heading(&input.reason), this, in_scope);
         panic.spillover = static_plan.spillover;
-        panic.feedback = Some(report);
+        panic.feedback = Some(Box::new(report));
         return panic;
     }
     let ejected = |address: std::net::IpAddr, port: u16| input.ejected.contains(&SocketAddr::new(address, port));
@@ -59,7 +59,7 @@ pub fn reweight(
         let why = format!("{}; every backend of the static plan ejected", input.reason);
         let mut all = Selection::equal(PolicyKind::Feedback, heading(&why), this, &left);
         all.spillover = static_plan.spillover;
-        all.feedback = Some(report);
+        all.feedback = Some(Box::new(report));
         return all;
     }
     let receiving: Vec<Candidate<'_>> =
@@ -70,7 +70,7 @@ pub fn reweight(
         reason: heading(&input.reason),
         reject: backends.is_empty(),
         backends,
-        feedback: Some(report),
+        feedback: Some(Box::new(report)),
         ..static_plan
     }
 }

@@ -98,10 +98,10 @@ pub struct Selection {
     /// Inputs that were ignored (an invalid annotation, an unknown value), with why.
     pub warnings: Vec<String>,
     /// The spillover plan behind the weights, when spillover decided.
-    pub spillover: Option<spillover::SpilloverReport>,
+    pub spillover: Option<Box<spillover::SpilloverReport>>,
     /// What feedback measured and moved, when feedback decided.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub feedback: Option<feedback::FeedbackReport>,
+    pub feedback: Option<Box<feedback::FeedbackReport>>,
     /// The share of connections the default policy (every usable endpoint equally, no topology,
     /// as kube-proxy does) would keep in this node's zone: the baseline the cross-zone savings
     /// are counted against. `None` without a usable endpoint.
@@ -194,7 +194,8 @@ pub fn compute_service_with(
         agent_exempt: service.key.namespace == API_SERVICE.0 && service.key.name == API_SERVICE.1,
         local_dns: false,
     };
-    let mut out = Vec::new();
+    // Exactly sized: a selection is large, and a Vec grown from empty holds four.
+    let mut out = Vec::with_capacity(service.ports.len() * families.len());
     for port in &service.ports {
         for &family in &families {
             let joined = join::candidates(state, service, port, family);

@@ -323,7 +323,7 @@ pub fn select(
         reject: backends.is_empty(),
         backends,
         warnings: Vec::new(),
-        spillover: Some(report),
+        spillover: Some(Box::new(report)),
         feedback: None,
         baseline_in_zone: None,
     }
