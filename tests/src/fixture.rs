@@ -11,7 +11,7 @@ use topology_agent::{
 use crate::{
     net::{ClientPlace, Host, Network, Server, ServerOptions},
     sandbox::{CgroupGuard, PinGuard, unique_id},
-    traffic::Capacity,
+    server::Capacity,
 };
 
 /// Port every backend server listens on, TCP and UDP.

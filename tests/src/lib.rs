@@ -11,5 +11,6 @@ pub mod fixture;
 pub mod net;
 pub mod netns;
 pub mod sandbox;
+pub mod server;
 pub mod soak;
 pub mod traffic;

@@ -115,7 +115,7 @@ pub struct ServerOptions<'a> {
     /// File for the server's stderr (default: the caller's stderr).
     pub log: Option<&'a Path>,
     /// A real capacity limit on its TCP service (default: it answers at once).
-    pub capacity: Option<crate::traffic::Capacity>,
+    pub capacity: Option<crate::server::Capacity>,
 }
 
 /// A backend server process answering with its name.

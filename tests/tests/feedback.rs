@@ -13,7 +13,7 @@ use topology_tests::{
     cluster::{self, EndpointSpec},
     fixture::{BACKEND_PORT, Fixture},
     require_root,
-    traffic::Capacity,
+    server::Capacity,
 };
 
 const VIP: &str = "10.96.0.60";

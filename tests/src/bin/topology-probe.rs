@@ -12,7 +12,10 @@ use std::{
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
-use topology_tests::traffic::{self, Baseline, Client, Timed, UdpMode};
+use topology_tests::{
+    server,
+    traffic::{Baseline, Client, Timed, UdpMode},
+};
 
 #[derive(Parser)]
 #[command(about = "Backend server and traffic client for topology-agent tests and demos")]
@@ -181,8 +184,8 @@ fn main() -> anyhow::Result<()> {
     match args.command {
         Mode::Serve { name, tcp, udp, workers, service_ms } => {
             let capacity =
-                workers.map(|workers| traffic::Capacity { workers, service: Duration::from_millis(service_ms) });
-            traffic::serve(&name, &tcp, &udp, capacity, || {
+                workers.map(|workers| server::Capacity { workers, service: Duration::from_millis(service_ms) });
+            server::serve(&name, &tcp, &udp, capacity, || {
                 println!("ready");
                 let _ = std::io::stdout().flush();
             })
