@@ -173,7 +173,8 @@ fn step_port(
     };
     let (target, why) = decide(state.shift, &measured, ports.far_all().next().is_some(), t);
     let target = (target * 100.0).round() / 100.0;
-    let (target, why) = if target != 0.0 && (target - state.shift).abs() < t.min_move {
+    let small = target != state.shift && (target - state.shift).abs() < t.min_move;
+    let (target, why) = if target != 0.0 && small {
         (state.shift, format!("{why} (a move under {} is not made)", pct(t.min_move)))
     } else {
         (target, why)

@@ -176,6 +176,7 @@ fn too_few_samples_or_no_other_zone_hold_or_stay_home() {
     h.interval(&[], &[]);
     assert_eq!(h.input().shift, moved);
     assert!(h.input().reason.contains("too few connections"), "{}", h.input().reason);
+    assert!(!h.input().reason.contains("not made"), "holding is no move: {}", h.input().reason);
 
     let mut alone = Harness::new(&NEAR, &[]);
     alone.zones(1000, 0);
