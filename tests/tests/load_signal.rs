@@ -171,3 +171,37 @@ fn the_sock_ops_counters_match_the_connections_made() {
     let left: Vec<_> = dp.backend_load().expect("read").into_iter().map(|m| m.backend).collect();
     assert_eq!(left, both.to_vec());
 }
+
+#[test]
+fn the_load_signal_can_be_turned_off_and_an_earlier_agents_is_detached() {
+    require_root!();
+    let fx = Fixture::new(1);
+    let attached = || {
+        let out = std::process::Command::new("bpftool")
+            .args(["cgroup", "show"])
+            .arg(fx.cgroup.path())
+            .output()
+            .expect("run bpftool");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let desired =
+        Fixture::one_service(service("10.96.0.10", 80, Protocol::Tcp), vec![fx.backends[0].weighted(false, 1)]);
+    let open = |load_signal: bool| {
+        let mut dp = Dataplane::open(&topology_agent::dataplane::DataplaneConfig { load_signal, ..fx.config() })
+            .expect("open dataplane");
+        assert!(dp.apply(&desired).failed.is_empty());
+        dp
+    };
+    let dp = open(true);
+    assert!(attached().contains("backend_load"), "{}", attached());
+    drop(dp);
+    // Restarted with it off: the earlier agent's link goes, the rewrites stay, nothing is measured.
+    let dp = open(false);
+    let programs = attached();
+    assert!(!programs.contains("backend_load") && programs.contains("connect4"), "{programs}");
+    let result = fx.place().tcp(addr("10.96.0.10:80"), 10);
+    assert_eq!(result.successes(), 10, "{result:?}");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(load_of(&dp, fx.backends[0].socket(false)).load.connects, 0);
+    assert!(!fx.pins.path().join("links").join("backend_load").exists());
+}

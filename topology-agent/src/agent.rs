@@ -60,6 +60,8 @@ pub struct RunConfig {
     /// The programs stop rewriting this long after the agent last had a current view
     /// (`None`: never).
     pub fail_open_after: Option<Duration>,
+    /// Attach the load signal (`--load-signal`).
+    pub load_signal: bool,
     /// Which sockets are destroyed when their backend leaves a set.
     pub terminate: TerminateSockets,
     /// Directories of network namespace files searched for such sockets.
@@ -173,6 +175,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
         index: config.index,
         agent_cgroup,
         fail_open_after: config.fail_open_after,
+        load_signal: config.load_signal,
     };
     let mut dataplane = tokio::task::block_in_place(|| Dataplane::open(&dataplane_config))?;
     tracing::info!(
@@ -409,6 +412,7 @@ mod tests {
             kernel_log: KernelLogLevel::Off,
             index: IndexOrdering::default(),
             fail_open_after: None,
+            load_signal: true,
             terminate: TerminateSockets::Off,
             netns_dirs: Vec::new(),
             dns: Some(DnsConfig {

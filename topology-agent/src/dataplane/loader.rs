@@ -131,6 +131,8 @@ pub struct LoadOptions {
     pub index: IndexOrdering,
     /// The agent's own cgroup id, exempted for the services that ask for it.
     pub agent_cgroup: Option<u64>,
+    /// Load the load signal's `sock_ops` program.
+    pub load_signal: bool,
 }
 
 /// Loads the object with its maps opened from, or created and pinned under, `layout`, and its
@@ -181,8 +183,14 @@ fn load_flavour(layout: &PinLayout, options: &LoadOptions, flavour: Flavour) -> 
     for name in program_names::SOCK_ADDR {
         program::<CgroupSockAddr>(&mut ebpf, name)?.load().map_err(DataplaneError::program(name))?;
     }
-    let name = program_names::BACKEND_LOAD;
-    program::<SockOps>(&mut ebpf, name)?.load().map_err(DataplaneError::program(name))?;
+    if options.load_signal {
+        // The measurement is an addition: a kernel that refuses it leaves the rewrites running.
+        let name = program_names::BACKEND_LOAD;
+        if let Err(error) = program::<SockOps>(&mut ebpf, name)?.load() {
+            tracing::warn!(%error, "the kernel refused the load signal (sock_ops); no backend is measured and \
+                            feedback keeps the static plan");
+        }
+    }
     Ok(ebpf)
 }
 
@@ -212,6 +220,13 @@ pub fn attach_all(ebpf: &mut Ebpf, layout: &PinLayout, cgroup: &Path) -> Result<
     for name in program_names::ALL {
         let link: FdLink = if name == program_names::BACKEND_LOAD {
             let program = program::<SockOps>(ebpf, name)?;
+            if program.fd().is_err() {
+                // Not loaded (off, or refused): a link an earlier agent pinned goes too.
+                if layout.link(name).exists() {
+                    links::detach_pinned(&layout.link(name))?;
+                }
+                continue;
+            }
             let id = program.attach(&cgroup_fd, CgroupAttachMode::Single).map_err(DataplaneError::program(name))?;
             program.take_link(id).map_err(DataplaneError::program(name))?.try_into().map_err(link_error(name))?
         } else {

@@ -76,6 +76,10 @@ pub struct DataplaneConfig {
     /// How long the programs keep rewriting after the last [`Dataplane::heartbeat`]; `None`:
     /// forever (they never fail open).
     pub fail_open_after: Option<Duration>,
+    /// Attach the load signal's `sock_ops` program (it runs on every TCP connection in the
+    /// cgroup). Off, or refused by the kernel: no backend is measured and feedback keeps the
+    /// static plan.
+    pub load_signal: bool,
 }
 
 impl DataplaneConfig {
@@ -90,6 +94,7 @@ impl DataplaneConfig {
             index: IndexOrdering::Auto,
             agent_cgroup: None,
             fail_open_after: None,
+            load_signal: true,
         }
     }
 }
@@ -119,6 +124,7 @@ impl Dataplane {
             log_level: config.kernel_log,
             index: config.index,
             agent_cgroup: config.agent_cgroup,
+            load_signal: config.load_signal,
         };
         let loader::Loaded { mut ebpf, logger, flavour } = loader::load(&layout, &options)?;
         let maps = maps::MapSet::from_ebpf(&mut ebpf, &layout)?;
