@@ -56,6 +56,10 @@ fn main() -> anyhow::Result<()> {
             Output::Table => print!("{}", report.table()),
             Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
         }
+        if let Some(path) = cli.svg {
+            std::fs::write(&path, dynamic::chart::svg(&report))
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
         return Ok(());
     }
     let mut config = Config { sample_every: cli.sample_every, max_overloads: cli.max_overloads, ..Config::default() };

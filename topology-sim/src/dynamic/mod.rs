@@ -4,6 +4,7 @@
 //! the agent's own policy and feedback controller, each reading only its own node's counters, on
 //! its own clock. Rows: PreferClose, static (capacity) spillover, feedback.
 
+pub mod chart;
 pub mod cluster;
 pub mod report;
 pub mod run;
@@ -72,6 +73,11 @@ mod tests {
         assert!(feedback.settle_s.is_some(), "the sets settle during the surge: {}", report.table());
         let after = report.get("feedback", "after").unwrap();
         assert!(after.in_zone >= 0.95, "{}", report.table());
+        let svg = chart::svg(&report);
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"), "{svg}");
+        assert_eq!(svg.matches("<polyline").count(), 4, "three latency lines and feedback's shift");
+        let row = report.rows.iter().find(|r| r.algorithm == "feedback").unwrap();
+        assert_eq!(row.timeline.len(), row.p99_by_second.len());
         let calm = report.get("feedback", "calm").unwrap();
         assert_eq!(calm.in_zone, 1.0, "no move without load: {}", report.table());
         assert!(close.failed > 0 && close.in_zone == 1.0, "PreferClose keeps the surge home: {}", report.table());

@@ -89,6 +89,8 @@ pub struct Row {
     pub phases: Vec<PhaseRow>,
     /// (seconds, the nodes' mean shift) at the end of every second.
     pub timeline: Vec<(f64, f64)>,
+    /// The 99th percentile latency of the requests that arrived in each second, milliseconds.
+    pub p99_by_second: Vec<Option<f64>>,
 }
 
 /// A dynamic comparison.

@@ -89,6 +89,7 @@ pub fn run(config: &Config, algorithm: Algorithm) -> anyhow::Result<Row> {
     let mut t = 0.0_f64;
     let mut next_second = 1000.0;
     let mut timeline: Vec<(f64, f64)> = Vec::new();
+    let (mut this_second_us, mut p99_by_second): (Vec<u64>, Vec<Option<f64>>) = (Vec::new(), Vec::new());
     for (index, phase) in config.phases.iter().enumerate() {
         let end = t + phase.seconds * 1000.0;
         let first_second = timeline.len();
@@ -114,6 +115,7 @@ pub fn run(config: &Config, algorithm: Algorithm) -> anyhow::Result<Row> {
                     workers[endpoint][worker] = finish;
                     let lifetime_us = ((finish - arrival) * 1000.0) as u64;
                     figures.record(lifetime_us, shape.endpoint_zone(endpoint) == node.zone);
+                    this_second_us.push(lifetime_us);
                     completions.push(Reverse(((finish * 1000.0) as u64, node_index, endpoint, lifetime_us)));
                 }
             }
@@ -135,6 +137,10 @@ pub fn run(config: &Config, algorithm: Algorithm) -> anyhow::Result<Row> {
                 let key = cluster.port_key();
                 let shifts: f64 = nodes.iter().map(|n| n.controller.inputs().get(&key).map_or(0.0, |i| i.shift)).sum();
                 timeline.push((t / 1000.0, shifts / node_count as f64));
+                this_second_us.sort_unstable();
+                let n = this_second_us.len();
+                p99_by_second.push((n > 0).then(|| this_second_us[(n * 99 / 100).min(n - 1)] as f64 / 1000.0));
+                this_second_us.clear();
             }
             if algorithm == Algorithm::Feedback {
                 look(&cluster, &mut nodes, t, config.tuning.interval_ms as f64);
@@ -149,6 +155,7 @@ pub fn run(config: &Config, algorithm: Algorithm) -> anyhow::Result<Row> {
         swaps_per_minute: swaps,
         phases: figures.into_iter().map(|f| f.finish()).collect(),
         timeline,
+        p99_by_second,
     })
 }
 
