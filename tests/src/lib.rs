@@ -10,6 +10,7 @@ pub mod fake_api;
 pub mod fixture;
 pub mod net;
 pub mod netns;
+pub mod openloop;
 pub mod sandbox;
 pub mod server;
 pub mod soak;

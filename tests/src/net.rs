@@ -180,7 +180,7 @@ impl ClientPlace {
     }
 
     /// A client command whose attempts each dial one of `targets` at random.
-    fn command_spread(&self, targets: &[SocketAddr]) -> Command {
+    pub(crate) fn command_spread(&self, targets: &[SocketAddr]) -> Command {
         let mut command = Command::new(probe_binary());
         command.args(["--netns", &self.netns, "--cgroup"]).arg(&self.cgroup);
         if let Some(cpu) = self.cpu {

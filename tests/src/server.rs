@@ -20,6 +20,19 @@ pub struct Capacity {
     pub service: Duration,
 }
 
+/// Whether the client closed its end before a worker got to it (it timed out waiting): a worker
+/// does not spend its service time on it. This favours a queue that overflows (the static plan in
+/// the overload demo), which then recovers as soon as the excess stops.
+fn client_left(stream: &TcpStream) -> bool {
+    use std::os::fd::AsRawFd as _;
+    let mut byte = 0u8;
+    // SAFETY: a one-byte buffer for a non-blocking peek on a descriptor this function borrows.
+    let read =
+        unsafe { libc::recv(stream.as_raw_fd(), (&raw mut byte).cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    // 0: end of stream; -1 with EAGAIN: still there, silent; another error: gone (reset).
+    read == 0 || (read < 0 && io::Error::last_os_error().kind() != io::ErrorKind::WouldBlock)
+}
+
 /// Serves `name` on every TCP and UDP address until the process ends: TCP connections get the
 /// name and are closed (after `capacity`'s service time, by one of its workers, if given), UDP
 /// datagrams get the name back. Calls `ready` once everything is bound.
@@ -40,6 +53,9 @@ pub fn serve(
                 loop {
                     let next = receive.lock().map_err(|_| ()).and_then(|r| r.recv().map_err(|_| ()));
                     let Ok(mut stream) = next else { return };
+                    if client_left(&stream) {
+                        continue;
+                    }
                     thread::sleep(capacity.service);
                     let _ = stream.write_all(format!("{name}\n").as_bytes());
                 }

@@ -3,6 +3,7 @@
 //! own solver (`topology_agent::policy::spillover::solve`), so the figures are the agent's.
 
 pub mod algorithms;
+pub mod chart;
 pub mod dynamic;
 pub mod outcome;
 pub mod report;

@@ -149,6 +149,19 @@ enum Traffic {
         #[arg(long, default_value_t = 10)]
         pause_ms: u64,
     },
+    /// Open-loop TCP connections: Poisson arrivals at each phase's rate, whatever became of the
+    /// earlier ones; prints every connection's arrival, latency and outcome.
+    OpenLoop {
+        /// `NAME:RATE_PER_S:SECONDS` (repeatable, in order).
+        #[arg(long, required = true)]
+        phase: Vec<topology_tests::openloop::Phase>,
+        /// Seed of the arrival times.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Most connections in flight; arrivals beyond fail as `overflow`.
+        #[arg(long, default_value_t = 10_000)]
+        max_in_flight: usize,
+    },
     /// Connect in a loop until the stop file exists.
     Loop {
         #[arg(long)]
@@ -225,6 +238,13 @@ fn main() -> anyhow::Result<()> {
                         started,
                     );
                     println!("{}", serde_json::to_string(&stream)?);
+                    return Ok(());
+                }
+                Traffic::OpenLoop { phase, seed, max_in_flight } => {
+                    let report =
+                        topology_tests::openloop::run(&client.targets, &phase, client.timeout, max_in_flight, seed)
+                            .context("open loop")?;
+                    println!("{}", serde_json::to_string(&report)?);
                     return Ok(());
                 }
                 Traffic::Tcp { count } => client.tcp(count),

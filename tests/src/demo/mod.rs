@@ -3,6 +3,8 @@
 
 pub mod cluster;
 pub mod measure;
+pub mod overload;
+pub mod overload_report;
 pub mod plan;
 pub mod report;
 

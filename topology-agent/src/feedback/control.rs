@@ -154,8 +154,19 @@ fn step_port(
     let offered_per_s = (near.connects + far.connects) as f64 / seconds;
     let near_done_per_s = near.closed as f64 / seconds;
     let saturated = near_us.zip(state.baseline_us).is_some_and(|(near, base)| near / base > t.band_high);
+    // What the zone completed is its capacity only while a queue stood through the interval: at
+    // its end more connections were in flight than the zone serves at once (Little's law). A
+    // backlog that emptied partway through (the end of a surge) completes less, and says nothing.
+    let queue_remains =
+        state.baseline_us.is_some_and(|base| near.in_flight as f64 > near_done_per_s * base / 1e6 + 1.0);
     state.capacity = match state.capacity {
-        _ if saturated && near_done_per_s > 0.0 => Some((near_done_per_s, now_ms)),
+        // Within the memory the highest reading stands: a saturated interval whose queue emptied
+        // near its end reads low, and a capacity that really dropped shows as a growing backlog,
+        // which the drain term answers.
+        Some((capacity, at)) if saturated && queue_remains && now_ms.saturating_sub(at) <= t.capacity_memory_ms => {
+            Some((capacity.max(near_done_per_s), now_ms))
+        }
+        _ if saturated && queue_remains && near_done_per_s > 0.0 => Some((near_done_per_s, now_ms)),
         Some((_, at)) if now_ms.saturating_sub(at) > t.capacity_memory_ms => None,
         Some((capacity, at)) => Some((capacity.max(near_done_per_s), at)),
         None => None,
@@ -230,21 +241,28 @@ const AVOID_MS: u64 = 5000;
 /// node's share of its capacity: the shift aims at using `headroom` of it (the rest of the
 /// traffic leaves), in steps of at most `step_out`; if the shift already does, the latency is a
 /// backlog draining, and the shift holds. Below the band traffic comes back `step_back` at a time,
-/// but never so much that the remembered capacity would be exceeded again.
+/// but never so much that the remembered capacity would be exceeded again; when that capacity
+/// takes all of the demand (the surge is over), `step_out` at a time.
 fn decide(shift: f64, m: &Measured, has_far: bool, t: &Tuning) -> (f64, String) {
     let band = format!("band {:.1}–{:.1}×", t.band_low, t.band_high);
     if !has_far {
         return (0.0, "no usable endpoint in another zone: nothing to move".into());
     }
-    let Some(near) = m.near_ratio() else {
-        return (shift, format!("too few connections ended to read the zone's latency: holding {}", pct(shift)));
-    };
-    let zone = format!("zone at {near:.1}× its unloaded latency ({band})");
     // The least shift that keeps this node's traffic to its zone within the remembered capacity.
     let floor = m
         .capacity_per_s
         .filter(|_| m.offered_per_s > 0.0)
         .map(|capacity| (1.0 - t.headroom * capacity / m.offered_per_s).clamp(0.0, t.max_shift));
+    let Some(near) = m.near_ratio() else {
+        let few = "too few connections ended to read the zone's latency";
+        if floor == Some(0.0) && shift > 0.0 {
+            // Few ended because few were sent: the remembered capacity takes all of the demand.
+            let next = (shift - t.step_out).max(0.0);
+            return (next, format!("{few}, but {}: moving back {} → {}", capacity_text(m), pct(shift), pct(next)));
+        }
+        return (shift, format!("{few}: holding {}", pct(shift)));
+    };
+    let zone = format!("zone at {near:.1}× its unloaded latency ({band})");
     let far = m.far_ratio();
     if near > t.band_high {
         if let Some(far) = far.filter(|&far| far >= near) {
@@ -280,11 +298,17 @@ fn decide(shift: f64, m: &Measured, has_far: bool, t: &Tuning) -> (f64, String) 
         );
     }
     if near < t.band_low && shift > 0.0 {
-        let next = (shift - t.step_back).max(floor.unwrap_or(0.0));
+        // When the remembered capacity takes all of this node's demand, the surge is over: come
+        // back as fast as traffic left. Otherwise a step at a time, feeling for the capacity.
+        let (step, how) = match floor {
+            Some(0.0) => (t.step_out, format!(" ({})", capacity_text(m))),
+            _ => (t.step_back, String::new()),
+        };
+        let next = (shift - step).max(floor.unwrap_or(0.0));
         if next >= shift {
             return (shift, format!("{zone}, but {}: holding {}", capacity_text(m), pct(shift)));
         }
-        return (next, format!("{zone}: moving back {} → {}", pct(shift), pct(next)));
+        return (next, format!("{zone}: moving back {} → {}{how}", pct(shift), pct(next)));
     }
     (shift, format!("{zone}: holding {}", pct(shift)))
 }

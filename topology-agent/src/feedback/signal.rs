@@ -40,24 +40,36 @@ impl Window {
 #[derive(Clone, Debug, Default)]
 pub struct Windows {
     last: BTreeMap<SocketAddr, LoadCounters>,
+    /// Whether a reading was taken: the first one (a start, with counters pinned by an earlier
+    /// agent) gives no window.
+    primed: bool,
 }
 
 impl Windows {
-    /// The windows since the previous reading, by backend. A backend seen for the first time, or
-    /// whose counters went back (its entry was dropped and made again), has no window yet.
+    /// The windows since the previous reading, by backend. After the first reading, a backend
+    /// that appears, or whose counters went back, has a new entry in the kernel, made since the
+    /// previous reading and counted from zero: its window is all it holds (the first connections
+    /// moved to another zone count at once).
     pub fn advance(&mut self, reading: &[MeasuredBackend]) -> BTreeMap<SocketAddr, Window> {
         let mut windows = BTreeMap::new();
         let mut next = BTreeMap::new();
+        let zero = LoadCounters::default();
         for measured in reading {
             let now = measured.load;
-            if let Some(before) = self.last.get(&measured.backend)
-                && let Some(window) = difference(before, &now, measured.in_flight)
-            {
-                windows.insert(measured.backend, window);
+            let before = match self.last.get(&measured.backend) {
+                Some(before) => Some(before),
+                None if self.primed => Some(&zero),
+                None => None,
+            };
+            if let Some(before) = before {
+                let window = difference(before, &now, measured.in_flight)
+                    .or_else(|| difference(&zero, &now, measured.in_flight));
+                windows.extend(window.map(|w| (measured.backend, w)));
             }
             next.insert(measured.backend, now);
         }
         self.last = next;
+        self.primed = true;
         windows
     }
 }
@@ -95,7 +107,7 @@ mod tests {
     }
 
     #[test]
-    fn a_window_is_the_difference_of_two_readings_and_a_reset_entry_has_none() {
+    fn a_window_is_the_difference_of_two_readings_and_a_new_entry_counts_from_zero() {
         let mut windows = Windows::default();
         assert!(windows.advance(&[reading("10.0.0.1:80", 10, 8, 8000, 0)]).is_empty(), "first sight");
         let next = windows.advance(&[reading("10.0.0.1:80", 30, 25, 42_000, 2), reading("10.0.0.2:80", 3, 1, 10, 0)]);
@@ -103,8 +115,10 @@ mod tests {
         assert_eq!((window.connects, window.closed, window.lifetime_us, window.failures), (20, 17, 34_000, 2));
         assert_eq!(window.mean_lifetime_us(5), Some(2000.0));
         assert_eq!(window.mean_lifetime_us(18), None, "too few samples");
-        assert_eq!(next.len(), 1, "the second backend is new");
+        let new = next[&"10.0.0.2:80".parse().unwrap()];
+        assert_eq!((new.connects, new.closed, new.lifetime_us), (3, 1, 10), "a new entry counts from zero");
         let after_reset = windows.advance(&[reading("10.0.0.1:80", 4, 2, 100, 0)]);
-        assert!(after_reset.is_empty(), "counters went back: no window");
+        let window = after_reset[&"10.0.0.1:80".parse().unwrap()];
+        assert_eq!((window.connects, window.closed), (4, 2), "counters went back: a new entry, from zero");
     }
 }

@@ -66,7 +66,12 @@ impl Harness {
         let reading: Vec<MeasuredBackend> = self
             .counters
             .iter()
-            .map(|(backend, load)| MeasuredBackend { backend: *backend, in_flight: 0, connecting: 0, load: *load })
+            .map(|(backend, load)| MeasuredBackend {
+                backend: *backend,
+                in_flight: load.established - load.closed,
+                connecting: 0,
+                load: *load,
+            })
             .collect();
         let changed = self.controller.step(self.now_ms, &reading, &self.ports);
         self.now_ms += 1000;
@@ -98,36 +103,69 @@ impl Harness {
 
 #[test]
 fn an_overloaded_zone_sheds_in_bounded_steps_holds_in_the_band_and_returns_below_it() {
-    let t = Tuning::default();
     let mut h = Harness::new(&NEAR, &FAR);
     assert_eq!(h.zones(1000, 1000).shift, 0.0, "unloaded: nothing moves");
-    // The zone completes 10 of the 40 connections a second its two backends get: this node's share
-    // of its capacity is 20/s of 80/s offered, so 1 - 0.9 × 20 / 80 = 77.5% must leave.
+    // The zone completes 10 of the 20 connections a second each of its two backends gets: this
+    // node's share of its capacity is 20/s of 80/s offered, so 1 - 0.9 × 20 / 80 = 77.5% must
+    // leave, and more while the queue (10 more connections per backend each second) drains.
     let mut shifts = vec![0.0];
-    for _ in 0..4 {
+    for _ in 0..3 {
         let input = h.zones_with(4000, 1000, 20, 10, 20);
         assert!(input.reason.contains("4.0× its unloaded latency"), "{}", input.reason);
         shifts.push(input.shift);
     }
-    assert_eq!(shifts, [0.0, 0.5, 0.78, 0.78, 0.78], "bounded steps out, up to what fits the capacity");
-    // Still slow, but 78% out fits what the zone completes now (28/s): a backlog draining.
-    let draining = h.zones_with(4000, 1000, 20, 14, 20);
-    assert_eq!(draining.shift, 0.78, "{}", draining.reason);
+    assert_eq!(shifts, [0.0, 0.5, 0.9, 0.9], "bounded steps out, up to what fits the capacity and drains");
+    // Still slow, but the queue shrinks: the zone completes 60/s, and 90% out fits it.
+    let draining = h.zones_with(4000, 1000, 20, 30, 20);
+    assert_eq!(draining.shift, 0.9, "{}", draining.reason);
     assert!(draining.reason.contains("a backlog draining"), "{}", draining.reason);
     let held = h.zones(1600, 1000);
-    assert_eq!(held.shift, 0.78, "1.6× is inside the band: {}", held.reason);
+    assert_eq!(held.shift, 0.9, "1.6× is inside the band: {}", held.reason);
     assert!(held.reason.contains("holding"), "{}", held.reason);
     // Below the band with the same demand: back a step at a time, down to what the remembered
-    // capacity (now 40/s) takes: 1 - 0.9 × 40 / 80 = 55%.
-    let kept: Vec<f64> = (0..4).map(|_| h.zones(1000, 1000).shift).collect();
-    assert_eq!(kept, [0.68, 0.58, 0.58, 0.58], "the last move, 58% → 55%, is under the least move");
-    assert!(h.input().reason.contains("58% → 55% (a move under 5% is not made)"), "{}", h.input().reason);
-    // Demand calms: traffic comes back a step at a time.
-    let mut back = vec![0.58];
+    // capacity (60/s) takes: 1 - 0.9 × 60 / 80 = 32.5%.
+    let kept: Vec<f64> = (0..7).map(|_| h.zones(1000, 1000).shift).collect();
+    assert_eq!(kept, [0.8, 0.7, 0.6, 0.5, 0.4, 0.32, 0.32], "{}", h.input().reason);
+    assert!(h.input().reason.contains("holding 32%"), "{}", h.input().reason);
+    // Demand calms to a fraction of the remembered capacity: the surge is over, and traffic comes
+    // back as fast as it left, even when too few connections end to read the latency.
+    let back: Vec<f64> = [3, 1].iter().map(|&n| h.zones_with(1000, 1000, n, n, n).shift).collect();
+    assert_eq!(back, [0.0, 0.0], "{}", h.input().reason);
+}
+
+#[test]
+fn too_few_samples_with_a_calm_demand_still_bring_traffic_back() {
+    let mut h = Harness::new(&NEAR, &FAR);
+    h.zones(1000, 1000);
+    for _ in 0..2 {
+        h.zones_with(4000, 1000, 20, 10, 20);
+    }
+    assert_eq!(h.input().shift, 0.9);
+    // Two connections per backend end in a second: too few to read, but 8/s offered fits the
+    // remembered 20/s.
+    let back = h.zones_with(1000, 1000, 2, 2, 2);
+    assert_eq!(back.shift, 0.4, "{}", back.reason);
+    assert!(back.reason.starts_with("too few connections ended"), "{}", back.reason);
+    assert!(back.reason.contains("moving back 90% → 40%"), "{}", back.reason);
+}
+
+#[test]
+fn without_a_remembered_capacity_traffic_comes_back_a_step_at_a_time() {
+    let t = Tuning::default();
+    let mut h = Harness::new(&NEAR, &FAR);
+    h.zones(1000, 1000);
+    for _ in 0..2 {
+        h.zones_with(4000, 1000, 20, 10, 20);
+    }
+    assert_eq!(h.input().shift, 0.9);
+    // A minute later the capacity measured in the surge is forgotten.
+    h.now_ms += t.capacity_memory_ms + 1000;
+    let mut back = vec![0.9];
     while back.last().copied().unwrap_or(0.0) > 0.0 {
         back.push(h.zones_with(1000, 1000, 3, 3, 3).shift);
         assert!(back.len() < 20, "returns: {back:?}");
     }
+    assert!(back.len() > 7, "{back:?}");
     for pair in back.windows(2) {
         assert!(pair[0] - pair[1] <= t.step_back + 1e-9, "steps back: {back:?}");
     }
