@@ -47,6 +47,7 @@ fn traffic_outlives_the_agent_and_a_restart_adopts_without_rewriting() {
         let mut dp = Dataplane::open(&fx.config()).expect("open");
         let report = dp.apply(&desired);
         assert_eq!((report.added, report.failed.len()), (3, 0), "{report:?}");
+        assert_eq!(dp.batch_refusals(), 0, "the new ports went in batched map updates");
         dp.kernel().clone()
     };
     // No agent: the pinned links and maps keep serving.
@@ -178,6 +179,7 @@ fn a_full_map_is_an_error_naming_it_and_nothing_is_half_written() {
     let report = dp.apply(&desired);
     assert_eq!(report.added, 1, "{report:?}");
     assert_eq!(report.failed.len(), 2);
+    assert_eq!(dp.batch_refusals(), 0, "room is checked before any batch");
     for (port, error) in &report.failed {
         assert!(matches!(error, DataplaneError::MapFull { map: "topo_slots", .. }), "{port}: {error}");
         assert_eq!(error.to_string(), "map topo_slots is full: 6 entries needed, capacity 4");

@@ -35,11 +35,13 @@ impl FeedbackLoop {
         if self.last.is_some_and(|at| at.elapsed() < interval) {
             return BTreeSet::new();
         }
+        // Once an interval, whether or not a port is under feedback: the event loop runs this
+        // after every batch of events.
+        self.last = Some(Instant::now());
         let ports = plan.feedback_ports();
         if ports.is_empty() && self.controller.inputs().is_empty() {
             return BTreeSet::new();
         }
-        self.last = Some(Instant::now());
         let reading = match programmer.backend_load() {
             Ok(reading) => reading,
             Err(error) => {

@@ -267,7 +267,15 @@ impl<P: Programmer> Controller<P> {
                 self.recompute(&this, key);
             }
             self.drain_retries(&this);
+            let planned = started.elapsed();
             let report = self.programmer.apply(self.plan.kernel());
+            tracing::info!(
+                services = keys.len(),
+                ports = self.plan.kernel().services.len(),
+                plan_ms = planned.as_millis() as u64,
+                write_ms = (started.elapsed() - planned).as_millis() as u64,
+                "full sync"
+            );
             self.finish(started, &report, None);
             release_freed_memory();
         } else if !self.dirty.is_empty() {

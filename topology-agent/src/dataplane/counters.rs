@@ -21,6 +21,9 @@ type Chunk = PerCpuArray<MapData, ServiceCounters>;
 pub struct Counters {
     outer: ArrayOfMaps<MapData, Chunk>,
     chunks: Vec<Option<Chunk>>,
+    /// Per chunk this process created: a bit per id not reset since, still zero as the kernel
+    /// made it (so the first reset of each costs no system call: a full sync creates its ids).
+    untouched: Vec<Option<Box<[u64]>>>,
     nr_cpus: usize,
     layout: PinLayout,
 }
@@ -41,7 +44,8 @@ impl Counters {
         let outer: ArrayOfMaps<MapData, Chunk> = map.try_into().map_err(DataplaneError::map(map_names::COUNTERS))?;
         let nr_cpus = aya::util::nr_cpus().map_err(|(path, source)| DataplaneError::Cpus { path, source })?;
         let chunks = (0..outer.len()).map(|_| None).collect();
-        Ok(Self { outer, chunks, nr_cpus, layout: layout.clone() })
+        let untouched = (0..outer.len()).map(|_| None).collect();
+        Ok(Self { outer, chunks, untouched, nr_cpus, layout: layout.clone() })
     }
 
     /// Pin path of chunk `index`.
@@ -71,6 +75,14 @@ impl Counters {
     /// Zeroes the counters of `service_id`, creating its chunk first if no id in it was used yet.
     pub fn reset(&mut self, service_id: u32) -> Result<(), DataplaneError> {
         let (chunk, index) = place(service_id);
+        self.chunk(chunk)?;
+        if let Some(bits) = self.untouched[chunk as usize].as_mut() {
+            let (word, bit) = (index as usize / 64, 1u64 << (index % 64));
+            if bits[word] & bit != 0 {
+                bits[word] &= !bit;
+                return Ok(());
+            }
+        }
         let zero = PerCpuValues::try_from(vec![ServiceCounters::default(); self.nr_cpus])
             .map_err(|source| DataplaneError::Cpus { path: "possible CPUs", source })?;
         self.chunk(chunk)?.set(index, zero, 0).map_err(DataplaneError::map(map_names::COUNTERS))
@@ -90,6 +102,7 @@ impl Counters {
                 None => {
                     let created = create_chunk(&self.chunk_pin(index))?;
                     self.outer.set(index, &created, 0).map_err(DataplaneError::map(map_names::COUNTERS))?;
+                    self.untouched[index as usize] = Some(vec![u64::MAX; COUNTER_CHUNK.div_ceil(64) as usize].into());
                     created
                 }
             };

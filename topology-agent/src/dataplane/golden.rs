@@ -208,3 +208,48 @@ fn a_removal_that_fails_leaves_the_port_where_the_programs_find_it() {
     assert_eq!(writer.apply(&web(&[1, 2])).unchanged, 1);
     verify_index(writer.maps(), writer.kernel()).expect("and keeps finding it");
 }
+
+/// `count` Services of two backends each, `10.96.x.y:80`.
+fn many(count: u16) -> DesiredState {
+    let services = (0..count)
+        .map(|n| {
+            let [hi, lo] = n.to_be_bytes();
+            let port = ServicePort { vip: std::net::IpAddr::from([10, 96, hi, lo]), port: 80, protocol: Protocol::Tcp };
+            let backends = (1..=2)
+                .map(|last| WeightedBackend {
+                    addr: std::net::IpAddr::from([10, 244, hi, lo.wrapping_add(last)]),
+                    port: 8080,
+                    weight: 1,
+                    locality: Locality::Zone,
+                })
+                .collect();
+            (port, DesiredService { name: format!("default/svc-{n}:http"), backends, options: PortOptions::default() })
+        })
+        .collect();
+    DesiredState { services }
+}
+
+#[test]
+fn many_new_ports_are_written_in_groups_and_a_full_map_fails_only_the_ports_beyond_it() {
+    // 5,000 ports (three groups); room for the slots of 4,000.
+    let capacities = Capacities { slots: 8000, ..Capacities::default() };
+    let mut writer = Writer::adopt(MemoryMaps::new(capacities), KernelState::default()).unwrap();
+    let report = writer.apply(&many(5000));
+    assert_eq!((report.added, report.failed.len()), (4000, 1000));
+    assert!(report.failed.iter().all(|(_, e)| e.to_string().contains(map_names::SLOTS)), "{:?}", report.failed[0]);
+    assert_eq!(writer.kernel().services.len(), 4000, "the mirror holds what was written");
+    assert_eq!(writer.usage().services_v4, 4000, "room counts only what was written");
+    verify_index(writer.maps(), writer.kernel()).expect("every written port in the index");
+
+    // A map refusing every write: each port of the group fails on its own and leaves nothing.
+    let mut writer = Writer::adopt(MemoryMaps::new(Capacities::default()), KernelState::default()).unwrap();
+    writer.maps_mut().failing = Some(map_names::SERVICE_META);
+    let report = writer.apply(&many(3000));
+    assert_eq!((report.added, report.failed.len()), (0, 3000));
+    assert_eq!((writer.usage().slots, writer.usage().service_ids, writer.usage().services_v4), (0, 0, 0));
+    writer.maps_mut().failing = None;
+    let report = writer.apply(&many(3000));
+    assert_eq!((report.added, report.failed.len(), report.slots_written), (3000, 0, 6000));
+    verify_index(writer.maps(), writer.kernel()).expect("every port in the index");
+    assert_eq!(writer.apply(&many(3000)).unchanged, 3000);
+}

@@ -153,6 +153,9 @@ pub struct MapSet {
     pub backend_load: super::load::LoadMap,
     /// Capacities as the kernel reports them.
     pub capacities: Capacities,
+    /// Batched updates the kernel refused, redone entry by entry (a kernel without
+    /// `BPF_MAP_UPDATE_BATCH`, or a failing entry).
+    pub batch_refusals: u64,
 }
 
 /// The maps of a [`MapSet`], in the order `MapSet::from_maps` takes them.
@@ -245,6 +248,7 @@ impl MapSet {
             node_counters,
             backend_load,
             capacities,
+            batch_refusals: 0,
         })
     }
 }

@@ -7,6 +7,7 @@
 //! flowing with the last programmed state; [`cleanup`] removes all of it.
 
 pub mod alias;
+mod batch;
 mod counters;
 mod diff;
 mod error;
@@ -178,6 +179,12 @@ impl Dataplane {
     /// Entries in use in the maps with a capacity.
     pub fn usage(&self) -> Usage {
         self.writer.usage()
+    }
+
+    /// Batched map updates the kernel refused since open (each redone entry by entry): 0 on a
+    /// kernel with `BPF_MAP_UPDATE_BATCH` and maps with room.
+    pub fn batch_refusals(&self) -> u64 {
+        self.writer.maps().batch_refusals
     }
 
     /// Map capacities in force.

@@ -4,12 +4,13 @@
 
 use std::{io, net::IpAddr, sync::atomic::Ordering};
 
-use aya::maps::MapError;
+use aya::maps::{IterableMap as _, MapError};
 use topology_common::{
     IndexEntry4, IndexEntry6, ServiceKey4, ServiceKey6, ServiceMeta, ServiceOptions, ServiceValue, Slot, map_names,
 };
 
 use super::{
+    batch,
     error::DataplaneError,
     grace::Grace,
     maps::{Capacities, MapSet},
@@ -151,6 +152,23 @@ pub trait MapOps {
     fn grace(&mut self) -> &mut dyn Grace;
     /// Both indexes, to read.
     fn indexes(&self) -> (&dyn IndexStore<IndexEntry4>, &dyn IndexStore<IndexEntry6>);
+
+    /// Writes many slots. Batched where the kernel can; the default writes them one by one.
+    fn put_slots(&mut self, slots: &[(u32, Slot)]) -> Result<(), DataplaneError> {
+        slots.iter().try_for_each(|(index, slot)| self.put_slot(*index, *slot))
+    }
+    /// Names many service ids.
+    fn put_names(&mut self, names: &[(u32, ServiceMeta)]) -> Result<(), DataplaneError> {
+        names.iter().try_for_each(|(id, name)| self.put_name(*id, *name))
+    }
+    /// Sets many service ids' options.
+    fn put_options_many(&mut self, options: &[(u32, ServiceOptions)]) -> Result<(), DataplaneError> {
+        options.iter().try_for_each(|(id, options)| self.put_options(*id, *options))
+    }
+    /// Inserts or replaces many service entries, in order.
+    fn put_services(&mut self, entries: &[(ServiceKey, ServiceValue)]) -> Result<(), DataplaneError> {
+        entries.iter().try_for_each(|(key, value)| self.put_service(*key, *value))
+    }
 }
 
 impl MapOps for MapSet {
@@ -208,6 +226,46 @@ impl MapOps for MapSet {
 
     fn indexes(&self) -> (&dyn IndexStore<IndexEntry4>, &dyn IndexStore<IndexEntry6>) {
         (&self.index4, &self.index6)
+    }
+
+    fn put_slots(&mut self, slots: &[(u32, Slot)]) -> Result<(), DataplaneError> {
+        let (keys, values): (Vec<u32>, Vec<Slot>) = slots.iter().copied().unzip();
+        batch::update(self.slots.map(), &keys, &values).or_else(|_| {
+            self.batch_refusals += 1;
+            slots.iter().try_for_each(|(index, slot)| self.put_slot(*index, *slot))
+        })
+    }
+
+    fn put_names(&mut self, names: &[(u32, ServiceMeta)]) -> Result<(), DataplaneError> {
+        let (keys, values): (Vec<u32>, Vec<ServiceMeta>) = names.iter().copied().unzip();
+        batch::update(self.meta.map(), &keys, &values).or_else(|_| {
+            self.batch_refusals += 1;
+            names.iter().try_for_each(|(id, name)| self.put_name(*id, *name))
+        })
+    }
+
+    fn put_options_many(&mut self, options: &[(u32, ServiceOptions)]) -> Result<(), DataplaneError> {
+        let (keys, values): (Vec<u32>, Vec<ServiceOptions>) = options.iter().copied().unzip();
+        batch::update(self.options.map(), &keys, &values).or_else(|_| {
+            self.batch_refusals += 1;
+            options.iter().try_for_each(|(id, options)| self.put_options(*id, *options))
+        })
+    }
+
+    fn put_services(&mut self, entries: &[(ServiceKey, ServiceValue)]) -> Result<(), DataplaneError> {
+        let (mut keys4, mut values4, mut keys6, mut values6) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (key, value) in entries {
+            match key {
+                ServiceKey::V4(key) => (keys4.push(*key), values4.push(*value)),
+                ServiceKey::V6(key) => (keys6.push(*key), values6.push(*value)),
+            };
+        }
+        let batched = batch::update(self.services4.map(), &keys4, &values4)
+            .and_then(|()| batch::update(self.services6.map(), &keys6, &values6));
+        batched.or_else(|_| {
+            self.batch_refusals += 1;
+            entries.iter().try_for_each(|(key, value)| self.put_service(*key, *value))
+        })
     }
 }
 

@@ -31,6 +31,8 @@ pub struct NodePlan {
     node: String,
     steering: Option<Steering>,
     decisions: BTreeMap<ObjectKey, Vec<PortSelection>>,
+    /// The Services with a port under feedback: what the controller visits once a second.
+    under_feedback: BTreeSet<ObjectKey>,
     ownership: Ownership,
     feedback: feedback::Inputs,
 }
@@ -42,6 +44,7 @@ impl NodePlan {
             node: node.into(),
             steering,
             decisions: BTreeMap::new(),
+            under_feedback: BTreeSet::new(),
             ownership: Ownership::default(),
             feedback: feedback::Inputs::new(),
         }
@@ -69,6 +72,11 @@ impl NodePlan {
             steering.apply(&this.name, &mut selections);
         }
         let update = self.ownership.set(key, weights::desired_state(&selections).services);
+        if selections.iter().any(|s| s.selection.feedback.is_some()) {
+            self.under_feedback.insert(key.clone());
+        } else {
+            self.under_feedback.remove(key);
+        }
         if selections.is_empty() {
             self.decisions.remove(key);
         } else {
@@ -151,8 +159,8 @@ impl NodePlan {
     /// measures.
     pub fn feedback_ports(&self) -> BTreeMap<feedback::PortKey, feedback::control::PortBackends> {
         let mut ports = BTreeMap::new();
-        for (service, selections) in &self.decisions {
-            for selected in selections {
+        for service in &self.under_feedback {
+            for selected in self.decisions(service) {
                 if let Some(report) = &selected.selection.feedback {
                     let key = feedback::PortKey {
                         service: service.clone(),

@@ -1,0 +1,60 @@
+//! `BPF_MAP_UPDATE_BATCH`: many entries of one map in one system call (Linux 5.6+, hash and
+//! array maps). aya has no binding for it, so the command's attribute is spelled here.
+//!
+//! The kernel applies the entries in order and stops at the first it cannot. Callers redo a refused
+//! batch entry by entry (each write is idempotent), so an error is charged to the entry it belongs
+//! to; a kernel without the command (`EINVAL`, `ENOTSUPP`) gets the same.
+
+use std::{
+    io,
+    os::fd::{AsFd as _, AsRawFd as _},
+};
+
+use aya::{Pod, maps::MapData};
+
+/// `BPF_MAP_UPDATE_BATCH` from `linux/bpf.h`.
+const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
+
+/// The `batch` member of `union bpf_attr` (`linux/bpf.h`).
+#[repr(C)]
+#[derive(Default)]
+struct BatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
+    flags: u64,
+}
+const _: () = assert!(size_of::<BatchAttr>() == 56);
+
+/// Most entries per system call: the kernel copies one entry at a time, so this only bounds how
+/// long one call runs without a signal being seen.
+const CHUNK: usize = 8192;
+
+/// Writes `keys[i] → values[i]` for every `i` into `map` (`BPF_ANY`), in order.
+pub fn update<K: Pod, V: Pod>(map: &MapData, keys: &[K], values: &[V]) -> io::Result<()> {
+    assert_eq!(keys.len(), values.len(), "one value per key");
+    let fd = map.fd().as_fd().as_raw_fd() as u32;
+    for (keys, values) in keys.chunks(CHUNK).zip(values.chunks(CHUNK)) {
+        let mut attr = BatchAttr {
+            keys: keys.as_ptr() as u64,
+            values: values.as_ptr() as u64,
+            count: keys.len() as u32,
+            map_fd: fd,
+            ..BatchAttr::default()
+        };
+        // SAFETY: `attr` is a valid `bpf_attr` prefix for the command; `keys` and `values` hold
+        // `count` Pod entries each, of the map's key and value sizes (the caller's types), alive
+        // for the call; the kernel writes back only `count`.
+        let result = unsafe {
+            libc::syscall(libc::SYS_bpf, BPF_MAP_UPDATE_BATCH, &raw mut attr, size_of::<BatchAttr>() as libc::c_uint)
+        };
+        if result < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
