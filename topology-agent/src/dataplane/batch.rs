@@ -1,5 +1,5 @@
-//! `BPF_MAP_UPDATE_BATCH`: many entries of one map in one system call (Linux 5.6+, hash and
-//! array maps). aya has no binding for it, so the command's attribute is spelled here.
+//! `BPF_MAP_UPDATE_BATCH` and `BPF_MAP_LOOKUP_BATCH`: many entries of one map in one system call
+//! (Linux 5.6+). aya has no binding for them, so the commands' attribute is spelled here.
 //!
 //! The kernel applies the entries in order and stops at the first it cannot. Callers redo a refused
 //! batch entry by entry (each write is idempotent), so an error is charged to the entry it belongs
@@ -12,6 +12,8 @@ use std::{
 
 use aya::{Pod, maps::MapData};
 
+/// `BPF_MAP_LOOKUP_BATCH` from `linux/bpf.h`.
+const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 /// `BPF_MAP_UPDATE_BATCH` from `linux/bpf.h`.
 const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
 
@@ -57,4 +59,49 @@ pub fn update<K: Pod, V: Pod>(map: &MapData, keys: &[K], values: &[V]) -> io::Re
         }
     }
     Ok(())
+}
+
+/// Entries `start..start + count` of the array `map` (fewer if the array ends first), in
+/// order, a few system calls for all of them.
+pub fn lookup_array<V: Pod + Default>(map: &MapData, start: u32, count: u32) -> io::Result<Vec<V>> {
+    let fd = map.fd().as_fd().as_raw_fd() as u32;
+    let mut out: Vec<V> = Vec::with_capacity(count as usize);
+    while (out.len() as u32) < count {
+        let next = start + out.len() as u32;
+        let wanted = (count as usize - out.len()).min(CHUNK);
+        let mut keys = vec![0u32; wanted];
+        let mut values = vec![V::default(); wanted];
+        // The kernel starts after the key `in_batch` points at, or at the first without one.
+        let previous = next.wrapping_sub(1);
+        let mut token = 0u32;
+        let mut attr = BatchAttr {
+            in_batch: if next == 0 { 0 } else { (&raw const previous) as u64 },
+            out_batch: (&raw mut token) as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: wanted as u32,
+            map_fd: fd,
+            ..BatchAttr::default()
+        };
+        // SAFETY: `attr` is a valid `bpf_attr` prefix for the command; `keys` and `values` have
+        // room for `count` entries of the array's key (u32) and value (`V`, the caller's type,
+        // Pod) sizes; `in_batch` and `out_batch` point at u32 keys alive for the call.
+        let result = unsafe {
+            libc::syscall(libc::SYS_bpf, BPF_MAP_LOOKUP_BATCH, &raw mut attr, size_of::<BatchAttr>() as libc::c_uint)
+        };
+        let got = attr.count as usize;
+        if result < 0 {
+            let error = io::Error::last_os_error();
+            // ENOENT: the array ended; `count` says how many were copied before.
+            if error.raw_os_error() != Some(libc::ENOENT) {
+                return Err(error);
+            }
+        }
+        values.truncate(got.min(wanted));
+        out.extend(values);
+        if got < wanted {
+            break;
+        }
+    }
+    Ok(out)
 }

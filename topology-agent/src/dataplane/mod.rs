@@ -127,12 +127,20 @@ impl Dataplane {
             agent_cgroup: config.agent_cgroup,
             load_signal: config.load_signal,
         };
+        let started = std::time::Instant::now();
         let loader::Loaded { mut ebpf, logger, flavour } = loader::load(&layout, &options)?;
+        let loaded = started.elapsed();
         let maps = maps::MapSet::from_ebpf(&mut ebpf, &layout)?;
         let kernel = state::read(&maps)?;
         // The index is completed before the programs that probe it are attached: an agent
         // upgraded from one without it starts with an empty index, which would hide every service.
         let mut writer = writer::Writer::adopt(maps, kernel)?;
+        tracing::info!(
+            ports = writer.kernel().services.len(),
+            load_ms = loaded.as_millis() as u64,
+            adopt_ms = (started.elapsed() - loaded).as_millis() as u64,
+            "programs loaded and pinned state adopted"
+        );
         let fail_open = FailOpen::new(config.fail_open_after);
         if fail_open.never() {
             heartbeat::beat(&mut writer.maps_mut().heartbeat, &fail_open)?;

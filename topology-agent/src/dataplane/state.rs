@@ -3,7 +3,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use topology_common::{ServiceCounters, ServiceMeta, ServiceValue, Slot, map_names};
+use aya::maps::IterableMap as _;
+use topology_common::{ServiceCounters, ServiceMeta, ServiceOptions, ServiceValue, Slot, map_names};
 
 use super::{alias, error::DataplaneError, maps::MapSet, ops::ServiceKey};
 use crate::desired::{PortOptions, ServicePort, WeightedBackend};
@@ -100,11 +101,19 @@ pub fn read(maps: &MapSet) -> Result<KernelState, DataplaneError> {
     let names = read_names(maps)?;
     let mut state = KernelState::default();
     let mut live_ids = BTreeSet::new();
+    let runs = SlotRuns::read(maps, entries.iter().map(|(_, value)| value));
+    let options = OptionsTable::read(maps, entries.iter().map(|(_, value)| value.service_id));
     for (port, value) in entries {
         live_ids.insert(value.service_id);
-        let slots = read_set(maps, &value)?;
+        let slots = set_slots(&value, maps.capacities.slots, |index| match runs.get(index) {
+            Some(slot) => Ok(slot),
+            None => maps.slots.get(&index, 0).map_err(DataplaneError::map(map_names::SLOTS)),
+        })?;
         let name = names.get(&value.service_id).cloned().unwrap_or_default();
-        let options = read_options(maps, value.service_id)?;
+        let options = match options.get(value.service_id) {
+            Some(options) => PortOptions::from_kernel(&options),
+            None => read_options(maps, value.service_id)?,
+        };
         state.services.insert(port, ProgrammedService::new(&value, slots, name, options));
     }
     // Counter entries have no keys to list (an array); only names mark an id as taken.
@@ -112,12 +121,66 @@ pub fn read(maps: &MapSet) -> Result<KernelState, DataplaneError> {
     Ok(state)
 }
 
-/// The slots of a service entry's set, in order, up to the first that is out of range or not
-/// tagged with the entry's `set_id`.
-fn read_set(maps: &MapSet, value: &ServiceValue) -> Result<Vec<Slot>, DataplaneError> {
-    set_slots(value, maps.capacities.slots, |index| {
-        maps.slots.get(&index, 0).map_err(DataplaneError::map(map_names::SLOTS))
-    })
+/// The slots every service entry refers to, read in a few batched lookups: the entries' runs,
+/// merged where they touch. Empty when the kernel has no batched lookup (the reader then asks
+/// slot by slot).
+struct SlotRuns {
+    /// (first index, slots from it), sorted, disjoint.
+    spans: Vec<(u32, Vec<Slot>)>,
+}
+
+impl SlotRuns {
+    fn read<'a>(maps: &MapSet, values: impl Iterator<Item = &'a ServiceValue>) -> Self {
+        let merged = spans_of(values, maps.capacities.slots);
+        let mut spans = Vec::with_capacity(merged.len());
+        for (start, end) in merged {
+            match super::batch::lookup_array::<Slot>(maps.slots.map(), start, end - start) {
+                Ok(slots) => spans.push((start, slots)),
+                Err(_) => return Self { spans: Vec::new() },
+            }
+        }
+        Self { spans }
+    }
+
+    fn get(&self, index: u32) -> Option<Slot> {
+        let at = self.spans.partition_point(|(start, _)| *start <= index).checked_sub(1)?;
+        let (start, slots) = &self.spans[at];
+        slots.get((index - start) as usize).copied()
+    }
+}
+
+/// The slot ranges `start..end` the entries refer to, clamped to the array of `capacity` slots,
+/// sorted and merged where they overlap or touch (whatever the entries say: they come from a map).
+fn spans_of<'a>(values: impl Iterator<Item = &'a ServiceValue>, capacity: u32) -> Vec<(u32, u32)> {
+    let mut runs: Vec<(u32, u32)> = values
+        .filter(|v| v.count > 0 && v.base < capacity)
+        .map(|v| (v.base, v.base.saturating_add(v.count).min(capacity)))
+        .collect();
+    runs.sort_unstable();
+    let mut merged: Vec<(u32, u32)> = Vec::new();
+    for (start, end) in runs {
+        match merged.last_mut() {
+            Some(last) if start <= last.1 => last.1 = last.1.max(end),
+            _ => merged.push((start, end)),
+        }
+    }
+    merged
+}
+
+/// The options of every service id up to the largest in use, in a few batched lookups (empty
+/// when the kernel has none).
+struct OptionsTable(Vec<ServiceOptions>);
+
+impl OptionsTable {
+    fn read(maps: &MapSet, ids: impl Iterator<Item = u32>) -> Self {
+        let Some(largest) = ids.max() else { return Self(Vec::new()) };
+        let count = largest.saturating_add(1).min(maps.capacities.service_ids);
+        Self(super::batch::lookup_array(maps.options.map(), 0, count).unwrap_or_default())
+    }
+
+    fn get(&self, id: u32) -> Option<ServiceOptions> {
+        self.0.get(id as usize).copied()
+    }
 }
 
 /// [`read_set`] over any slot array of `capacity` entries: whatever a service entry says (it is
@@ -230,6 +293,16 @@ pub fn name_from_meta(meta: &ServiceMeta) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slot_spans_merge_touching_runs_and_stay_inside_the_array() {
+        let entry = |base, count| ServiceValue { service_id: 0, set_id: 1, count, base };
+        let values =
+            [entry(10, 5), entry(0, 4), entry(4, 2), entry(12, 10), entry(40, 0), entry(95, 10), entry(200, 3)];
+        assert_eq!(spans_of(values.iter(), 100), [(0, 6), (10, 22), (95, 100)]);
+        assert_eq!(spans_of([entry(u32::MAX - 1, 5)].iter(), u32::MAX), [(u32::MAX - 1, u32::MAX)]);
+        assert!(spans_of([].iter(), 100).is_empty());
+    }
 
     #[test]
     fn names_round_trip_and_truncate_on_char_boundaries() {

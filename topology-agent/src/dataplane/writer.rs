@@ -31,27 +31,16 @@ use super::{
     ids::{DenseIds, IdPool},
     index::{self, ServiceIndex},
     maps::MapSet,
-    ops::{MapOps, PerFamily, ServiceKey, check_room, services_map},
+    ops::{MapOps, PerFamily, ServiceKey},
     slot_space::{Run, Shortage, SlotSpace},
     state::{KernelState, ProgrammedService, meta_from_name},
 };
 use crate::{
-    cluster::Family,
     desired::{DesiredService, DesiredState, PortOptions, ServicePort},
     sockets::Departure,
 };
 
-mod bulk;
-
-/// A new service port with its ids and run handed out, not yet written.
-struct Prepared<'a> {
-    port: ServicePort,
-    service: &'a DesiredService,
-    slots: Vec<Slot>,
-    run: Run,
-    key: ServiceKey,
-    value: ServiceValue,
-}
+mod add;
 
 /// What one `apply` did.
 #[derive(Debug, Default)]
@@ -225,82 +214,6 @@ impl<M: MapOps> Writer<M> {
             }
         }
         Ok(())
-    }
-
-    fn add(
-        &mut self,
-        port: &ServicePort,
-        service: &DesiredService,
-        slots: Vec<Slot>,
-        report: &mut ApplyReport,
-    ) -> Result<(), DataplaneError> {
-        let added = self.prepare(*port, service, slots, report)?;
-        match self.write_one(&added) {
-            Ok(()) => {
-                self.commit(added, report);
-                Ok(())
-            }
-            Err(error) => {
-                self.roll_back(&added);
-                Err(error)
-            }
-        }
-    }
-
-    /// Writes a prepared service port: its counters, name, options and slots, then its entry.
-    fn write_one(&mut self, added: &Prepared<'_>) -> Result<(), DataplaneError> {
-        let maps = &mut self.maps;
-        let service_id = added.value.service_id;
-        maps.reset_counters(service_id)
-            .and_then(|()| maps.put_name(service_id, meta_from_name(&added.service.name)))
-            .and_then(|()| maps.put_options(service_id, added.service.options.to_kernel()))
-            .and_then(|()| write_slots(maps, added.value.set_id, added.run, &added.slots))
-            .and_then(|()| maps.put_service(added.key, added.value))
-    }
-
-    /// Checks room for a new service port and hands out its ids and slot run (nothing written).
-    fn prepare<'a>(
-        &mut self,
-        port: ServicePort,
-        service: &'a DesiredService,
-        slots: Vec<Slot>,
-        report: &mut ApplyReport,
-    ) -> Result<Prepared<'a>, DataplaneError> {
-        let family = Family::of(&port.vip);
-        let capacities = self.maps.capacities();
-        let family_capacity = match family {
-            Family::V4 => capacities.services_v4,
-            Family::V6 => capacities.services_v6,
-        };
-        check_room(services_map(family), *self.entries.get(family), 1, family_capacity)?;
-        check_room(map_names::COUNTERS, self.service_ids.len() as u64, 1, capacities.service_ids)?;
-        let run = self.allocate(slots.len() as u32, report)?;
-        let service_id = self.service_ids.allocate();
-        let set_id = if slots.is_empty() { 0 } else { self.set_ids.allocate() };
-        // Counted now, so the next port's room check sees it.
-        *self.entries.get_mut(family) += 1;
-        let value = ServiceValue { service_id, set_id, count: run.len, base: run.base };
-        Ok(Prepared { port, service, slots, run, key: ServiceKey::of(&port), value })
-    }
-
-    /// Frees what [`Writer::prepare`] handed out: the entry was the last write and is not there,
-    /// so no program has seen the run and it is free at once.
-    fn roll_back(&mut self, added: &Prepared<'_>) {
-        self.slots.release(added.run);
-        self.delete_ids(added.value.service_id);
-        self.service_ids.release(added.value.service_id);
-        self.set_ids.release(added.value.set_id);
-        *self.entries.get_mut(added.key.family()) -= 1;
-    }
-
-    /// Publishes a written service port in the index and the mirror.
-    fn commit(&mut self, added: Prepared<'_>, report: &mut ApplyReport) {
-        self.index_upsert(added.key, added.value);
-        report.slots_written += added.slots.len();
-        report.added += 1;
-        let programmed =
-            ProgrammedService::new(&added.value, added.slots, added.service.name.clone(), added.service.options);
-        self.kernel.services.insert(added.port, programmed);
     }
 
     fn swap(
