@@ -27,18 +27,25 @@ use topology_agent::{
     source::{EventSender, kube::KubeSource},
 };
 use topology_tests::{
-    agent::get,
+    agent::{Agent, AgentOptions},
     cluster::{self, EndpointSpec},
     fake_api::FakeApi,
-    net::agent_binary,
-    sandbox::{CgroupGuard, PinGuard, ProcessGuard, is_root, unique_id},
+    sandbox::{CgroupGuard, PinGuard, is_root, unique_id},
+    scale::Shape,
 };
 
 const NODES: usize = 30;
 const UPDATES: usize = 300;
+/// EndpointSlice updates per second in the storm, and how long it lasts.
+const STORM_RATE: usize = 1000;
+const STORM: Duration = Duration::from_secs(10);
 
-/// Every apply the dataplane finished, with the ports it covered and how long it took.
-type Applied = Arc<Mutex<Vec<(Instant, BTreeSet<ServicePort>, Duration)>>>;
+#[path = "control_plane/limits.rs"]
+mod limits;
+
+/// Every apply the dataplane finished: when, the ports it covered, how long it took, and whether
+/// it was a full apply (every port).
+type Applied = Arc<Mutex<Vec<(Instant, BTreeSet<ServicePort>, Duration, bool)>>>;
 
 /// The real dataplane, timing when each apply returns.
 struct Timed {
@@ -51,14 +58,14 @@ impl Programmer for Timed {
         let started = Instant::now();
         let report = self.dataplane.apply(desired);
         let ports = desired.services.keys().copied().collect();
-        self.applied.lock().unwrap().push((Instant::now(), ports, started.elapsed()));
+        self.applied.lock().unwrap().push((Instant::now(), ports, started.elapsed(), true));
         report
     }
 
     fn apply_changes(&mut self, desired: &DesiredState, changed: &BTreeSet<ServicePort>) -> ApplyReport {
         let started = Instant::now();
         let report = Programmer::apply_changes(&mut self.dataplane, desired, changed);
-        self.applied.lock().unwrap().push((Instant::now(), changed.clone(), started.elapsed()));
+        self.applied.lock().unwrap().push((Instant::now(), changed.clone(), started.elapsed(), false));
         report
     }
 
@@ -111,10 +118,22 @@ fn main() {
         return;
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let shape = Shape::KUBERNETES;
+    if std::env::args().any(|arg| arg == "limits") {
+        // `cargo bench --bench control_plane -- limits`: the cluster at Kubernetes' limits alone.
+        let steady = runtime.block_on(limits::steady(shape));
+        let mut storm = runtime.block_on(limits::storm(shape, STORM_RATE, STORM));
+        storm.sort_unstable();
+        print_limits(&shape, &steady, &storm);
+        return;
+    }
     let base = runtime.block_on(sync_and_updates(10_000, 10, UPDATES, Capacities::default()));
     let (rss, peak) = runtime.block_on(agent_rss());
     let large = Capacities { slots: 1 << 20, ..Capacities::default() };
     let scale = runtime.block_on(sync_and_updates(50_000, 10, 0, large));
+    let steady = runtime.block_on(limits::steady(shape));
+    let mut storm = runtime.block_on(limits::storm(shape, STORM_RATE, STORM));
+    storm.sort_unstable();
 
     let mut worst: Vec<(usize, Duration)> = base.updates.iter().copied().enumerate().collect();
     worst.sort_by_key(|(_, d)| std::cmp::Reverse(*d));
@@ -163,6 +182,58 @@ fn main() {
         scale.sync.as_secs_f64(),
         scale.adopt.as_secs_f64()
     );
+    print_limits(&shape, &steady, &storm);
+}
+
+/// The table and `scale:` line of the cluster at Kubernetes' limits.
+fn print_limits(shape: &Shape, steady: &limits::Steady, storm: &[Duration]) {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!(
+        "\nat Kubernetes' limits: {} Nodes (as kubelets report them, status every {} s), {} Services, {} endpoints \
+         in slices of ≤ 100; the agent binary, then the storm in process\n",
+        shape.nodes,
+        limits::HEARTBEAT.as_secs(),
+        shape.services(),
+        shape.endpoints()
+    );
+    println!("| measurement | result | target |");
+    println!("| --- | ---: | ---: |");
+    println!("| agent start → ready (listed, programmed) | {:.0} ms | |", ms(steady.ready));
+    println!(
+        "| agent RSS at steady state (peak) | {:.1} MiB ({:.1} MiB) | < 100 MiB |",
+        steady.usage.rss_mib, steady.usage.peak_mib
+    );
+    println!(
+        "| agent CPU at steady state ({} s, {:.0} Node updates/s) | {:.1} % of a core | < 5 % |",
+        limits::WINDOW.as_secs(),
+        steady.node_events_per_s,
+        steady.cpu_pct
+    );
+    println!("| Services decided again during it | {} | 0 |", steady.recomputed);
+    for (resource, rate) in &steady.bytes_per_s {
+        println!("| bytes/s received from the API: {resource:?} | {:.0} KiB/s | |", rate / 1024.0);
+    }
+    let total: f64 = steady.bytes_per_s.iter().map(|(_, rate)| rate).sum();
+    let quantile = |q: f64| storm.get(((storm.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or_default();
+    println!(
+        "| EndpointSlice storm, {STORM_RATE}/s for {} s: event → kernel p50 / p99 / max | {:.2} / {:.2} / {:.2} ms | p99 < 5 ms |",
+        STORM.as_secs(),
+        ms(quantile(0.5)),
+        ms(quantile(0.99)),
+        ms(quantile(1.0))
+    );
+    println!(
+        "\nscale: nodes={} services={} endpoints={} sync_s={:.2} rss_mib={:.1} cpu_pct={:.1} storm_p99_ms={:.2} \
+         api_kib_s={:.0}",
+        shape.nodes,
+        shape.services(),
+        shape.endpoints(),
+        steady.ready.as_secs_f64(),
+        steady.usage.rss_mib,
+        steady.cpu_pct,
+        ms(quantile(0.99)),
+        total / 1024.0
+    );
 }
 
 /// What one scenario measured.
@@ -207,7 +278,7 @@ async fn sync_and_updates(services: usize, endpoints: usize, updates: usize, cap
     let token = shutdown.clone();
     let thread = std::thread::spawn(move || controller.run(&receiver, &token).map(drop));
     let (sync, writing) = loop {
-        if let Some((done, _, writing)) = applied.lock().unwrap().first() {
+        if let Some((done, _, writing, _)) = applied.lock().unwrap().first() {
             break (*done - started, *writing);
         }
         assert!(started.elapsed() < Duration::from_secs(120), "no initial sync");
@@ -227,8 +298,8 @@ async fn sync_and_updates(services: usize, endpoints: usize, updates: usize, cap
                 .unwrap()
                 .iter()
                 .skip(seen)
-                .find(|(_, ports, _)| ports.contains(&port))
-                .map(|(at, _, _)| *at);
+                .find(|(_, ports, _, _)| ports.contains(&port))
+                .map(|(at, _, _, _)| *at);
             if let Some(done) = done {
                 latencies.push(done - written);
                 break;
@@ -257,53 +328,21 @@ async fn agent_rss() -> (f64, f64) {
     let pins = PinGuard::new(&id);
     let api = populated(30_000, 4).await;
     let kubeconfig = std::env::temp_dir().join(format!("{id}-kubeconfig"));
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: \"{}\"}}}}]\n\
-             contexts: [{{name: fake, context: {{cluster: fake, user: fake}}}}]\ncurrent-context: fake\nusers: [{{name: fake, user: {{}}}}]\n",
-            api.url()
-        ),
-    )
-    .expect("kubeconfig");
-    let http = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port");
-    let child = std::process::Command::new(agent_binary())
-        .arg("run")
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .args(["--node", "node-0", "--metrics-addr", &http.to_string()])
-        .arg("--cgroup")
-        .arg(cgroup.path())
-        .arg("--pin-path")
-        .arg(pins.path())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("start the agent");
-    let mut agent = ProcessGuard::new(child);
+    api.write_kubeconfig(&kubeconfig);
+    let options = AgentOptions {
+        kubeconfig: Some(&kubeconfig),
+        ..AgentOptions::new(std::path::Path::new(""), "node-0", cgroup.path(), pins.path())
+    };
+    let agent = Agent::start(&options);
     let started = Instant::now();
-    loop {
-        if matches!(get(http, "/readyz"), Ok((200, _))) {
-            break;
-        }
-        assert!(agent.child().try_wait().unwrap().is_none(), "the agent exited");
+    while !matches!(agent.get("/readyz"), Ok((200, _))) {
         assert!(started.elapsed() < Duration::from_secs(180), "the agent never became ready");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // Let the first counters refresh and any allocation settle.
     tokio::time::sleep(Duration::from_secs(6)).await;
-    let status = std::fs::read_to_string(format!("/proc/{}/status", agent.id())).expect("agent status");
-    let field = |name: &str| -> f64 {
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix(name))
-            .and_then(|rest| rest.split_whitespace().next()?.parse::<f64>().ok())
-            .expect("a memory field")
-            / 1024.0
-    };
-    let result = (field("VmRSS:"), field("VmHWM:"));
+    let usage = agent.usage();
     drop(agent);
     let _ = std::fs::remove_file(&kubeconfig);
-    drop(pins);
-    drop(cgroup);
-    result
+    (usage.rss_mib, usage.peak_mib)
 }

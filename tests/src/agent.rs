@@ -139,6 +139,11 @@ impl Agent {
         self.process.id()
     }
 
+    /// Its memory and CPU time so far.
+    pub fn usage(&self) -> Usage {
+        Usage::of(self.process.id())
+    }
+
     /// Sends a signal.
     pub fn signal(&self, signal: libc::c_int) {
         // SAFETY: kill with a pid we own (the child is not reaped until we wait on it).
@@ -173,4 +178,41 @@ pub fn get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
     let status = response.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
     let body = response.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default();
     Ok((status, body))
+}
+
+/// What a process uses, from `/proc/<pid>/status` and `/proc/<pid>/stat`.
+#[derive(Clone, Copy, Debug)]
+pub struct Usage {
+    /// Resident memory, MiB.
+    pub rss_mib: f64,
+    /// The highest resident memory so far, MiB.
+    pub peak_mib: f64,
+    /// CPU time, user and system, so far.
+    pub cpu: Duration,
+}
+
+impl Usage {
+    /// Reads `pid`'s usage; panics if it is gone.
+    pub fn of(pid: u32) -> Self {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("process status");
+        let kib = |name: &str| -> f64 {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix(name))
+                .and_then(|rest| rest.split_whitespace().next()?.parse::<f64>().ok())
+                .expect("a memory field")
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("process stat");
+        // After the command name in parentheses: state is field 3, utime 14 and stime 15.
+        let fields: Vec<&str> =
+            stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or_default().split_whitespace().collect();
+        let ticks = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok()).expect("a CPU field");
+        // SAFETY: sysconf has no preconditions.
+        let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        Self {
+            rss_mib: kib("VmRSS:") / 1024.0,
+            peak_mib: kib("VmHWM:") / 1024.0,
+            cpu: Duration::from_secs_f64((ticks(14) + ticks(15)) as f64 / per_second),
+        }
+    }
 }

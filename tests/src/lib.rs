@@ -12,6 +12,7 @@ pub mod net;
 pub mod netns;
 pub mod openloop;
 pub mod sandbox;
+pub mod scale;
 pub mod server;
 pub mod soak;
 pub mod traffic;

@@ -9,11 +9,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use serde_json::json;
 use topology_tests::{
     agent::{Agent, AgentOptions},
     cluster::{self, EndpointSpec},
-    fake_api::FakeApi,
+    fake_api::{FakeApi, write_kubeconfig},
     net::{KubeProxyStandIn, Network},
     netns, require_root,
     sandbox::{CgroupGuard, PinGuard, unique_id},
@@ -23,17 +22,6 @@ use topology_tests::{
 const API_VIP: &str = "10.96.0.1:443";
 /// The port the API server listens on (the slice's target port).
 const API_PORT: u16 = 6443;
-
-fn kubeconfig(path: &Path) {
-    let config = json!({
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "fake", "cluster": {"server": format!("http://{API_VIP}")}}],
-        "users": [{"name": "fake", "user": {}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
-        "current-context": "fake"
-    });
-    std::fs::write(path, serde_json::to_string(&config).expect("JSON")).expect("write kubeconfig");
-}
 
 /// A listener of the fake API at `addr`, in the namespace `ns`.
 fn listen(ns: &str, addr: SocketAddr) -> tokio::net::TcpListener {
@@ -62,7 +50,7 @@ fn a_restarted_agent_reaches_an_api_server_that_moved_while_it_was_down() {
     let scratch = std::env::temp_dir().join(&id);
     std::fs::create_dir_all(&scratch).expect("scratch");
     let config = scratch.join("kubeconfig");
-    kubeconfig(&config);
+    write_kubeconfig(&config, &format!("http://{API_VIP}"));
 
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio");
     let _entered = runtime.enter();

@@ -2,25 +2,14 @@
 //! server) gives the same report as the same objects in a file; a refused list is an error naming
 //! the kind and the reason. No root needed.
 
-use std::{path::Path, process::Command};
+use std::process::Command;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use topology_tests::{
     cluster::{self, EndpointSpec},
     fake_api::FakeApi,
     net::agent_binary,
 };
-
-fn kubeconfig(path: &Path, server: &str) {
-    let config = json!({
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "fake", "cluster": {"server": server}}],
-        "users": [{"name": "fake", "user": {}}],
-        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
-        "current-context": "fake"
-    });
-    std::fs::write(path, serde_json::to_string(&config).expect("JSON")).expect("write kubeconfig");
-}
 
 /// Three zones, a PreferClose Service, a spillover Service and one with an invalid port.
 fn objects() -> Vec<Value> {
@@ -54,7 +43,7 @@ async fn the_api_and_a_file_of_the_same_objects_explain_the_same() {
     let api = FakeApi::start().await;
     let dir = tempfile::tempdir().expect("scratch");
     let (config, file) = (dir.path().join("kubeconfig"), dir.path().join("cluster.yaml"));
-    kubeconfig(&config, &api.url());
+    api.write_kubeconfig(&config);
     let objects = objects();
     for object in &objects {
         api.apply(object.clone());
@@ -96,7 +85,7 @@ async fn a_refused_list_is_an_error_naming_the_reason() {
     let api = FakeApi::start().await;
     let dir = tempfile::tempdir().expect("scratch");
     let config = dir.path().join("kubeconfig");
-    kubeconfig(&config, &api.url());
+    api.write_kubeconfig(&config);
     api.fail_with(Some(403));
     let config = config.to_string_lossy().into_owned();
     let refused = tokio::task::spawn_blocking(move || explain(&["--kubeconfig", &config, "--node", "node-a"]))

@@ -16,7 +16,7 @@ use topology_agent::{
     desired::{DesiredState, ServicePort},
     events::KubeEvents,
     metrics::Metrics,
-    source::{EventSender, kube::KubeSource},
+    source::{EventReceiver, EventSender, Object, SourceEvent, kube::KubeSource},
 };
 use topology_tests::{
     cluster::{self, EndpointSpec},
@@ -405,4 +405,54 @@ async fn a_list_that_succeeds_does_not_make_a_failing_watch_fresh() {
     assert!(harness.api.lists(Resource::Nodes) >= 3, "the lists themselves were retried and succeeded");
     harness.api.fail_watches_with(None);
     harness.wait_ready(true).await;
+}
+
+/// Up to `count` events other than freshness within `within`, off the async runtime.
+async fn received(receiver: EventReceiver, count: usize, within: Duration) -> (EventReceiver, Vec<SourceEvent>) {
+    tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + within;
+        let mut events = Vec::new();
+        while events.len() < count {
+            match receiver.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok((_, SourceEvent::Fresh { .. } | SourceEvent::Stale { .. })) => {}
+                Ok((_, event)) => events.push(event),
+                Err(_) => break,
+            }
+        }
+        (receiver, events)
+    })
+    .await
+    .expect("receiver")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn node_heartbeats_stop_at_the_watch_and_a_label_change_does_not() {
+    let api = FakeApi::start().await;
+    for n in 0..20 {
+        api.apply(topology_tests::scale::node(n));
+    }
+    let (events, receiver) = EventSender::channel();
+    let shutdown = CancellationToken::new();
+    let source = KubeSource::start(&api.client(), &events, &shutdown);
+    drop(events);
+    let (receiver, lists) = received(receiver, 3, Duration::from_secs(10)).await;
+    assert!(lists.iter().all(|e| matches!(e, SourceEvent::Replace { .. })), "{lists:?}");
+    // Every Node beats five times: a MODIFIED event each, with nothing the agent reads changed.
+    let heartbeats = api.heartbeats(Duration::from_millis(200));
+    let beats = api.modifications(Resource::Nodes);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(api.modifications(Resource::Nodes) >= beats + 80, "the heartbeats ran");
+    drop(heartbeats);
+    let mut relabelled = topology_tests::scale::node(7);
+    relabelled["metadata"]["labels"]["topology.kubernetes.io/zone"] = "europe-west1-x".into();
+    api.apply(relabelled);
+    let (_, after) = received(receiver, 2, Duration::from_secs(2)).await;
+    match after.as_slice() {
+        [SourceEvent::Apply(Object::Node(node))] => {
+            assert_eq!((node.name.as_str(), node.zone()), ("gke-prod-pool-00007", Some("europe-west1-x")));
+        }
+        other => panic!("only the label change reaches the controller: {other:?}"),
+    }
+    shutdown.cancel();
+    source.join().await;
 }

@@ -72,6 +72,8 @@ pub struct Metrics {
     pub sync_duration: Histogram,
     /// Seconds from the oldest event of a batch being received to its effect being in the kernel.
     pub event_to_kernel: Histogram,
+    /// Services decided again (the policy run for one Service), whatever the cause.
+    pub services_recomputed: Counter,
     /// Service ports programmed.
     pub services: Gauge,
     /// Backends programmed, over all service ports.
@@ -116,6 +118,7 @@ impl Default for Metrics {
         bounds.push(EVENT_TO_KERNEL_TARGET_S);
         bounds.sort_by(f64::total_cmp);
         let event_to_kernel = Histogram::new(bounds);
+        let services_recomputed = Counter::default();
         let services = Gauge::default();
         let backends = Gauge::default();
         let map_entries = Family::<MapLabels, Gauge>::default();
@@ -145,6 +148,12 @@ impl Default for Metrics {
             "event_to_kernel_seconds",
             "Time from receiving the oldest event of a batch to its effect being in the kernel maps",
             event_to_kernel.clone(),
+        );
+        registry.register(
+            "services_recomputed",
+            "Services decided again (their policy run), by any cause: a change that touches no Service's routing \
+             (a Node heartbeat, an unrelated label) adds nothing",
+            services_recomputed.clone(),
         );
         registry.register(
             "services_programmed",
@@ -189,6 +198,7 @@ impl Default for Metrics {
             registry,
             sync_duration,
             event_to_kernel,
+            services_recomputed,
             services,
             backends,
             map_entries,

@@ -72,7 +72,7 @@ impl Family {
 }
 
 /// A Node.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Node {
     /// Name.
     pub name: String,
@@ -106,7 +106,7 @@ impl Node {
 }
 
 /// `spec.trafficDistribution`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum TrafficDistribution {
     /// Prefer endpoints in the same zone (the original name of `PreferSameZone`).
     PreferClose,
@@ -131,7 +131,7 @@ impl TrafficDistribution {
 }
 
 /// One entry of a Service's `spec.ports` (the kernel's key is [`crate::desired::ServicePort`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct PortSpec {
     /// Port name ("" when the Service has a single unnamed port).
     pub name: String,
@@ -142,7 +142,7 @@ pub struct PortSpec {
 }
 
 /// A Service of type ClusterIP (or any type with a ClusterIP).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Service {
     /// Namespace and name.
     pub key: ObjectKey,
@@ -184,7 +184,7 @@ impl Service {
 }
 
 /// Where topology keys came from, and their raw entries.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TopologyKeysSpec {
     /// `annotation` or `spec.topologyKeys`.
     pub source: TopologyKeysSource,
@@ -193,7 +193,7 @@ pub struct TopologyKeysSpec {
 }
 
 /// Where a Service's topology keys came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum TopologyKeysSource {
     /// The `topology-agent.io/topology-keys` annotation.
     Annotation,
@@ -211,7 +211,7 @@ impl fmt::Display for TopologyKeysSource {
 }
 
 /// One port of an EndpointSlice.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SlicePort {
     /// Port name, matched against the Service port's name.
     pub name: String,
@@ -222,7 +222,7 @@ pub struct SlicePort {
 }
 
 /// One endpoint of an EndpointSlice.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Endpoint {
     /// The endpoint's address (the first of `addresses`, as kube-proxy uses).
     pub address: IpAddr,
@@ -245,7 +245,7 @@ pub struct Endpoint {
 }
 
 /// An EndpointSlice of an IP family.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct EndpointSlice {
     /// Namespace and name.
     pub key: ObjectKey,

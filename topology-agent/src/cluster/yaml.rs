@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::{core::v1::Node as K8sNode, discovery::v1::EndpointSlice as K8sEndpointSlice};
+use k8s_openapi::api::discovery::v1::EndpointSlice as K8sEndpointSlice;
 use serde::Deserialize as _;
 use serde_json::Value;
 
@@ -99,7 +99,7 @@ fn kind_of(raw: &Value) -> Result<&str, &'static str> {
 fn add(state: &mut ClusterState, kind: &str, raw: &Value) -> Result<(), ObjectError> {
     match kind {
         "Node" => {
-            let node: K8sNode = convert::typed(raw, Kind::Node)?;
+            let node: convert::NodeView = convert::typed(raw, Kind::Node)?;
             state.upsert_node(convert::node(&node)?);
         }
         "Service" => {

@@ -347,6 +347,7 @@ impl<P: Programmer> Controller<P> {
 
     /// Decides one Service again and updates its entries in the plan; returns the changed ports.
     fn recompute(&mut self, this: &Node, key: &ObjectKey) -> BTreeSet<ServicePort> {
+        self.ctx.metrics.services_recomputed.inc();
         let update = self.plan.update(&self.state, this, key);
         if let Some(dns) = &mut self.dns {
             let changed = dns.view_mut().update(&self.state, this, key);

@@ -132,6 +132,7 @@ struct Live {
     sender: EventSender,
     recording: Arc<Mutex<Recording>>,
     health: Arc<Health>,
+    metrics: Arc<Metrics>,
     shutdown: CancellationToken,
     thread: std::thread::JoinHandle<Result<Recorder, ControllerError>>,
 }
@@ -145,17 +146,18 @@ impl Live {
         }
         let recording = Arc::new(Mutex::new(Recording::default()));
         let health = Arc::new(Health::default());
+        let metrics = Arc::new(Metrics::default());
         let controller = Controller::new(
             ControllerConfig::new("a"),
             Recorder(Arc::clone(&recording)),
             Arc::clone(&health),
-            Arc::new(Metrics::default()),
+            Arc::clone(&metrics),
             Box::new(LogOnly),
         );
         let shutdown = CancellationToken::new();
         let token = shutdown.clone();
         let thread = std::thread::spawn(move || controller.run(&receiver, &token));
-        Self { sender, recording, health, shutdown, thread }
+        Self { sender, recording, health, metrics, shutdown, thread }
     }
 
     /// Waits up to 5 s for `check` to hold on what was recorded.
@@ -200,6 +202,25 @@ fn a_queued_burst_is_programmed_in_one_batch() {
     let recording = run(events);
     assert_eq!((recording.full, recording.partial.len()), (1, 0), "one full programming, nothing else");
     assert_eq!(addresses(&recording, "10.96.0.1"), Some(vec!["10.1.2.100".to_owned()]), "the last update wins");
+}
+
+#[test]
+fn node_heartbeats_cost_no_recompute() {
+    let live = Live::start(initial());
+    live.wait(|r| r.full == 1);
+    let recomputed = live.metrics.services_recomputed.get();
+    assert_eq!(recomputed, 2, "the full sync decides both Services");
+    // A heartbeat converts to the Node the state holds: this node's and another's.
+    for _ in 0..100 {
+        live.sender.send(SourceEvent::Apply(node("a", "z1")));
+        live.sender.send(SourceEvent::Apply(node("b", "z2")));
+    }
+    live.sender.send(SourceEvent::Apply(Object::EndpointSlice(slice("web-1", "web", &["10.1.0.9"]))));
+    live.wait(|r| r.partial.len() == 1);
+    assert_eq!(live.metrics.services_recomputed.get(), recomputed + 1, "only the slice's Service");
+    // The first sight of b joined the demand; its repeats did nothing.
+    assert_eq!(live.recording.lock().unwrap().full, 1);
+    live.stop();
 }
 
 #[test]

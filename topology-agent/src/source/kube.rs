@@ -12,10 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use k8s_openapi::api::{
-    core::v1::{Node as K8sNode, Service as K8sService},
-    discovery::v1::EndpointSlice as K8sEndpointSlice,
-};
+use k8s_openapi::api::{core::v1::Service as K8sService, discovery::v1::EndpointSlice as K8sEndpointSlice};
 use kube::{
     Api, Client, Resource, ResourceExt as _,
     api::{ApiResource, DynamicObject},
@@ -25,7 +22,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::{EventReceiver, EventSender, Invalid, Object, ObjectId, SourceEvent, reflector};
-use crate::cluster::{ClusterState, Kind, ObjectKey, convert};
+use crate::cluster::{ClusterState, Kind, ObjectKey, convert, convert::NodeView};
 
 /// The Kubernetes client could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -78,7 +75,7 @@ impl KubeSource {
         let services = Api::<DynamicObject>::all_with(client.clone(), &ApiResource::erase::<K8sService>(&()));
         let tasks = vec![
             tokio::spawn(reflector::run(
-                Api::<K8sNode>::all(client.clone()),
+                Api::<NodeView>::all(client.clone()),
                 Kind::Node,
                 node,
                 id_of,
@@ -205,7 +202,7 @@ fn id_of<K: Resource>(object: &K, kind: Kind) -> ObjectId {
     }
 }
 
-fn node(object: &K8sNode) -> Result<Option<Object>, Box<Invalid>> {
+fn node(object: &NodeView) -> Result<Option<Object>, Box<Invalid>> {
     convert::node(object)
         .map(|node| Some(Object::Node(node)))
         .map_err(|error| Box::new(Invalid { id: id_of(object, Kind::Node), service: None, error }))

@@ -10,7 +10,7 @@ use std::{fmt, sync::mpsc, time::Instant};
 use crate::cluster::{ClusterState, EndpointSlice, Kind, Node, ObjectError, ObjectKey, Service};
 
 /// A usable object.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Object {
     /// A Node.
     Node(Node),

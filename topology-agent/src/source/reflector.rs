@@ -8,8 +8,16 @@
 //! [`CONFIRM`] without failing — a list that succeeds proves nothing about the watch. Any failure
 //! (an error, 410 Gone, or a watch silent for [`STALL`]: neither event, bookmark nor end) makes
 //! it stale, and the next attempt lists again after a backoff from 1 s to 30 s.
+//!
+//! An update that converts to what was last sent of the object (a Node status heartbeat: nothing
+//! the model reads changed) is dropped here, so it wakes neither the controller nor the policy.
 
-use std::{fmt::Debug, time::Duration};
+use std::{
+    collections::HashMap,
+    fmt::Debug,
+    hash::{DefaultHasher, Hash, Hasher},
+    time::Duration,
+};
 
 use futures::TryStreamExt as _;
 use kube::{
@@ -64,7 +72,8 @@ pub async fn run<K>(
     let source = format!("{kind} watch");
     let mut backoff = FIRST_BACKOFF;
     loop {
-        let reflector = Reflector { api: &api, kind, convert, identify, events: &events, source: &source };
+        let mut reflector =
+            Reflector { api: &api, kind, convert, identify, events: &events, source: &source, sent: HashMap::new() };
         let failure = tokio::select! {
             () = shutdown.cancelled() => return,
             ended = reflector.list_and_watch(&mut backoff) => match ended {
@@ -91,6 +100,8 @@ struct Reflector<'a, K: Resource> {
     identify: Identify<K>,
     events: &'a EventSender,
     source: &'a str,
+    /// What was last sent of each object: its identity's hash → its model's hash.
+    sent: HashMap<u64, u64>,
 }
 
 impl<K> Reflector<'_, K>
@@ -98,7 +109,7 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
     /// One full list, then watch rounds until something fails.
-    async fn list_and_watch(&self, backoff: &mut Duration) -> Ended {
+    async fn list_and_watch(&mut self, backoff: &mut Duration) -> Ended {
         let mut version = match self.list().await {
             Ok(Some(version)) => version,
             Ok(None) => return Ended::Stop,
@@ -141,14 +152,17 @@ where
                     WatchEvent::Added(object) | WatchEvent::Modified(object) => {
                         version = object.resource_version().unwrap_or(version);
                         match (self.convert)(&object) {
-                            Ok(Some(object)) => self.events.send(SourceEvent::Apply(object)),
-                            Ok(None) => self.events.send(SourceEvent::Delete((self.identify)(&object, self.kind))),
-                            Err(bad) => self.events.send(SourceEvent::Invalid(*bad)),
+                            Ok(Some(object)) => !self.changed(&object) || self.events.send(SourceEvent::Apply(object)),
+                            Ok(None) => self.deleted((self.identify)(&object, self.kind)),
+                            Err(bad) => {
+                                self.sent.remove(&hash(&bad.id));
+                                self.events.send(SourceEvent::Invalid(*bad))
+                            }
                         }
                     }
                     WatchEvent::Deleted(object) => {
                         version = object.resource_version().unwrap_or(version);
-                        self.events.send(SourceEvent::Delete((self.identify)(&object, self.kind)))
+                        self.deleted((self.identify)(&object, self.kind))
                     }
                     WatchEvent::Bookmark(bookmark) => {
                         version = bookmark.metadata.resource_version;
@@ -166,8 +180,21 @@ where
         }
     }
 
+    /// Whether `object` differs from what was last sent of it (and if so, remembers it). An
+    /// update that changes nothing the model reads — a Node's status heartbeat — stops here:
+    /// the controller is not even woken. Hash collisions of identities only cost a resend.
+    fn changed(&mut self, object: &Object) -> bool {
+        let content = hash(object);
+        self.sent.insert(hash(&object.id()), content) != Some(content)
+    }
+
+    fn deleted(&mut self, id: ObjectId) -> bool {
+        self.sent.remove(&hash(&id));
+        self.events.send(SourceEvent::Delete(id))
+    }
+
     /// Every object, page by page, sent as one replacement; the list's resourceVersion.
-    async fn list(&self) -> Result<Option<String>, String> {
+    async fn list(&mut self) -> Result<Option<String>, String> {
         let mut objects = Vec::new();
         let mut invalid = Vec::new();
         let mut params = ListParams::default().limit(PAGE);
@@ -189,9 +216,17 @@ where
             }
         };
         tracing::info!(kind = %self.kind, objects = objects.len(), invalid = invalid.len(), "listed");
+        self.sent = objects.iter().map(|object| (hash(&object.id()), hash(object))).collect();
         let sent = self.events.send(SourceEvent::Replace { kind: self.kind, objects, invalid });
         Ok(sent.then_some(version))
     }
+}
+
+/// A 64-bit hash, the same for equal values within the process.
+fn hash(value: &impl Hash) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    value.hash(&mut hasher);
+    hasher.finish()
 }
 
 /// A request failure as `/readyz` names it: throttling and missing permissions said plainly.

@@ -5,17 +5,21 @@ use std::{collections::BTreeMap, net::IpAddr};
 
 use k8s_openapi::{
     api::{
-        core::v1::{Node as K8sNode, Service as K8sService, ServiceSpec},
+        core::v1::{Service as K8sService, ServiceSpec},
         discovery::v1::EndpointSlice as K8sEndpointSlice,
     },
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 
 use super::model::{
-    Endpoint, EndpointSlice, Family, Kind, LABEL_SERVICE_NAME, Node, ObjectError, ObjectKey, PortSpec, Service,
-    SlicePort, TopologyKeysSource, TopologyKeysSpec, TrafficDistribution,
+    Endpoint, EndpointSlice, Family, Kind, LABEL_SERVICE_NAME, ObjectError, ObjectKey, PortSpec, Service, SlicePort,
+    TopologyKeysSource, TopologyKeysSpec, TrafficDistribution,
 };
 use crate::desired::{Protocol, UnknownProtocol};
+
+mod node;
+
+pub use self::node::{NodeView, node};
 
 /// Annotation carrying topology keys (KEP-536) on clusters without `spec.topologyKeys`.
 pub const ANNOTATION_TOPOLOGY_KEYS: &str = "topology-agent.io/topology-keys";
@@ -25,32 +29,6 @@ pub const ANNOTATION_TOPOLOGY_MODE: &str = "service.kubernetes.io/topology-mode"
 pub const ANNOTATION_TOPOLOGY_AWARE_HINTS: &str = "service.kubernetes.io/topology-aware-hints";
 /// Prefix of this agent's own annotations.
 pub const AGENT_ANNOTATION_PREFIX: &str = "topology-agent.io/";
-
-/// A Node into the model.
-pub fn node(node: &K8sNode) -> Result<Node, ObjectError> {
-    let name = node.metadata.name.clone().unwrap_or_default();
-    let error = |field: &str, message: String| ObjectError {
-        kind: Kind::Node,
-        name: name.clone(),
-        field: field.into(),
-        message,
-    };
-    if name.is_empty() {
-        return Err(error("metadata.name", "missing".into()));
-    }
-    let status = node.status.as_ref();
-    let allocatable_cpu_millis = match status.and_then(|s| s.allocatable.as_ref()).and_then(|a| a.get("cpu")) {
-        Some(quantity) => {
-            cpu_millis(&quantity.0).map_err(|invalid| error("status.allocatable.cpu", invalid.to_string()))?
-        }
-        None => 0,
-    };
-    let ready = status
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|conditions| conditions.iter().find(|c| c.type_ == "Ready"))
-        .is_some_and(|c| c.status == "True");
-    Ok(Node { name, labels: node.metadata.labels.clone().unwrap_or_default(), allocatable_cpu_millis, ready })
-}
 
 /// A Service into the model. `spec_topology_keys` is `spec.topologyKeys` when the object carries it
 /// (read from the raw object: current API types no longer have the field).

@@ -227,3 +227,50 @@ fn node_topology_and_capacity() {
     assert_eq!(node.topology_value("kubernetes.io/hostname"), Some("node-a"), "hostname defaults to the name");
     assert_eq!(node.region(), None);
 }
+
+/// A Node as a kubelet reports it, at `heartbeat`.
+fn kubelet_node(heartbeat: &str, version: &str) -> serde_json::Value {
+    let condition = |kind: &str, status: &str| {
+        serde_json::json!({"type": kind, "status": status, "lastHeartbeatTime": heartbeat,
+                           "lastTransitionTime": "2026-11-01T08:00:00Z", "reason": "KubeletReady", "message": "ok"})
+    };
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {
+            "name": "node-a", "uid": "6f1c", "resourceVersion": version,
+            "labels": {"topology.kubernetes.io/zone": "zone-a", "topology.kubernetes.io/region": "region-1"},
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+            "managedFields": [{"manager": "kubelet", "operation": "Update", "time": heartbeat,
+                               "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {"f:conditions": {}}}}]
+        },
+        "spec": {"podCIDR": "10.64.0.0/24", "providerID": "gce://p/zone-a/node-a"},
+        "status": {
+            "capacity": {"cpu": "8", "memory": "32880596Ki"},
+            "allocatable": {"cpu": "7910m", "memory": "29094740Ki", "pods": "110"},
+            "conditions": [condition("MemoryPressure", "False"), condition("Ready", "True")],
+            "addresses": [{"type": "InternalIP", "address": "10.132.0.1"}],
+            "nodeInfo": {"kubeletVersion": "v1.33.5", "bootID": "b"},
+            "images": [{"names": ["registry/app@sha256:0123", "registry/app:v1"], "sizeBytes": 123_456_789}]
+        }
+    })
+}
+
+#[test]
+fn a_heartbeat_converts_to_the_same_node() {
+    let read = |value: serde_json::Value| node(&serde_json::from_value(value).unwrap()).unwrap();
+    let before = read(kubelet_node("2026-11-26T01:00:00Z", "100"));
+    let after = read(kubelet_node("2026-11-26T01:00:10Z", "117"));
+    assert_eq!(before, after, "nothing the agent reads changed");
+    assert_eq!((before.allocatable_cpu_millis, before.ready, before.region()), (7910, true, Some("region-1")));
+    let mut not_ready = kubelet_node("2026-11-26T01:00:20Z", "118");
+    not_ready["status"]["conditions"][1]["status"] = "Unknown".into();
+    assert!(!read(not_ready).ready, "a Ready condition that is not True is not ready");
+}
+
+#[test]
+fn a_bad_allocatable_cpu_names_the_node_and_field() {
+    let mut bad = kubelet_node("2026-11-26T01:00:00Z", "1");
+    bad["status"]["allocatable"]["cpu"] = "lots".into();
+    let error = node(&serde_json::from_value(bad).unwrap()).unwrap_err();
+    assert_eq!((error.name.as_str(), error.field.as_str()), ("node-a", "status.allocatable.cpu"));
+}

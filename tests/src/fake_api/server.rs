@@ -1,0 +1,263 @@
+//! The fake's HTTP side: list (paginated, serialized straight from the store) and watch (the
+//! history's pre-serialized events from a resourceVersion, bookmarks, aborts, stalls, 410 Gone),
+//! with the bytes each resource sent counted.
+
+use std::{
+    collections::HashMap,
+    convert::Infallible,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use futures::{SinkExt as _, channel::mpsc};
+use http_body_util::{BodyExt as _, StreamBody, combinators::BoxBody};
+use hyper::{
+    Request, Response, StatusCode,
+    body::{Bytes, Frame, Incoming},
+    server::conn::http1,
+    service::service_fn,
+};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tokio::{net::TcpListener, sync::watch};
+
+use super::{Resource, Store};
+
+/// A watch with no event of its own this long gets a bookmark.
+const BOOKMARK: Duration = Duration::from_millis(500);
+
+/// Serves `listener` until the task is aborted.
+pub(super) fn accept(listener: TcpListener, server: Server) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { continue };
+            // As the real API server (Go sets TCP_NODELAY): watch events are small writes that
+            // Nagle's algorithm would hold back for a delayed ACK.
+            let _ = stream.set_nodelay(true);
+            let server = server.clone();
+            tokio::spawn(async move {
+                let service = service_fn(move |request| {
+                    let server = server.clone();
+                    async move { Ok::<_, Infallible>(server.handle(request).await) }
+                });
+                // Aborted connections end here with an error; that is the point of them.
+                let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+            });
+        }
+    })
+}
+
+type Body = BoxBody<Bytes, std::io::Error>;
+
+#[derive(Clone)]
+pub(super) struct Server {
+    pub(super) store: Arc<Mutex<Store>>,
+    pub(super) changes: watch::Sender<u64>,
+    pub(super) aborts: watch::Sender<u64>,
+    pub(super) releases: watch::Sender<u64>,
+}
+
+impl Server {
+    async fn handle(&self, request: Request<Incoming>) -> Response<Body> {
+        let path = request.uri().path().to_owned();
+        let (down, failing, failing_watches) = {
+            let mut store = self.store.lock().expect("store");
+            store.requests += 1;
+            (store.down, store.failing, store.failing_watches)
+        };
+        if down {
+            let unavailable = status(503, "ServiceUnavailable", "the fake API is down");
+            return json_response(StatusCode::SERVICE_UNAVAILABLE, &unavailable);
+        }
+        if let Some(code) = failing {
+            return failure(code);
+        }
+        let query: HashMap<String, String> = request.uri().query().map(|q| url_pairs(q).collect()).unwrap_or_default();
+        let watching = query.get("watch").is_some_and(|w| w == "true" || w == "1");
+        if let (true, Some(code)) = (watching, failing_watches) {
+            return failure(code);
+        }
+        if request.method() == hyper::Method::POST && path.starts_with("/apis/events.k8s.io/v1/namespaces/") {
+            let body = request.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+            let event: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            self.store.lock().expect("store").events.push(event.clone());
+            return json_response(StatusCode::CREATED, &event);
+        }
+        let Some(resource) = Resource::from_path(&path) else {
+            return json_response(StatusCode::NOT_FOUND, &status(404, "NotFound", &format!("no route {path}")));
+        };
+        if watching {
+            *self.store.lock().expect("store").watches.entry(resource).or_default() += 1;
+            self.watch(resource, &query)
+        } else {
+            self.list(resource, &query).await
+        }
+    }
+
+    async fn list(&self, resource: Resource, query: &HashMap<String, String>) -> Response<Body> {
+        let mut released = self.releases.subscribe();
+        while self.store.lock().expect("store").held.contains(&resource) {
+            // A dropped sender means the server is going away; answer anyway.
+            if released.changed().await.is_err() {
+                break;
+            }
+        }
+        let limit: usize = query.get("limit").and_then(|l| l.parse().ok()).unwrap_or(usize::MAX);
+        let offset: usize = query.get("continue").and_then(|c| c.parse().ok()).unwrap_or(0);
+        let mut store = self.store.lock().expect("store");
+        if offset == 0 {
+            *store.lists.entry(resource).or_default() += 1;
+        }
+        // The resource's objects are one range of the map; each item is serialized straight from
+        // the store (no copy), so the fake's own cost stays small beside the agent's it measures.
+        let range = (resource, String::new(), String::new())..;
+        let of_resource = || store.objects.range(range.clone()).take_while(|(k, _)| k.0 == resource);
+        let total = of_resource().count();
+        let (api_version, kind) = resource.list_kind();
+        let mut metadata = json!({"resourceVersion": store.resource_version.to_string()});
+        let next = offset.saturating_add(limit).min(total);
+        if next < total {
+            metadata["continue"] = next.to_string().into();
+        }
+        let head = json!({"apiVersion": api_version, "kind": kind, "metadata": metadata});
+        let mut body = serde_json::to_vec(&head).expect("JSON");
+        body.pop();
+        body.extend_from_slice(br#","items":["#);
+        for (n, (_, object)) in of_resource().skip(offset).take(limit).enumerate() {
+            if n > 0 {
+                body.push(b',');
+            }
+            serde_json::to_writer(&mut body, object).expect("JSON");
+        }
+        body.extend_from_slice(b"]}");
+        *store.sent.entry(resource).or_default() += body.len() as u64;
+        bytes_response(StatusCode::OK, body)
+    }
+
+    fn watch(&self, resource: Resource, query: &HashMap<String, String>) -> Response<Body> {
+        let from: u64 = query.get("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
+        let bookmarks = query.get("allowWatchBookmarks").is_some_and(|b| b == "true");
+        let ends = query
+            .get("timeoutSeconds")
+            .and_then(|t| t.parse::<u64>().ok())
+            .map(|seconds| tokio::time::Instant::now() + Duration::from_secs(seconds));
+        let (mut tx, rx) = mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(64);
+        let (store, mut changes, mut aborts) =
+            (Arc::clone(&self.store), self.changes.subscribe(), self.aborts.subscribe());
+        aborts.mark_unchanged();
+        tokio::spawn(async move {
+            let mut sent = from;
+            let mut bookmark_at = tokio::time::Instant::now() + BOOKMARK;
+            loop {
+                if store.lock().expect("store").stalled {
+                    // Hold the connection open, silent, until the stall ends or the client leaves.
+                    while store.lock().expect("store").stalled {
+                        if tx.is_closed() {
+                            return;
+                        }
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+                if ends.is_some_and(|at| tokio::time::Instant::now() >= at) {
+                    // The server ends the watch, as asked; the client resumes from where it was.
+                    return;
+                }
+                let pending = {
+                    let store = store.lock().expect("store");
+                    let events = store.events_after(resource, sent);
+                    sent = store.resource_version;
+                    events
+                };
+                let Some(pending) = pending else {
+                    let gone = status(410, "Expired", "too old resource version");
+                    let _ = tx.send(Ok(Frame::data(event("ERROR", &gone)))).await;
+                    return;
+                };
+                if !pending.is_empty() {
+                    bookmark_at = tokio::time::Instant::now() + BOOKMARK;
+                }
+                let bytes: usize = pending.iter().map(Bytes::len).sum();
+                *store.lock().expect("store").sent.entry(resource).or_default() += bytes as u64;
+                for event in pending {
+                    if tx.send(Ok(Frame::data(event))).await.is_err() {
+                        return;
+                    }
+                }
+                let end = ends.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
+                tokio::select! {
+                    () = tokio::time::sleep_until(end) => return,
+                    changed = changes.changed() => if changed.is_err() { return },
+                    _ = aborts.changed() => {
+                        let _ = tx.send(Err(std::io::Error::other("connection aborted by the fake API"))).await;
+                        return;
+                    }
+                    // Other resources' changes wake this loop too; the bookmark keeps its own clock.
+                    () = tokio::time::sleep_until(bookmark_at), if bookmarks => {
+                        bookmark_at = tokio::time::Instant::now() + BOOKMARK;
+                        let (api_version, kind) = resource.list_kind();
+                        let object = json!({"apiVersion": api_version, "kind": kind.trim_end_matches("List"),
+                            "metadata": {"resourceVersion": sent.to_string()}});
+                        if tx.send(Ok(Frame::data(event("BOOKMARK", &object)))).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        let mut response = Response::new(StreamBody::new(rx).boxed());
+        response.headers_mut().insert(hyper::header::CONTENT_TYPE, "application/json".parse().expect("header"));
+        response
+    }
+}
+
+/// An error answer with `code`, as the API server words it.
+fn failure(code: u16) -> Response<Body> {
+    let (reason, message) = match code {
+        429 => ("TooManyRequests", "too many requests, please try again later"),
+        403 => ("Forbidden", "User \"system:serviceaccount:topology-agent:topology-agent\" cannot list resource"),
+        _ => ("InternalError", "the fake API fails as asked"),
+    };
+    let mut response = json_response(
+        StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        &status(code, reason, message),
+    );
+    if code == 429 {
+        response.headers_mut().insert(hyper::header::RETRY_AFTER, "1".parse().expect("header"));
+    }
+    response
+}
+
+/// A watch event line, `type` first as the API server writes it (`json!` would sort `object`
+/// first, and a client's decoder then has to buffer the whole object before it knows the type).
+pub(super) fn event(kind: &str, object: &Value) -> Bytes {
+    let mut text = format!(r#"{{"type":"{kind}","object":"#).into_bytes();
+    serde_json::to_writer(&mut text, object).expect("JSON");
+    text.extend_from_slice(b"}\n");
+    Bytes::from(text)
+}
+
+fn status(code: u16, reason: &str, message: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+           "message": message, "reason": reason, "code": code})
+}
+
+fn json_response(status: StatusCode, value: &Value) -> Response<Body> {
+    bytes_response(status, serde_json::to_vec(value).expect("JSON"))
+}
+
+/// A response with a JSON body already serialized.
+fn bytes_response(status: StatusCode, body: Vec<u8>) -> Response<Body> {
+    let body = http_body_util::Full::new(Bytes::from(body)).map_err(|never: Infallible| match never {}).boxed();
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    response.headers_mut().insert(hyper::header::CONTENT_TYPE, "application/json".parse().expect("header"));
+    response
+}
+
+/// `a=b&c=d` pairs, percent-decoded enough for the parameters the watcher sends.
+fn url_pairs(query: &str) -> impl Iterator<Item = (String, String)> + '_ {
+    query.split('&').filter(|p| !p.is_empty()).filter_map(|pair| {
+        let (key, value) = pair.split_once('=')?;
+        Some((key.to_owned(), value.replace("%3D", "=").replace("%2C", ",")))
+    })
+}
