@@ -115,6 +115,28 @@ impl HistogramReading {
         reading
     }
 
+    /// Prometheus' `histogram_quantile(q)` of what was observed between `before` and `self`:
+    /// linear within the bucket the quantile falls in, in seconds (0 when nothing was observed).
+    pub fn quantile_since(&self, before: &Self, q: f64) -> f64 {
+        let delta: Vec<(f64, f64)> = self
+            .buckets
+            .iter()
+            .zip(&before.buckets)
+            .map(|((le, now), (_, then))| (*le, now.saturating_sub(*then) as f64))
+            .collect();
+        let Some(&(_, total)) = delta.last() else { return 0.0 };
+        let rank = q * total;
+        let mut lower = (0.0, 0.0);
+        for (bound, count) in delta {
+            if count >= rank && count > lower.1 {
+                let bound = if bound.is_finite() { bound } else { lower.0 };
+                return lower.0 + (bound - lower.0) * (rank - lower.1) / (count - lower.1);
+            }
+            lower = (bound, count);
+        }
+        0.0
+    }
+
     /// What was observed between `before` and `self`: the number, the mean (ms) and the upper
     /// bound of the bucket holding the 99th percentile (ms).
     pub fn since(&self, before: &Self) -> (u64, f64, f64) {
@@ -131,5 +153,26 @@ impl HistogramReading {
             .find(|((_, now), (_, then))| now.saturating_sub(*then) >= wanted)
             .map_or(f64::INFINITY, |((le, _), _)| le * 1e3);
         (count, mean, p99)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_as_prometheus_computes_them() {
+        let text = |counts: [u64; 4]| {
+            format!(
+                "h_bucket{{le=\"0.001\"}} {}\nh_bucket{{le=\"0.002\"}} {}\nh_bucket{{le=\"0.004\"}} {}\n\
+                 h_bucket{{le=\"+Inf\"}} {}\nh_count {}\n",
+                counts[0], counts[1], counts[2], counts[3], counts[3]
+            )
+        };
+        let before = HistogramReading::parse(&text([10, 10, 10, 10]), "h");
+        let after = HistogramReading::parse(&text([60, 100, 110, 110]), "h");
+        assert_eq!(after.quantile_since(&before, 0.5), 0.001);
+        assert!((after.quantile_since(&before, 0.99) - 0.0038).abs() < 1e-9);
+        assert_eq!(before.quantile_since(&before, 0.99), 0.0, "nothing observed");
     }
 }

@@ -2,25 +2,13 @@
 //! status the fake API server updates every 10 s, 10,000 Services, 150,000 endpoints):
 //! - the real agent binary: time to ready, then at steady state (heartbeats flowing) its RSS, CPU,
 //!   the bytes it receives from the API per resource, and how many Services it decided again;
-//! - in process, with the real dataplane: a storm of EndpointSlice updates at a fixed rate, each
-//!   timed from the write on the API to the dataplane returning with its port.
+//! - then a storm of EndpointSlice updates on it ([`storm`](super::storm)).
 
 use std::{
-    collections::HashMap,
     path::Path,
-    sync::Arc,
     time::{Duration, Instant},
 };
 
-use tokio_util::sync::CancellationToken;
-use topology_agent::{
-    controller::{Controller, ControllerConfig, Health},
-    dataplane::{Dataplane, DataplaneConfig},
-    desired::{Protocol, ServicePort},
-    events::LogOnly,
-    metrics::Metrics,
-    source::{EventSender, kube::KubeSource},
-};
 use topology_tests::{
     agent::{Agent, AgentOptions, Usage},
     fake_api::{FakeApi, Resource},
@@ -28,7 +16,7 @@ use topology_tests::{
     scale::{self, Shape},
 };
 
-use super::{Applied, Timed};
+use super::storm::{OnAgent, on_agent};
 
 /// Every Node's status is updated this often (kubelet's `--node-status-update-frequency`, 10 s).
 pub const HEARTBEAT: Duration = Duration::from_secs(10);
@@ -51,12 +39,15 @@ pub struct Steady {
     pub node_events_per_s: f64,
     /// Services decided again during the window.
     pub recomputed: u64,
+    /// The storm after the window, as the agent measures it.
+    pub storm: OnAgent,
 }
 
 const RESOURCES: [Resource; 3] = [Resource::Nodes, Resource::Services, Resource::EndpointSlices];
 
-/// Runs the agent binary on the cluster with heartbeats flowing and measures its steady state.
-pub async fn steady(shape: Shape) -> Steady {
+/// Runs the agent binary on the cluster with heartbeats flowing and measures its steady state,
+/// then a storm of `rate` EndpointSlice updates per second for `storm`.
+pub async fn steady(shape: Shape, rate: usize, storm: Duration) -> Steady {
     let id = unique_id();
     let cgroup = CgroupGuard::new(&id);
     let pins = PinGuard::new(&id);
@@ -90,6 +81,7 @@ pub async fn steady(shape: Shape) -> Steady {
     let (after, usage, recomputed_after) = (sent(), agent.usage(), recomputed(&agent));
     let seconds = window.elapsed().as_secs_f64();
     let node_events_per_s = (api.modifications(Resource::Nodes) - beats_before) as f64 / seconds;
+    let storm = on_agent(&api, &agent, shape, rate, storm).await;
     drop(agent);
     let _ = std::fs::remove_file(&kubeconfig);
     Steady {
@@ -99,6 +91,7 @@ pub async fn steady(shape: Shape) -> Steady {
         bytes_per_s: RESOURCES.iter().enumerate().map(|(i, r)| (*r, (after[i] - before[i]) as f64 / seconds)).collect(),
         node_events_per_s,
         recomputed: recomputed_after - recomputed_before,
+        storm,
     }
 }
 
@@ -109,83 +102,4 @@ fn recomputed(agent: &Agent) -> u64 {
         .find_map(|line| line.strip_prefix("topology_agent_services_recomputed_total "))
         .and_then(|value| value.trim().parse().ok())
         .expect("topology_agent_services_recomputed_total")
-}
-
-/// A storm of `rate` EndpointSlice updates per second for `duration` (each a different Service,
-/// every endpoint moved), heartbeats flowing; every update's latency to the kernel.
-pub async fn storm(shape: Shape, rate: usize, duration: Duration) -> Vec<Duration> {
-    let id = unique_id();
-    let cgroup = CgroupGuard::new(&id);
-    let pins = PinGuard::new(&id);
-    let api = FakeApi::start().await;
-    scale::populate(&api, &shape);
-    let _heartbeats = api.heartbeats(HEARTBEAT);
-    let config = DataplaneConfig::new(pins.path(), cgroup.path());
-    let dataplane = Dataplane::open(&config).expect("open dataplane");
-    let applied: Applied = Arc::default();
-    let shutdown = CancellationToken::new();
-    let (events, receiver) = EventSender::channel();
-    let source = KubeSource::start(&api.client(), &events, &shutdown);
-    drop(events);
-    let controller = Controller::new(
-        ControllerConfig::new(scale::node_name(0)),
-        Timed { dataplane, applied: Arc::clone(&applied) },
-        Arc::new(Health::default()),
-        Arc::new(Metrics::default()),
-        Box::new(LogOnly),
-    );
-    let token = shutdown.clone();
-    let thread = std::thread::spawn(move || controller.run(&receiver, &token).map(drop));
-    let started = Instant::now();
-    while applied.lock().unwrap().is_empty() {
-        assert!(started.elapsed() < Duration::from_secs(300), "no initial sync");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    tokio::time::sleep(Duration::from_secs(3)).await;
-
-    // Open loop: every tick writes the updates due by then, whatever the agent is doing.
-    const TICK: Duration = Duration::from_millis(10);
-    let total = rate * duration.as_secs() as usize;
-    let mut pending: HashMap<ServicePort, Instant> = HashMap::new();
-    let mut latencies = Vec::with_capacity(total);
-    let (mut written, mut seen) = (0, applied.lock().unwrap().len());
-    let mut ticks = tokio::time::interval(TICK);
-    let storm = Instant::now();
-    while latencies.len() < total {
-        ticks.tick().await;
-        let due = ((storm.elapsed().as_secs_f64() * rate as f64) as usize).min(total);
-        for update in written..due {
-            // 37 is prime to the number of Services: each is updated once per round.
-            let service = (update * 37) % shape.services();
-            let generation = update / shape.services() + 1;
-            let first = scale::slices(&shape, service, generation).swap_remove(0);
-            let port = ServicePort { vip: scale::vip(service), port: 80, protocol: Protocol::Tcp };
-            pending.insert(port, Instant::now());
-            api.apply(first);
-        }
-        written = due;
-        let applied = applied.lock().unwrap();
-        for (done, ports, _, full) in &applied[seen..] {
-            // A periodic full apply re-writes everything; the update's own apply is the partial one.
-            if *full {
-                continue;
-            }
-            for port in ports {
-                if let Some(at) = pending.get(port).filter(|at| *at < done) {
-                    latencies.push(*done - *at);
-                    pending.remove(port);
-                }
-            }
-        }
-        seen = applied.len();
-        assert!(
-            storm.elapsed() < duration + Duration::from_secs(60),
-            "{} updates never reached the kernel",
-            pending.len()
-        );
-    }
-    shutdown.cancel();
-    source.join().await;
-    thread.join().expect("controller thread").expect("controller");
-    latencies
 }

@@ -12,7 +12,7 @@ use serde_json::Value;
 use super::{FakeApi, Resource, Store};
 
 /// How often the heartbeat task wakes; each wake updates the Nodes due by then.
-const TICK: Duration = Duration::from_millis(20);
+const TICK: Duration = Duration::from_millis(2);
 
 /// Heartbeats running until dropped.
 pub struct Heartbeats {
