@@ -3,8 +3,9 @@
 
 use std::{net::SocketAddr, path::Path, time::Duration};
 
+use aya::programs::links::{FdLink, PinnedLink};
 use topology_agent::{
-    dataplane::{self, Capacities, Dataplane, DataplaneError},
+    dataplane::{self, Capacities, Dataplane, DataplaneError, KernelLogLevel, PinLayout},
     desired::{DesiredService, DesiredState, Protocol},
 };
 use topology_common::{map_names, program_names};
@@ -66,6 +67,58 @@ fn traffic_outlives_the_agent_and_a_restart_adopts_without_rewriting() {
     assert_eq!(refused.errno("ECONNREFUSED"), 5, "{refused:?}");
 }
 
+/// The program behind each pinned link, by program name.
+fn attached_programs(fx: &Fixture) -> Vec<(&'static str, u32)> {
+    program_names::ALL
+        .into_iter()
+        .filter_map(|name| {
+            let pinned = PinnedLink::from_pin(PinLayout::new(fx.pins.path()).link(name)).ok()?;
+            Some((name, FdLink::from(pinned).info().expect("link info").program_id()))
+        })
+        .collect()
+}
+
+#[test]
+fn a_restart_keeps_the_attached_programs_unless_something_changed() {
+    require_root!();
+    let fx = Fixture::new(2);
+    let desired = three_services(&fx);
+    Dataplane::open(&fx.config()).expect("open").apply(&desired);
+    let loaded = attached_programs(&fx);
+    assert_eq!(loaded.len(), program_names::ALL.len(), "{loaded:?}");
+
+    let dp = Dataplane::open(&fx.config()).expect("reopen");
+    assert_eq!(attached_programs(&fx), loaded, "the same programs stay attached, none loaded");
+    assert_eq!(dp.kernel().services.len(), 3, "the pinned state is adopted");
+    let result = fx.place().tcp(addr("10.96.1.2:80"), 10);
+    assert_eq!(result.landed_on("b0"), 10, "{result:?}");
+    drop(dp);
+
+    // Another option is other programs: they are loaded, and replace the attached ones.
+    let mut config = fx.config();
+    config.kernel_log = KernelLogLevel::Error;
+    let mut dp = Dataplane::open(&config).expect("reopen with the kernel log on");
+    let relogged = attached_programs(&fx);
+    assert!(relogged.iter().zip(&loaded).all(|(now, before)| now.1 != before.1), "{relogged:?} vs {loaded:?}");
+    drop(dp.take_logger());
+    drop(dp);
+
+    // Back to the first options: the marker of the first load is gone, so they load once more.
+    drop(Dataplane::open(&fx.config()).expect("reopen"));
+    let reloaded = attached_programs(&fx);
+    assert!(reloaded.iter().zip(&relogged).all(|(now, before)| now.1 != before.1), "{reloaded:?}");
+
+    // A link removed behind the agent's back: the restart loads and attaches everything again.
+    std::fs::remove_file(PinLayout::new(fx.pins.path()).link(program_names::CONNECT4)).expect("remove a link pin");
+    let dp = Dataplane::open(&fx.config()).expect("reopen without a link");
+    assert_eq!(attached_programs(&fx).len(), program_names::ALL.len());
+    let result = fx.place().tcp(addr("10.96.1.1:80"), 10);
+    assert_eq!(result.failures(), 0, "{result:?}");
+    drop(dp);
+    let attached = run("bpftool", &["cgroup", "show", &fx.cgroup.path().to_string_lossy()]);
+    assert_eq!(attached.lines().filter(|l| l.contains("connect4")).count(), 1, "{attached}");
+}
+
 #[test]
 fn restarting_under_load_drops_no_connection() {
     require_root!();
@@ -73,9 +126,12 @@ fn restarting_under_load_drops_no_connection() {
     let desired = three_services(&fx);
     Dataplane::open(&fx.config()).expect("open").apply(&desired);
     let client = fx.place().spawn_loop(addr("10.96.1.1:80"), &fx.scratch(), Duration::from_secs(60), false);
-    for _ in 0..10 {
-        // Each open loads new programs, attaches them, then detaches the previous links.
-        let mut dp = Dataplane::open(&fx.config()).expect("reopen");
+    for restart in 0..10 {
+        // Each open loads new programs (the kernel log switched on and off, so none is kept),
+        // attaches them, then detaches the previous links.
+        let mut config = fx.config();
+        config.kernel_log = if restart % 2 == 0 { KernelLogLevel::Error } else { KernelLogLevel::Off };
+        let mut dp = Dataplane::open(&config).expect("reopen");
         assert_eq!(dp.apply(&desired).unchanged, 3);
     }
     let result = client.finish();

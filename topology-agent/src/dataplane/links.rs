@@ -18,6 +18,10 @@ use super::error::DataplaneError;
 const BPF_OBJ_GET: libc::c_long = 7;
 /// `BPF_LINK_DETACH` from `enum bpf_cmd`.
 const BPF_LINK_DETACH: libc::c_long = 34;
+/// `BPF_OBJ_GET_INFO_BY_FD` from `enum bpf_cmd`.
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+/// `BPF_LINK_TYPE_CGROUP` from `enum bpf_link_type`.
+const BPF_LINK_TYPE_CGROUP: u32 = 3;
 
 /// Pins `link` at `path`, replacing any link pinned there. The new link is attached before the old
 /// one is detached, so for a moment both programs run; they share the maps, so whichever rewrites
@@ -54,6 +58,52 @@ pub fn staging_path(path: &Path) -> PathBuf {
     let mut name = path.file_name().unwrap_or_default().to_os_string();
     name.push("_next");
     path.with_file_name(name)
+}
+
+/// The program a pinned cgroup link runs and the id of the cgroup it is attached to (0 once
+/// detached, e.g. its cgroup was removed).
+pub fn cgroup_of(path: &Path) -> io::Result<(u32, u64)> {
+    /// The head of `struct bpf_link_info` and its `cgroup` member.
+    #[repr(C)]
+    #[derive(Default)]
+    struct LinkInfo {
+        kind: u32,
+        id: u32,
+        prog_id: u32,
+        _pad: u32,
+        cgroup_id: u64,
+        attach_type: u32,
+        _pad2: u32,
+    }
+    /// The `info` member of `union bpf_attr`.
+    #[repr(C)]
+    struct InfoAttr {
+        bpf_fd: u32,
+        info_len: u32,
+        info: u64,
+    }
+    let fd = obj_get(path)?;
+    let mut info = LinkInfo::default();
+    let attr = InfoAttr {
+        bpf_fd: fd.as_raw_fd() as u32,
+        info_len: size_of::<LinkInfo>() as u32,
+        info: &mut info as *mut LinkInfo as u64,
+    };
+    // SAFETY: `attr` is a valid `info` attribute; the kernel writes at most `info_len` bytes
+    // into `info`, which outlives the call.
+    let ret = unsafe {
+        libc::syscall(libc::SYS_bpf, BPF_OBJ_GET_INFO_BY_FD, &attr as *const InfoAttr, size_of::<InfoAttr>())
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if info.kind != BPF_LINK_TYPE_CGROUP {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("link type {} is not a cgroup link", info.kind),
+        ));
+    }
+    Ok((info.prog_id, info.cgroup_id))
 }
 
 /// `BPF_OBJ_GET`: a descriptor for the object pinned at `path`.

@@ -56,6 +56,8 @@ pub struct Flavour {
 const PLAIN: Flavour = Flavour { object: "topology", index: true };
 const ACQUIRE: Flavour = Flavour { object: "topology-acquire", index: true };
 const NO_INDEX: Flavour = Flavour { object: "topology", index: false };
+/// Every flavour, in a fixed order (a restart's marker names one by its position).
+pub(super) const FLAVOURS: [Flavour; 3] = [PLAIN, ACQUIRE, NO_INDEX];
 
 impl IndexOrdering {
     /// The flavours to try, in order, on this machine.

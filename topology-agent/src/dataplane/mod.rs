@@ -26,6 +26,7 @@ pub mod memory;
 mod mmap;
 mod ops;
 mod pins;
+mod reuse;
 mod slot_space;
 mod state;
 mod writer;
@@ -107,8 +108,9 @@ pub struct Dataplane {
     layout: PinLayout,
     flavour: Flavour,
     fail_open: FailOpen,
-    // Holds the object's other maps (the log ring buffer) for as long as the programs run.
-    _ebpf: Ebpf,
+    // Holds the object's other maps (the log ring buffer) for as long as the programs run;
+    // none when a restart kept the programs already attached.
+    _ebpf: Option<Ebpf>,
 }
 
 impl Dataplane {
@@ -127,6 +129,14 @@ impl Dataplane {
             agent_cgroup: config.agent_cgroup,
             load_signal: config.load_signal,
         };
+        let fail_open = FailOpen::new(config.fail_open_after);
+        if let Some(previous) = reuse::find(&layout, &options, &config.cgroup) {
+            match Self::keep(layout.clone(), previous, fail_open) {
+                Ok(kept) => return Ok(kept),
+                Err(error) => tracing::warn!(%error, "the attached programs could not be kept; loading them"),
+            }
+        }
+        reuse::forget(&layout)?;
         let started = std::time::Instant::now();
         let loader::Loaded { mut ebpf, logger, flavour } = loader::load(&layout, &options)?;
         let loaded = started.elapsed();
@@ -141,12 +151,31 @@ impl Dataplane {
             adopt_ms = (started.elapsed() - loaded).as_millis() as u64,
             "programs loaded and pinned state adopted"
         );
-        let fail_open = FailOpen::new(config.fail_open_after);
         if fail_open.never() {
             heartbeat::beat(&mut writer.maps_mut().heartbeat, &fail_open)?;
         }
         loader::attach_all(&mut ebpf, &layout, &config.cgroup)?;
-        Ok(Self { writer, logger, layout, flavour, fail_open, _ebpf: ebpf })
+        reuse::record(&layout, &options, &config.cgroup, flavour)?;
+        Ok(Self { writer, logger, layout, flavour, fail_open, _ebpf: Some(ebpf) })
+    }
+
+    /// A restart that keeps the programs a previous agent attached (the same objects, options
+    /// and cgroup): only the pinned maps are opened and adopted.
+    fn keep(layout: PinLayout, previous: reuse::Previous, fail_open: FailOpen) -> Result<Self, DataplaneError> {
+        let started = std::time::Instant::now();
+        let maps = maps::MapSet::from_pins(&layout)?;
+        let kernel = state::read(&maps)?;
+        let mut writer = writer::Writer::adopt(maps, kernel)?;
+        if fail_open.never() {
+            heartbeat::beat(&mut writer.maps_mut().heartbeat, &fail_open)?;
+        }
+        tracing::info!(
+            ports = writer.kernel().services.len(),
+            adopt_ms = started.elapsed().as_millis() as u64,
+            object = previous.flavour.object,
+            "the attached programs kept (the same objects and options); pinned state adopted"
+        );
+        Ok(Self { writer, logger: None, layout, flavour: previous.flavour, fail_open, _ebpf: None })
     }
 
     /// Tells the programs the agent is alive with a current view: they keep rewriting until
@@ -367,6 +396,7 @@ pub fn cleanup(pin_path: &Path) -> Result<CleanupReport, DataplaneError> {
         std::fs::remove_file(&path).map_err(|source| DataplaneError::PinDir { path: path.clone(), source })?;
         report.maps.push(path);
     }
+    reuse::forget(&layout)?;
     for dir in [layout.links_dir(), layout.maps_dir(), layout.root().to_path_buf()] {
         match std::fs::remove_dir(&dir) {
             Ok(()) => {}

@@ -1,0 +1,182 @@
+//! A restart without reloading. The programs a previous agent loaded stay in the kernel, held by
+//! their pinned links; loading and verifying them again is most of a restart's time. When the
+//! programs would be the very same — the same embedded objects, load options and map capacities,
+//! attached to the same cgroup — a restart keeps them and only opens the pinned maps.
+//!
+//! What was loaded is named by a marker directory (bpffs holds no plain files) under the pin path:
+//! `programs/p<fingerprint>_f<flavour>_s<load signal>`. It is removed before a load starts and
+//! written once every link is attached, so a marker always names the programs the links hold.
+//! Anything that does not match — an upgrade, another flag, a link detached or on another
+//! cgroup, a marker missing — loads as before.
+
+use std::{
+    hash::{DefaultHasher, Hash as _, Hasher as _},
+    os::unix::fs::MetadataExt as _,
+    path::{Path, PathBuf},
+};
+
+use topology_common::program_names;
+
+use super::{
+    error::DataplaneError,
+    links,
+    loader::{self, Flavour, KernelLogLevel, LoadOptions},
+    maps::PinLayout,
+};
+
+/// What a previous agent loaded, as its marker says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Previous {
+    /// The object and index mode.
+    pub flavour: Flavour,
+    /// Whether the load signal's `sock_ops` program is attached.
+    pub signal: bool,
+}
+
+/// The directory of the marker.
+fn markers_dir(layout: &PinLayout) -> PathBuf {
+    layout.root().join("programs")
+}
+
+/// A hash of everything that makes the loaded programs what they are: both embedded objects,
+/// the load options, the cgroup and this agent's version.
+pub fn fingerprint(options: &LoadOptions, cgroup: &Path) -> String {
+    let mut hasher = DefaultHasher::new();
+    loader::PROGRAMS.hash(&mut hasher);
+    loader::PROGRAMS_ACQUIRE.hash(&mut hasher);
+    format!("{options:?}").hash(&mut hasher);
+    cgroup.hash(&mut hasher);
+    env!("CARGO_PKG_VERSION").hash(&mut hasher);
+    format!("{:016x}", hasher.finish())
+}
+
+fn marker_name(fingerprint: &str, previous: Previous) -> Option<String> {
+    let flavour = loader::FLAVOURS.iter().position(|f| *f == previous.flavour)?;
+    Some(format!("p{fingerprint}_f{flavour}_s{}", u8::from(previous.signal)))
+}
+
+fn parse_marker(name: &str, fingerprint: &str) -> Option<Previous> {
+    let rest = name.strip_prefix('p')?.strip_prefix(fingerprint)?.strip_prefix("_f")?;
+    let (flavour, signal) = rest.split_once("_s")?;
+    let flavour = *loader::FLAVOURS.get(flavour.parse::<usize>().ok()?)?;
+    let signal = match signal {
+        "0" => false,
+        "1" => true,
+        _ => return None,
+    };
+    Some(Previous { flavour, signal })
+}
+
+/// The programs a previous agent left attached, if a restart with `options` may keep them: the
+/// marker matches, and every link it implies is pinned and attached to `cgroup`.
+pub fn find(layout: &PinLayout, options: &LoadOptions, cgroup: &Path) -> Option<Previous> {
+    if options.log_level != KernelLogLevel::Off {
+        // The kernel log's reader needs the loaded object.
+        return None;
+    }
+    let fingerprint = fingerprint(options, cgroup);
+    let previous = std::fs::read_dir(markers_dir(layout))
+        .ok()?
+        .filter_map(Result::ok)
+        .find_map(|entry| parse_marker(&entry.file_name().to_string_lossy(), &fingerprint))?;
+    let cgroup_id = std::fs::metadata(cgroup).ok()?.ino();
+    for name in program_names::ALL {
+        let expected = name != program_names::BACKEND_LOAD || previous.signal;
+        let path = layout.link(name);
+        match (expected, path.exists()) {
+            (true, true) => {
+                let attached =
+                    links::cgroup_of(&path).is_ok_and(|(program, cgroup)| program != 0 && cgroup == cgroup_id);
+                if !attached {
+                    tracing::info!(link = %path.display(), "a pinned link is no longer attached here; loading the programs");
+                    return None;
+                }
+            }
+            (false, false) => {}
+            _ => return None,
+        }
+    }
+    Some(previous)
+}
+
+/// Forgets what was loaded: a load is starting.
+pub fn forget(layout: &PinLayout) -> Result<(), DataplaneError> {
+    let dir = markers_dir(layout);
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => return Err(DataplaneError::PinDir { path: dir, source }),
+    };
+    for entry in entries {
+        let path = entry.map_err(|source| DataplaneError::PinDir { path: dir.clone(), source })?.path();
+        std::fs::remove_dir(&path).map_err(|source| DataplaneError::PinDir { path, source })?;
+    }
+    match std::fs::remove_dir(&dir) {
+        Ok(()) => Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(DataplaneError::PinDir { path: dir, source }),
+    }
+}
+
+/// Records what was just loaded and attached with `options`.
+pub fn record(
+    layout: &PinLayout,
+    options: &LoadOptions,
+    cgroup: &Path,
+    flavour: Flavour,
+) -> Result<(), DataplaneError> {
+    if options.log_level != KernelLogLevel::Off {
+        return Ok(());
+    }
+    let signal = layout.link(program_names::BACKEND_LOAD).exists();
+    let Some(name) = marker_name(&fingerprint(options, cgroup), Previous { flavour, signal }) else { return Ok(()) };
+    let path = markers_dir(layout).join(name);
+    std::fs::create_dir_all(&path).map_err(|source| DataplaneError::PinDir { path, source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dataplane::{Capacities, IndexOrdering};
+
+    fn options() -> LoadOptions {
+        LoadOptions {
+            capacities: Capacities::default(),
+            log_level: KernelLogLevel::Off,
+            index: IndexOrdering::Auto,
+            agent_cgroup: Some(7),
+            load_signal: true,
+        }
+    }
+
+    #[test]
+    fn the_fingerprint_changes_with_anything_the_load_depends_on() {
+        let cgroup = Path::new("/sys/fs/cgroup/a");
+        let base = fingerprint(&options(), cgroup);
+        assert_eq!(base, fingerprint(&options(), cgroup), "stable");
+        let mut capacities = options();
+        capacities.capacities.slots += 1;
+        let mut signal = options();
+        signal.load_signal = false;
+        let mut agent = options();
+        agent.agent_cgroup = None;
+        for other in [capacities, signal, agent] {
+            assert_ne!(base, fingerprint(&other, cgroup), "{other:?}");
+        }
+        assert_ne!(base, fingerprint(&options(), Path::new("/sys/fs/cgroup/b")));
+    }
+
+    #[test]
+    fn markers_round_trip_and_other_fingerprints_do_not_match() {
+        for flavour in loader::FLAVOURS {
+            for signal in [false, true] {
+                let previous = Previous { flavour, signal };
+                let name = marker_name("00ff", previous).unwrap();
+                assert_eq!(parse_marker(&name, "00ff"), Some(previous));
+                assert_eq!(parse_marker(&name, "00fe"), None);
+            }
+        }
+        assert_eq!(parse_marker("p00ff_f9_s1", "00ff"), None, "no such flavour");
+        assert_eq!(parse_marker("p00ff_f0_s2", "00ff"), None);
+    }
+}
