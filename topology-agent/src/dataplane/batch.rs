@@ -105,3 +105,56 @@ pub fn lookup_array<V: Pod + Default>(map: &MapData, start: u32, count: u32) -> 
     }
     Ok(out)
 }
+
+/// Every entry of the hash `map`, in the kernel's bucket order, a few system calls for all of
+/// them. The map must not change meanwhile (an entry moved between buckets could be missed or seen
+/// twice); an error means the caller iterates entry by entry instead.
+pub fn lookup_hash<K: Pod + Default, V: Pod + Default>(map: &MapData) -> io::Result<Vec<(K, V)>> {
+    let fd = map.fd().as_fd().as_raw_fd() as u32;
+    let mut out = Vec::new();
+    // The hash map's position is a bucket number (a u32); the tokens have room to spare.
+    let (mut position, mut next) = (0u64, 0u64);
+    let mut started = false;
+    let mut chunk = CHUNK;
+    loop {
+        let mut keys = vec![K::default(); chunk];
+        let mut values = vec![V::default(); chunk];
+        let mut attr = BatchAttr {
+            in_batch: if started { (&raw const position) as u64 } else { 0 },
+            out_batch: (&raw mut next) as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: chunk as u32,
+            map_fd: fd,
+            ..BatchAttr::default()
+        };
+        // SAFETY: `attr` is a valid `bpf_attr` prefix for the command; `keys` and `values` have
+        // room for `count` entries of the map's key and value sizes (the caller's Pod types);
+        // `in_batch` and `out_batch` point at tokens larger than the kernel's, alive for the call.
+        let result = unsafe {
+            libc::syscall(libc::SYS_bpf, BPF_MAP_LOOKUP_BATCH, &raw mut attr, size_of::<BatchAttr>() as libc::c_uint)
+        };
+        let got = (attr.count as usize).min(chunk);
+        let ended = if result < 0 {
+            let error = io::Error::last_os_error();
+            match error.raw_os_error() {
+                // The map ended; `count` says how many were copied before.
+                Some(libc::ENOENT) => true,
+                // One bucket holds more entries than asked for: ask for more.
+                Some(libc::ENOSPC) if got == 0 && chunk < 1 << 20 => {
+                    chunk *= 2;
+                    continue;
+                }
+                _ => return Err(error),
+            }
+        } else {
+            false
+        };
+        out.extend(keys.into_iter().zip(values).take(got));
+        if ended {
+            return Ok(out);
+        }
+        position = next;
+        started = true;
+    }
+}

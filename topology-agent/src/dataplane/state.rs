@@ -215,6 +215,9 @@ fn read_options(maps: &MapSet, service_id: u32) -> Result<PortOptions, Dataplane
 
 /// Names by service id.
 fn read_names(maps: &MapSet) -> Result<BTreeMap<u32, String>, DataplaneError> {
+    if let Ok(batched) = super::batch::lookup_hash::<u32, ServiceMeta>(maps.meta.map()) {
+        return Ok(batched.iter().map(|(id, meta)| (*id, name_from_meta(meta))).collect());
+    }
     let mut names = BTreeMap::new();
     for item in maps.meta.iter() {
         let (id, meta) = item.map_err(DataplaneError::map(map_names::SERVICE_META))?;
@@ -261,16 +264,25 @@ fn service_ports(maps: &MapSet) -> Result<BTreeMap<u32, ServicePort>, DataplaneE
 
 /// Every service entry of both families (keys with an unknown protocol number are skipped).
 fn service_entries(maps: &MapSet) -> Result<Vec<(ServicePort, ServiceValue)>, DataplaneError> {
-    let mut entries = Vec::new();
-    for item in maps.services4.iter() {
-        let (key, value) = item.map_err(DataplaneError::map(map_names::SERVICES_V4))?;
-        entries.extend(ServiceKey::V4(key).port().map(|port| (port, value)));
-    }
-    for item in maps.services6.iter() {
-        let (key, value) = item.map_err(DataplaneError::map(map_names::SERVICES_V6))?;
-        entries.extend(ServiceKey::V6(key).port().map(|port| (port, value)));
-    }
+    let mut entries = entries_of(&maps.services4, map_names::SERVICES_V4, ServiceKey::V4)?;
+    entries.extend(entries_of(&maps.services6, map_names::SERVICES_V6, ServiceKey::V6)?);
     Ok(entries)
+}
+
+/// The entries of one service map with a port: batched, else entry by entry.
+fn entries_of<K: aya::Pod + Default>(
+    map: &aya::maps::HashMap<aya::maps::MapData, K, ServiceValue>,
+    name: &'static str,
+    key: fn(K) -> ServiceKey,
+) -> Result<Vec<(ServicePort, ServiceValue)>, DataplaneError> {
+    let all = match super::batch::lookup_hash::<K, ServiceValue>(aya::maps::IterableMap::map(map)) {
+        Ok(batched) => batched,
+        Err(error) => {
+            tracing::debug!(map = name, %error, "no batched lookup; reading entry by entry");
+            map.iter().collect::<Result<_, _>>().map_err(DataplaneError::map(name))?
+        }
+    };
+    Ok(all.into_iter().filter_map(|(k, value)| Some((key(k).port()?, value))).collect())
 }
 
 /// The map form of a service name: UTF-8, truncated at a character boundary, zero-padded.
