@@ -207,6 +207,7 @@ fn counters_span_chunks_survive_a_restart_and_start_at_zero_for_a_reused_id() {
     }
     let mut dp = Dataplane::open(&fx.config()).expect("open dataplane");
     assert!(dp.apply(&desired).failed.is_empty());
+    assert_eq!(dp.batch_refusals(), 0, "both chunks were published in one batched update");
     let (port, id) = dp
         .kernel()
         .services

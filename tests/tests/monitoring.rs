@@ -4,6 +4,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
+    net::SocketAddr,
     path::PathBuf,
     process::Command,
     time::Duration,
@@ -180,6 +181,11 @@ fn every_metric_and_label_the_dashboard_and_alerts_use_is_exported() {
     );
     let mut agent = Agent::start(&AgentOptions::new(&file, "node-a", fx.cgroup.path(), fx.pins.path()));
     agent.wait_ready(Duration::from_secs(20));
+    // A port's series appear once this node's clients use it: connect a few times first.
+    let (code, text) = agent.get("/metrics").expect("GET /metrics");
+    assert_eq!(code, 200);
+    assert!(!text.contains("topology_agent_kernel_rewrites_total{"), "no series for an unused port:\n{text}");
+    assert_eq!(fx.place().tcp(SocketAddr::new(vip, 80), 4).failures(), 0);
     // The kernel counters and the baseline are read at each scrape; the gauges once programmed.
     let (code, text) = agent.get("/metrics").expect("GET /metrics");
     assert_eq!(code, 200);

@@ -16,6 +16,7 @@ pub mod explain;
 pub mod feedback;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
+pub mod heap;
 pub mod http;
 pub mod metrics;
 pub mod mounts;

@@ -222,6 +222,7 @@ fn main() -> anyhow::Result<()> {
     init_logging(cli.log_format);
     match cli.command {
         Command::Run(args) => {
+            topology_agent::heap::limit_arenas();
             let config = run_config(*args)?;
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             runtime.block_on(async {

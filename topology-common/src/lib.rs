@@ -79,9 +79,14 @@ pub mod map_names {
     pub const BACKEND_LOAD: &str = "topo_backend_load";
     /// The start of each measured TCP connection (socket storage): [`SockLoad`](crate::SockLoad).
     pub const SOCK_LOAD: &str = "topo_sock_load";
+    /// The cgroup id of the running agent (0: none), one `u64`: its sockets reach
+    /// [`AGENT_EXEMPT`](crate::control::service_flags::AGENT_EXEMPT) services untouched. A map,
+    /// not a global of the programs, so an agent restarted in a new container (a new cgroup)
+    /// writes its id and keeps the attached programs.
+    pub const AGENT_CGROUP: &str = "topo_agent_cg";
 
     /// Every map the agent pins and keeps across restarts, in a stable order.
-    pub const PINNED: [&str; 16] = [
+    pub const PINNED: [&str; 17] = [
         SERVICES_V4,
         SERVICES_V6,
         SLOTS,
@@ -98,6 +103,7 @@ pub mod map_names {
         DNS_BEAT,
         BACKEND_LOAD,
         SOCK_LOAD,
+        AGENT_CGROUP,
     ];
 
     /// State of the programs' random number generator; not pinned (a new state per load is as
@@ -181,9 +187,6 @@ pub const INDEX_V6_MASK_GLOBAL: &str = "INDEX_V6_MASK";
 /// must ask the hash maps (a weakly ordered CPU whose kernel has no BPF load-acquire; see
 /// [`index`]).
 pub const INDEX_ENABLED_GLOBAL: &str = "INDEX_ENABLED";
-/// Global (`.rodata`) variable: the cgroup id of the agent's own cgroup (0: none), whose sockets
-/// reach [`AGENT_EXEMPT`](control::service_flags::AGENT_EXEMPT) services untouched.
-pub const AGENT_CGROUP_GLOBAL: &str = "AGENT_CGROUP";
 
 /// Where the backend sits relative to the node the maps were written for.
 pub mod locality {

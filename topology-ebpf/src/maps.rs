@@ -122,9 +122,9 @@ pub static DNS_BEAT: Array<Heartbeat, 1> = Array::new();
 #[btf_map(name = "topo_node_cnt")]
 pub static NODE_COUNTERS: PerCpuArray<NodeCounters, 1> = PerCpuArray::new();
 
-/// The cgroup id of the agent's own cgroup (0: none), set at load.
-#[unsafe(no_mangle)]
-static AGENT_CGROUP: Global<u64> = Global::new(0);
+/// The cgroup id of the running agent (0: none), written by the agent when it starts.
+#[btf_map(name = "topo_agent_cg")]
+pub static AGENT_CGROUP: Array<u64, 1> = Array::new();
 
 /// What the `sock_ops` program measured per backend (see `load`); created by the program on a
 /// backend's first connection, removed by the agent once the backend is gone and idle.
@@ -139,7 +139,8 @@ pub static SOCK_LOAD: SkStorage<SockLoad> = SkStorage::new();
 /// The agent's cgroup id, 0 when it has none to exempt.
 #[inline(always)]
 pub fn agent_cgroup() -> u64 {
-    AGENT_CGROUP.load()
+    // SAFETY: index 0 of a one-entry array; the value is copied out at once.
+    AGENT_CGROUP.get_ptr(0).map_or(0, |id| unsafe { *id })
 }
 
 /// Per-CPU state of the programs' random number generator (see `rng`); not pinned: a new state

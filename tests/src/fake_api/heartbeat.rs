@@ -69,14 +69,13 @@ fn beat_due(store: &Mutex<Store>, elapsed: Duration, period: Duration, beaten: &
     let now = rfc3339(SystemTime::now());
     let mut version = None;
     for key in keys {
-        let Some(mut node) = store.objects.remove(&key) else { continue };
+        let Some(mut node) = store.objects.get(&key).map(|stored| stored.value.clone()) else { continue };
         if let Some(conditions) = node["status"]["conditions"].as_array_mut() {
             for condition in conditions {
                 condition["lastHeartbeatTime"] = Value::from(now.as_str());
             }
         }
-        version = Some(store.record(Resource::Nodes, "MODIFIED", &mut node));
-        store.objects.insert(key, node);
+        version = Some(store.put(key, node));
     }
     version
 }

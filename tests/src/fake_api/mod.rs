@@ -67,7 +67,7 @@ type Key = (Resource, String, String);
 #[derive(Default)]
 struct Store {
     resource_version: u64,
-    objects: BTreeMap<Key, Value>,
+    objects: BTreeMap<Key, Stored>,
     /// Every change since compaction, per resource.
     history: HashMap<Resource, History>,
     /// The resourceVersion up to which every resource's history is forgotten.
@@ -90,6 +90,13 @@ struct Store {
     changed: HashMap<Resource, u64>,
 }
 
+/// An object, and its JSON as lists send it: the part of its last event line that is the object
+/// (no copy), so a list writes bytes instead of serializing every object again.
+struct Stored {
+    value: Value,
+    json: Bytes,
+}
+
 /// One resource's watch events since its compaction.
 #[derive(Default)]
 struct History {
@@ -102,12 +109,21 @@ struct History {
 }
 
 impl Store {
-    /// Records a change for the watches: `object` as a `kind` event at the next resourceVersion.
-    fn record(&mut self, resource: Resource, kind: &str, object: &mut Value) -> u64 {
+    /// Adds or replaces `object` at `key` and records the change (ADDED or MODIFIED).
+    fn put(&mut self, key: Key, mut object: Value) -> u64 {
+        let kind = if self.objects.contains_key(&key) { "MODIFIED" } else { "ADDED" };
+        let (version, json) = self.record(key.0, kind, &mut object);
+        self.objects.insert(key, Stored { value: object, json });
+        version
+    }
+
+    /// Records a change for the watches: `object` as a `kind` event at the next resourceVersion;
+    /// its resourceVersion and JSON.
+    fn record(&mut self, resource: Resource, kind: &str, object: &mut Value) -> (u64, Bytes) {
         self.resource_version += 1;
         let version = self.resource_version;
         object["metadata"]["resourceVersion"] = version.to_string().into();
-        let line = server::event(kind, object);
+        let (line, json) = server::event(kind, object);
         *self.changed.entry(resource).or_default() += 1;
         let history = self.history.entry(resource).or_default();
         history.bytes += line.len();
@@ -117,7 +133,7 @@ impl Store {
             history.compacted = history.events[drop - 1].0;
             history.bytes -= history.events.drain(..drop).map(|(_, line)| line.len()).sum::<usize>();
         }
-        version
+        (version, json)
     }
 
     /// The events of `resource` after resourceVersion `after` (0: all kept); `None` when some
@@ -208,15 +224,9 @@ impl FakeApi {
     }
 
     /// Adds or replaces an object (by kind, namespace, name).
-    pub fn apply(&self, mut object: Value) {
-        let resource = Resource::of(&object);
-        let key = key_of(resource, &object);
-        let version = self.with(|store| {
-            let kind = if store.objects.contains_key(&key) { "MODIFIED" } else { "ADDED" };
-            let version = store.record(resource, kind, &mut object);
-            store.objects.insert(key, object);
-            version
-        });
+    pub fn apply(&self, object: Value) {
+        let key = key_of(Resource::of(&object), &object);
+        let version = self.with(|store| store.put(key, object));
         self.changes.send_replace(version);
     }
 
@@ -224,8 +234,8 @@ impl FakeApi {
     pub fn delete(&self, resource: Resource, namespace: &str, name: &str) -> bool {
         let key = (resource, namespace.to_owned(), name.to_owned());
         let version = self.with(|store| {
-            let mut object = store.objects.remove(&key)?;
-            Some(store.record(resource, "DELETED", &mut object))
+            let mut object = store.objects.remove(&key)?.value;
+            Some(store.record(resource, "DELETED", &mut object).0)
         });
         version.map(|v| self.changes.send_replace(v)).is_some()
     }

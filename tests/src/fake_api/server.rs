@@ -5,6 +5,7 @@
 use std::{
     collections::HashMap,
     convert::Infallible,
+    ops::Bound,
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -103,31 +104,41 @@ impl Server {
             }
         }
         let limit: usize = query.get("limit").and_then(|l| l.parse().ok()).unwrap_or(usize::MAX);
-        let offset: usize = query.get("continue").and_then(|c| c.parse().ok()).unwrap_or(0);
+        // The continue token names the last object sent (`namespace~name`: `~` is in no name), so a
+        // page starts where the last ended without walking the objects before it.
+        let after = query.get("continue").and_then(|token| token.split_once('~'));
         let mut store = self.store.lock().expect("store");
-        if offset == 0 {
+        if after.is_none() {
             *store.lists.entry(resource).or_default() += 1;
         }
-        // The resource's objects are one range of the map; each item is serialized straight from
-        // the store (no copy), so the fake's own cost stays small beside the agent's it measures.
-        let range = (resource, String::new(), String::new())..;
-        let of_resource = || store.objects.range(range.clone()).take_while(|(k, _)| k.0 == resource);
-        let total = of_resource().count();
+        // The resource's objects are one range of the map; each item's JSON was written once when
+        // it changed, so the fake's own cost stays small beside the agent's it measures.
+        let start = match after {
+            Some((namespace, name)) => Bound::Excluded((resource, namespace.to_owned(), name.to_owned())),
+            None => Bound::Included((resource, String::new(), String::new())),
+        };
+        let mut page = store.objects.range((start, Bound::Unbounded)).take_while(|(k, _)| k.0 == resource).peekable();
+        let mut items = Vec::new();
+        let mut last = None;
+        while let Some((key, object)) = page.next_if(|_| items.len() < limit) {
+            items.push(object.json.clone());
+            last = Some(key);
+        }
+        let token = last.filter(|_| page.peek().is_some()).map(|(_, namespace, name)| format!("{namespace}~{name}"));
         let (api_version, kind) = resource.list_kind();
         let mut metadata = json!({"resourceVersion": store.resource_version.to_string()});
-        let next = offset.saturating_add(limit).min(total);
-        if next < total {
-            metadata["continue"] = next.to_string().into();
+        if let Some(token) = token {
+            metadata["continue"] = token.into();
         }
         let head = json!({"apiVersion": api_version, "kind": kind, "metadata": metadata});
         let mut body = serde_json::to_vec(&head).expect("JSON");
         body.pop();
         body.extend_from_slice(br#","items":["#);
-        for (n, (_, object)) in of_resource().skip(offset).take(limit).enumerate() {
+        for (n, json) in items.iter().enumerate() {
             if n > 0 {
                 body.push(b',');
             }
-            serde_json::to_writer(&mut body, object).expect("JSON");
+            body.extend_from_slice(json);
         }
         body.extend_from_slice(b"]}");
         *store.sent.entry(resource).or_default() += body.len() as u64;
@@ -170,7 +181,7 @@ impl Server {
                 };
                 let Some(pending) = pending else {
                     let gone = status(410, "Expired", "too old resource version");
-                    let _ = tx.send(Ok(Frame::data(event("ERROR", &gone)))).await;
+                    let _ = tx.send(Ok(Frame::data(event("ERROR", &gone).0))).await;
                     return;
                 };
                 if !pending.is_empty() {
@@ -197,7 +208,7 @@ impl Server {
                         let (api_version, kind) = resource.list_kind();
                         let object = json!({"apiVersion": api_version, "kind": kind.trim_end_matches("List"),
                             "metadata": {"resourceVersion": sent.to_string()}});
-                        if tx.send(Ok(Frame::data(event("BOOKMARK", &object)))).await.is_err() {
+                        if tx.send(Ok(Frame::data(event("BOOKMARK", &object).0))).await.is_err() {
                             return;
                         }
                     }
@@ -228,12 +239,17 @@ fn failure(code: u16) -> Response<Body> {
 }
 
 /// A watch event line, `type` first as the API server writes it (`json!` would sort `object`
-/// first, and a client's decoder then has to buffer the whole object before it knows the type).
-pub(super) fn event(kind: &str, object: &Value) -> Bytes {
+/// first, and a client's decoder then has to buffer the whole object before it knows the type);
+/// and the object's part of it.
+pub(super) fn event(kind: &str, object: &Value) -> (Bytes, Bytes) {
     let mut text = format!(r#"{{"type":"{kind}","object":"#).into_bytes();
+    let start = text.len();
     serde_json::to_writer(&mut text, object).expect("JSON");
+    let end = text.len();
     text.extend_from_slice(b"}\n");
-    Bytes::from(text)
+    let line = Bytes::from(text);
+    let json = line.slice(start..end);
+    (line, json)
 }
 
 fn status(code: u16, reason: &str, message: &str) -> Value {
@@ -254,10 +270,80 @@ fn bytes_response(status: StatusCode, body: Vec<u8>) -> Response<Body> {
     response
 }
 
-/// `a=b&c=d` pairs, percent-decoded enough for the parameters the watcher sends.
+/// `a=b&c=d` pairs, percent-decoded (`+` is a space, as forms encode it).
 fn url_pairs(query: &str) -> impl Iterator<Item = (String, String)> + '_ {
     query.split('&').filter(|p| !p.is_empty()).filter_map(|pair| {
         let (key, value) = pair.split_once('=')?;
-        Some((key.to_owned(), value.replace("%3D", "=").replace("%2C", ",")))
+        Some((percent_decode(key), percent_decode(value)))
     })
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut at = 0;
+    while at < bytes.len() {
+        let hex = bytes.get(at + 1..at + 3).and_then(|h| u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok());
+        match (bytes[at], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                at += 3;
+            }
+            (b'+', _) => {
+                out.push(b' ');
+                at += 1;
+            }
+            (byte, _) => {
+                out.push(byte);
+                at += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{IpAddr, Ipv4Addr};
+
+    use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
+
+    use super::*;
+    use crate::{cluster, fake_api::FakeApi};
+
+    #[test]
+    fn percent_decoding_reads_what_clients_encode() {
+        assert_eq!(percent_decode("a%7Eb%2Fc+d%3D1%2C2"), "a~b/c d=1,2");
+        assert_eq!(percent_decode("100%"), "100%", "a stray % stays");
+        assert_eq!(percent_decode("%zz"), "%zz");
+    }
+
+    #[tokio::test]
+    async fn a_paged_list_sends_every_object_once_in_order() {
+        let api = FakeApi::start().await;
+        for n in 0..1_203u32 {
+            let ip = IpAddr::V4(Ipv4Addr::from(0x0a60_0000 + n));
+            api.apply(cluster::service("paged", &format!("svc-{n:04}"), ip, 80, "TCP", "http"));
+        }
+        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk("", "v1", "Service"));
+        let services: Api<DynamicObject> = Api::all_with(api.client(), &resource);
+        let (mut names, mut pages, mut token) = (Vec::new(), 0, None::<String>);
+        loop {
+            let mut params = ListParams::default().limit(500);
+            if let Some(token) = token.take() {
+                params = params.continue_token(&token);
+            }
+            let page = services.list(&params).await.expect("list");
+            pages += 1;
+            names.extend(page.items.into_iter().map(|s| s.metadata.name.expect("name")));
+            match page.metadata.continue_ {
+                Some(next) if !next.is_empty() => token = Some(next),
+                _ => break,
+            }
+        }
+        let expected: Vec<String> = (0..1_203).map(|n| format!("svc-{n:04}")).collect();
+        assert_eq!(names, expected);
+        assert_eq!(pages, 3);
+        assert_eq!(api.lists(crate::fake_api::Resource::Services), 1, "one list, three pages");
+    }
 }

@@ -277,7 +277,7 @@ impl<P: Programmer> Controller<P> {
                 "full sync"
             );
             self.finish(started, &report, None);
-            release_freed_memory();
+            crate::heap::release_freed();
         } else if !self.dirty.is_empty() {
             let started = Instant::now();
             let mut changed = BTreeSet::new();
@@ -388,17 +388,6 @@ impl<P: Programmer> Controller<P> {
             }
         }
         changed
-    }
-}
-
-/// Hands the heap a full sync freed (list pages, queued events, the previous plan) back to the
-/// system: glibc keeps freed memory below its heap's top otherwise, and the agent's resident size
-/// would stay at the sync's peak for good. musl (the image) returns it by itself.
-fn release_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only releases free memory of the allocator's own arenas.
-    unsafe {
-        libc::malloc_trim(0);
     }
 }
 

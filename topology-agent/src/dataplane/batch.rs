@@ -7,7 +7,7 @@
 
 use std::{
     io,
-    os::fd::{AsFd as _, AsRawFd as _},
+    os::fd::{AsFd as _, AsRawFd as _, BorrowedFd},
 };
 
 use aya::{Pod, maps::MapData};
@@ -38,8 +38,14 @@ const CHUNK: usize = 8192;
 
 /// Writes `keys[i] → values[i]` for every `i` into `map` (`BPF_ANY`), in order.
 pub fn update<K: Pod, V: Pod>(map: &MapData, keys: &[K], values: &[V]) -> io::Result<()> {
+    update_fd(map.fd().as_fd(), keys, values)
+}
+
+/// [`update`] on the map behind `map` (a map aya keeps its `MapData` of to itself: the values of
+/// a map of maps are the inner maps' descriptors, as `u32`).
+pub fn update_fd<K: Pod, V: Pod>(map: BorrowedFd<'_>, keys: &[K], values: &[V]) -> io::Result<()> {
     assert_eq!(keys.len(), values.len(), "one value per key");
-    let fd = map.fd().as_fd().as_raw_fd() as u32;
+    let fd = map.as_raw_fd() as u32;
     for (keys, values) in keys.chunks(CHUNK).zip(values.chunks(CHUNK)) {
         let mut attr = BatchAttr {
             keys: keys.as_ptr() as u64,

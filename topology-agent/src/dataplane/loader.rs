@@ -10,8 +10,7 @@ use aya::{
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 use topology_common::{
-    AGENT_CGROUP_GLOBAL, INDEX_ENABLED_GLOBAL, INDEX_V4_MASK_GLOBAL, INDEX_V6_MASK_GLOBAL, LOG_LEVEL_GLOBAL, map_names,
-    program_names,
+    INDEX_ENABLED_GLOBAL, INDEX_V4_MASK_GLOBAL, INDEX_V6_MASK_GLOBAL, LOG_LEVEL_GLOBAL, map_names, program_names,
 };
 
 use super::{
@@ -131,8 +130,6 @@ pub struct LoadOptions {
     pub log_level: KernelLogLevel,
     /// How the programs read the service index.
     pub index: IndexOrdering,
-    /// The agent's own cgroup id, exempted for the services that ask for it.
-    pub agent_cgroup: Option<u64>,
     /// Load the load signal's `sock_ops` program.
     pub load_signal: bool,
 }
@@ -179,8 +176,6 @@ fn load_flavour(layout: &PinLayout, options: &LoadOptions, flavour: Flavour) -> 
     loader.override_global(INDEX_V6_MASK_GLOBAL, &index_v6_mask, true);
     let enabled = u32::from(flavour.index);
     loader.override_global(INDEX_ENABLED_GLOBAL, &enabled, true);
-    let agent = options.agent_cgroup.unwrap_or(0);
-    loader.override_global(AGENT_CGROUP_GLOBAL, &agent, true);
     let mut ebpf = loader.load(flavour.bytes())?;
     for name in program_names::SOCK_ADDR {
         program::<CgroupSockAddr>(&mut ebpf, name)?.load().map_err(DataplaneError::program(name))?;

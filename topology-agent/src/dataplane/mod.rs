@@ -126,12 +126,11 @@ impl Dataplane {
             capacities: config.capacities,
             log_level: config.kernel_log,
             index: config.index,
-            agent_cgroup: config.agent_cgroup,
             load_signal: config.load_signal,
         };
         let fail_open = FailOpen::new(config.fail_open_after);
         if let Some(previous) = reuse::find(&layout, &options, &config.cgroup) {
-            match Self::keep(layout.clone(), previous, fail_open) {
+            match Self::keep(layout.clone(), previous, fail_open, config.agent_cgroup) {
                 Ok(kept) => return Ok(kept),
                 Err(error) => tracing::warn!(%error, "the attached programs could not be kept; loading them"),
             }
@@ -154,16 +153,24 @@ impl Dataplane {
         if fail_open.never() {
             heartbeat::beat(&mut writer.maps_mut().heartbeat, &fail_open)?;
         }
+        writer.maps_mut().set_agent_cgroup(config.agent_cgroup)?;
         loader::attach_all(&mut ebpf, &layout, &config.cgroup)?;
         reuse::record(&layout, &options, &config.cgroup, flavour)?;
         Ok(Self { writer, logger, layout, flavour, fail_open, _ebpf: Some(ebpf) })
     }
 
     /// A restart that keeps the programs a previous agent attached (the same objects, options
-    /// and cgroup): only the pinned maps are opened and adopted.
-    fn keep(layout: PinLayout, previous: reuse::Previous, fail_open: FailOpen) -> Result<Self, DataplaneError> {
+    /// and cgroup): only the pinned maps are opened and adopted, and this agent's own cgroup
+    /// written (a restart in a new container has a new one).
+    fn keep(
+        layout: PinLayout,
+        previous: reuse::Previous,
+        fail_open: FailOpen,
+        agent_cgroup: Option<u64>,
+    ) -> Result<Self, DataplaneError> {
         let started = std::time::Instant::now();
-        let maps = maps::MapSet::from_pins(&layout)?;
+        let mut maps = maps::MapSet::from_pins(&layout)?;
+        maps.set_agent_cgroup(agent_cgroup)?;
         let kernel = state::read(&maps)?;
         let mut writer = writer::Writer::adopt(maps, kernel)?;
         if fail_open.never() {

@@ -138,6 +138,11 @@ pub trait MapOps {
     fn delete_service(&mut self, key: ServiceKey) -> Result<(), DataplaneError>;
     /// Zeroes the counters of a service id.
     fn reset_counters(&mut self, service_id: u32) -> Result<(), DataplaneError>;
+    /// Prepares the counters of many new service ids at once, so that resetting them is cheap;
+    /// best effort ([`Self::reset_counters`] still does whatever this did not).
+    fn reserve_counters(&mut self, _service_ids: &[u32]) -> Result<(), DataplaneError> {
+        Ok(())
+    }
     /// Names a service id.
     fn put_name(&mut self, service_id: u32, name: ServiceMeta) -> Result<(), DataplaneError>;
     /// Removes a service id's name; removing one that is not there succeeds.
@@ -198,6 +203,13 @@ impl MapOps for MapSet {
 
     fn reset_counters(&mut self, service_id: u32) -> Result<(), DataplaneError> {
         self.counters.reset(service_id)
+    }
+
+    fn reserve_counters(&mut self, service_ids: &[u32]) -> Result<(), DataplaneError> {
+        if !self.counters.reserve(service_ids.iter().copied())? {
+            self.batch_refusals += 1;
+        }
+        Ok(())
     }
 
     fn put_name(&mut self, service_id: u32, name: ServiceMeta) -> Result<(), DataplaneError> {

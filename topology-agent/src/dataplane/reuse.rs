@@ -144,7 +144,6 @@ mod tests {
             capacities: Capacities::default(),
             log_level: KernelLogLevel::Off,
             index: IndexOrdering::Auto,
-            agent_cgroup: Some(7),
             load_signal: true,
         }
     }
@@ -158,9 +157,7 @@ mod tests {
         capacities.capacities.slots += 1;
         let mut signal = options();
         signal.load_signal = false;
-        let mut agent = options();
-        agent.agent_cgroup = None;
-        for other in [capacities, signal, agent] {
+        for other in [capacities, signal] {
             assert_ne!(base, fingerprint(&other, cgroup), "{other:?}");
         }
         assert_ne!(base, fingerprint(&options(), Path::new("/sys/fs/cgroup/b")));

@@ -237,14 +237,23 @@ pub struct CounterReading {
     pub counters: ServiceCounters,
 }
 
-/// Every service port's counters, named: service entries give the port of each id, the names map
-/// its name. Reads only the small maps, never the slots.
+/// The counters of every service port this node's clients have used (a counter above zero),
+/// named: service entries give the port of each id, the names map its name. A port never used
+/// has nothing to say, and at 10,000 Services its series would be most of a scrape. Reads only
+/// the small maps, never the slots.
 pub fn read_named_counters(maps: &MapSet) -> Result<Vec<CounterReading>, DataplaneError> {
     let ports = service_ports(maps)?;
-    let mut names = read_names(maps)?;
-    Ok(maps
+    let used: Vec<(u32, ServiceCounters)> = maps
         .counters
         .read(ports.keys().copied())?
+        .into_iter()
+        .filter(|(_, counters)| *counters != ServiceCounters::default())
+        .collect();
+    if used.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut names = read_names(maps)?;
+    Ok(used
         .into_iter()
         .filter_map(|(id, counters)| {
             Some(CounterReading { name: names.remove(&id).unwrap_or_default(), port: *ports.get(&id)?, counters })

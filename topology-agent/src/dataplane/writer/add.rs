@@ -111,17 +111,25 @@ impl<M: MapOps> Writer<M> {
         self.kernel.services.insert(added.port, programmed);
     }
 
-    /// Adds `new` ports (none of which the kernel holds).
+    /// Adds `new` ports (none of which the kernel holds). Every port is prepared first, so the
+    /// counter chunks of all the new ids are created together (one grace period, not one per
+    /// chunk), then written group by group.
     pub(super) fn add_many(&mut self, new: Vec<(ServicePort, &DesiredService, Vec<Slot>)>, report: &mut ApplyReport) {
-        let mut new = new.into_iter().peekable();
-        while new.peek().is_some() {
-            let mut group = Vec::with_capacity(GROUP);
-            for (port, service, slots) in new.by_ref().take(GROUP) {
-                match self.prepare(port, service, slots, report) {
-                    Ok(prepared) => group.push(prepared),
-                    Err(error) => report.failed.push((port, error)),
-                }
+        let mut prepared = Vec::with_capacity(new.len());
+        for (port, service, slots) in new {
+            match self.prepare(port, service, slots, report) {
+                Ok(added) => prepared.push(added),
+                Err(error) => report.failed.push((port, error)),
             }
+        }
+        let ids: Vec<u32> = prepared.iter().map(|added| added.value.service_id).collect();
+        if let Err(error) = self.maps.reserve_counters(&ids) {
+            // Each port's own reset tries again and charges a failure to that port.
+            tracing::debug!(%error, "the counters of new service ids could not be created together");
+        }
+        let mut prepared = prepared.into_iter().peekable();
+        while prepared.peek().is_some() {
+            let group: Vec<Prepared<'_>> = prepared.by_ref().take(GROUP).collect();
             if self.write_group(&group).is_ok() {
                 group.into_iter().for_each(|added| self.commit(added, report));
                 continue;
