@@ -28,7 +28,7 @@ fn cluster(services: usize, spill: bool) -> ClusterState {
             ("topology.kubernetes.io/zone".to_owned(), format!("zone-{}", n % ZONES)),
             ("topology.kubernetes.io/region".to_owned(), "region-0".to_owned()),
         ]);
-        state.upsert_node(Node { name: format!("node-{n}"), labels, allocatable_cpu_millis: 8000, ready: true });
+        state.upsert_node(Node { name: format!("node-{n}"), labels: labels.into(), allocatable_cpu_millis: 8000, ready: true });
     }
     for s in 0..services {
         let key = ObjectKey::new("bench", format!("svc-{s}"));
@@ -66,8 +66,8 @@ fn cluster(services: usize, spill: bool) -> ClusterState {
                     terminating: false,
                     node_name: Some(format!("node-{node}").into()),
                     zone: Some(zone.as_str().into()),
-                    hint_zones: vec![zone],
-                    hint_nodes: vec![format!("node-{node}")],
+                    hint_zones: Box::new([zone]),
+                    hint_nodes: Box::new([format!("node-{node}")]),
                     hostname: None,
                 }
             })

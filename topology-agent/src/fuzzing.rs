@@ -67,7 +67,7 @@ pub fn annotations(data: &[u8]) {
             service.agent_annotations.insert(name.to_owned(), value.to_owned());
         }
     }
-    let labels = [("topology.kubernetes.io/zone".to_owned(), "z".to_owned())].into();
+    let labels = [("topology.kubernetes.io/zone", "z")].into_iter().collect();
     let node = Node { name: "n".into(), labels, allocatable_cpu_millis: 1000, ready: true };
     let _ = policy::select(&node, &Default::default(), &service, &[]);
 }

@@ -26,7 +26,7 @@ impl Contribution {
     pub fn of(node: &Node) -> Option<Self> {
         let counted = node.ready
             && node.allocatable_cpu_millis > 0
-            && !EXCLUDED_LABELS.iter().any(|label| node.labels.contains_key(*label));
+            && !EXCLUDED_LABELS.iter().any(|label| node.labels.contains_key(label));
         counted.then_some(())?;
         Some(Self {
             zone: node.zone()?.to_owned(),
@@ -113,7 +113,7 @@ mod tests {
         if !region.is_empty() {
             labels.insert(LABEL_REGION.to_owned(), region.to_owned());
         }
-        Node { name: name.into(), labels, allocatable_cpu_millis: cpu, ready }
+        Node { name: name.into(), labels: labels.into(), allocatable_cpu_millis: cpu, ready }
     }
 
     #[test]
@@ -123,7 +123,7 @@ mod tests {
         assert!(Contribution::of(&node("a", "z1", "r", 0, true)).is_none(), "no allocatable CPU");
         assert!(Contribution::of(&node("a", "", "r", 4000, true)).is_none(), "empty zone label");
         let mut control = node("a", "z1", "r", 4000, true);
-        control.labels.insert("node-role.kubernetes.io/control-plane".into(), String::new());
+        control.labels.insert("node-role.kubernetes.io/control-plane", "");
         assert!(Contribution::of(&control).is_none(), "control plane");
     }
 

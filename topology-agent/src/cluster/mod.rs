@@ -3,6 +3,7 @@
 
 pub mod convert;
 pub mod demand;
+pub mod labels;
 pub mod model;
 pub mod state;
 pub mod yaml;

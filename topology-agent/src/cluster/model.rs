@@ -3,6 +3,7 @@
 
 use std::{collections::BTreeMap, fmt, net::IpAddr, sync::Arc};
 
+pub use super::labels::Labels;
 use crate::desired::Protocol;
 
 /// `kubernetes.io/hostname`.
@@ -77,7 +78,7 @@ pub struct Node {
     /// Name.
     pub name: String,
     /// Labels (topology keys are read from here).
-    pub labels: BTreeMap<String, String>,
+    pub labels: Labels,
     /// `status.allocatable.cpu` in millicores (0 when absent).
     pub allocatable_cpu_millis: u64,
     /// The Ready condition is True.
@@ -96,12 +97,12 @@ impl Node {
 
     /// The node's zone, if labelled (an empty label is no zone).
     pub fn zone(&self) -> Option<&str> {
-        self.labels.get(LABEL_ZONE).map(String::as_str).filter(|z| !z.is_empty())
+        self.labels.get(LABEL_ZONE).filter(|z| !z.is_empty())
     }
 
     /// The node's region, if labelled.
     pub fn region(&self) -> Option<&str> {
-        self.labels.get(LABEL_REGION).map(String::as_str).filter(|r| !r.is_empty())
+        self.labels.get(LABEL_REGION).filter(|r| !r.is_empty())
     }
 }
 
@@ -236,12 +237,12 @@ pub struct Endpoint {
     pub node_name: Option<Arc<str>>,
     /// `zone`; shared like `node_name`.
     pub zone: Option<Arc<str>>,
-    /// `hints.forZones[].name`.
-    pub hint_zones: Vec<String>,
+    /// `hints.forZones[].name` (boxed slices, not vectors: 150,000 endpoints keep them).
+    pub hint_zones: Box<[String]>,
     /// `hints.forNodes[].name`.
-    pub hint_nodes: Vec<String>,
+    pub hint_nodes: Box<[String]>,
     /// `hostname`: the endpoint's DNS label under its Service.
-    pub hostname: Option<String>,
+    pub hostname: Option<Box<str>>,
 }
 
 /// An EndpointSlice of an IP family.

@@ -19,7 +19,8 @@ pub struct ClusterState {
     slices: BTreeMap<ObjectKey, EndpointSlice>,
     /// Slice keys by Service, sorted; a Service has few slices, so a vector beats a tree.
     slices_by_service: BTreeMap<ObjectKey, Vec<ObjectKey>>,
-    /// One shared copy of each node name and zone the endpoints mention.
+    /// One shared copy of each node name and zone the endpoints mention, and of each Node's label
+    /// keys and values.
     interned: HashSet<Arc<str>>,
     /// Demand by zone, derived from the Nodes.
     demand: Demand,
@@ -38,10 +39,11 @@ impl Eq for ClusterState {}
 
 impl ClusterState {
     /// Adds or replaces a Node; true if anything changed.
-    pub fn upsert_node(&mut self, node: Node) -> bool {
+    pub fn upsert_node(&mut self, mut node: Node) -> bool {
         if self.nodes.get(&node.name) == Some(&node) {
             return false;
         }
+        node.labels.share(|text| self.intern(text));
         let before = self.nodes.get(&node.name).and_then(Contribution::of);
         self.account(before, Contribution::of(&node));
         self.nodes.insert(node.name.clone(), node);
@@ -115,6 +117,12 @@ impl ClusterState {
         }
         self.slices.insert(slice.key.clone(), slice);
         affected
+    }
+
+    /// The shared copy of a node name or zone the endpoints mention, or of a Node's label (every
+    /// Node's zone has one).
+    pub fn shared(&self, text: &str) -> Option<&Arc<str>> {
+        self.interned.get(text)
     }
 
     /// The shared copy of `text`.
@@ -221,8 +229,8 @@ mod tests {
                 terminating: false,
                 node_name: Some(node.into()),
                 zone: None,
-                hint_zones: vec![],
-                hint_nodes: vec![],
+                hint_zones: Box::default(),
+                hint_nodes: Box::default(),
                 hostname: None,
             }],
         }

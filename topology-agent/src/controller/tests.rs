@@ -54,7 +54,7 @@ impl Programmer for Recorder {
 
 fn node(name: &str, zone: &str) -> Object {
     let labels = BTreeMap::from([("topology.kubernetes.io/zone".to_owned(), zone.to_owned())]);
-    Object::Node(Node { name: name.into(), labels, allocatable_cpu_millis: 1000, ready: true })
+    Object::Node(Node { name: name.into(), labels: labels.into(), allocatable_cpu_millis: 1000, ready: true })
 }
 
 fn service(name: &str, vip: &str) -> Service {
@@ -87,8 +87,8 @@ fn slice(name: &str, service: &str, addresses: &[&str]) -> EndpointSlice {
                 terminating: false,
                 node_name: Some("a".into()),
                 zone: None,
-                hint_zones: vec![],
-                hint_nodes: vec![],
+                hint_zones: Box::default(),
+                hint_nodes: Box::default(),
                 hostname: None,
             })
             .collect(),
@@ -330,7 +330,7 @@ fn a_demand_change_anywhere_recomputes_the_spillover_services() {
     assert!((after - 1.1 / 3.0 / (2.0 / 3.0)).abs() < 1e-5, "{after}");
     // A label-only change that leaves the demand as it was recomputes nothing.
     let Object::Node(mut relabelled) = node("c", "z1") else { unreachable!() };
-    relabelled.labels.insert("team".into(), "x".into());
+    relabelled.labels.insert("team", "x");
     live.sender.send(SourceEvent::Apply(Object::Node(relabelled)));
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(recording.lock().unwrap().partial.len(), 1);

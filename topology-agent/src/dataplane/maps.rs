@@ -192,18 +192,7 @@ impl MapSet {
 
     /// Opens the maps pinned under `layout`.
     pub fn from_pins(layout: &PinLayout) -> Result<Self, DataplaneError> {
-        let mut maps = Vec::with_capacity(SET.len());
-        for name in SET {
-            let path = layout.map(name);
-            if !path.exists() {
-                return Err(DataplaneError::MapMissing {
-                    map: name,
-                    location: layout.maps_dir().display().to_string(),
-                });
-            }
-            let data = MapData::from_pin(&path).map_err(DataplaneError::map(name))?;
-            maps.push(Map::from_map_data(data).map_err(DataplaneError::map(name))?);
-        }
+        let maps = SET.into_iter().map(|name| open_pin(layout, name)).collect::<Result<Vec<_>, _>>()?;
         Self::from_maps(maps, layout)
     }
 
@@ -273,6 +262,56 @@ impl MapSet {
     /// Tells the programs the running agent's cgroup (`None`: no exemption).
     pub fn set_agent_cgroup(&mut self, id: Option<u64>) -> Result<(), DataplaneError> {
         self.agent_cgroup.set(0, id.unwrap_or(0), 0).map_err(DataplaneError::map(map_names::AGENT_CGROUP))
+    }
+}
+
+/// The map pinned under `layout` as `name`.
+fn open_pin(layout: &PinLayout, name: &'static str) -> Result<Map, DataplaneError> {
+    let path = layout.map(name);
+    if !path.exists() {
+        return Err(DataplaneError::MapMissing { map: name, location: layout.maps_dir().display().to_string() });
+    }
+    let data = MapData::from_pin(&path).map_err(DataplaneError::map(name))?;
+    Map::from_map_data(data).map_err(DataplaneError::map(name))
+}
+
+/// What a reader of the counters opens (the metrics endpoint, beside the controller's dataplane):
+/// no slots, and no index mapped, whose megabytes a second mapping would count twice in the
+/// agent's resident size.
+pub struct CounterMaps {
+    /// IPv4 service entries: the port of each id.
+    pub services4: HashMap<MapData, ServiceKey4, ServiceValue>,
+    /// IPv6 service entries.
+    pub services6: HashMap<MapData, ServiceKey6, ServiceValue>,
+    /// Names by service id.
+    pub meta: HashMap<MapData, u32, ServiceMeta>,
+    /// Per-CPU counters by service id.
+    pub counters: Counters,
+    /// The agent's heartbeat.
+    pub heartbeat: Array<MapData, Heartbeat>,
+    /// Counters of the whole node.
+    pub node_counters: PerCpuArray<MapData, NodeCounters>,
+    /// What the `sock_ops` program measured per backend.
+    pub backend_load: super::load::LoadMap,
+}
+
+impl CounterMaps {
+    /// Opens them from their pins under `layout`.
+    pub fn from_pins(layout: &PinLayout) -> Result<Self, DataplaneError> {
+        let open = |name| open_pin(layout, name);
+        Ok(Self {
+            services4: open(map_names::SERVICES_V4)?.try_into().map_err(DataplaneError::map(map_names::SERVICES_V4))?,
+            services6: open(map_names::SERVICES_V6)?.try_into().map_err(DataplaneError::map(map_names::SERVICES_V6))?,
+            meta: open(map_names::SERVICE_META)?.try_into().map_err(DataplaneError::map(map_names::SERVICE_META))?,
+            counters: Counters::new(open(map_names::COUNTERS)?, layout)?,
+            heartbeat: open(map_names::HEARTBEAT)?.try_into().map_err(DataplaneError::map(map_names::HEARTBEAT))?,
+            node_counters: open(map_names::NODE_COUNTERS)?
+                .try_into()
+                .map_err(DataplaneError::map(map_names::NODE_COUNTERS))?,
+            backend_load: open(map_names::BACKEND_LOAD)?
+                .try_into()
+                .map_err(DataplaneError::map(map_names::BACKEND_LOAD))?,
+        })
     }
 }
 

@@ -349,13 +349,13 @@ type ProgrammedPort = crate::desired::ServicePort;
 /// Reads the kernel counters from the pins, on its own descriptors: the metrics endpoint uses it
 /// without touching the controller's dataplane.
 pub struct CounterReader {
-    maps: maps::MapSet,
+    maps: maps::CounterMaps,
 }
 
 impl CounterReader {
-    /// Opens the pinned maps under `pin_path`.
+    /// Opens the pinned maps under `pin_path` it reads.
     pub fn open(pin_path: &Path) -> Result<Self, DataplaneError> {
-        Ok(Self { maps: maps::MapSet::from_pins(&PinLayout::new(pin_path))? })
+        Ok(Self { maps: maps::CounterMaps::from_pins(&PinLayout::new(pin_path))? })
     }
 
     /// Every service port's counters and the node's, summed over CPUs, and the heartbeat.

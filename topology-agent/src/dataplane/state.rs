@@ -6,7 +6,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use aya::maps::IterableMap as _;
 use topology_common::{ServiceCounters, ServiceMeta, ServiceOptions, ServiceValue, Slot, map_names};
 
-use super::{alias, error::DataplaneError, maps::MapSet, ops::ServiceKey};
+use super::{
+    alias,
+    error::DataplaneError,
+    maps::{CounterMaps, MapSet},
+    ops::ServiceKey,
+};
 use crate::desired::{PortOptions, ServicePort, WeightedBackend};
 
 /// One service port as the kernel holds it.
@@ -97,8 +102,8 @@ impl KernelState {
 
 /// Reads the programmed state from the maps.
 pub fn read(maps: &MapSet) -> Result<KernelState, DataplaneError> {
-    let entries = service_entries(maps)?;
-    let names = read_names(maps)?;
+    let entries = service_entries(&maps.services4, &maps.services6)?;
+    let names = read_names(&maps.meta)?;
     let mut state = KernelState::default();
     let mut live_ids = BTreeSet::new();
     let runs = SlotRuns::read(maps, entries.iter().map(|(_, value)| value));
@@ -214,12 +219,12 @@ fn read_options(maps: &MapSet, service_id: u32) -> Result<PortOptions, Dataplane
 }
 
 /// Names by service id.
-fn read_names(maps: &MapSet) -> Result<BTreeMap<u32, String>, DataplaneError> {
-    if let Ok(batched) = super::batch::lookup_hash::<u32, ServiceMeta>(maps.meta.map()) {
+fn read_names(meta: &ServiceNames) -> Result<BTreeMap<u32, String>, DataplaneError> {
+    if let Ok(batched) = super::batch::lookup_hash::<u32, ServiceMeta>(meta.map()) {
         return Ok(batched.iter().map(|(id, meta)| (*id, name_from_meta(meta))).collect());
     }
     let mut names = BTreeMap::new();
-    for item in maps.meta.iter() {
+    for item in meta.iter() {
         let (id, meta) = item.map_err(DataplaneError::map(map_names::SERVICE_META))?;
         names.insert(id, name_from_meta(&meta));
     }
@@ -241,8 +246,8 @@ pub struct CounterReading {
 /// named: service entries give the port of each id, the names map its name. A port never used
 /// has nothing to say, and at 10,000 Services its series would be most of a scrape. Reads only
 /// the small maps, never the slots.
-pub fn read_named_counters(maps: &MapSet) -> Result<Vec<CounterReading>, DataplaneError> {
-    let ports = service_ports(maps)?;
+pub fn read_named_counters(maps: &CounterMaps) -> Result<Vec<CounterReading>, DataplaneError> {
+    let ports = service_ports(&maps.services4, &maps.services6)?;
     let used: Vec<(u32, ServiceCounters)> = maps
         .counters
         .read(ports.keys().copied())?
@@ -252,7 +257,7 @@ pub fn read_named_counters(maps: &MapSet) -> Result<Vec<CounterReading>, Datapla
     if used.is_empty() {
         return Ok(Vec::new());
     }
-    let mut names = read_names(maps)?;
+    let mut names = read_names(&maps.meta)?;
     Ok(used
         .into_iter()
         .filter_map(|(id, counters)| {
@@ -263,24 +268,33 @@ pub fn read_named_counters(maps: &MapSet) -> Result<Vec<CounterReading>, Datapla
 
 /// Per-service counters summed over CPUs, by the service id of every service entry.
 pub fn read_counters(maps: &MapSet) -> Result<BTreeMap<u32, ServiceCounters>, DataplaneError> {
-    maps.counters.read(service_ports(maps)?.into_keys())
+    maps.counters.read(service_ports(&maps.services4, &maps.services6)?.into_keys())
 }
 
+type Services<K> = aya::maps::HashMap<aya::maps::MapData, K, ServiceValue>;
+type ServiceNames = aya::maps::HashMap<aya::maps::MapData, u32, ServiceMeta>;
+
 /// The service port of every service id in the service entries.
-fn service_ports(maps: &MapSet) -> Result<BTreeMap<u32, ServicePort>, DataplaneError> {
-    Ok(service_entries(maps)?.into_iter().map(|(port, value)| (value.service_id, port)).collect())
+fn service_ports(
+    v4: &Services<topology_common::ServiceKey4>,
+    v6: &Services<topology_common::ServiceKey6>,
+) -> Result<BTreeMap<u32, ServicePort>, DataplaneError> {
+    Ok(service_entries(v4, v6)?.into_iter().map(|(port, value)| (value.service_id, port)).collect())
 }
 
 /// Every service entry of both families (keys with an unknown protocol number are skipped).
-fn service_entries(maps: &MapSet) -> Result<Vec<(ServicePort, ServiceValue)>, DataplaneError> {
-    let mut entries = entries_of(&maps.services4, map_names::SERVICES_V4, ServiceKey::V4)?;
-    entries.extend(entries_of(&maps.services6, map_names::SERVICES_V6, ServiceKey::V6)?);
+fn service_entries(
+    v4: &Services<topology_common::ServiceKey4>,
+    v6: &Services<topology_common::ServiceKey6>,
+) -> Result<Vec<(ServicePort, ServiceValue)>, DataplaneError> {
+    let mut entries = entries_of(v4, map_names::SERVICES_V4, ServiceKey::V4)?;
+    entries.extend(entries_of(v6, map_names::SERVICES_V6, ServiceKey::V6)?);
     Ok(entries)
 }
 
 /// The entries of one service map with a port: batched, else entry by entry.
 fn entries_of<K: aya::Pod + Default>(
-    map: &aya::maps::HashMap<aya::maps::MapData, K, ServiceValue>,
+    map: &Services<K>,
     name: &'static str,
     key: fn(K) -> ServiceKey,
 ) -> Result<Vec<(ServicePort, ServiceValue)>, DataplaneError> {

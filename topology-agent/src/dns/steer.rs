@@ -71,7 +71,7 @@ impl Steering {
             selection.backends = vec![Choice {
                 address: self.responder.ip(),
                 port: self.responder.port(),
-                node: Some(node.to_owned()),
+                node: Some(node.into()),
                 zone: None,
                 locality: Locality::Node,
                 weight: 1.0,

@@ -185,8 +185,8 @@ fn entry(plan: &NodePlan, selected: &PortSelection) -> ServiceEntry {
             .map(|b| BackendEntry {
                 address: b.address.to_string(),
                 port: b.port,
-                node: b.node.clone(),
-                zone: b.zone.clone(),
+                node: b.node.as_deref().map(str::to_owned),
+                zone: b.zone.as_deref().map(str::to_owned),
                 weight: b.weight,
                 share: share(b.address, b.port),
                 locality: b.locality,

@@ -94,8 +94,8 @@ fn preferred<'a>(this: &Node, level: Level, usable: &[Candidate<'a>]) -> Preferr
         let chosen = usable
             .iter()
             .filter(|c| match level {
-                Level::Node => c.node_name == Some(target),
-                Level::Zone => c.zone == Some(target),
+                Level::Node => c.node_name() == Some(target),
+                Level::Zone => c.zone() == Some(target),
             })
             .cloned()
             .collect();

@@ -32,7 +32,7 @@ pub fn reweight(
     let near_far = |c: &&Candidate<'_>| matches!(locality(this, c), Locality::Node | Locality::Zone);
     let mut far: BTreeMap<String, Vec<SocketAddr>> = BTreeMap::new();
     for c in in_scope.iter().filter(|c| !near_far(c)) {
-        far.entry(c.zone.unwrap_or_default().to_owned()).or_default().push(addr(c));
+        far.entry(c.zone().unwrap_or_default().to_owned()).or_default().push(addr(c));
     }
     let report =
         FeedbackReport { input: input.cloned(), near: in_scope.iter().filter(near_far).map(addr).collect(), far };
@@ -63,7 +63,7 @@ pub fn reweight(
         return all;
     }
     let receiving: Vec<Candidate<'_>> =
-        left.iter().filter(|c| !input.avoid.iter().any(|z| Some(z.as_str()) == c.zone)).cloned().collect();
+        left.iter().filter(|c| !input.avoid.iter().any(|z| Some(z.as_str()) == c.zone())).cloned().collect();
     shift(this, &mut backends, if receiving.is_empty() { &left } else { &receiving }, input.shift);
     Selection {
         policy: PolicyKind::Feedback,
@@ -107,8 +107,8 @@ fn shift(this: &Node, backends: &mut Vec<Choice>, left: &[Candidate<'_>], share:
             backends.push(Choice {
                 address: c.address,
                 port: c.port,
-                node: c.node_name.map(str::to_owned),
-                zone: c.zone.map(str::to_owned),
+                node: c.node_name.cloned(),
+                zone: c.zone.cloned(),
                 locality: locality(this, c),
                 weight: each,
             });

@@ -2,7 +2,7 @@
 //! by name and protocol, one IP family at a time, each endpoint once, with its topology resolved
 //! from its Node.
 
-use std::{collections::BTreeMap, net::IpAddr};
+use std::{collections::BTreeMap, net::IpAddr, sync::Arc};
 
 use crate::cluster::{ClusterState, Endpoint, Family, Node, PortSpec, Service, model::LABEL_ZONE};
 
@@ -19,12 +19,12 @@ pub struct Candidate<'a> {
     pub serving: bool,
     /// Terminating condition.
     pub terminating: bool,
-    /// `nodeName`.
-    pub node_name: Option<&'a str>,
+    /// `nodeName`, the cluster state's shared copy (a decision keeps it without a copy of its own).
+    pub node_name: Option<&'a Arc<str>>,
     /// The endpoint's Node, when the cluster state has it.
     pub node: Option<&'a Node>,
-    /// Zone: the Node's zone label, else the endpoint's `zone` field.
-    pub zone: Option<&'a str>,
+    /// Zone: the Node's zone label, else the endpoint's `zone` field; shared like `node_name`.
+    pub zone: Option<&'a Arc<str>>,
     /// `hints.forZones`.
     pub hint_zones: &'a [String],
     /// `hints.forNodes`.
@@ -49,10 +49,20 @@ impl Candidate<'_> {
             return Some(value);
         }
         match key {
-            LABEL_ZONE => self.zone,
-            crate::cluster::model::LABEL_HOSTNAME => self.node_name,
+            LABEL_ZONE => self.zone(),
+            crate::cluster::model::LABEL_HOSTNAME => self.node_name(),
             _ => None,
         }
+    }
+
+    /// `nodeName`.
+    pub fn node_name(&self) -> Option<&str> {
+        self.node_name.map(|name| &**name)
+    }
+
+    /// The zone.
+    pub fn zone(&self) -> Option<&str> {
+        self.zone.map(|zone| &**zone)
     }
 
     /// The endpoint's region, from its Node.
@@ -73,8 +83,9 @@ impl Candidate<'_> {
     /// Between two listings of the same endpoint: the more usable one, and among equally usable
     /// ones a fixed order of their topology fields, so the result never depends on listing order.
     fn preferred_over(&self, other: &Self) -> bool {
-        let key = |c: &Self| (std::cmp::Reverse(c.rank()), c.node_name, c.zone, c.hint_zones, c.hint_nodes);
-        key(self) < key(other)
+        let (a, b) = (self, other);
+        (std::cmp::Reverse(a.rank()), a.node_name(), a.zone(), a.hint_zones, a.hint_nodes)
+            < (std::cmp::Reverse(b.rank()), b.node_name(), b.zone(), b.hint_zones, b.hint_nodes)
     }
 }
 
@@ -132,15 +143,20 @@ pub fn addresses<'a>(state: &'a ClusterState, service: &Service, family: Family)
 /// `endpoint` as the policy weighs it, at target `port`, its topology resolved from its Node.
 fn candidate<'a>(state: &'a ClusterState, endpoint: &'a Endpoint, port: u16) -> Candidate<'a> {
     let node = endpoint.node_name.as_deref().and_then(|name| state.node(name));
+    let zone = match node.and_then(Node::zone) {
+        // The state keeps a shared copy of every Node's zone.
+        Some(zone) => state.shared(zone),
+        None => endpoint.zone.as_ref(),
+    };
     Candidate {
         address: endpoint.address,
         port,
         ready: endpoint.ready,
         serving: endpoint.serving,
         terminating: endpoint.terminating,
-        node_name: endpoint.node_name.as_deref(),
+        node_name: endpoint.node_name.as_ref(),
         node,
-        zone: node.and_then(Node::zone).or(endpoint.zone.as_deref()),
+        zone,
         hint_zones: &endpoint.hint_zones,
         hint_nodes: &endpoint.hint_nodes,
     }

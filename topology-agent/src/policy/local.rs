@@ -7,7 +7,7 @@ use crate::cluster::Node;
 /// The local endpoints of `candidates`.
 pub fn select(this: &Node, candidates: &[Candidate<'_>]) -> Selection {
     let local: Vec<Candidate<'_>> =
-        candidates.iter().filter(|c| c.node_name == Some(this.name.as_str())).cloned().collect();
+        candidates.iter().filter(|c| c.node_name() == Some(this.name.as_str())).cloned().collect();
     let (usable, terminating) = super::usable(&local);
     let reason = if usable.is_empty() {
         format!(

@@ -24,7 +24,7 @@ pub mod keys;
 pub mod local;
 pub mod spillover;
 
-use std::net::IpAddr;
+use std::{net::IpAddr, sync::Arc};
 
 pub use join::Candidate;
 use serde::Serialize;
@@ -74,10 +74,10 @@ pub struct Choice {
     pub address: IpAddr,
     /// Target port.
     pub port: u16,
-    /// Node of the endpoint.
-    pub node: Option<String>,
-    /// Zone of the endpoint.
-    pub zone: Option<String>,
+    /// Node of the endpoint (the cluster state's shared copy).
+    pub node: Option<Arc<str>>,
+    /// Zone of the endpoint (shared too).
+    pub zone: Option<Arc<str>>,
     /// Where it is relative to this node.
     pub locality: Locality,
     /// Relative weight.
@@ -117,8 +117,8 @@ impl Selection {
             .map(|c| Choice {
                 address: c.address,
                 port: c.port,
-                node: c.node_name.map(str::to_owned),
-                zone: c.zone.map(str::to_owned),
+                node: c.node_name.cloned(),
+                zone: c.zone.cloned(),
                 locality: locality(this, c),
                 weight: 1.0,
             })
@@ -368,9 +368,9 @@ fn default_reason(count: usize, terminating: bool) -> String {
 
 /// Where `candidate` is relative to `this` node.
 pub fn locality(this: &Node, candidate: &Candidate<'_>) -> Locality {
-    if candidate.node_name == Some(this.name.as_str()) {
+    if candidate.node_name() == Some(this.name.as_str()) {
         Locality::Node
-    } else if this.zone().is_some() && candidate.zone == this.zone() {
+    } else if this.zone().is_some() && candidate.zone() == this.zone() {
         Locality::Zone
     } else if this.region().is_some() && candidate.region() == this.region() {
         Locality::Region

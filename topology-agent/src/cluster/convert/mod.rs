@@ -192,7 +192,7 @@ pub fn endpoint_slice(slice: &K8sEndpointSlice) -> Result<Option<EndpointSlice>,
             Some(name) if !is_dns_label(name) => {
                 return Err(error(format!("endpoints[{i}].hostname"), format!("{name:?} is not a DNS label")));
             }
-            name => name.map(str::to_ascii_lowercase),
+            name => name.map(|name| name.to_ascii_lowercase().into_boxed_str()),
         };
         let conditions = endpoint.conditions.clone().unwrap_or_default();
         let hints = endpoint.hints.clone().unwrap_or_default();

@@ -125,5 +125,5 @@ pub fn node(node: &NodeView) -> Result<Node, ObjectError> {
         .and_then(|s| s.conditions.as_ref())
         .and_then(|conditions| conditions.iter().find(|c| c.type_ == "Ready"))
         .is_some_and(|c| c.status == "True");
-    Ok(Node { name, labels: node.metadata.labels.clone().unwrap_or_default(), allocatable_cpu_millis, ready })
+    Ok(Node { name, labels: node.metadata.labels.clone().unwrap_or_default().into(), allocatable_cpu_millis, ready })
 }

@@ -268,7 +268,7 @@ pub fn select(
         }
     }
     for candidate in in_scope.iter() {
-        let name = candidate.zone.unwrap_or_default();
+        let name = candidate.zone().unwrap_or_default();
         zones
             .entry(name)
             .or_insert_with(|| ZoneInput {
@@ -297,13 +297,13 @@ pub fn select(
     let backends: Vec<Choice> = in_scope
         .iter()
         .filter_map(|c| {
-            let j = plan.index(c.zone.unwrap_or_default()).expect("every endpoint's zone is in the plan");
+            let j = plan.index(c.zone().unwrap_or_default()).expect("every endpoint's zone is in the plan");
             let weight = route[j] / f64::from(plan.zones[j].endpoints);
             (weight > 0.0).then(|| Choice {
                 address: c.address,
                 port: c.port,
-                node: c.node_name.map(str::to_owned),
-                zone: c.zone.map(str::to_owned),
+                node: c.node_name.cloned(),
+                zone: c.zone.cloned(),
                 locality: locality(this, c),
                 weight,
             })
@@ -333,7 +333,7 @@ pub fn select(
 pub fn in_scope<'a, 'b>(demand: &Demand, scope: &Scope, usable: &'b [Candidate<'a>]) -> Cow<'b, [Candidate<'a>]> {
     match scope {
         Scope::Cluster => Cow::Borrowed(usable),
-        _ => usable.iter().filter(|c| scope.admits(c.zone, region_of(demand, c))).cloned().collect(),
+        _ => usable.iter().filter(|c| scope.admits(c.zone(), region_of(demand, c))).cloned().collect(),
     }
 }
 

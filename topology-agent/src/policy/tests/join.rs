@@ -116,3 +116,16 @@ fn an_unknown_node_is_an_error() {
     let error = crate::policy::compute(&state, "nowhere").unwrap_err();
     assert!(error.to_string().contains("\"nowhere\" is not in the cluster"), "{error}");
 }
+
+#[test]
+fn decisions_share_the_states_node_and_zone_names() {
+    // At 150,000 endpoints a name per decided backend was 5 MB of copies.
+    let state = with(service("web"), vec![ep("10.0.1.1", "b1"), ep("10.0.1.2", "ghost").zone("z")]);
+    let selection = decide(&state, "a1");
+    let shared = |text| std::sync::Arc::clone(state.shared(text).expect("shared"));
+    let known = selection.backends.iter().find(|b| b.address.to_string() == "10.0.1.1").expect("b1's endpoint");
+    assert!(std::sync::Arc::ptr_eq(known.node.as_ref().expect("node"), &shared("b1")));
+    assert!(std::sync::Arc::ptr_eq(known.zone.as_ref().expect("the Node's zone"), &shared("b")));
+    let ghost = selection.backends.iter().find(|b| b.address.to_string() == "10.0.1.2").expect("ghost's endpoint");
+    assert!(std::sync::Arc::ptr_eq(ghost.zone.as_ref().expect("the endpoint's zone"), &shared("z")));
+}

@@ -21,7 +21,7 @@ pub fn node(name: &str, zone: &str, region: &str) -> Node {
     if !region.is_empty() {
         labels.insert(LABEL_REGION.into(), region.into());
     }
-    Node { name: name.into(), labels, allocatable_cpu_millis: 4000, ready: true }
+    Node { name: name.into(), labels: labels.into(), allocatable_cpu_millis: 4000, ready: true }
 }
 
 /// A Service `ns/<name>` with one TCP port `http` 80 and ClusterIP 10.96.0.10.
@@ -96,8 +96,8 @@ pub fn ep(address: &str, node: &str) -> Endpoint {
         terminating: false,
         node_name: (!node.is_empty()).then(|| node.into()),
         zone: None,
-        hint_zones: vec![],
-        hint_nodes: vec![],
+        hint_zones: Box::default(),
+        hint_nodes: Box::default(),
         hostname: None,
     }
 }
@@ -160,7 +160,7 @@ pub fn slice(name: &str, service: &str, port: u16, endpoints: Vec<Endpoint>) -> 
 pub fn world() -> ClusterState {
     let mut state = ClusterState::default();
     let mut empty_zone = node("empty-zone", "", "");
-    empty_zone.labels.insert(LABEL_ZONE.into(), String::new());
+    empty_zone.labels.insert(LABEL_ZONE, "");
     for n in [
         node("a1", "a", "r1"),
         node("a2", "a", "r1"),
@@ -181,8 +181,8 @@ pub fn endpoints(hinted: bool) -> Vec<Endpoint> {
     let mut all = vec![ep("10.0.1.1", "a1"), ep("10.0.1.2", "a2"), ep("10.0.2.1", "b1"), ep("10.0.3.1", "c1")];
     if hinted {
         for (e, zone) in all.iter_mut().zip(["a", "a", "b", "c"]) {
-            e.hint_zones = vec![zone.into()];
-            e.hint_nodes = vec![e.node_name.as_deref().unwrap().to_owned()];
+            e.hint_zones = Box::new([zone.into()]);
+            e.hint_nodes = Box::new([e.node_name.as_deref().unwrap().to_owned()]);
         }
     }
     all
