@@ -28,7 +28,12 @@ fn cluster(services: usize, spill: bool) -> ClusterState {
             ("topology.kubernetes.io/zone".to_owned(), format!("zone-{}", n % ZONES)),
             ("topology.kubernetes.io/region".to_owned(), "region-0".to_owned()),
         ]);
-        state.upsert_node(Node { name: format!("node-{n}"), labels: labels.into(), allocatable_cpu_millis: 8000, ready: true });
+        state.upsert_node(Node {
+            name: format!("node-{n}"),
+            labels: labels.into(),
+            allocatable_cpu_millis: 8000,
+            ready: true,
+        });
     }
     for s in 0..services {
         let key = ObjectKey::new("bench", format!("svc-{s}"));

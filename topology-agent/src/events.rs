@@ -52,8 +52,8 @@ impl KubeEvents {
                 let reference = ObjectReference {
                     api_version: Some("v1".into()),
                     kind: Some("Service".into()),
-                    namespace: Some(problem.service.namespace.clone()),
-                    name: Some(problem.service.name.clone()),
+                    namespace: Some(problem.service.namespace.to_string()),
+                    name: Some(problem.service.name.to_string()),
                     ..ObjectReference::default()
                 };
                 let event = Event {

@@ -15,18 +15,19 @@ pub const LABEL_REGION: &str = "topology.kubernetes.io/region";
 /// Label joining an EndpointSlice to its Service.
 pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
 
-/// `namespace/name` of a namespaced object.
+/// `namespace/name` of a namespaced object. Its parts are shared strings: a Service's key is held
+/// by the state, its slices, the plan and the kernel's mirror, and a clone costs no copy.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ObjectKey {
     /// Namespace.
-    pub namespace: String,
+    pub namespace: Arc<str>,
     /// Name.
-    pub name: String,
+    pub name: Arc<str>,
 }
 
 impl ObjectKey {
     /// A key from its parts.
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+    pub fn new(namespace: impl Into<Arc<str>>, name: impl Into<Arc<str>>) -> Self {
         Self { namespace: namespace.into(), name: name.into() }
     }
 }

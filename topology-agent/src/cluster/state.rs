@@ -19,8 +19,8 @@ pub struct ClusterState {
     slices: BTreeMap<ObjectKey, EndpointSlice>,
     /// Slice keys by Service, sorted; a Service has few slices, so a vector beats a tree.
     slices_by_service: BTreeMap<ObjectKey, Vec<ObjectKey>>,
-    /// One shared copy of each node name and zone the endpoints mention, and of each Node's label
-    /// keys and values.
+    /// One shared copy of each node name and zone the endpoints mention, of each Node's label keys
+    /// and values, and of each namespace.
     interned: HashSet<Arc<str>>,
     /// Demand by zone, derived from the Nodes.
     demand: Demand,
@@ -82,10 +82,11 @@ impl ClusterState {
     }
 
     /// Adds or replaces a Service; true if anything changed.
-    pub fn upsert_service(&mut self, service: Service) -> bool {
+    pub fn upsert_service(&mut self, mut service: Service) -> bool {
         if self.services.get(&service.key) == Some(&service) {
             return false;
         }
+        service.key.namespace = self.intern(Arc::clone(&service.key.namespace));
         self.services.insert(service.key.clone(), service);
         true
     }
@@ -100,6 +101,10 @@ impl ClusterState {
     pub fn upsert_slice(&mut self, mut slice: EndpointSlice) -> Vec<ObjectKey> {
         if self.slices.get(&slice.key) == Some(&slice) {
             return Vec::new();
+        }
+        slice.key.namespace = self.intern(Arc::clone(&slice.key.namespace));
+        if let Some(service) = &mut slice.service {
+            service.namespace = Arc::clone(&slice.key.namespace);
         }
         for endpoint in &mut slice.endpoints {
             endpoint.node_name = endpoint.node_name.take().map(|name| self.intern(name));

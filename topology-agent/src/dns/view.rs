@@ -167,7 +167,7 @@ impl DnsView {
             }
         });
         let mut changed = false;
-        if key.namespace == UPSTREAM_SERVICE.0 && key.name == UPSTREAM_SERVICE.1 {
+        if *key.namespace == *UPSTREAM_SERVICE.0 && *key.name == *UPSTREAM_SERVICE.1 {
             let upstreams = if self.configured.is_empty() { default_upstreams(state) } else { self.configured.clone() };
             changed |= upstreams != self.upstreams;
             self.upstreams = upstreams;
@@ -178,7 +178,7 @@ impl DnsView {
                     return changed;
                 }
                 if self.services.insert(id.into(), Arc::new(records)).is_none() {
-                    *self.namespaces.entry(key.namespace.as_str().into()).or_default() += 1;
+                    *self.namespaces.entry(Arc::clone(&key.namespace)).or_default() += 1;
                 }
                 true
             }
@@ -186,10 +186,10 @@ impl DnsView {
                 if self.services.remove(id.as_str()).is_none() {
                     return changed;
                 }
-                if let Some(count) = self.namespaces.get_mut(key.namespace.as_str()) {
+                if let Some(count) = self.namespaces.get_mut(&*key.namespace) {
                     *count -= 1;
                     if *count == 0 {
-                        self.namespaces.remove(key.namespace.as_str());
+                        self.namespaces.remove(&*key.namespace);
                     }
                 }
                 true

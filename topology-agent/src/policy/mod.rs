@@ -191,7 +191,7 @@ pub fn compute_service_with(
     families.dedup();
     let options = PortOptions {
         affinity_timeout_s: service.session_affinity_timeout_s,
-        agent_exempt: service.key.namespace == API_SERVICE.0 && service.key.name == API_SERVICE.1,
+        agent_exempt: *service.key.namespace == *API_SERVICE.0 && *service.key.name == *API_SERVICE.1,
         local_dns: false,
     };
     // Exactly sized: a selection is large, and a Vec grown from empty holds four.
