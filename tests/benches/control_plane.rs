@@ -35,7 +35,7 @@ use topology_agent::{
 use topology_tests::{
     agent::{Agent, AgentOptions},
     cluster::{self, EndpointSpec},
-    fake_api::FakeApi,
+    fake_api::{FakeApi, Resource},
     sandbox::{CgroupGuard, PinGuard, is_root, unique_id},
     scale::Shape,
 };
@@ -198,6 +198,7 @@ fn print_scale(scale: &Measured) {
     println!("| --- | ---: | ---: |");
     println!("| initial sync, watches started → maps written | {:.0} ms | < 500 ms |", ms(scale.sync));
     println!("| of which writing the maps | {:.0} ms | |", ms(scale.writing));
+    println!("| JSON the lists sent (Services, EndpointSlices) | {:.0} MiB | |", scale.listed_mib);
     println!(
         "| a restart's adoption of those maps (a new container), programs kept / loaded again (other options) | {:.0} ms / {:.0} ms | < 500 ms |",
         ms(scale.adopt),
@@ -282,6 +283,8 @@ struct Measured {
     load: Duration,
     /// Every update's latency.
     updates: Vec<Duration>,
+    /// JSON the lists sent (Services and EndpointSlices), MiB.
+    listed_mib: f64,
 }
 
 /// The initial sync of `services` × `endpoints` (and the part of it spent writing the maps),
@@ -360,7 +363,8 @@ async fn sync_and_updates(services: usize, endpoints: usize, updates: usize, cap
     let reloaded = Dataplane::open(&config).expect("reload and adopt");
     let reload = restarted.elapsed();
     assert_eq!(reloaded.kernel().services.len(), services, "every port adopted");
-    Measured { sync, writing, adopt, reload, load, updates: latencies }
+    let listed = api.bytes_sent(Resource::Services) + api.bytes_sent(Resource::EndpointSlices);
+    Measured { sync, writing, adopt, reload, load, updates: latencies, listed_mib: listed as f64 / (1 << 20) as f64 }
 }
 
 /// Runs the agent binary against a fake API with 30,000 Services x 4 endpoints and reads its RSS

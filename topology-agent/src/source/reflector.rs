@@ -12,12 +12,7 @@
 //! An update that converts to what was last sent of the object (a Node status heartbeat: nothing
 //! the model reads changed) is dropped here, so it wakes neither the controller nor the policy.
 
-use std::{
-    collections::HashMap,
-    fmt::Debug,
-    hash::{DefaultHasher, Hash, Hasher},
-    time::Duration,
-};
+use std::{collections::HashMap, fmt::Debug, hash::Hash, time::Duration};
 
 use futures::TryStreamExt as _;
 use kube::{
@@ -222,11 +217,12 @@ where
     }
 }
 
-/// A 64-bit hash, the same for equal values within the process.
+/// A 64-bit hash, the same for equal values within the process. foldhash, not SipHash: nothing
+/// here faces an adversary (a collision of identities costs a resend), and a full list hashes
+/// every object twice (with SipHash, 4 % of a 50,000-Service list's CPU).
 fn hash(value: &impl Hash) -> u64 {
-    let mut hasher = DefaultHasher::new();
-    value.hash(&mut hasher);
-    hasher.finish()
+    use std::hash::BuildHasher as _;
+    foldhash::fast::FixedState::default().hash_one(value)
 }
 
 /// A request failure as `/readyz` names it: throttling and missing permissions said plainly.

@@ -180,13 +180,13 @@ pub fn endpoint_slice(slice: &K8sEndpointSlice) -> Result<Option<EndpointSlice>,
 
     let mut endpoints = Vec::with_capacity(slice.endpoints.len());
     for (i, endpoint) in slice.endpoints.iter().enumerate() {
-        let field = format!("endpoints[{i}].addresses[0]");
+        // Named only on error: a list of 500,000 endpoints formats none.
+        let field = || format!("endpoints[{i}].addresses[0]");
         let text =
             endpoint.addresses.first().ok_or_else(|| error(format!("endpoints[{i}].addresses"), "empty".into()))?;
-        let address: IpAddr =
-            text.parse().map_err(|_| error(field.clone(), format!("{text:?} is not an IP address")))?;
+        let address: IpAddr = text.parse().map_err(|_| error(field(), format!("{text:?} is not an IP address")))?;
         if Family::of(&address) != family {
-            return Err(error(field, format!("{address} is not an {} address", slice.address_type)));
+            return Err(error(field(), format!("{address} is not an {} address", slice.address_type)));
         }
         let hostname = match endpoint.hostname.as_deref().filter(|h| !h.is_empty()) {
             Some(name) if !is_dns_label(name) => {
