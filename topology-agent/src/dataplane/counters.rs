@@ -98,14 +98,27 @@ impl Counters {
             .filter(|&index| matches!(self.chunks.get(index as usize), Some(None)))
             .collect();
         let mut created = Vec::new();
+        // A chunk that cannot be created stops the creating; those created are still published
+        // (a pinned chunk is taken as published), then the error is returned.
+        let mut stopped = None;
         for index in missing {
-            match self.open_chunk(index)? {
-                Some(chunk) => self.chunks[index as usize] = Some(chunk),
-                None => created.push((index, create_chunk(&self.chunk_pin(index))?)),
+            match self.open_chunk(index) {
+                Ok(Some(chunk)) => self.chunks[index as usize] = Some(chunk),
+                Ok(None) => match create_chunk(&self.chunk_pin(index)) {
+                    Ok(chunk) => created.push((index, chunk)),
+                    Err(error) => {
+                        stopped = Some(error);
+                        break;
+                    }
+                },
+                Err(error) => {
+                    stopped = Some(error);
+                    break;
+                }
             }
         }
         if created.is_empty() {
-            return Ok(true);
+            return stopped.map_or(Ok(true), Err);
         }
         let indexes: Vec<u32> = created.iter().map(|(index, _)| *index).collect();
         let fds: Vec<u32> =
@@ -124,7 +137,11 @@ impl Counters {
                 let _ = std::fs::remove_file(self.chunk_pin(index));
             }
         }
-        failure.map_or(Ok(batched), |error| Err(DataplaneError::Map { map: map_names::COUNTERS, source: error }))
+        match (failure, stopped) {
+            (Some(error), _) => Err(DataplaneError::Map { map: map_names::COUNTERS, source: error }),
+            (None, Some(error)) => Err(error),
+            (None, None) => Ok(batched),
+        }
     }
 
     /// Zeroes the counters of `service_id`, creating its chunk first if no id in it was used yet.
