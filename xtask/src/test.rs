@@ -55,6 +55,9 @@ fn build_ebpf_for(arch: &str, features: &str, cpu: Option<&str>) -> anyhow::Resu
 pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     let wants = |tier| args.only.is_empty() || args.only.contains(&tier);
     let root = cmd::workspace_root();
+    // A full disk shows up as a linker killed by SIGBUS half-way through; say up front how much
+    // room the run has (a clean run needs about 5 GB under target/).
+    let _ = Command::new("df").arg("-h").arg(&root).status();
     if wants(Tier::Lint) {
         cmd::run(
             Command::new("rustup")
