@@ -56,7 +56,7 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     let wants = |tier| args.only.is_empty() || args.only.contains(&tier);
     let root = cmd::workspace_root();
     // A full disk shows up as a linker killed by SIGBUS half-way through; say up front how much
-    // room the run has (a clean run needs about 5 GB under target/).
+    // room the run has (a clean run writes about 9 GB: target/ and the fuzz targets).
     let _ = Command::new("df").arg("-h").arg(&root).status();
     if wants(Tier::Lint) {
         cmd::run(

@@ -3,7 +3,6 @@
 
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::discovery::v1::EndpointSlice as K8sEndpointSlice;
 use serde::Deserialize as _;
 use serde_json::Value;
 
@@ -106,7 +105,7 @@ fn add(state: &mut ClusterState, kind: &str, raw: &Value) -> Result<(), ObjectEr
             state.upsert_service(convert::service_from_value(raw)?);
         }
         "EndpointSlice" => {
-            let slice: K8sEndpointSlice = convert::typed(raw, Kind::EndpointSlice)?;
+            let slice: convert::EndpointSliceView = convert::typed(raw, Kind::EndpointSlice)?;
             if let Some(slice) = convert::endpoint_slice(&slice)? {
                 state.upsert_slice(slice);
             }

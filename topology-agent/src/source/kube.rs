@@ -1,8 +1,8 @@
-//! The cluster from the Kubernetes API: one kube-runtime watcher per kind (Nodes, Services,
-//! EndpointSlices), with the default backoff on errors. A watcher's initial list (and every
+//! The cluster from the Kubernetes API: one list-and-watch per kind (Nodes, Services,
+//! EndpointSlices), with a backoff on errors. A watcher's initial list (and every
 //! relist, e.g. after 410 Gone) is buffered and sent as one [`SourceEvent::Replace`], so the
-//! controller never acts on half a list. Objects are reduced to the cluster model at once, so
-//! nothing of their bulk (managedFields, status) is kept.
+//! controller never acts on half a list. Objects are decoded into lean views that build only the
+//! fields routing reads ([`convert`]), and reduced to the cluster model at once.
 //!
 //! Each kind runs its own list-and-watch ([`reflector`](super::reflector)).
 
@@ -12,17 +12,18 @@ use std::{
     time::{Duration, Instant},
 };
 
-use k8s_openapi::api::{core::v1::Service as K8sService, discovery::v1::EndpointSlice as K8sEndpointSlice};
 use kube::{
     Api, Client, Resource, ResourceExt as _,
-    api::{ApiResource, DynamicObject},
     config::{KubeConfigOptions, Kubeconfig},
 };
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::{EventReceiver, EventSender, Invalid, Object, ObjectId, SourceEvent, reflector};
-use crate::cluster::{ClusterState, Kind, ObjectKey, convert, convert::NodeView};
+use crate::cluster::{
+    ClusterState, Kind, ObjectKey, convert,
+    convert::{EndpointSliceView, NodeView, ServiceView},
+};
 
 /// The Kubernetes client could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -72,7 +73,6 @@ pub struct KubeSource {
 impl KubeSource {
     /// Starts the watchers; they run until `shutdown`.
     pub fn start(client: &Client, events: &EventSender, shutdown: &CancellationToken) -> Self {
-        let services = Api::<DynamicObject>::all_with(client.clone(), &ApiResource::erase::<K8sService>(&()));
         let tasks = vec![
             tokio::spawn(reflector::run(
                 Api::<NodeView>::all(client.clone()),
@@ -82,9 +82,16 @@ impl KubeSource {
                 events.clone(),
                 shutdown.clone(),
             )),
-            tokio::spawn(reflector::run(services, Kind::Service, service, id_of, events.clone(), shutdown.clone())),
             tokio::spawn(reflector::run(
-                Api::<K8sEndpointSlice>::all(client.clone()),
+                Api::<ServiceView>::all(client.clone()),
+                Kind::Service,
+                service,
+                id_of,
+                events.clone(),
+                shutdown.clone(),
+            )),
+            tokio::spawn(reflector::run(
+                Api::<EndpointSliceView>::all(client.clone()),
                 Kind::EndpointSlice,
                 endpoint_slice,
                 id_of,
@@ -208,27 +215,18 @@ fn node(object: &NodeView) -> Result<Option<Object>, Box<Invalid>> {
         .map_err(|error| Box::new(Invalid { id: id_of(object, Kind::Node), service: None, error }))
 }
 
-fn service(object: &DynamicObject) -> Result<Option<Object>, Box<Invalid>> {
-    let id = id_of(object, Kind::Service);
-    let service_key = match &id {
-        ObjectId::Service(key) => Some(key.clone()),
-        _ => None,
-    };
-    let invalid = |error| Box::new(Invalid { id: id.clone(), service: service_key.clone(), error });
-    let mut raw = serde_json::to_value(object).map_err(|e| {
-        invalid(crate::cluster::ObjectError {
-            kind: Kind::Service,
-            name: id.to_string(),
-            field: "(object)".into(),
-            message: e.to_string(),
-        })
-    })?;
-    // List items carry no kind; the name in errors needs it to tell Services from Nodes.
-    raw["kind"] = "Service".into();
-    convert::service_from_value(&raw).map(|service| Some(Object::Service(service))).map_err(invalid)
+fn service(object: &ServiceView) -> Result<Option<Object>, Box<Invalid>> {
+    convert::service(object).map(|service| Some(Object::Service(service))).map_err(|error| {
+        let id = id_of(object, Kind::Service);
+        let service = match &id {
+            ObjectId::Service(key) => Some(key.clone()),
+            _ => None,
+        };
+        Box::new(Invalid { id, service, error })
+    })
 }
 
-fn endpoint_slice(object: &K8sEndpointSlice) -> Result<Option<Object>, Box<Invalid>> {
+fn endpoint_slice(object: &EndpointSliceView) -> Result<Option<Object>, Box<Invalid>> {
     let owner = object
         .labels()
         .get(crate::cluster::model::LABEL_SERVICE_NAME)

@@ -3,18 +3,19 @@
 //! bytes), managed fields, addresses, node info — is skipped by the parser without being built,
 //! so the status heartbeat every kubelet sends costs the agent a scan, not a tree of allocations.
 
-use std::{borrow::Cow, collections::BTreeMap};
-
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 
-use super::cpu_millis;
+use super::{
+    cpu_millis,
+    meta::{lean_metadata, view_resource},
+};
 use crate::cluster::model::{Kind, Node, ObjectError};
 
 /// The fields of a Node the agent uses; a `kube::Resource`, so the watchers list and watch it.
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct NodeView {
-    /// Name, resourceVersion and labels only.
+    /// Name, resourceVersion and labels (and the few annotations) only.
     #[serde(default, deserialize_with = "lean_metadata")]
     pub metadata: ObjectMeta,
     /// Allocatable CPU and conditions only.
@@ -51,56 +52,7 @@ pub struct Condition {
     pub status: String,
 }
 
-/// The metadata fields the agent reads; everything else is skipped unbuilt.
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct LeanMeta {
-    #[serde(default)]
-    name: Option<String>,
-    #[serde(default)]
-    resource_version: Option<String>,
-    #[serde(default)]
-    labels: Option<BTreeMap<String, String>>,
-}
-
-fn lean_metadata<'de, D: Deserializer<'de>>(deserializer: D) -> Result<ObjectMeta, D::Error> {
-    let lean = LeanMeta::deserialize(deserializer)?;
-    Ok(ObjectMeta {
-        name: lean.name,
-        resource_version: lean.resource_version,
-        labels: lean.labels,
-        ..ObjectMeta::default()
-    })
-}
-
-impl kube::Resource for NodeView {
-    type DynamicType = ();
-    type Scope = k8s_openapi::ClusterResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        "Node".into()
-    }
-
-    fn group(_: &()) -> Cow<'_, str> {
-        "".into()
-    }
-
-    fn version(_: &()) -> Cow<'_, str> {
-        "v1".into()
-    }
-
-    fn plural(_: &()) -> Cow<'_, str> {
-        "nodes".into()
-    }
-
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+view_resource!(NodeView, Cluster, "Node", "", "v1", "nodes");
 
 /// A Node into the model.
 pub fn node(node: &NodeView) -> Result<Node, ObjectError> {

@@ -1,6 +1,7 @@
 //! Conversion of API objects into the model: fields, defaults, and errors naming the field.
 
 use super::*;
+use crate::cluster::model::{EndpointSlice, PortSpec, Service, TopologyKeysSource, TrafficDistribution};
 
 fn service_from(json: serde_json::Value) -> Result<Service, ObjectError> {
     service_from_value(&json)
@@ -139,6 +140,41 @@ fn service_errors_name_the_field() {
     assert_eq!(bad_policy.field, "spec.internalTrafficPolicy");
 }
 
+/// A list page as the API server sends it: the objects' whole JSON, decoded into the views.
+const SERVICE_LIST: &str = r#"{"apiVersion": "v1", "kind": "ServiceList", "metadata": {"resourceVersion": "42"},
+  "items": [
+    {"metadata": {"name": "web", "namespace": "shop", "uid": "1", "resourceVersion": "40",
+                  "annotations": {"topology-agent.io/spillover": "capacity", "kubectl.kubernetes.io/last-applied-configuration": "{}"},
+                  "managedFields": [{"manager": "kubectl", "operation": "Update", "fieldsV1": {"f:spec": {}}}]},
+     "spec": {"clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10"], "ipFamilies": ["IPv4"],
+              "ports": [{"name": "http", "port": 80, "protocol": "TCP", "targetPort": 8080}],
+              "selector": {"app": "web"}, "sessionAffinity": "None", "type": "ClusterIP",
+              "topologyKeys": ["kubernetes.io/hostname", "*"]},
+     "status": {"loadBalancer": {}}},
+    {"metadata": {"name": "bad", "namespace": "shop"},
+     "spec": {"clusterIP": "10.96.0.11", "ports": [{"port": "eighty"}]}}
+  ]}"#;
+
+#[test]
+fn a_service_list_decodes_whole_and_a_bad_spec_fails_its_service_alone() {
+    let list: kube::core::ObjectList<ServiceView> = serde_json::from_str(SERVICE_LIST).unwrap();
+    let web = service(&list.items[0]).unwrap();
+    let value: serde_json::Value = serde_json::from_str(SERVICE_LIST).unwrap();
+    assert_eq!(web, service_from_value(&value["items"][0]).unwrap(), "the API and a cluster file read the same");
+    assert_eq!(web.key, ObjectKey::new("shop", "web"));
+    assert_eq!(web.ports, [PortSpec { name: "http".into(), port: 80, protocol: Protocol::Tcp }]);
+    assert_eq!(web.topology_keys.map(|keys| keys.keys.len()), Some(2));
+    assert_eq!(web.agent_annotations.len(), 1);
+    let bad = service(&list.items[1]).unwrap_err();
+    assert_eq!((bad.name.as_str(), bad.field.as_str()), ("shop/bad", "spec.ports[0].port"));
+    assert_eq!(service_from_value(&value["items"][1]).unwrap_err().field, "spec.ports[0].port");
+    let event = r#"{"type": "MODIFIED", "object": {"metadata": {"name": "web", "namespace": "shop"},
+        "spec": {"clusterIP": "10.96.0.10", "ports": [{"port": 80}]}}}"#;
+    let event: kube::api::WatchEvent<ServiceView> = serde_json::from_str(event).unwrap();
+    let kube::api::WatchEvent::Modified(view) = event else { panic!("a modification") };
+    assert_eq!(service(&view).unwrap().cluster_ips.len(), 1, "a watch event's spec is read as a list's");
+}
+
 fn slice_from(json: serde_json::Value) -> Result<Option<EndpointSlice>, ObjectError> {
     endpoint_slice(&serde_json::from_value(json).unwrap())
 }
@@ -165,6 +201,19 @@ fn endpoint_slice_conditions_default_as_kube_proxy_reads_them() {
     assert!(!b.ready && b.serving && b.terminating);
     assert_eq!(b.node_name, None);
     assert_eq!(a.node_name.as_deref(), Some("a"));
+    let full = slice_from(serde_json::json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": "web-abc", "namespace": "shop", "generateName": "web-",
+                     "ownerReferences": [{"kind": "Service", "name": "web", "uid": "1"}],
+                     "labels": {"kubernetes.io/service-name": "web", "endpointslice.kubernetes.io/managed-by": "x"}},
+        "addressType": "IPv4", "ports": null,
+        "endpoints": [{"addresses": ["10.1.0.1"], "conditions": {"ready": true}, "nodeName": "a",
+                       "targetRef": {"kind": "Pod", "name": "web-1", "namespace": "shop", "uid": "2"},
+                       "deprecatedTopology": {"kubernetes.io/hostname": "a"}, "hints": {"forZones": null}}]
+    }))
+    .unwrap()
+    .unwrap();
+    assert_eq!((full.endpoints.len(), full.ports.len()), (1, 0), "fields routing does not read are skipped");
 }
 
 #[test]
