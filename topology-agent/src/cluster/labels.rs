@@ -11,6 +11,11 @@ pub struct Labels(Box<[(Arc<str>, Arc<str>)]>);
 impl Labels {
     /// The value of `key`.
     pub fn get(&self, key: &str) -> Option<&str> {
+        self.get_shared(key).map(|value| &**value)
+    }
+
+    /// The value of `key` as held: once in the cluster state, the state's shared copy.
+    pub fn get_shared(&self, key: &str) -> Option<&Arc<str>> {
         let at = self.0.binary_search_by(|(k, _)| (**k).cmp(key)).ok()?;
         Some(&self.0[at].1)
     }

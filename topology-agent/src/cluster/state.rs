@@ -20,8 +20,9 @@ pub struct ClusterState {
     /// Slice keys by Service, sorted; a Service has few slices, so a vector beats a tree.
     slices_by_service: BTreeMap<ObjectKey, Vec<ObjectKey>>,
     /// One shared copy of each node name and zone the endpoints mention, of each Node's label keys
-    /// and values, and of each namespace.
-    interned: HashSet<Arc<str>>,
+    /// and values, and of each namespace. Hashed with foldhash (seeded per process), not SipHash:
+    /// a full list interns two strings per endpoint.
+    interned: HashSet<Arc<str>, foldhash::fast::RandomState>,
     /// Demand by zone, derived from the Nodes.
     demand: Demand,
     /// Bumped whenever `demand` changes.

@@ -2,7 +2,7 @@
 //! by name and protocol, one IP family at a time, each endpoint once, with its topology resolved
 //! from its Node.
 
-use std::{collections::BTreeMap, net::IpAddr, sync::Arc};
+use std::{net::IpAddr, sync::Arc};
 
 use crate::cluster::{ClusterState, Endpoint, Family, Node, PortSpec, Service, model::LABEL_ZONE};
 
@@ -101,7 +101,8 @@ pub struct Joined<'a> {
 /// The endpoints of `port` in `family`. An endpoint listed by several slices appears once, with
 /// the most usable conditions any of them reports.
 pub fn candidates<'a>(state: &'a ClusterState, service: &Service, port: &PortSpec, family: Family) -> Joined<'a> {
-    let mut by_address: BTreeMap<(IpAddr, u16), Candidate<'a>> = BTreeMap::new();
+    let listed = state.slices_of(&service.key).map(|slice| slice.endpoints.len()).sum();
+    let mut found = Vec::with_capacity(listed);
     let mut family_slices = 0;
     let mut other_names = Vec::new();
     for slice in state.slices_of(&service.key).filter(|slice| slice.family == family) {
@@ -110,12 +111,10 @@ pub fn candidates<'a>(state: &'a ClusterState, service: &Service, port: &PortSpe
             other_names.extend(slice.ports.iter().map(|p| format!("{:?}", p.name)));
             continue;
         };
-        for endpoint in &slice.endpoints {
-            let candidate = candidate(state, endpoint, slice_port.port);
-            keep(&mut by_address, candidate);
-        }
+        found.extend(slice.endpoints.iter().map(|endpoint| candidate(state, endpoint, slice_port.port)));
     }
-    let unmatched_port = (by_address.is_empty() && family_slices > 0 && !other_names.is_empty()).then(|| {
+    distinct(&mut found);
+    let unmatched_port = (found.is_empty() && family_slices > 0 && !other_names.is_empty()).then(|| {
         other_names.sort();
         other_names.dedup();
         format!(
@@ -125,27 +124,27 @@ pub fn candidates<'a>(state: &'a ClusterState, service: &Service, port: &PortSpe
             other_names.join(", ")
         )
     });
-    Joined { candidates: by_address.into_values().collect(), unmatched_port }
+    Joined { candidates: found, unmatched_port }
 }
 
 /// Every distinct endpoint of a headless Service in `family`, whatever ports its slices list, with
 /// port 0: the addresses a DNS answer for the Service's name may hold.
 pub fn addresses<'a>(state: &'a ClusterState, service: &Service, family: Family) -> Vec<Candidate<'a>> {
-    let mut by_address: BTreeMap<(IpAddr, u16), Candidate<'a>> = BTreeMap::new();
-    for slice in state.slices_of(&service.key).filter(|slice| slice.family == family) {
-        for endpoint in &slice.endpoints {
-            keep(&mut by_address, candidate(state, endpoint, 0));
-        }
-    }
-    by_address.into_values().collect()
+    let mut found: Vec<Candidate<'a>> = state
+        .slices_of(&service.key)
+        .filter(|slice| slice.family == family)
+        .flat_map(|slice| slice.endpoints.iter().map(|endpoint| candidate(state, endpoint, 0)))
+        .collect();
+    distinct(&mut found);
+    found
 }
 
 /// `endpoint` as the policy weighs it, at target `port`, its topology resolved from its Node.
 fn candidate<'a>(state: &'a ClusterState, endpoint: &'a Endpoint, port: u16) -> Candidate<'a> {
     let node = endpoint.node_name.as_deref().and_then(|name| state.node(name));
-    let zone = match node.and_then(Node::zone) {
-        // The state keeps a shared copy of every Node's zone.
-        Some(zone) => state.shared(zone),
+    // A Node's label values are the state's shared copies (as `Node::zone` reads them).
+    let zone = match node.and_then(|node| node.labels.get_shared(LABEL_ZONE)).filter(|zone| !zone.is_empty()) {
+        Some(zone) => Some(zone),
         None => endpoint.zone.as_ref(),
     };
     Candidate {
@@ -162,12 +161,15 @@ fn candidate<'a>(state: &'a ClusterState, endpoint: &'a Endpoint, port: u16) -> 
     }
 }
 
-/// Keeps the more usable of two listings of the same endpoint.
-fn keep<'a>(by_address: &mut BTreeMap<(IpAddr, u16), Candidate<'a>>, candidate: Candidate<'a>) {
-    match by_address.get(&(candidate.address, candidate.port)) {
-        Some(existing) if !candidate.preferred_over(existing) => {}
-        _ => {
-            by_address.insert((candidate.address, candidate.port), candidate);
+/// Sorts `candidates` by address and port and keeps one of each: the most usable listing.
+fn distinct(candidates: &mut Vec<Candidate<'_>>) {
+    // Stable: of two equally usable listings, the first listed stays.
+    candidates.sort_by_key(|candidate| (candidate.address, candidate.port));
+    candidates.dedup_by(|later, kept| {
+        let same = (later.address, later.port) == (kept.address, kept.port);
+        if same && later.preferred_over(kept) {
+            std::mem::swap(later, kept);
         }
-    }
+        same
+    });
 }

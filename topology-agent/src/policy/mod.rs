@@ -369,14 +369,14 @@ fn default_reason(count: usize, terminating: bool) -> String {
 /// Where `candidate` is relative to `this` node.
 pub fn locality(this: &Node, candidate: &Candidate<'_>) -> Locality {
     if candidate.node_name() == Some(this.name.as_str()) {
-        Locality::Node
-    } else if this.zone().is_some() && candidate.zone() == this.zone() {
-        Locality::Zone
-    } else if this.region().is_some() && candidate.region() == this.region() {
-        Locality::Region
-    } else {
-        Locality::Other
+        return Locality::Node;
     }
+    let zone = this.zone();
+    if zone.is_some() && candidate.zone() == zone {
+        return Locality::Zone;
+    }
+    let region = this.region();
+    if region.is_some() && candidate.region() == region { Locality::Region } else { Locality::Other }
 }
 
 #[cfg(test)]
