@@ -13,6 +13,9 @@
 //!   storm of 1,000 EndpointSlice updates/s (`limits`, `storm`), with a `scale:` line.
 //!   `cargo bench --bench control_plane -- limits` runs this one alone.
 //!
+//! "The agent binary" is `$TOPOLOGY_AGENT`: `cargo xtask bench control-plane` sets it to the binary
+//! the image ships (static, musl, jemalloc); the in-process scenarios run on the bench's own heap.
+//!
 //! Root only; the cgroup, pins and processes are removed at the end.
 
 use std::{

@@ -7,7 +7,7 @@ use std::{collections::BTreeMap, hint::black_box, net::IpAddr};
 use criterion::{Criterion, criterion_group, criterion_main};
 use topology_agent::{
     cluster::{
-        ClusterState, Endpoint, EndpointSlice, Family, Node, ObjectKey, PortSpec, Service, SlicePort,
+        ClusterState, Endpoint, EndpointExtra, EndpointSlice, Family, Node, ObjectKey, PortSpec, Service, SlicePort,
         TopologyKeysSource, TopologyKeysSpec, TrafficDistribution,
     },
     desired::Protocol,
@@ -71,9 +71,7 @@ fn cluster(services: usize, spill: bool) -> ClusterState {
                     terminating: false,
                     node_name: Some(format!("node-{node}").into()),
                     zone: Some(zone.as_str().into()),
-                    hint_zones: Box::new([zone]),
-                    hint_nodes: Box::new([format!("node-{node}")]),
-                    hostname: None,
+                    extra: EndpointExtra::new(Box::new([zone]), Box::new([format!("node-{node}")]), None),
                 }
             })
             .collect();

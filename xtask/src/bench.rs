@@ -69,12 +69,14 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             }
             Suite::Datapath => captured(cargo().args(["bench", "-p", "topology-tests", "--bench", "datapath"]))?,
             Suite::ControlPlane => {
-                // The RSS measurement runs the optimized agent binary.
-                cmd::run(cargo().args(["build", "--release", "-p", "topology-agent"]).current_dir(&root))?;
+                // The scenarios that run the agent as a process (memory, Kubernetes' limits) run
+                // the binary the image ships: static, musl, with its allocator.
+                let (triple, _) = crate::image::musl_target()?;
+                let agent = crate::image::build_static_agent(&root, triple)?;
                 captured(
                     cargo()
                         .args(["bench", "-p", "topology-tests", "--bench", "control_plane"])
-                        .env("TOPOLOGY_AGENT", root.join("target/release/topology-agent")),
+                        .env("TOPOLOGY_AGENT", agent),
                 )?
             }
             Suite::Soak | Suite::Dns => {

@@ -164,7 +164,7 @@ pub fn build(tag: Option<String>, output: Option<PathBuf>) -> anyhow::Result<Bui
 }
 
 /// The musl target for this machine's architecture, and the OCI name of that architecture.
-fn musl_target() -> anyhow::Result<(&'static str, Arch)> {
+pub(crate) fn musl_target() -> anyhow::Result<(&'static str, Arch)> {
     match std::env::consts::ARCH {
         "x86_64" => Ok(("x86_64-unknown-linux-musl", Arch::Amd64)),
         "aarch64" => Ok(("aarch64-unknown-linux-musl", Arch::ARM64)),
@@ -173,7 +173,7 @@ fn musl_target() -> anyhow::Result<(&'static str, Arch)> {
 }
 
 /// `cargo build --release` for the musl target: one static binary, no loader, no libc to ship.
-fn build_static_agent(root: &Path, triple: &str) -> anyhow::Result<PathBuf> {
+pub(crate) fn build_static_agent(root: &Path, triple: &str) -> anyhow::Result<PathBuf> {
     let flags_var = format!("CARGO_TARGET_{}_RUSTFLAGS", triple.to_uppercase().replace('-', "_"));
     cmd::run(
         cargo()

@@ -9,7 +9,7 @@ pub mod state;
 pub mod yaml;
 
 pub use model::{
-    Endpoint, EndpointSlice, Family, Kind, Node, ObjectError, ObjectKey, PortSpec, Service, SlicePort,
+    Endpoint, EndpointExtra, EndpointSlice, Family, Kind, Node, ObjectError, ObjectKey, PortSpec, Service, SlicePort,
     TopologyKeysSource, TopologyKeysSpec, TrafficDistribution,
 };
 pub use state::ClusterState;

@@ -238,12 +238,53 @@ pub struct Endpoint {
     pub node_name: Option<Arc<str>>,
     /// `zone`; shared like `node_name`.
     pub zone: Option<Arc<str>>,
-    /// `hints.forZones[].name` (boxed slices, not vectors: 150,000 endpoints keep them).
+    /// Hints and hostname, which most endpoints have neither of: one pointer instead of 40 bytes
+    /// (150,000 endpoints keep them). `None` when all are empty: see [`EndpointExtra::new`].
+    pub extra: Option<Box<EndpointExtra>>,
+}
+
+/// What few endpoints carry.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct EndpointExtra {
+    /// `hints.forZones[].name` (boxed slices, not vectors).
     pub hint_zones: Box<[String]>,
     /// `hints.forNodes[].name`.
     pub hint_nodes: Box<[String]>,
     /// `hostname`: the endpoint's DNS label under its Service.
     pub hostname: Option<Box<str>>,
+}
+
+impl EndpointExtra {
+    /// The extra of an endpoint; `None` when it has no hints and no hostname, so that two equal
+    /// endpoints compare equal however they were built.
+    pub fn new(hint_zones: Box<[String]>, hint_nodes: Box<[String]>, hostname: Option<Box<str>>) -> Option<Box<Self>> {
+        let extra = Self { hint_zones, hint_nodes, hostname };
+        (extra != Self::default()).then(|| Box::new(extra))
+    }
+}
+
+impl Endpoint {
+    /// `hints.forZones[].name`.
+    pub fn hint_zones(&self) -> &[String] {
+        self.extra.as_ref().map_or(&[], |extra| &extra.hint_zones)
+    }
+
+    /// `hints.forNodes[].name`.
+    pub fn hint_nodes(&self) -> &[String] {
+        self.extra.as_ref().map_or(&[], |extra| &extra.hint_nodes)
+    }
+
+    /// `hostname`.
+    pub fn hostname(&self) -> Option<&str> {
+        self.extra.as_ref().and_then(|extra| extra.hostname.as_deref())
+    }
+
+    /// Replaces the hints and hostname (tests and generators; the API's are read whole).
+    pub fn set_extra(&mut self, edit: impl FnOnce(&mut EndpointExtra)) {
+        let mut extra = self.extra.take().map_or_else(EndpointExtra::default, |extra| *extra);
+        edit(&mut extra);
+        self.extra = EndpointExtra::new(extra.hint_zones, extra.hint_nodes, extra.hostname);
+    }
 }
 
 /// An EndpointSlice of an IP family.

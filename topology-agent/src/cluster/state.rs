@@ -235,9 +235,7 @@ mod tests {
                 terminating: false,
                 node_name: Some(node.into()),
                 zone: None,
-                hint_zones: Box::default(),
-                hint_nodes: Box::default(),
-                hostname: None,
+                extra: None,
             }],
         }
     }

@@ -87,9 +87,7 @@ fn slice(name: &str, service: &str, addresses: &[&str]) -> EndpointSlice {
                 terminating: false,
                 node_name: Some("a".into()),
                 zone: None,
-                hint_zones: Box::default(),
-                hint_nodes: Box::default(),
-                hostname: None,
+                extra: None,
             })
             .collect(),
     }

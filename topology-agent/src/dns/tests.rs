@@ -39,7 +39,7 @@ fn cluster(db: Service) -> ClusterState {
         .into_iter()
         .enumerate()
         .map(|(i, mut e)| {
-            e.hostname = Some(format!("db-{i}").into());
+            e.set_extra(|extra| extra.hostname = Some(format!("db-{i}").into()));
             e
         })
         .collect();

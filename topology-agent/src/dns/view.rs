@@ -250,7 +250,7 @@ fn hosts(state: &ClusterState, service: &Service) -> (HashMap<IpAddr, String>, B
     let mut hosts: BTreeMap<String, Vec<IpAddr>> = BTreeMap::new();
     for slice in state.slices_of(&service.key) {
         for endpoint in &slice.endpoints {
-            let label = endpoint_label(endpoint.hostname.as_deref(), endpoint.address);
+            let label = endpoint_label(endpoint.hostname(), endpoint.address);
             labels.insert(endpoint.address, label.clone());
             if endpoint.ready {
                 let addresses = hosts.entry(label).or_default();

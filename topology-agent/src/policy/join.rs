@@ -156,8 +156,8 @@ fn candidate<'a>(state: &'a ClusterState, endpoint: &'a Endpoint, port: u16) -> 
         node_name: endpoint.node_name.as_ref(),
         node,
         zone,
-        hint_zones: &endpoint.hint_zones,
-        hint_nodes: &endpoint.hint_nodes,
+        hint_zones: endpoint.hint_zones(),
+        hint_nodes: endpoint.hint_nodes(),
     }
 }
 

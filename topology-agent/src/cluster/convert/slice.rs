@@ -13,7 +13,7 @@ use super::{
     object_key, protocol,
 };
 use crate::cluster::model::{
-    Endpoint, EndpointSlice, Family, Kind, LABEL_SERVICE_NAME, ObjectError, ObjectKey, SlicePort,
+    Endpoint, EndpointExtra, EndpointSlice, Family, Kind, LABEL_SERVICE_NAME, ObjectError, ObjectKey, SlicePort,
 };
 
 /// The fields of an EndpointSlice routing reads.
@@ -167,9 +167,7 @@ pub fn endpoint_slice(slice: &EndpointSliceView) -> Result<Option<EndpointSlice>
             terminating: conditions.and_then(|c| c.terminating).unwrap_or(false),
             node_name: endpoint.node_name.as_deref().filter(|n| !n.is_empty()).map(Into::into),
             zone: endpoint.zone.as_deref().filter(|z| !z.is_empty()).map(Into::into),
-            hint_zones: names(hints.map(|h| &h.for_zones)),
-            hint_nodes: names(hints.map(|h| &h.for_nodes)),
-            hostname,
+            extra: EndpointExtra::new(names(hints.map(|h| &h.for_zones)), names(hints.map(|h| &h.for_nodes)), hostname),
         });
     }
     Ok(Some(EndpointSlice { key, service, family, ports, endpoints }))

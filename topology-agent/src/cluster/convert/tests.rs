@@ -197,7 +197,7 @@ fn endpoint_slice_conditions_default_as_kube_proxy_reads_them() {
     assert_eq!(slice.ports.len(), 1, "a port without a number is not routable");
     let (a, b) = (&slice.endpoints[0], &slice.endpoints[1]);
     assert!(a.ready && a.serving && !a.terminating);
-    assert_eq!((&*a.hint_zones, &*a.hint_nodes), (&["z1".to_owned()][..], &["a".to_owned()][..]));
+    assert_eq!((a.hint_zones(), a.hint_nodes()), (&["z1".to_owned()][..], &["a".to_owned()][..]));
     assert!(!b.ready && b.serving && b.terminating);
     assert_eq!(b.node_name, None);
     assert_eq!(a.node_name.as_deref(), Some("a"));
@@ -255,7 +255,7 @@ fn headless_services_and_endpoint_hostnames() {
         }))
     };
     let named = slice("DB-1").unwrap().unwrap();
-    assert_eq!((named.endpoints[0].hostname.clone(), named.endpoints[1].hostname.clone()), (None, Some("db-1".into())));
+    assert_eq!((named.endpoints[0].hostname(), named.endpoints[1].hostname()), (None, Some("db-1")));
     let bad = slice("db_1").unwrap_err();
     assert_eq!(bad.to_string(), "EndpointSlice default/db-1: endpoints[1].hostname: \"db_1\" is not a DNS label");
 }

@@ -96,9 +96,7 @@ pub fn ep(address: &str, node: &str) -> Endpoint {
         terminating: false,
         node_name: (!node.is_empty()).then(|| node.into()),
         zone: None,
-        hint_zones: Box::default(),
-        hint_nodes: Box::default(),
-        hostname: None,
+        extra: None,
     }
 }
 
@@ -133,12 +131,12 @@ impl EndpointExt for Endpoint {
     }
 
     fn for_zones(mut self, zones: &[&str]) -> Self {
-        self.hint_zones = zones.iter().map(|z| (*z).to_owned()).collect();
+        self.set_extra(|extra| extra.hint_zones = zones.iter().map(|z| (*z).to_owned()).collect());
         self
     }
 
     fn for_nodes(mut self, nodes: &[&str]) -> Self {
-        self.hint_nodes = nodes.iter().map(|n| (*n).to_owned()).collect();
+        self.set_extra(|extra| extra.hint_nodes = nodes.iter().map(|n| (*n).to_owned()).collect());
         self
     }
 }
@@ -181,8 +179,8 @@ pub fn endpoints(hinted: bool) -> Vec<Endpoint> {
     let mut all = vec![ep("10.0.1.1", "a1"), ep("10.0.1.2", "a2"), ep("10.0.2.1", "b1"), ep("10.0.3.1", "c1")];
     if hinted {
         for (e, zone) in all.iter_mut().zip(["a", "a", "b", "c"]) {
-            e.hint_zones = Box::new([zone.into()]);
-            e.hint_nodes = Box::new([e.node_name.as_deref().unwrap().to_owned()]);
+            let node = e.node_name.as_deref().unwrap().to_owned();
+            e.set_extra(|extra| (extra.hint_zones, extra.hint_nodes) = (Box::new([zone.into()]), Box::new([node])));
         }
     }
     all

@@ -32,7 +32,9 @@ use cases::cases;
 
 use super::world::{ServiceExt, addrs, chosen, decide, service};
 use crate::{
-    cluster::{ClusterState, Endpoint, EndpointSlice, Family, Node, ObjectKey, SlicePort, model::LABEL_ZONE},
+    cluster::{
+        ClusterState, Endpoint, EndpointExtra, EndpointSlice, Family, Node, ObjectKey, SlicePort, model::LABEL_ZONE,
+    },
     desired::Protocol,
 };
 
@@ -187,9 +189,11 @@ impl Case {
                 terminating: e.cond.2,
                 node_name: if e.local { Some(this.into()) } else { one(e.nodes) },
                 zone: one(e.zones),
-                hint_zones: e.zones.iter().map(|z| (*z).to_owned()).collect(),
-                hint_nodes: e.nodes.iter().map(|n| (*n).to_owned()).collect(),
-                hostname: None,
+                extra: EndpointExtra::new(
+                    e.zones.iter().map(|z| (*z).to_owned()).collect(),
+                    e.nodes.iter().map(|n| (*n).to_owned()).collect(),
+                    None,
+                ),
             })
             .collect();
         state.upsert_slice(EndpointSlice {

@@ -8,7 +8,7 @@ fn topology_aware_hints_follow_kube_proxy() {
     let auto = || service("web").mode("Auto");
     let partial = || {
         let mut e = endpoints(true);
-        e[3].hint_zones = Box::default();
+        e[3].set_extra(|extra| extra.hint_zones = Box::default());
         e
     };
     let rows = vec![
@@ -128,14 +128,13 @@ fn traffic_distribution_with_and_without_hints() {
     let no_node_hints = || {
         let mut e = endpoints(true);
         for x in &mut e {
-            x.hint_nodes = Box::default();
+            x.set_extra(|extra| extra.hint_nodes = Box::default());
         }
         e
     };
     let partial = || {
         let mut e = endpoints(true);
-        e[0].hint_zones = Box::default();
-        e[0].hint_nodes = Box::default();
+        e[0].set_extra(|extra| (extra.hint_zones, extra.hint_nodes) = (Box::default(), Box::default()));
         e
     };
     let td = |value| service("web").distribution(value);
