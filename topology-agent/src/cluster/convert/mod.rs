@@ -10,6 +10,7 @@ mod meta;
 mod node;
 mod service;
 mod slice;
+mod text;
 
 pub use self::{
     node::{NodeView, node},

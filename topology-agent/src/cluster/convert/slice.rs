@@ -3,14 +3,13 @@
 //! managed fields and the rest are skipped by the parser without being built: a full list of
 //! 500,000 endpoints allocates what routing keeps, not the objects' whole trees.
 
-use std::net::IpAddr;
-
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 
 use super::{
     meta::{lean_metadata, null_as_default, view_resource},
     object_key, protocol,
+    text::{FirstAddress, SharedName},
 };
 use crate::cluster::model::{
     Endpoint, EndpointExtra, EndpointSlice, Family, Kind, LABEL_SERVICE_NAME, ObjectError, ObjectKey, SlicePort,
@@ -40,17 +39,17 @@ view_resource!(EndpointSliceView, Namespace, "EndpointSlice", "discovery.k8s.io"
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(default, rename_all = "camelCase")]
 pub struct EndpointView {
-    /// Its addresses (the first is used, as kube-proxy does).
+    /// Its first address (the one kube-proxy uses); the others are skipped.
     #[serde(deserialize_with = "null_as_default")]
-    pub addresses: Vec<String>,
+    pub addresses: FirstAddress,
     /// `ready`, `serving`, `terminating`.
     pub conditions: Option<ConditionsView>,
     /// `hostname` (DNS names of headless Services).
     pub hostname: Option<String>,
-    /// `nodeName`.
-    pub node_name: Option<String>,
-    /// `zone`.
-    pub zone: Option<String>,
+    /// `nodeName`, shared with the other endpoints on that node.
+    pub node_name: Option<SharedName>,
+    /// `zone`, shared likewise.
+    pub zone: Option<SharedName>,
     /// `hints`.
     pub hints: Option<HintsView>,
 }
@@ -144,9 +143,11 @@ pub fn endpoint_slice(slice: &EndpointSliceView) -> Result<Option<EndpointSlice>
     for (i, endpoint) in slice.endpoints.iter().enumerate() {
         // Named only on error: a list of 500,000 endpoints formats none.
         let field = || format!("endpoints[{i}].addresses[0]");
-        let text =
-            endpoint.addresses.first().ok_or_else(|| error(format!("endpoints[{i}].addresses"), "empty".into()))?;
-        let address: IpAddr = text.parse().map_err(|_| error(field(), format!("{text:?} is not an IP address")))?;
+        let address = match &endpoint.addresses {
+            FirstAddress::Ip(address) => *address,
+            FirstAddress::Missing => return Err(error(format!("endpoints[{i}].addresses"), "empty".into())),
+            FirstAddress::Invalid(text) => return Err(error(field(), format!("{text:?} is not an IP address"))),
+        };
         if Family::of(&address) != family {
             return Err(error(field(), format!("{address} is not an {} address", slice.address_type)));
         }
@@ -165,8 +166,8 @@ pub fn endpoint_slice(slice: &EndpointSliceView) -> Result<Option<EndpointSlice>
             ready: conditions.and_then(|c| c.ready).unwrap_or(true),
             serving: conditions.and_then(|c| c.serving).unwrap_or(true),
             terminating: conditions.and_then(|c| c.terminating).unwrap_or(false),
-            node_name: endpoint.node_name.as_deref().filter(|n| !n.is_empty()).map(Into::into),
-            zone: endpoint.zone.as_deref().filter(|z| !z.is_empty()).map(Into::into),
+            node_name: endpoint.node_name.as_ref().filter(|n| !n.0.is_empty()).map(|n| n.0.clone()),
+            zone: endpoint.zone.as_ref().filter(|z| !z.0.is_empty()).map(|z| z.0.clone()),
             extra: EndpointExtra::new(names(hints.map(|h| &h.for_zones)), names(hints.map(|h| &h.for_nodes)), hostname),
         });
     }
