@@ -8,24 +8,26 @@
 //! per-thread caches, so they seldom wait on its lock.
 //!
 //! The image's static (musl) binary uses jemalloc instead of musl's own heap, with the same one
-//! arena and dirty pages handed back after a second. Measured at Kubernetes' limits (5,000 Nodes,
-//! 10,000 Services, 150,000 endpoints; `cargo bench --bench control_plane -- limits` with
+//! arena and dirty pages handed back after five seconds. Measured at Kubernetes' limits (5,000
+//! Nodes, 10,000 Services, 150,000 endpoints; `cargo bench --bench control_plane -- limits` with
 //! `TOPOLOGY_AGENT` set to the static binary), musl's heap against jemalloc: start → ready 1.89 →
 //! 1.45 s, resident 108.1 → 102.7 MiB, CPU during a storm of 1,000 EndpointSlice updates/s
-//! 26.9 → 19.8 % of a core. mimalloc was tried and kept far more (143–149 MiB). An operator can
-//! still tune it: `_RJEM_MALLOC_CONF` is read at start, over the settings below.
+//! 26.9 → 19.8 % of a core. Handing dirty pages back after one second instead of five cost CPU
+//! at steady state (4.7 against 3.8 % of a core, 500 Node heartbeats/s) for no smaller resident
+//! size; mimalloc was tried and kept far more (143–149 MiB). An operator can still tune it:
+//! `_RJEM_MALLOC_CONF` is read at start, over the settings below.
 
 /// jemalloc for the static binary (see the module's documentation).
 #[cfg(target_env = "musl")]
 #[global_allocator]
 static HEAP: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-/// jemalloc's settings, read once at its start: one arena, dirty pages purged after a second and
-/// not kept as "muzzy" (lazily freed) pages, which still count as resident until the kernel needs
-/// them.
+/// jemalloc's settings, read once at its start: one arena, dirty pages purged after five seconds
+/// and not kept as "muzzy" (lazily freed) pages, which still count as resident until the kernel
+/// needs them.
 #[cfg(target_env = "musl")]
 #[unsafe(export_name = "_rjem_malloc_conf")]
-static JEMALLOC_CONF: Settings = Settings(c"narenas:1,dirty_decay_ms:1000,muzzy_decay_ms:0".as_ptr());
+static JEMALLOC_CONF: Settings = Settings(c"narenas:1,dirty_decay_ms:5000,muzzy_decay_ms:0".as_ptr());
 
 /// A C string jemalloc reads as `const char *malloc_conf`.
 #[cfg(target_env = "musl")]
