@@ -1,7 +1,7 @@
 //! The image `cargo xtask image` builds: its archive unpacked and checked blob by blob, read by an
 //! independent implementation (skopeo, the library `podman load` uses), and the agent run from the
-//! unpacked root filesystem, alone in it (chroot), where it must answer `--version` and print the
-//! same `explain` as the agent built for the tests.
+//! unpacked root filesystem, alone in it (chroot), where it must answer `--version`, allocate with
+//! jemalloc as `heap.rs` sets it, and print the same `explain` as the agent built for the tests.
 //!
 //! `cargo xtask test` builds the image first and names it in `$TOPOLOGY_IMAGE`; run alone, the test
 //! looks in `target/image/` and skips with the reason when nothing is there.
@@ -153,6 +153,17 @@ fn runs_alone(layer: &[u8]) {
     };
     let version = stdout(Command::new(command.get_program()).args(command.get_args()).arg("--version"));
     assert_eq!(version.trim(), format!("topology-agent {}", env!("CARGO_PKG_VERSION")));
+    // The image's allocator and its settings (`heap.rs`): jemalloc prints them on stderr on request.
+    let mut stats = Command::new(command.get_program());
+    stats.args(command.get_args()).arg("--version").env("_RJEM_MALLOC_CONF", "stats_print:true");
+    let output = stats.output().expect("run the agent");
+    let printed = String::from_utf8_lossy(&output.stderr);
+    for setting in ["opt.narenas: 1", "opt.dirty_decay_ms: 5000", "opt.muzzy_decay_ms: 0"] {
+        assert!(
+            printed.contains(setting),
+            "the image's agent allocates with jemalloc set as heap.rs says ({setting}): {printed}"
+        );
+    }
     let explain = |cluster: &Path| {
         ["explain", "--cluster", &cluster.to_string_lossy(), "--node", "node-a", "--output", "json"].map(String::from)
     };

@@ -11,7 +11,7 @@
 //! arena and dirty pages handed back after five seconds. Measured at Kubernetes' limits (5,000
 //! Nodes, 10,000 Services, 150,000 endpoints; `cargo bench --bench control_plane -- limits` with
 //! `TOPOLOGY_AGENT` set to the static binary), musl's heap against jemalloc: start → ready 1.89 →
-//! 1.45 s, resident 108.1 → 102.7 MiB, CPU during a storm of 1,000 EndpointSlice updates/s
+//! 1.45 s, resident 108.1 → 102.7 MiB (88–94 MiB since endpoints shrank), CPU during a storm of 1,000 EndpointSlice updates/s
 //! 26.9 → 19.8 % of a core. Handing dirty pages back after one second instead of five cost CPU
 //! at steady state (4.7 against 3.8 % of a core, 500 Node heartbeats/s) for no smaller resident
 //! size; mimalloc was tried and kept far more (143–149 MiB). An operator can still tune it:
@@ -38,9 +38,12 @@ struct Settings(*const std::ffi::c_char);
 #[cfg(target_env = "musl")]
 unsafe impl Sync for Settings {}
 
-/// Limits glibc to one arena, unless the operator chose (`MALLOC_ARENA_MAX`). Call before any
-/// thread starts.
+/// Limits glibc to one arena, unless the operator chose (`MALLOC_ARENA_MAX`), and keeps jemalloc's
+/// settings in the static binary. Call before any thread starts.
 pub fn limit_arenas() {
+    // jemalloc reads its settings through a weak symbol, which alone would not link them in.
+    #[cfg(target_env = "musl")]
+    std::hint::black_box(&JEMALLOC_CONF);
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
         // SAFETY: mallopt only sets a tunable of the allocator; no other thread runs yet.
