@@ -91,6 +91,8 @@ pub struct Controller<P: Programmer> {
     dirty: BTreeSet<ObjectKey>,
     everything_dirty: bool,
     listed: BTreeSet<Kind>,
+    /// Lists whose pages are coming in, by kind.
+    listing: BTreeMap<Kind, ingest::Listing>,
     programmed: bool,
     skipped: BTreeMap<ObjectId, Invalid>,
     oldest_pending: Option<Instant>,
@@ -122,6 +124,7 @@ impl<P: Programmer> Controller<P> {
             dirty: BTreeSet::new(),
             everything_dirty: false,
             listed: BTreeSet::new(),
+            listing: BTreeMap::new(),
             programmed: false,
             skipped: BTreeMap::new(),
             oldest_pending: None,

@@ -9,6 +9,8 @@ use std::{
 
 use tokio_util::sync::CancellationToken;
 
+mod initial;
+
 use super::*;
 use crate::{
     cluster::{Endpoint, EndpointSlice, Family, Node, ObjectError, PortSpec as SvcPort, Service, SlicePort},
@@ -402,34 +404,4 @@ fn the_dns_view_follows_the_cluster() {
     let chosen: Vec<String> = db.addresses.choices.iter().map(|c| c.address.to_string()).collect();
     assert_eq!(chosen, ["10.1.0.1", "10.1.0.2"], "the slice update reached the view");
     assert!(matches!(published.service("ns", "web"), Some(crate::dns::view::Records::ClusterIp { .. })));
-}
-
-#[test]
-fn a_large_full_sync_writes_every_port_while_it_decides_and_the_whole_apply_only_checks() {
-    let count = full_sync::PIPELINE_FROM + 100;
-    let vip = |i: usize| format!("10.96.{}.{}", i / 200, i % 200 + 1);
-    let name = |i: usize| format!("svc-{i:05}");
-    let mut services: Vec<Object> = (0..count).map(|i| Object::Service(service(&name(i), &vip(i)))).collect();
-    // Decided after svc-00007 and claiming its port: never owns it, never written.
-    services.push(Object::Service(service("zz-claims-7", &vip(7))));
-    let slices = (0..count).map(|i| {
-        let address = format!("10.1.{}.{}", i / 200, i % 200 + 1);
-        Object::EndpointSlice(slice(&format!("{}-1", name(i)), &name(i), &[address.as_str()]))
-    });
-    let recording = run(vec![
-        replace(Kind::Node, vec![node("a", "z1")]),
-        replace(Kind::Service, services),
-        replace(Kind::EndpointSlice, slices.collect()),
-    ]);
-    assert_eq!(recording.full, 1, "one whole apply");
-    let chunks = count.div_ceil(full_sync::CHUNK);
-    assert_eq!(recording.partial.len(), chunks, "one apply per chunk (no Service waited for a port)");
-    assert_eq!(recording.partial_threads, BTreeSet::from(["topology-writer".to_owned()]));
-    assert_eq!(recording.current.services.len(), count);
-    assert_eq!(recording.before_full.as_ref(), Some(&recording.current), "every port written before the whole apply");
-    assert_eq!(addresses(&recording, &vip(7)), Some(vec!["10.1.0.8".to_owned()]), "the first claim owns the port");
-    assert_eq!(
-        addresses(&recording, &vip(count - 1)),
-        Some(vec![format!("10.1.{}.{}", (count - 1) / 200, (count - 1) % 200 + 1)])
-    );
 }
