@@ -435,8 +435,11 @@ async fn node_heartbeats_stop_at_the_watch_and_a_label_change_does_not() {
     let shutdown = CancellationToken::new();
     let source = KubeSource::start(&api.client(), &events, &shutdown);
     drop(events);
-    let (receiver, lists) = received(receiver, 3, Duration::from_secs(10)).await;
-    assert!(lists.iter().all(|e| matches!(e, SourceEvent::Replace { .. })), "{lists:?}");
+    // Each kind's initial list: its start, then its one page as the replacement.
+    let (receiver, lists) = received(receiver, 6, Duration::from_secs(10)).await;
+    let replaced = lists.iter().filter(|e| matches!(e, SourceEvent::Replace { .. })).count();
+    assert_eq!(replaced, 3, "{lists:?}");
+    assert!(lists.iter().all(|e| matches!(e, SourceEvent::Replace { .. } | SourceEvent::Listing(_))), "{lists:?}");
     // Every Node beats five times: a MODIFIED event each, with nothing the agent reads changed.
     let heartbeats = api.heartbeats(Duration::from_millis(200));
     let beats = api.modifications(Resource::Nodes);

@@ -1,7 +1,7 @@
 //! Ingest: objects from the sources into the cluster state, each change marking the Services it
 //! can affect; objects that cannot be used are skipped (their last good version stays) and counted.
 
-use std::{collections::BTreeSet, time::Instant};
+use std::{collections::HashSet, time::Instant};
 
 use super::{Controller, Programmer, context::Topic};
 use crate::{
@@ -10,13 +10,27 @@ use crate::{
     source::{Invalid, Object, ObjectId, SourceEvent},
 };
 
+/// What the pages of a list in progress listed so far.
+#[derive(Debug, Default)]
+pub(super) struct Listing {
+    /// Objects listed.
+    listed: HashSet<ObjectId>,
+    /// Objects listed but invalid: they keep their last good version.
+    keep: HashSet<ObjectId>,
+}
+
 impl<P: Programmer> Controller<P> {
     /// Takes one event into the cluster state and notes what it may change.
     pub fn receive(&mut self, seen: Instant, event: SourceEvent) {
         self.oldest_pending.get_or_insert(seen);
         match event {
+            SourceEvent::Listing(kind) => {
+                self.listing.insert(kind, Listing::default());
+            }
+            SourceEvent::ListPage { kind, objects, invalid } => self.take_page(kind, objects, invalid),
             SourceEvent::Replace { kind, objects, invalid } => self.replace(kind, objects, invalid),
             SourceEvent::Snapshot(state) => {
+                self.listing.clear();
                 self.state = *state;
                 self.everything_dirty = true;
                 for kind in Kind::ALL {
@@ -38,9 +52,24 @@ impl<P: Programmer> Controller<P> {
         }
     }
 
+    /// Takes in one page of a list in progress: its objects now, which ones are gone at its end.
+    fn take_page(&mut self, kind: Kind, objects: Vec<Object>, invalid: Vec<Invalid>) {
+        let listing = self.listing.entry(kind).or_default();
+        listing.listed.extend(objects.iter().map(Object::id));
+        listing.keep.extend(invalid.iter().map(|i| i.id.clone()));
+        for object in objects {
+            self.upsert(object);
+        }
+        for bad in invalid {
+            self.skip(bad);
+        }
+    }
+
+    /// Ends a list (the whole of it, or its last page): what neither it nor its pages listed is
+    /// gone, and objects skipped before and not invalid in it are skipped no more.
     fn replace(&mut self, kind: Kind, objects: Vec<Object>, invalid: Vec<Invalid>) {
-        let listed: BTreeSet<ObjectId> = objects.iter().map(Object::id).collect();
-        let keep: BTreeSet<ObjectId> = invalid.iter().map(|i| i.id.clone()).collect();
+        self.take_page(kind, objects, invalid);
+        let Listing { listed, keep } = self.listing.remove(&kind).unwrap_or_default();
         let present: Vec<ObjectId> = match kind {
             Kind::Node => self.state.nodes().map(|n| ObjectId::Node(n.name.clone())).collect(),
             Kind::Service => self.state.services().map(|s| ObjectId::Service(s.key.clone())).collect(),
@@ -55,12 +84,6 @@ impl<P: Programmer> Controller<P> {
             self.skipped.keys().filter(|id| id.kind() == kind && !keep.contains(id)).cloned().collect();
         for id in stale_skips {
             self.unskip(&id);
-        }
-        for object in objects {
-            self.upsert(object);
-        }
-        for bad in invalid {
-            self.skip(bad);
         }
         self.listed.insert(kind);
         self.ctx.health.listed(kind);

@@ -7,7 +7,9 @@
 //! unchanged ones not rewritten). Events that arrive together are handled as one batch.
 
 mod context;
+mod decide;
 mod feedback;
+mod full_sync;
 mod health;
 mod ingest;
 mod program;
@@ -19,21 +21,22 @@ use std::{
     time::{Duration, Instant},
 };
 
-use context::{Context, Topic};
+use context::Context;
+pub use full_sync::PIPELINE_FROM;
 pub use health::{Health, NotLive, NotReady};
 pub use program::{Observation, Programmer};
 pub use query::{AskError, PlanClient, PlanQuery};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    cluster::{ClusterState, Kind, Node, ObjectKey},
+    cluster::{ClusterState, Kind, ObjectKey},
     dataplane::ApplyReport,
     desired::ServicePort,
     dns::{DnsPublisher, steer::Steering},
     events::ProblemSink,
     explain,
     metrics::Metrics,
-    plan::{self, NodePlan},
+    plan::NodePlan,
     sockets::Terminator,
     source::{EventReceiver, Invalid, ObjectId},
 };
@@ -88,6 +91,8 @@ pub struct Controller<P: Programmer> {
     dirty: BTreeSet<ObjectKey>,
     everything_dirty: bool,
     listed: BTreeSet<Kind>,
+    /// Lists whose pages are coming in, by kind.
+    listing: BTreeMap<Kind, ingest::Listing>,
     programmed: bool,
     skipped: BTreeMap<ObjectId, Invalid>,
     oldest_pending: Option<Instant>,
@@ -119,6 +124,7 @@ impl<P: Programmer> Controller<P> {
             dirty: BTreeSet::new(),
             everything_dirty: false,
             listed: BTreeSet::new(),
+            listing: BTreeMap::new(),
             programmed: false,
             skipped: BTreeMap::new(),
             oldest_pending: None,
@@ -262,18 +268,16 @@ impl<P: Programmer> Controller<P> {
             self.everything_dirty = false;
             let keys: BTreeSet<ObjectKey> =
                 self.state.services().map(|s| s.key.clone()).chain(self.plan.services()).collect();
+            let keys: Vec<ObjectKey> = keys.into_iter().collect();
             let started = Instant::now();
-            for key in &keys {
-                self.recompute(&this, key);
-            }
-            self.drain_retries(&this);
-            let planned = started.elapsed();
-            let report = self.programmer.apply(self.plan.kernel());
+            let synced = self.full_sync(&this, &keys);
+            let report = synced.report;
             tracing::info!(
                 services = keys.len(),
                 ports = self.plan.kernel().services.len(),
-                plan_ms = planned.as_millis() as u64,
-                write_ms = (started.elapsed() - planned).as_millis() as u64,
+                plan_ms = synced.deciding.as_millis() as u64,
+                write_ms = synced.writing.as_millis() as u64,
+                total_ms = started.elapsed().as_millis() as u64,
                 "full sync"
             );
             self.finish(started, &report, None);
@@ -281,10 +285,11 @@ impl<P: Programmer> Controller<P> {
         } else if !self.dirty.is_empty() {
             let started = Instant::now();
             let mut changed = BTreeSet::new();
-            for key in std::mem::take(&mut self.dirty) {
-                changed.extend(self.recompute(&this, &key));
+            let mut decider = self.decider();
+            for key in std::mem::take(decider.dirty) {
+                changed.extend(decider.recompute(&this, &key));
             }
-            changed.extend(self.drain_retries(&this));
+            changed.extend(decider.drain_retries(&this));
             let report = self.programmer.apply_changes(self.plan.kernel(), &changed);
             self.finish(started, &report, Some(&changed));
         } else {
@@ -345,49 +350,15 @@ impl<P: Programmer> Controller<P> {
         self.ctx.observe(&self.programmer.observe());
     }
 
-    /// Decides one Service again and updates its entries in the plan; returns the changed ports.
-    fn recompute(&mut self, this: &Node, key: &ObjectKey) -> BTreeSet<ServicePort> {
-        self.ctx.metrics.services_recomputed.inc();
-        let update = self.plan.update(&self.state, this, key);
-        if let Some(dns) = &mut self.dns {
-            let changed = dns.view_mut().update(&self.state, this, key);
-            dns.touch(changed);
+    /// The deciding half of the controller, apart from its programmer.
+    fn decider(&mut self) -> decide::Decider<'_> {
+        decide::Decider {
+            state: &self.state,
+            plan: &mut self.plan,
+            dns: &mut self.dns,
+            ctx: &mut self.ctx,
+            dirty: &mut self.dirty,
         }
-        let warnings: Vec<String> = self
-            .plan
-            .decisions(key)
-            .iter()
-            .flat_map(|s| s.selection.warnings.iter().map(move |w| format!("port {}: {w}", s.port.port)))
-            .collect();
-        if warnings.is_empty() {
-            self.ctx.resolved(key, &Topic::Policy);
-        } else {
-            self.ctx.problem(key, Topic::Policy, "IgnoredConfiguration", warnings.join("; "));
-        }
-        for (port, holder) in &update.conflicts {
-            let message = format!("{port} is already programmed for Service {holder}; this Service's port is skipped");
-            self.ctx.problem(key, Topic::Conflict(*port), "ClusterIPConflict", message);
-        }
-        if update.conflicts.is_empty() {
-            self.ctx.conflicts_resolved(key);
-        }
-        self.dirty.extend(update.retry);
-        update.changed
-    }
-
-    /// Recomputes Services waiting for ports that others released, until none is left.
-    fn drain_retries(&mut self, this: &Node) -> BTreeSet<ServicePort> {
-        let mut changed = BTreeSet::new();
-        // Each round only adds Services that were blocked; a port is released once per sync.
-        for _ in 0..plan::RETRY_ROUNDS {
-            if self.dirty.is_empty() {
-                break;
-            }
-            for key in std::mem::take(&mut self.dirty) {
-                changed.extend(self.recompute(this, &key));
-            }
-        }
-        changed
     }
 }
 

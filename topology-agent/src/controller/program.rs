@@ -21,12 +21,23 @@ pub struct Observation {
     pub maps: Vec<(&'static str, u64, u32)>,
 }
 
-/// Something that makes the kernel hold a desired state.
-pub trait Programmer {
+/// Something that makes the kernel hold a desired state. `Send`: the full sync of a large cluster
+/// writes on a thread of its own while the controller decides.
+pub trait Programmer: Send {
     /// Makes the kernel hold `desired`, touching only what differs.
     fn apply(&mut self, desired: &DesiredState) -> ApplyReport;
     /// Makes the kernel hold `desired` for the `changed` ports only.
     fn apply_changes(&mut self, desired: &DesiredState, changed: &BTreeSet<ServicePort>) -> ApplyReport;
+    /// Ends a full sync whose every changed port was handed to [`Programmer::apply_changes`]:
+    /// removes what the kernel holds that `desired` lacks and writes the `retry` ports again (those
+    /// that failed). The default applies the whole of `desired`, which comes to the same.
+    fn complete(&mut self, desired: &DesiredState, retry: &BTreeSet<ServicePort>) -> ApplyReport {
+        let _ = retry;
+        self.apply(desired)
+    }
+    /// Prepares for about `ports` new service ports that several [`Programmer::apply_changes`]
+    /// will bring (the full sync of a large cluster); best effort.
+    fn reserve(&mut self, _ports: usize) {}
     /// What the kernel holds now (from the programmer's own record: cheap).
     fn observe(&self) -> Observation;
     /// Tells the kernel the agent is alive with a current view (see `--fail-open-after`).
@@ -50,6 +61,20 @@ impl Programmer for Dataplane {
 
     fn apply_changes(&mut self, desired: &DesiredState, changed: &BTreeSet<ServicePort>) -> ApplyReport {
         Dataplane::apply_changes(self, changed.iter().map(|port| (*port, desired.services.get(port))))
+    }
+
+    fn complete(&mut self, desired: &DesiredState, retry: &BTreeSet<ServicePort>) -> ApplyReport {
+        let stale: Vec<ServicePort> =
+            self.kernel().services.keys().filter(|port| !desired.services.contains_key(port)).copied().collect();
+        let retried = retry.iter().map(|port| (*port, desired.services.get(port)));
+        Dataplane::apply_changes(self, stale.into_iter().map(|port| (port, None)).chain(retried))
+    }
+
+    fn reserve(&mut self, ports: usize) {
+        if let Err(error) = Dataplane::reserve(self, ports) {
+            // Each new port's own add creates what it needs.
+            tracing::debug!(%error, "the counters of the full sync's ports could not be created together");
+        }
     }
 
     fn heartbeat(&mut self) -> Result<(), DataplaneError> {

@@ -68,6 +68,11 @@ impl DenseIds {
         }
     }
 
+    /// The next `count` ids [`Self::allocate`] would hand out, in that order.
+    pub fn upcoming(&self, count: usize) -> impl Iterator<Item = u32> + '_ {
+        self.free.iter().copied().chain(self.next..).take(count)
+    }
+
     /// Number of ids in use.
     pub fn len(&self) -> usize {
         self.next as usize - self.free.len()

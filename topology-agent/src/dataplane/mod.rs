@@ -206,6 +206,12 @@ impl Dataplane {
         self.writer.apply(desired)
     }
 
+    /// Prepares for about `ports` new service ports coming in several applies
+    /// ([`writer::Writer::reserve`]).
+    pub fn reserve(&mut self, ports: usize) -> Result<(), DataplaneError> {
+        self.writer.reserve(ports)
+    }
+
     /// Makes the kernel hold the given service ports as desired (`None`: removed) and leaves every
     /// other one alone: the incremental form of [`Dataplane::apply`].
     pub fn apply_changes<'a>(

@@ -68,6 +68,22 @@ pub struct ApplyReport {
     pub departed: Vec<Departure>,
 }
 
+impl ApplyReport {
+    /// Adds what `other`, a later apply, did to this report.
+    pub fn absorb(&mut self, other: ApplyReport) {
+        self.added += other.added;
+        self.updated += other.updated;
+        self.removed += other.removed;
+        self.unchanged += other.unchanged;
+        self.slots_written += other.slots_written;
+        self.grace_periods += other.grace_periods;
+        self.grace_wait += other.grace_wait;
+        self.failed.extend(other.failed);
+        self.housekeeping.extend(other.housekeeping);
+        self.departed.extend(other.departed);
+    }
+}
+
 /// The dataplane's view of the kernel and the means to change it.
 pub struct Writer<M: MapOps = MapSet> {
     maps: M,
@@ -140,6 +156,16 @@ impl<M: MapOps> Writer<M> {
     /// The maps, for the writes that are not about service ports (the heartbeat).
     pub fn maps_mut(&mut self) -> &mut M {
         &mut self.maps
+    }
+
+    /// Prepares for about `ports` new service ports that will come in several applies (a full
+    /// sync written while it is decided): the counters of the ids they will get are created now,
+    /// together — one RCU grace period, not one per apply. Best effort: an add still creates
+    /// whatever this did not.
+    pub fn reserve(&mut self, ports: usize) -> Result<(), DataplaneError> {
+        let capacity = self.maps.capacities().service_ids;
+        let ids: Vec<u32> = self.service_ids.upcoming(ports).take_while(|&id| id < capacity).collect();
+        self.maps.reserve_counters(&ids)
     }
 
     /// Makes the kernel hold `desired`, touching only what differs.

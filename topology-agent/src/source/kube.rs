@@ -1,7 +1,8 @@
 //! The cluster from the Kubernetes API: one list-and-watch per kind (Nodes, Services,
-//! EndpointSlices), with a backoff on errors. A watcher's initial list (and every
-//! relist, e.g. after 410 Gone) is buffered and sent as one [`SourceEvent::Replace`], so the
-//! controller never acts on half a list. Objects are decoded into lean views that build only the
+//! EndpointSlices), with a backoff on errors. Every relist (e.g. after 410 Gone) is buffered and
+//! sent as one [`SourceEvent::Replace`], so the controller never acts on half a list; the initial
+//! list is sent page by page ([`SourceEvent::Listing`]), which the controller only takes in until
+//! every kind is listed. Objects are decoded into lean views that build only the
 //! fields routing reads ([`convert`]), and reduced to the cluster model at once.
 //!
 //! Each kind runs its own list-and-watch ([`reflector`](super::reflector)).
@@ -157,6 +158,10 @@ fn collect(receiver: &EventReceiver, within: Duration) -> Result<(ClusterState, 
             SnapshotError::Timeout { waiting_for: missing.join(", "), within }
         })?;
         match event.1 {
+            SourceEvent::ListPage { objects, invalid, .. } => {
+                objects.into_iter().for_each(|object| apply(&mut state, object));
+                skipped.extend(invalid);
+            }
             SourceEvent::Replace { kind, objects, invalid } => {
                 objects.into_iter().for_each(|object| apply(&mut state, object));
                 skipped.extend(invalid);
@@ -166,7 +171,7 @@ fn collect(receiver: &EventReceiver, within: Duration) -> Result<(ClusterState, 
             SourceEvent::Delete(id) => remove(&mut state, &id),
             SourceEvent::Invalid(invalid) => skipped.push(invalid),
             SourceEvent::Stale { source, reason } => return Err(SnapshotError::List { watch: source, reason }),
-            SourceEvent::Snapshot(_) | SourceEvent::Fresh { .. } => {}
+            SourceEvent::Listing(_) | SourceEvent::Snapshot(_) | SourceEvent::Fresh { .. } => {}
         }
     }
     Ok((state, skipped))

@@ -77,8 +77,23 @@ pub struct Invalid {
 /// What a source saw.
 #[derive(Debug)]
 pub enum SourceEvent {
-    /// The complete set of one kind after a list or relist: objects not listed are gone, except
-    /// the `invalid` ones, which keep their last good version.
+    /// A list of one kind begins whose pages are sent as they are read ([`SourceEvent::ListPage`]),
+    /// the last one as the [`SourceEvent::Replace`] that ends it. Only a kind's lists before its
+    /// first complete one are sent so: the controller programs nothing until every kind was
+    /// listed, so it never acts on half a list, and takes each page in while the next is read.
+    Listing(Kind),
+    /// One page of the list that [`SourceEvent::Listing`] began.
+    ListPage {
+        /// The kind listed.
+        kind: Kind,
+        /// The page's usable objects.
+        objects: Vec<Object>,
+        /// The page's objects that could not be used.
+        invalid: Vec<Invalid>,
+    },
+    /// The complete set of one kind after a list or relist (with the pages sent since its
+    /// [`SourceEvent::Listing`], if it began with one): objects not listed are gone, except the
+    /// `invalid` ones, which keep their last good version.
     Replace {
         /// The kind listed.
         kind: Kind,

@@ -66,12 +66,14 @@ pub async fn run<K>(
 {
     let source = format!("{kind} watch");
     let mut backoff = FIRST_BACKOFF;
+    // Until a list completes, lists are sent page by page.
+    let mut listed = false;
     loop {
         let mut reflector =
             Reflector { api: &api, kind, convert, identify, events: &events, source: &source, sent: HashMap::new() };
         let failure = tokio::select! {
             () = shutdown.cancelled() => return,
-            ended = reflector.list_and_watch(&mut backoff) => match ended {
+            ended = reflector.list_and_watch(&mut backoff, &mut listed) => match ended {
                 Ended::Stop => return,
                 Ended::Failed(why) => why,
             },
@@ -103,14 +105,16 @@ impl<K> Reflector<'_, K>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
-    /// One full list, then watch rounds until something fails.
-    async fn list_and_watch(&mut self, backoff: &mut Duration) -> Ended {
-        let mut version = match self.list().await {
+    /// One full list (page by page unless `listed`: one completed before), then watch rounds
+    /// until something fails.
+    async fn list_and_watch(&mut self, backoff: &mut Duration, listed: &mut bool) -> Ended {
+        let mut version = match self.list(!*listed).await {
             Ok(Some(version)) => version,
             Ok(None) => return Ended::Stop,
             Err(why) => return Ended::Failed(why),
         };
         *backoff = FIRST_BACKOFF;
+        *listed = true;
         let mut confirm = Some(Instant::now() + CONFIRM);
         let params = WatchParams::default().timeout(WATCH_TIMEOUT_S);
         loop {
@@ -188,10 +192,15 @@ where
         self.events.send(SourceEvent::Delete(id))
     }
 
-    /// Every object, page by page, sent as one replacement; the list's resourceVersion.
-    async fn list(&mut self) -> Result<Option<String>, String> {
-        let mut objects = Vec::new();
-        let mut invalid = Vec::new();
+    /// Every object, page by page, sent as one replacement (`paged`: each page as it is read,
+    /// the last one as the replacement); the list's resourceVersion, `None` once the controller
+    /// is gone.
+    async fn list(&mut self, paged: bool) -> Result<Option<String>, String> {
+        if paged && !self.events.send(SourceEvent::Listing(self.kind)) {
+            return Ok(None);
+        }
+        let (mut objects, mut invalid) = (Vec::new(), Vec::new());
+        let (mut listed, mut skipped) = (0, 0);
         let mut params = ListParams::default().limit(PAGE);
         let version = loop {
             let page = match tokio::time::timeout(STALL, self.api.list(&params)).await {
@@ -205,15 +214,31 @@ where
                     Err(bad) => invalid.push(*bad),
                 }
             }
-            match page.metadata.continue_.filter(|token| !token.is_empty()) {
+            let next = page.metadata.continue_.filter(|token| !token.is_empty());
+            if paged && next.is_some() {
+                (listed, skipped) = (listed + objects.len(), skipped + invalid.len());
+                self.remember(&objects);
+                let page = SourceEvent::ListPage { kind: self.kind, objects, invalid };
+                if !self.events.send(page) {
+                    return Ok(None);
+                }
+                (objects, invalid) = (Vec::new(), Vec::new());
+            }
+            match next {
                 Some(token) => params = params.continue_token(&token),
                 None => break page.metadata.resource_version.unwrap_or_default(),
             }
         };
-        tracing::info!(kind = %self.kind, objects = objects.len(), invalid = invalid.len(), "listed");
-        self.sent = objects.iter().map(|object| (hash(&object.id()), hash(object))).collect();
+        (listed, skipped) = (listed + objects.len(), skipped + invalid.len());
+        tracing::info!(kind = %self.kind, objects = listed, invalid = skipped, "listed");
+        self.remember(&objects);
         let sent = self.events.send(SourceEvent::Replace { kind: self.kind, objects, invalid });
         Ok(sent.then_some(version))
+    }
+
+    /// Notes what was sent of `objects`, so that an update that converts to the same is dropped.
+    fn remember(&mut self, objects: &[Object]) {
+        self.sent.extend(objects.iter().map(|object| (hash(&object.id()), hash(object))));
     }
 }
 

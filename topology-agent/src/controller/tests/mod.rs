@@ -9,9 +9,11 @@ use std::{
 
 use tokio_util::sync::CancellationToken;
 
+mod initial;
+
 use super::*;
 use crate::{
-    cluster::{Endpoint, EndpointSlice, Family, ObjectError, PortSpec as SvcPort, Service, SlicePort},
+    cluster::{Endpoint, EndpointSlice, Family, Node, ObjectError, PortSpec as SvcPort, Service, SlicePort},
     dataplane::ApplyReport,
     desired::{DesiredState, Protocol, ServicePort},
     events::LogOnly,
@@ -23,6 +25,10 @@ struct Recording {
     current: DesiredState,
     full: usize,
     partial: Vec<BTreeSet<ServicePort>>,
+    /// What the partial applies had programmed when the first full apply came.
+    before_full: Option<DesiredState>,
+    /// Threads the partial applies ran on.
+    partial_threads: BTreeSet<String>,
 }
 
 struct Recorder(Arc<Mutex<Recording>>);
@@ -30,6 +36,9 @@ struct Recorder(Arc<Mutex<Recording>>);
 impl Programmer for Recorder {
     fn apply(&mut self, desired: &DesiredState) -> ApplyReport {
         let mut recording = self.0.lock().unwrap();
+        if recording.before_full.is_none() {
+            recording.before_full = Some(recording.current.clone());
+        }
         recording.current = desired.clone();
         recording.full += 1;
         ApplyReport::default()
@@ -44,6 +53,8 @@ impl Programmer for Recorder {
             };
         }
         recording.partial.push(changed.clone());
+        let thread = std::thread::current().name().unwrap_or("unnamed").to_owned();
+        recording.partial_threads.insert(thread);
         ApplyReport::default()
     }
 

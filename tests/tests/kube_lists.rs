@@ -1,0 +1,94 @@
+//! The Kubernetes source's lists against the in-process fake API server: the initial list of a
+//! kind comes page by page as it is read, every relist whole. No root needed.
+
+use std::{
+    net::{IpAddr, Ipv4Addr},
+    time::{Duration, Instant},
+};
+
+use tokio_util::sync::CancellationToken;
+use topology_agent::{
+    cluster::Kind,
+    source::{EventReceiver, EventSender, SourceEvent, kube::KubeSource},
+};
+use topology_tests::{
+    cluster,
+    fake_api::{FakeApi, Resource},
+};
+
+/// More than two pages of 500.
+const SERVICES: usize = 1_200;
+
+fn service(index: usize) -> serde_json::Value {
+    let vip = IpAddr::V4(Ipv4Addr::new(10, 96, (index / 250) as u8, (index % 250) as u8 + 1));
+    cluster::service("default", &format!("svc-{index:04}"), vip, 80, "TCP", "http")
+}
+
+/// The Service events (not freshness or staleness) until `replaced` Service replacements came.
+async fn service_events(receiver: EventReceiver, replaced: usize) -> (EventReceiver, Vec<SourceEvent>) {
+    tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut events = Vec::new();
+        let mut seen = 0;
+        while seen < replaced {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let (_, event) = receiver.recv_timeout(left).unwrap_or_else(|_| panic!("only {events:?}"));
+            let kind = match &event {
+                SourceEvent::Listing(kind) | SourceEvent::ListPage { kind, .. } => *kind,
+                SourceEvent::Replace { kind, .. } => {
+                    seen += usize::from(*kind == Kind::Service);
+                    *kind
+                }
+                SourceEvent::Apply(object) => object.id().kind(),
+                _ => continue,
+            };
+            if kind == Kind::Service {
+                events.push(event);
+            }
+        }
+        (receiver, events)
+    })
+    .await
+    .expect("receiver")
+}
+
+/// What a list event is: its shape and how many objects it carries.
+fn shape(event: &SourceEvent) -> (&'static str, usize) {
+    match event {
+        SourceEvent::Listing(_) => ("listing", 0),
+        SourceEvent::ListPage { objects, .. } => ("page", objects.len()),
+        SourceEvent::Replace { objects, .. } => ("replace", objects.len()),
+        _ => ("other", 0),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_initial_list_comes_page_by_page_and_a_relist_whole() {
+    let api = FakeApi::start().await;
+    api.apply(cluster::node("node-a", "zone-a", None, "4"));
+    for index in 0..SERVICES {
+        api.apply(service(index));
+    }
+    let (events, receiver) = EventSender::channel();
+    let shutdown = CancellationToken::new();
+    let source = KubeSource::start(&api.client(), &events, &shutdown);
+    drop(events);
+    let (receiver, initial) = service_events(receiver, 1).await;
+    let shapes: Vec<_> = initial.iter().map(shape).collect();
+    assert_eq!(shapes, [("listing", 0), ("page", 500), ("page", 500), ("replace", 200)]);
+
+    // History compacted while the API is down: resuming gets 410 Gone, and the list again (with
+    // a Service added meanwhile) comes as one replacement.
+    api.set_down(true);
+    api.abort_watches();
+    api.apply(service(SERVICES));
+    api.compact();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    api.set_down(false);
+    let (_, relisted) = service_events(receiver, 1).await;
+    let shapes: Vec<_> = relisted.iter().map(shape).collect();
+    assert_eq!(shapes, [("replace", SERVICES + 1)], "a relist is never sent in pages");
+    assert!(api.lists(Resource::Services) >= 2, "listed again");
+    shutdown.cancel();
+    source.join().await;
+}
