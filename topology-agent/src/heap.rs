@@ -16,6 +16,10 @@
 //! at steady state (4.7 against 3.8 % of a core, 500 Node heartbeats/s) for no smaller resident
 //! size; mimalloc was tried and kept far more (143–149 MiB). An operator can still tune it:
 //! `_RJEM_MALLOC_CONF` is read at start, over the settings below.
+//!
+//! One thread allocates apart ([`own_arena`]): the full sync's writer, which allocates as much as
+//! the controller while it decides; a host build held to one glibc arena cannot give it one, and
+//! its full sync decides, then writes.
 
 /// jemalloc for the static binary (see the module's documentation).
 #[cfg(target_env = "musl")]
