@@ -98,12 +98,12 @@ impl Node {
 
     /// The node's zone, if labelled (an empty label is no zone).
     pub fn zone(&self) -> Option<&str> {
-        self.labels.get(LABEL_ZONE).filter(|z| !z.is_empty())
+        self.labels.zone().map(|z| &**z).filter(|z| !z.is_empty())
     }
 
     /// The node's region, if labelled.
     pub fn region(&self) -> Option<&str> {
-        self.labels.get(LABEL_REGION).filter(|r| !r.is_empty())
+        self.labels.region().map(|r| &**r).filter(|r| !r.is_empty())
     }
 }
 

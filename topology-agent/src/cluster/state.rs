@@ -2,7 +2,7 @@
 //! for incremental recomputation. Sources (file, Kubernetes watches) write it; the policy reads it.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashSet},
+    collections::{BTreeMap, BTreeSet, HashSet, btree_map::Entry},
     sync::Arc,
 };
 
@@ -44,7 +44,7 @@ impl ClusterState {
         if self.nodes.get(&node.name) == Some(&node) {
             return false;
         }
-        node.labels.share(|text| self.intern(text));
+        node.labels.share(|text| intern(&mut self.interned, text));
         let before = self.nodes.get(&node.name).and_then(Contribution::of);
         self.account(before, Contribution::of(&node));
         self.nodes.insert(node.name.clone(), node);
@@ -84,12 +84,19 @@ impl ClusterState {
 
     /// Adds or replaces a Service; true if anything changed.
     pub fn upsert_service(&mut self, mut service: Service) -> bool {
-        if self.services.get(&service.key) == Some(&service) {
-            return false;
+        service.key.namespace = intern(&mut self.interned, Arc::clone(&service.key.namespace));
+        // One search of the tree, not a lookup and then an insert: a list inserts every Service.
+        match self.services.entry(service.key.clone()) {
+            Entry::Occupied(held) if *held.get() == service => false,
+            Entry::Occupied(mut held) => {
+                held.insert(service);
+                true
+            }
+            Entry::Vacant(vacant) => {
+                vacant.insert(service);
+                true
+            }
         }
-        service.key.namespace = self.intern(Arc::clone(&service.key.namespace));
-        self.services.insert(service.key.clone(), service);
-        true
     }
 
     /// Removes a Service; true if it existed. Its slices stay: they may outlive it briefly.
@@ -100,28 +107,40 @@ impl ClusterState {
     /// Adds or replaces an EndpointSlice. Returns the Services whose endpoints changed (the old and
     /// the new owner, if the label moved), empty if nothing changed.
     pub fn upsert_slice(&mut self, mut slice: EndpointSlice) -> Vec<ObjectKey> {
-        if self.slices.get(&slice.key) == Some(&slice) {
+        let interned = &mut self.interned;
+        slice.key.namespace = intern(interned, Arc::clone(&slice.key.namespace));
+        let entry = self.slices.entry(slice.key.clone());
+        if matches!(&entry, Entry::Occupied(held) if *held.get() == slice) {
             return Vec::new();
         }
-        slice.key.namespace = self.intern(Arc::clone(&slice.key.namespace));
         if let Some(service) = &mut slice.service {
             service.namespace = Arc::clone(&slice.key.namespace);
         }
         for endpoint in &mut slice.endpoints {
-            endpoint.node_name = endpoint.node_name.take().map(|name| self.intern(name));
-            endpoint.zone = endpoint.zone.take().map(|zone| self.intern(zone));
+            endpoint.node_name = endpoint.node_name.take().map(|name| intern(interned, name));
+            endpoint.zone = endpoint.zone.take().map(|zone| intern(interned, zone));
         }
-        let mut affected = self.remove_slice(&slice.key.clone());
-        if let Some(service) = &slice.service {
-            let keys = self.slices_by_service.entry(service.clone()).or_default();
-            if let Err(at) = keys.binary_search(&slice.key) {
-                keys.insert(at, slice.key.clone());
+        let (key, owner) = (slice.key.clone(), slice.service.clone());
+        let previous = match entry {
+            Entry::Occupied(mut held) => held.insert(slice).service,
+            Entry::Vacant(vacant) => {
+                vacant.insert(slice);
+                None
             }
-            if !affected.contains(service) {
-                affected.push(service.clone());
+        };
+        if previous != owner {
+            if let Some(previous) = &previous {
+                self.unlink(previous, &key);
+            }
+            if let Some(owner) = &owner {
+                let keys = self.slices_by_service.entry(owner.clone()).or_default();
+                if let Err(at) = keys.binary_search(&key) {
+                    keys.insert(at, key);
+                }
             }
         }
-        self.slices.insert(slice.key.clone(), slice);
+        let mut affected: Vec<ObjectKey> = previous.into_iter().collect();
+        affected.extend(owner.filter(|owner| !affected.contains(owner)));
         affected
     }
 
@@ -129,17 +148,6 @@ impl ClusterState {
     /// Node's zone has one).
     pub fn shared(&self, text: &str) -> Option<&Arc<str>> {
         self.interned.get(text)
-    }
-
-    /// The shared copy of `text`.
-    fn intern(&mut self, text: Arc<str>) -> Arc<str> {
-        match self.interned.get(&text) {
-            Some(shared) => Arc::clone(shared),
-            None => {
-                self.interned.insert(Arc::clone(&text));
-                text
-            }
-        }
     }
 
     /// Removes an EndpointSlice; returns the Service it belonged to, if any.
@@ -150,13 +158,18 @@ impl ClusterState {
         let Some(service) = old.service else {
             return Vec::new();
         };
-        if let Some(keys) = self.slices_by_service.get_mut(&service) {
+        self.unlink(&service, key);
+        vec![service]
+    }
+
+    /// Takes the slice `key` from `service`'s.
+    fn unlink(&mut self, service: &ObjectKey, key: &ObjectKey) {
+        if let Some(keys) = self.slices_by_service.get_mut(service) {
             keys.retain(|k| k != key);
             if keys.is_empty() {
-                self.slices_by_service.remove(&service);
+                self.slices_by_service.remove(service);
             }
         }
-        vec![service]
     }
 
     /// A Node by name.
@@ -214,6 +227,17 @@ impl ClusterState {
     /// Number of Nodes, Services and EndpointSlices.
     pub fn counts(&self) -> (usize, usize, usize) {
         (self.nodes.len(), self.services.len(), self.slices.len())
+    }
+}
+
+/// The shared copy of `text` in `interned`.
+fn intern(interned: &mut HashSet<Arc<str>, foldhash::fast::RandomState>, text: Arc<str>) -> Arc<str> {
+    match interned.get(&text) {
+        Some(shared) => Arc::clone(shared),
+        None => {
+            interned.insert(Arc::clone(&text));
+            text
+        }
     }
 }
 

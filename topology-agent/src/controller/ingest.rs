@@ -10,13 +10,17 @@ use crate::{
     source::{Invalid, Object, ObjectId, SourceEvent},
 };
 
+/// Identities hashed with foldhash, not SipHash: a list inserts every one, and SipHash was a
+/// tenth of taking a page in.
+type Ids = HashSet<ObjectId, foldhash::fast::RandomState>;
+
 /// What the pages of a list in progress listed so far.
 #[derive(Debug, Default)]
 pub(super) struct Listing {
     /// Objects listed.
-    listed: HashSet<ObjectId>,
+    listed: Ids,
     /// Objects listed but invalid: they keep their last good version.
-    keep: HashSet<ObjectId>,
+    keep: Ids,
 }
 
 impl<P: Programmer> Controller<P> {

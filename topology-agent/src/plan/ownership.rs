@@ -2,7 +2,7 @@
 //! change to one Service rewrites only its entries, and two Services claiming the same ClusterIP,
 //! port and protocol are caught instead of fighting (the first keeps it until it lets go).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::{
     cluster::ObjectKey,
@@ -24,7 +24,8 @@ pub struct OwnershipUpdate {
 #[derive(Debug, Default)]
 pub struct Ownership {
     desired: DesiredState,
-    by_service: BTreeMap<ObjectKey, Vec<ServicePort>>,
+    /// Hashed: found for every Service decided, in no order (a tree's search compared names).
+    by_service: HashMap<ObjectKey, Vec<ServicePort>, foldhash::fast::RandomState>,
     owner: BTreeMap<ServicePort, ObjectKey>,
     waiting: BTreeMap<ServicePort, BTreeSet<ObjectKey>>,
 }
@@ -41,10 +42,12 @@ impl Ownership {
                 update.retry.extend(self.waiting.remove(&port).unwrap_or_default());
             }
         }
-        for waiters in self.waiting.values_mut() {
-            waiters.remove(service);
+        if !self.waiting.is_empty() {
+            for waiters in self.waiting.values_mut() {
+                waiters.remove(service);
+            }
+            self.waiting.retain(|_, waiters| !waiters.is_empty());
         }
-        self.waiting.retain(|_, waiters| !waiters.is_empty());
         let mut mine = Vec::with_capacity(entries.len());
         for (port, entry) in entries {
             if let Some(holder) = self.owner.get(&port).filter(|holder| *holder != service) {
@@ -65,7 +68,7 @@ impl Ownership {
         update
     }
 
-    /// Services with entries.
+    /// Services with entries, in no order.
     pub fn services(&self) -> impl Iterator<Item = &ObjectKey> {
         self.by_service.keys()
     }

@@ -4,7 +4,7 @@
 
 use std::{net::IpAddr, sync::Arc};
 
-use crate::cluster::{ClusterState, Endpoint, Family, Node, PortSpec, Service, model::LABEL_ZONE};
+use crate::cluster::{ClusterState, Endpoint, EndpointSlice, Family, Node, PortSpec, Service, model::LABEL_ZONE};
 
 /// An endpoint of one Service port, as the policy weighs it.
 #[derive(Clone, Debug, PartialEq)]
@@ -101,11 +101,12 @@ pub struct Joined<'a> {
 /// The endpoints of `port` in `family`. An endpoint listed by several slices appears once, with
 /// the most usable conditions any of them reports.
 pub fn candidates<'a>(state: &'a ClusterState, service: &Service, port: &PortSpec, family: Family) -> Joined<'a> {
-    let listed = state.slices_of(&service.key).map(|slice| slice.endpoints.len()).sum();
-    let mut found = Vec::with_capacity(listed);
+    // Found once: each is a search of the whole state's slices.
+    let slices: Vec<&EndpointSlice> = state.slices_of(&service.key).filter(|slice| slice.family == family).collect();
+    let mut found = Vec::with_capacity(slices.iter().map(|slice| slice.endpoints.len()).sum());
     let mut family_slices = 0;
     let mut other_names = Vec::new();
-    for slice in state.slices_of(&service.key).filter(|slice| slice.family == family) {
+    for slice in slices {
         family_slices += 1;
         let Some(slice_port) = slice.ports.iter().find(|p| p.name == port.name && p.protocol == port.protocol) else {
             other_names.extend(slice.ports.iter().map(|p| format!("{:?}", p.name)));
@@ -143,7 +144,7 @@ pub fn addresses<'a>(state: &'a ClusterState, service: &Service, family: Family)
 fn candidate<'a>(state: &'a ClusterState, endpoint: &'a Endpoint, port: u16) -> Candidate<'a> {
     let node = endpoint.node_name.as_deref().and_then(|name| state.node(name));
     // A Node's label values are the state's shared copies (as `Node::zone` reads them).
-    let zone = match node.and_then(|node| node.labels.get_shared(LABEL_ZONE)).filter(|zone| !zone.is_empty()) {
+    let zone = match node.and_then(|node| node.labels.zone()).filter(|zone| !zone.is_empty()) {
         Some(zone) => Some(zone),
         None => endpoint.zone.as_ref(),
     };

@@ -240,9 +240,15 @@ pub fn select_with(
 /// The share of connections every usable endpoint chosen equally would keep in `this` node's
 /// zone (this node included); `None` without a usable endpoint.
 pub fn baseline_in_zone(this: &Node, candidates: &[Candidate<'_>]) -> Option<f64> {
-    let (usable, _) = usable(candidates);
-    let near = usable.iter().filter(|c| matches!(locality(this, c), Locality::Node | Locality::Zone)).count();
-    (!usable.is_empty()).then(|| near as f64 / usable.len() as f64)
+    // `usable`'s rule, counted without a copy of the endpoints.
+    let ready = candidates.iter().any(Candidate::is_ready);
+    let usable = |c: &Candidate<'_>| if ready { c.is_ready() } else { c.is_serving_terminating() };
+    let (mut count, mut near) = (0_usize, 0_usize);
+    for candidate in candidates.iter().filter(|c| usable(c)) {
+        count += 1;
+        near += usize::from(matches!(locality(this, candidate), Locality::Node | Locality::Zone));
+    }
+    (count > 0).then(|| near as f64 / count as f64)
 }
 
 /// [`select`] without the baseline.
@@ -328,11 +334,13 @@ fn replaced_mode(service: &Service, keyed: bool, warnings: &mut Vec<String>) -> 
 /// The usable endpoints (ready, else serving-and-terminating), and whether they are the
 /// terminating fallback.
 pub fn usable<'a>(candidates: &[Candidate<'a>]) -> (Vec<Candidate<'a>>, bool) {
-    let ready: Vec<Candidate<'a>> = candidates.iter().filter(|c| c.is_ready()).cloned().collect();
+    let mut ready = Vec::with_capacity(candidates.len());
+    ready.extend(candidates.iter().filter(|c| c.is_ready()).cloned());
     if !ready.is_empty() {
         return (ready, false);
     }
-    let terminating: Vec<Candidate<'a>> = candidates.iter().filter(|c| c.is_serving_terminating()).cloned().collect();
+    let mut terminating = ready;
+    terminating.extend(candidates.iter().filter(|c| c.is_serving_terminating()).cloned());
     let fallback = !terminating.is_empty();
     (terminating, fallback)
 }

@@ -3,6 +3,7 @@
 
 pub mod file;
 pub mod kube;
+mod pages;
 pub mod reflector;
 
 use std::{fmt, sync::mpsc, time::Instant};

@@ -23,7 +23,10 @@ use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::{EventSender, Invalid, Object, ObjectId, SourceEvent};
+use super::{
+    EventSender, Invalid, Object, ObjectId, SourceEvent,
+    pages::{PageError, Pages},
+};
 use crate::cluster::Kind;
 
 /// Seconds after which the API server ends each watch round (the next round resumes from the
@@ -201,21 +204,30 @@ where
         }
         let (mut objects, mut invalid) = (Vec::new(), Vec::new());
         let (mut listed, mut skipped) = (0, 0);
-        let mut params = ListParams::default().limit(PAGE);
-        let version = loop {
-            let page = match tokio::time::timeout(STALL, self.api.list(&params)).await {
-                Ok(page) => page.map_err(|error| describe(self.kind, &error))?,
+        let convert = self.convert;
+        let params = ListParams::default().limit(PAGE);
+        let mut pages =
+            Pages::new(self.api.clone().into_client(), self.api.resource_url(), params, move |object: K| {
+                convert(&object)
+            });
+        loop {
+            let page = match tokio::time::timeout(STALL, pages.next()).await {
+                Ok(Ok(Some(page))) => page,
+                Ok(Ok(None)) => break,
+                Ok(Err(PageError::Api(error))) => return Err(describe(self.kind, &error)),
+                Ok(Err(PageError::Decode(why))) => {
+                    return Err(format!("decoding a page of the {} list: {why}", self.kind));
+                }
                 Err(_) => return Err(format!("stalled: a list page took more than {} s", STALL.as_secs())),
             };
-            for object in &page.items {
-                match (self.convert)(object) {
+            for converted in page.items {
+                match converted {
                     Ok(Some(object)) => objects.push(object),
                     Ok(None) => {}
                     Err(bad) => invalid.push(*bad),
                 }
             }
-            let next = page.metadata.continue_.filter(|token| !token.is_empty());
-            if paged && next.is_some() {
+            if paged && !page.last {
                 (listed, skipped) = (listed + objects.len(), skipped + invalid.len());
                 self.remember(&objects);
                 let page = SourceEvent::ListPage { kind: self.kind, objects, invalid };
@@ -224,11 +236,8 @@ where
                 }
                 (objects, invalid) = (Vec::new(), Vec::new());
             }
-            match next {
-                Some(token) => params = params.continue_token(&token),
-                None => break page.metadata.resource_version.unwrap_or_default(),
-            }
-        };
+        }
+        let version = pages.version().to_owned();
         (listed, skipped) = (listed + objects.len(), skipped + invalid.len());
         tracing::info!(kind = %self.kind, objects = listed, invalid = skipped, "listed");
         self.remember(&objects);
