@@ -66,7 +66,18 @@ impl Context {
 
     /// Every conflict of `service` cleared.
     pub(super) fn conflicts_resolved(&mut self, service: &ObjectKey) {
-        self.reported.retain(|(key, topic), _| key != service || !matches!(topic, Topic::Conflict(_)));
+        // The Service's own problems only (`Policy` is the least topic): every Service decided
+        // calls this, and a walk of every problem made a sync quadratic in the problems.
+        let cleared: Vec<(ObjectKey, Topic)> = self
+            .reported
+            .range((service.clone(), Topic::Policy)..)
+            .take_while(|((key, _), _)| key == service)
+            .filter(|((_, topic), _)| matches!(topic, Topic::Conflict(_)))
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in cleared {
+            self.reported.remove(&key);
+        }
     }
 
     /// Books the ports an apply could not program and those that recovered: metrics, readiness,
@@ -146,4 +157,34 @@ fn failing_summary(failures: &BTreeMap<ServicePort, (ObjectKey, String)>) -> Opt
     let tail = if more > 0 { format!("; and {more} more") } else { String::new() };
     let noun = if failures.len() == 1 { "service port" } else { "service ports" };
     Some(format!("{} {noun} failed to program ({}{tail})", failures.len(), named.join("; ")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{desired::Protocol, events::LogOnly};
+
+    #[test]
+    fn a_services_conflicts_clear_alone() {
+        let mut context = Context::new(Arc::default(), Arc::default(), Box::new(LogOnly));
+        let port = |last: u8| ServicePort { vip: [10, 96, 0, last].into(), port: 80, protocol: Protocol::Tcp };
+        let (a, b, c) = (ObjectKey::new("ns", "a"), ObjectKey::new("ns", "b"), ObjectKey::new("ns", "c"));
+        for service in [&a, &b, &c] {
+            context.problem(service, Topic::Policy, "IgnoredConfiguration", "x".into());
+            context.problem(service, Topic::Conflict(port(1)), "ClusterIPConflict", "y".into());
+            context.problem(service, Topic::Conflict(port(2)), "ClusterIPConflict", "y".into());
+            context.problem(service, Topic::Kernel(port(1)), "MapFull", "z".into());
+        }
+        context.conflicts_resolved(&b);
+        let left: Vec<(&str, &Topic)> = context.reported.keys().map(|(key, topic)| (&*key.name, topic)).collect();
+        let mut expected = Vec::new();
+        for name in ["a", "b", "c"] {
+            expected.push((name, Topic::Policy));
+            if name != "b" {
+                expected.extend([(name, Topic::Conflict(port(1))), (name, Topic::Conflict(port(2)))]);
+            }
+            expected.push((name, Topic::Kernel(port(1))));
+        }
+        assert_eq!(left, expected.iter().map(|(name, topic)| (*name, topic)).collect::<Vec<_>>());
+    }
 }
