@@ -236,9 +236,13 @@ impl Metrics {
         };
     }
 
-    /// Replaces every port's baseline (after a whole apply).
+    /// Replaces every port's baseline (after a whole apply); of a port given twice, the first.
     pub fn replace_baselines(&self, all: impl IntoIterator<Item = (ServicePort, f64)>) {
-        *self.kernel.baselines.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = all.into_iter().collect();
+        let mut baselines = HashMap::new();
+        for (port, share) in all {
+            baselines.entry(port).or_insert(share);
+        }
+        *self.kernel.baselines.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = baselines;
     }
 
     /// Sets where the kernel counters are read from at each scrape.

@@ -339,9 +339,7 @@ impl<P: Programmer> Controller<P> {
                     self.ctx.metrics.set_baseline(*port, plan.entry(port).and(plan.baseline_in_zone(port)));
                 }
             }
-            None => self.ctx.metrics.replace_baselines(
-                plan.kernel().services.keys().filter_map(|port| Some((*port, plan.baseline_in_zone(port)?))),
-            ),
+            None => self.ctx.metrics.replace_baselines(plan.baselines()),
         }
         self.ctx.kernel_failures(report, attempted, |port| plan.owner(port).cloned());
         for error in &report.housekeeping {

@@ -141,6 +141,21 @@ impl NodePlan {
             .and_then(|d| d.selection.baseline_in_zone)
     }
 
+    /// Every planned port's [`Self::baseline_in_zone`], from one walk of the decisions: a full
+    /// sync asks for all of them, and a search of the owner and then of its decisions per port
+    /// was 35 ms after the last write of 50,000.
+    pub fn baselines(&self) -> impl Iterator<Item = (ServicePort, f64)> + '_ {
+        self.decisions.iter().flat_map(move |(key, selections)| {
+            selections.iter().flat_map(move |decision| {
+                decision.cluster_ips.iter().filter_map(move |&vip| {
+                    let port = ServicePort { vip, port: decision.port.port, protocol: decision.port.protocol };
+                    let baseline = decision.selection.baseline_in_zone?;
+                    (self.owner(&port) == Some(key)).then_some((port, baseline))
+                })
+            })
+        })
+    }
+
     /// The feedback controller's inputs from now on; returns the Services whose ports' inputs
     /// changed, for the caller to [`NodePlan::update`].
     pub fn set_feedback(&mut self, inputs: feedback::Inputs) -> BTreeSet<ObjectKey> {
@@ -214,6 +229,37 @@ items:
         assert_eq!(plan.decisions(&ObjectKey::new("default", "second")).len(), 2, "decided even where not owned");
         assert_eq!(plan.kernel().services.len(), 2);
         assert!(matches!(NodePlan::build(&state, "node-z", None), Err(PolicyError::UnknownNode(_))));
+    }
+
+    #[test]
+    fn the_baselines_are_the_owners_port_by_port() {
+        let endpoints = r#"
+- {apiVersion: v1, kind: Node, metadata: {name: node-b, labels: {topology.kubernetes.io/zone: zone-b}}}
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {name: first-1, namespace: default, labels: {kubernetes.io/service-name: first}}
+  addressType: IPv4
+  ports: [{port: 8080}]
+  endpoints:
+  - {addresses: [10.0.0.1], nodeName: node-a, conditions: {ready: true}}
+  - {addresses: [10.0.0.2], nodeName: node-b, conditions: {ready: true}}
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {name: second-1, namespace: default, labels: {kubernetes.io/service-name: second}}
+  addressType: IPv4
+  ports: [{port: 8080}]
+  endpoints:
+  - {addresses: [10.0.0.3], nodeName: node-b, conditions: {ready: true}}
+"#;
+        let state = yaml::parse(&format!("{CLUSTER}{endpoints}"), "test").unwrap();
+        let plan = NodePlan::build(&state, "node-a", None).unwrap();
+        let port =
+            |p| ServicePort { vip: "10.96.0.10".parse().unwrap(), port: p, protocol: crate::desired::Protocol::Tcp };
+        let all: BTreeMap<ServicePort, f64> = plan.baselines().collect();
+        assert_eq!(all, BTreeMap::from([(port(80), 0.5), (port(81), 0.0)]), "port 80 is the first Service's");
+        let each: BTreeMap<ServicePort, f64> =
+            plan.kernel().services.keys().filter_map(|p| Some((*p, plan.baseline_in_zone(p)?))).collect();
+        assert_eq!(all, each);
     }
 
     #[test]
