@@ -17,12 +17,30 @@ pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
 
 /// `namespace/name` of a namespaced object. Its parts are shared strings: a Service's key is held
 /// by the state, its slices, the plan and the kernel's mirror, and a clone costs no copy.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// Ordered by namespace, then name, as text.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ObjectKey {
     /// Namespace.
     pub namespace: Arc<str>,
     /// Name.
     pub name: Arc<str>,
+}
+
+impl Ord for ObjectKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        // The keys a tree compares mostly share their namespace's one copy (and a key found is
+        // its own copy): the same string is equal without reading it.
+        fn text(a: &Arc<str>, b: &Arc<str>) -> std::cmp::Ordering {
+            if Arc::ptr_eq(a, b) { std::cmp::Ordering::Equal } else { a.cmp(b) }
+        }
+        text(&self.namespace, &other.namespace).then_with(|| text(&self.name, &other.name))
+    }
+}
+
+impl PartialOrd for ObjectKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
 }
 
 impl ObjectKey {
@@ -340,4 +358,29 @@ pub struct ObjectError {
     pub field: String,
     /// What is wrong.
     pub message: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_order_as_their_text_whether_or_not_they_share_it() {
+        let shared: Arc<str> = "ns".into();
+        let keys = [
+            ObjectKey::new("a", "z"),
+            ObjectKey { namespace: Arc::clone(&shared), name: "b".into() },
+            ObjectKey::new("ns", "b"),
+            ObjectKey { namespace: Arc::clone(&shared), name: "ba".into() },
+            ObjectKey::new("ns", "a"),
+            ObjectKey::new("nt", ""),
+        ];
+        for a in &keys {
+            for b in &keys {
+                let text = (&*a.namespace, &*a.name).cmp(&(&*b.namespace, &*b.name));
+                assert_eq!(a.cmp(b), text, "{a:?} against {b:?}");
+                assert_eq!(a == b, text.is_eq());
+            }
+        }
+    }
 }

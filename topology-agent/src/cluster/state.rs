@@ -2,7 +2,7 @@
 //! for incremental recomputation. Sources (file, Kubernetes watches) write it; the policy reads it.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashSet, btree_map::Entry},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet, btree_map::Entry},
     sync::Arc,
 };
 
@@ -14,7 +14,9 @@ use super::{
 /// Nodes, Services and EndpointSlices, with slices indexed by their Service.
 #[derive(Clone, Debug, Default)]
 pub struct ClusterState {
-    nodes: BTreeMap<String, Node>,
+    /// Nodes by name, hashed: the policy looks an endpoint's Node up for every endpoint it weighs
+    /// (500,000 in a sync of 50,000 Services), where a tree's search compared names byte by byte.
+    nodes: HashMap<String, Node, foldhash::fast::RandomState>,
     services: BTreeMap<ObjectKey, Service>,
     slices: BTreeMap<ObjectKey, EndpointSlice>,
     /// Slice keys by Service, sorted; a Service has few slices, so a vector beats a tree.
@@ -177,9 +179,11 @@ impl ClusterState {
         self.nodes.get(name)
     }
 
-    /// Every Node, by name.
+    /// Every Node, in the order of their names.
     pub fn nodes(&self) -> impl Iterator<Item = &Node> {
-        self.nodes.values()
+        let mut nodes: Vec<&Node> = self.nodes.values().collect();
+        nodes.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        nodes.into_iter()
     }
 
     /// A Service by key.

@@ -36,7 +36,9 @@ pub(super) struct Context {
     pub(super) health: Arc<Health>,
     pub(super) metrics: Arc<Metrics>,
     sink: Box<dyn ProblemSink>,
-    reported: BTreeMap<(ObjectKey, Topic), String>,
+    /// What was published, per Service and topic. By Service first, so the calls every decided
+    /// Service makes find its problems by a borrowed key, without building one.
+    reported: BTreeMap<ObjectKey, BTreeMap<Topic, String>>,
     /// Ports the kernel refused, with their Service and the error, until an apply succeeds.
     kernel_failures: BTreeMap<ServicePort, (ObjectKey, String)>,
     /// What `node_info` says now.
@@ -50,33 +52,30 @@ impl Context {
 
     /// Logs and publishes a problem, once per (Service, topic) until its message changes.
     pub(super) fn problem(&mut self, service: &ObjectKey, topic: Topic, reason: &'static str, message: String) {
-        let key = (service.clone(), topic);
-        if self.reported.get(&key) == Some(&message) {
+        if self.reported.get(service).and_then(|topics| topics.get(&topic)) == Some(&message) {
             return;
         }
         tracing::warn!(service = %service, reason, "{message}");
         self.sink.publish(&Problem { service: service.clone(), reason, message: message.clone() });
-        self.reported.insert(key, message);
+        self.reported.entry(service.clone()).or_default().insert(topic, message);
     }
 
     /// The problem cleared: its next occurrence is published again.
     pub(super) fn resolved(&mut self, service: &ObjectKey, topic: &Topic) {
-        self.reported.remove(&(service.clone(), topic.clone()));
+        self.forget(service, |held| held == topic);
     }
 
     /// Every conflict of `service` cleared.
     pub(super) fn conflicts_resolved(&mut self, service: &ObjectKey) {
-        // The Service's own problems only (`Policy` is the least topic): every Service decided
-        // calls this, and a walk of every problem made a sync quadratic in the problems.
-        let cleared: Vec<(ObjectKey, Topic)> = self
-            .reported
-            .range((service.clone(), Topic::Policy)..)
-            .take_while(|((key, _), _)| key == service)
-            .filter(|((_, topic), _)| matches!(topic, Topic::Conflict(_)))
-            .map(|(key, _)| key.clone())
-            .collect();
-        for key in cleared {
-            self.reported.remove(&key);
+        self.forget(service, |topic| matches!(topic, Topic::Conflict(_)));
+    }
+
+    /// Forgets `service`'s problems whose topic is `cleared`.
+    fn forget(&mut self, service: &ObjectKey, cleared: impl Fn(&Topic) -> bool) {
+        let Some(topics) = self.reported.get_mut(service) else { return };
+        topics.retain(|topic, _| !cleared(topic));
+        if topics.is_empty() {
+            self.reported.remove(service);
         }
     }
 
@@ -176,7 +175,8 @@ mod tests {
             context.problem(service, Topic::Kernel(port(1)), "MapFull", "z".into());
         }
         context.conflicts_resolved(&b);
-        let left: Vec<(&str, &Topic)> = context.reported.keys().map(|(key, topic)| (&*key.name, topic)).collect();
+        let left: Vec<(&str, &Topic)> =
+            context.reported.iter().flat_map(|(key, topics)| topics.keys().map(|topic| (&*key.name, topic))).collect();
         let mut expected = Vec::new();
         for name in ["a", "b", "c"] {
             expected.push((name, Topic::Policy));

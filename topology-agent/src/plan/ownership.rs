@@ -2,7 +2,7 @@
 //! change to one Service rewrites only its entries, and two Services claiming the same ClusterIP,
 //! port and protocol are caught instead of fighting (the first keeps it until it lets go).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, btree_map};
 
 use crate::{
     cluster::ObjectKey,
@@ -50,15 +50,28 @@ impl Ownership {
         }
         let mut mine = Vec::with_capacity(entries.len());
         for (port, entry) in entries {
-            if let Some(holder) = self.owner.get(&port).filter(|holder| *holder != service) {
-                update.conflicts.push((port, holder.clone()));
-                self.waiting.entry(port).or_default().insert(service.clone());
-                continue;
+            // One search of each tree per port: a full sync sets every port once.
+            match self.owner.entry(port) {
+                btree_map::Entry::Occupied(holder) if holder.get() != service => {
+                    update.conflicts.push((port, holder.get().clone()));
+                    self.waiting.entry(port).or_default().insert(service.clone());
+                    continue;
+                }
+                btree_map::Entry::Occupied(_) => {}
+                btree_map::Entry::Vacant(free) => {
+                    free.insert(service.clone());
+                }
             }
-            self.owner.insert(port, service.clone());
-            if self.desired.services.get(&port) != Some(&entry) {
-                self.desired.services.insert(port, entry);
-                update.changed.insert(port);
+            match self.desired.services.entry(port) {
+                btree_map::Entry::Occupied(mut held) if *held.get() != entry => {
+                    held.insert(entry);
+                    update.changed.insert(port);
+                }
+                btree_map::Entry::Occupied(_) => {}
+                btree_map::Entry::Vacant(free) => {
+                    free.insert(entry);
+                    update.changed.insert(port);
+                }
             }
             mine.push(port);
         }
