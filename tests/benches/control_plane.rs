@@ -36,7 +36,7 @@ use topology_agent::{
     source::{EventSender, kube::KubeSource},
 };
 use topology_tests::{
-    agent::{Agent, AgentOptions},
+    agent::{Agent, AgentOptions, Usage},
     cluster::{self, EndpointSpec},
     fake_api::{FakeApi, Resource},
     sandbox::{CgroupGuard, PinGuard, is_root, unique_id},
@@ -58,18 +58,32 @@ mod storm;
 /// it ended a full sync (a whole apply, or completing one written in chunks).
 type Applied = Arc<Mutex<Vec<(Instant, BTreeSet<ServicePort>, Duration, bool)>>>;
 
-/// The real dataplane, timing when each apply returns.
+/// The real dataplane, timing when each apply returns, and reading this process's CPU time when
+/// one ends a full sync.
 struct Timed {
     dataplane: Dataplane,
     applied: Applied,
+    cpu_at_full: Arc<Mutex<Vec<Duration>>>,
+}
+
+impl Timed {
+    fn full(&self, ports: BTreeSet<ServicePort>, took: Duration) {
+        self.applied.lock().unwrap().push((Instant::now(), ports, took, true));
+        self.cpu_at_full.lock().unwrap().push(process_cpu());
+    }
+}
+
+/// CPU time (user and system) of every thread of this process so far: the agent's and the fake
+/// API server's.
+fn process_cpu() -> Duration {
+    Usage::of(std::process::id()).cpu
 }
 
 impl Programmer for Timed {
     fn apply(&mut self, desired: &DesiredState) -> ApplyReport {
         let started = Instant::now();
         let report = self.dataplane.apply(desired);
-        let ports = desired.services.keys().copied().collect();
-        self.applied.lock().unwrap().push((Instant::now(), ports, started.elapsed(), true));
+        self.full(desired.services.keys().copied().collect(), started.elapsed());
         report
     }
 
@@ -83,8 +97,7 @@ impl Programmer for Timed {
     fn complete(&mut self, desired: &DesiredState, retry: &BTreeSet<ServicePort>) -> ApplyReport {
         let started = Instant::now();
         let report = self.dataplane.complete(desired, retry);
-        let ports = desired.services.keys().copied().collect();
-        self.applied.lock().unwrap().push((Instant::now(), ports, started.elapsed(), true));
+        self.full(desired.services.keys().copied().collect(), started.elapsed());
         report
     }
 
@@ -216,6 +229,17 @@ fn print_scale(scale: &Measured) {
         "| of which writing the maps (on the writer thread while the controller decides, then the whole apply) | {:.0} ms | |",
         ms(scale.writing)
     );
+    // CPU time spent within the sync, shared among the cores, bounds its wall time from below:
+    // the two side by side say how near the sync is to keeping every core busy.
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    println!(
+        "| CPU time over the sync, this whole process (the agent's threads and the fake API's) | {:.2} core-s | |",
+        scale.sync_cpu.as_secs_f64()
+    );
+    println!(
+        "| the shortest sync that CPU time allows on {cores} cores | {:.0} ms | |",
+        ms(scale.sync_cpu) / cores as f64
+    );
     println!("| JSON the lists sent (Services, EndpointSlices) | {:.0} MiB | |", scale.listed_mib);
     println!(
         "| a restart's adoption of those maps (a new container), programs kept / loaded again (other options) | {:.0} ms / {:.0} ms | < 500 ms |",
@@ -291,6 +315,8 @@ fn print_limits(shape: &Shape, steady: &limits::Steady, storm: &[Duration]) {
 struct Measured {
     /// Watches started → maps written.
     sync: Duration,
+    /// CPU time of the whole process (the agent's threads and the fake API's) over `sync`.
+    sync_cpu: Duration,
     /// The part of it the dataplane's apply took.
     writing: Duration,
     /// A restart's `Dataplane::open` on the pinned maps the sync wrote.
@@ -318,14 +344,15 @@ async fn sync_and_updates(services: usize, endpoints: usize, updates: usize, cap
     let dataplane = Dataplane::open(&config).expect("open dataplane");
     let load = opened.elapsed();
     let applied: Applied = Arc::default();
+    let cpu_at_full: Arc<Mutex<Vec<Duration>>> = Arc::default();
     let shutdown = CancellationToken::new();
     let (events, receiver) = EventSender::channel();
-    let started = Instant::now();
+    let (started, cpu_before) = (Instant::now(), process_cpu());
     let source = KubeSource::start(&api.client(), &events, &shutdown);
     drop(events);
     let controller = Controller::new(
         ControllerConfig::new("node-0"),
-        Timed { dataplane, applied: Arc::clone(&applied) },
+        Timed { dataplane, applied: Arc::clone(&applied), cpu_at_full: Arc::clone(&cpu_at_full) },
         Arc::new(Health::default()),
         Arc::new(Metrics::default()),
         Box::new(LogOnly),
@@ -346,6 +373,7 @@ async fn sync_and_updates(services: usize, endpoints: usize, updates: usize, cap
         assert!(started.elapsed() < Duration::from_secs(120), "no initial sync");
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
+    let sync_cpu = cpu_at_full.lock().unwrap()[0].saturating_sub(cpu_before);
 
     let mut latencies = Vec::with_capacity(updates);
     for update in 0..updates {
@@ -389,7 +417,8 @@ async fn sync_and_updates(services: usize, endpoints: usize, updates: usize, cap
     let reload = restarted.elapsed();
     assert_eq!(reloaded.kernel().services.len(), services, "every port adopted");
     let listed = api.bytes_sent(Resource::Services) + api.bytes_sent(Resource::EndpointSlices);
-    Measured { sync, writing, adopt, reload, load, updates: latencies, listed_mib: listed as f64 / (1 << 20) as f64 }
+    let listed_mib = listed as f64 / (1 << 20) as f64;
+    Measured { sync, sync_cpu, writing, adopt, reload, load, updates: latencies, listed_mib }
 }
 
 /// Runs the agent binary against a fake API with 30,000 Services x 4 endpoints and reads its RSS

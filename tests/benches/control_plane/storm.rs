@@ -129,7 +129,7 @@ pub async fn in_process(shape: Shape, rate: usize, duration: Duration) -> Vec<Du
     drop(events);
     let controller = Controller::new(
         ControllerConfig::new(scale::node_name(0)),
-        Timed { dataplane, applied: Arc::clone(&applied) },
+        Timed { dataplane, applied: Arc::clone(&applied), cpu_at_full: Arc::default() },
         Arc::new(Health::default()),
         Arc::new(Metrics::default()),
         Box::new(LogOnly),
