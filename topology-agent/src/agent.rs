@@ -10,7 +10,7 @@ use crate::{
     caps::{self, Capability, CapabilityError},
     controller::{Controller, ControllerConfig, ControllerError, Health, PlanClient},
     dataplane::{
-        Capacities, CounterReader, Dataplane, DataplaneConfig, DataplaneError, DnsBeat, IndexOrdering, KernelLogLevel,
+        Capacities, CounterReader, Dataplane, DataplaneConfig, DataplaneError, IndexOrdering, KernelLogLevel,
         KernelLogger,
     },
     dns::{self, DnsConfig, DnsError, DnsPublisher, steer::Steering},
@@ -230,7 +230,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
         tokio::spawn(http::serve(listener, Arc::clone(&health), Arc::clone(&metrics), Some(plans), shutdown.clone()));
 
     let dns = match &config.dns {
-        Some(dns_config) => Some(start_dns(dns_config, &config.pin_path, &metrics, &shutdown)?),
+        Some(dns_config) => Some(start_dns(dns_config, &dataplane, &metrics, &shutdown)?),
         None => None,
     };
     let (publisher, steering, dns_stopped) = match dns {
@@ -308,24 +308,25 @@ struct RunningDns {
 /// steering heartbeat fresh while the responder answers.
 fn start_dns(
     config: &DnsConfig,
-    pin_path: &std::path::Path,
+    dataplane: &Dataplane,
     metrics: &Metrics,
     shutdown: &CancellationToken,
 ) -> Result<RunningDns, DnsError> {
     let (publisher, view) = DnsPublisher::new(config.upstreams.clone());
+    let current = publisher.current();
     let sockets = CancellationToken::new();
     let server = dns::start(config, view, Arc::clone(&metrics.dns), sockets.clone())?;
     let addr = server.addr;
     tracing::info!(%addr, domain = %config.domain, "serving DNS over UDP and TCP");
     let steering = config.steer.clone().map(|service| Steering { service, responder: addr });
     let beat = match &steering {
-        Some(_) => Some(DnsBeat::open(&crate::dataplane::PinLayout::new(pin_path))?),
+        Some(_) => Some(dataplane.dns_beat()?),
         None => None,
     };
     let (domain, shutdown) = (config.domain.clone(), shutdown.clone());
     let stopped = tokio::spawn(async move {
         match beat {
-            Some(beat) => dns::steer::keep_steering(beat, addr, domain, shutdown).await,
+            Some(beat) => dns::steer::keep_steering(beat, addr, domain, current, shutdown).await,
             None => shutdown.cancelled().await,
         }
         sockets.cancel();

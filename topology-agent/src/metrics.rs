@@ -176,7 +176,7 @@ impl Default for Metrics {
         );
         registry.register(
             "failed_service_ports",
-            "Service ports not programmed now because writing them failed (the kernel keeps their previous state)",
+            "Service ports not programmed now because writing them failed (they hold nothing: kube-proxy routes them)",
             failed_service_ports.clone(),
         );
         registry.register(

@@ -20,6 +20,23 @@ pub struct Heartbeat {
 }
 const _: () = assert!(size_of::<Heartbeat>() == 8);
 
+/// The node-local DNS responder's heartbeat: service ports steered to it
+/// ([`service_flags::LOCAL_DNS`]) are rewritten only while it is fresh, and only to the address it
+/// names — so an entry a previous agent left, naming a responder that is gone, steers nothing.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct DnsSteer {
+    /// Steer while `CLOCK_MONOTONIC_COARSE` is at most this; 0: never.
+    pub deadline_ns: u64,
+    /// The responder's address, as in [`Backend::addr`](crate::Backend::addr).
+    pub addr: [u8; 16],
+    /// The responder's port, host byte order.
+    pub port: u16,
+    /// Always zero.
+    pub _pad: [u8; 6],
+}
+const _: () = assert!(size_of::<DnsSteer>() == 32);
+
 /// Per-CPU counters of the whole node, for what has no service to count under.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -56,8 +73,9 @@ pub mod service_flags {
     /// the API server must not depend on the maps it is about to repair.
     pub const AGENT_EXEMPT: u32 = 1 << 0;
     /// Steered to the agent's node-local DNS responder: rewritten only while the responder's own
-    /// heartbeat (`map_names::DNS_BEAT`) is fresh, else passed to the ClusterIP untouched, where
-    /// kube-proxy sends it to the cluster DNS as if the agent were not there.
+    /// heartbeat ([`DnsSteer`], `map_names::DNS_STEER`) is fresh and names the chosen backend,
+    /// else passed to the ClusterIP untouched, where kube-proxy sends it to the cluster DNS as if
+    /// the agent were not there.
     pub const LOCAL_DNS: u32 = 1 << 1;
 }
 

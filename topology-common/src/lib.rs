@@ -19,7 +19,9 @@ pub mod control;
 pub mod index;
 pub mod load;
 pub mod socket;
-pub use control::{ClientAffinityKey, ClientAffinityValue, Heartbeat, NodeCounters, ServiceOptions, service_flags};
+pub use control::{
+    ClientAffinityKey, ClientAffinityValue, DnsSteer, Heartbeat, NodeCounters, ServiceOptions, service_flags,
+};
 pub use index::{IndexEntry4, IndexEntry6};
 pub use load::{BackendKey, BackendLoad, SockLoad};
 pub use socket::{DATAGRAM_PEERS, DatagramPeer, DatagramPeers, IterRecord, SockTranslation};
@@ -71,9 +73,10 @@ pub mod map_names {
     pub const HEARTBEAT: &str = "topo_heartbeat";
     /// Per-CPU [`NodeCounters`](crate::NodeCounters), one entry.
     pub const NODE_COUNTERS: &str = "topo_node_cnt";
-    /// The node-local DNS responder's own heartbeat, one [`Heartbeat`](crate::Heartbeat): service
-    /// ports steered to it (`service_flags::LOCAL_DNS`) are rewritten only while it is fresh.
-    pub const DNS_BEAT: &str = "topo_dns_beat";
+    /// The node-local DNS responder's own heartbeat, one [`DnsSteer`](crate::DnsSteer): service
+    /// ports steered to it (`service_flags::LOCAL_DNS`) are rewritten only while it is fresh, and
+    /// only to the responder it names.
+    pub const DNS_STEER: &str = "topo_dns_steer";
     /// What the `sock_ops` program measured per backend: [`BackendKey`](crate::BackendKey) ->
     /// [`BackendLoad`](crate::BackendLoad).
     pub const BACKEND_LOAD: &str = "topo_backend_load";
@@ -100,7 +103,7 @@ pub mod map_names {
         CLIENT_AFFINITY,
         HEARTBEAT,
         NODE_COUNTERS,
-        DNS_BEAT,
+        DNS_STEER,
         BACKEND_LOAD,
         SOCK_LOAD,
         AGENT_CGROUP,
@@ -112,7 +115,8 @@ pub mod map_names {
 
     /// Maps earlier versions pinned and this one no longer uses: their pins are removed at start
     /// (programs still attached keep their own reference until their links are replaced).
-    pub const OBSOLETE: [&str; 3] = ["topo_affinity", "topo_revnat", "topo_sock_xlate"];
+    /// `topo_dns_beat` held a deadline only, which steered to whatever address an entry named.
+    pub const OBSOLETE: [&str; 4] = ["topo_affinity", "topo_revnat", "topo_sock_xlate", "topo_dns_beat"];
 }
 
 /// Program names (ELF symbols); each is attached at the cgroup hook of the same name.
@@ -347,6 +351,7 @@ mod pod {
     unsafe impl aya::Pod for super::DatagramPeer {}
     unsafe impl aya::Pod for super::DatagramPeers {}
     unsafe impl aya::Pod for super::Heartbeat {}
+    unsafe impl aya::Pod for super::DnsSteer {}
     unsafe impl aya::Pod for super::NodeCounters {}
     unsafe impl aya::Pod for super::ServiceOptions {}
     unsafe impl aya::Pod for super::ClientAffinityKey {}

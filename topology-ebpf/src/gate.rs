@@ -1,14 +1,15 @@
 //! Whether a connection to a service port is rewritten at all: not once the agent's heartbeat has
 //! lapsed (fail open to kube-proxy), not for the agent's own sockets to services it must reach
-//! whatever its maps say (the API server), and not to the node-local DNS responder once its own
-//! heartbeat has lapsed (DNS fails open to the cluster DNS).
+//! whatever its maps say (the API server), and not to the node-local DNS responder unless its own
+//! heartbeat is fresh and names the backend chosen (DNS fails open to the cluster DNS).
 
 use aya_ebpf::helpers::generated::{bpf_get_current_cgroup_id, bpf_ktime_get_coarse_ns};
-use topology_common::{NodeCounters, ServiceOptions, service_flags};
+use topology_common::{NodeCounters, ServiceOptions, ServiceValue, service_flags};
 
 use crate::{
     count::count_node,
-    maps::{DNS_BEAT, HEARTBEAT, SERVICE_OPTIONS, agent_cgroup},
+    maps::{DNS_STEER, HEARTBEAT, SERVICE_OPTIONS, SLOTS, agent_cgroup},
+    sockaddr::words,
 };
 
 /// `CLOCK_MONOTONIC_COARSE`, read at most once per program run.
@@ -42,9 +43,9 @@ pub enum Gate {
     Pass,
 }
 
-/// Decides whether a connection to the service `service_id` is rewritten.
+/// Decides whether a connection to `service` is rewritten.
 #[inline(always)]
-pub fn admit(service_id: u32, clock: &mut Clock) -> Gate {
+pub fn admit(service: &ServiceValue, clock: &mut Clock) -> Gate {
     // SAFETY: index 0 of a one-entry array; the value is copied out at once.
     let deadline = HEARTBEAT.get_ptr(0).map_or(0, |beat| unsafe { (*beat).deadline_ns });
     if deadline != u64::MAX && clock.now() > deadline {
@@ -52,7 +53,7 @@ pub fn admit(service_id: u32, clock: &mut Clock) -> Gate {
         return Gate::Pass;
     }
     // SAFETY: an array element, copied out at once; ids beyond the array have no options.
-    let options = SERVICE_OPTIONS.get_ptr(service_id).map_or(ServiceOptions::default(), |o| unsafe { *o });
+    let options = SERVICE_OPTIONS.get_ptr(service.service_id).map_or(ServiceOptions::default(), |o| unsafe { *o });
     if options.flags & service_flags::AGENT_EXEMPT != 0 {
         let agent = agent_cgroup();
         // SAFETY: no arguments; the cgroup v2 id of the calling task.
@@ -61,12 +62,29 @@ pub fn admit(service_id: u32, clock: &mut Clock) -> Gate {
             return Gate::Pass;
         }
     }
-    if options.flags & service_flags::LOCAL_DNS != 0 {
-        // SAFETY: as for the agent's heartbeat.
-        let deadline = DNS_BEAT.get_ptr(0).map_or(0, |beat| unsafe { (*beat).deadline_ns });
-        if clock.now() > deadline {
-            return Gate::Pass;
-        }
+    if options.flags & service_flags::LOCAL_DNS != 0 && !steered_here(service, clock) {
+        return Gate::Pass;
     }
     Gate::Rewrite(options)
+}
+
+/// Whether a port steered to the node-local DNS responder goes there now: only while the
+/// responder's heartbeat is fresh and names the one backend of the port's set (an entry a previous
+/// agent left names its own responder, which may be gone).
+#[inline(always)]
+fn steered_here(service: &ServiceValue, clock: &mut Clock) -> bool {
+    let Some(beat) = DNS_STEER.get_ptr(0) else {
+        return false;
+    };
+    // SAFETY: index 0 of a one-entry array; the value is copied out at once.
+    let beat = unsafe { *beat };
+    if clock.now() > beat.deadline_ns || service.count != 1 {
+        return false;
+    }
+    let Some(slot) = SLOTS.get_ptr(service.base) else {
+        return false;
+    };
+    // SAFETY: an array element for the program's lifetime; the fields are read at once.
+    let slot = unsafe { &*slot };
+    slot.set_id == service.set_id && slot.primary.port == beat.port && words(&slot.primary.addr) == words(&beat.addr)
 }

@@ -120,7 +120,7 @@ fn connect(ctx: &SockAddrContext, dest: Dest) -> Result<Option<Choice>, Error> {
         return Ok(None);
     };
     let mut clock = Clock::new();
-    let Gate::Rewrite(options) = gate::admit(service.service_id, &mut clock) else {
+    let Gate::Rewrite(options) = gate::admit(&service, &mut clock) else {
         return Ok(None);
     };
     let choice = choose::choose(ctx, service, &options, &mut clock)?;
@@ -164,7 +164,7 @@ fn send(ctx: &SockAddrContext, dest: Dest) -> Result<Option<Choice>, Error> {
         return Ok(None);
     };
     let mut clock = Clock::new();
-    let Gate::Rewrite(options) = gate::admit(service.service_id, &mut clock) else {
+    let Gate::Rewrite(options) = gate::admit(&service, &mut clock) else {
         return Ok(None);
     };
     if service.count == 0 {

@@ -13,7 +13,7 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use topology_common::{
-    BackendKey, BackendLoad, COUNTER_CHUNK, ClientAffinityKey, ClientAffinityValue, DatagramPeers, Heartbeat,
+    BackendKey, BackendLoad, COUNTER_CHUNK, ClientAffinityKey, ClientAffinityValue, DatagramPeers, DnsSteer, Heartbeat,
     IndexEntry4, IndexEntry6, NodeCounters, ServiceCounters, ServiceKey4, ServiceKey6, ServiceMeta, ServiceOptions,
     ServiceValue, Slot, SockLoad, SockTranslation, capacity,
 };
@@ -114,9 +114,9 @@ pub static CLIENT_AFFINITY: LruHashMap<ClientAffinityKey, ClientAffinityValue, {
 pub static HEARTBEAT: Array<Heartbeat, 1> = Array::new();
 
 /// The node-local DNS responder's heartbeat; service ports steered to it are rewritten only while
-/// it is fresh.
-#[btf_map(name = "topo_dns_beat")]
-pub static DNS_BEAT: Array<Heartbeat, 1> = Array::new();
+/// it is fresh, and only to the responder it names.
+#[btf_map(name = "topo_dns_steer")]
+pub static DNS_STEER: Array<DnsSteer, 1> = Array::new();
 
 /// Counters of the whole node (fail-open passes, exemptions, storage failures), per CPU.
 #[btf_map(name = "topo_node_cnt")]

@@ -41,13 +41,23 @@ pub(super) struct Context {
     reported: BTreeMap<ObjectKey, BTreeMap<Topic, String>>,
     /// Ports the kernel refused, with their Service and the error, until an apply succeeds.
     kernel_failures: BTreeMap<ServicePort, (ObjectKey, String)>,
+    /// Failed ports whose outdated set could not be withdrawn either, until an apply succeeds.
+    stranded: BTreeSet<ServicePort>,
     /// What `node_info` says now.
     node_labels: Option<NodeLabels>,
 }
 
 impl Context {
     pub(super) fn new(health: Arc<Health>, metrics: Arc<Metrics>, sink: Box<dyn ProblemSink>) -> Self {
-        Self { health, metrics, sink, reported: BTreeMap::new(), kernel_failures: BTreeMap::new(), node_labels: None }
+        Self {
+            health,
+            metrics,
+            sink,
+            reported: BTreeMap::new(),
+            kernel_failures: BTreeMap::new(),
+            stranded: BTreeSet::new(),
+            node_labels: None,
+        }
     }
 
     /// Logs and publishes a problem, once per (Service, topic) until its message changes.
@@ -96,12 +106,20 @@ impl Context {
                 _ => "KernelWriteFailed",
             };
             self.metrics.apply_failures.get_or_create(&ReasonLabels { reason: reason.into() }).inc();
+            let stranded = report.stranded.contains(port);
             if let Some(service) = owner(port) {
-                let message = format!("{port}: {error}; the kernel keeps its previous state for this port");
-                self.problem(&service, Topic::Kernel(*port), reason, message);
+                let consequence = if stranded {
+                    "the kernel still routes it by an outdated backend set that could not be withdrawn"
+                } else {
+                    "its connections pass to the ClusterIP untouched (kube-proxy) until it can be programmed"
+                };
+                self.problem(&service, Topic::Kernel(*port), reason, format!("{port}: {error}; {consequence}"));
                 failed.insert(*port, (service, error.to_string()));
             }
         }
+        self.stranded.retain(|port| attempted.is_some_and(|a| !a.contains(port)));
+        self.stranded.extend(report.stranded.iter().copied());
+        self.health.set_stranded(stranded_summary(&self.stranded));
         let recovered: Vec<ServicePort> = self
             .kernel_failures
             .keys()
@@ -142,6 +160,14 @@ impl Context {
             self.metrics.map_capacity.get_or_create(&labels).set(i64::from(*capacity));
         }
     }
+}
+
+/// Why the view is not current while some port keeps an outdated set; `None` when none does.
+fn stranded_summary(stranded: &BTreeSet<ServicePort>) -> Option<String> {
+    let first = stranded.first()?;
+    let more = stranded.len() - 1;
+    let tail = if more > 0 { format!(" and {more} more") } else { String::new() };
+    Some(format!("the kernel routes {first}{tail} by an outdated backend set that could not be withdrawn"))
 }
 
 /// "2 service ports failed to program (10.96.0.1:80/TCP: map topo_slots is full ...)", naming

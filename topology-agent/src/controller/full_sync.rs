@@ -114,6 +114,8 @@ impl<P: Programmer> Controller<P> {
         let (mut chunks, writing) = written;
         let started = Instant::now();
         let failed: Vec<_> = std::mem::take(&mut chunks.failed);
+        // Every stranded port failed too: the retry says again whether it still is.
+        chunks.stranded.clear();
         let retry = failed.into_iter().map(|(port, _)| port).collect();
         chunks.absorb(self.programmer.complete(self.plan.kernel(), &retry));
         Some(FullSync { report: chunks, deciding, writing: writing + started.elapsed() })

@@ -25,6 +25,7 @@ struct State {
     programmed: bool,
     blocked: Option<String>,
     failing: Option<String>,
+    stranded: Option<String>,
 }
 
 impl Default for Health {
@@ -37,6 +38,7 @@ impl Default for Health {
                 programmed: false,
                 blocked: None,
                 failing: None,
+                stranded: None,
             }),
         }
     }
@@ -91,10 +93,23 @@ impl Health {
         self.with(|s| s.failing = failing);
     }
 
+    /// Some port's outdated backend set could not be withdrawn (`None`: every failed port holds
+    /// nothing), and which.
+    pub fn set_stranded(&self, stranded: Option<String>) {
+        self.with(|s| s.stranded = stranded);
+    }
+
     /// True when the kernel holds the policy of a complete view that is current: what the
-    /// agent's heartbeat vouches for. Ports that failed to program do not make the view old.
+    /// agent's heartbeat vouches for. Ports that failed to program hold nothing and do not make
+    /// the view old; a port left holding an outdated set does.
     pub fn view_current(&self) -> bool {
-        self.with(|s| s.waiting_for.is_empty() && s.stale.is_empty() && s.programmed && s.blocked.is_none())
+        self.with(|s| {
+            s.waiting_for.is_empty()
+                && s.stale.is_empty()
+                && s.programmed
+                && s.blocked.is_none()
+                && s.stranded.is_none()
+        })
     }
 
     /// Ok when the controller loop checked in recently.
@@ -123,6 +138,9 @@ impl Health {
             }
             if let Some(failing) = &s.failing {
                 reasons.push(failing.clone());
+            }
+            if let Some(stranded) = &s.stranded {
+                reasons.push(stranded.clone());
             }
             if reasons.is_empty() { Ok(()) } else { Err(NotReady { reasons }) }
         })
@@ -179,7 +197,10 @@ mod tests {
             health.readiness().unwrap_err().to_string(),
             "2 service ports failed to program: map topo_slots is full"
         );
-        assert!(health.view_current(), "failed ports do not make the view old");
+        assert!(health.view_current(), "failed ports hold nothing and do not make the view old");
+        health.set_stranded(Some("the kernel routes 10.96.0.1:80/TCP by an outdated backend set".into()));
+        assert!(!health.view_current(), "a port left with an outdated set does");
+        health.set_stranded(None);
         health.set_failing(None);
         health.set_stale("Node watch", Some("stalled".into()));
         assert!(!health.view_current());

@@ -223,6 +223,10 @@ impl<P: Programmer> Controller<P> {
     fn beat(&mut self) {
         let current = self.ctx.health.view_current();
         self.ctx.metrics.view_current.set(i64::from(current));
+        if let Some(dns) = &self.dns {
+            // `sync` published the view of everything programmed so far.
+            dns.set_current(current);
+        }
         if !current || self.last_beat.is_some_and(|at| at.elapsed() < BEAT_INTERVAL) {
             return;
         }

@@ -57,7 +57,8 @@ pub fn read_set(value: &ServiceValue, slots: &[topology_common::Slot]) {
 /// Applies a sequence of desired states, decoded from `data`, to in-memory maps of small
 /// capacities, with writes to one map failing and grace periods refused at the input's choice.
 /// After every apply the maps must be what the mirror says, runs disjoint, the index in step with
-/// the service entries, and every port not reported failed must hold the backends asked for.
+/// the service entries, every port not reported failed must hold the backends asked for, and a
+/// failed port must hold nothing unless it is reported stranded (or only its name failed).
 pub fn apply(data: &[u8]) {
     use crate::desired::{DesiredService, DesiredState, Locality, PortOptions, Protocol, ServicePort, WeightedBackend};
 
@@ -120,22 +121,30 @@ pub fn apply(data: &[u8]) {
         let report = writer.apply(&desired);
         check_mirror(&writer);
         let failed: std::collections::BTreeSet<_> = report.failed.iter().map(|(port, _)| *port).collect();
+        let members = |port: &ServicePort| {
+            let held = writer.kernel().services.get(port)?;
+            let mut got: Vec<_> = held.backends(port.vip.is_ipv4()).iter().map(|b| (b.addr, b.port)).collect();
+            got.sort();
+            Some((got, held.options))
+        };
         for (port, service) in &desired.services {
-            if failed.contains(port) {
-                continue;
-            }
-            let held = &writer.kernel().services[port];
             let mut want: Vec<_> = service.backends.iter().map(|b| (b.addr, b.port)).collect();
             want.sort();
             want.dedup();
-            let mut got: Vec<_> = held.backends(port.vip.is_ipv4()).iter().map(|b| (b.addr, b.port)).collect();
-            got.sort();
-            assert_eq!(got, want, "{port} holds other backends than asked, and no failure was reported");
+            let held = members(port);
+            if !failed.contains(port) {
+                assert_eq!(held, Some((want, service.options)), "{port} holds other than asked, and did not fail");
+            } else if !report.stranded.contains(port) {
+                assert!(
+                    held.is_none_or(|held| held == (want, service.options)),
+                    "{port} failed and still holds an outdated set without being reported stranded"
+                );
+            }
         }
         for port in writer.kernel().services.keys() {
             assert!(
-                desired.services.contains_key(port) || failed.contains(port),
-                "{port} left behind without a failure"
+                desired.services.contains_key(port) || report.stranded.contains(port),
+                "{port} left behind without being reported stranded"
             );
         }
     }

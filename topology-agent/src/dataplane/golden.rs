@@ -37,6 +37,12 @@ fn describe(report: &ApplyReport) -> String {
     for (port, error) in &report.failed {
         let _ = writeln!(out, "failed {port}: {error}");
     }
+    if report.withdrawn > 0 {
+        let _ = writeln!(out, "withdrawn={}", report.withdrawn);
+    }
+    for port in &report.stranded {
+        let _ = writeln!(out, "stranded {port}");
+    }
     for error in &report.housekeeping {
         let _ = writeln!(out, "housekeeping: {error}");
     }
@@ -60,12 +66,20 @@ fn run_case(dir: &Path) -> String {
         let report = writer.apply(desired);
         verify_index(writer.maps(), writer.kernel()).unwrap_or_else(|error| panic!("{step}: {error}"));
         let failed: Vec<_> = report.failed.iter().map(|(port, _)| *port).collect();
+        for port in failed.iter().filter(|port| !report.stranded.contains(port)) {
+            // A failed port holds nothing, or (only its name failed) what was asked: never an old set.
+            let outdated = writer.kernel().services.contains_key(port)
+                && !desired.services.get(port).is_some_and(|service| holds(writer.kernel(), port, service));
+            assert!(!outdated, "{step}: failed port {port} still holds an outdated set");
+        }
         for (port, service) in &desired.services {
             if !failed.contains(port) {
-                let (held, wanted) = (held(writer.kernel(), port), weights_of(service));
-                let close = held.len() == wanted.len()
-                    && held.iter().zip(&wanted).all(|(h, w)| h.0 == w.0 && h.1 == w.1 && h.2.abs_diff(w.2) <= 2);
-                assert!(close, "{step}: {port} holds {held:?}, policy chose {wanted:?}");
+                assert!(
+                    holds(writer.kernel(), port, service),
+                    "{step}: {port} holds {:?}, policy chose {:?}",
+                    held(writer.kernel(), port),
+                    weights_of(service)
+                );
             }
         }
         let _ = write!(out, "## {step}\n{}{}\n", describe(&report), writer.maps().dump());
@@ -80,6 +94,14 @@ fn held(kernel: &KernelState, port: &ServicePort) -> Vec<(std::net::IpAddr, u16,
         service.backends(port.vip.is_ipv4()).iter().map(|b| (b.addr, b.port, b.weight)).collect();
     backends.sort();
     backends
+}
+
+/// True when the kernel holds `service`'s backends and shares (to rounding) and its options.
+fn holds(kernel: &KernelState, port: &ServicePort, service: &DesiredService) -> bool {
+    let (held, wanted) = (held(kernel, port), weights_of(service));
+    kernel.services[port].options == service.options
+        && held.len() == wanted.len()
+        && held.iter().zip(&wanted).all(|(h, w)| h.0 == w.0 && h.1 == w.1 && h.2.abs_diff(w.2) <= 2)
 }
 
 /// The desired shares of a service port, in parts per million.
@@ -127,7 +149,12 @@ fn first_difference(expected: &str, actual: &str) -> String {
 }
 
 fn web(backends: &[u8]) -> DesiredState {
-    let port = ServicePort { vip: "10.96.0.10".parse().unwrap(), port: 80, protocol: Protocol::Tcp };
+    service_at("10.96.0.10", "default/web:http", backends)
+}
+
+/// One service port `vip:80/TCP` named `name`, drawing `10.244.0.<last>:8080` for each of `backends`.
+fn service_at(vip: &str, name: &str, backends: &[u8]) -> DesiredState {
+    let port = ServicePort { vip: vip.parse().unwrap(), port: 80, protocol: Protocol::Tcp };
     let backends = backends
         .iter()
         .map(|&last| WeightedBackend {
@@ -137,12 +164,12 @@ fn web(backends: &[u8]) -> DesiredState {
             locality: Locality::Zone,
         })
         .collect();
-    let service = DesiredService { name: "default/web:http".into(), backends, options: PortOptions::default() };
+    let service = DesiredService { name: name.into(), backends, options: PortOptions::default() };
     DesiredState { services: [(port, service)].into() }
 }
 
 #[test]
-fn a_failed_write_names_the_map_keeps_the_old_set_and_is_retried() {
+fn a_failed_write_names_the_map_never_keeps_the_old_set_and_is_retried() {
     let port = ServicePort { vip: "10.96.0.10".parse().unwrap(), port: 80, protocol: Protocol::Tcp };
     let mut changed = web(&[1, 2, 3]);
     for service in changed.services.values_mut() {
@@ -152,20 +179,31 @@ fn a_failed_write_names_the_map_keeps_the_old_set_and_is_retried() {
     for map in [map_names::SLOTS, map_names::SERVICES_V4, map_names::SERVICE_META, map_names::SERVICE_OPTIONS] {
         let mut writer = Writer::adopt(MemoryMaps::new(Capacities::default()), KernelState::default()).unwrap();
         assert!(writer.apply(&web(&[1, 2])).failed.is_empty());
-        let (before, slots_before) = (writer.maps().dump(), writer.usage().slots);
         writer.maps_mut().failing = Some(map);
         let report = writer.apply(&changed);
         assert_eq!(report.failed.len(), 1, "{map}");
         assert!(report.failed[0].1.to_string().contains(map), "{map}: {}", report.failed[0].1);
-        if map == map_names::SLOTS || map == map_names::SERVICES_V4 {
-            // The swap failed before its entry was written: the programs still find the old set,
-            // and the run written for the new one is free again.
-            let entries =
-                |dump: &str| dump.lines().take_while(|l| !l.starts_with(map_names::SLOTS)).collect::<String>();
-            assert_eq!(entries(&writer.maps().dump()), entries(&before), "{map}");
-            assert_eq!(held(writer.kernel(), &port).len(), 2, "{map}: the mirror follows the kernel");
-            assert_eq!(writer.usage().slots, slots_before, "{map}: the new run was freed");
+        match map {
+            map_names::SLOTS | map_names::SERVICE_OPTIONS => {
+                // The new set could not be written: the old one is withdrawn, so connections go
+                // to the ClusterIP untouched (kube-proxy), never to backends the cluster moved.
+                assert_eq!((report.withdrawn, report.stranded.len()), (1, 0), "{map}");
+                assert!(writer.kernel().services.is_empty(), "{map}: the mirror follows the kernel");
+                assert!(writer.maps().services4.is_empty(), "{map}: no entry left for the programs");
+                assert!(report.departed.is_empty(), "{map}: backends still wanted have not departed");
+            }
+            map_names::SERVICES_V4 => {
+                // Neither the new entry nor the deletion could be written: reported, not silent.
+                assert_eq!((report.withdrawn, report.stranded.as_slice()), (0, [port].as_slice()), "{map}");
+                assert_eq!(held(writer.kernel(), &port).len(), 2, "{map}: the mirror follows the kernel");
+            }
+            _ => {
+                // Only the name failed: the new set and options are in.
+                assert_eq!((report.withdrawn, report.stranded.len()), (0, 0), "{map}");
+                assert_eq!(held(writer.kernel(), &port).len(), 3, "{map}");
+            }
         }
+        verify_index(writer.maps(), writer.kernel()).unwrap_or_else(|error| panic!("{map}: {error}"));
         writer.maps_mut().failing = None;
         let retried = writer.apply(&changed);
         assert!(retried.failed.is_empty(), "{map}: {:?}", retried.failed);
@@ -178,6 +216,33 @@ fn a_failed_write_names_the_map_keeps_the_old_set_and_is_retried() {
 }
 
 #[test]
+fn one_service_filling_the_slots_leaves_another_nothing_rather_than_its_old_set() {
+    let victim = ServicePort { vip: "10.96.0.10".parse().unwrap(), port: 80, protocol: Protocol::Tcp };
+    let capacities = Capacities { slots: 16, ..Capacities::default() };
+    let mut writer = Writer::adopt(MemoryMaps::new(capacities), KernelState::default()).unwrap();
+    let mut desired = web(&[1, 2]);
+    assert!(writer.apply(&desired).failed.is_empty());
+    // Another tenant's Service takes every free slot.
+    desired.services.extend(service_at("10.96.9.9", "tenant/hog:http", &(10..24).collect::<Vec<u8>>()).services);
+    assert!(writer.apply(&desired).failed.is_empty());
+    assert_eq!(writer.usage().slots, 16, "every slot is taken");
+    // The victim's endpoints move: its new set has no room.
+    let moved = web(&[3, 4]).services.remove(&victim).unwrap();
+    desired.services.insert(victim, moved);
+    let report = writer.apply(&desired);
+    assert_eq!(report.failed.iter().map(|(port, _)| *port).collect::<Vec<_>>(), [victim]);
+    assert!(report.failed[0].1.to_string().contains(map_names::SLOTS), "{}", report.failed[0].1);
+    assert_eq!(report.withdrawn, 1);
+    assert!(!writer.kernel().services.contains_key(&victim), "no connection goes to the old backends");
+    assert_eq!(
+        report.departed.iter().map(|d| d.backend.to_string()).collect::<Vec<_>>(),
+        ["10.244.0.1:8080", "10.244.0.2:8080"],
+        "the old backends left the set the cluster asks for"
+    );
+    verify_index(writer.maps(), writer.kernel()).unwrap();
+}
+
+#[test]
 fn without_a_grace_period_retired_slots_are_never_reused() {
     let capacities = Capacities { slots: 4, ..Capacities::default() };
     let mut writer = Writer::adopt(MemoryMaps::new(capacities), KernelState::default()).unwrap();
@@ -187,7 +252,8 @@ fn without_a_grace_period_retired_slots_are_never_reused() {
     let report = writer.apply(&web(&[5, 6]));
     assert_eq!(report.failed.len(), 1);
     assert!(report.housekeeping.iter().any(|e| e.to_string().contains("grace period")), "{report:?}");
-    assert_eq!(writer.usage().slots_retired, 2, "the retired run stays retired");
+    // The run of the set replaced before, and the run of the set withdrawn for want of room.
+    assert_eq!(writer.usage().slots_retired, 4, "retired runs stay retired");
     writer.maps_mut().grace.fail = false;
     let report = writer.apply(&web(&[5, 6]));
     assert!(report.failed.is_empty());

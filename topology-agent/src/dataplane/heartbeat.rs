@@ -1,11 +1,14 @@
 //! The agent's heartbeat in the kernel, which makes a node whose agent is gone fail open, and the
 //! node-wide counters that say how often that happened.
 
-use std::time::Duration;
+use std::{
+    net::{IpAddr, SocketAddr},
+    time::Duration,
+};
 
 use aya::maps::{Array, MapData, PerCpuArray};
 use serde::Serialize;
-use topology_common::{Heartbeat, NodeCounters, map_names};
+use topology_common::{DnsSteer, Heartbeat, NodeCounters, map_names};
 
 use super::error::DataplaneError;
 
@@ -84,34 +87,46 @@ fn reading(deadline_ns: u64, now_ns: u64) -> HeartbeatReading {
     }
 }
 
-/// The node-local DNS responder's heartbeat (`map_names::DNS_BEAT`), on its own descriptor: the
+/// The node-local DNS responder's heartbeat (`map_names::DNS_STEER`), on its own descriptor: the
 /// responder's prober writes it, never blocking the controller.
 pub struct DnsBeat {
-    map: Array<MapData, Heartbeat>,
+    map: Array<MapData, DnsSteer>,
 }
 
 impl DnsBeat {
     /// Opens the pinned map under `layout` (the programs are loaded: it exists).
-    pub fn open(layout: &super::PinLayout) -> Result<Self, DataplaneError> {
-        let name = map_names::DNS_BEAT;
+    pub(super) fn open(layout: &super::PinLayout) -> Result<Self, DataplaneError> {
+        let name = map_names::DNS_STEER;
         let data = MapData::from_pin(layout.map(name)).map_err(DataplaneError::map(name))?;
         let map = aya::maps::Map::from_map_data(data).map_err(DataplaneError::map(name))?;
         Ok(Self { map: map.try_into().map_err(DataplaneError::map(name))? })
     }
 
-    /// Keeps the steering on for `grace` from now.
-    pub fn refresh(&mut self, grace: Duration) -> Result<(), DataplaneError> {
-        self.write(FailOpen::new(Some(grace)).deadline(now_ns()))
+    /// Keeps the steering to `responder` on for `grace` from now; ports whose entry names another
+    /// address are not steered.
+    pub fn refresh(&mut self, responder: SocketAddr, grace: Duration) -> Result<(), DataplaneError> {
+        let deadline_ns = FailOpen::new(Some(grace)).deadline(now_ns());
+        self.write(steer_record(responder, deadline_ns))
     }
 
     /// Turns the steering off now.
     pub fn stop(&mut self) -> Result<(), DataplaneError> {
-        self.write(0)
+        self.write(DnsSteer::default())
     }
 
-    fn write(&mut self, deadline_ns: u64) -> Result<(), DataplaneError> {
-        self.map.set(0, Heartbeat { deadline_ns }, 0).map_err(DataplaneError::map(map_names::DNS_BEAT))
+    fn write(&mut self, record: DnsSteer) -> Result<(), DataplaneError> {
+        self.map.set(0, record, 0).map_err(DataplaneError::map(map_names::DNS_STEER))
     }
+}
+
+/// The record that steers to `responder` until `deadline_ns`, its address laid out as a backend's.
+fn steer_record(responder: SocketAddr, deadline_ns: u64) -> DnsSteer {
+    let mut addr = [0u8; 16];
+    match responder.ip() {
+        IpAddr::V4(ip) => addr[..4].copy_from_slice(&ip.octets()),
+        IpAddr::V6(ip) => addr = ip.octets(),
+    }
+    DnsSteer { deadline_ns, addr, port: responder.port(), _pad: [0; 6] }
 }
 
 /// The node counters summed over CPUs.
@@ -133,6 +148,22 @@ mod tests {
         assert_eq!(FailOpen::new(None).deadline(5), u64::MAX);
         assert_eq!(FailOpen::new(Some(Duration::from_secs(2))).deadline(1_000), 2_000_001_000);
         assert_eq!(FailOpen::new(Some(Duration::MAX)).deadline(1), u64::MAX - 1, "a huge delay is not 'never'");
+    }
+
+    #[test]
+    fn the_steering_record_names_the_responder_as_a_backend_would() {
+        let v4 = steer_record("10.0.0.5:53".parse().unwrap(), 7);
+        assert_eq!((v4.deadline_ns, v4.port), (7, 53));
+        assert_eq!(v4.addr, [10, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        let v6 = steer_record("[fd00::5]:5353".parse().unwrap(), 9);
+        assert_eq!((v6.addr, v6.port), ("fd00::5".parse::<std::net::Ipv6Addr>().unwrap().octets(), 5353));
+        let backend = crate::dataplane::alias::build(&[crate::desired::WeightedBackend {
+            addr: "10.0.0.5".parse().unwrap(),
+            port: 53,
+            weight: 1,
+            locality: crate::desired::Locality::Node,
+        }]);
+        assert_eq!((backend[0].primary.addr, backend[0].primary.port), (v4.addr, v4.port), "as the slot holds it");
     }
 
     #[test]

@@ -53,6 +53,13 @@ pub use writer::{ApplyReport, Usage};
 
 use crate::desired::DesiredState;
 
+/// Turns off the steering a previous agent left: the entries it programmed name its responder,
+/// which may be gone or answer from an empty view; this agent steers again only once its own
+/// responder answers from a current view (see `dns::steer`).
+fn stop_dns_steering(layout: &PinLayout) -> Result<(), DataplaneError> {
+    DnsBeat::open(layout)?.stop()
+}
+
 /// Default pin directory.
 pub const DEFAULT_PIN_PATH: &str = "/sys/fs/bpf/topology";
 
@@ -154,6 +161,7 @@ impl Dataplane {
             heartbeat::beat(&mut writer.maps_mut().heartbeat, &fail_open)?;
         }
         writer.maps_mut().set_agent_cgroup(config.agent_cgroup)?;
+        stop_dns_steering(&layout)?;
         loader::attach_all(&mut ebpf, &layout, &config.cgroup)?;
         reuse::record(&layout, &options, &config.cgroup, flavour)?;
         Ok(Self { writer, logger, layout, flavour, fail_open, _ebpf: Some(ebpf) })
@@ -171,6 +179,7 @@ impl Dataplane {
         let started = std::time::Instant::now();
         let mut maps = maps::MapSet::from_pins(&layout)?;
         maps.set_agent_cgroup(agent_cgroup)?;
+        stop_dns_steering(&layout)?;
         let kernel = state::read(&maps)?;
         let mut writer = writer::Writer::adopt(maps, kernel)?;
         if fail_open.never() {
@@ -183,6 +192,11 @@ impl Dataplane {
             "the attached programs kept (the same objects and options); pinned state adopted"
         );
         Ok(Self { writer, logger: None, layout, flavour: previous.flavour, fail_open, _ebpf: None })
+    }
+
+    /// The DNS steering heartbeat, on a descriptor of its own for the responder's prober.
+    pub fn dns_beat(&self) -> Result<DnsBeat, DataplaneError> {
+        DnsBeat::open(&self.layout)
     }
 
     /// Tells the programs the agent is alive with a current view: they keep rewriting until

@@ -20,6 +20,15 @@
 //!
 //! Room is checked before the first write for a service, and a failed write frees what that
 //! service wrote, so a map is never left holding part of a set.
+//!
+//! # A failed update holds nothing, never the old set
+//!
+//! When a port's new set or options cannot be written (a full slots array, a refused write), its
+//! entry is deleted: connections to it pass to the ClusterIP untouched, where kube-proxy routes
+//! them to the current endpoints, as it does for a node without the agent. Keeping the old set
+//! would route to backends that may be gone, silently, for as long as the failure lasts — and one
+//! tenant filling the slots could cause it for every other. Only a port whose entry cannot be
+//! deleted either is left holding an old set; it is reported [`ApplyReport::stranded`].
 
 use std::collections::HashMap;
 
@@ -59,8 +68,14 @@ pub struct ApplyReport {
     pub grace_periods: usize,
     /// Time spent waiting for them.
     pub grace_wait: std::time::Duration,
-    /// Service ports that could not be programmed; the kernel keeps their previous state.
+    /// Service ports that could not be programmed; the kernel holds nothing for them (their
+    /// connections pass to the ClusterIP untouched), unless they are also `stranded`.
     pub failed: Vec<(ServicePort, DataplaneError)>,
+    /// Failed ports whose earlier entry was deleted so that no outdated set routes them.
+    pub withdrawn: usize,
+    /// Failed ports whose outdated entry could not be deleted either: the kernel still routes
+    /// them by a set the cluster no longer asks for.
+    pub stranded: Vec<ServicePort>,
     /// Leftovers (ids of a removed service) that could not be deleted yet; they are retried on the
     /// next apply and never visible to the programs.
     pub housekeeping: Vec<DataplaneError>,
@@ -79,6 +94,8 @@ impl ApplyReport {
         self.grace_periods += other.grace_periods;
         self.grace_wait += other.grace_wait;
         self.failed.extend(other.failed);
+        self.withdrawn += other.withdrawn;
+        self.stranded.extend(other.stranded);
         self.housekeeping.extend(other.housekeeping);
         self.departed.extend(other.departed);
     }
@@ -188,6 +205,11 @@ impl<M: MapOps> Writer<M> {
         self.repair_index();
         let diff = diff::diff(changes, &self.kernel, &self.foreign);
         report.unchanged = diff.unchanged;
+        for (port, _) in &diff.invalid {
+            // What it should hold is unknown; nobody's sockets are ended for it.
+            let kept = self.kernel.services.get(port).map(|held| held.slots.clone()).unwrap_or_default();
+            self.withdraw(port, &kept, &mut report);
+        }
         report.failed = diff.invalid;
         // New ports are written together after every other change, a few batched system calls
         // for all of them (a full sync, a restart onto empty maps, a large update).
@@ -213,26 +235,42 @@ impl<M: MapOps> Writer<M> {
     fn execute(&mut self, op: Op<'_>, report: &mut ApplyReport) -> Result<(), DataplaneError> {
         match op {
             Op::Remove(port) => {
-                self.remove(&port, report)?;
+                if let Err(error) = self.remove(&port, &[], report) {
+                    report.stranded.push(port);
+                    return Err(error);
+                }
                 report.removed += 1;
             }
             Op::Add { port, slots, service, replace } => {
-                if replace {
-                    self.remove(&port, &mut ApplyReport::default())?;
+                if replace && let Err(error) = self.remove(&port, &slots, &mut ApplyReport::default()) {
+                    report.stranded.push(port);
+                    return Err(error);
                 }
                 self.add(&port, service, slots, report)?;
             }
             Op::Swap { port, slots, service } => {
-                self.swap(&port, service, slots, report)?;
+                if let Err(error) = self.swap(&port, service, &slots, report) {
+                    self.withdraw(&port, &slots, report);
+                    return Err(error);
+                }
                 report.updated += 1;
+                if self.kernel.services[&port].name != service.name {
+                    // After the set: a port that keeps its old name keeps its right set.
+                    self.rename(&port, &service.name)?;
+                }
             }
             Op::Retag { port, name, options } => {
                 if let Some(name) = name {
+                    // A name is no routing: a port that keeps its old name keeps its right set.
                     self.rename(&port, name)?;
                 }
                 match options {
                     Some(options) => {
-                        self.set_options(&port, options)?;
+                        if let Err(error) = self.set_options(&port, options) {
+                            let kept = self.kernel.services[&port].slots.clone();
+                            self.withdraw(&port, &kept, report);
+                            return Err(error);
+                        }
                         report.updated += 1;
                     }
                     None => report.unchanged += 1,
@@ -242,11 +280,26 @@ impl<M: MapOps> Writer<M> {
         Ok(())
     }
 
+    /// Deletes the entry of a port whose new state could not be written (see the module docs);
+    /// `kept`: the set it should have held, whose backends have not departed.
+    fn withdraw(&mut self, port: &ServicePort, kept: &[Slot], report: &mut ApplyReport) {
+        if !self.kernel.services.contains_key(port) {
+            return;
+        }
+        match self.remove(port, kept, report) {
+            Ok(()) => report.withdrawn += 1,
+            Err(error) => {
+                tracing::error!(%port, %error, "an outdated backend set could not be withdrawn");
+                report.stranded.push(*port);
+            }
+        }
+    }
+
     fn swap(
         &mut self,
         port: &ServicePort,
         service: &DesiredService,
-        slots: Vec<Slot>,
+        slots: &[Slot],
         report: &mut ApplyReport,
     ) -> Result<(), DataplaneError> {
         let current = self.kernel.services[port].clone();
@@ -260,7 +313,7 @@ impl<M: MapOps> Writer<M> {
         let key = ServiceKey::of(port);
         // Steps 1 and 2 of the swap protocol.
         let maps = &mut self.maps;
-        if let Err(error) = write_slots(maps, set_id, run, &slots).and_then(|()| maps.put_service(key, value)) {
+        if let Err(error) = write_slots(maps, set_id, run, slots).and_then(|()| maps.put_service(key, value)) {
             self.slots.release(run);
             self.set_ids.release(set_id);
             return Err(error);
@@ -270,13 +323,10 @@ impl<M: MapOps> Writer<M> {
         // Step 3: the old run waits for a grace period. The mirror follows the kernel before
         // anything else can fail, so the old run is never retired twice.
         self.retire(port, &current);
-        report.departed.extend(diff::departures(port, &current.slots, &slots));
+        report.departed.extend(diff::departures(port, &current.slots, slots));
         self.kernel
             .services
-            .insert(*port, ProgrammedService::new(&value, slots, current.name.clone(), service.options));
-        if current.name != service.name {
-            self.rename(port, &service.name)?;
-        }
+            .insert(*port, ProgrammedService::new(&value, slots.to_vec(), current.name.clone(), service.options));
         Ok(())
     }
 
@@ -301,7 +351,8 @@ impl<M: MapOps> Writer<M> {
         Ok(())
     }
 
-    fn remove(&mut self, port: &ServicePort, report: &mut ApplyReport) -> Result<(), DataplaneError> {
+    /// Deletes a port's entry; the backends of `kept` (what it should hold) have not departed.
+    fn remove(&mut self, port: &ServicePort, kept: &[Slot], report: &mut ApplyReport) -> Result<(), DataplaneError> {
         let current = self.kernel.services[port].clone();
         let key = ServiceKey::of(port);
         self.index_remove(key);
@@ -311,7 +362,7 @@ impl<M: MapOps> Writer<M> {
             self.index_upsert(key, current.value());
             return Err(error);
         }
-        report.departed.extend(diff::departures(port, &current.slots, &[]));
+        report.departed.extend(diff::departures(port, &current.slots, kept));
         self.kernel.services.remove(port);
         self.foreign.ids.remove(port);
         *self.entries.get_mut(key.family()) -= 1;

@@ -18,7 +18,10 @@ pub mod view;
 use std::{
     collections::HashMap,
     net::SocketAddr,
-    sync::{Arc, RwLock},
+    sync::{
+        Arc, RwLock,
+        atomic::{AtomicBool, Ordering},
+    },
 };
 
 use hickory_proto::rr::{Name, RecordType};
@@ -187,12 +190,29 @@ impl DnsMetrics {
     }
 }
 
+/// Whether the published view comes from a complete, current view of the cluster: the responder
+/// is steered to only while it does (an empty view would answer NXDOMAIN for every name).
+#[derive(Clone, Debug, Default)]
+pub struct ViewCurrent(Arc<AtomicBool>);
+
+impl ViewCurrent {
+    /// True while the published view is of a complete, current view of the cluster.
+    pub fn get(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+
+    fn set(&self, current: bool) {
+        self.0.store(current, Ordering::Release);
+    }
+}
+
 /// The controller's side: keeps the view current and publishes it.
 #[derive(Debug)]
 pub struct DnsPublisher {
     view: DnsView,
     changed: bool,
     sender: watch::Sender<Arc<DnsView>>,
+    current: ViewCurrent,
 }
 
 impl DnsPublisher {
@@ -200,7 +220,17 @@ impl DnsPublisher {
     pub fn new(upstreams: Vec<SocketAddr>) -> (Self, watch::Receiver<Arc<DnsView>>) {
         let view = DnsView::new(upstreams);
         let (sender, receiver) = watch::channel(Arc::new(view.clone()));
-        (Self { view, changed: false, sender }, receiver)
+        (Self { view, changed: false, sender, current: ViewCurrent::default() }, receiver)
+    }
+
+    /// Whether what was last published is of a complete, current view, as the prober reads it.
+    pub fn current(&self) -> ViewCurrent {
+        self.current.clone()
+    }
+
+    /// Says whether what was last published is of a complete, current view of the cluster.
+    pub fn set_current(&self, current: bool) {
+        self.current.set(current);
     }
 
     /// The working view, to update one Service at a time.

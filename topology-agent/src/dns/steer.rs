@@ -2,11 +2,14 @@
 //! responder instead of CoreDNS, by the same socket hooks — a per-node rule, so kubelet's
 //! `--cluster-dns` stays as it is.
 //!
-//! The rule fails open twice over. The programs apply it only while the responder's own heartbeat
-//! (`map_names::DNS_BEAT`) is fresh, and the agent refreshes that heartbeat only while the
-//! responder answers a probe: a responder that stops answering, a frozen agent or a dead one stop
-//! the steering within [`BEAT_GRACE`], and queries pass to the ClusterIP untouched, where
-//! kube-proxy sends them to CoreDNS as if the agent were not there.
+//! The rule fails open three times over. The programs apply it only while the responder's own
+//! heartbeat (`map_names::DNS_STEER`) is fresh and names the address the entry steers to; the
+//! agent refreshes that heartbeat only while the responder answers a probe and answers from a
+//! complete, current view of the cluster (after the first sync, and not while a watch is stale);
+//! and a starting agent turns off what a previous one left. A responder that stops answering, a
+//! frozen agent or a dead one stop the steering within [`BEAT_GRACE`], a restarted one never
+//! steers to its predecessor's address or from an empty view, and queries pass to the ClusterIP
+//! untouched, where kube-proxy sends them to CoreDNS as if the agent were not there.
 
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
@@ -20,6 +23,7 @@ use hickory_proto::{
 use tokio::net::UdpSocket;
 use tokio_util::sync::CancellationToken;
 
+use super::ViewCurrent;
 use crate::{
     cluster::{Family, ObjectKey},
     dataplane::DnsBeat,
@@ -83,35 +87,61 @@ impl Steering {
     }
 }
 
-/// Probes the responder at `listen` and keeps the steering heartbeat fresh while it answers;
-/// stops the steering at once when it does not, and on `shutdown` (before the sockets close).
-pub async fn keep_steering(mut beat: DnsBeat, listen: SocketAddr, domain: Name, shutdown: CancellationToken) {
+/// Probes the responder at `listen` and keeps the steering heartbeat fresh while it answers from a
+/// current view (`current`); stops the steering at once when it does not, and on `shutdown`
+/// (before the sockets close).
+pub async fn keep_steering(
+    mut beat: DnsBeat,
+    listen: SocketAddr,
+    domain: Name,
+    current: ViewCurrent,
+    shutdown: CancellationToken,
+) {
     let target = probe_target(listen);
     let mut ticks = tokio::time::interval(PROBE_INTERVAL);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut steering = false;
+    let mut steering = None;
     loop {
         tokio::select! {
             () = shutdown.cancelled() => break,
             _ = ticks.tick() => {}
         }
-        let answered = matches!(tokio::time::timeout(PROBE_TIMEOUT, probe(target, &domain)).await, Ok(Ok(())));
-        let result = if answered { beat.refresh(BEAT_GRACE) } else { beat.stop() };
+        let state = if !current.get() {
+            Steer::NoCurrentView
+        } else if matches!(tokio::time::timeout(PROBE_TIMEOUT, probe(target, &domain)).await, Ok(Ok(()))) {
+            Steer::On
+        } else {
+            Steer::NotAnswering
+        };
+        let result = if state == Steer::On { beat.refresh(listen, BEAT_GRACE) } else { beat.stop() };
         if let Err(error) = result {
             tracing::warn!(%error, "writing the DNS steering heartbeat");
         }
-        if answered != steering {
-            steering = answered;
-            if steering {
-                tracing::info!(responder = %listen, "steering the cluster DNS to this node's responder");
-            } else {
-                tracing::warn!(responder = %listen, "the DNS responder does not answer; DNS goes to the cluster DNS");
+        if steering != Some(state) {
+            steering = Some(state);
+            match state {
+                Steer::On => tracing::info!(responder = %listen, "steering the cluster DNS to this node's responder"),
+                Steer::NoCurrentView => tracing::info!(
+                    responder = %listen,
+                    "not steering the cluster DNS: no complete, current view of the cluster to answer from"
+                ),
+                Steer::NotAnswering => {
+                    tracing::warn!(responder = %listen, "the DNS responder does not answer; DNS goes to the cluster DNS");
+                }
             }
         }
     }
     if let Err(error) = beat.stop() {
         tracing::warn!(%error, "stopping the DNS steering");
     }
+}
+
+/// Whether the cluster DNS is steered to the responder, and if not, why.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Steer {
+    On,
+    NoCurrentView,
+    NotAnswering,
 }
 
 /// Where a probe goes: the listening address, or loopback when it listens on every address.

@@ -1,0 +1,92 @@
+//! What one tenant, one restart or one full map can do to a node (root, real kernel, the agent's
+//! binary): a Service that fills the slots array leaves another Service's moved endpoints to
+//! kube-proxy, never on its old backends. `--test-threads=1`.
+
+use std::{
+    net::{IpAddr, SocketAddr},
+    time::{Duration, Instant},
+};
+
+use topology_tests::{
+    agent::{Agent, AgentOptions},
+    cluster::{self, EndpointSpec},
+    fixture::{BACKEND_PORT, Fixture},
+    net::KubeProxyStandIn,
+    require_root,
+};
+
+const VICTIM: &str = "10.96.0.10:80";
+const HOG: &str = "10.96.0.99:80";
+/// Slots in the test's slots array: the victim's one and the hog's fifteen fill it.
+const SLOTS: u32 = 16;
+
+fn addr(text: &str) -> SocketAddr {
+    text.parse().expect("a socket address")
+}
+
+/// The victim Service on `victim_endpoint`, and another tenant's Service with fifteen endpoints.
+fn cluster(victim_endpoint: IpAddr) -> Vec<serde_json::Value> {
+    let hog_endpoints: Vec<EndpointSpec> =
+        (1..=15).map(|last| EndpointSpec::new(IpAddr::from([10, 255, 0, last]), "node-a")).collect();
+    vec![
+        cluster::node("node-a", "zone-a", None, "4"),
+        cluster::service("default", "web", addr(VICTIM).ip(), 80, "TCP", "http"),
+        cluster::slice(
+            "default",
+            "web-1",
+            "web",
+            "http",
+            BACKEND_PORT,
+            "TCP",
+            &[EndpointSpec::new(victim_endpoint, "node-a")],
+        ),
+        cluster::service("tenant", "hog", addr(HOG).ip(), 80, "TCP", "http"),
+        cluster::slice("tenant", "hog-1", "hog", "http", BACKEND_PORT, "TCP", &hog_endpoints),
+    ]
+}
+
+#[test]
+fn a_full_slots_array_leaves_a_moved_service_to_kube_proxy_never_on_its_old_backends() {
+    require_root!();
+    let fx = Fixture::new(2);
+    let (old, moved) = (IpAddr::V4(fx.backends[0].host.v4), IpAddr::V4(fx.backends[1].host.v4));
+    // kube-proxy already follows the move: the ClusterIP leads to the new endpoint.
+    let proxy = KubeProxyStandIn::new(fx.client.netns.name());
+    proxy.forward("tcp", addr(VICTIM), SocketAddr::new(moved, BACKEND_PORT));
+    let file = fx.scratch().join("cluster.yaml");
+    cluster::write(&file, &cluster(old));
+    let mut agent = Agent::start(&AgentOptions {
+        extra: vec!["--capacity".into(), format!("topo_slots={SLOTS}")],
+        ..AgentOptions::new(&file, "node-a", fx.cgroup.path(), fx.pins.path())
+    });
+    agent.wait_ready(Duration::from_secs(20));
+    assert_eq!(fx.place().tcp(addr(VICTIM), 20).landed_on("b0"), 20, "the agent routes the victim");
+
+    // The endpoint moves; its new set finds no free slot.
+    cluster::write(&file, &cluster(moved));
+    let started = Instant::now();
+    loop {
+        let batch = fx.place().tcp(addr(VICTIM), 10);
+        assert_eq!(batch.failures(), 0, "{batch:?}");
+        if batch.landed_on("b1") == 10 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "connections still reach the old backend after the move: {batch:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let after = fx.place().tcp(addr(VICTIM), 50);
+    assert_eq!(after.landed_on("b1"), 50, "kube-proxy routes the port the agent could not program: {after:?}");
+
+    // Not silent: readiness, the gauge and the failure counter say so.
+    let (status, body) = agent.get("/readyz").expect("readyz");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains(&format!("{VICTIM}/TCP: map topo_slots is full")), "{body}");
+    let metrics = agent.get("/metrics").expect("metrics").1;
+    assert!(metrics.contains("topology_agent_failed_service_ports 1"), "{metrics}");
+    assert!(metrics.contains("topology_agent_apply_failures_total{reason=\"MapFull\"}"), "{metrics}");
+    // The heartbeat goes on: every other port keeps its topology.
+    assert!(metrics.contains("topology_agent_view_current 1"), "{metrics}");
+}
