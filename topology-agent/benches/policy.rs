@@ -87,7 +87,7 @@ fn cluster(services: usize, spill: bool) -> ClusterState {
 }
 
 fn keys(keys: &[&str]) -> TopologyKeysSpec {
-    TopologyKeysSpec { source: TopologyKeysSource::Annotation, keys: keys.iter().map(|k| (*k).to_owned()).collect() }
+    TopologyKeysSpec::new(TopologyKeysSource::Annotation, keys.iter().copied())
 }
 
 fn bench(c: &mut Criterion) {

@@ -49,7 +49,7 @@ pub fn quantity(data: &[u8]) {
 pub fn annotations(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else { return };
     let mut lines = text.lines();
-    let keys: Vec<String> = lines.next().unwrap_or_default().split(',').map(str::to_owned).collect();
+    let keys = TopologyKeysSpec::new(TopologyKeysSource::Annotation, lines.next().unwrap_or_default().split(','));
     let mut service = Service {
         key: ObjectKey::new("fuzz", "svc"),
         cluster_ips: vec!["10.96.0.1".parse().expect("address")],
@@ -58,7 +58,7 @@ pub fn annotations(data: &[u8]) {
         internal_traffic_local: false,
         session_affinity_timeout_s: None,
         traffic_distribution: None,
-        topology_keys: Some(TopologyKeysSpec { source: TopologyKeysSource::Annotation, keys }),
+        topology_keys: Some(keys),
         topology_mode: None,
         agent_annotations: Default::default(),
     };

@@ -1,6 +1,7 @@
 //! The cluster as the agent knows it: objects reduced to what decides routing, from a file or
 //! from Kubernetes watches, indexed in one state the policy reads.
 
+pub mod bounds;
 pub mod convert;
 pub mod demand;
 pub mod labels;

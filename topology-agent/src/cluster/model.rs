@@ -3,6 +3,7 @@
 
 use std::{collections::BTreeMap, fmt, net::IpAddr, sync::Arc};
 
+use super::bounds;
 pub use super::labels::Labels;
 use crate::desired::Protocol;
 
@@ -208,8 +209,26 @@ impl Service {
 pub struct TopologyKeysSpec {
     /// `annotation` or `spec.topologyKeys`.
     pub source: TopologyKeysSource,
-    /// The keys as written, in order.
+    /// The keys as written, in order: the first `MAX_TOPOLOGY_KEYS + 1` at most, each bounded.
     pub keys: Vec<String>,
+    /// How many keys were written.
+    pub written: usize,
+}
+
+impl TopologyKeysSpec {
+    /// The keys written at `source`, keeping no more of them than their validation needs: one
+    /// beyond the most allowed, each no longer than the longest valid key (see [`bounds`]).
+    pub fn new<'a>(source: TopologyKeysSource, written: impl IntoIterator<Item = &'a str>) -> Self {
+        let mut keys = Vec::new();
+        let mut count = 0;
+        for key in written {
+            if count <= bounds::MAX_TOPOLOGY_KEYS {
+                keys.push(bounds::bounded(key.trim(), bounds::MAX_TOPOLOGY_KEY_LEN));
+            }
+            count += 1;
+        }
+        Self { source, keys, written: count }
+    }
 }
 
 /// Where a Service's topology keys came from.

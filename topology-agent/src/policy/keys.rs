@@ -8,10 +8,10 @@
 use std::fmt;
 
 use super::{Candidate, PolicyKind, Selection, describe};
-use crate::cluster::Node;
+use crate::cluster::{Node, TopologyKeysSpec};
 
 /// At most this many keys (KEP-536).
-pub const MAX_KEYS: usize = 16;
+pub const MAX_KEYS: usize = crate::cluster::bounds::MAX_TOPOLOGY_KEYS;
 
 /// One topology key.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,6 +71,15 @@ pub enum LabelKeyError {
     /// The name holds a character a label key may not.
     #[error("the name may only contain letters, digits, '-', '_' and '.'")]
     NameCharacters,
+}
+
+/// Validates a Service's keys as [`parse`] does, counting every key written (the spec keeps only
+/// the first ones).
+pub fn parse_spec(spec: &TopologyKeysSpec) -> Result<Vec<TopologyKey>, KeysError> {
+    if spec.written > MAX_KEYS {
+        return Err(KeysError::TooMany(spec.written));
+    }
+    parse(&spec.keys)
 }
 
 /// Validates keys as the KEP does: at most 16, each a valid label key or `*`, `*` only last, no

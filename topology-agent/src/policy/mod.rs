@@ -270,7 +270,7 @@ fn decide(
         return local::select(this, candidates).warn(warnings);
     }
     let (usable, terminating) = usable(candidates);
-    let keys = service.topology_keys.as_ref().and_then(|spec| match keys::parse(&spec.keys) {
+    let keys = service.topology_keys.as_ref().and_then(|spec| match keys::parse_spec(spec) {
         Ok(keys) => Some(keys),
         Err(reason) => {
             warnings.push(format!("{} ignored: {reason}", spec.source));

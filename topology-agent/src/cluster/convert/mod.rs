@@ -24,8 +24,9 @@ pub const ANNOTATION_TOPOLOGY_KEYS: &str = "topology-agent.io/topology-keys";
 pub const ANNOTATION_TOPOLOGY_MODE: &str = "service.kubernetes.io/topology-mode";
 /// Topology Aware Hints annotation (Kubernetes 1.23-1.26).
 pub const ANNOTATION_TOPOLOGY_AWARE_HINTS: &str = "service.kubernetes.io/topology-aware-hints";
-/// Prefix of this agent's own annotations.
-pub const AGENT_ANNOTATION_PREFIX: &str = "topology-agent.io/";
+/// This agent's own annotations that the policy reads: the only ones kept, bounded.
+pub const AGENT_ANNOTATIONS: [&str; 2] =
+    [crate::cluster::model::ANNOTATION_SPILLOVER, crate::cluster::model::ANNOTATION_MAX_OVERLOAD];
 
 /// Deserializes a raw object into its view; an error names the failing field.
 pub fn typed<T: serde::de::DeserializeOwned>(raw: &serde_json::Value, kind: Kind) -> Result<T, ObjectError> {

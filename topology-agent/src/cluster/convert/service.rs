@@ -12,12 +12,13 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::{
-    AGENT_ANNOTATION_PREFIX, ANNOTATION_TOPOLOGY_AWARE_HINTS, ANNOTATION_TOPOLOGY_KEYS, ANNOTATION_TOPOLOGY_MODE,
+    AGENT_ANNOTATIONS, ANNOTATION_TOPOLOGY_AWARE_HINTS, ANNOTATION_TOPOLOGY_KEYS, ANNOTATION_TOPOLOGY_MODE,
     meta::{lean_metadata, null_as_default, view_resource},
     object_key, protocol,
 };
-use crate::cluster::model::{
-    Kind, ObjectError, PortSpec, Service, TopologyKeysSource, TopologyKeysSpec, TrafficDistribution,
+use crate::cluster::{
+    bounds,
+    model::{Kind, ObjectError, PortSpec, Service, TopologyKeysSource, TopologyKeysSpec, TrafficDistribution},
 };
 
 /// A Service from the API: its metadata (lean) and its spec's text, read by [`service`].
@@ -164,24 +165,27 @@ fn from_parts(metadata: &ObjectMeta, spec: &SpecView) -> Result<Service, ObjectE
 
     let empty = BTreeMap::new();
     let annotations = metadata.annotations.as_ref().unwrap_or(&empty);
+    // Every value is bounded before it is kept (see `bounds`): a tenant's annotation is held,
+    // warned about and logged on every node.
     let topology_keys = match annotations.get(ANNOTATION_TOPOLOGY_KEYS) {
-        Some(value) if !value.trim().is_empty() => Some(TopologyKeysSpec {
-            source: TopologyKeysSource::Annotation,
-            keys: value.split(',').map(|key| key.trim().to_owned()).collect(),
-        }),
+        Some(value) if !value.trim().is_empty() => {
+            Some(TopologyKeysSpec::new(TopologyKeysSource::Annotation, value.split(',')))
+        }
         _ => spec
             .topology_keys
-            .clone()
+            .as_ref()
             .filter(|keys| !keys.is_empty())
-            .map(|keys| TopologyKeysSpec { source: TopologyKeysSource::Spec, keys }),
+            .map(|keys| TopologyKeysSpec::new(TopologyKeysSource::Spec, keys.iter().map(String::as_str))),
     };
     let topology_mode = [ANNOTATION_TOPOLOGY_MODE, ANNOTATION_TOPOLOGY_AWARE_HINTS]
         .iter()
-        .find_map(|name| annotations.get(*name).filter(|v| !v.is_empty()).cloned());
-    let agent_annotations: BTreeMap<String, String> = annotations
+        .find_map(|name| annotations.get(*name).filter(|v| !v.is_empty()))
+        .map(|mode| bounds::bounded(mode, bounds::MAX_SHORT_VALUE));
+    let agent_annotations: BTreeMap<String, String> = AGENT_ANNOTATIONS
         .iter()
-        .filter(|(name, _)| name.starts_with(AGENT_ANNOTATION_PREFIX))
-        .map(|(name, value)| (name.clone(), value.clone()))
+        .filter_map(|name| {
+            Some(((*name).to_owned(), bounds::bounded(annotations.get(*name)?, bounds::MAX_SHORT_VALUE)))
+        })
         .collect();
 
     let headless = !external_name && ips.iter().any(|ip| ip == "None");

@@ -56,8 +56,11 @@ fn service_fields_and_defaults() {
     let keys = svc.topology_keys.unwrap();
     assert_eq!(keys.source, TopologyKeysSource::Annotation);
     assert_eq!(keys.keys, ["kubernetes.io/hostname", "topology.kubernetes.io/zone", "*"]);
+    let written = keys.written;
     assert_eq!(svc.topology_mode.as_deref(), Some("auto"));
-    assert_eq!(svc.agent_annotations.len(), 2);
+    // Only the agent's annotations the policy reads; the keys are kept once, parsed, above.
+    assert_eq!(svc.agent_annotations.keys().collect::<Vec<_>>(), ["topology-agent.io/spillover"]);
+    assert_eq!(written, 3);
     assert_eq!(svc.session_affinity_timeout_s, None);
 }
 

@@ -12,6 +12,10 @@ use std::collections::BTreeSet;
 
 /// Below this, an amount of traffic (a share of the total) is nothing.
 const NEGLIGIBLE: f64 = 1e-12;
+/// The most zones a plan balances. The plan is a zones × zones matrix; zones come from Nodes and
+/// from the EndpointSlices a tenant may write, so an unbounded count is memory any tenant can take
+/// on every node (128 zones: 128 KiB).
+pub const MAX_ZONES: usize = 128;
 
 /// One zone of the problem.
 #[derive(Clone, Debug, PartialEq)]
@@ -38,6 +42,9 @@ pub enum SolveError {
     /// ε is negative or not a number.
     #[error("max overload {0} is not a finite number >= 0")]
     InvalidOverload(f64),
+    /// More zones than [`MAX_ZONES`].
+    #[error("{0} zones in scope; spillover balances at most {MAX_ZONES}")]
+    TooManyZones(usize),
 }
 
 /// The solution: where each zone's traffic goes, as shares of all traffic.
@@ -62,6 +69,9 @@ pub struct Plan {
 pub fn solve(zones: Vec<ZoneInput>, max_overload: f64) -> Result<Plan, SolveError> {
     if !max_overload.is_finite() || max_overload < 0.0 {
         return Err(SolveError::InvalidOverload(max_overload));
+    }
+    if zones.len() > MAX_ZONES {
+        return Err(SolveError::TooManyZones(zones.len()));
     }
     let total_endpoints: u32 = zones.iter().map(|z| z.endpoints).sum();
     if total_endpoints == 0 {

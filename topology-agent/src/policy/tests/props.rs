@@ -76,7 +76,7 @@ fn hard(service: &Service, selection: &Selection) -> bool {
     match selection.policy {
         PolicyKind::Local => true,
         PolicyKind::TopologyKeys | PolicyKind::Spillover => {
-            let keys = service.topology_keys.as_ref().map(|spec| crate::policy::keys::parse(&spec.keys).unwrap());
+            let keys = service.topology_keys.as_ref().map(|spec| crate::policy::keys::parse_spec(spec).unwrap());
             // Spillover without keys is cluster-wide; with keys, only "*" makes it so.
             let cluster_wide = keys
                 .as_ref()

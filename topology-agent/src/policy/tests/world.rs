@@ -56,18 +56,12 @@ pub trait ServiceExt {
 
 impl ServiceExt for Service {
     fn keys(mut self, keys: &[&str]) -> Self {
-        self.topology_keys = Some(TopologyKeysSpec {
-            source: TopologyKeysSource::Annotation,
-            keys: keys.iter().map(|k| (*k).to_owned()).collect(),
-        });
+        self.topology_keys = Some(TopologyKeysSpec::new(TopologyKeysSource::Annotation, keys.iter().copied()));
         self
     }
 
     fn spec_keys(mut self, keys: &[&str]) -> Self {
-        self.topology_keys = Some(TopologyKeysSpec {
-            source: TopologyKeysSource::Spec,
-            keys: keys.iter().map(|k| (*k).to_owned()).collect(),
-        });
+        self.topology_keys = Some(TopologyKeysSpec::new(TopologyKeysSource::Spec, keys.iter().copied()));
         self
     }
 
