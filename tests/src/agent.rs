@@ -46,6 +46,8 @@ pub struct AgentOptions<'a> {
     pub log: Option<&'a Path>,
     /// cgroup the agent process itself joins (default: the caller's).
     pub home: Option<&'a Path>,
+    /// `--metrics-addr` (default: a free port on 127.0.0.1).
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 impl<'a> AgentOptions<'a> {
@@ -63,6 +65,7 @@ impl<'a> AgentOptions<'a> {
             pins,
             log: None,
             home: None,
+            metrics_addr: None,
         }
     }
 }
@@ -70,7 +73,7 @@ impl<'a> AgentOptions<'a> {
 impl Agent {
     /// Starts the agent (stderr goes to the test's stderr).
     pub fn start(options: &AgentOptions<'_>) -> Self {
-        let http = free_port();
+        let http = options.metrics_addr.unwrap_or_else(free_port);
         let mut command = match options.wrapper.split_first() {
             Some((program, args)) => {
                 let mut command = Command::new(program);

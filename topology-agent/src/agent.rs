@@ -51,6 +51,8 @@ pub struct RunConfig {
     pub pin_path: PathBuf,
     /// Address of /healthz, /readyz and /metrics.
     pub metrics_addr: SocketAddr,
+    /// Address of /healthz and /readyz alone, for kubelet's probes (`None`: none).
+    pub probe_addr: Option<SocketAddr>,
     /// Map capacities.
     pub capacities: Capacities,
     /// Kernel diagnostics.
@@ -202,32 +204,8 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
             Default::default()
         })
     });
-    let listener =
-        http::bind(config.metrics_addr).await.map_err(|source| RunError::Bind { addr: config.metrics_addr, source })?;
-    let bound = listener.local_addr().map_err(|source| RunError::Bind { addr: config.metrics_addr, source })?;
-    tracing::info!(addr = %bound, "serving /healthz, /readyz, /metrics and /debug/plan");
     let (plans, plan_queries) = PlanClient::channel();
-    // The same on the loopback of the agent's network namespace, where `kubectl port-forward`
-    // connects: reachable from nothing else.
-    let loopback = if bound.ip().is_loopback() || bound.ip().is_unspecified() {
-        None
-    } else {
-        let addr = SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), bound.port());
-        match http::bind(addr).await {
-            Ok(listener) => Some(listener),
-            Err(error) => {
-                tracing::warn!(%addr, %error, "not serving on the loopback too: kubectl port-forward will not reach it");
-                None
-            }
-        }
-    };
-    if let Some(listener) = loopback {
-        let serve =
-            http::serve(listener, Arc::clone(&health), Arc::clone(&metrics), Some(plans.clone()), shutdown.clone());
-        tokio::spawn(serve);
-    }
-    let http =
-        tokio::spawn(http::serve(listener, Arc::clone(&health), Arc::clone(&metrics), Some(plans), shutdown.clone()));
+    let http = serve_http(&config, &health, &metrics, plans, &shutdown).await?;
 
     let dns = match &config.dns {
         Some(dns_config) => Some(start_dns(dns_config, &dataplane, &metrics, &shutdown)?),
@@ -292,6 +270,53 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
     }
     tracing::info!("stopped; the kernel keeps the last programmed state");
     Ok(result?)
+}
+
+/// Binds and serves the HTTP listeners: `/metrics` and the probes on `--metrics-addr`; the probes
+/// alone on `--probe-addr`; and on the loopback of the agent's network namespace, where `kubectl
+/// port-forward` connects and nothing else can, the plan too. The task of the first ends with
+/// `shutdown`.
+async fn serve_http(
+    config: &RunConfig,
+    health: &Arc<Health>,
+    metrics: &Arc<Metrics>,
+    plans: PlanClient,
+    shutdown: &CancellationToken,
+) -> Result<tokio::task::JoinHandle<()>, RunError> {
+    let bind = |addr: SocketAddr| async move {
+        let listener = http::bind(addr).await.map_err(|source| RunError::Bind { addr, source })?;
+        let bound = listener.local_addr().map_err(|source| RunError::Bind { addr, source })?;
+        Ok::<_, RunError>((listener, bound))
+    };
+    let (listener, bound) = bind(config.metrics_addr).await?;
+    let on_loopback = bound.ip().is_loopback();
+    let endpoints = http::Endpoints {
+        health: Arc::clone(health),
+        metrics: Some(Arc::clone(metrics)),
+        plans: on_loopback.then(|| plans.clone()),
+    };
+    tracing::info!(addr = %bound, plan = on_loopback, "serving /healthz, /readyz and /metrics");
+    let main = tokio::spawn(http::serve(listener, endpoints.clone(), http::SCRAPE_LIMITS, shutdown.clone()));
+    if let Some(addr) = config.probe_addr {
+        let (listener, bound) = bind(addr).await?;
+        tracing::info!(addr = %bound, "serving /healthz and /readyz for kubelet's probes");
+        let probes = http::Endpoints { health: Arc::clone(health), metrics: None, plans: None };
+        tokio::spawn(http::serve(listener, probes, http::PROBE_LIMITS, shutdown.clone()));
+    }
+    if !on_loopback && !bound.ip().is_unspecified() {
+        let addr = SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), bound.port());
+        match http::bind(addr).await {
+            Ok(listener) => {
+                tracing::info!(%addr, "serving /debug/plan on the loopback only");
+                let endpoints = http::Endpoints { plans: Some(plans), ..endpoints };
+                tokio::spawn(http::serve(listener, endpoints, http::SCRAPE_LIMITS, shutdown.clone()));
+            }
+            Err(error) => {
+                tracing::warn!(%addr, %error, "not serving on the loopback: kubectl port-forward will not reach it");
+            }
+        }
+    }
+    Ok(main)
 }
 
 /// The DNS responder, running.
@@ -409,6 +434,7 @@ mod tests {
             cgroup: None,
             pin_path: "/sys/fs/bpf/topology".into(),
             metrics_addr: "127.0.0.1:9464".parse().unwrap(),
+            probe_addr: None,
             capacities: Capacities::default(),
             kernel_log: KernelLogLevel::Off,
             index: IndexOrdering::default(),

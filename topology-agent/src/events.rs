@@ -36,9 +36,14 @@ impl ProblemSink for LogOnly {
     fn publish(&self, _problem: &Problem) {}
 }
 
+/// Problems waiting to be published. Each agent publishes its own node's view of a Service, so one
+/// tenant edit is one Event per node: past this many waiting, new ones are dropped (and logged)
+/// rather than queued without bound while the API server is slow.
+pub const QUEUED: usize = 256;
+
 /// Publishes problems as Events (events.k8s.io/v1) on their Service, from a background task.
 pub struct KubeEvents {
-    queue: mpsc::UnboundedSender<Problem>,
+    queue: mpsc::Sender<Problem>,
 }
 
 impl KubeEvents {
@@ -46,7 +51,7 @@ impl KubeEvents {
     pub fn start(client: Client, node: &str) -> (Self, JoinHandle<()>) {
         let reporter = Reporter { controller: "topology-agent".into(), instance: Some(node.to_owned()) };
         let recorder = Recorder::new(client, reporter);
-        let (queue, mut problems) = mpsc::unbounded_channel::<Problem>();
+        let (queue, mut problems) = mpsc::channel::<Problem>(QUEUED);
         let task = tokio::spawn(async move {
             while let Some(problem) = problems.recv().await {
                 let reference = ObjectReference {
@@ -74,8 +79,14 @@ impl KubeEvents {
 
 impl ProblemSink for KubeEvents {
     fn publish(&self, problem: &Problem) {
-        // The task only ends at shutdown, when losing the event does not matter.
-        let _ = self.queue.send(problem.clone());
+        match self.queue.try_send(problem.clone()) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(problem)) => {
+                tracing::debug!(service = %problem.service, reason = problem.reason, "Event queue full; not published");
+            }
+            // The task only ends at shutdown, when losing the event does not matter.
+            Err(mpsc::error::TrySendError::Closed(_)) => {}
+        }
     }
 }
 

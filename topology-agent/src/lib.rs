@@ -18,6 +18,7 @@ pub mod feedback;
 pub mod fuzzing;
 pub mod heap;
 pub mod http;
+pub mod listen;
 pub mod metrics;
 pub mod mounts;
 pub mod plan;

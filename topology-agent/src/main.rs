@@ -10,7 +10,7 @@ use topology_agent::{
     cluster::{ObjectKey, yaml},
     dataplane::{self, Capacities, IndexOrdering, KernelLogLevel},
     dns::{self, DnsConfig, steer::Steering},
-    explain,
+    explain, listen,
     sockets::TerminateSockets,
     source::kube as kube_source,
     status::StatusReport,
@@ -48,7 +48,7 @@ enum Command {
         #[arg(long)]
         service: Option<ObjectKey>,
         /// Show the cluster DNS steered to a responder at this address, as `run --dns-listen` does.
-        #[arg(long, value_name = "ADDR")]
+        #[arg(long, value_name = "ADDR", value_parser = listen::parse_listen)]
         dns_listen: Option<SocketAddr>,
         /// The cluster DNS Service `--dns-listen` steers (`NAMESPACE/NAME`), or `off`.
         #[arg(long, default_value = "kube-system/kube-dns", value_name = "NAMESPACE/NAME|off")]
@@ -76,10 +76,10 @@ enum Command {
         /// With `--plan`: only this Service (NAMESPACE/NAME).
         #[arg(long, requires = "plan")]
         service: Option<ObjectKey>,
-        /// With `--plan`: the agent's HTTP address (default: `--metrics-addr`'s default,
-        /// `$POD_IP:9464`, else `127.0.0.1:9464`).
-        #[arg(long, requires = "plan", value_name = "ADDR")]
-        agent: Option<SocketAddr>,
+        /// With `--plan`: the agent's HTTP address on loopback, where it serves its plan (run it
+        /// in the agent's pod, `kubectl exec`, or through `kubectl port-forward`).
+        #[arg(long, requires = "plan", value_name = "ADDR", default_value = "127.0.0.1:9464", value_parser = listen::parse_listen)]
+        agent: SocketAddr,
     },
     /// Detach every program and remove every pin the agent owns. Connections to ClusterIPs are no
     /// longer rewritten afterwards.
@@ -113,11 +113,16 @@ struct RunArgs {
     /// Directory on bpffs for the pinned maps and links.
     #[arg(long, default_value = dataplane::DEFAULT_PIN_PATH)]
     pin_path: PathBuf,
-    /// Address of /healthz, /readyz and /metrics (`127.0.0.1:0` picks a free port). Default: the
-    /// pod's IP (`$POD_IP`, from the Downward API) port 9464, else 127.0.0.1:9464; never every
-    /// interface unless asked.
-    #[arg(long)]
+    /// Address of /healthz, /readyz and /metrics: `IP:PORT`, or `[IP]:PORT` for either family
+    /// (`127.0.0.1:0` picks a free port). Default: the pod's IP (`$POD_IP`, from the Downward API)
+    /// port 9464, else 127.0.0.1:9464; never every interface unless asked. The plan
+    /// (`/debug/plan`) is served on the loopback at the same port only.
+    #[arg(long, value_parser = listen::parse_listen)]
     metrics_addr: Option<SocketAddr>,
+    /// Also serve /healthz and /readyz alone on this address, with connections of their own, for
+    /// kubelet's probes: a flood of scrapes or idle connections cannot keep them out.
+    #[arg(long, value_parser = listen::parse_listen, value_name = "ADDR")]
+    probe_addr: Option<SocketAddr>,
     /// Kernel-side diagnostics (aya-log); `off` costs nothing on the hot path.
     #[arg(long, value_enum, default_value_t = KernelLogLevel::Off)]
     kernel_log: KernelLogLevel,
@@ -146,7 +151,7 @@ struct RunArgs {
     netns_dirs: Vec<PathBuf>,
     /// Serve DNS over UDP and TCP on this address (off when absent): headless Services answered
     /// with the endpoints this node's policy chooses, other names relayed to the upstream.
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = listen::parse_listen)]
     dns_listen: Option<SocketAddr>,
     /// The cluster domain the responder answers for.
     #[arg(long, default_value = "cluster.local")]
@@ -247,8 +252,7 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Command::Status { plan: true, service, agent, output, .. } => {
-            let addr = agent.map_or_else(default_metrics_addr, Ok)?;
-            let report = fetch_plan(addr, service.as_ref())?;
+            let report = fetch_plan(agent, service.as_ref())?;
             match output {
                 Output::Table => print!("{}", report.table()),
                 Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
@@ -308,6 +312,7 @@ fn run_config(args: RunArgs) -> anyhow::Result<RunConfig> {
         cgroup: args.cgroup,
         pin_path: args.pin_path,
         metrics_addr: args.metrics_addr.map_or_else(default_metrics_addr, Ok)?,
+        probe_addr: args.probe_addr,
         capacities: capacities(&args.capacities)?,
         kernel_log: args.kernel_log,
         index: args.index_ordering,

@@ -6,11 +6,11 @@ use std::{collections::BTreeSet, path::PathBuf, process::Command};
 
 use k8s_openapi::api::{
     apps::v1::DaemonSet,
-    core::v1::{Namespace, ServiceAccount},
+    core::v1::{Namespace, ResourceQuota, ServiceAccount},
     rbac::v1::{ClusterRole, ClusterRoleBinding},
 };
-use serde::{Serialize, de::DeserializeOwned};
-use serde_json::Value;
+use serde::{Deserialize as _, Serialize, de::DeserializeOwned};
+use serde_json::{Value, json};
 
 fn deploy_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy")
@@ -55,6 +55,7 @@ fn every_manifest_is_a_valid_kubernetes_object() {
             Some("ClusterRole") => round_trip::<ClusterRole>(file, document),
             Some("ClusterRoleBinding") => round_trip::<ClusterRoleBinding>(file, document),
             Some("DaemonSet") => round_trip::<DaemonSet>(file, document),
+            Some("ResourceQuota") => round_trip::<ResourceQuota>(file, document),
             other => panic!("{file}: unexpected kind {other:?}"),
         }
     }
@@ -92,6 +93,12 @@ fn the_daemonset_has_what_the_agent_needs_and_no_more() {
         |p: &Option<k8s_openapi::api::core::v1::Probe>| p.as_ref().unwrap().http_get.as_ref().unwrap().path.clone();
     assert_eq!(probe(&container.liveness_probe).as_deref(), Some("/healthz"));
     assert_eq!(probe(&container.readiness_probe).as_deref(), Some("/readyz"));
+    // kubelet probes the listener of its own (`--probe-addr`), which no scrape flood fills.
+    let probe_port =
+        |p: &Option<k8s_openapi::api::core::v1::Probe>| p.as_ref().unwrap().http_get.as_ref().unwrap().port.clone();
+    let probes = k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String("probes".into());
+    assert_eq!(probe_port(&container.liveness_probe), probes);
+    assert_eq!(probe_port(&container.readiness_probe), probes);
     assert!(container.resources.as_ref().unwrap().requests.is_some(), "resource requests are set");
     let host_paths: BTreeSet<String> =
         pod.volumes.unwrap().iter().filter_map(|v| v.host_path.as_ref().map(|h| h.path.clone())).collect();
@@ -104,12 +111,13 @@ fn the_daemonset_has_what_the_agent_needs_and_no_more() {
     let pod_ip = container.env.as_ref().unwrap().iter().find(|e| e.name == "POD_IP").expect("POD_IP");
     assert_eq!(pod_ip.value_from.as_ref().unwrap().field_ref.as_ref().unwrap().field_path, "status.podIP");
     let args = container.args.as_ref().unwrap();
-    assert!(args.contains(&"--metrics-addr=$(POD_IP):9464".to_owned()), "metrics on the pod IP only: {args:?}");
+    assert!(args.contains(&"--metrics-addr=[$(POD_IP)]:9464".to_owned()), "metrics on the pod IP only: {args:?}");
+    assert!(args.contains(&"--probe-addr=[$(POD_IP)]:9465".to_owned()), "probes on the pod IP only: {args:?}");
     // DNS on the pod IP (steering needs an address every pod reaches), on an unprivileged port:
     // the capabilities above have no NET_BIND_SERVICE.
     let listen = args.iter().find_map(|a| a.strip_prefix("--dns-listen=")).expect("--dns-listen");
     let (ip, port) = listen.rsplit_once(':').expect("IP:PORT");
-    assert_eq!(ip, "$(POD_IP)");
+    assert_eq!(ip, "[$(POD_IP)]", "one form for either family");
     assert!(port.parse::<u16>().is_ok_and(|port| port >= 1024), "{listen}: a privileged port needs NET_BIND_SERVICE");
     let ports: BTreeSet<(i32, &str)> = container
         .ports
@@ -191,27 +199,96 @@ fn the_uninstall_daemonset_runs_a_cleanup_the_agent_accepts() {
 
 #[test]
 fn the_daemonset_arguments_are_accepted_by_the_agent() {
-    let daemonset = daemonset();
-    let container = daemonset.spec.unwrap().template.spec.unwrap().containers.remove(0);
+    let container = daemonset().spec.unwrap().template.spec.unwrap().containers.remove(0);
+    // Kubernetes expands $(POD_IP) from the environment it declares: an IPv4 pod, and an IPv6 or
+    // IPv6-primary dual-stack one (never loopback: DNS steering refuses one).
+    for pod_ip in ["192.0.2.10", "fd00::5"] {
+        accepts(container.args.clone().unwrap(), pod_ip);
+    }
+}
+
+/// Runs the agent with `args` as Kubernetes would expand them for a pod at `pod_ip`, a pin path
+/// that is not on bpffs so nothing is loaded or created; it must stop there, not at the arguments.
+fn accepts(args: Vec<String>, pod_ip: &str) {
     let not_bpffs = std::env::temp_dir().join("topology-agent-manifest-test");
-    // The same arguments, with a pin path that is not on bpffs so nothing is loaded or created.
-    let args: Vec<String> = container
-        .args
-        .unwrap()
+    let args: Vec<String> = args
         .into_iter()
         .map(|arg| if arg.starts_with("--pin-path=") { format!("--pin-path={}", not_bpffs.display()) } else { arg })
-        // Kubernetes expands $(POD_IP) from the environment it declares (a pod address, never
-        // loopback: DNS steering refuses one).
-        .map(|arg| arg.replace("$(POD_IP)", "192.0.2.10"))
+        .map(|arg| arg.replace("$(POD_IP)", pod_ip))
         .chain(["--node=manifest-test".to_owned(), "--cluster=/nonexistent.yaml".to_owned()])
         .collect();
-    let output = Command::new(env!("CARGO_BIN_EXE_topology-agent")).args(&args).output().expect("run the agent");
+    let output = Command::new(env!("CARGO_BIN_EXE_topology-agent"))
+        .args(&args)
+        .env("POD_IP", pod_ip)
+        .output()
+        .expect("run the agent");
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_ne!(output.status.code(), Some(2), "the agent rejected the DaemonSet's arguments: {stderr}");
+    assert_ne!(output.status.code(), Some(2), "POD_IP={pod_ip}: the agent rejected the arguments: {stderr}");
     assert!(!output.status.success(), "must stop at the pin path: {stderr}");
     assert!(
         stderr.contains("is not on a BPF filesystem") || stderr.contains("cgroup"),
-        "stopped for another reason than the pin path or cgroup: {stderr}"
+        "POD_IP={pod_ip}: stopped for another reason than the pin path or cgroup: {stderr}"
     );
     assert!(!not_bpffs.exists(), "nothing was created");
+}
+
+/// `kubectl kustomize DIR`: what `kubectl apply -k` sends, one JSON value per object.
+fn rendered(dir: &str) -> Vec<Value> {
+    let output = Command::new("kubectl")
+        .args(["kustomize", &deploy_dir().join(dir).to_string_lossy()])
+        .output()
+        .expect("kubectl (cargo xtask setup installs kubernetes-client)");
+    assert!(output.status.success(), "kubectl kustomize {dir}: {}", String::from_utf8_lossy(&output.stderr));
+    let text = String::from_utf8(output.stdout).unwrap();
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|document| serde_json::to_value(serde_yaml::Value::deserialize(document).unwrap()).unwrap())
+        .collect()
+}
+
+fn of_kind<'a>(objects: &'a [Value], kind: &str) -> &'a Value {
+    objects.iter().find(|o| o["kind"] == kind).unwrap_or_else(|| panic!("no {kind} rendered"))
+}
+
+/// Pinning needs writes under /sys/fs/bpf, which runtime-default AppArmor profiles deny: both the
+/// field (1.30+) and the annotation (older) say unconfined, for the pod's one container.
+fn unconfined(daemonset: &Value) {
+    let template = &daemonset["spec"]["template"];
+    let container = &template["spec"]["containers"][0];
+    let name = container["name"].as_str().unwrap();
+    let annotation = format!("container.apparmor.security.beta.kubernetes.io/{name}");
+    assert_eq!(template["metadata"]["annotations"][&annotation], "unconfined", "{}", daemonset["metadata"]["name"]);
+    assert_eq!(container["securityContext"]["appArmorProfile"]["type"], "Unconfined");
+}
+
+#[test]
+fn the_install_and_uninstall_render_with_kubectl_as_clusters_need_them() {
+    let install = rendered(".");
+    let namespace = of_kind(&install, "Namespace");
+    assert_eq!(namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"], "privileged");
+    let daemonset = of_kind(&install, "DaemonSet");
+    unconfined(daemonset);
+    let pod = &daemonset["spec"]["template"]["spec"];
+    assert_eq!(pod["priorityClassName"], "system-node-critical");
+    // GKE admits system-node-critical outside kube-system only with a quota scoped to it.
+    let quota = of_kind(&install, "ResourceQuota");
+    assert_eq!(quota["metadata"]["namespace"], daemonset["metadata"]["namespace"]);
+    let scope = &quota["spec"]["scopeSelector"]["matchExpressions"][0];
+    assert_eq!((&scope["scopeName"], &scope["operator"]), (&json!("PriorityClass"), &json!("In")));
+    assert_eq!(scope["values"], json!(["system-node-critical"]));
+    let memory = pod["containers"][0]["resources"]["requests"]["memory"].as_str().unwrap();
+    let mebibytes: u64 = memory.strip_suffix("Mi").and_then(|m| m.parse().ok()).expect("a request in Mi");
+    assert!(mebibytes >= 96, "the request {memory} is below the measured steady resident size (86-88 MiB)");
+    // The rendered arguments are the ones the agent accepts.
+    let args: Vec<String> = serde_json::from_value(pod["containers"][0]["args"].clone()).unwrap();
+    for pod_ip in ["192.0.2.10", "fd00::5"] {
+        accepts(args.clone(), pod_ip);
+    }
+
+    let uninstall = rendered("uninstall");
+    let namespace = of_kind(&uninstall, "Namespace");
+    assert_eq!(
+        namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"], "privileged",
+        "where Pod Security defaults to baseline, the cleanup pods would be refused and the uninstall hang"
+    );
+    unconfined(of_kind(&uninstall, "DaemonSet"));
 }

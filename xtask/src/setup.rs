@@ -15,7 +15,7 @@ use crate::cmd::{self, is_root, on_path, succeeds};
 /// The bpf-linker release known to build against nightly's LLVM here.
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Debian packages the tests and benchmarks call, with a command each provides.
-const PACKAGES: [(&str, &str); 9] = [
+const PACKAGES: [(&str, &str); 10] = [
     ("bpftool", "bpftool"),
     ("iproute2", "ip"),
     ("iptables", "iptables-restore"),
@@ -27,6 +27,8 @@ const PACKAGES: [(&str, &str); 9] = [
     ("skopeo", "skopeo"),
     // promtool: checks and unit-tests deploy/monitoring's alert rules (the server is not started).
     ("prometheus", "promtool"),
+    // `kubectl kustomize`: deploy/ rendered as `kubectl apply -k` sends it (no cluster needed).
+    ("kubernetes-client", "kubectl"),
 ];
 
 pub fn run() -> anyhow::Result<()> {

@@ -1,37 +1,50 @@
 //! `/healthz` (the control loop is alive), `/readyz` (the kernel holds the policy of a complete,
 //! current view), `/metrics` (Prometheus text) and `/debug/plan[?service=NS/NAME]` (what this node
 //! programs now and why: the `explain --output json` report of the running agent's own plan).
+//!
+//! Any pod can reach the pod address, so each listener bounds its connections in total and per
+//! client address ([`pool`]), a response the client does not read ends its connection
+//! ([`deadline`]), kubelet's probes can have a listener of their own (`--probe-addr`), and the plan,
+//! which shows every Service whatever the reader may see through the API, is served on loopback
+//! only.
+
+mod deadline;
+mod pool;
 
 use std::{
-    collections::VecDeque,
     convert::Infallible,
     net::SocketAddr,
     sync::{
-        Arc, Mutex,
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc,
+        atomic::{AtomicBool, Ordering},
     },
     time::Duration,
 };
 
+use deadline::{WRITE_TIMEOUT, WriteDeadline};
 use http_body_util::Full;
 use hyper::{Request, Response, StatusCode, body::Bytes, server::conn::http1, service::service_fn};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::{net::TcpListener, task::AbortHandle};
+pub use pool::Limits;
+use tokio::{net::TcpListener, sync::Semaphore};
 use tokio_util::sync::CancellationToken;
-
-/// Connections served at once. Past it, a new connection replaces the oldest one that has not
-/// sent a request yet (or is closed at once if every one is mid-request), so idle clients can
-/// neither exhaust the agent's descriptors nor keep a scrape out.
-pub const MAX_CONNECTIONS: usize = 128;
-/// A client must have sent its request headers this soon after connecting (or after the last
-/// response on a kept-alive connection), else the connection is closed.
-pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
 
 use crate::{
     cluster::ObjectKey,
     controller::{AskError, Health, PlanClient},
     metrics::Metrics,
 };
+
+/// Connections of the listener that serves `/metrics`: any pod may scrape it, and none may take
+/// more than its share.
+pub const SCRAPE_LIMITS: Limits = Limits { total: 128, per_source: 8 };
+/// Connections of the probe listener (`--probe-addr`): kubelet's, from the node's address.
+pub const PROBE_LIMITS: Limits = Limits { total: 32, per_source: 4 };
+/// A client must have sent its request headers this soon after connecting (or after the last
+/// response on a kept-alive connection), else the connection is closed.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// `/metrics` bodies encoded at once: each is megabytes at scale.
+const METRICS_ENCODING: usize = 2;
 
 /// How long `/debug/plan` waits for the control loop, which answers between batches.
 const PLAN_ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -44,64 +57,24 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
 
-/// The connections being served, oldest first.
-#[derive(Default)]
-struct Connections {
-    open: Mutex<VecDeque<Connection>>,
-    next: AtomicU64,
+/// What one listener answers.
+#[derive(Clone)]
+pub struct Endpoints {
+    /// `/healthz` and `/readyz`, always.
+    pub health: Arc<Health>,
+    /// `/metrics`, if served here.
+    pub metrics: Option<Arc<Metrics>>,
+    /// `/debug/plan`, if served here: only on loopback, since it shows every Service, endpoint
+    /// and zone whatever the reader may see through the API.
+    pub plans: Option<PlanClient>,
 }
 
-struct Connection {
-    id: u64,
-    /// Set once a request arrived on it.
-    requested: Arc<AtomicBool>,
-    task: AbortHandle,
-}
-
-impl Connections {
-    /// Makes room for one more: true if there is room (after evicting an idle one if needed).
-    fn make_room(&self) -> bool {
-        let mut open = self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if open.len() < MAX_CONNECTIONS {
-            return true;
-        }
-        match open.iter().position(|c| !c.requested.load(Ordering::Relaxed)) {
-            Some(idle) => {
-                if let Some(evicted) = open.remove(idle) {
-                    evicted.task.abort();
-                }
-                true
-            }
-            None => false,
-        }
-    }
-
-    fn add(&self, requested: Arc<AtomicBool>, task: AbortHandle) -> u64 {
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push_back(Connection {
-            id,
-            requested,
-            task,
-        });
-        id
-    }
-
-    fn remove(&self, id: u64) {
-        self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner).retain(|c| c.id != id);
-    }
-}
-
-/// Serves until `shutdown`.
-pub async fn serve(
-    listener: TcpListener,
-    health: Arc<Health>,
-    metrics: Arc<Metrics>,
-    plans: Option<PlanClient>,
-    shutdown: CancellationToken,
-) {
-    let connections = Arc::new(Connections::default());
+/// Serves `endpoints` until `shutdown`, with at most `limits` connections.
+pub async fn serve(listener: TcpListener, endpoints: Endpoints, limits: Limits, shutdown: CancellationToken) {
+    let connections = Arc::new(pool::Pool::new(limits));
+    let encoding = Arc::new(Semaphore::new(METRICS_ENCODING));
     loop {
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             () = shutdown.cancelled() => return,
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
@@ -111,25 +84,25 @@ pub async fn serve(
                 }
             },
         };
-        if !connections.make_room() {
-            // Every connection is mid-request: this one is closed unserved (dropped here).
+        if !connections.make_room(peer.ip()) {
+            // Every connection of its bound is mid-request: this one is closed unserved.
             continue;
         }
         let _ = stream.set_nodelay(true);
-        let (health, metrics, plans) = (Arc::clone(&health), Arc::clone(&metrics), plans.clone());
+        let (endpoints, encoding) = (endpoints.clone(), Arc::clone(&encoding));
         let requested = Arc::new(AtomicBool::new(false));
         let seen = Arc::clone(&requested);
-        let (ready, registered) = tokio::sync::oneshot::channel::<(u64, Arc<Connections>)>();
+        let (ready, registered) = tokio::sync::oneshot::channel::<(u64, Arc<pool::Pool>)>();
         let task = tokio::spawn(async move {
             let service = service_fn(move |request| {
                 seen.store(true, Ordering::Relaxed);
-                let (health, metrics, plans) = (Arc::clone(&health), Arc::clone(&metrics), plans.clone());
-                async move { Ok::<_, Infallible>(respond(&request, &health, metrics, plans.as_ref()).await) }
+                let (endpoints, encoding) = (endpoints.clone(), Arc::clone(&encoding));
+                async move { Ok::<_, Infallible>(respond(&request, &endpoints, &encoding).await) }
             });
             let served = http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_READ_TIMEOUT)
-                .serve_connection(TokioIo::new(stream), service)
+                .serve_connection(TokioIo::new(WriteDeadline::new(stream, WRITE_TIMEOUT)), service)
                 .await;
             if let Err(error) = served {
                 tracing::debug!(%error, "HTTP connection ended");
@@ -138,32 +111,33 @@ pub async fn serve(
                 connections.remove(id);
             }
         });
-        let id = connections.add(requested, task.abort_handle());
+        let id = connections.add(peer.ip(), requested, task.abort_handle());
         let _ = ready.send((id, Arc::clone(&connections)));
     }
 }
 
-async fn respond<B>(
-    request: &Request<B>,
-    health: &Health,
-    metrics: Arc<Metrics>,
-    plans: Option<&PlanClient>,
-) -> Response<Full<Bytes>> {
+async fn respond<B>(request: &Request<B>, endpoints: &Endpoints, encoding: &Semaphore) -> Response<Full<Bytes>> {
     let text = |status: StatusCode, body: String| {
         let mut response = Response::new(Full::new(Bytes::from(body)));
         *response.status_mut() = status;
         response
     };
     match request.uri().path() {
-        "/healthz" => match health.liveness() {
+        "/healthz" => match endpoints.health.liveness() {
             Ok(()) => text(StatusCode::OK, "ok\n".into()),
             Err(reason) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")),
         },
-        "/readyz" => match health.readiness() {
+        "/readyz" => match endpoints.health.readiness() {
             Ok(()) => text(StatusCode::OK, "ok\n".into()),
             Err(reason) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")),
         },
         "/metrics" => {
+            let Some(metrics) = endpoints.metrics.clone() else {
+                return text(StatusCode::NOT_FOUND, "/metrics is served on --metrics-addr\n".into());
+            };
+            let Ok(_permit) = encoding.acquire().await else {
+                return text(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n".into());
+            };
             // Encoding reads the kernel counters: blocking syscalls, off the async workers.
             let encoded = tokio::task::spawn_blocking(move || metrics.encode()).await;
             let Ok(body) = encoded else {
@@ -176,8 +150,11 @@ async fn respond<B>(
             response
         }
         "/debug/plan" => {
-            let Some(plans) = plans else {
-                return text(StatusCode::NOT_FOUND, "this agent serves no plan\n".into());
+            let Some(plans) = &endpoints.plans else {
+                return text(
+                    StatusCode::NOT_FOUND,
+                    "/debug/plan is served on loopback only (kubectl port-forward reaches it)\n".into(),
+                );
             };
             let service = match service_param(request.uri().query()) {
                 Ok(service) => service,
