@@ -7,6 +7,7 @@
 pub mod agent;
 pub mod caps;
 pub mod cluster;
+pub mod connections;
 pub mod controller;
 pub mod dataplane;
 pub mod desired;

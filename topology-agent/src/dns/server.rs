@@ -4,7 +4,10 @@
 
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -27,16 +30,23 @@ use super::{
     limit::SourceLimiter,
     view::DnsView,
 };
-use crate::desired::Locality;
+use crate::{
+    connections::{Limits, Pool},
+    desired::Locality,
+};
 
 /// How long an upstream has to answer before the client gets SERVFAIL.
 pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(2);
 /// Forwarded queries in flight; beyond, SERVFAIL at once.
 const MAX_FORWARDS: usize = 1024;
-/// TCP connections open; beyond, new ones wait in the kernel's backlog.
-const MAX_TCP: usize = 256;
+/// TCP connections open, in all and per client address; beyond, a new one replaces the oldest idle
+/// connection of its bound, or is closed at once. One pod cannot hold them all.
+const TCP_LIMITS: Limits = Limits { total: 256, per_source: 16 };
 /// A TCP connection idle this long is closed.
 const TCP_IDLE: Duration = Duration::from_secs(10);
+/// A TCP connection is closed this long after it opened, busy or not (RFC 7766 lets a server
+/// close one under pressure; a client that queries every few seconds keeps none forever).
+const TCP_LIFETIME: Duration = Duration::from_secs(60);
 
 /// The shared state of both sockets.
 pub struct Responder {
@@ -290,9 +300,8 @@ pub async fn serve_udp(socket: Arc<UdpSocket>, responder: Arc<Responder>, shutdo
 
 /// Serves TCP on `listener` until `shutdown`.
 pub async fn serve_tcp(listener: TcpListener, responder: Arc<Responder>, shutdown: CancellationToken) {
-    let connections = Arc::new(Semaphore::new(MAX_TCP));
+    let connections = Arc::new(Pool::new(TCP_LIMITS));
     loop {
-        let Ok(permit) = Arc::clone(&connections).acquire_owned().await else { return };
         let (stream, source) = tokio::select! {
             () = shutdown.cancelled() => return,
             accepted = listener.accept() => match accepted {
@@ -303,23 +312,35 @@ pub async fn serve_tcp(listener: TcpListener, responder: Arc<Responder>, shutdow
                 }
             },
         };
-        let (responder, shutdown) = (Arc::clone(&responder), shutdown.clone());
-        tokio::spawn(async move {
-            let _permit = permit;
+        if !connections.make_room(source.ip()) {
+            responder.metrics.query(None, "overloaded");
+            continue;
+        }
+        let busy = Arc::new(AtomicBool::new(false));
+        let (responder, shutdown, working) = (Arc::clone(&responder), shutdown.clone(), Arc::clone(&busy));
+        let (ready, registered) = tokio::sync::oneshot::channel::<(u64, Arc<Pool>)>();
+        let task = tokio::spawn(async move {
             tokio::select! {
                 () = shutdown.cancelled() => {}
-                () = connection(stream, source.ip(), &responder) => {}
+                _ = tokio::time::timeout(TCP_LIFETIME, connection(stream, source.ip(), &responder, &working)) => {}
+            }
+            if let Ok((id, connections)) = registered.await {
+                connections.remove(id);
             }
         });
+        let id = connections.add(source.ip(), busy, task.abort_handle());
+        let _ = ready.send((id, Arc::clone(&connections)));
     }
 }
 
-async fn connection(mut stream: TcpStream, source: IpAddr, responder: &Responder) {
+/// Answers the messages of one connection; `busy` is set while one is being answered.
+async fn connection(mut stream: TcpStream, source: IpAddr, responder: &Responder, busy: &AtomicBool) {
     loop {
         let Ok(Ok(bytes)) = tokio::time::timeout(TCP_IDLE, read_framed(&mut stream)).await else { return };
         if !responder.admit(source) {
             return;
         }
+        busy.store(true, Ordering::Relaxed);
         let reply = match responder.handle(&bytes, true, None) {
             Handled::Reply { bytes, .. } => bytes,
             Handled::Forward { request, raw } => responder.forward(&request, &raw, true).await,
@@ -329,6 +350,7 @@ async fn connection(mut stream: TcpStream, source: IpAddr, responder: &Responder
         if stream.write_all(&len.to_be_bytes()).await.is_err() || stream.write_all(&reply).await.is_err() {
             return;
         }
+        busy.store(false, Ordering::Relaxed);
     }
 }
 

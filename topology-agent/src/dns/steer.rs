@@ -108,7 +108,7 @@ pub async fn keep_steering(
         }
         let state = if !current.get() {
             Steer::NoCurrentView
-        } else if matches!(tokio::time::timeout(PROBE_TIMEOUT, probe(target, &domain)).await, Ok(Ok(()))) {
+        } else if answers(target, &domain).await {
             Steer::On
         } else {
             Steer::NotAnswering
@@ -153,7 +153,45 @@ fn probe_target(listen: SocketAddr) -> SocketAddr {
     }
 }
 
-/// One SOA query for the cluster domain, answered by the responder itself (never forwarded).
+/// Whether the responder answers a probe over UDP and over TCP within [`PROBE_TIMEOUT`]: the
+/// steering takes both protocols' port 53, so it needs both.
+async fn answers(target: SocketAddr, domain: &Name) -> bool {
+    let (udp, tcp) = tokio::join!(
+        tokio::time::timeout(PROBE_TIMEOUT, probe(target, domain)),
+        tokio::time::timeout(PROBE_TIMEOUT, probe_tcp(target, domain)),
+    );
+    matches!((udp, tcp), (Ok(Ok(())), Ok(Ok(()))))
+}
+
+/// The probe query: SOA for the cluster domain, answered by the responder itself (never
+/// forwarded), and its random id.
+fn probe_query(domain: &Name) -> std::io::Result<(u16, Vec<u8>)> {
+    let id: u16 = rand::random();
+    let mut query = Message::new(id, MessageType::Query, OpCode::Query);
+    query.add_query(Query::query(domain.clone(), RecordType::SOA));
+    Ok((id, query.to_vec().map_err(std::io::Error::other)?))
+}
+
+/// True when `reply` is a response to the query `id`.
+fn is_reply(reply: &[u8], id: u16) -> bool {
+    reply.len() >= 12 && u16::from_be_bytes([reply[0], reply[1]]) == id && reply[2] & 0x80 != 0
+}
+
+/// The probe over TCP: one framed query on a fresh connection.
+async fn probe_tcp(target: SocketAddr, domain: &Name) -> std::io::Result<()> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let (id, query) = probe_query(domain)?;
+    let mut stream = tokio::net::TcpStream::connect(target).await?;
+    let mut framed = u16::try_from(query.len()).map_err(std::io::Error::other)?.to_be_bytes().to_vec();
+    framed.extend(query);
+    stream.write_all(&framed).await?;
+    let len = stream.read_u16().await?;
+    let mut reply = vec![0u8; usize::from(len)];
+    stream.read_exact(&mut reply).await?;
+    if is_reply(&reply, id) { Ok(()) } else { Err(std::io::Error::other("not the probe's reply")) }
+}
+
+/// The probe over UDP.
 async fn probe(target: SocketAddr, domain: &Name) -> std::io::Result<()> {
     let local: SocketAddr = match target {
         SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
@@ -161,14 +199,12 @@ async fn probe(target: SocketAddr, domain: &Name) -> std::io::Result<()> {
     };
     let socket = UdpSocket::bind(local).await?;
     socket.connect(target).await?;
-    let id: u16 = rand::random();
-    let mut query = Message::new(id, MessageType::Query, OpCode::Query);
-    query.add_query(Query::query(domain.clone(), RecordType::SOA));
-    socket.send(&query.to_vec().map_err(std::io::Error::other)?).await?;
+    let (id, query) = probe_query(domain)?;
+    socket.send(&query).await?;
     let mut buffer = [0u8; 1232];
     loop {
         let len = socket.recv(&mut buffer).await?;
-        if len >= 12 && u16::from_be_bytes([buffer[0], buffer[1]]) == id && buffer[2] & 0x80 != 0 {
+        if is_reply(&buffer[..len], id) {
             return Ok(());
         }
     }

@@ -3,13 +3,12 @@
 //! programs now and why: the `explain --output json` report of the running agent's own plan).
 //!
 //! Any pod can reach the pod address, so each listener bounds its connections in total and per
-//! client address ([`pool`]), a response the client does not read ends its connection
+//! client address ([`crate::connections`]), a response the client does not read ends its connection
 //! ([`deadline`]), kubelet's probes can have a listener of their own (`--probe-addr`), and the plan,
 //! which shows every Service whatever the reader may see through the API, is served on loopback
 //! only.
 
 mod deadline;
-mod pool;
 
 use std::{
     convert::Infallible,
@@ -25,12 +24,12 @@ use deadline::{WRITE_TIMEOUT, WriteDeadline};
 use http_body_util::Full;
 use hyper::{Request, Response, StatusCode, body::Bytes, server::conn::http1, service::service_fn};
 use hyper_util::rt::{TokioIo, TokioTimer};
-pub use pool::Limits;
 use tokio::{net::TcpListener, sync::Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
     cluster::ObjectKey,
+    connections::{Limits, Pool},
     controller::{AskError, Health, PlanClient},
     metrics::Metrics,
 };
@@ -71,7 +70,7 @@ pub struct Endpoints {
 
 /// Serves `endpoints` until `shutdown`, with at most `limits` connections.
 pub async fn serve(listener: TcpListener, endpoints: Endpoints, limits: Limits, shutdown: CancellationToken) {
-    let connections = Arc::new(pool::Pool::new(limits));
+    let connections = Arc::new(Pool::new(limits));
     let encoding = Arc::new(Semaphore::new(METRICS_ENCODING));
     loop {
         let (stream, peer) = tokio::select! {
@@ -92,7 +91,7 @@ pub async fn serve(listener: TcpListener, endpoints: Endpoints, limits: Limits, 
         let (endpoints, encoding) = (endpoints.clone(), Arc::clone(&encoding));
         let requested = Arc::new(AtomicBool::new(false));
         let seen = Arc::clone(&requested);
-        let (ready, registered) = tokio::sync::oneshot::channel::<(u64, Arc<pool::Pool>)>();
+        let (ready, registered) = tokio::sync::oneshot::channel::<(u64, Arc<Pool>)>();
         let task = tokio::spawn(async move {
             let service = service_fn(move |request| {
                 seen.store(true, Ordering::Relaxed);

@@ -1,5 +1,6 @@
-//! Any pod reaches the agent's pod address: its HTTP endpoints must stay kubelet's (root, the
-//! agent's binary in a network namespace, a flooding client in another). `--test-threads=1`.
+//! Any pod reaches the agent's pod address: its HTTP endpoints must stay kubelet's, and its DNS
+//! over TCP every pod's (root, the agent's binary in a network namespace, a flooding client in
+//! another). `--test-threads=1`.
 
 use std::{
     io::{ErrorKind, Read as _, Write as _},
@@ -10,6 +11,7 @@ use std::{
 use topology_tests::{
     agent::{Agent, AgentOptions, get},
     cluster,
+    dns::dig,
     fixture::Fixture,
     netns, require_root,
 };
@@ -117,4 +119,66 @@ fn a_flooding_pod_keeps_neither_probes_nor_memory() {
     let loopback = SocketAddr::from(([127, 0, 0, 1], 9464));
     let (status, _) = netns::run_in(node.netns.name(), move || get(loopback, "/debug/plan")).expect("plan");
     assert_eq!(status, 200, "port-forward reaches it on the loopback");
+}
+
+/// Whether the agent still keeps `stream` open, once what it already sent is read.
+fn still_open(mut stream: &TcpStream) -> bool {
+    stream.set_nonblocking(true).unwrap();
+    let mut buffer = [0u8; 512];
+    loop {
+        match stream.read(&mut buffer) {
+            Ok(0) => return false,
+            Ok(_) => {}
+            Err(error) if error.kind() == ErrorKind::WouldBlock => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
+/// A DNS query for `name` (A), framed for TCP.
+fn framed_query(name: &str, id: u16) -> Vec<u8> {
+    let mut message = id.to_be_bytes().to_vec();
+    message.extend([0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]);
+    for label in name.split('.').filter(|l| !l.is_empty()) {
+        message.push(label.len() as u8);
+        message.extend(label.as_bytes());
+    }
+    message.extend([0, 0, 1, 0, 1]);
+    let mut framed = (message.len() as u16).to_be_bytes().to_vec();
+    framed.extend(message);
+    framed
+}
+
+#[test]
+fn one_pod_holding_tcp_connections_leaves_dns_over_tcp_to_the_others() {
+    require_root!();
+    let mut fx = Fixture::new(0);
+    let node = fx.network.host("node");
+    let file = fx.scratch().join("cluster.yaml");
+    cluster::write(&file, &[cluster::node("node-a", "zone-a", None, "4")]);
+    let dns = SocketAddr::from((node.v4, 53));
+    let mut agent = Agent::start(&AgentOptions {
+        netns: Some(node.netns.name()),
+        extra: vec!["--dns-listen".into(), dns.to_string(), "--dns-steer".into(), "off".into()],
+        ..AgentOptions::new(&file, "node-a", fx.cgroup.path(), fx.pins.path())
+    });
+    agent.wait_ready(Duration::from_secs(20));
+
+    // One pod opens 256 connections (the responder's total), asks once on each and keeps them.
+    let held = netns::run_in(fx.client.netns.name(), move || {
+        (0..256u16)
+            .filter_map(|id| {
+                let mut stream = TcpStream::connect_timeout(&dns, Duration::from_secs(2)).ok()?;
+                stream.write_all(&framed_query("a.default.svc.cluster.local", id)).ok()?;
+                Some(stream)
+            })
+            .collect::<Vec<_>>()
+    });
+    // Every answer and every close the agent sent has arrived by now.
+    std::thread::sleep(Duration::from_millis(500));
+    let open = held.iter().filter(|stream| still_open(stream)).count();
+    assert!(open <= 16, "one client address holds at most 16 connections, not {open}");
+    // Another pod (here: the node itself) is answered over TCP at once.
+    let answer = dig(Some(node.netns.name()), dns, "a.default.svc.cluster.local", "A", &["+tcp", "+time=1"]);
+    assert_eq!(answer.status, "NXDOMAIN", "{answer:?}");
 }

@@ -1,7 +1,8 @@
-//! The connections one listener serves: at most a total and at most a few per client address, so
-//! one pod (or a few) can neither exhaust the agent's descriptors nor keep kubelet's probes and the
-//! scrapes out. Past either bound, a new connection replaces the oldest one of the same bound that
-//! has not sent a request yet, or is closed unserved when each is mid-request.
+//! The connections one listener serves (HTTP, DNS over TCP): at most a total and at most a few per
+//! client address, so one pod (or a few) can neither exhaust the agent's descriptors nor keep
+//! kubelet's probes, the scrapes or other pods' queries out. Past either bound, a new connection
+//! replaces the oldest idle one of the same bound (waiting for its next request), or is closed
+//! unserved when each is busy.
 
 use std::{
     collections::VecDeque,
@@ -33,8 +34,8 @@ pub struct Pool {
 struct Connection {
     id: u64,
     source: IpAddr,
-    /// Set once a request arrived on it.
-    requested: Arc<AtomicBool>,
+    /// Set while it is busy with a request.
+    busy: Arc<AtomicBool>,
     task: AbortHandle,
 }
 
@@ -59,9 +60,9 @@ impl Pool {
     }
 
     /// Registers a connection being served; its id for [`Pool::remove`].
-    pub fn add(&self, source: IpAddr, requested: Arc<AtomicBool>, task: AbortHandle) -> u64 {
+    pub fn add(&self, source: IpAddr, busy: Arc<AtomicBool>, task: AbortHandle) -> u64 {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let connection = Connection { id, source, requested, task };
+        let connection = Connection { id, source, busy, task };
         self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push_back(connection);
         id
     }
@@ -72,9 +73,9 @@ impl Pool {
     }
 }
 
-/// Ends the oldest idle connection among those `of`; false if each of them is mid-request.
+/// Ends the oldest idle connection among those `of`; false if each of them is busy.
 fn evict(open: &mut VecDeque<Connection>, of: impl Fn(&Connection) -> bool) -> bool {
-    let Some(idle) = open.iter().position(|c| of(c) && !c.requested.load(Ordering::Relaxed)) else {
+    let Some(idle) = open.iter().position(|c| of(c) && !c.busy.load(Ordering::Relaxed)) else {
         return false;
     };
     if let Some(evicted) = open.remove(idle) {
