@@ -15,7 +15,7 @@ use crate::{
 pub type Target = fn(&[u8]);
 
 /// Every fuzz target, by name, for the regression replay.
-pub const TARGETS: [(&str, Target); 8] = [
+pub const TARGETS: [(&str, Target); 9] = [
     ("cluster_file", cluster_file),
     ("quantity", quantity),
     ("annotations", annotations),
@@ -24,6 +24,7 @@ pub const TARGETS: [(&str, Target); 8] = [
     ("sock_diag", sock_diag),
     ("dns_packet", dns_packet),
     ("apply", apply),
+    ("relay", relay),
 ];
 
 /// A cluster file: parsed (every object converted), then decided for each of its first nodes.
@@ -203,6 +204,32 @@ pub fn dns_packet(data: &[u8]) {
         }
         drop(reply);
     }
+}
+
+/// A relayed query and what came back from the upstream: the first byte picks UDP (even) or TCP,
+/// the next two the query's length, then the query and the upstream's datagram. A reply passed on
+/// must answer the client's id and question, parse, and fit the client's size.
+pub fn relay(data: &[u8]) {
+    use hickory_proto::op::{Message, MessageType};
+
+    use crate::dns::relay;
+
+    let [mode, high, low, rest @ ..] = data else { return };
+    let (query, reply) = rest.split_at(usize::from(u16::from_be_bytes([*high, *low])).min(rest.len()));
+    let Ok(request) = Message::from_vec(query) else { return };
+    if request.metadata.message_type != MessageType::Query {
+        return;
+    }
+    let limit = relay::limit(&request, mode & 1 == 1);
+    // The id the upstream was asked under: what the reply carries, or not, at the input's choice.
+    let id = if mode & 2 == 0 { reply.get(..2).map_or(0, |id| u16::from_be_bytes([id[0], id[1]])) } else { 0x5a5a };
+    let _ = relay::outgoing(query, id);
+    let Ok(passed) = relay::incoming(&request, id, reply, limit) else { return };
+    assert!(passed.len() <= usize::from(limit), "{} bytes passed on, the client takes {limit}", passed.len());
+    let passed = Message::from_vec(&passed).expect("what is passed on parses");
+    assert_eq!(passed.metadata.id, request.metadata.id, "the client's id");
+    let names = |m: &Message| m.queries.iter().map(|q| (q.name().to_lowercase(), q.query_type())).collect::<Vec<_>>();
+    assert_eq!(names(&passed), names(&request), "the client's question");
 }
 
 fn read_u32(bytes: &[u8]) -> u32 {

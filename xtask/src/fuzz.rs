@@ -9,8 +9,8 @@ use clap::Args;
 use crate::cmd::{self, workspace_root};
 
 /// Every target (`topology-agent/fuzz/fuzz_targets/*.rs`).
-pub const TARGETS: [&str; 8] =
-    ["cluster_file", "quantity", "annotations", "mountinfo", "adopt", "sock_diag", "dns_packet", "apply"];
+pub const TARGETS: [&str; 9] =
+    ["cluster_file", "quantity", "annotations", "mountinfo", "adopt", "sock_diag", "dns_packet", "apply", "relay"];
 
 /// How long to fuzz.
 #[derive(Args)]

@@ -11,6 +11,7 @@ mod cache;
 pub mod explain;
 mod limit;
 pub mod names;
+pub mod relay;
 pub mod server;
 pub mod steer;
 pub mod view;

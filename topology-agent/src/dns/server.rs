@@ -28,6 +28,7 @@ use super::{
     answer::{self, Outcome, Zone},
     cache::{AnswerCache, Cached},
     limit::SourceLimiter,
+    relay,
     view::DnsView,
 };
 use crate::{
@@ -154,9 +155,10 @@ impl Responder {
         }
     }
 
-    /// Relays `raw` to the upstreams, in turn, within [`UPSTREAM_TIMEOUT`]; the reply or SERVFAIL.
+    /// Relays `raw` to the upstreams, in turn, within [`UPSTREAM_TIMEOUT`]; the reply (checked and
+    /// sized by [`relay`]) or SERVFAIL.
     async fn forward(&self, request: &Message, raw: &[u8], tcp: bool) -> Vec<u8> {
-        let limit = if tcp { u16::MAX } else { answer::udp_limit(request) };
+        let limit = relay::limit(request, tcp);
         let qtype = request.queries.first().map(Query::query_type);
         let upstreams = self.view.borrow().upstreams.clone();
         let Ok(_permit) = self.forwards.try_acquire() else {
@@ -166,18 +168,19 @@ impl Responder {
         let started = Instant::now();
         let deadline = started + UPSTREAM_TIMEOUT;
         let first = if upstreams.is_empty() { 0 } else { rand::random::<u32>() as usize % upstreams.len() };
-        // What the client offered, unclamped: the upstream answers to that size.
-        let capacity = usize::from(request.edns.as_ref().map_or(512, |edns| edns.max_payload().max(512)));
         for i in 0..upstreams.len() {
             let upstream = upstreams[(first + i) % upstreams.len()];
             let left = deadline.saturating_duration_since(Instant::now());
             // Each upstream gets its share of what is left, the last one all of it.
             let budget = left / u32::try_from(upstreams.len() - i).unwrap_or(1);
+            // An id of our own for each attempt: a spoofer cannot take it from the client.
+            let id: u16 = rand::random();
+            let query = relay::outgoing(raw, id);
             let exchange = async {
                 if tcp {
-                    exchange_tcp(upstream, raw).await
+                    exchange_tcp(upstream, &query, request, id).await
                 } else {
-                    exchange_udp(upstream, raw, request.metadata.id, capacity).await
+                    exchange_udp(upstream, &query, request, id, limit).await
                 }
             };
             if let Ok(Ok(reply)) = tokio::time::timeout(budget, exchange).await {
@@ -228,33 +231,42 @@ fn formerr(bytes: &[u8]) -> Option<Vec<u8>> {
     Some(reply)
 }
 
-/// Relays `raw` over a fresh socket (a new random source port per query, as resolvers do against
-/// spoofed answers); `capacity`: the largest reply the client accepts.
-async fn exchange_udp(upstream: SocketAddr, raw: &[u8], id: u16, capacity: usize) -> std::io::Result<Vec<u8>> {
+/// Relays `query` (the client's, under `id`) over a fresh socket, a new random source port per
+/// query as resolvers do against spoofed answers; the first datagram that is the reply to it
+/// ([`relay::incoming`]), within `limit` bytes.
+async fn exchange_udp(
+    upstream: SocketAddr,
+    query: &[u8],
+    request: &Message,
+    id: u16,
+    limit: u16,
+) -> std::io::Result<Vec<u8>> {
     let local: SocketAddr = match upstream {
         SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
         SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
     };
     let socket = UdpSocket::bind(local).await?;
     socket.connect(upstream).await?;
-    socket.send(raw).await?;
-    let mut buffer = vec![0u8; capacity];
+    socket.send(query).await?;
+    let mut buffer = vec![0u8; 65_535];
     loop {
         let len = socket.recv(&mut buffer).await?;
-        // Only the reply to this query; anything else on the port is ignored.
-        if len >= 12 && u16::from_be_bytes([buffer[0], buffer[1]]) == id && buffer[2] & 0x80 != 0 {
-            buffer.truncate(len);
-            return Ok(buffer);
+        // Anything but the reply to this query is ignored.
+        if let Ok(reply) = relay::incoming(request, id, &buffer[..len], limit) {
+            return Ok(reply);
         }
     }
 }
 
-async fn exchange_tcp(upstream: SocketAddr, raw: &[u8]) -> std::io::Result<Vec<u8>> {
+/// Relays `query` (under `id`) over a fresh TCP connection; the reply, checked.
+async fn exchange_tcp(upstream: SocketAddr, query: &[u8], request: &Message, id: u16) -> std::io::Result<Vec<u8>> {
     let mut stream = TcpStream::connect(upstream).await?;
-    let len = u16::try_from(raw.len()).map_err(|_| std::io::Error::other("query over 65535 bytes"))?;
+    let len = u16::try_from(query.len()).map_err(|_| std::io::Error::other("query over 65535 bytes"))?;
     stream.write_all(&len.to_be_bytes()).await?;
-    stream.write_all(raw).await?;
-    read_framed(&mut stream).await
+    stream.write_all(query).await?;
+    let reply = read_framed(&mut stream).await?;
+    relay::incoming(request, id, &reply, u16::MAX)
+        .map_err(|why| std::io::Error::other(format!("not the reply to the relayed query: {why:?}")))
 }
 
 async fn read_framed(stream: &mut TcpStream) -> std::io::Result<Vec<u8>> {
