@@ -129,10 +129,12 @@ struct RunArgs {
     /// Override a map's capacity, e.g. `topo_slots=524288` (repeatable).
     #[arg(long = "capacity", value_name = "MAP=ENTRIES")]
     capacities: Vec<String>,
-    /// When the agent has had no current view of the cluster for this long (it died, or its
-    /// watches keep failing), the programs stop rewriting and connections go to the ClusterIP
-    /// untouched, where kube-proxy answers. `0` keeps the last programmed state forever.
-    #[arg(long, default_value = "10m", value_name = "DURATION", value_parser = humantime::parse_duration)]
+    /// When the agent has had no current view of the cluster for this long (it died, is wedged,
+    /// or its watches keep failing), the programs stop rewriting and connections go to the
+    /// ClusterIP untouched, where kube-proxy answers. Two minutes ride out an API server restart
+    /// without leaving topology, and stop a partitioned agent's sets before a rolling update has
+    /// replaced the backends they name. `0` keeps the last programmed state forever.
+    #[arg(long, default_value = "2m", value_name = "DURATION", value_parser = humantime::parse_duration)]
     fail_open_after: Duration,
     /// How the programs read the service index: `auto` picks what this CPU and kernel need.
     #[arg(long, value_enum, default_value_t = IndexOrdering::Auto)]

@@ -110,7 +110,8 @@ pub fn draw(service: &ServiceValue) -> Result<Backend, Error> {
     // SAFETY: the pointer points into the array's value area for the program's lifetime; the
     // fields are copied out at once.
     let slot = unsafe { &*slot };
-    if slot.set_id != service.set_id {
+    // Set id 0 marks a free slot (and an empty set's entry): never a set to draw from.
+    if slot.set_id != service.set_id || slot.set_id == 0 {
         return Err(Error::ForeignSlot { service_id });
     }
     // The primary wins with probability threshold / 2^31: always at `THRESHOLD_ONE` (equal weights).

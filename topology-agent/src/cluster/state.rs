@@ -179,6 +179,11 @@ impl ClusterState {
         self.nodes.get(name)
     }
 
+    /// Where `name` stands among the Nodes' names in order, and how many there are.
+    pub fn rank(&self, name: &str) -> (usize, usize) {
+        (self.nodes.keys().filter(|other| other.as_str() < name).count(), self.nodes.len())
+    }
+
     /// Every Node, in the order of their names.
     pub fn nodes(&self) -> impl Iterator<Item = &Node> {
         let mut nodes: Vec<&Node> = self.nodes.values().collect();

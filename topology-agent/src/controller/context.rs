@@ -45,6 +45,9 @@ pub(super) struct Context {
     stranded: BTreeSet<ServicePort>,
     /// What `node_info` says now.
     node_labels: Option<NodeLabels>,
+    /// This node's rank among the cluster's Nodes and their count: which Services' cluster-wide
+    /// problems this agent publishes (see [`Context::publishes`]).
+    rank: (usize, usize),
 }
 
 impl Context {
@@ -57,7 +60,22 @@ impl Context {
             kernel_failures: BTreeMap::new(),
             stranded: BTreeSet::new(),
             node_labels: None,
+            rank: (0, 0),
         }
+    }
+
+    /// This node's place among the cluster's Nodes (by name) and their count.
+    pub(super) fn set_rank(&mut self, rank: (usize, usize)) {
+        self.rank = rank;
+    }
+
+    /// Whether this agent publishes `service`'s problems of `topic` as Events. A problem of the
+    /// node's own kernel is published by that node; one of the Service itself (its configuration,
+    /// a conflict, an invalid object) is the same on every node, and one tenant edit must not
+    /// become one Event per node: it is published by the one agent the Service's name picks.
+    fn publishes(&self, service: &ObjectKey, topic: &Topic) -> bool {
+        let (rank, nodes) = self.rank;
+        matches!(topic, Topic::Kernel(_)) || nodes == 0 || stable_hash(service) % nodes as u64 == rank as u64
     }
 
     /// Logs and publishes a problem, once per (Service, topic) until its message changes.
@@ -66,6 +84,10 @@ impl Context {
             return;
         }
         tracing::warn!(service = %service, reason, "{message}");
+        if !self.publishes(service, &topic) {
+            self.reported.entry(service.clone()).or_default().insert(topic, message);
+            return;
+        }
         self.sink.publish(&Problem { service: service.clone(), reason, message: message.clone() });
         self.reported.entry(service.clone()).or_default().insert(topic, message);
     }
@@ -162,6 +184,15 @@ impl Context {
     }
 }
 
+/// FNV-1a of `namespace/name`: the same on every agent, whatever the build or the process.
+fn stable_hash(service: &ObjectKey) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in service.namespace.bytes().chain(*b"/").chain(service.name.bytes()) {
+        hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+    }
+    hash
+}
+
 /// Why the view is not current while some port keeps an outdated set; `None` when none does.
 fn stranded_summary(stranded: &BTreeSet<ServicePort>) -> Option<String> {
     let first = stranded.first()?;
@@ -188,6 +219,28 @@ fn failing_summary(failures: &BTreeMap<ServicePort, (ObjectKey, String)>) -> Opt
 mod tests {
     use super::*;
     use crate::{desired::Protocol, events::LogOnly};
+
+    #[test]
+    fn a_services_own_problems_come_from_one_node_its_kernels_from_each() {
+        #[derive(Default)]
+        struct Count(std::sync::Mutex<usize>);
+        impl ProblemSink for Arc<Count> {
+            fn publish(&self, _: &Problem) {
+                *self.0.lock().unwrap() += 1;
+            }
+        }
+        let port = ServicePort { vip: [10, 96, 0, 1].into(), port: 80, protocol: Protocol::Tcp };
+        for service in (0..50).map(|n| ObjectKey::new("ns", format!("svc-{n}").as_str())) {
+            let count = Arc::new(Count::default());
+            for rank in 0..7 {
+                let mut context = Context::new(Arc::default(), Arc::default(), Box::new(Arc::clone(&count)));
+                context.set_rank((rank, 7));
+                context.problem(&service, Topic::Policy, "IgnoredConfiguration", "x".into());
+                context.problem(&service, Topic::Kernel(port), "MapFull", "y".into());
+            }
+            assert_eq!(*count.0.lock().unwrap(), 1 + 7, "{service}: one policy Event, a kernel Event per node");
+        }
+    }
 
     #[test]
     fn a_services_conflicts_clear_alone() {

@@ -267,6 +267,7 @@ impl<P: Programmer> Controller<P> {
         };
         self.ctx.health.set_blocked(None);
         self.ctx.node_info(&this);
+        self.ctx.set_rank(self.state.rank(&node));
         if !self.programmed || self.everything_dirty {
             self.dirty.clear();
             self.everything_dirty = false;

@@ -72,6 +72,10 @@ pub fn answer(view: &DnsView, zone: &Zone, request: &Message, draw: &mut dyn FnM
     let [query] = request.queries.as_slice() else {
         return Outcome::Answer(error(request, ResponseCode::FormErr), Kind::Refused, Vec::new());
     };
+    if request.edns.as_ref().is_some_and(|edns| edns.version() > 0) {
+        // RFC 6891: an EDNS version we do not speak is BADVERS, with our version (0) in the OPT.
+        return Outcome::Answer(error(request, ResponseCode::BADVERS), Kind::Refused, Vec::new());
+    }
     let lookup = Lookup::parse(query.name(), &zone.domain);
     if matches!(lookup, Lookup::Outside | Lookup::Pod) {
         return Outcome::Forward;

@@ -296,12 +296,13 @@ pub fn start(
         .map_err(DnsError::Threads)?;
     let entered = runtime.enter();
     let udp_error = |source| DnsError::Bind { addr, protocol: "UDP", source };
-    let first = reuse_port_udp(addr).map_err(udp_error)?;
+    let buffer = (RECEIVE_BUFFERS / threads).clamp(RECEIVE_BUFFER.1, RECEIVE_BUFFER.0);
+    let first = reuse_port_udp(addr, buffer).map_err(udp_error)?;
     let bound = first.local_addr().map_err(udp_error)?;
     let mut sockets = vec![first];
     // The others on the port the first got (an ephemeral port is chosen once, for all).
     for _ in 1..threads {
-        sockets.push(reuse_port_udp(bound).map_err(udp_error)?);
+        sockets.push(reuse_port_udp(bound, buffer).map_err(udp_error)?);
     }
     let tcp_error = |source| DnsError::Bind { addr, protocol: "TCP", source };
     let tcp = std::net::TcpListener::bind(bound).map_err(tcp_error)?;
@@ -317,27 +318,30 @@ pub fn start(
     Ok(DnsServer { runtime: Some(runtime), addr: bound })
 }
 
-/// Receive buffer of each UDP socket: a burst of about 20,000 queries waits in the kernel
-/// instead of being dropped while a thread is preempted.
-const RECEIVE_BUFFER: usize = 4 << 20;
+/// Receive buffers of the UDP sockets together: a burst of about 20,000 queries waits in the kernel
+/// instead of being dropped while a thread is preempted. Shared by the sockets (one per CPU), since
+/// socket memory is charged to the pod's memory limit: a 64-CPU node's flood must not take 256 MiB.
+const RECEIVE_BUFFERS: usize = 8 << 20;
+/// Receive buffer of one UDP socket at most, and at least.
+const RECEIVE_BUFFER: (usize, usize) = (4 << 20, 256 << 10);
 
-/// A non-blocking UDP socket bound to `addr` with `SO_REUSEPORT` and a receive buffer of
-/// [`RECEIVE_BUFFER`] (`SO_RCVBUFFORCE`, which CAP_NET_ADMIN allows beyond `net.core.rmem_max`;
-/// else as much as `SO_RCVBUF` gives).
-fn reuse_port_udp(addr: SocketAddr) -> std::io::Result<UdpSocket> {
+/// A non-blocking UDP socket bound to `addr` with `SO_REUSEPORT` and a receive buffer of `buffer`
+/// bytes (`SO_RCVBUFFORCE`, which CAP_NET_ADMIN allows beyond `net.core.rmem_max`; else as much as
+/// `SO_RCVBUF` gives).
+fn reuse_port_udp(addr: SocketAddr, buffer: usize) -> std::io::Result<UdpSocket> {
     let socket = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::DGRAM, None)?;
     socket.set_reuse_port(true)?;
-    if force_receive_buffer(&socket).is_err() {
-        socket.set_recv_buffer_size(RECEIVE_BUFFER)?;
+    if force_receive_buffer(&socket, buffer).is_err() {
+        socket.set_recv_buffer_size(buffer)?;
     }
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;
     UdpSocket::from_std(socket.into())
 }
 
-fn force_receive_buffer(socket: &socket2::Socket) -> std::io::Result<()> {
+fn force_receive_buffer(socket: &socket2::Socket, buffer: usize) -> std::io::Result<()> {
     use std::os::fd::AsRawFd as _;
-    let size = libc::c_int::try_from(RECEIVE_BUFFER).unwrap_or(libc::c_int::MAX);
+    let size = libc::c_int::try_from(buffer).unwrap_or(libc::c_int::MAX);
     // SAFETY: a valid socket descriptor and a c_int option value of the size passed.
     let result = unsafe {
         libc::setsockopt(

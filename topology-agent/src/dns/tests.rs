@@ -267,6 +267,18 @@ fn answers_too_big_for_udp_are_truncated_and_complete_over_tcp() {
         Outcome::Answer(message, ..) => assert_eq!(message.edns.map(|e| e.max_payload()), Some(answer::EDNS_PAYLOAD)),
         Outcome::Forward => panic!("forwarded"),
     }
+    // An EDNS version we do not speak: BADVERS, its high bits in our OPT (version 0), as a
+    // resolver reads it back.
+    let mut future = Edns::new();
+    future.set_version(1);
+    edns_request.set_edns(future);
+    let Outcome::Answer(message, ..) = answer::answer(&view, &zone(), &edns_request, &mut || 0.0) else {
+        panic!("forwarded")
+    };
+    let read = Message::from_vec(&server::encode(&message, 1232)).unwrap();
+    // 16 (hickory names the shared code BADSIG when it reads it back).
+    assert_eq!(u16::from(read.metadata.response_code), u16::from(ResponseCode::BADVERS));
+    assert_eq!((read.answers.len(), read.edns.map(|e| e.version())), (0, Some(0)));
 }
 
 #[test]

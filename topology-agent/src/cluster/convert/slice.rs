@@ -151,6 +151,11 @@ pub fn endpoint_slice(slice: &EndpointSliceView) -> Result<Option<EndpointSlice>
         if Family::of(&address) != family {
             return Err(error(field(), format!("{address} is not an {} address", slice.address_type)));
         }
+        if let Some(kind) = unroutable(&address) {
+            // As the API server's own validation of endpoint addresses: such a backend would be
+            // the connecting host itself (or nothing), and redirect host processes' connections.
+            return Err(error(field(), format!("{address} is {kind} address, which no endpoint may have")));
+        }
         let hostname = match endpoint.hostname.as_deref().filter(|h| !h.is_empty()) {
             Some(name) if !is_dns_label(name) => {
                 return Err(error(format!("endpoints[{i}].hostname"), format!("{name:?} is not a DNS label")));
@@ -172,6 +177,23 @@ pub fn endpoint_slice(slice: &EndpointSliceView) -> Result<Option<EndpointSlice>
         });
     }
     Ok(Some(EndpointSlice { key, service, family, ports, endpoints }))
+}
+
+/// What kind of address no endpoint may have, if `address` is one: loopback, link-local,
+/// unspecified or multicast.
+fn unroutable(address: &std::net::IpAddr) -> Option<&'static str> {
+    use std::net::IpAddr;
+    match address {
+        _ if address.is_loopback() => Some("a loopback"),
+        _ if address.is_unspecified() => Some("the unspecified"),
+        _ if address.is_multicast() => Some("a multicast"),
+        IpAddr::V4(v4) if v4.is_link_local() => Some("a link-local"),
+        IpAddr::V6(v6) if v6.is_unicast_link_local() => Some("a link-local"),
+        IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback() || v4.is_link_local()) => {
+            Some("an IPv4-mapped loopback or link-local")
+        }
+        _ => None,
+    }
 }
 
 /// An RFC 1123 label (what the API server allows in `hostname`), case-insensitively.

@@ -234,6 +234,24 @@ fn endpoint_slice_errors_name_the_field_and_fqdn_is_skipped() {
     }))
     .unwrap();
     assert_eq!(fqdn, None);
+    // Addresses that would send a host's connections back to itself are refused, named.
+    for (family, address, kind) in [
+        ("IPv4", "127.0.0.1", "a loopback"),
+        ("IPv4", "169.254.169.254", "a link-local"),
+        ("IPv4", "0.0.0.0", "the unspecified"),
+        ("IPv6", "::1", "a loopback"),
+        ("IPv6", "fe80::1", "a link-local"),
+        ("IPv6", "ff02::1", "a multicast"),
+        ("IPv6", "::ffff:127.0.0.1", "an IPv4-mapped loopback or link-local"),
+    ] {
+        let refused = slice_from(serde_json::json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "metadata": {"name": "s"},
+            "addressType": family, "endpoints": [{"addresses": [address]}]
+        }))
+        .unwrap_err();
+        assert_eq!(refused.field, "endpoints[0].addresses[0]");
+        assert!(refused.message.ends_with(&format!("is {kind} address, which no endpoint may have")), "{refused}");
+    }
 }
 
 #[test]
