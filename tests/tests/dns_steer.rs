@@ -70,6 +70,11 @@ fn objects(coredns: IpAddr) -> Vec<serde_json::Value> {
                      "ports": [{"name": "pg", "port": 5432, "protocol": "TCP"}]}
         }),
         db_slice,
+        json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "ext", "namespace": "default"},
+            "spec": {"type": "ExternalName", "externalName": "db.example.org"}
+        }),
     ]
 }
 
@@ -128,6 +133,12 @@ fn the_cluster_dns_is_steered_to_the_node_responder_and_fails_open_to_coredns() 
     let relayed = ask(&fx, "example.com", &[]);
     assert_eq!(relayed.data, [COREDNS_ANSWER], "{relayed:?}");
     assert!(relayed.answers[0].contains(&format!(" {UPSTREAM_TTL} IN A ")), "{relayed:?}");
+    // An ExternalName Service: CoreDNS's CNAME, completed with the target's records from upstream
+    // (a stub resolver does not chase a CNAME), never this node's NXDOMAIN.
+    let external = ask(&fx, "ext.default.svc.cluster.local", &[]);
+    assert_eq!(external.status, "NOERROR", "{external:?}");
+    assert_eq!(external.data, [COREDNS_ANSWER, "db.example.org."], "{external:?}");
+    assert!(external.answers.iter().any(|a| a.contains(" 5 IN CNAME ")), "{external:?}");
 
     // A frozen responder stops answering its probe: DNS goes back to CoreDNS, then returns.
     agent.signal(libc::SIGSTOP);

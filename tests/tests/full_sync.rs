@@ -97,6 +97,7 @@ fn cluster(fx: &Fixture) -> Vec<SourceEvent> {
             topology_keys: None,
             topology_mode: None,
             agent_annotations: Default::default(),
+            external_name: None,
         })
     });
     let endpoints: Vec<Endpoint> = fx

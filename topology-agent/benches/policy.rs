@@ -59,6 +59,7 @@ fn cluster(services: usize, spill: bool) -> ClusterState {
             } else {
                 BTreeMap::new()
             },
+            external_name: None,
         });
         let endpoints = (0..10)
             .map(|e| {

@@ -62,6 +62,7 @@ pub fn annotations(data: &[u8]) {
         topology_keys: Some(keys),
         topology_mode: None,
         agent_annotations: Default::default(),
+        external_name: None,
     };
     for line in lines {
         if let Some((name, value)) = line.split_once('=') {

@@ -186,8 +186,10 @@ pub struct Service {
     /// The Topology Aware Routing annotation value (`service.kubernetes.io/topology-mode`, else
     /// the older `service.kubernetes.io/topology-aware-hints`).
     pub topology_mode: Option<String>,
-    /// Annotations of this agent (`topology-agent.io/...`), for modes added later.
+    /// Annotations of this agent (`topology-agent.io/...`) that the policy reads, bounded.
     pub agent_annotations: BTreeMap<String, String>,
+    /// `type: ExternalName`: the name DNS answers with a CNAME (lowercase, no final dot).
+    pub external_name: Option<String>,
 }
 
 /// Turns capacity spillover on: `capacity`.

@@ -8,7 +8,7 @@ use hickory_proto::{
     op::{Edns, Message, MessageType, OpCode, Query, ResponseCode},
     rr::{
         DNSClass, Name, RData, Record, RecordType,
-        rdata::{A, AAAA, SOA, SRV},
+        rdata::{A, AAAA, CNAME, SOA, SRV},
     },
 };
 
@@ -37,6 +37,9 @@ pub enum Outcome {
     Answer(Message, Kind, Vec<Locality>),
     /// Not ours: relay to the upstream unchanged.
     Forward,
+    /// This answer (a CNAME to `target`, an ExternalName Service's), completed with the
+    /// upstream's records for `target`, as CoreDNS does: a stub resolver does not chase a CNAME.
+    Chase(Message, Name),
 }
 
 /// What an answer was, for the metrics.
@@ -77,15 +80,18 @@ pub fn answer(view: &DnsView, zone: &Zone, request: &Message, draw: &mut dyn FnM
         return Outcome::Answer(error(request, ResponseCode::BADVERS), Kind::Refused, Vec::new());
     }
     let lookup = Lookup::parse(query.name(), &zone.domain);
-    if matches!(lookup, Lookup::Outside | Lookup::Pod) {
+    if matches!(lookup, Lookup::Outside | Lookup::Pod | Lookup::Elsewhere) {
         return Outcome::Forward;
     }
     let mut response = reply(request);
     response.metadata.authoritative = true;
-    let mut builder = Builder { zone, query, response: &mut response, localities: Vec::new() };
+    let mut builder = Builder { zone, query, response: &mut response, localities: Vec::new(), chase: None };
     let kind = builder.resolve(view, &lookup, draw);
     let localities = std::mem::take(&mut builder.localities);
-    Outcome::Answer(response, kind, localities)
+    match builder.chase.take() {
+        Some(target) => Outcome::Chase(response, target),
+        None => Outcome::Answer(response, kind, localities),
+    }
 }
 
 /// An error reply to a query we could parse.
@@ -120,6 +126,8 @@ struct Builder<'a> {
     query: &'a Query,
     response: &'a mut Message,
     localities: Vec<Locality>,
+    /// The CNAME target whose records complete the answer.
+    chase: Option<Name>,
 }
 
 impl Builder<'_> {
@@ -132,6 +140,13 @@ impl Builder<'_> {
             Lookup::Namespace { namespace } => view.has_namespace(namespace).then(Vec::new),
             Lookup::Service { namespace, name: service } => match view.service(namespace, service) {
                 None => None,
+                Some(Records::ExternalName { target }) => {
+                    let Ok(target) = Name::from_ascii(format!("{target}.")) else { return self.nxdomain() };
+                    if !matches!(qtype, RecordType::CNAME | RecordType::ANY) {
+                        self.chase = Some(target.clone());
+                    }
+                    Some(vec![self.record(&name, RData::CNAME(CNAME(target)))])
+                }
                 Some(Records::ClusterIp { ips, ports, .. }) => Some(match qtype {
                     RecordType::SRV => self.srv_cluster_ip(&name, ips, ports, None),
                     _ => self.addresses(&name, qtype, ips.iter().copied()),
@@ -166,6 +181,7 @@ impl Builder<'_> {
                         .then_some(records)
                         .map(|r| if qtype == RecordType::SRV { r } else { Vec::new() })
                 }
+                Some(Records::ExternalName { .. }) => None,
                 Some(Records::Headless(h)) => {
                     let found = h.ports.iter().find(|(p, _)| p.name == *port && proto_name(p.protocol) == protocol);
                     match found {
@@ -180,12 +196,10 @@ impl Builder<'_> {
                 None => None,
             },
             Lookup::Unknown => None,
-            Lookup::Outside | Lookup::Pod => unreachable!("forwarded before"),
+            Lookup::Outside | Lookup::Pod | Lookup::Elsewhere => unreachable!("forwarded before"),
         };
         let Some(answers) = answers else {
-            self.response.metadata.response_code = ResponseCode::NXDomain;
-            self.response.add_authority(self.soa());
-            return Kind::NxDomain;
+            return self.nxdomain();
         };
         if answers.is_empty() {
             self.response.add_authority(self.soa());
@@ -193,6 +207,12 @@ impl Builder<'_> {
         }
         self.response.add_answers(answers);
         Kind::Records
+    }
+
+    fn nxdomain(&mut self) -> Kind {
+        self.response.metadata.response_code = ResponseCode::NXDomain;
+        self.response.add_authority(self.soa());
+        Kind::NxDomain
     }
 
     fn record(&self, name: &Name, rdata: RData) -> Record {

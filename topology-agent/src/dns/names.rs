@@ -22,8 +22,12 @@ pub enum Lookup {
     Srv { namespace: String, name: String, port: String, protocol: String },
     /// `….pod.<domain>`: pod records, which the upstream (CoreDNS) answers.
     Pod,
-    /// Anything else in the cluster domain: no such name.
+    /// Anything else under `svc.<domain>`, which the Kubernetes DNS specification defines whole:
+    /// no such name.
     Unknown,
+    /// A name in the cluster domain outside `svc` and `pod`, which another CoreDNS plugin may
+    /// serve: forwarded.
+    Elsewhere,
 }
 
 impl Lookup {
@@ -59,7 +63,8 @@ impl Lookup {
                     protocol: protocol[1..].to_owned(),
                 }
             }
-            _ => Self::Unknown,
+            [.., svc] if svc == "svc" => Self::Unknown,
+            _ => Self::Elsewhere,
         }
     }
 }
@@ -107,8 +112,10 @@ mod tests {
             ("_http.web.default.svc.cluster.local.", Lookup::Unknown),
             ("a.b.web.default.svc.cluster.local.", Lookup::Unknown),
             ("10-0-0-1.default.pod.cluster.local.", Lookup::Pod),
-            ("web.default.cluster.local.", Lookup::Unknown),
-            ("nodes.cluster.local.", Lookup::Unknown),
+            ("web.default.cluster.local.", Lookup::Elsewhere),
+            ("nodes.cluster.local.", Lookup::Elsewhere),
+            ("api.github.com.cluster.local.", Lookup::Elsewhere),
+            ("api.github.com.default.svc.cluster.local.", Lookup::Unknown),
             ("web.default.svc.cluster.local.example.com.", Lookup::Outside),
         ];
         for (name, expect) in rows {

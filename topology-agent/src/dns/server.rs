@@ -12,8 +12,8 @@ use std::{
 };
 
 use hickory_proto::{
-    op::{Message, MessageType, Query, ResponseCode},
-    rr::RecordType,
+    op::{Edns, Message, MessageType, OpCode, Query, ResponseCode},
+    rr::{Name, RecordType},
     serialize::binary::{BinEncodable, BinEncoder},
 };
 use tokio::{
@@ -66,8 +66,20 @@ pub enum Handled {
     Reply { bytes: Vec<u8>, qtype: Option<RecordType>, outcome: &'static str, localities: Vec<Locality> },
     /// Relay `raw` to the upstream.
     Forward { request: Message, raw: Vec<u8> },
+    /// Complete an answer with the upstream's records.
+    Chase(Box<Chase>),
     /// Not a query: no reply.
     Drop,
+}
+
+/// An answer to complete: `response` (a CNAME to `target`) to `request`.
+pub struct Chase {
+    /// The client's query.
+    pub request: Message,
+    /// The answer so far.
+    pub response: Message,
+    /// Whose records complete it.
+    pub target: Name,
 }
 
 /// The whole packet path but the sockets: parse, answer, encode (over TCP when `tcp`, else
@@ -94,6 +106,7 @@ pub fn respond(view: &DnsView, zone: &Zone, bytes: &[u8], tcp: bool, draw: &mut 
             Handled::Reply { bytes: encode(&response, limit), qtype, outcome: kind.as_str(), localities }
         }
         Outcome::Forward => Handled::Forward { request, raw: bytes.to_vec() },
+        Outcome::Chase(response, target) => Handled::Chase(Box::new(Chase { request, response, target })),
     }
 }
 
@@ -160,11 +173,50 @@ impl Responder {
     async fn forward(&self, request: &Message, raw: &[u8], tcp: bool) -> Vec<u8> {
         let limit = relay::limit(request, tcp);
         let qtype = request.queries.first().map(Query::query_type);
-        let upstreams = self.view.borrow().upstreams.clone();
         let Ok(_permit) = self.forwards.try_acquire() else {
             self.metrics.query(qtype, "overloaded");
             return encode(&answer::error(request, ResponseCode::ServFail), limit);
         };
+        match self.ask_upstreams(request, raw, tcp, limit).await {
+            Some(reply) => {
+                self.metrics.query(qtype, "forwarded");
+                reply
+            }
+            None => {
+                self.metrics.query(qtype, "upstream_failed");
+                encode(&answer::error(request, ResponseCode::ServFail), limit)
+            }
+        }
+    }
+
+    /// `response`, an ExternalName Service's CNAME to `target`, with the upstream's records of
+    /// `target` added (none when it does not answer in time: the CNAME alone, as CoreDNS sends).
+    async fn chase(&self, Chase { request, mut response, target }: Chase, tcp: bool) -> Vec<u8> {
+        let request = &request;
+        let qtype = request.queries.first().map(Query::query_type);
+        let limit = relay::limit(request, tcp);
+        if let (Some(asked), Ok(_permit)) = (qtype, self.forwards.try_acquire()) {
+            let mut lookup = Message::new(0, MessageType::Query, OpCode::Query);
+            lookup.metadata.recursion_desired = true;
+            lookup.add_query(Query::query(target, asked));
+            let mut edns = Edns::new();
+            edns.set_max_payload(relay::MAX_UDP_REPLY);
+            lookup.set_edns(edns);
+            if let Ok(raw) = lookup.to_vec()
+                && let Some(reply) = self.ask_upstreams(&lookup, &raw, tcp, u16::MAX).await
+                && let Ok(reply) = Message::from_vec(&reply)
+            {
+                response.add_answers(reply.answers);
+            }
+        }
+        self.metrics.query(qtype, "answer");
+        encode(&response, limit)
+    }
+
+    /// Asks the upstreams `request` (its bytes `raw`), each under an id of our own, in turn within
+    /// [`UPSTREAM_TIMEOUT`]; the first reply, checked and within `limit`.
+    async fn ask_upstreams(&self, request: &Message, raw: &[u8], tcp: bool, limit: u16) -> Option<Vec<u8>> {
+        let upstreams = self.view.borrow().upstreams.clone();
         let started = Instant::now();
         let deadline = started + UPSTREAM_TIMEOUT;
         let first = if upstreams.is_empty() { 0 } else { rand::random::<u32>() as usize % upstreams.len() };
@@ -185,12 +237,10 @@ impl Responder {
             };
             if let Ok(Ok(reply)) = tokio::time::timeout(budget, exchange).await {
                 self.metrics.upstream_seconds.observe(started.elapsed().as_secs_f64());
-                self.metrics.query(qtype, "forwarded");
-                return reply;
+                return Some(reply);
             }
         }
-        self.metrics.query(qtype, "upstream_failed");
-        encode(&answer::error(request, ResponseCode::ServFail), limit)
+        None
     }
 
     fn admit(&self, source: IpAddr) -> bool {
@@ -305,6 +355,13 @@ pub async fn serve_udp(socket: Arc<UdpSocket>, responder: Arc<Responder>, shutdo
                     let _ = socket.send_to(&reply, source).await;
                 });
             }
+            Handled::Chase(chase) => {
+                let (socket, responder) = (Arc::clone(&socket), Arc::clone(&responder));
+                tokio::spawn(async move {
+                    let reply = responder.chase(*chase, false).await;
+                    let _ = socket.send_to(&reply, source).await;
+                });
+            }
             Handled::Drop => {}
         }
     }
@@ -356,6 +413,7 @@ async fn connection(mut stream: TcpStream, source: IpAddr, responder: &Responder
         let reply = match responder.handle(&bytes, true, None) {
             Handled::Reply { bytes, .. } => bytes,
             Handled::Forward { request, raw } => responder.forward(&request, &raw, true).await,
+            Handled::Chase(chase) => responder.chase(*chase, true).await,
             Handled::Drop => return,
         };
         let Ok(len) = u16::try_from(reply.len()) else { return };

@@ -60,7 +60,7 @@ fn query(name: &str, qtype: RecordType) -> Message {
 fn ask_with(view: &DnsView, name: &str, qtype: RecordType, draw: &mut dyn FnMut() -> f64) -> (Message, Kind) {
     match answer::answer(view, &zone(), &query(name, qtype), draw) {
         Outcome::Answer(message, kind, _) => (message, kind),
-        Outcome::Forward => panic!("{name} was forwarded"),
+        Outcome::Forward | Outcome::Chase(..) => panic!("{name} was forwarded or chased"),
     }
 }
 
@@ -147,7 +147,6 @@ fn names_that_exist_without_the_type_asked_are_nodata_and_unknown_ones_nxdomain(
         ("other.svc.cluster.local.", RecordType::A, Kind::NxDomain),
         ("db-9.db.ns.svc.cluster.local.", RecordType::A, Kind::NxDomain),
         ("x.y.db.ns.svc.cluster.local.", RecordType::A, Kind::NxDomain),
-        ("nodes.cluster.local.", RecordType::A, Kind::NxDomain),
     ];
     for (name, qtype, expect) in rows {
         let (message, kind) = ask(&view, name, qtype);
@@ -265,7 +264,7 @@ fn answers_too_big_for_udp_are_truncated_and_complete_over_tcp() {
     assert_eq!(answer::udp_limit(&edns_request), answer::EDNS_PAYLOAD);
     match answer::answer(&view, &zone(), &edns_request, &mut || 0.0) {
         Outcome::Answer(message, ..) => assert_eq!(message.edns.map(|e| e.max_payload()), Some(answer::EDNS_PAYLOAD)),
-        Outcome::Forward => panic!("forwarded"),
+        Outcome::Forward | Outcome::Chase(..) => panic!("forwarded"),
     }
     // An EDNS version we do not speak: BADVERS, its high bits in our OPT (version 0), as a
     // resolver reads it back.
@@ -342,6 +341,36 @@ fn malformed_queries_get_formerr_or_nothing_and_never_a_panic() {
         Outcome::Answer(message, kind, _) => {
             assert_eq!((kind, message.metadata.response_code), (Kind::Refused, ResponseCode::FormErr));
         }
-        Outcome::Forward => panic!("two questions forwarded"),
+        Outcome::Forward | Outcome::Chase(..) => panic!("two questions forwarded"),
     }
+}
+
+#[test]
+fn an_external_name_is_a_cname_completed_upstream_and_unowned_names_are_forwarded() {
+    let mut state = world();
+    let mut external = service("ext");
+    external.cluster_ips.clear();
+    external.external_name = Some("db.example.org".into());
+    state.upsert_service(external);
+    let view = view(&state, "a1");
+    let name = "ext.ns.svc.cluster.local.";
+    let Outcome::Chase(response, target) = answer::answer(&view, &zone(), &query(name, RecordType::A), &mut || 0.0)
+    else {
+        panic!("an ExternalName A query is a CNAME completed with the target's records")
+    };
+    assert_eq!(target, Name::from_ascii("db.example.org.").unwrap());
+    assert_eq!(response.answers.len(), 1);
+    assert_eq!(response.answers[0].data.to_string(), "db.example.org.");
+    assert_eq!(response.metadata.response_code, ResponseCode::NoError);
+    // Asked for the CNAME itself: nothing to chase.
+    let (cname, kind) = ask(&view, name, RecordType::CNAME);
+    assert_eq!((kind, cname.answers.len()), (Kind::Records, 1));
+    // It has no endpoints to name.
+    assert_eq!(ask(&view, "x.ext.ns.svc.cluster.local.", RecordType::A).1, Kind::NxDomain);
+    // Names of the cluster domain outside svc and pod, which other plugins may serve, go to CoreDNS.
+    for elsewhere in ["web.default.cluster.local.", "nodes.cluster.local."] {
+        let outcome = answer::answer(&view, &zone(), &query(elsewhere, RecordType::A), &mut || 0.0);
+        assert!(matches!(outcome, Outcome::Forward), "{elsewhere}: {outcome:?}");
+    }
+    assert_eq!(ask(&view, "nope.ns.svc.cluster.local.", RecordType::A).1, Kind::NxDomain, "svc is ours alone");
 }

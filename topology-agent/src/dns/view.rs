@@ -95,7 +95,15 @@ pub enum Records {
     },
     /// A headless Service: what this node's policy chose.
     Headless(Box<Headless>),
+    /// `type: ExternalName`: a CNAME to this name, as CoreDNS answers.
+    ExternalName {
+        /// `spec.externalName`, lowercase, without the final dot.
+        target: String,
+    },
 }
+
+/// The hosts of a Service that has none.
+static NO_HOSTS: BTreeMap<String, Vec<IpAddr>> = BTreeMap::new();
 
 /// The records of a headless Service.
 #[derive(Clone, Debug, PartialEq)]
@@ -115,6 +123,7 @@ impl Records {
         match self {
             Self::ClusterIp { hosts, .. } => hosts,
             Self::Headless(h) => &h.hosts,
+            Self::ExternalName { .. } => &NO_HOSTS,
         }
     }
 }
@@ -154,7 +163,9 @@ impl DnsView {
     pub fn update(&mut self, state: &ClusterState, this: &Node, key: &ObjectKey) -> bool {
         let id = service_key(&key.namespace, &key.name);
         let records = state.service(key).and_then(|service| {
-            if service.headless {
+            if let Some(target) = &service.external_name {
+                Some(Records::ExternalName { target: target.clone() })
+            } else if service.headless {
                 Some(Records::Headless(Box::new(headless(state, this, service))))
             } else if service.cluster_ips.is_empty() {
                 None

@@ -52,6 +52,7 @@ pub struct SpecView {
     traffic_distribution: Option<String>,
     /// Kubernetes 1.17-1.21 (KEP-536's alpha field).
     topology_keys: Option<Vec<String>>,
+    external_name: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -189,6 +190,12 @@ fn from_parts(metadata: &ObjectMeta, spec: &SpecView) -> Result<Service, ObjectE
         .collect();
 
     let headless = !external_name && ips.iter().any(|ip| ip == "None");
+    let external_name = match spec.external_name.as_deref() {
+        Some(target) if external_name => {
+            Some(external_target(target).map_err(|why| error("spec.externalName".into(), why))?)
+        }
+        _ => None,
+    };
     Ok(Service {
         key,
         cluster_ips,
@@ -200,7 +207,21 @@ fn from_parts(metadata: &ObjectMeta, spec: &SpecView) -> Result<Service, ObjectE
         topology_keys,
         topology_mode,
         agent_annotations,
+        external_name,
     })
+}
+
+/// `spec.externalName` as a DNS name the responder can answer with (lowercase, no final dot): at
+/// most 253 characters of labels of letters, digits, `-` and `_`.
+fn external_target(target: &str) -> Result<String, String> {
+    let name = target.trim_end_matches('.').to_ascii_lowercase();
+    let valid_label = |label: &str| {
+        (1..=63).contains(&label.len()) && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    };
+    if name.is_empty() || name.len() > 253 || !name.split('.').all(valid_label) {
+        return Err(format!("{:?} is not a DNS name", bounds::bounded(target, bounds::MAX_SHORT_VALUE)));
+    }
+    Ok(name)
 }
 
 /// kube-proxy's default `sessionAffinityConfig.clientIP.timeoutSeconds` (3 hours).

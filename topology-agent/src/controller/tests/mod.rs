@@ -80,6 +80,7 @@ fn service(name: &str, vip: &str) -> Service {
         topology_keys: None,
         topology_mode: None,
         agent_annotations: BTreeMap::new(),
+        external_name: None,
     }
 }
 

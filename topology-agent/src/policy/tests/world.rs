@@ -37,6 +37,7 @@ pub fn service(name: &str) -> Service {
         topology_keys: None,
         topology_mode: None,
         agent_annotations: BTreeMap::new(),
+        external_name: None,
     }
 }
 
