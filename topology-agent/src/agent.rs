@@ -84,6 +84,9 @@ pub enum RunError {
     /// The cgroup v2 mount could not be found.
     #[error(transparent)]
     Mount(#[from] MountError),
+    /// The kernel is older than the programs need.
+    #[error(transparent)]
+    Kernel(#[from] crate::kernel::KernelError),
     /// The dataplane could not be opened.
     #[error(transparent)]
     Dataplane(#[from] DataplaneError),
@@ -164,8 +167,9 @@ fn unprivileged_port_start() -> u16 {
 pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), RunError> {
     config.validate()?;
     caps::check(caps::effective()?, &config.capabilities())?;
+    crate::kernel::check()?;
     let cgroup = match &config.cgroup {
-        Some(cgroup) => cgroup.clone(),
+        Some(cgroup) => mounts::cgroup2_at(cgroup)?,
         None => mounts::cgroup2_root()?,
     };
     let agent_cgroup = own_cgroup_id();

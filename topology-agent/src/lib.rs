@@ -19,6 +19,7 @@ pub mod feedback;
 pub mod fuzzing;
 pub mod heap;
 pub mod http;
+pub mod kernel;
 pub mod listen;
 pub mod metrics;
 pub mod mounts;

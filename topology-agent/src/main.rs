@@ -94,6 +94,13 @@ enum Command {
         #[arg(long, conflicts_with = "wait")]
         check: bool,
     },
+    /// Mount a BPF filesystem where the pins go, unless one is there (kind's nodes, some images
+    /// mount none); the DaemonSet's init container runs it, with the mount propagated to the host.
+    MountBpffs {
+        /// Where the BPF filesystem must be.
+        #[arg(long, default_value = "/sys/fs/bpf")]
+        path: PathBuf,
+    },
 }
 
 #[derive(Args)]
@@ -272,6 +279,17 @@ fn main() -> anyhow::Result<()> {
             match output {
                 Output::Table => print!("{}", report.table()),
                 Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+            }
+        }
+        Command::MountBpffs { path } => {
+            let done = topology_agent::mounts::mount_bpffs(&path)
+                .with_context(|| format!("mounting a BPF filesystem at {}", path.display()))?;
+            match done {
+                topology_agent::mounts::BpffsMount::Present => println!("{} is a BPF filesystem", path.display()),
+                topology_agent::mounts::BpffsMount::Mounted => {
+                    tracing::warn!(path = %path.display(), "no BPF filesystem on this node: mounted one");
+                    println!("mounted a BPF filesystem at {}", path.display());
+                }
             }
         }
         Command::Cleanup { pin_path, wait, check } => {

@@ -12,6 +12,10 @@ use std::{
 const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
 /// `statfs` magic of bpffs.
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+/// `statfs` magic of a cgroup v1 controller hierarchy.
+const CGROUP_SUPER_MAGIC: i64 = 0x0027_e0eb;
+/// `statfs` magic of tmpfs (where a v1 or hybrid host mounts its hierarchies).
+const TMPFS_MAGIC: i64 = 0x0102_1994;
 
 /// Failure to find the cgroup v2 mount.
 #[derive(Debug, thiserror::Error)]
@@ -25,6 +29,57 @@ pub enum MountError {
     /// This process's cgroup v2 directory is not under any cgroup v2 mount.
     #[error("this process's cgroup (`0::` in /proc/self/cgroup) is under no cgroup v2 mount in /proc/self/mountinfo")]
     NoOwnCgroup,
+    /// `--cgroup` is not a cgroup v2 directory, nor a hybrid host's mount with one below.
+    #[error(
+        "--cgroup {}: {layout}, not cgroup v2; the programs attach to cgroup v2 only: boot the node with the unified \
+         hierarchy (systemd.unified_cgroup_hierarchy=1, the default since systemd 248) or keep the DaemonSet off such \
+         nodes (README, Supported clusters)",
+        path.display()
+    )]
+    NotCgroup2 {
+        /// As given.
+        path: PathBuf,
+        /// What it is instead.
+        layout: &'static str,
+    },
+}
+
+/// Where the programs attach for `--cgroup path`: `path` itself when it is a cgroup v2 directory;
+/// on a hybrid host (v1 controllers on a tmpfs, the unified hierarchy at `unified/`), the unified
+/// hierarchy below it; else an error naming what the host has.
+pub fn cgroup2_at(path: &Path) -> Result<PathBuf, MountError> {
+    let magic = |path: &Path| fs_magic(path).ok();
+    match magic(path) {
+        Some(CGROUP2_SUPER_MAGIC) => return Ok(path.to_path_buf()),
+        Some(TMPFS_MAGIC) if magic(&path.join("unified")) == Some(CGROUP2_SUPER_MAGIC) => {
+            let unified = path.join("unified");
+            tracing::info!(
+                cgroup = %path.display(),
+                unified = %unified.display(),
+                "a hybrid cgroup host: attaching to its unified hierarchy"
+            );
+            return Ok(unified);
+        }
+        _ => {}
+    }
+    let layout = match magic(path) {
+        None => "not found",
+        Some(CGROUP_SUPER_MAGIC) => "a cgroup v1 controller hierarchy",
+        Some(TMPFS_MAGIC) if has_v1_controllers(path) => {
+            "a cgroup v1 host (controllers on a tmpfs, no unified hierarchy)"
+        }
+        Some(_) => "not a cgroup filesystem",
+    };
+    Err(MountError::NotCgroup2 { path: path.to_path_buf(), layout })
+}
+
+/// Whether a directory holds cgroup v1 controller mounts.
+fn has_v1_controllers(dir: &Path) -> bool {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|entry| fs_magic(&entry.path()).is_ok_and(|magic| magic == CGROUP_SUPER_MAGIC))
 }
 
 /// The mount point of the cgroup v2 hierarchy's root.
@@ -123,6 +178,32 @@ pub fn is_cgroup2(path: &Path) -> io::Result<bool> {
     Ok(fs_magic(path)? == CGROUP2_SUPER_MAGIC)
 }
 
+/// What [`mount_bpffs`] found or did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BpffsMount {
+    /// `path` was a BPF filesystem already.
+    Present,
+    /// One was mounted there.
+    Mounted,
+}
+
+/// Mounts a BPF filesystem at `path` (created if missing) unless one is there: kind's nodes and
+/// some images mount none, and the pins must outlive the agent on the host's own bpffs.
+pub fn mount_bpffs(path: &Path) -> io::Result<BpffsMount> {
+    std::fs::create_dir_all(path)?;
+    if fs_magic(path)? == BPF_FS_MAGIC {
+        return Ok(BpffsMount::Present);
+    }
+    let c_path = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))?;
+    // SAFETY: NUL-terminated strings that outlive the call; no mount data.
+    let mounted = unsafe { libc::mount(c"bpf".as_ptr(), c_path.as_ptr(), c"bpf".as_ptr(), 0, std::ptr::null()) };
+    if mounted != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(BpffsMount::Mounted)
+}
+
 /// True if `path` is on a BPF filesystem.
 pub fn is_bpffs(path: &Path) -> io::Result<bool> {
     Ok(fs_magic(path)? == BPF_FS_MAGIC)
@@ -200,6 +281,35 @@ mod tests {
 ";
         assert_eq!(own_cgroup_in(container, info), Some(PathBuf::from("/sys/fs/cgroup")));
         assert_eq!(own_cgroup_in("1:cpu:/x\n", HYBRID), None, "cgroup v1 only");
+    }
+
+    #[test]
+    fn a_cgroup_flag_resolves_to_cgroup_v2_or_names_the_hosts_layout() {
+        // This machine's layout, whatever it is; the hybrid case where it is one (tests never
+        // attach here: resolving reads the filesystem types only).
+        let host = Path::new("/sys/fs/cgroup");
+        match fs_magic(host) {
+            Ok(CGROUP2_SUPER_MAGIC) => assert_eq!(cgroup2_at(host).unwrap(), host),
+            Ok(TMPFS_MAGIC) if fs_magic(&host.join("unified")).ok() == Some(CGROUP2_SUPER_MAGIC) => {
+                assert_eq!(cgroup2_at(host).unwrap(), host.join("unified"), "a hybrid host's unified hierarchy");
+                let v1 = std::fs::read_dir(host)
+                    .unwrap()
+                    .flatten()
+                    .map(|e| e.path())
+                    .find(|p| fs_magic(p).ok() == Some(CGROUP_SUPER_MAGIC));
+                if let Some(v1) = v1 {
+                    let error = cgroup2_at(&v1).unwrap_err().to_string();
+                    assert!(error.contains("a cgroup v1 controller hierarchy, not cgroup v2"), "{error}");
+                }
+            }
+            _ => eprintln!("SKIPPED the hybrid case: /sys/fs/cgroup is neither cgroup2 nor a hybrid tmpfs here"),
+        }
+        let plain = std::env::temp_dir();
+        let error = cgroup2_at(&plain).unwrap_err().to_string();
+        assert!(error.starts_with(&format!("--cgroup {}: not a cgroup filesystem, not cgroup v2", plain.display())));
+        assert!(error.contains("systemd.unified_cgroup_hierarchy=1"), "{error}");
+        let missing = cgroup2_at(Path::new("/nonexistent/cgroup")).unwrap_err().to_string();
+        assert!(missing.starts_with("--cgroup /nonexistent/cgroup: not found"), "{missing}");
     }
 
     #[test]

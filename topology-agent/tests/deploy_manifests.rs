@@ -106,6 +106,12 @@ fn the_daemonset_has_what_the_agent_needs_and_no_more() {
         host_paths,
         BTreeSet::from(["/sys/fs/bpf".to_owned(), "/sys/fs/cgroup".to_owned(), "/run/netns".to_owned()])
     );
+    // The one privileged container mounts bpffs on the host where there is none, and only that.
+    let init = &pod.init_containers.as_ref().expect("the bpffs init container")[0];
+    assert_eq!(init.args.as_deref(), Some(&["mount-bpffs".to_owned(), "--path=/sys/fs/bpf".to_owned()][..]));
+    assert_eq!(init.security_context.as_ref().and_then(|s| s.privileged), Some(true));
+    let propagation = init.volume_mounts.as_ref().unwrap()[0].mount_propagation.as_deref();
+    assert_eq!(propagation, Some("Bidirectional"), "the mount must reach the host");
     let seccomp = pod.security_context.as_ref().and_then(|s| s.seccomp_profile.as_ref()).expect("seccomp profile");
     assert_eq!(seccomp.type_, "RuntimeDefault");
     let pod_ip = container.env.as_ref().unwrap().iter().find(|e| e.name == "POD_IP").expect("POD_IP");

@@ -77,8 +77,8 @@ pub enum DataplaneError {
     },
     /// The pin directory is not on a BPF filesystem.
     #[error(
-        "{path} is not on a BPF filesystem; mount one (`mount -t bpf bpf /sys/fs/bpf`) or choose \
-         another --pin-path"
+        "{path} is not on a BPF filesystem; mount one (`topology-agent mount-bpffs`, as the DaemonSet's init \
+         container does, or `mount -t bpf bpf /sys/fs/bpf`) or choose another --pin-path"
     )]
     NotBpffs {
         /// The directory.
