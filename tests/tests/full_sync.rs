@@ -98,6 +98,7 @@ fn cluster(fx: &Fixture) -> Vec<SourceEvent> {
             topology_mode: None,
             agent_annotations: Default::default(),
             external_name: None,
+            other_proxy: None,
         })
     });
     let endpoints: Vec<Endpoint> = fx
@@ -154,7 +155,7 @@ fn a_large_full_sync_over_a_previous_agents_maps_writes_while_it_decides_and_rem
     let calls = Arc::new(Mutex::new(Calls::default()));
     let dataplane = Dataplane::open(&fx.config()).expect("adopt the previous agent's maps");
     let controller = Controller::new(
-        ControllerConfig { node: "node-a".into(), reconcile_interval: Duration::from_secs(3600) },
+        ControllerConfig { reconcile_interval: Duration::from_secs(3600), ..ControllerConfig::new("node-a") },
         Recorded { dataplane, calls: Arc::clone(&calls) },
         Arc::new(Health::default()),
         Arc::new(Metrics::default()),

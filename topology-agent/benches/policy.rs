@@ -60,6 +60,7 @@ fn cluster(services: usize, spill: bool) -> ClusterState {
                 BTreeMap::new()
             },
             external_name: None,
+            other_proxy: None,
         });
         let endpoints = (0..10)
             .map(|e| {

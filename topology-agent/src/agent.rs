@@ -198,7 +198,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
         tokio::spawn(read_kernel_log(logger, shutdown.clone()));
     }
 
-    let health = Arc::new(Health::default());
+    let health = Arc::new(Health::with_stale_grace(crate::controller::WATCH_STALE_GRACE));
     let metrics = Arc::new(Metrics::default());
     // The scrape reads the kernel counters on its own descriptors, never blocking the controller.
     let counters = CounterReader::open(&config.pin_path)?;
@@ -246,7 +246,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
         Arc::clone(&metrics),
     );
     let controller = Controller::new(
-        ControllerConfig::new(config.node.clone()),
+        ControllerConfig { one_publisher_per_service: true, ..ControllerConfig::new(config.node.clone()) },
         dataplane,
         Arc::clone(&health),
         Arc::clone(&metrics),

@@ -63,6 +63,7 @@ pub fn annotations(data: &[u8]) {
         topology_mode: None,
         agent_annotations: Default::default(),
         external_name: None,
+        other_proxy: None,
     };
     for line in lines {
         if let Some((name, value)) = line.split_once('=') {

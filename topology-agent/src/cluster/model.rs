@@ -190,7 +190,14 @@ pub struct Service {
     pub agent_annotations: BTreeMap<String, String>,
     /// `type: ExternalName`: the name DNS answers with a CNAME (lowercase, no final dot).
     pub external_name: Option<String>,
+    /// The label kube-proxy leaves a Service to another proxy by (`service-proxy-name`, or
+    /// `headless`), and its value: the agent programs none of its ports either.
+    pub other_proxy: Option<String>,
 }
+
+/// kube-proxy handles only Services without these labels: another proxy handles the others.
+pub const LABELS_OTHER_PROXY: [&str; 2] =
+    ["service.kubernetes.io/service-proxy-name", "service.kubernetes.io/headless"];
 
 /// Turns capacity spillover on: `capacity`.
 pub const ANNOTATION_SPILLOVER: &str = "topology-agent.io/spillover";

@@ -11,17 +11,33 @@ use crate::cluster::Kind;
 /// The controller loop must check in at least this often to count as alive.
 pub const LIVENESS_DEADLINE: Duration = Duration::from_secs(30);
 
+/// How long a watch may fail before the view counts as stale, in the agent: an API server's
+/// restart breaks every agent's watches at once, and must not flip every agent NotReady (nor stop
+/// every node's DNS steering) at once; a failure that outlasts it does.
+pub const WATCH_STALE_GRACE: Duration = Duration::from_secs(30);
+
 /// Shared health state.
 #[derive(Debug)]
 pub struct Health {
     state: Mutex<State>,
+    /// See [`WATCH_STALE_GRACE`]; zero in [`Health::default`].
+    stale_grace: Duration,
+}
+
+/// Why a source lost its view, and since when.
+#[derive(Debug)]
+struct Stale {
+    reason: String,
+    since: Instant,
+    /// Counts only once it has lasted the grace.
+    transient: bool,
 }
 
 #[derive(Debug)]
 struct State {
     heartbeat: Instant,
     waiting_for: BTreeSet<Kind>,
-    stale: BTreeMap<String, String>,
+    stale: BTreeMap<String, Stale>,
     programmed: bool,
     blocked: Option<String>,
     failing: Option<String>,
@@ -40,11 +56,17 @@ impl Default for Health {
                 failing: None,
                 stranded: None,
             }),
+            stale_grace: Duration::ZERO,
         }
     }
 }
 
 impl Health {
+    /// Health whose failing watches make the view stale only after `grace`.
+    pub fn with_stale_grace(grace: Duration) -> Self {
+        Self { stale_grace: grace, ..Self::default() }
+    }
+
     fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
         // A panic while holding this lock would be a bug elsewhere; the data is still usable.
         let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -70,12 +92,27 @@ impl Health {
     pub fn set_stale(&self, source: &str, reason: Option<String>) {
         self.with(|s| match reason {
             Some(reason) => {
-                s.stale.insert(source.to_owned(), reason);
+                s.stale.insert(source.to_owned(), Stale { reason, since: Instant::now(), transient: false });
             }
             None => {
                 s.stale.remove(source);
             }
         });
+    }
+
+    /// A source's watch failed: the view counts as stale once that has lasted the grace (from
+    /// its first failure; [`Health::set_stale`] with `None` ends it).
+    pub fn set_watch_failing(&self, source: &str, reason: String) {
+        self.with(|s| {
+            let since = s.stale.get(source).map_or_else(Instant::now, |stale| stale.since);
+            s.stale.insert(source.to_owned(), Stale { reason, since, transient: true });
+        });
+    }
+
+    /// The sources whose loss of view counts now, with why.
+    fn stale_now<'a>(&self, state: &'a State) -> impl Iterator<Item = (&'a String, &'a String)> {
+        let grace = self.stale_grace;
+        state.stale.iter().filter(move |(_, s)| !s.transient || s.since.elapsed() >= grace).map(|(k, s)| (k, &s.reason))
     }
 
     /// The kernel holds the desired state of a complete view.
@@ -105,7 +142,7 @@ impl Health {
     pub fn view_current(&self) -> bool {
         self.with(|s| {
             s.waiting_for.is_empty()
-                && s.stale.is_empty()
+                && self.stale_now(s).next().is_none()
                 && s.programmed
                 && s.blocked.is_none()
                 && s.stranded.is_none()
@@ -128,7 +165,7 @@ impl Health {
                 let kinds: Vec<String> = s.waiting_for.iter().map(ToString::to_string).collect();
                 reasons.push(format!("waiting for the initial list of {}", kinds.join(", ")));
             }
-            for (source, reason) in &s.stale {
+            for (source, reason) in self.stale_now(s) {
                 reasons.push(format!("view is stale: {source}: {reason}"));
             }
             if let Some(blocked) = &s.blocked {
@@ -205,5 +242,27 @@ mod tests {
         health.set_stale("Node watch", Some("stalled".into()));
         assert!(!health.view_current());
         assert!(health.liveness().is_ok());
+    }
+
+    #[test]
+    fn a_failing_watch_counts_only_once_it_outlasts_the_grace() {
+        let health = Health::with_stale_grace(Duration::from_millis(200));
+        Kind::ALL.iter().for_each(|kind| health.listed(*kind));
+        health.programmed();
+        health.set_watch_failing("Node watch", "connection refused".into());
+        assert!(health.readiness().is_ok() && health.view_current(), "an API server restarting");
+        std::thread::sleep(Duration::from_millis(120));
+        health.set_watch_failing("Node watch", "connection refused".into());
+        std::thread::sleep(Duration::from_millis(120));
+        assert_eq!(
+            health.readiness().unwrap_err().to_string(),
+            "view is stale: Node watch: connection refused",
+            "the grace runs from the first failure, not the last"
+        );
+        assert!(!health.view_current());
+        health.set_stale("Node watch", None);
+        assert!(health.readiness().is_ok());
+        health.set_stale("cluster file", Some("spec.clusterIP: bad".into()));
+        assert!(health.readiness().is_err(), "a source that is not a watch has no grace");
     }
 }

@@ -51,7 +51,10 @@ impl<P: Programmer> Controller<P> {
                 self.remove(&id);
             }
             SourceEvent::Invalid(invalid) => self.skip(invalid),
-            SourceEvent::Stale { source, reason } => self.ctx.health.set_stale(&source, Some(reason)),
+            SourceEvent::Stale { source, reason, transient: false } => self.ctx.health.set_stale(&source, Some(reason)),
+            SourceEvent::Stale { source, reason, transient: true } => {
+                self.ctx.health.set_watch_failing(&source, reason)
+            }
             SourceEvent::Fresh { source } => self.ctx.health.set_stale(&source, None),
         }
     }

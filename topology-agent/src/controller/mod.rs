@@ -23,7 +23,7 @@ use std::{
 
 use context::Context;
 pub use full_sync::PIPELINE_FROM;
-pub use health::{Health, NotLive, NotReady};
+pub use health::{Health, NotLive, NotReady, WATCH_STALE_GRACE};
 pub use program::{Observation, Programmer};
 pub use query::{AskError, PlanClient, PlanQuery};
 use tokio_util::sync::CancellationToken;
@@ -48,12 +48,16 @@ pub struct ControllerConfig {
     pub node: String,
     /// How often the whole desired state is re-applied, retrying service ports that failed.
     pub reconcile_interval: Duration,
+    /// Every node runs an agent (the DaemonSet): a Service's own problems, the same on every
+    /// node, are published by the one agent its name picks, not by each. Off, this agent
+    /// publishes every problem it sees.
+    pub one_publisher_per_service: bool,
 }
 
 impl ControllerConfig {
-    /// Defaults: reconcile every minute.
+    /// Defaults: reconcile every minute; every problem published.
     pub fn new(node: impl Into<String>) -> Self {
-        Self { node: node.into(), reconcile_interval: Duration::from_secs(60) }
+        Self { node: node.into(), reconcile_interval: Duration::from_secs(60), one_publisher_per_service: false }
     }
 }
 
@@ -267,7 +271,9 @@ impl<P: Programmer> Controller<P> {
         };
         self.ctx.health.set_blocked(None);
         self.ctx.node_info(&this);
-        self.ctx.set_rank(self.state.rank(&node));
+        if self.config.one_publisher_per_service {
+            self.ctx.set_rank(self.state.rank(&node));
+        }
         if !self.programmed || self.everything_dirty {
             self.dirty.clear();
             self.everything_dirty = false;

@@ -186,6 +186,10 @@ pub fn compute_service_with(
     service: &Service,
     inputs: &Inputs,
 ) -> Vec<PortSelection> {
+    if service.other_proxy.is_some() {
+        // kube-proxy leaves it to another proxy; so does the agent (its DNS names still resolve).
+        return Vec::new();
+    }
     let mut families: Vec<Family> = service.cluster_ips.iter().map(Family::of).collect();
     families.sort();
     families.dedup();

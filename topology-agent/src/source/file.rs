@@ -119,7 +119,7 @@ fn reload_loop(
             Err(error) => {
                 tracing::warn!(file = %path.display(), %error, "cluster file not reloaded; keeping the last good state");
                 stale = true;
-                events.send(SourceEvent::Stale { source: SOURCE.into(), reason: error.to_string() })
+                events.send(SourceEvent::Stale { source: SOURCE.into(), reason: error.to_string(), transient: false })
             }
         };
         if !sent {

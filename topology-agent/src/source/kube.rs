@@ -170,7 +170,7 @@ fn collect(receiver: &EventReceiver, within: Duration) -> Result<(ClusterState, 
             SourceEvent::Apply(object) => apply(&mut state, object),
             SourceEvent::Delete(id) => remove(&mut state, &id),
             SourceEvent::Invalid(invalid) => skipped.push(invalid),
-            SourceEvent::Stale { source, reason } => return Err(SnapshotError::List { watch: source, reason }),
+            SourceEvent::Stale { source, reason, .. } => return Err(SnapshotError::List { watch: source, reason }),
             SourceEvent::Listing(_) | SourceEvent::Snapshot(_) | SourceEvent::Fresh { .. } => {}
         }
     }

@@ -117,6 +117,9 @@ pub enum SourceEvent {
         source: String,
         /// Why.
         reason: String,
+        /// A failure that usually passes (a watch broken by an API server's restart): the view
+        /// counts as stale only once it has lasted the health's grace.
+        transient: bool,
     },
     /// The source's view is current again.
     Fresh {

@@ -82,7 +82,7 @@ pub async fn run<K>(
             },
         };
         tracing::warn!(kind = %kind, error = %failure, retry_in = ?backoff, "watch failed; keeping the last good state");
-        if !events.send(SourceEvent::Stale { source: source.clone(), reason: failure }) {
+        if !events.send(SourceEvent::Stale { source: source.clone(), reason: failure, transient: true }) {
             return;
         }
         tokio::select! {

@@ -18,7 +18,10 @@ use super::{
 };
 use crate::cluster::{
     bounds,
-    model::{Kind, ObjectError, PortSpec, Service, TopologyKeysSource, TopologyKeysSpec, TrafficDistribution},
+    model::{
+        Kind, LABELS_OTHER_PROXY, ObjectError, PortSpec, Service, TopologyKeysSource, TopologyKeysSpec,
+        TrafficDistribution,
+    },
 };
 
 /// A Service from the API: its metadata (lean) and its spec's text, read by [`service`].
@@ -190,6 +193,12 @@ fn from_parts(metadata: &ObjectMeta, spec: &SpecView) -> Result<Service, ObjectE
         .collect();
 
     let headless = !external_name && ips.iter().any(|ip| ip == "None");
+    let other_proxy = metadata.labels.as_ref().and_then(|labels| {
+        LABELS_OTHER_PROXY.iter().find_map(|label| {
+            let value = labels.get(*label)?;
+            Some(format!("{label}={}", bounds::bounded(value, bounds::MAX_SHORT_VALUE)))
+        })
+    });
     let external_name = match spec.external_name.as_deref() {
         Some(target) if external_name => {
             Some(external_target(target).map_err(|why| error("spec.externalName".into(), why))?)
@@ -208,6 +217,7 @@ fn from_parts(metadata: &ObjectMeta, spec: &SpecView) -> Result<Service, ObjectE
         topology_mode,
         agent_annotations,
         external_name,
+        other_proxy,
     })
 }
 

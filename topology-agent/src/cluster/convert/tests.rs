@@ -344,3 +344,39 @@ fn a_bad_allocatable_cpu_names_the_node_and_field() {
     let error = node(&serde_json::from_value(bad).unwrap()).unwrap_err();
     assert_eq!((error.name.as_str(), error.field.as_str()), ("node-a", "status.allocatable.cpu"));
 }
+
+#[test]
+fn a_service_kube_proxy_leaves_to_another_proxy_is_not_programmed() {
+    let text = r#"
+apiVersion: v1
+kind: List
+items:
+- {apiVersion: v1, kind: Node, metadata: {name: a, labels: {topology.kubernetes.io/zone: z}}}
+- apiVersion: v1
+  kind: Service
+  metadata: {name: mesh, namespace: ns, labels: {service.kubernetes.io/service-proxy-name: my-proxy}}
+  spec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}
+- apiVersion: v1
+  kind: Service
+  metadata: {name: web, namespace: ns}
+  spec: {clusterIP: 10.96.0.2, ports: [{port: 80}]}
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {name: mesh-1, namespace: ns, labels: {kubernetes.io/service-name: mesh}}
+  addressType: IPv4
+  ports: [{port: 8080}]
+  endpoints: [{addresses: [10.244.0.1], nodeName: a}]
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {name: web-1, namespace: ns, labels: {kubernetes.io/service-name: web}}
+  addressType: IPv4
+  ports: [{port: 8080}]
+  endpoints: [{addresses: [10.244.0.2], nodeName: a}]
+"#;
+    let state = crate::cluster::yaml::parse(text, "proxies.yaml").unwrap();
+    let mesh = state.service(&ObjectKey::new("ns", "mesh")).unwrap();
+    assert_eq!(mesh.other_proxy.as_deref(), Some("service.kubernetes.io/service-proxy-name=my-proxy"));
+    let plan = crate::plan::NodePlan::build(&state, "a", None).unwrap();
+    let vips: Vec<String> = plan.kernel().services.keys().map(|port| port.vip.to_string()).collect();
+    assert_eq!(vips, ["10.96.0.2"], "only the Service kube-proxy would program");
+}

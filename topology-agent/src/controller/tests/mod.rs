@@ -81,6 +81,7 @@ fn service(name: &str, vip: &str) -> Service {
         topology_mode: None,
         agent_annotations: BTreeMap::new(),
         external_name: None,
+        other_proxy: None,
     }
 }
 
@@ -126,7 +127,7 @@ fn run(events: Vec<SourceEvent>) -> Recording {
     drop(sender);
     let recording = Arc::new(Mutex::new(Recording::default()));
     let controller = Controller::new(
-        ControllerConfig { node: "a".into(), reconcile_interval: Duration::from_secs(3600) },
+        ControllerConfig { reconcile_interval: Duration::from_secs(3600), ..ControllerConfig::new("a") },
         Recorder(Arc::clone(&recording)),
         Arc::new(Health::default()),
         Arc::new(Metrics::default()),
@@ -390,7 +391,7 @@ fn the_dns_view_follows_the_cluster() {
     drop(sender);
     let (publisher, view) = crate::dns::DnsPublisher::new(Vec::new());
     let controller = Controller::new(
-        ControllerConfig { node: "a".into(), reconcile_interval: Duration::from_secs(3600) },
+        ControllerConfig { reconcile_interval: Duration::from_secs(3600), ..ControllerConfig::new("a") },
         Recorder(Arc::default()),
         Arc::new(Health::default()),
         Arc::new(Metrics::default()),

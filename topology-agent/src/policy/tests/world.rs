@@ -38,6 +38,7 @@ pub fn service(name: &str) -> Service {
         topology_mode: None,
         agent_annotations: BTreeMap::new(),
         external_name: None,
+        other_proxy: None,
     }
 }
 
