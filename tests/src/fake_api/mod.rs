@@ -78,6 +78,10 @@ struct Store {
     failing: Option<u16>,
     /// Watch requests answered with this status; lists still work.
     failing_watches: Option<u16>,
+    /// `retryAfterSeconds` of a 429, in the Status body as the API server sends it.
+    retry_after: u32,
+    /// When each request came.
+    request_times: Vec<std::time::Instant>,
     /// Watches stay open and send nothing, not even bookmarks.
     stalled: bool,
     lists: HashMap<Resource, usize>,
@@ -272,6 +276,16 @@ impl FakeApi {
     /// Answers every request with `status` (429 comes with `Retry-After: 1`); `None` ends it.
     pub fn fail_with(&self, status: Option<u16>) {
         self.with(|store| store.failing = status);
+    }
+
+    /// A 429 asks to retry after `seconds` (header and Status details, as the API server does).
+    pub fn set_retry_after(&self, seconds: u32) {
+        self.with(|store| store.retry_after = seconds);
+    }
+
+    /// When each request came, in order.
+    pub fn request_times(&self) -> Vec<std::time::Instant> {
+        self.with(|store| store.request_times.clone())
     }
 
     /// Answers watch requests with `status` while lists keep working; `None` ends it.

@@ -61,22 +61,23 @@ pub(super) struct Server {
 impl Server {
     async fn handle(&self, request: Request<Incoming>) -> Response<Body> {
         let path = request.uri().path().to_owned();
-        let (down, failing, failing_watches) = {
+        let (down, failing, failing_watches, retry_after) = {
             let mut store = self.store.lock().expect("store");
             store.requests += 1;
-            (store.down, store.failing, store.failing_watches)
+            store.request_times.push(std::time::Instant::now());
+            (store.down, store.failing, store.failing_watches, store.retry_after.max(1))
         };
         if down {
             let unavailable = status(503, "ServiceUnavailable", "the fake API is down");
             return json_response(StatusCode::SERVICE_UNAVAILABLE, &unavailable);
         }
         if let Some(code) = failing {
-            return failure(code);
+            return failure(code, retry_after);
         }
         let query: HashMap<String, String> = request.uri().query().map(|q| url_pairs(q).collect()).unwrap_or_default();
         let watching = query.get("watch").is_some_and(|w| w == "true" || w == "1");
         if let (true, Some(code)) = (watching, failing_watches) {
-            return failure(code);
+            return failure(code, retry_after);
         }
         if request.method() == hyper::Method::POST && path.starts_with("/apis/events.k8s.io/v1/namespaces/") {
             let body = request.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
@@ -221,19 +222,22 @@ impl Server {
     }
 }
 
-/// An error answer with `code`, as the API server words it.
-fn failure(code: u16) -> Response<Body> {
+/// An error answer with `code`, as the API server words it; a 429 asks to retry after
+/// `retry_after` seconds, in its header and its Status details.
+fn failure(code: u16, retry_after: u32) -> Response<Body> {
     let (reason, message) = match code {
         429 => ("TooManyRequests", "too many requests, please try again later"),
         403 => ("Forbidden", "User \"system:serviceaccount:topology-agent:topology-agent\" cannot list resource"),
         _ => ("InternalError", "the fake API fails as asked"),
     };
-    let mut response = json_response(
-        StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-        &status(code, reason, message),
-    );
+    let mut body = status(code, reason, message);
     if code == 429 {
-        response.headers_mut().insert(hyper::header::RETRY_AFTER, "1".parse().expect("header"));
+        body["details"] = json!({"retryAfterSeconds": retry_after});
+    }
+    let mut response = json_response(StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), &body);
+    if code == 429 {
+        let header = retry_after.to_string().parse().expect("header");
+        response.headers_mut().insert(hyper::header::RETRY_AFTER, header);
     }
     response
 }

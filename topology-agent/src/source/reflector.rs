@@ -7,7 +7,18 @@
 //! that keeps the resourceVersion current). The view counts as current once a watch has run
 //! [`CONFIRM`] without failing — a list that succeeds proves nothing about the watch. Any failure
 //! (an error, 410 Gone, or a watch silent for [`STALL`]: neither event, bookmark nor end) makes
-//! it stale, and the next attempt lists again after a backoff from 1 s to 30 s.
+//! it stale.
+//!
+//! What comes next follows the rules client-go's reflector learned at fleet scale, since every
+//! node runs one per kind and an API server restart fails them all at once:
+//! - a transient failure (a connection refused or reset, a watch that would not open within
+//!   [`WATCH_OPEN`], a stall, 429, 5xx) resumes the watch from the last resourceVersion: no list;
+//! - only 410 Gone (the resourceVersion is compacted away) or another refusal lists again, and a
+//!   relist after 410 is a consistent one, any other from the watch cache (`resourceVersion` of
+//!   the last sync, `NotOlderThan`), which costs the API server no etcd read;
+//! - attempts wait a backoff from 1 s doubling to 30 s, drawn at random below it (full jitter, so
+//!   a fleet's retries spread out instead of arriving in lockstep), at least what a 429's
+//!   `Retry-After` asks, and reset only once no failure came for [`BACKOFF_RESET`].
 //!
 //! An update that converts to what was last sent of the object (a Node status heartbeat: nothing
 //! the model reads changed) is dropped here, so it wakes neither the controller nor the policy.
@@ -17,7 +28,7 @@ use std::{collections::HashMap, fmt::Debug, hash::Hash, time::Duration};
 use futures::TryStreamExt as _;
 use kube::{
     Api, Resource, ResourceExt as _,
-    api::{ListParams, WatchEvent, WatchParams},
+    api::{ListParams, VersionMatch, WatchEvent, WatchParams},
 };
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
@@ -36,9 +47,13 @@ pub const WATCH_TIMEOUT_S: u32 = 20;
 pub const STALL: Duration = Duration::from_secs(25);
 /// How long a watch must run after its list without failing before the view counts as current.
 pub const CONFIRM: Duration = Duration::from_secs(2);
+/// A watch whose response has not begun this soon is given up (a peer gone without a reset).
+pub const WATCH_OPEN: Duration = Duration::from_secs(10);
+/// The backoff starts over once no failure came for this long (client-go's reflector: 2 minutes).
+pub const BACKOFF_RESET: Duration = Duration::from_secs(120);
 /// Objects per list page.
 const PAGE: u32 = 500;
-/// First wait before listing again after a failure; doubled up to [`MAX_BACKOFF`].
+/// First wait before trying again after a failure; doubled up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 /// Longest wait between attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -48,12 +63,87 @@ pub type Convert<K> = fn(&K) -> Result<Option<Object>, Box<Invalid>>;
 /// The identity of a deleted object.
 pub type Identify<K> = fn(&K, Kind) -> ObjectId;
 
-/// Why one list-and-watch ended.
+/// Why one attempt ended.
 enum Ended {
     /// Shutdown, or the controller is gone.
     Stop,
     /// A failure, as `/readyz` names it.
-    Failed(String),
+    Failed(Failure),
+}
+
+/// A failed attempt: why, and what the next one should do.
+struct Failure {
+    /// As `/readyz` names it.
+    why: String,
+    /// What comes next.
+    next: Next,
+    /// The server's `Retry-After`.
+    retry_after: Option<Duration>,
+}
+
+/// What the attempt after a failure does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Next {
+    /// Resume the watch from the last resourceVersion.
+    Resume,
+    /// List again from the watch cache, then watch.
+    Relist,
+    /// List again, consistently (the resourceVersion is gone), then watch.
+    ConsistentRelist,
+}
+
+impl Failure {
+    fn new(why: String, next: Next) -> Self {
+        Self { why, next, retry_after: None }
+    }
+
+    /// A request's failure: transient ones resume, 410 relists consistently, others relist.
+    fn of(kind: Kind, error: &kube::Error) -> Self {
+        let why = describe(kind, error);
+        match error {
+            kube::Error::Api(status) => Self::of_status(why, status),
+            // Connection refused or reset, a timeout, a broken stream: the server may be back soon.
+            _ => Self::new(why, Next::Resume),
+        }
+    }
+
+    fn of_status(why: String, status: &kube::core::Status) -> Self {
+        let next = match status.code {
+            410 | 504 => Next::ConsistentRelist,
+            429 | 500.. => Next::Resume,
+            _ => Next::Relist,
+        };
+        let retry_after = status
+            .details
+            .as_ref()
+            .map(|details| details.retry_after_seconds)
+            .filter(|seconds| *seconds > 0)
+            .map(|seconds| Duration::from_secs(u64::from(seconds)));
+        Self { why, next, retry_after }
+    }
+}
+
+/// The wait between attempts: exponential, full jitter, reset after a quiet [`BACKOFF_RESET`].
+struct Backoff {
+    ceiling: Duration,
+    last_failure: Option<Instant>,
+}
+
+impl Backoff {
+    fn new() -> Self {
+        Self { ceiling: FIRST_BACKOFF, last_failure: None }
+    }
+
+    /// The wait before the next attempt after a failure now, at least `retry_after`.
+    fn next(&mut self, retry_after: Option<Duration>) -> Duration {
+        if self.last_failure.is_some_and(|at| at.elapsed() >= BACKOFF_RESET) {
+            self.ceiling = FIRST_BACKOFF;
+        }
+        self.last_failure = Some(Instant::now());
+        let wait = self.ceiling.mul_f64(rand::random::<f64>());
+        self.ceiling = (self.ceiling * 2).min(MAX_BACKOFF);
+        wait.max(retry_after.unwrap_or_default())
+    }
 }
 
 /// Lists and watches `api` until `shutdown`, sending what it sees to `events`.
@@ -68,28 +158,37 @@ pub async fn run<K>(
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
     let source = format!("{kind} watch");
-    let mut backoff = FIRST_BACKOFF;
-    // Until a list completes, lists are sent page by page.
-    let mut listed = false;
+    let mut backoff = Backoff::new();
+    let mut reflector = Reflector {
+        api: &api,
+        kind,
+        convert,
+        identify,
+        events: &events,
+        source: &source,
+        sent: HashMap::new(),
+        version: None,
+        listed: false,
+    };
+    let mut next = Next::ConsistentRelist;
     loop {
-        let mut reflector =
-            Reflector { api: &api, kind, convert, identify, events: &events, source: &source, sent: HashMap::new() };
         let failure = tokio::select! {
             () = shutdown.cancelled() => return,
-            ended = reflector.list_and_watch(&mut backoff, &mut listed) => match ended {
+            ended = reflector.attempt(next) => match ended {
                 Ended::Stop => return,
-                Ended::Failed(why) => why,
+                Ended::Failed(failure) => failure,
             },
         };
-        tracing::warn!(kind = %kind, error = %failure, retry_in = ?backoff, "watch failed; keeping the last good state");
-        if !events.send(SourceEvent::Stale { source: source.clone(), reason: failure, transient: true }) {
+        next = if reflector.version.is_none() { Next::ConsistentRelist } else { failure.next };
+        let wait = backoff.next(failure.retry_after);
+        tracing::warn!(kind = %kind, error = %failure.why, next = ?next, retry_in = ?wait, "watch failed; keeping the last good state");
+        if !events.send(SourceEvent::Stale { source: source.clone(), reason: failure.why, transient: true }) {
             return;
         }
         tokio::select! {
             () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(backoff) => {}
+            () = tokio::time::sleep(wait) => {}
         }
-        backoff = (backoff * 2).min(MAX_BACKOFF);
     }
 }
 
@@ -102,28 +201,42 @@ struct Reflector<'a, K: Resource> {
     source: &'a str,
     /// What was last sent of each object: its identity's hash → its model's hash.
     sent: HashMap<u64, u64>,
+    /// The resourceVersion the view is at (the last list's, then each event's and bookmark's).
+    version: Option<String>,
+    /// A list completed: relists are sent whole, not page by page.
+    listed: bool,
 }
 
 impl<K> Reflector<'_, K>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
-    /// One full list (page by page unless `listed`: one completed before), then watch rounds
-    /// until something fails.
-    async fn list_and_watch(&mut self, backoff: &mut Duration, listed: &mut bool) -> Ended {
-        let mut version = match self.list(!*listed).await {
-            Ok(Some(version)) => version,
-            Ok(None) => return Ended::Stop,
-            Err(why) => return Ended::Failed(why),
+    /// One attempt: a list unless `next` resumes (page by page until one completed), then watch
+    /// rounds until something fails.
+    async fn attempt(&mut self, next: Next) -> Ended {
+        let resume = self.version.clone().filter(|_| next == Next::Resume);
+        let mut version = match resume {
+            Some(version) => version,
+            None => {
+                let from_cache = self.version.clone().filter(|_| next == Next::Relist);
+                match self.list(from_cache).await {
+                    Ok(Some(version)) => version,
+                    Ok(None) => return Ended::Stop,
+                    Err(failure) => return Ended::Failed(failure),
+                }
+            }
         };
-        *backoff = FIRST_BACKOFF;
-        *listed = true;
+        self.version = Some(version.clone());
         let mut confirm = Some(Instant::now() + CONFIRM);
         let params = WatchParams::default().timeout(WATCH_TIMEOUT_S);
         loop {
-            let stream = match self.api.watch(&params, &version).await {
-                Ok(stream) => stream,
-                Err(error) => return Ended::Failed(describe(self.kind, &error)),
+            let stream = match tokio::time::timeout(WATCH_OPEN, self.api.watch(&params, &version)).await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(error)) => return Ended::Failed(Failure::of(self.kind, &error)),
+                Err(_) => {
+                    let why = format!("a watch did not open within {} s", WATCH_OPEN.as_secs());
+                    return Ended::Failed(Failure::new(why, Next::Resume));
+                }
             };
             futures::pin_mut!(stream);
             loop {
@@ -137,10 +250,8 @@ where
                         continue;
                     }
                     () = tokio::time::sleep_until(deadline) => {
-                        return Ended::Failed(format!(
-                            "stalled: no event, bookmark or end of watch for {} s",
-                            STALL.as_secs()
-                        ));
+                        let why = format!("stalled: no event, bookmark or end of watch for {} s", STALL.as_secs());
+                        return Ended::Failed(Failure::new(why, Next::Resume));
                     }
                     item = stream.try_next() => item,
                 };
@@ -148,7 +259,7 @@ where
                     // The server ended this round; the next resumes from `version`.
                     Ok(None) => break,
                     Ok(Some(event)) => event,
-                    Err(error) => return Ended::Failed(describe(self.kind, &error)),
+                    Err(error) => return Ended::Failed(Failure::of(self.kind, &error)),
                 };
                 let sent = match event {
                     WatchEvent::Added(object) | WatchEvent::Modified(object) => {
@@ -171,13 +282,17 @@ where
                         true
                     }
                     WatchEvent::Error(status) if status.code == 410 => {
-                        return Ended::Failed(format!("resourceVersion {version} expired (410 Gone); listing again"));
+                        let why = format!("resourceVersion {version} expired (410 Gone); listing again");
+                        return Ended::Failed(Failure::new(why, Next::ConsistentRelist));
                     }
-                    WatchEvent::Error(status) => return Ended::Failed(describe_status(self.kind, &status)),
+                    WatchEvent::Error(status) => {
+                        return Ended::Failed(Failure::of_status(describe_status(self.kind, &status), &status));
+                    }
                 };
                 if !sent {
                     return Ended::Stop;
                 }
+                self.version = Some(version.clone());
             }
         }
     }
@@ -195,17 +310,25 @@ where
         self.events.send(SourceEvent::Delete(id))
     }
 
-    /// Every object, page by page, sent as one replacement (`paged`: each page as it is read,
-    /// the last one as the replacement); the list's resourceVersion, `None` once the controller
-    /// is gone.
-    async fn list(&mut self, paged: bool) -> Result<Option<String>, String> {
+    /// Every object, sent as one replacement (each page as it is read, the last one as the
+    /// replacement, until a list completed); `from_cache`: the resourceVersion the API server's
+    /// watch cache must be at least at, else a consistent list. The list's resourceVersion,
+    /// `None` once the controller is gone.
+    async fn list(&mut self, from_cache: Option<String>) -> Result<Option<String>, Failure> {
+        let paged = !self.listed;
         if paged && !self.events.send(SourceEvent::Listing(self.kind)) {
             return Ok(None);
         }
+        // The list replaces everything: an object deleted meanwhile and made again the same must
+        // not look unchanged.
+        self.sent.clear();
         let (mut objects, mut invalid) = (Vec::new(), Vec::new());
         let (mut listed, mut skipped) = (0, 0);
         let convert = self.convert;
-        let params = ListParams::default().limit(PAGE);
+        let mut params = ListParams::default().limit(PAGE);
+        if let Some(version) = &from_cache {
+            params = params.at(version).matching(VersionMatch::NotOlderThan);
+        }
         let mut pages =
             Pages::new(self.api.clone().into_client(), self.api.resource_url(), params, move |object: K| {
                 convert(&object)
@@ -214,11 +337,22 @@ where
             let page = match tokio::time::timeout(STALL, pages.next()).await {
                 Ok(Ok(Some(page))) => page,
                 Ok(Ok(None)) => break,
-                Ok(Err(PageError::Api(error))) => return Err(describe(self.kind, &error)),
-                Ok(Err(PageError::Decode(why))) => {
-                    return Err(format!("decoding a page of the {} list: {why}", self.kind));
+                Ok(Err(PageError::Api(error))) => {
+                    let mut failure = Failure::of(self.kind, &error);
+                    // A list is never resumed: what was read of it is thrown away.
+                    if failure.next == Next::Resume {
+                        failure.next = if from_cache.is_some() { Next::Relist } else { Next::ConsistentRelist };
+                    }
+                    return Err(failure);
                 }
-                Err(_) => return Err(format!("stalled: a list page took more than {} s", STALL.as_secs())),
+                Ok(Err(PageError::Decode(why))) => {
+                    let why = format!("decoding a page of the {} list: {why}", self.kind);
+                    return Err(Failure::new(why, Next::ConsistentRelist));
+                }
+                Err(_) => {
+                    let why = format!("stalled: a list page took more than {} s", STALL.as_secs());
+                    return Err(Failure::new(why, Next::ConsistentRelist));
+                }
             };
             for converted in page.items {
                 match converted {
@@ -242,6 +376,7 @@ where
         tracing::info!(kind = %self.kind, objects = listed, invalid = skipped, "listed");
         self.remember(&objects);
         let sent = self.events.send(SourceEvent::Replace { kind: self.kind, objects, invalid });
+        self.listed = true;
         Ok(sent.then_some(version))
     }
 

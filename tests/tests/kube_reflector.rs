@@ -1,0 +1,131 @@
+//! The reflector's rules for a fleet, against the in-process fake API server (no root): a
+//! transient failure resumes the watch without listing, only 410 Gone lists again, a 429's
+//! Retry-After is honoured, and many agents failing together retry spread out, not in lockstep.
+
+use std::{
+    collections::BTreeSet,
+    net::IpAddr,
+    time::{Duration, Instant},
+};
+
+use tokio_util::sync::CancellationToken;
+use topology_agent::source::{EventReceiver, EventSender, kube::KubeSource};
+use topology_tests::{
+    cluster::{self, EndpointSpec},
+    fake_api::{FakeApi, Resource},
+};
+
+const KINDS: [Resource; 3] = [Resource::Nodes, Resource::Services, Resource::EndpointSlices];
+
+fn ip(text: &str) -> IpAddr {
+    text.parse().expect("IP")
+}
+
+async fn world() -> FakeApi {
+    let api = FakeApi::start().await;
+    api.apply(cluster::node("node-a", "zone-a", None, "4"));
+    api.apply(cluster::service("default", "web", ip("10.96.0.10"), 80, "TCP", "http"));
+    let endpoints = [EndpointSpec::new(ip("10.1.0.1"), "node-a")];
+    api.apply(cluster::slice("default", "web-1", "web", "http", 8080, "TCP", &endpoints));
+    api
+}
+
+/// `count` agents' watchers against `api`; each keeps its receiver (and so runs) while held.
+fn agents(api: &FakeApi, count: usize, shutdown: &CancellationToken) -> Vec<(KubeSource, EventReceiver)> {
+    (0..count)
+        .map(|_| {
+            let (events, receiver) = EventSender::channel();
+            (KubeSource::start(&api.client(), &events, shutdown), receiver)
+        })
+        .collect()
+}
+
+fn lists(api: &FakeApi) -> [usize; 3] {
+    KINDS.map(|kind| api.lists(kind))
+}
+
+fn watches(api: &FakeApi) -> usize {
+    KINDS.iter().map(|kind| api.watches(*kind)).sum()
+}
+
+async fn until(what: &str, within: Duration, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_transient_failure_resumes_the_watch_and_only_410_lists_again() {
+    let api = world().await;
+    let shutdown = CancellationToken::new();
+    let _agents = agents(&api, 1, &shutdown);
+    until("the first lists and watches", Duration::from_secs(10), || lists(&api) == [1; 3] && watches(&api) >= 3).await;
+
+    // A reset connection, then a 503 outage: each kind resumes its watch, nothing is listed.
+    let before = watches(&api);
+    api.abort_watches();
+    until("the watches resumed", Duration::from_secs(10), || watches(&api) >= before + 3).await;
+    api.set_down(true);
+    api.abort_watches();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    api.set_down(false);
+    let before = watches(&api);
+    until("the watches back", Duration::from_secs(45), || watches(&api) >= before + 3).await;
+    assert_eq!(lists(&api), [1; 3], "no relist for a reset or a 503");
+
+    // What the watches resumed from was compacted away: 410 Gone, then a list of each kind.
+    api.set_down(true);
+    api.abort_watches();
+    api.apply(cluster::service("default", "late", ip("10.96.0.11"), 80, "TCP", "http"));
+    api.compact();
+    api.set_down(false);
+    until("a relist after 410", Duration::from_secs(45), || lists(&api)[1] == 2).await;
+    shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_throttled_watch_waits_what_retry_after_asks() {
+    let api = world().await;
+    let shutdown = CancellationToken::new();
+    let _agents = agents(&api, 1, &shutdown);
+    until("the first watches", Duration::from_secs(10), || watches(&api) >= 3).await;
+    api.set_retry_after(5);
+    api.fail_watches_with(Some(429));
+    let started = Instant::now();
+    api.abort_watches();
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let asked = api.request_times().into_iter().filter(|at| *at > started).count();
+    // Per kind: the attempt the abort caused, then one 5 s later at the earliest.
+    assert!(asked <= 6, "{asked} requests in 8 s while every watch was told to retry after 5 s");
+    assert_eq!(lists(&api), [1; 3], "a 429 is transient: no relist");
+    shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn many_agents_failing_together_retry_spread_out() {
+    let api = world().await;
+    let shutdown = CancellationToken::new();
+    let _agents = agents(&api, 20, &shutdown);
+    until("every agent listed and watching", Duration::from_secs(30), || watches(&api) >= 60).await;
+    // The API server goes away for 8 s under every agent at the same moment.
+    api.set_down(true);
+    let started = Instant::now();
+    api.abort_watches();
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    api.set_down(false);
+    let retries: Vec<Duration> =
+        api.request_times().into_iter().filter(|at| *at > started).map(|at| at - started).collect();
+    // 60 watchers in lockstep would retry at 1, 3 and 7 s: a few instants. Drawn below their
+    // backoff, they cover the outage.
+    let instants: BTreeSet<u128> = retries.iter().map(|at| at.as_millis() / 100).collect();
+    assert!(
+        instants.len() >= 20,
+        "{} retries fell in only {} tenths of a second of 80: {:?}",
+        retries.len(),
+        instants.len(),
+        instants
+    );
+    shutdown.cancel();
+}
