@@ -1,6 +1,7 @@
 //! What one tenant, one restart or one full map can do to a node (root, real kernel, the agent's
-//! binary): a Service that fills the slots array leaves another Service's moved endpoints to
-//! kube-proxy, never on its old backends. `--test-threads=1`.
+//! binary): a tenant whose Service fills the slots array gives room back when another namespace's
+//! endpoints move, and its own withdrawn port goes to kube-proxy, never to an old set.
+//! `--test-threads=1`.
 
 use std::{
     net::{IpAddr, SocketAddr},
@@ -11,7 +12,7 @@ use topology_tests::{
     agent::{Agent, AgentOptions},
     cluster::{self, EndpointSpec},
     fixture::{BACKEND_PORT, Fixture},
-    net::KubeProxyStandIn,
+    net::{KubeProxyStandIn, Server},
     require_root,
 };
 
@@ -46,13 +47,18 @@ fn cluster(victim_endpoint: IpAddr) -> Vec<serde_json::Value> {
 }
 
 #[test]
-fn a_full_slots_array_leaves_a_moved_service_to_kube_proxy_never_on_its_old_backends() {
+fn a_full_slots_array_is_shared_out_and_never_keeps_an_old_set() {
     require_root!();
-    let fx = Fixture::new(2);
+    let mut fx = Fixture::new(2);
     let (old, moved) = (IpAddr::V4(fx.backends[0].host.v4), IpAddr::V4(fx.backends[1].host.v4));
-    // kube-proxy already follows the move: the ClusterIP leads to the new endpoint.
+    // kube-proxy's answer for both ClusterIPs: a server of its own, so a landing there says the
+    // agent left the port alone.
+    let fallback_host = fx.network.host("f");
+    let _fallback = Server::start(&fallback_host, "fallback", &[BACKEND_PORT]);
     let proxy = KubeProxyStandIn::new(fx.client.netns.name());
-    proxy.forward("tcp", addr(VICTIM), SocketAddr::new(moved, BACKEND_PORT));
+    for vip in [VICTIM, HOG] {
+        proxy.forward("tcp", addr(vip), SocketAddr::new(IpAddr::V4(fallback_host.v4), BACKEND_PORT));
+    }
     let file = fx.scratch().join("cluster.yaml");
     cluster::write(&file, &cluster(old));
     let mut agent = Agent::start(&AgentOptions {
@@ -62,7 +68,8 @@ fn a_full_slots_array_leaves_a_moved_service_to_kube_proxy_never_on_its_old_back
     agent.wait_ready(Duration::from_secs(20));
     assert_eq!(fx.place().tcp(addr(VICTIM), 20).landed_on("b0"), 20, "the agent routes the victim");
 
-    // The endpoint moves; its new set finds no free slot.
+    // The victim's endpoint moves and its new set finds no free slot: the tenant, holding 15 of
+    // 16 slots (over an equal share of 8), gives its set back, and the victim's is written.
     cluster::write(&file, &cluster(moved));
     let started = Instant::now();
     loop {
@@ -73,17 +80,21 @@ fn a_full_slots_array_leaves_a_moved_service_to_kube_proxy_never_on_its_old_back
         }
         assert!(
             started.elapsed() < Duration::from_secs(10),
-            "connections still reach the old backend after the move: {batch:?}"
+            "the victim's new set was not programmed after the move: {batch:?}"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
     let after = fx.place().tcp(addr(VICTIM), 50);
-    assert_eq!(after.landed_on("b1"), 50, "kube-proxy routes the port the agent could not program: {after:?}");
+    assert_eq!(after.landed_on("b1"), 50, "the agent routes the moved victim, by its new set: {after:?}");
+    // The tenant's port holds nothing: kube-proxy answers it (its old set would fail: those
+    // endpoints do not exist).
+    let hog = fx.place().tcp(addr(HOG), 20);
+    assert_eq!(hog.landed_on("fallback"), 20, "the withdrawn port goes to kube-proxy: {hog:?}");
 
     // Not silent: readiness, the gauge and the failure counter say so.
     let (status, body) = agent.get("/readyz").expect("readyz");
     assert_eq!(status, 503, "{body}");
-    assert!(body.contains(&format!("{VICTIM}/TCP: map topo_slots is full")), "{body}");
+    assert!(body.contains(&format!("{HOG}/TCP: map topo_slots is full and namespace tenant holds 15")), "{body}");
     let metrics = agent.get("/metrics").expect("metrics").1;
     assert!(metrics.contains("topology_agent_failed_service_ports 1"), "{metrics}");
     assert!(metrics.contains("topology_agent_apply_failures_total{reason=\"MapFull\"}"), "{metrics}");

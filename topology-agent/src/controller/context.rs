@@ -123,7 +123,7 @@ impl Context {
         let mut failed = BTreeMap::new();
         for (port, error) in &report.failed {
             let reason = match error {
-                DataplaneError::MapFull { .. } => "MapFull",
+                DataplaneError::MapFull { .. } | DataplaneError::OverShare { .. } => "MapFull",
                 DataplaneError::InvalidService { .. } => "InvalidService",
                 _ => "KernelWriteFailed",
             };

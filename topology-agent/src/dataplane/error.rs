@@ -143,6 +143,22 @@ pub enum DataplaneError {
         /// The map's `max_entries`.
         capacity: u32,
     },
+    /// A set was withdrawn to make room for another namespace's: its namespace held more than
+    /// an equal share of the map.
+    #[error(
+        "map {map} is full and namespace {namespace} holds {holds} of its entries, over an equal share of {share}: \
+         its largest sets are withdrawn while other namespaces need room"
+    )]
+    OverShare {
+        /// Map name.
+        map: &'static str,
+        /// The namespace over its share.
+        namespace: String,
+        /// What it held.
+        holds: u64,
+        /// An equal share.
+        share: u64,
+    },
     /// The slots map has room in total but no contiguous run for a set.
     #[error(
         "map {map} has {free} free entries but no run of {needed} (longest {largest}, capacity {capacity}); \

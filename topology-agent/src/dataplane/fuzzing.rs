@@ -115,7 +115,8 @@ pub fn apply(data: &[u8]) {
                 })
                 .collect();
             let options = PortOptions { affinity_timeout_s: (b & 0x80 != 0).then_some(60), ..PortOptions::default() };
-            let name = format!("ns/svc-{}:{}", b >> 6 & 1, port.port);
+            // Two namespaces, so that full slots are shared out between them.
+            let name = format!("ns-{}/svc-{}:{}", b >> 5 & 1, b >> 6 & 1, port.port);
             desired.services.insert(port, DesiredService { name, backends, options });
         }
         let report = writer.apply(&desired);
@@ -135,9 +136,12 @@ pub fn apply(data: &[u8]) {
             if !failed.contains(port) {
                 assert_eq!(held, Some((want, service.options)), "{port} holds other than asked, and did not fail");
             } else if !report.stranded.contains(port) {
+                let errors: Vec<String> =
+                    report.failed.iter().filter(|(p, _)| p == port).map(|(_, e)| e.to_string()).collect();
+                let want = (want, service.options);
                 assert!(
-                    held.is_none_or(|held| held == (want, service.options)),
-                    "{port} failed and still holds an outdated set without being reported stranded"
+                    held.as_ref().is_none_or(|held| *held == want),
+                    "{port} failed ({errors:?}) and still holds {held:?}, not {want:?}, without being reported stranded"
                 );
             }
         }

@@ -216,8 +216,9 @@ fn a_failed_write_names_the_map_never_keeps_the_old_set_and_is_retried() {
 }
 
 #[test]
-fn one_service_filling_the_slots_leaves_another_nothing_rather_than_its_old_set() {
+fn one_namespace_filling_the_slots_gives_room_back_to_another() {
     let victim = ServicePort { vip: "10.96.0.10".parse().unwrap(), port: 80, protocol: Protocol::Tcp };
+    let hog = ServicePort { vip: "10.96.9.9".parse().unwrap(), port: 80, protocol: Protocol::Tcp };
     let capacities = Capacities { slots: 16, ..Capacities::default() };
     let mut writer = Writer::adopt(MemoryMaps::new(capacities), KernelState::default()).unwrap();
     let mut desired = web(&[1, 2]);
@@ -226,19 +227,28 @@ fn one_service_filling_the_slots_leaves_another_nothing_rather_than_its_old_set(
     desired.services.extend(service_at("10.96.9.9", "tenant/hog:http", &(10..24).collect::<Vec<u8>>()).services);
     assert!(writer.apply(&desired).failed.is_empty());
     assert_eq!(writer.usage().slots, 16, "every slot is taken");
-    // The victim's endpoints move: its new set has no room.
+    // The victim's endpoints move: its namespace is within its share (8 of 16), the tenant's
+    // over it, so the tenant's set is withdrawn (its port left to kube-proxy) and the victim's
+    // new set written.
     let moved = web(&[3, 4]).services.remove(&victim).unwrap();
     desired.services.insert(victim, moved);
     let report = writer.apply(&desired);
-    assert_eq!(report.failed.iter().map(|(port, _)| *port).collect::<Vec<_>>(), [victim]);
-    assert!(report.failed[0].1.to_string().contains(map_names::SLOTS), "{}", report.failed[0].1);
+    assert_eq!(report.failed.iter().map(|(port, _)| *port).collect::<Vec<_>>(), [hog]);
+    let error = report.failed[0].1.to_string();
+    assert!(error.contains("namespace tenant holds 14 of its entries, over an equal share of 8"), "{error}");
     assert_eq!(report.withdrawn, 1);
-    assert!(!writer.kernel().services.contains_key(&victim), "no connection goes to the old backends");
+    assert_eq!(held(writer.kernel(), &victim).len(), 2, "the victim holds its new set");
+    assert!(!writer.kernel().services.contains_key(&hog), "the hog holds nothing, never an old set");
     assert_eq!(
         report.departed.iter().map(|d| d.backend.to_string()).collect::<Vec<_>>(),
         ["10.244.0.1:8080", "10.244.0.2:8080"],
-        "the old backends left the set the cluster asks for"
+        "the victim's old backends left; the hog's are still wanted"
     );
+    // The hog, over its share, takes nothing back from a namespace within its own.
+    let again = writer.apply(&desired);
+    assert_eq!(again.failed.iter().map(|(port, _)| *port).collect::<Vec<_>>(), [hog]);
+    assert!(again.failed[0].1.to_string().contains(map_names::SLOTS), "{}", again.failed[0].1);
+    assert_eq!(held(writer.kernel(), &victim).len(), 2);
     verify_index(writer.maps(), writer.kernel()).unwrap();
 }
 

@@ -50,6 +50,7 @@ use crate::{
 };
 
 mod add;
+mod share;
 
 /// What one `apply` did.
 #[derive(Debug, Default)]
@@ -233,6 +234,16 @@ impl<M: MapOps> Writer<M> {
 
     /// Carries out one operation, counting what happened in `report`.
     fn execute(&mut self, op: Op<'_>, report: &mut ApplyReport) -> Result<(), DataplaneError> {
+        if !self.kernel.services.contains_key(op.port()) {
+            // Withdrawn earlier in this apply to make room for another namespace (and reported
+            // failed then, so it is retried): a set to write is written afresh.
+            return match op {
+                Op::Swap { port, slots, service } | Op::Add { port, slots, service, .. } => {
+                    self.add(&port, service, slots, report)
+                }
+                Op::Remove(_) | Op::Retag { .. } => Ok(()),
+            };
+        }
         match op {
             Op::Remove(port) => {
                 if let Err(error) = self.remove(&port, &[], report) {
@@ -260,10 +271,6 @@ impl<M: MapOps> Writer<M> {
                 }
             }
             Op::Retag { port, name, options } => {
-                if let Some(name) = name {
-                    // A name is no routing: a port that keeps its old name keeps its right set.
-                    self.rename(&port, name)?;
-                }
                 match options {
                     Some(options) => {
                         if let Err(error) = self.set_options(&port, options) {
@@ -274,6 +281,11 @@ impl<M: MapOps> Writer<M> {
                         report.updated += 1;
                     }
                     None => report.unchanged += 1,
+                }
+                if let Some(name) = name {
+                    // After the options: a name is no routing, a port that keeps its old name
+                    // keeps its right set and options.
+                    self.rename(&port, name)?;
                 }
             }
         }
@@ -307,7 +319,7 @@ impl<M: MapOps> Writer<M> {
             // Before the new set: a client's affinity is only ever judged by the options in force.
             self.set_options(port, service.options)?;
         }
-        let run = self.allocate(slots.len() as u32, report)?;
+        let run = self.allocate_for(port, &service.name, slots.len() as u32, report)?;
         let set_id = if slots.is_empty() { 0 } else { self.set_ids.allocate() };
         let value = ServiceValue { service_id: current.service_id, set_id, count: run.len, base: run.base };
         let key = ServiceKey::of(port);
@@ -382,6 +394,23 @@ impl<M: MapOps> Writer<M> {
         }
         if old.set_id != 0 {
             self.set_ids.release(old.set_id);
+        }
+    }
+
+    /// A free run of `len` slots for `port`'s set of the Service `name`, taking room back from
+    /// the namespaces over their share ([`share`]) when there is none.
+    fn allocate_for(
+        &mut self,
+        port: &ServicePort,
+        name: &str,
+        len: u32,
+        report: &mut ApplyReport,
+    ) -> Result<Run, DataplaneError> {
+        match self.allocate(len, report) {
+            Err(full) if self.take_back_shares(port, share::namespace_of(name), len, report) => {
+                self.allocate(len, report).map_err(|_| full)
+            }
+            outcome => outcome,
         }
     }
 

@@ -82,7 +82,7 @@ impl<M: MapOps> Writer<M> {
         };
         check_room(services_map(family), *self.entries.get(family), 1, family_capacity)?;
         check_room(map_names::COUNTERS, self.service_ids.len() as u64, 1, capacities.service_ids)?;
-        let run = self.allocate(slots.len() as u32, report)?;
+        let run = self.allocate_for(&port, &service.name, slots.len() as u32, report)?;
         let service_id = self.service_ids.allocate();
         let set_id = if slots.is_empty() { 0 } else { self.set_ids.allocate() };
         // Counted now, so the next port's room check sees it.
