@@ -1,6 +1,7 @@
 //! The HTTP surface cannot hurt the control loop (root, real kernel): 1,000 idle connections held
-//! open (and reopened as the agent closes them) and 50 scrapes a second while the cluster file
-//! changes five times a second; event-to-kernel stays fast and the agent's descriptors bounded.
+//! open by one client (and reopened as the agent closes them) and 50 scrapes a second from
+//! another while the cluster file changes five times a second; event-to-kernel stays fast and the
+//! agent's descriptors bounded.
 //! `--test-threads=1`.
 
 use std::{
@@ -22,6 +23,16 @@ use topology_tests::{
 
 /// Idle connections the attacker keeps open.
 const IDLE: usize = 1000;
+/// The attacker's address: another pod than Prometheus, as on a cluster (both on loopback here).
+const ATTACKER: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 2));
+
+/// A connection to `to` from `local`.
+fn connect_from(local: std::net::IpAddr, to: SocketAddr) -> std::io::Result<TcpStream> {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    socket.bind(&SocketAddr::new(local, 0).into())?;
+    socket.connect_timeout(&to.into(), Duration::from_millis(200))?;
+    Ok(socket.into())
+}
 
 fn write(fx: &Fixture, file: &std::path::Path, round: usize) {
     let endpoints: Vec<EndpointSpec> =
@@ -71,7 +82,7 @@ fn idle_connections_and_scrapes_do_not_slow_the_control_loop() {
                         matches!(stream.read(&mut [0u8; 1]), Ok(0))
                     });
                     if closed {
-                        *slot = TcpStream::connect_timeout(&http, Duration::from_millis(200)).ok();
+                        *slot = connect_from(ATTACKER, http).ok();
                     }
                 }
                 std::thread::sleep(Duration::from_millis(100));

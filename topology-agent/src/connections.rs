@@ -1,8 +1,9 @@
 //! The connections one listener serves (HTTP, DNS over TCP): at most a total and at most a few per
 //! client address, so one pod (or a few) can neither exhaust the agent's descriptors nor keep
 //! kubelet's probes, the scrapes or other pods' queries out. Past either bound, a new connection
-//! replaces the oldest idle one of the same bound (waiting for its next request), or is closed
-//! unserved when each is busy.
+//! replaces the oldest idle one of the same bound (waiting for its next request) that has had
+//! [`FRESH`] to send one, or is closed unserved when there is none: a client that keeps opening
+//! connections cannot evict another's before its request arrives.
 
 use std::{
     collections::VecDeque,
@@ -11,9 +12,13 @@ use std::{
         Arc, Mutex,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
+    time::{Duration, Instant},
 };
 
 use tokio::task::AbortHandle;
+
+/// A connection this young is not evicted: it has not had the time to send its request.
+pub const FRESH: Duration = Duration::from_millis(250);
 
 /// Bounds of one listener's connections.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,6 +39,7 @@ pub struct Pool {
 struct Connection {
     id: u64,
     source: IpAddr,
+    opened: Instant,
     /// Set while it is busy with a request.
     busy: Arc<AtomicBool>,
     task: AbortHandle,
@@ -62,7 +68,7 @@ impl Pool {
     /// Registers a connection being served; its id for [`Pool::remove`].
     pub fn add(&self, source: IpAddr, busy: Arc<AtomicBool>, task: AbortHandle) -> u64 {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let connection = Connection { id, source, busy, task };
+        let connection = Connection { id, source, opened: Instant::now(), busy, task };
         self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push_back(connection);
         id
     }
@@ -73,9 +79,10 @@ impl Pool {
     }
 }
 
-/// Ends the oldest idle connection among those `of`; false if each of them is busy.
+/// Ends the oldest idle connection among those `of` that is not [`FRESH`]; false if there is none.
 fn evict(open: &mut VecDeque<Connection>, of: impl Fn(&Connection) -> bool) -> bool {
-    let Some(idle) = open.iter().position(|c| of(c) && !c.busy.load(Ordering::Relaxed)) else {
+    let evictable = |c: &Connection| of(c) && !c.busy.load(Ordering::Relaxed) && c.opened.elapsed() >= FRESH;
+    let Some(idle) = open.iter().position(evictable) else {
         return false;
     };
     if let Some(evicted) = open.remove(idle) {
@@ -110,7 +117,10 @@ mod tests {
         pool.add(ip(2), Arc::clone(&idle), idle_task.clone());
         assert!(pool.make_room(ip(3)));
         pool.add(ip(3), busy(), task());
-        // Full: a new source evicts the oldest idle connection, of any source.
+        // Full: a new source evicts the oldest idle connection, of any source, once it had the
+        // time to send its request.
+        assert!(!pool.make_room(ip(4)), "the idle connection has just opened");
+        tokio::time::sleep(FRESH).await;
         assert!(pool.make_room(ip(4)));
         tokio::task::yield_now().await;
         assert!(idle_task.is_finished(), "the idle connection was ended");
