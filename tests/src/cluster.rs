@@ -88,6 +88,24 @@ pub fn slice(
     })
 }
 
+/// The cluster DNS as kubeadm names it: `kube-system/kube-dns` at `cluster_ip`, ports `dns`
+/// (UDP 53) and `dns-tcp` (TCP 53), with one endpoint, `coredns` on `node`.
+pub fn kube_dns(cluster_ip: IpAddr, coredns: IpAddr, node: &str) -> [Value; 2] {
+    let ports = json!([
+        {"name": "dns", "port": 53, "protocol": "UDP"},
+        {"name": "dns-tcp", "port": 53, "protocol": "TCP"}
+    ]);
+    let mut dns_slice =
+        slice("kube-system", "kube-dns-1", "kube-dns", "dns", 53, "UDP", &[EndpointSpec::new(coredns, node)]);
+    dns_slice["ports"] = ports.clone();
+    let service = json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "kube-dns", "namespace": "kube-system"},
+        "spec": {"clusterIP": cluster_ip.to_string(), "ports": ports}
+    });
+    [service, dns_slice]
+}
+
 /// Sets an annotation on an object.
 pub fn annotate(object: &mut Value, key: &str, value: &str) {
     object["metadata"]["annotations"][key] = value.into();

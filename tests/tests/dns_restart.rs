@@ -34,30 +34,12 @@ fn kube_dns() -> SocketAddr {
 
 /// kube-dns (UDP and TCP 53) with the stand-in CoreDNS as its endpoint, and a headless `db`.
 fn objects(coredns: IpAddr) -> Vec<serde_json::Value> {
-    let mut dns_slice = cluster::slice(
-        "kube-system",
-        "kube-dns-1",
-        "kube-dns",
-        "dns",
-        53,
-        "UDP",
-        &[EndpointSpec::new(coredns, "node-b")],
-    );
-    dns_slice["ports"] = json!([
-        {"name": "dns", "port": 53, "protocol": "UDP"},
-        {"name": "dns-tcp", "port": 53, "protocol": "TCP"}
-    ]);
+    let [dns_service, dns_slice] = cluster::kube_dns(kube_dns().ip(), coredns, "node-b");
     let db = EndpointSpec::new(LOCAL_ANSWER.parse::<IpAddr>().unwrap(), "node-a");
     vec![
         cluster::node("node-a", "zone-a", None, "4"),
         cluster::node("node-b", "zone-b", None, "4"),
-        json!({
-            "apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": "kube-dns", "namespace": "kube-system"},
-            "spec": {"clusterIP": kube_dns().ip().to_string(), "ports": [
-                {"name": "dns", "port": 53, "protocol": "UDP"},
-                {"name": "dns-tcp", "port": 53, "protocol": "TCP"}]}
-        }),
+        dns_service,
         dns_slice,
         json!({
             "apiVersion": "v1", "kind": "Service",

@@ -46,22 +46,11 @@ fn objects(coredns: IpAddr) -> Vec<serde_json::Value> {
         "TCP",
         &[db_endpoint("10.1.0.1", "node-a", "zone-a"), db_endpoint("10.1.0.2", "node-b", "zone-b")],
     );
-    let dns_endpoint = EndpointSpec::new(coredns, "node-b");
-    let mut dns_slice = cluster::slice("kube-system", "kube-dns-1", "kube-dns", "dns", 53, "UDP", &[dns_endpoint]);
-    dns_slice["ports"] = json!([
-        {"name": "dns", "port": 53, "protocol": "UDP"},
-        {"name": "dns-tcp", "port": 53, "protocol": "TCP"}
-    ]);
+    let [dns_service, dns_slice] = cluster::kube_dns(kube_dns().ip(), coredns, "node-b");
     vec![
         cluster::node("node-a", "zone-a", None, "4"),
         cluster::node("node-b", "zone-b", None, "4"),
-        json!({
-            "apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": "kube-dns", "namespace": "kube-system"},
-            "spec": {"clusterIP": kube_dns().ip().to_string(), "ports": [
-                {"name": "dns", "port": 53, "protocol": "UDP"},
-                {"name": "dns-tcp", "port": 53, "protocol": "TCP"}]}
-        }),
+        dns_service,
         dns_slice,
         json!({
             "apiVersion": "v1", "kind": "Service",

@@ -77,6 +77,26 @@ impl Pool {
     pub fn remove(&self, id: u64) {
         self.open.lock().unwrap_or_else(std::sync::PoisonError::into_inner).retain(|c| c.id != id);
     }
+
+    /// Serves a connection from `source` with `serve` on a task of its own, registered here (and
+    /// evictable while `busy` is unset) until it ends.
+    pub fn spawn(
+        self: &Arc<Self>,
+        source: IpAddr,
+        busy: Arc<AtomicBool>,
+        serve: impl Future<Output = ()> + Send + 'static,
+    ) {
+        let (ready, registered) = tokio::sync::oneshot::channel::<u64>();
+        let pool = Arc::clone(self);
+        let task = tokio::spawn(async move {
+            serve.await;
+            if let Ok(id) = registered.await {
+                pool.remove(id);
+            }
+        });
+        let id = self.add(source, busy, task.abort_handle());
+        let _ = ready.send(id);
+    }
 }
 
 /// Ends the oldest idle connection among those `of` that is not [`FRESH`]; false if there is none.

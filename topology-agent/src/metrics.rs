@@ -126,6 +126,10 @@ impl Default for Metrics {
         let skipped_total = Family::<KindLabels, Counter>::default();
         let skipped = Family::<KindLabels, Gauge>::default();
         let apply_failures = Family::<ReasonLabels, Counter>::default();
+        // At 0 from the start: a series that first appears at 1 shows no increase() to alert on.
+        for reason in ["MapFull", "InvalidService", "KernelWriteFailed"] {
+            drop(apply_failures.get_or_create(&ReasonLabels { reason: reason.into() }));
+        }
         let failed_service_ports = Gauge::default();
         let sockets_terminated = Family::<ProtocolLabels, Counter>::default();
         let socket_termination_errors = Counter::default();

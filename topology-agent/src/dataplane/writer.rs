@@ -32,7 +32,7 @@
 
 use std::collections::HashMap;
 
-use topology_common::{ServiceKey4, ServiceKey6, ServiceValue, Slot, map_names};
+use topology_common::{ServiceKey4, ServiceKey6, ServiceValue, Slot};
 
 use super::{
     diff::{self, Foreign, Op},
@@ -41,7 +41,7 @@ use super::{
     index::{self, ServiceIndex},
     maps::MapSet,
     ops::{MapOps, PerFamily, ServiceKey},
-    slot_space::{Run, Shortage, SlotSpace},
+    slot_space::{Run, SlotSpace},
     state::{KernelState, ProgrammedService, meta_from_name},
 };
 use crate::{
@@ -50,6 +50,8 @@ use crate::{
 };
 
 mod add;
+mod remove;
+mod room;
 mod share;
 
 /// What one `apply` did.
@@ -292,21 +294,6 @@ impl<M: MapOps> Writer<M> {
         Ok(())
     }
 
-    /// Deletes the entry of a port whose new state could not be written (see the module docs);
-    /// `kept`: the set it should have held, whose backends have not departed.
-    fn withdraw(&mut self, port: &ServicePort, kept: &[Slot], report: &mut ApplyReport) {
-        if !self.kernel.services.contains_key(port) {
-            return;
-        }
-        match self.remove(port, kept, report) {
-            Ok(()) => report.withdrawn += 1,
-            Err(error) => {
-                tracing::error!(%port, %error, "an outdated backend set could not be withdrawn");
-                report.stranded.push(*port);
-            }
-        }
-    }
-
     fn swap(
         &mut self,
         port: &ServicePort,
@@ -361,96 +348,6 @@ impl<M: MapOps> Writer<M> {
         self.maps.put_name(service_id, meta_from_name(name))?;
         self.update_mirror(port, |s| s.name = name.to_owned());
         Ok(())
-    }
-
-    /// Deletes a port's entry; the backends of `kept` (what it should hold) have not departed.
-    fn remove(&mut self, port: &ServicePort, kept: &[Slot], report: &mut ApplyReport) -> Result<(), DataplaneError> {
-        let current = self.kernel.services[port].clone();
-        let key = ServiceKey::of(port);
-        self.index_remove(key);
-        if let Err(error) = self.maps.delete_service(key) {
-            // The entry stays, so must its place in the index: the programs trust the index's
-            // "absent", and the next apply, finding the port as desired, would change nothing.
-            self.index_upsert(key, current.value());
-            return Err(error);
-        }
-        report.departed.extend(diff::departures(port, &current.slots, kept));
-        self.kernel.services.remove(port);
-        self.foreign.ids.remove(port);
-        *self.entries.get_mut(key.family()) -= 1;
-        self.retire(port, &current);
-        if self.delete_ids(current.service_id) {
-            self.service_ids.release(current.service_id);
-        } else {
-            self.kernel.orphan_ids.insert(current.service_id);
-        }
-        Ok(())
-    }
-
-    /// Retires the run a replaced or removed service entry referred to, and frees its set id.
-    fn retire(&mut self, port: &ServicePort, old: &ProgrammedService) {
-        if !self.foreign.runs.remove(port) {
-            self.slots.retire(Run { base: old.base, len: old.count });
-        }
-        if old.set_id != 0 {
-            self.set_ids.release(old.set_id);
-        }
-    }
-
-    /// A free run of `len` slots for `port`'s set of the Service `name`, taking room back from
-    /// the namespaces over their share ([`share`]) when there is none.
-    fn allocate_for(
-        &mut self,
-        port: &ServicePort,
-        name: &str,
-        len: u32,
-        report: &mut ApplyReport,
-    ) -> Result<Run, DataplaneError> {
-        match self.allocate(len, report) {
-            Err(full) if self.take_back_shares(port, share::namespace_of(name), len, report) => {
-                self.allocate(len, report).map_err(|_| full)
-            }
-            outcome => outcome,
-        }
-    }
-
-    /// A free run of `len` slots, waiting for a grace period to reuse retired runs if needed.
-    fn allocate(&mut self, len: u32, report: &mut ApplyReport) -> Result<Run, DataplaneError> {
-        if len == 0 {
-            return Ok(Run { base: 0, len: 0 });
-        }
-        let mut shortage = match self.slots.allocate(len) {
-            Ok(run) => return Ok(run),
-            Err(shortage) => shortage,
-        };
-        // A position of the index not yet published may still lead to a retired run.
-        if self.slots.has_retired() && self.repair_index() {
-            let started = std::time::Instant::now();
-            let waited = self.maps.grace().wait();
-            report.grace_wait += started.elapsed();
-            match waited {
-                Ok(()) => {
-                    self.slots.reclaim();
-                    self.index4.grace_passed();
-                    self.index6.grace_passed();
-                    report.grace_periods += 1;
-                    match self.slots.allocate(len) {
-                        Ok(run) => return Ok(run),
-                        Err(again) => shortage = again,
-                    }
-                }
-                // Retired runs stay retired: reusing them without a grace period could hand a
-                // running program a slot of another set.
-                Err(error) => report.housekeeping.push(error),
-            }
-        }
-        let capacity = self.maps.capacities().slots;
-        Err(match shortage {
-            Shortage::Full { needed } => DataplaneError::MapFull { map: map_names::SLOTS, needed, capacity },
-            Shortage::Fragmented { free, largest } => {
-                DataplaneError::MapFragmented { map: map_names::SLOTS, needed: len, free, largest, capacity }
-            }
-        })
     }
 
     fn remove_orphan_ids(&mut self) {

@@ -387,18 +387,12 @@ pub async fn serve_tcp(listener: TcpListener, responder: Arc<Responder>, shutdow
         }
         let busy = Arc::new(AtomicBool::new(false));
         let (responder, shutdown, working) = (Arc::clone(&responder), shutdown.clone(), Arc::clone(&busy));
-        let (ready, registered) = tokio::sync::oneshot::channel::<(u64, Arc<Pool>)>();
-        let task = tokio::spawn(async move {
+        connections.spawn(source.ip(), busy, async move {
             tokio::select! {
                 () = shutdown.cancelled() => {}
                 _ = tokio::time::timeout(TCP_LIFETIME, connection(stream, source.ip(), &responder, &working)) => {}
             }
-            if let Ok((id, connections)) = registered.await {
-                connections.remove(id);
-            }
         });
-        let id = connections.add(source.ip(), busy, task.abort_handle());
-        let _ = ready.send((id, Arc::clone(&connections)));
     }
 }
 

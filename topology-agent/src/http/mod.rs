@@ -91,8 +91,7 @@ pub async fn serve(listener: TcpListener, endpoints: Endpoints, limits: Limits, 
         let (endpoints, encoding) = (endpoints.clone(), Arc::clone(&encoding));
         let requested = Arc::new(AtomicBool::new(false));
         let seen = Arc::clone(&requested);
-        let (ready, registered) = tokio::sync::oneshot::channel::<(u64, Arc<Pool>)>();
-        let task = tokio::spawn(async move {
+        connections.spawn(peer.ip(), requested, async move {
             let service = service_fn(move |request| {
                 seen.store(true, Ordering::Relaxed);
                 let (endpoints, encoding) = (endpoints.clone(), Arc::clone(&encoding));
@@ -106,12 +105,7 @@ pub async fn serve(listener: TcpListener, endpoints: Endpoints, limits: Limits, 
             if let Err(error) = served {
                 tracing::debug!(%error, "HTTP connection ended");
             }
-            if let Ok((id, connections)) = registered.await {
-                connections.remove(id);
-            }
         });
-        let id = connections.add(peer.ip(), requested, task.abort_handle());
-        let _ = ready.send((id, Arc::clone(&connections)));
     }
 }
 
