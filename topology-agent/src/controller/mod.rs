@@ -327,7 +327,7 @@ impl<P: Programmer> Controller<P> {
         self.programmed = true;
         self.ctx.health.programmed();
         if let Some(terminator) = &self.terminator {
-            terminator.submit(report.departed.clone());
+            terminator.submit(&report.departed, &report.returned);
         }
         self.ctx.metrics.sync_duration.observe(started.elapsed().as_secs_f64());
         if let Some(seen) = self.oldest_pending.take() {

@@ -84,6 +84,9 @@ pub struct ApplyReport {
     pub housekeeping: Vec<DataplaneError>,
     /// Backends that left a service port's set (or whose service port went).
     pub departed: Vec<Departure>,
+    /// Backends that joined a service port's set by a swap: a pending departure of theirs no
+    /// longer holds.
+    pub returned: Vec<Departure>,
 }
 
 impl ApplyReport {
@@ -101,6 +104,7 @@ impl ApplyReport {
         self.stranded.extend(other.stranded);
         self.housekeeping.extend(other.housekeeping);
         self.departed.extend(other.departed);
+        self.returned.extend(other.returned);
     }
 }
 
@@ -323,6 +327,7 @@ impl<M: MapOps> Writer<M> {
         // anything else can fail, so the old run is never retired twice.
         self.retire(port, &current);
         report.departed.extend(diff::departures(port, &current.slots, slots));
+        report.returned.extend(diff::departures(port, slots, &current.slots));
         self.kernel
             .services
             .insert(*port, ProgrammedService::new(&value, slots.to_vec(), current.name.clone(), service.options));

@@ -14,6 +14,7 @@
 
 mod diag;
 mod iter;
+mod ledger;
 mod netns;
 
 #[cfg(any(test, feature = "fuzzing"))]
@@ -61,7 +62,7 @@ pub enum TerminateSockets {
 }
 
 /// A backend that left a service port's set on this node.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Departure {
     /// The service port.
     pub service: ServicePort,
@@ -127,8 +128,9 @@ pub struct TerminateConfig {
 /// Destroys sockets of departed backends on a thread of its own, so the control loop never
 /// waits for a namespace walk.
 pub struct Terminator {
-    sender: Option<mpsc::Sender<Vec<Departure>>>,
+    sender: Option<mpsc::Sender<Vec<(Departure, u64)>>>,
     thread: Option<JoinHandle<()>>,
+    ledger: Arc<ledger::Ledger>,
 }
 
 impl Terminator {
@@ -137,7 +139,9 @@ impl Terminator {
         if config.mode == TerminateSockets::Off {
             return None;
         }
-        let (sender, receiver) = mpsc::channel::<Vec<Departure>>();
+        let (sender, receiver) = mpsc::channel::<Vec<(Departure, u64)>>();
+        let ledger = Arc::new(ledger::Ledger::default());
+        let recorded = Arc::clone(&ledger);
         let thread = std::thread::Builder::new()
             .name("terminator".into())
             .spawn(move || {
@@ -148,21 +152,26 @@ impl Terminator {
                     while let Ok(more) = receiver.try_recv() {
                         batch.extend(more);
                     }
-                    terminate(&config, &mut iterator, &batch, &metrics);
+                    terminate(&config, &mut iterator, &batch, &recorded, &metrics);
+                    recorded.done(batch);
                 }
             })
             .ok()?;
-        Some(Self { sender: Some(sender), thread: Some(thread) })
+        Some(Self { sender: Some(sender), thread: Some(thread), ledger })
     }
 
-    /// Queues departures; UDP ones (and TCP ones when configured) are acted on.
-    pub fn submit(&self, departures: Vec<Departure>) {
-        if departures.is_empty() {
+    /// Queues departures (UDP ones, and TCP ones when configured, are acted on) and cancels the
+    /// pending departures of backends that `returned` to their set.
+    pub fn submit(&self, departures: &[Departure], returned: &[Departure]) {
+        if departures.is_empty() && returned.is_empty() {
             return;
         }
-        if let Some(sender) = &self.sender {
+        let round = self.ledger.record(departures, returned);
+        if let Some(sender) = &self.sender
+            && !departures.is_empty()
+        {
             // A gone thread has logged why; nothing more to do here.
-            let _ = sender.send(departures);
+            let _ = sender.send(departures.iter().map(|departure| (*departure, round)).collect());
         }
     }
 }
@@ -180,12 +189,16 @@ impl Drop for Terminator {
 fn terminate(
     config: &TerminateConfig,
     iterator: &mut Option<UdpTranslations>,
-    departures: &[Departure],
+    departures: &[(Departure, u64)],
+    ledger: &ledger::Ledger,
     metrics: &Metrics,
 ) {
     let wanted: Vec<&Departure> = departures
         .iter()
-        .filter(|d| d.service.protocol == Protocol::Udp || config.mode == TerminateSockets::All)
+        .filter(|(d, round)| {
+            (d.service.protocol == Protocol::Udp || config.mode == TerminateSockets::All) && ledger.holds(d, *round)
+        })
+        .map(|(d, _)| d)
         .collect();
     if wanted.is_empty() {
         return;
@@ -246,6 +259,11 @@ fn terminate(
                     else {
                         continue;
                     };
+                    // Checked again here: the backend may have come back since the walk began.
+                    let round = departures.iter().find(|(d, _)| d == *departure).map_or(0, |(_, round)| *round);
+                    if !ledger.holds(departure, round) {
+                        continue;
+                    }
                     let labels = ProtocolLabels { protocol: departure.service.protocol.to_string() };
                     match channel.destroy(family, protocol, &socket.id) {
                         Ok(()) => {
