@@ -1,5 +1,6 @@
 //! The Kubernetes source's lists against the in-process fake API server: the initial list of a
-//! kind comes page by page as it is read, every relist whole. No root needed.
+//! kind comes page by page as it is read, every relist whole, and a list whose continue token
+//! expired starts over at once as one request. No root needed.
 
 use std::{
     net::{IpAddr, Ipv4Addr},
@@ -40,6 +41,7 @@ async fn service_events(receiver: EventReceiver, replaced: usize) -> (EventRecei
                     *kind
                 }
                 SourceEvent::Apply(object) => object.id().kind(),
+                SourceEvent::Stale { source, .. } if source.starts_with("Service") => Kind::Service,
                 _ => continue,
             };
             if kind == Kind::Service {
@@ -58,6 +60,7 @@ fn shape(event: &SourceEvent) -> (&'static str, usize) {
         SourceEvent::Listing(_) => ("listing", 0),
         SourceEvent::ListPage { objects, .. } => ("page", objects.len()),
         SourceEvent::Replace { objects, .. } => ("replace", objects.len()),
+        SourceEvent::Stale { .. } => ("stale", 0),
         _ => ("other", 0),
     }
 }
@@ -86,9 +89,46 @@ async fn the_initial_list_comes_page_by_page_and_a_relist_whole() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     api.set_down(false);
     let (_, relisted) = service_events(receiver, 1).await;
-    let shapes: Vec<_> = relisted.iter().map(shape).collect();
+    let shapes: Vec<_> = relisted.iter().map(shape).filter(|(shape, _)| *shape != "stale").collect();
     assert_eq!(shapes, [("replace", SERVICES + 1)], "a relist is never sent in pages");
     assert!(api.lists(Resource::Services) >= 2, "listed again");
+    shutdown.cancel();
+    source.join().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_list_whose_continue_token_expired_starts_over_whole_at_once() {
+    let api = FakeApi::start().await;
+    api.apply(cluster::node("node-a", "zone-a", None, "4"));
+    for index in 0..SERVICES {
+        api.apply(service(index));
+    }
+    // The first page is read; the second waits while the snapshot is compacted away (a list
+    // slower than etcd's compaction interval), and one Service of the first page goes.
+    api.hold_continues(Resource::Services);
+    let (events, receiver) = EventSender::channel();
+    let shutdown = CancellationToken::new();
+    let source = KubeSource::start(&api.client(), &events, &shutdown);
+    drop(events);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while api.lists(Resource::Services) == 0 {
+        assert!(Instant::now() < deadline, "the list did not begin");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    api.delete(Resource::Services, "default", "svc-0001");
+    api.compact();
+    let asked = Instant::now();
+    api.release(Resource::Services);
+    let (_, initial) = service_events(receiver, 1).await;
+    let shapes: Vec<_> = initial.iter().map(shape).collect();
+    // The first page was still decoding while the second was asked for: void, it is never sent.
+    // The restart begins a new listing (dropping any page sent), so a Service deleted meanwhile
+    // cannot survive it, and ends it whole.
+    assert_eq!(shapes, [("listing", 0), ("listing", 0), ("replace", SERVICES - 1)]);
+    assert!(!shapes.contains(&("stale", 0)), "an expired token is no failure of the view");
+    assert!(asked.elapsed() < Duration::from_secs(1), "started over at once, not after a backoff");
+    assert_eq!(api.lists(Resource::Services), 2, "the first list and the one that replaced it");
     shutdown.cancel();
     source.join().await;
 }

@@ -1,6 +1,8 @@
 //! The reflector's rules for a fleet, against the in-process fake API server (no root): a
-//! transient failure resumes the watch without listing, only 410 Gone lists again, a 429's
-//! Retry-After is honoured, and many agents failing together retry spread out, not in lockstep.
+//! transient failure (a reset, a 503, an in-stream 500, a watch whose response never begins)
+//! resumes the watch without listing, only 410 Gone lists again, a lagging watch cache's 504 turns
+//! a relist consistent, a 429's Retry-After is honoured, and many agents failing together retry
+//! spread out, not in lockstep.
 
 use std::{
     collections::BTreeSet,
@@ -9,7 +11,7 @@ use std::{
 };
 
 use tokio_util::sync::CancellationToken;
-use topology_agent::source::{EventReceiver, EventSender, kube::KubeSource};
+use topology_agent::source::{EventReceiver, EventSender, SourceEvent, kube::KubeSource, reflector::WATCH_OPEN};
 use topology_tests::{
     cluster::{self, EndpointSpec},
     fake_api::{FakeApi, Resource},
@@ -127,5 +129,95 @@ async fn many_agents_failing_together_retry_spread_out() {
         instants.len(),
         instants
     );
+    shutdown.cancel();
+}
+
+/// The reasons of the staleness events `receiver` gets within `within`.
+async fn stale_reasons(receiver: EventReceiver, within: Duration) -> (EventReceiver, Vec<String>) {
+    tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + within;
+        let mut reasons = Vec::new();
+        while let Ok((_, event)) = receiver.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            if let SourceEvent::Stale { reason, .. } = event {
+                reasons.push(reason);
+            }
+        }
+        (receiver, reasons)
+    })
+    .await
+    .expect("receiver")
+}
+
+/// `receiver` once every kind's view was called current again, within `within`.
+async fn fresh(receiver: EventReceiver, within: Duration) -> EventReceiver {
+    tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + within;
+        let mut sources = BTreeSet::new();
+        while sources.len() < KINDS.len() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let (_, event) = receiver.recv_timeout(left).unwrap_or_else(|_| panic!("fresh only: {sources:?}"));
+            if let SourceEvent::Fresh { source } = event {
+                sources.insert(source);
+            }
+        }
+        receiver
+    })
+    .await
+    .expect("receiver")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_watch_that_never_opens_or_ends_in_an_error_event_is_resumed() {
+    let api = world().await;
+    let shutdown = CancellationToken::new();
+    let mut agents = agents(&api, 1, &shutdown);
+    let (source, receiver) = agents.pop().unwrap();
+    until("the first lists and watches", Duration::from_secs(10), || lists(&api) == [1; 3] && watches(&api) >= 3).await;
+    // A hung server or proxy: watches are taken and never answered, not even with headers.
+    api.hang_watch_opens(true);
+    api.abort_watches();
+    let (receiver, reasons) = stale_reasons(receiver, WATCH_OPEN + Duration::from_secs(3)).await;
+    let hung = format!("a watch did not open within {} s", WATCH_OPEN.as_secs());
+    assert!(reasons.contains(&hung), "{reasons:?}");
+    api.hang_watch_opens(false);
+    // The server ends each watch with an in-stream ERROR (its watch of etcd failed): a 500 is
+    // transient, so the watches resume; a 410 lists again.
+    let receiver = fresh(receiver, Duration::from_secs(30)).await;
+    let before = watches(&api);
+    api.error_watches(500);
+    until("the watches resumed after the ERROR", Duration::from_secs(45), || watches(&api) >= before + 3).await;
+    assert_eq!(lists(&api), [1; 3], "no relist for a hung open or an in-stream 500");
+    let (receiver, reasons) = stale_reasons(receiver, Duration::from_millis(200)).await;
+    assert!(reasons.iter().any(|r| r.contains("HTTP 500 InternalError")), "{reasons:?}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    api.error_watches(410);
+    until("a relist after an in-stream 410", Duration::from_secs(45), || lists(&api) == [2; 3]).await;
+    drop((source, receiver));
+    shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_relist_the_lagging_watch_cache_cannot_serve_is_made_consistent() {
+    let api = world().await;
+    let shutdown = CancellationToken::new();
+    let mut agents = agents(&api, 1, &shutdown);
+    let (source, receiver) = agents.pop().unwrap();
+    until("the first lists and watches", Duration::from_secs(10), || lists(&api) == [1; 3] && watches(&api) >= 3).await;
+    for n in 0..5u8 {
+        api.apply(cluster::service("default", &format!("more-{n}"), ip(&format!("10.96.1.{n}")), 80, "TCP", "http"));
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The agent is at the latest version; the replica it reaches next lags five changes behind.
+    // A refusal that is not transient (403) relists from the cache at the agent's version: 504
+    // after 3 s, and the next relist is a consistent one, which the replica serves from etcd.
+    api.lag_cache(Some(5));
+    api.fail_watches_with(Some(403));
+    api.abort_watches();
+    until("a consistent relist despite the lagging cache", Duration::from_secs(30), || lists(&api)[1] >= 2).await;
+    let (receiver, reasons) = stale_reasons(receiver, Duration::from_millis(200)).await;
+    assert!(reasons.iter().any(|r| r.contains("HTTP 504 Timeout: Too large resource version")), "{reasons:?}");
+    api.fail_watches_with(None);
+    api.lag_cache(None);
+    drop((source, receiver));
     shutdown.cancel();
 }

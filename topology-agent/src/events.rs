@@ -40,6 +40,8 @@ impl ProblemSink for LogOnly {
 /// tenant edit is one Event per node: past this many waiting, new ones are dropped (and logged)
 /// rather than queued without bound while the API server is slow.
 pub const QUEUED: usize = 256;
+/// The longest `reportingInstance` `events.k8s.io/v1` accepts.
+const INSTANCE_LIMIT: usize = 128;
 
 /// Publishes problems as Events (events.k8s.io/v1) on their Service, from a background task.
 pub struct KubeEvents {
@@ -49,7 +51,10 @@ pub struct KubeEvents {
 impl KubeEvents {
     /// Starts the publishing task; it ends when the sink is dropped.
     pub fn start(client: Client, node: &str) -> (Self, JoinHandle<()>) {
-        let reporter = Reporter { controller: "topology-agent".into(), instance: Some(node.to_owned()) };
+        // A node's name may be 253 characters; the API refuses a longer `reportingInstance` than
+        // 128, and with it every Event.
+        let instance = truncate(node, INSTANCE_LIMIT);
+        let reporter = Reporter { controller: "topology-agent".into(), instance: Some(instance) };
         let recorder = Recorder::new(client, reporter);
         let (queue, mut problems) = mpsc::channel::<Problem>(QUEUED);
         let task = tokio::spawn(async move {

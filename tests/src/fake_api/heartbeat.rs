@@ -9,7 +9,7 @@ use std::{
 
 use serde_json::Value;
 
-use super::{FakeApi, Resource, Store};
+use super::{FakeApi, Resource, store::Store};
 
 /// How often the heartbeat task wakes; each wake updates the Nodes due by then.
 const TICK: Duration = Duration::from_millis(2);

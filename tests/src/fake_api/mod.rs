@@ -1,27 +1,36 @@
-//! An in-process fake Kubernetes API server for Nodes, Services and EndpointSlices: list (with
-//! pagination) and watch from a resourceVersion, bookmarks, aborted connections, 410 Gone after
-//! compaction, lists held back on demand, and a record of the Events posted to it.
+//! An in-process fake Kubernetes API server for Nodes, Services and EndpointSlices, made to
+//! behave as the real one does — read from the API server's etcd3 store, cacher and validation,
+//! never from what the agent expects: lists as snapshots with expiring continue tokens and the
+//! `resourceVersion` / `resourceVersionMatch` semantics, watches with synthetic ADDED events,
+//! bookmarks at the real cadence, in-stream ERROR events and 410 Gone after compaction, a lagging
+//! watch cache (504 `ResourceVersionTooLarge`), Events validated as `events.k8s.io/v1` does; and
+//! failures on demand (outages, refusals, 429 with `Retry-After`, aborted, stalled and hung
+//! watches, held lists).
 
+mod events;
 mod heartbeat;
+mod list;
 mod server;
+mod store;
+mod watching;
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
     net::SocketAddr,
     sync::{Arc, Mutex},
+    time::Duration,
 };
 
-use hyper::body::Bytes;
 use serde_json::{Value, json};
 use tokio::{net::TcpListener, sync::watch};
 
-pub use self::heartbeat::{Heartbeats, rfc3339};
-use self::server::{Server, accept};
-
-/// The history kept per resource for watches to resume from, in serialized bytes; past it the
-/// oldest half is compacted away (a watch resuming from there gets 410 Gone), as the API server's
-/// watch cache of each resource keeps a bounded window.
-const HISTORY_BYTES: usize = 128 << 20;
+pub use self::{
+    heartbeat::{Heartbeats, rfc3339},
+    store::BOOKMARK_EVERY,
+};
+use self::{
+    server::{Server, accept},
+    store::{Key, Store},
+};
 
 /// A resource the fake serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -62,98 +71,6 @@ impl Resource {
     }
 }
 
-type Key = (Resource, String, String);
-
-#[derive(Default)]
-struct Store {
-    resource_version: u64,
-    objects: BTreeMap<Key, Stored>,
-    /// Every change since compaction, per resource.
-    history: HashMap<Resource, History>,
-    /// The resourceVersion up to which every resource's history is forgotten.
-    compacted: u64,
-    held: BTreeSet<Resource>,
-    down: bool,
-    /// Every request answered with this status.
-    failing: Option<u16>,
-    /// Watch requests answered with this status; lists still work.
-    failing_watches: Option<u16>,
-    /// `retryAfterSeconds` of a 429, in the Status body as the API server sends it.
-    retry_after: u32,
-    /// When each request came.
-    request_times: Vec<std::time::Instant>,
-    /// Watches stay open and send nothing, not even bookmarks.
-    stalled: bool,
-    lists: HashMap<Resource, usize>,
-    watches: HashMap<Resource, usize>,
-    events: Vec<Value>,
-    requests: usize,
-    /// Bytes of list and watch bodies sent, per resource.
-    sent: HashMap<Resource, u64>,
-    /// Changes recorded (watch events), per resource.
-    changed: HashMap<Resource, u64>,
-}
-
-/// An object, and its JSON as lists send it: the part of its last event line that is the object
-/// (no copy), so a list writes bytes instead of serializing every object again.
-struct Stored {
-    value: Value,
-    json: Bytes,
-}
-
-/// One resource's watch events since its compaction.
-#[derive(Default)]
-struct History {
-    /// (resourceVersion, watch event line), serialized once for every watcher.
-    events: Vec<(u64, Bytes)>,
-    /// The bytes of `events`.
-    bytes: usize,
-    /// Events up to this resourceVersion are forgotten.
-    compacted: u64,
-}
-
-impl Store {
-    /// Adds or replaces `object` at `key` and records the change (ADDED or MODIFIED).
-    fn put(&mut self, key: Key, mut object: Value) -> u64 {
-        let kind = if self.objects.contains_key(&key) { "MODIFIED" } else { "ADDED" };
-        let (version, json) = self.record(key.0, kind, &mut object);
-        self.objects.insert(key, Stored { value: object, json });
-        version
-    }
-
-    /// Records a change for the watches: `object` as a `kind` event at the next resourceVersion;
-    /// its resourceVersion and JSON.
-    fn record(&mut self, resource: Resource, kind: &str, object: &mut Value) -> (u64, Bytes) {
-        self.resource_version += 1;
-        let version = self.resource_version;
-        object["metadata"]["resourceVersion"] = version.to_string().into();
-        let (line, json) = server::event(kind, object);
-        *self.changed.entry(resource).or_default() += 1;
-        let history = self.history.entry(resource).or_default();
-        history.bytes += line.len();
-        history.events.push((version, line));
-        if history.bytes > HISTORY_BYTES {
-            let drop = history.events.len() / 2;
-            history.compacted = history.events[drop - 1].0;
-            history.bytes -= history.events.drain(..drop).map(|(_, line)| line.len()).sum::<usize>();
-        }
-        (version, json)
-    }
-
-    /// The events of `resource` after resourceVersion `after` (0: all kept); `None` when some
-    /// were compacted away.
-    fn events_after(&self, resource: Resource, after: u64) -> Option<Vec<Bytes>> {
-        let history = self.history.get(&resource);
-        let compacted = history.map_or(0, |h| h.compacted).max(self.compacted);
-        if after != 0 && after < compacted {
-            return None;
-        }
-        let Some(history) = history else { return Some(Vec::new()) };
-        let first = history.events.partition_point(|(v, _)| *v <= after);
-        Some(history.events[first..].iter().map(|(_, line)| line.clone()).collect())
-    }
-}
-
 /// The fake API server; stops when dropped.
 pub struct FakeApi {
     addr: SocketAddr,
@@ -165,6 +82,8 @@ pub struct FakeApi {
     aborts: watch::Sender<u64>,
     /// Bumped to let held lists through.
     releases: watch::Sender<u64>,
+    /// Set to end every open watch with an ERROR event of that status.
+    errors: watch::Sender<u16>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -183,14 +102,16 @@ impl FakeApi {
         let (changes, _) = watch::channel(0);
         let (aborts, _) = watch::channel(0);
         let (releases, _) = watch::channel(0);
+        let (errors, _) = watch::channel(0);
         let server = Server {
             store: Arc::clone(&store),
             changes: changes.clone(),
             aborts: aborts.clone(),
             releases: releases.clone(),
+            errors: errors.clone(),
         };
         let task = accept(listener, server.clone());
-        Self { addr, server, store, changes, aborts, releases, task }
+        Self { addr, server, store, changes, aborts, releases, errors, task }
     }
 
     /// Moves the server to `listener`, keeping its objects: the old address stops answering,
@@ -237,10 +158,7 @@ impl FakeApi {
     /// Deletes an object; true if it existed.
     pub fn delete(&self, resource: Resource, namespace: &str, name: &str) -> bool {
         let key = (resource, namespace.to_owned(), name.to_owned());
-        let version = self.with(|store| {
-            let mut object = store.objects.remove(&key)?.value;
-            Some(store.record(resource, "DELETED", &mut object).0)
-        });
+        let version = self.with(|store| store.remove(&key));
         version.map(|v| self.changes.send_replace(v)).is_some()
     }
 
@@ -249,12 +167,39 @@ impl FakeApi {
         self.aborts.send_modify(|n| *n += 1);
     }
 
-    /// Forgets the history: a watch resuming from an older resourceVersion gets 410 Gone.
+    /// Compacts every resource's history, as etcd's periodic compaction does: a watch resuming
+    /// from an older resourceVersion gets 410 Gone, and so do a list at one and the continue
+    /// tokens of lists begun before.
     pub fn compact(&self) {
-        self.with(|store| {
-            store.compacted = store.resource_version;
-            store.history.clear();
-        });
+        self.with(Store::compact);
+    }
+
+    /// Ends every open watch with an in-stream ERROR event of `code` (410 Expired, 500 …), as the
+    /// API server does when its watch of etcd fails.
+    pub fn error_watches(&self, code: u16) {
+        self.errors.send_replace(code);
+    }
+
+    /// A lagging watch cache (an HA replica behind the others): while `Some(behind)`, reads
+    /// served from the cache (lists at `resourceVersion=0` or `NotOlderThan`, watches) see the
+    /// state `behind` changes ago, frozen there, and a read asking for a newer resourceVersion
+    /// answers 504 after 3 s; `None`: the cache caught up.
+    pub fn lag_cache(&self, behind: Option<u64>) {
+        self.with(|store| store.cache_at = behind.map(|behind| store.resource_version.saturating_sub(behind)));
+        self.changes.send_modify(|_| {});
+    }
+
+    /// Bookmarks every `every` instead of the API server's [`BOOKMARK_EVERY`] (still one 2 s
+    /// before each watch's deadline): for tests of what happens between two bookmarks, not for
+    /// making a watch look fresher than a real server would.
+    pub fn set_bookmark_cadence(&self, every: Duration) {
+        self.with(|store| store.bookmark_every = Some(every));
+    }
+
+    /// While set, watch requests get no response at all, not even headers (a hung server or
+    /// proxy); lists still work.
+    pub fn hang_watch_opens(&self, hang: bool) {
+        self.with(|store| store.hang_watch_opens = hang);
     }
 
     /// Holds list requests of `resource` until [`FakeApi::release`].
@@ -262,9 +207,18 @@ impl FakeApi {
         self.with(|store| store.held.insert(resource));
     }
 
-    /// Lets held lists through.
+    /// Holds the pages after the first of `resource`'s lists until [`FakeApi::release`]: a list
+    /// in progress, for what happens meanwhile.
+    pub fn hold_continues(&self, resource: Resource) {
+        self.with(|store| store.held_continues.insert(resource));
+    }
+
+    /// Lets held lists (and pages) through.
     pub fn release(&self, resource: Resource) {
-        self.with(|store| store.held.remove(&resource));
+        self.with(|store| {
+            store.held.remove(&resource);
+            store.held_continues.remove(&resource);
+        });
         self.releases.send_modify(|n| *n += 1);
     }
 
@@ -327,7 +281,7 @@ impl FakeApi {
         self.with(|store| store.changed.get(&resource).copied().unwrap_or(0))
     }
 
-    /// The Events posted so far.
+    /// The Events accepted so far (as last updated), in the order they were created.
     pub fn events(&self) -> Vec<Value> {
         self.with(|store| store.events.clone())
     }
@@ -356,3 +310,6 @@ fn key_of(resource: Resource, object: &Value) -> Key {
     let name = object["metadata"]["name"].as_str().expect("metadata.name").to_owned();
     (resource, namespace, name)
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,20 +1,18 @@
-//! The fake's HTTP side: list (paginated, serialized straight from the store) and watch (the
-//! history's pre-serialized events from a resourceVersion, bookmarks, aborts, stalls, 410 Gone),
-//! with the bytes each resource sent counted.
+//! The fake's HTTP side: routing, outages and refusals on demand, and the API server's shapes of
+//! a Status and a watch event line. Lists are in `list.rs`, watches in `watching.rs`, Events in
+//! `events.rs`.
 
 use std::{
     collections::HashMap,
     convert::Infallible,
-    ops::Bound,
     sync::{Arc, Mutex},
     time::Duration,
 };
 
-use futures::{SinkExt as _, channel::mpsc};
-use http_body_util::{BodyExt as _, StreamBody, combinators::BoxBody};
+use http_body_util::{BodyExt as _, combinators::BoxBody};
 use hyper::{
     Request, Response, StatusCode,
-    body::{Bytes, Frame, Incoming},
+    body::{Bytes, Incoming},
     server::conn::http1,
     service::service_fn,
 };
@@ -22,10 +20,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::{net::TcpListener, sync::watch};
 
-use super::{Resource, Store};
-
-/// A watch with no event of its own this long gets a bookmark.
-const BOOKMARK: Duration = Duration::from_millis(500);
+use super::{Resource, store::Store};
 
 /// Serves `listener` until the task is aborted.
 pub(super) fn accept(listener: TcpListener, server: Server) -> tokio::task::JoinHandle<()> {
@@ -48,7 +43,7 @@ pub(super) fn accept(listener: TcpListener, server: Server) -> tokio::task::Join
     })
 }
 
-type Body = BoxBody<Bytes, std::io::Error>;
+pub(super) type Body = BoxBody<Bytes, std::io::Error>;
 
 #[derive(Clone)]
 pub(super) struct Server {
@@ -56,6 +51,8 @@ pub(super) struct Server {
     pub(super) changes: watch::Sender<u64>,
     pub(super) aborts: watch::Sender<u64>,
     pub(super) releases: watch::Sender<u64>,
+    /// Set to a status code to end every open watch with an ERROR event of it.
+    pub(super) errors: watch::Sender<u16>,
 }
 
 impl Server {
@@ -79,146 +76,25 @@ impl Server {
         if let (true, Some(code)) = (watching, failing_watches) {
             return failure(code, retry_after);
         }
-        if request.method() == hyper::Method::POST && path.starts_with("/apis/events.k8s.io/v1/namespaces/") {
+        if let Some(rest) = path.strip_prefix("/apis/events.k8s.io/v1/namespaces/") {
+            let method = request.method().clone();
             let body = request.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-            let event: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            self.store.lock().expect("store").events.push(event.clone());
-            return json_response(StatusCode::CREATED, &event);
+            return self.event_request(&method, rest, &body);
         }
         let Some(resource) = Resource::from_path(&path) else {
             return json_response(StatusCode::NOT_FOUND, &status(404, "NotFound", &format!("no route {path}")));
         };
         if watching {
             *self.store.lock().expect("store").watches.entry(resource).or_default() += 1;
+            // A hung server or proxy: the request was taken, no response (not even its headers)
+            // comes until the hang ends.
+            while self.store.lock().expect("store").hang_watch_opens {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
             self.watch(resource, &query)
         } else {
             self.list(resource, &query).await
         }
-    }
-
-    async fn list(&self, resource: Resource, query: &HashMap<String, String>) -> Response<Body> {
-        let mut released = self.releases.subscribe();
-        while self.store.lock().expect("store").held.contains(&resource) {
-            // A dropped sender means the server is going away; answer anyway.
-            if released.changed().await.is_err() {
-                break;
-            }
-        }
-        let limit: usize = query.get("limit").and_then(|l| l.parse().ok()).unwrap_or(usize::MAX);
-        // The continue token names the last object sent (`namespace~name`: `~` is in no name), so a
-        // page starts where the last ended without walking the objects before it.
-        let after = query.get("continue").and_then(|token| token.split_once('~'));
-        let mut store = self.store.lock().expect("store");
-        if after.is_none() {
-            *store.lists.entry(resource).or_default() += 1;
-        }
-        // The resource's objects are one range of the map; each item's JSON was written once when
-        // it changed, so the fake's own cost stays small beside the agent's it measures.
-        let start = match after {
-            Some((namespace, name)) => Bound::Excluded((resource, namespace.to_owned(), name.to_owned())),
-            None => Bound::Included((resource, String::new(), String::new())),
-        };
-        let mut page = store.objects.range((start, Bound::Unbounded)).take_while(|(k, _)| k.0 == resource).peekable();
-        let mut items = Vec::new();
-        let mut last = None;
-        while let Some((key, object)) = page.next_if(|_| items.len() < limit) {
-            items.push(object.json.clone());
-            last = Some(key);
-        }
-        let token = last.filter(|_| page.peek().is_some()).map(|(_, namespace, name)| format!("{namespace}~{name}"));
-        let (api_version, kind) = resource.list_kind();
-        let mut metadata = json!({"resourceVersion": store.resource_version.to_string()});
-        if let Some(token) = token {
-            metadata["continue"] = token.into();
-        }
-        let head = json!({"apiVersion": api_version, "kind": kind, "metadata": metadata});
-        let mut body = serde_json::to_vec(&head).expect("JSON");
-        body.pop();
-        body.extend_from_slice(br#","items":["#);
-        for (n, json) in items.iter().enumerate() {
-            if n > 0 {
-                body.push(b',');
-            }
-            body.extend_from_slice(json);
-        }
-        body.extend_from_slice(b"]}");
-        *store.sent.entry(resource).or_default() += body.len() as u64;
-        bytes_response(StatusCode::OK, body)
-    }
-
-    fn watch(&self, resource: Resource, query: &HashMap<String, String>) -> Response<Body> {
-        let from: u64 = query.get("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
-        let bookmarks = query.get("allowWatchBookmarks").is_some_and(|b| b == "true");
-        let ends = query
-            .get("timeoutSeconds")
-            .and_then(|t| t.parse::<u64>().ok())
-            .map(|seconds| tokio::time::Instant::now() + Duration::from_secs(seconds));
-        let (mut tx, rx) = mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(64);
-        let (store, mut changes, mut aborts) =
-            (Arc::clone(&self.store), self.changes.subscribe(), self.aborts.subscribe());
-        aborts.mark_unchanged();
-        tokio::spawn(async move {
-            let mut sent = from;
-            let mut bookmark_at = tokio::time::Instant::now() + BOOKMARK;
-            loop {
-                if store.lock().expect("store").stalled {
-                    // Hold the connection open, silent, until the stall ends or the client leaves.
-                    while store.lock().expect("store").stalled {
-                        if tx.is_closed() {
-                            return;
-                        }
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                }
-                if ends.is_some_and(|at| tokio::time::Instant::now() >= at) {
-                    // The server ends the watch, as asked; the client resumes from where it was.
-                    return;
-                }
-                let pending = {
-                    let store = store.lock().expect("store");
-                    let events = store.events_after(resource, sent);
-                    sent = store.resource_version;
-                    events
-                };
-                let Some(pending) = pending else {
-                    let gone = status(410, "Expired", "too old resource version");
-                    let _ = tx.send(Ok(Frame::data(event("ERROR", &gone).0))).await;
-                    return;
-                };
-                if !pending.is_empty() {
-                    bookmark_at = tokio::time::Instant::now() + BOOKMARK;
-                }
-                let bytes: usize = pending.iter().map(Bytes::len).sum();
-                *store.lock().expect("store").sent.entry(resource).or_default() += bytes as u64;
-                for event in pending {
-                    if tx.send(Ok(Frame::data(event))).await.is_err() {
-                        return;
-                    }
-                }
-                let end = ends.unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
-                tokio::select! {
-                    () = tokio::time::sleep_until(end) => return,
-                    changed = changes.changed() => if changed.is_err() { return },
-                    _ = aborts.changed() => {
-                        let _ = tx.send(Err(std::io::Error::other("connection aborted by the fake API"))).await;
-                        return;
-                    }
-                    // Other resources' changes wake this loop too; the bookmark keeps its own clock.
-                    () = tokio::time::sleep_until(bookmark_at), if bookmarks => {
-                        bookmark_at = tokio::time::Instant::now() + BOOKMARK;
-                        let (api_version, kind) = resource.list_kind();
-                        let object = json!({"apiVersion": api_version, "kind": kind.trim_end_matches("List"),
-                            "metadata": {"resourceVersion": sent.to_string()}});
-                        if tx.send(Ok(Frame::data(event("BOOKMARK", &object).0))).await.is_err() {
-                            return;
-                        }
-                    }
-                }
-            }
-        });
-        let mut response = Response::new(StreamBody::new(rx).boxed());
-        response.headers_mut().insert(hyper::header::CONTENT_TYPE, "application/json".parse().expect("header"));
-        response
     }
 }
 
@@ -256,17 +132,17 @@ pub(super) fn event(kind: &str, object: &Value) -> (Bytes, Bytes) {
     (line, json)
 }
 
-fn status(code: u16, reason: &str, message: &str) -> Value {
+pub(super) fn status(code: u16, reason: &str, message: &str) -> Value {
     json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
            "message": message, "reason": reason, "code": code})
 }
 
-fn json_response(status: StatusCode, value: &Value) -> Response<Body> {
+pub(super) fn json_response(status: StatusCode, value: &Value) -> Response<Body> {
     bytes_response(status, serde_json::to_vec(value).expect("JSON"))
 }
 
 /// A response with a JSON body already serialized.
-fn bytes_response(status: StatusCode, body: Vec<u8>) -> Response<Body> {
+pub(super) fn bytes_response(status: StatusCode, body: Vec<u8>) -> Response<Body> {
     let body = http_body_util::Full::new(Bytes::from(body)).map_err(|never: Infallible| match never {}).boxed();
     let mut response = Response::new(body);
     *response.status_mut() = status;

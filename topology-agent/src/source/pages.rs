@@ -26,6 +26,9 @@ pub struct Page<T> {
     pub items: Vec<T>,
     /// Whether it is the list's last page.
     pub last: bool,
+    /// The list started over with this page (a continue token expired): the pages before it
+    /// are void, and this one holds every object.
+    pub restarted: bool,
 }
 
 /// The pages of one list, in order; see the module's documentation.
@@ -37,6 +40,10 @@ pub struct Pages<K, T, E> {
     decoding: VecDeque<JoinHandle<Result<Vec<T>, String>>>,
     /// The resourceVersion of the page fetched last.
     version: String,
+    /// The parameters of the first page, to start over with.
+    first: ListParams,
+    /// The list started over since the last page was handed out.
+    restarted: bool,
     each: E,
     kind: PhantomData<fn(K) -> T>,
 }
@@ -53,6 +60,8 @@ where
         Self {
             client,
             url: url.to_owned(),
+            first: params.clone(),
+            restarted: false,
             params: Some(params),
             decoding: VecDeque::new(),
             version: String::new(),
@@ -72,7 +81,7 @@ where
         let items = oldest.await.map_err(|joined| PageError::Decode(joined.to_string()))?.map_err(PageError::Decode)?;
         // The page after this one was asked for before this one was waited on, if there is one.
         let last = self.decoding.is_empty() && self.params.is_none();
-        Ok(Some(Page { items, last }))
+        Ok(Some(Page { items, last, restarted: std::mem::take(&mut self.restarted) }))
     }
 
     /// The list's resourceVersion (as of its last page, once that was read).
@@ -81,10 +90,18 @@ where
     }
 
     /// Fetches one page, starts decoding it, and takes from it what the next page needs.
-    async fn fetch(&mut self, params: ListParams) -> Result<(), PageError> {
-        let mut request = kube::core::Request::new(&self.url).list(&params).map_err(kube::Error::BuildRequest)?;
-        request.extensions_mut().insert("list");
-        let text = self.client.request_text(request).await?;
+    async fn fetch(&mut self, mut params: ListParams) -> Result<(), PageError> {
+        let text = loop {
+            let mut request = kube::core::Request::new(&self.url).list(&params).map_err(kube::Error::BuildRequest)?;
+            request.extensions_mut().insert("list");
+            match self.client.request_text(request).await {
+                Ok(text) => break text,
+                Err(kube::Error::Api(status)) if status.code == 410 && params.continue_token.is_some() => {
+                    params = self.start_over();
+                }
+                Err(error) => return Err(error.into()),
+            }
+        };
         let (head, metadata) = oneshot::channel();
         let each = self.each.clone();
         self.decoding.push_back(tokio::task::spawn_blocking(move || decode(&text, head, each)));
@@ -94,6 +111,21 @@ where
         self.version = metadata.resource_version.unwrap_or_default();
         self.params = metadata.continue_.filter(|token| !token.is_empty()).map(|token| params.continue_token(&token));
         Ok(())
+    }
+
+    /// The snapshot the pages were read from is compacted away (its continue token expired, as
+    /// it does after five minutes or so): the list starts over as one request without a limit,
+    /// as client-go's pager does — paging again could expire again on a list that takes longer
+    /// than the compaction interval. The parameters of that request.
+    fn start_over(&mut self) -> ListParams {
+        tracing::info!(url = %self.url, "a list's continue token expired; listing again in one request");
+        for pending in self.decoding.drain(..) {
+            pending.abort();
+        }
+        self.restarted = true;
+        let mut whole = self.first.clone();
+        whole.limit = None;
+        whole
     }
 }
 

@@ -3,11 +3,13 @@
 //! stalled one.
 //!
 //! A view is current only while its watch delivers. After a full list, the watch runs from the
-//! list's resourceVersion in rounds the server ends after [`WATCH_TIMEOUT_S`] (with a bookmark
-//! that keeps the resourceVersion current). The view counts as current once a watch has run
-//! [`CONFIRM`] without failing — a list that succeeds proves nothing about the watch. Any failure
-//! (an error, 410 Gone, or a watch silent for [`STALL`]: neither event, bookmark nor end) makes
-//! it stale.
+//! list's resourceVersion in rounds the server ends after 5 to 10 minutes, drawn at random for
+//! each round as client-go's reflector does (fixed rounds would bring a fleet's watches back in
+//! step). The API server sends a bookmark about every minute and 2 s before a round's deadline,
+//! so a healthy watch is never silent for longer than that: the view counts as current once a
+//! watch has run [`CONFIRM`] without failing — a list that succeeds proves nothing about the
+//! watch — and any failure (an error, 410 Gone, or a watch silent for [`STALL`]: neither event,
+//! bookmark nor end) makes it stale.
 //!
 //! What comes next follows the rules client-go's reflector learned at fleet scale, since every
 //! node runs one per kind and an API server restart fails them all at once:
@@ -40,11 +42,14 @@ use super::{
 };
 use crate::cluster::Kind;
 
-/// Seconds after which the API server ends each watch round (the next round resumes from the
-/// last resourceVersion): the longest a healthy watch stays silent.
-pub const WATCH_TIMEOUT_S: u32 = 20;
-/// A watch silent this long (no event, no bookmark, no end) is stalled: stale within 30 s.
-pub const STALL: Duration = Duration::from_secs(25);
+/// The shortest watch round, in seconds: each asks the server to end it after between this and
+/// twice this (client-go's `minWatchTimeout`); the next round resumes from the last version.
+pub const MIN_WATCH_TIMEOUT_S: u32 = 300;
+/// The API server's bookmark cadence (its cacher's `bookmarkFrequency`).
+pub const BOOKMARK_CADENCE: Duration = Duration::from_secs(60);
+/// A watch silent this long (no event, no bookmark, no end) is stalled: a bookmark is a quarter
+/// of the cadence late (the cacher sends them from a one-second timer, after other events).
+pub const STALL: Duration = Duration::from_secs(BOOKMARK_CADENCE.as_secs() + 15);
 /// How long a watch must run after its list without failing before the view counts as current.
 pub const CONFIRM: Duration = Duration::from_secs(2);
 /// A watch whose response has not begun this soon is given up (a peer gone without a reset).
@@ -228,8 +233,9 @@ where
         };
         self.version = Some(version.clone());
         let mut confirm = Some(Instant::now() + CONFIRM);
-        let params = WatchParams::default().timeout(WATCH_TIMEOUT_S);
         loop {
+            let round = MIN_WATCH_TIMEOUT_S + rand::random_range(0..MIN_WATCH_TIMEOUT_S);
+            let params = WatchParams::default().timeout(round);
             let stream = match tokio::time::timeout(WATCH_OPEN, self.api.watch(&params, &version)).await {
                 Ok(Ok(stream)) => stream,
                 Ok(Err(error)) => return Ended::Failed(Failure::of(self.kind, &error)),
@@ -354,6 +360,14 @@ where
                     return Err(Failure::new(why, Next::ConsistentRelist));
                 }
             };
+            if page.restarted {
+                // The pages so far are void: this one holds every object.
+                (objects, invalid, listed, skipped) = (Vec::new(), Vec::new(), 0, 0);
+                self.sent.clear();
+                if paged && !self.events.send(SourceEvent::Listing(self.kind)) {
+                    return Ok(None);
+                }
+            }
             for converted in page.items {
                 match converted {
                     Ok(Some(object)) => objects.push(object),
