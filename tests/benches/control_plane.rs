@@ -402,9 +402,8 @@ async fn sync_and_updates(services: usize, endpoints: usize, updates: usize, cap
     shutdown.cancel();
     source.join().await;
     thread.join().expect("controller thread").expect("controller");
-    // A restart in a new container (another agent cgroup): the programs and maps stay pinned; a
-    // new dataplane with the same options keeps the programs and adopts the maps.
-    config.agent_cgroup = Some(u64::from(std::process::id()));
+    // A restart: the programs and maps stay pinned; a new dataplane with the same options keeps
+    // the programs and adopts the maps.
     let restarted = Instant::now();
     let adopted = Dataplane::open(&config).expect("adopt the pinned maps");
     let adopt = restarted.elapsed();

@@ -94,15 +94,6 @@ fn a_restart_keeps_the_attached_programs_unless_something_changed() {
     assert_eq!(result.landed_on("b0"), 10, "{result:?}");
     drop(dp);
 
-    // A restart in a new container (a cgroup of its own) keeps them too, and tells the programs
-    // the new agent's cgroup.
-    let mut moved = fx.config();
-    moved.agent_cgroup = Some(4242);
-    let dp = Dataplane::open(&moved).expect("reopen in a new container");
-    assert_eq!(attached_programs(&fx), loaded, "another agent cgroup loads nothing");
-    assert_eq!(pinned_agent_cgroup(&fx), 4242);
-    drop(dp);
-
     // Another option is other programs: they are loaded, and replace the attached ones.
     let mut config = fx.config();
     config.kernel_log = KernelLogLevel::Error;
@@ -126,14 +117,6 @@ fn a_restart_keeps_the_attached_programs_unless_something_changed() {
     drop(dp);
     let attached = run("bpftool", &["cgroup", "show", &fx.cgroup.path().to_string_lossy()]);
     assert_eq!(attached.lines().filter(|l| l.contains("connect4")).count(), 1, "{attached}");
-}
-
-/// The agent cgroup the programs exempt, as pinned.
-fn pinned_agent_cgroup(fx: &Fixture) -> u64 {
-    let path = PinLayout::new(fx.pins.path()).map(map_names::AGENT_CGROUP);
-    let data = aya::maps::MapData::from_pin(&path).expect("the agent cgroup pin");
-    let map: aya::maps::Array<_, u64> = aya::maps::Map::Array(data).try_into().expect("an array");
-    map.get(&0, 0).expect("entry 0")
 }
 
 #[test]

@@ -172,14 +172,12 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
         Some(cgroup) => mounts::cgroup2_at(cgroup)?,
         None => mounts::cgroup2_root()?,
     };
-    let agent_cgroup = own_cgroup_id();
     let dataplane_config = DataplaneConfig {
         pin_path: config.pin_path.clone(),
         cgroup: cgroup.clone(),
         capacities: config.capacities,
         kernel_log: config.kernel_log,
         index: config.index,
-        agent_cgroup,
         fail_open_after: config.fail_open_after,
         load_signal: config.load_signal,
     };
@@ -191,9 +189,9 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
         adopted = dataplane.kernel().services.len(),
         object = dataplane.flavour().object,
         index = dataplane.flavour().index,
-        agent_cgroup = agent_cgroup.unwrap_or(0),
         "programs attached; the pinned state is kept until the first complete view"
     );
+    leave_the_api_service(&mut dataplane);
     if let Some(logger) = dataplane.take_logger() {
         tokio::spawn(read_kernel_log(logger, shutdown.clone()));
     }
@@ -364,22 +362,25 @@ fn start_dns(
     Ok(RunningDns { publisher, steering, stopped })
 }
 
-/// The id of this process's cgroup, whose sockets reach the API server's Service untouched;
-/// `None` (no exemption, logged) when it cannot be found.
-fn own_cgroup_id() -> Option<u64> {
-    let dir = match mounts::own_cgroup() {
-        Ok(dir) => dir,
-        Err(error) => {
-            tracing::warn!(%error, "no exemption for the agent's own connections to the API server");
-            return None;
-        }
-    };
-    match mounts::cgroup_id(&dir) {
-        Ok(id) => Some(id),
-        Err(error) => {
-            tracing::warn!(cgroup = %dir.display(), %error, "no exemption for the agent's own connections");
-            None
-        }
+/// Removes the API server's Service if an earlier version programmed it (this one leaves it to
+/// kube-proxy): before anything else, or the agent's own first list would follow the adopted maps
+/// to an API address that may be gone since, until the programs failed open.
+fn leave_the_api_service(dataplane: &mut Dataplane) {
+    let prefix = format!("{}/{}:", crate::policy::API_SERVICE.0, crate::policy::API_SERVICE.1);
+    let adopted: Vec<_> = dataplane
+        .kernel()
+        .services
+        .iter()
+        .filter(|(_, held)| held.name.starts_with(&prefix))
+        .map(|(p, _)| *p)
+        .collect();
+    if adopted.is_empty() {
+        return;
+    }
+    let report = dataplane.apply_changes(adopted.iter().map(|port| (*port, None)));
+    match report.failed.first() {
+        None => tracing::info!(ports = adopted.len(), "removed the API server's Service an earlier version programmed"),
+        Some((port, error)) => tracing::warn!(%port, %error, "could not remove the API server's Service"),
     }
 }
 

@@ -159,10 +159,6 @@ pub struct PortOptions {
     /// `sessionAffinity: ClientIP`: seconds a client keeps its backend after its last connection.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub affinity_timeout_s: Option<u32>,
-    /// The agent's own sockets reach this port untouched: it is the API server's Service, which
-    /// the agent must reach whatever its maps say.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub agent_exempt: bool,
     /// Steered to this node's DNS responder: rewritten only while the responder's own heartbeat
     /// is fresh, else passed to the ClusterIP (the cluster DNS) untouched.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -174,8 +170,7 @@ impl PortOptions {
     pub fn to_kernel(self) -> ServiceOptions {
         ServiceOptions {
             affinity_timeout_s: self.affinity_timeout_s.unwrap_or(0),
-            flags: if self.agent_exempt { service_flags::AGENT_EXEMPT } else { 0 }
-                | if self.local_dns { service_flags::LOCAL_DNS } else { 0 },
+            flags: if self.local_dns { service_flags::LOCAL_DNS } else { 0 },
         }
     }
 
@@ -183,7 +178,6 @@ impl PortOptions {
     pub fn from_kernel(options: &ServiceOptions) -> Self {
         Self {
             affinity_timeout_s: (options.affinity_timeout_s != 0).then_some(options.affinity_timeout_s),
-            agent_exempt: options.flags & service_flags::AGENT_EXEMPT != 0,
             local_dns: options.flags & service_flags::LOCAL_DNS != 0,
         }
     }
@@ -196,7 +190,7 @@ pub struct DesiredService {
     pub name: String,
     /// Backends to choose from. Empty, or all of weight 0, means connections are refused.
     pub backends: Vec<WeightedBackend>,
-    /// Session affinity and exemptions.
+    /// Session affinity and DNS steering.
     #[serde(default)]
     pub options: PortOptions,
 }
@@ -244,8 +238,7 @@ mod tests {
         for options in [
             PortOptions::default(),
             PortOptions { affinity_timeout_s: Some(10_800), ..PortOptions::default() },
-            PortOptions { agent_exempt: true, ..PortOptions::default() },
-            PortOptions { local_dns: true, affinity_timeout_s: Some(1), ..PortOptions::default() },
+            PortOptions { local_dns: true, affinity_timeout_s: Some(1) },
         ] {
             assert_eq!(PortOptions::from_kernel(&options.to_kernel()), options);
         }

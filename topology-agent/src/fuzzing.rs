@@ -75,12 +75,12 @@ pub fn annotations(data: &[u8]) {
     let _ = policy::select(&node, &Default::default(), &service, &[]);
 }
 
-/// `/proc/self/mountinfo` and `/proc/self/cgroup` texts, split at the first NUL.
+/// A `/proc/self/mountinfo` text, up to the first NUL (the corpus once carried a
+/// `/proc/self/cgroup` text after it).
 pub fn mountinfo(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
-    let (mountinfo, cgroups) = text.split_once('\0').unwrap_or((&text, ""));
+    let mountinfo = text.split_once('\0').map_or(&*text, |(mountinfo, _)| mountinfo);
     let _ = mounts::cgroup2_root_in(mountinfo);
-    let _ = mounts::own_cgroup_in(cgroups, mountinfo);
 }
 
 /// What a previous agent (or anything else) left in the pinned maps: index positions, service

@@ -341,11 +341,6 @@ impl Collector for KernelCounters {
                 reading.node.fail_open,
             ),
             (
-                "kernel_agent_exempt",
-                "Connections of the agent's own cgroup to the API server's Service, passed through untouched",
-                reading.node.agent_exempt,
-            ),
-            (
                 "kernel_no_storage",
                 "Rewrites whose socket storage could not be allocated (getpeername shows the backend)",
                 reading.node.no_storage,
@@ -448,7 +443,7 @@ mod tests {
                 port: ServicePort { vip: "10.96.0.10".parse().unwrap(), port: 80, protocol: Protocol::Tcp },
                 counters,
             }],
-            node: NodeCounters { fail_open: 3, agent_exempt: 0, no_storage: 0 },
+            node: NodeCounters { fail_open: 3, retired: 0, no_storage: 0 },
             heartbeat: None,
             backends: vec![MeasuredBackend {
                 backend: "10.0.1.5:8080".parse().unwrap(),

@@ -26,9 +26,6 @@ pub enum MountError {
     /// No cgroup v2 filesystem is mounted.
     #[error("no cgroup v2 filesystem is mounted (no `cgroup2` entry in /proc/self/mountinfo)")]
     NoCgroup2,
-    /// This process's cgroup v2 directory is not under any cgroup v2 mount.
-    #[error("this process's cgroup (`0::` in /proc/self/cgroup) is under no cgroup v2 mount in /proc/self/mountinfo")]
-    NoOwnCgroup,
     /// `--cgroup` is not a cgroup v2 directory, nor a hybrid host's mount with one below.
     #[error(
         "--cgroup {}: {layout}, not cgroup v2; the programs attach to cgroup v2 only: boot the node with the unified \
@@ -134,45 +131,6 @@ fn unescape(field: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// This process's own cgroup v2 directory: its path in `/proc/self/cgroup` (`0::<path>`), under
-/// the cgroup v2 mount whose root contains it (inside a container with a cgroup namespace, that
-/// is the container's own mount of its cgroup).
-pub fn own_cgroup() -> Result<PathBuf, MountError> {
-    let cgroups = std::fs::read_to_string("/proc/self/cgroup")?;
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
-    own_cgroup_in(&cgroups, &mountinfo).ok_or(MountError::NoOwnCgroup)
-}
-
-/// [`own_cgroup`] from the texts of `/proc/self/cgroup` and `/proc/self/mountinfo`.
-pub fn own_cgroup_in(cgroups: &str, mountinfo: &str) -> Option<PathBuf> {
-    let path = cgroups.lines().find_map(|line| line.strip_prefix("0::"))?.trim();
-    for line in mountinfo.lines() {
-        let Some((mount, fs)) = line.split_once(" - ") else {
-            continue;
-        };
-        if fs.split_whitespace().next() != Some("cgroup2") {
-            continue;
-        }
-        let fields: Vec<&str> = mount.split_whitespace().collect();
-        let (Some(root), Some(point)) = (fields.get(3), fields.get(4)) else {
-            continue;
-        };
-        let root = unescape(root);
-        let Some(rest) = Path::new(path).strip_prefix(&root).ok() else {
-            continue;
-        };
-        return Some(PathBuf::from(unescape(point)).join(rest));
-    }
-    None
-}
-
-/// The id of a cgroup v2 directory, as `bpf_get_current_cgroup_id` returns it (its inode number
-/// on 64-bit kernels).
-pub fn cgroup_id(dir: &Path) -> io::Result<u64> {
-    use std::os::unix::fs::MetadataExt as _;
-    Ok(std::fs::metadata(dir)?.ino())
-}
-
 /// True if `path` is on a cgroup v2 filesystem.
 pub fn is_cgroup2(path: &Path) -> io::Result<bool> {
     Ok(fs_magic(path)? == CGROUP2_SUPER_MAGIC)
@@ -264,23 +222,6 @@ mod tests {
         let info = "41 31 0:38 / /mnt/a\\777b rw - cgroup2 cgroup2 rw\n";
         assert_eq!(cgroup2_root_in(info), Some(PathBuf::from("/mnt/a\\777b")));
         assert_eq!(unescape("\\1"), "\\1");
-    }
-
-    #[test]
-    fn finds_the_own_cgroup_under_the_mount_that_contains_it() {
-        let host = "0::/system.slice/agent.service\n";
-        assert_eq!(
-            own_cgroup_in(host, HYBRID),
-            Some(PathBuf::from("/sys/fs/cgroup/unified/system.slice/agent.service"))
-        );
-        // In a container with its own cgroup namespace the process sits at the namespace's root.
-        let container = "0::/\n";
-        let info = "\
-60 50 0:26 /../../.. /host/cgroup ro - cgroup2 cgroup2 rw
-61 50 0:26 / /sys/fs/cgroup ro - cgroup2 cgroup2 rw
-";
-        assert_eq!(own_cgroup_in(container, info), Some(PathBuf::from("/sys/fs/cgroup")));
-        assert_eq!(own_cgroup_in("1:cpu:/x\n", HYBRID), None, "cgroup v1 only");
     }
 
     #[test]

@@ -34,8 +34,6 @@ pub struct StatusReport {
 pub struct NodeStatus {
     /// Connections passed through untouched because the heartbeat lapsed.
     pub fail_open: u64,
-    /// Connections of the agent to the API server's Service, passed through untouched.
-    pub agent_exempt: u64,
     /// Rewrites whose socket storage could not be allocated.
     pub no_storage: u64,
 }
@@ -140,7 +138,6 @@ impl StatusReport {
             heartbeat: snapshot.heartbeat,
             node: NodeStatus {
                 fail_open: snapshot.node_counters.fail_open,
-                agent_exempt: snapshot.node_counters.agent_exempt,
                 no_storage: snapshot.node_counters.no_storage,
             },
             services,
@@ -163,9 +160,8 @@ impl StatusReport {
         let n = &self.node;
         let _ = writeln!(
             out,
-            "passed through untouched: {} while failing open, {} of the agent to the API server; {} rewrites without \
-             socket storage",
-            n.fail_open, n.agent_exempt, n.no_storage
+            "passed through untouched: {} while failing open; {} rewrites without socket storage",
+            n.fail_open, n.no_storage
         );
         let measured: std::collections::BTreeMap<_, _> = self.backend_load.iter().map(|m| (m.backend, m)).collect();
         for service in &self.services {

@@ -44,9 +44,10 @@ pub struct NodeCounters {
     /// Connections and datagrams to a service port passed through untouched because the
     /// heartbeat lapsed (the agent is gone, or its view has been stale for too long).
     pub fail_open: u64,
-    /// Connections of the agent's own cgroup to services it must reach whatever its maps say (the
-    /// API server), passed through untouched.
-    pub agent_exempt: u64,
+    /// Unused. It counted the agent's own connections to the API server's Service, passed
+    /// untouched, until that Service was left to kube-proxy; kept so that the map an earlier
+    /// version pinned keeps its layout and is adopted across an upgrade.
+    pub retired: u64,
     /// Rewrites whose socket storage could not be allocated: the connection works, but
     /// `getpeername()` and replies show the backend instead of the ClusterIP.
     pub no_storage: u64,
@@ -58,20 +59,16 @@ impl NodeCounters {
     pub const FIELDS: usize = 3;
     /// Index of [`NodeCounters::fail_open`].
     pub const FAIL_OPEN: usize = 0;
-    /// Index of [`NodeCounters::agent_exempt`].
-    pub const AGENT_EXEMPT: usize = 1;
     /// Index of [`NodeCounters::no_storage`].
     pub const NO_STORAGE: usize = 2;
 }
 const _: () = assert!(offset_of!(NodeCounters, fail_open) == NodeCounters::FAIL_OPEN * 8);
-const _: () = assert!(offset_of!(NodeCounters, agent_exempt) == NodeCounters::AGENT_EXEMPT * 8);
 const _: () = assert!(offset_of!(NodeCounters, no_storage) == NodeCounters::NO_STORAGE * 8);
 
-/// Flags of [`ServiceOptions::flags`].
+/// Flags of [`ServiceOptions::flags`]. Bit 0 is retired (it exempted the agent's own cgroup from
+/// the API server's Service, which is no longer programmed); do not reuse it while earlier
+/// versions' pinned options may be adopted.
 pub mod service_flags {
-    /// Sockets of the agent's own cgroup reach this service untouched: the agent's connections to
-    /// the API server must not depend on the maps it is about to repair.
-    pub const AGENT_EXEMPT: u32 = 1 << 0;
     /// Steered to the agent's node-local DNS responder: rewritten only while the responder's own
     /// heartbeat ([`DnsSteer`], `map_names::DNS_STEER`) is fresh and names the chosen backend,
     /// else passed to the ClusterIP untouched, where kube-proxy sends it to the cluster DNS as if

@@ -82,14 +82,8 @@ pub mod map_names {
     pub const BACKEND_LOAD: &str = "topo_backend_load";
     /// The start of each measured TCP connection (socket storage): [`SockLoad`](crate::SockLoad).
     pub const SOCK_LOAD: &str = "topo_sock_load";
-    /// The cgroup id of the running agent (0: none), one `u64`: its sockets reach
-    /// [`AGENT_EXEMPT`](crate::control::service_flags::AGENT_EXEMPT) services untouched. A map,
-    /// not a global of the programs, so an agent restarted in a new container (a new cgroup)
-    /// writes its id and keeps the attached programs.
-    pub const AGENT_CGROUP: &str = "topo_agent_cg";
-
     /// Every map the agent pins and keeps across restarts, in a stable order.
-    pub const PINNED: [&str; 17] = [
+    pub const PINNED: [&str; 16] = [
         SERVICES_V4,
         SERVICES_V6,
         SLOTS,
@@ -106,7 +100,6 @@ pub mod map_names {
         DNS_STEER,
         BACKEND_LOAD,
         SOCK_LOAD,
-        AGENT_CGROUP,
     ];
 
     /// State of the programs' random number generator; not pinned (a new state per load is as
@@ -115,8 +108,11 @@ pub mod map_names {
 
     /// Maps earlier versions pinned and this one no longer uses: their pins are removed at start
     /// (programs still attached keep their own reference until their links are replaced).
-    /// `topo_dns_beat` held a deadline only, which steered to whatever address an entry named.
-    pub const OBSOLETE: [&str; 4] = ["topo_affinity", "topo_revnat", "topo_sock_xlate", "topo_dns_beat"];
+    /// `topo_dns_beat` held a deadline only, which steered to whatever address an entry named;
+    /// `topo_agent_cg` the agent's cgroup, exempt from the API server's Service, which is no
+    /// longer programmed.
+    pub const OBSOLETE: [&str; 5] =
+        ["topo_affinity", "topo_revnat", "topo_sock_xlate", "topo_dns_beat", "topo_agent_cg"];
 }
 
 /// Program names (ELF symbols); each is attached at the cgroup hook of the same name.

@@ -3,12 +3,12 @@
 //! whatever its maps say (the API server), and not to the node-local DNS responder unless its own
 //! heartbeat is fresh and names the backend chosen (DNS fails open to the cluster DNS).
 
-use aya_ebpf::helpers::generated::{bpf_get_current_cgroup_id, bpf_ktime_get_coarse_ns};
+use aya_ebpf::helpers::generated::bpf_ktime_get_coarse_ns;
 use topology_common::{NodeCounters, ServiceOptions, ServiceValue, service_flags};
 
 use crate::{
     count::count_node,
-    maps::{DNS_STEER, HEARTBEAT, SERVICE_OPTIONS, SLOTS, agent_cgroup},
+    maps::{DNS_STEER, HEARTBEAT, SERVICE_OPTIONS, SLOTS},
     sockaddr::words,
 };
 
@@ -54,14 +54,6 @@ pub fn admit(service: &ServiceValue, clock: &mut Clock) -> Gate {
     }
     // SAFETY: an array element, copied out at once; ids beyond the array have no options.
     let options = SERVICE_OPTIONS.get_ptr(service.service_id).map_or(ServiceOptions::default(), |o| unsafe { *o });
-    if options.flags & service_flags::AGENT_EXEMPT != 0 {
-        let agent = agent_cgroup();
-        // SAFETY: no arguments; the cgroup v2 id of the calling task.
-        if agent != 0 && unsafe { bpf_get_current_cgroup_id() } == agent {
-            count_node(NodeCounters::AGENT_EXEMPT);
-            return Gate::Pass;
-        }
-    }
     if options.flags & service_flags::LOCAL_DNS != 0 && !steered_here(service, clock) {
         return Gate::Pass;
     }

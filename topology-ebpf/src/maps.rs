@@ -92,7 +92,7 @@ pub static COUNTERS: ArrayOfMaps<CounterChunk, { (capacity::SERVICE_IDS / COUNTE
 #[btf_map(name = "topo_svc_meta")]
 pub static SERVICE_META: HashMap<u32, ServiceMeta, { capacity::SERVICE_IDS as usize }, NO_PREALLOC> = HashMap::new();
 
-/// Options by service id (session affinity, exemptions); read after every service lookup.
+/// Options by service id (session affinity, DNS steering); read after every service lookup.
 #[btf_map(name = "topo_svc_opts")]
 pub static SERVICE_OPTIONS: Array<ServiceOptions, { capacity::SERVICE_IDS as usize }> = Array::new();
 
@@ -118,13 +118,9 @@ pub static HEARTBEAT: Array<Heartbeat, 1> = Array::new();
 #[btf_map(name = "topo_dns_steer")]
 pub static DNS_STEER: Array<DnsSteer, 1> = Array::new();
 
-/// Counters of the whole node (fail-open passes, exemptions, storage failures), per CPU.
+/// Counters of the whole node (fail-open passes, storage failures), per CPU.
 #[btf_map(name = "topo_node_cnt")]
 pub static NODE_COUNTERS: PerCpuArray<NodeCounters, 1> = PerCpuArray::new();
-
-/// The cgroup id of the running agent (0: none), written by the agent when it starts.
-#[btf_map(name = "topo_agent_cg")]
-pub static AGENT_CGROUP: Array<u64, 1> = Array::new();
 
 /// What the `sock_ops` program measured per backend (see `load`); created by the program on a
 /// backend's first connection, removed by the agent once the backend is gone and idle.
@@ -135,13 +131,6 @@ pub static BACKEND_LOAD: HashMap<BackendKey, BackendLoad, { capacity::BACKEND_LO
 /// When each measured TCP connection started and completed its handshake; freed with the socket.
 #[btf_map(name = "topo_sock_load")]
 pub static SOCK_LOAD: SkStorage<SockLoad> = SkStorage::new();
-
-/// The agent's cgroup id, 0 when it has none to exempt.
-#[inline(always)]
-pub fn agent_cgroup() -> u64 {
-    // SAFETY: index 0 of a one-entry array; the value is copied out at once.
-    AGENT_CGROUP.get_ptr(0).map_or(0, |id| unsafe { *id })
-}
 
 /// Per-CPU state of the programs' random number generator (see `rng`); not pinned: a new state
 /// per load is as good as the old one.

@@ -134,7 +134,7 @@ pub fn read_node_counters(map: &PerCpuArray<MapData, NodeCounters>) -> Result<No
     let per_cpu = map.get(&0, 0).map_err(DataplaneError::map(map_names::NODE_COUNTERS))?;
     Ok(per_cpu.iter().fold(NodeCounters::default(), |sum, cpu| NodeCounters {
         fail_open: sum.fail_open + cpu.fail_open,
-        agent_exempt: sum.agent_exempt + cpu.agent_exempt,
+        retired: 0,
         no_storage: sum.no_storage + cpu.no_storage,
     }))
 }

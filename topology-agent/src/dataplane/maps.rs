@@ -149,8 +149,6 @@ pub struct MapSet {
     pub heartbeat: Array<MapData, Heartbeat>,
     /// Counters of the whole node.
     pub node_counters: PerCpuArray<MapData, NodeCounters>,
-    /// The running agent's cgroup id.
-    pub agent_cgroup: Array<MapData, u64>,
     /// What the `sock_ops` program measured per backend.
     pub backend_load: super::load::LoadMap,
     /// Capacities as the kernel reports them.
@@ -161,7 +159,7 @@ pub struct MapSet {
 }
 
 /// The maps of a [`MapSet`], in the order `MapSet::from_maps` takes them.
-const SET: [&str; 13] = [
+const SET: [&str; 12] = [
     map_names::SERVICES_V4,
     map_names::SERVICES_V6,
     map_names::SLOTS,
@@ -174,7 +172,6 @@ const SET: [&str; 13] = [
     map_names::NODE_COUNTERS,
     map_names::CLIENT_AFFINITY,
     map_names::BACKEND_LOAD,
-    map_names::AGENT_CGROUP,
 ];
 
 impl MapSet {
@@ -210,8 +207,7 @@ impl MapSet {
             node,
             affinity,
             load,
-            agent,
-        ]: [Map; 13] =
+        ]: [Map; 12] =
             maps.try_into().map_err(|_| DataplaneError::MapMissing { map: "?", location: "the map set".into() })?;
         let services4: HashMap<_, ServiceKey4, ServiceValue> =
             services4.try_into().map_err(DataplaneError::map(map_names::SERVICES_V4))?;
@@ -228,7 +224,6 @@ impl MapSet {
         let heartbeat: Array<_, Heartbeat> = heartbeat.try_into().map_err(DataplaneError::map(map_names::HEARTBEAT))?;
         let node_counters: PerCpuArray<_, NodeCounters> =
             node.try_into().map_err(DataplaneError::map(map_names::NODE_COUNTERS))?;
-        let agent_cgroup: Array<_, u64> = agent.try_into().map_err(DataplaneError::map(map_names::AGENT_CGROUP))?;
         let max_entries = |data: &MapData, name: &'static str| -> Result<u32, DataplaneError> {
             Ok(data.info().map_err(DataplaneError::map(name))?.max_entries())
         };
@@ -252,16 +247,10 @@ impl MapSet {
             options,
             heartbeat,
             node_counters,
-            agent_cgroup,
             backend_load,
             capacities,
             batch_refusals: 0,
         })
-    }
-
-    /// Tells the programs the running agent's cgroup (`None`: no exemption).
-    pub fn set_agent_cgroup(&mut self, id: Option<u64>) -> Result<(), DataplaneError> {
-        self.agent_cgroup.set(0, id.unwrap_or(0), 0).map_err(DataplaneError::map(map_names::AGENT_CGROUP))
     }
 }
 

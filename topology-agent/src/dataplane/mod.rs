@@ -79,9 +79,6 @@ pub struct DataplaneConfig {
     pub kernel_log: KernelLogLevel,
     /// How the programs read the service index.
     pub index: IndexOrdering,
-    /// The agent's own cgroup id: its sockets reach the services that ask for it (the API
-    /// server) untouched. `None`: no exemption.
-    pub agent_cgroup: Option<u64>,
     /// How long the programs keep rewriting after the last [`Dataplane::heartbeat`]; `None`:
     /// forever (they never fail open).
     pub fail_open_after: Option<Duration>,
@@ -93,7 +90,7 @@ pub struct DataplaneConfig {
 
 impl DataplaneConfig {
     /// A configuration with the defaults of a library user: default capacities, no kernel log,
-    /// the index ordering this machine needs, no exemption, never failing open.
+    /// the index ordering this machine needs, never failing open.
     pub fn new(pin_path: impl Into<PathBuf>, cgroup: impl Into<PathBuf>) -> Self {
         Self {
             pin_path: pin_path.into(),
@@ -101,7 +98,6 @@ impl DataplaneConfig {
             capacities: Capacities::default(),
             kernel_log: KernelLogLevel::Off,
             index: IndexOrdering::Auto,
-            agent_cgroup: None,
             fail_open_after: None,
             load_signal: true,
         }
@@ -137,7 +133,7 @@ impl Dataplane {
         };
         let fail_open = FailOpen::new(config.fail_open_after);
         if let Some(previous) = reuse::find(&layout, &options, &config.cgroup) {
-            match Self::keep(layout.clone(), previous, fail_open, config.agent_cgroup) {
+            match Self::keep(layout.clone(), previous, fail_open) {
                 Ok(kept) => return Ok(kept),
                 Err(error) => tracing::warn!(%error, "the attached programs could not be kept; loading them"),
             }
@@ -160,7 +156,6 @@ impl Dataplane {
         if fail_open.never() {
             heartbeat::beat(&mut writer.maps_mut().heartbeat, &fail_open)?;
         }
-        writer.maps_mut().set_agent_cgroup(config.agent_cgroup)?;
         stop_dns_steering(&layout)?;
         loader::attach_all(&mut ebpf, &layout, &config.cgroup)?;
         reuse::record(&layout, &options, &config.cgroup, flavour)?;
@@ -168,17 +163,10 @@ impl Dataplane {
     }
 
     /// A restart that keeps the programs a previous agent attached (the same objects, options
-    /// and cgroup): only the pinned maps are opened and adopted, and this agent's own cgroup
-    /// written (a restart in a new container has a new one).
-    fn keep(
-        layout: PinLayout,
-        previous: reuse::Previous,
-        fail_open: FailOpen,
-        agent_cgroup: Option<u64>,
-    ) -> Result<Self, DataplaneError> {
+    /// and cgroup): only the pinned maps are opened and adopted.
+    fn keep(layout: PinLayout, previous: reuse::Previous, fail_open: FailOpen) -> Result<Self, DataplaneError> {
         let started = std::time::Instant::now();
-        let mut maps = maps::MapSet::from_pins(&layout)?;
-        maps.set_agent_cgroup(agent_cgroup)?;
+        let maps = maps::MapSet::from_pins(&layout)?;
         stop_dns_steering(&layout)?;
         let kernel = state::read(&maps)?;
         let mut writer = writer::Writer::adopt(maps, kernel)?;

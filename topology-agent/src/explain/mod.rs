@@ -15,7 +15,7 @@ use crate::{
         steer::Steering,
     },
     plan::{NodePlan, weights::integer_weights},
-    policy::{PolicyError, PolicyKind, PortSelection, feedback::FeedbackReport, spillover::SpilloverReport},
+    policy::{self, PolicyError, PolicyKind, PortSelection, feedback::FeedbackReport, spillover::SpilloverReport},
 };
 
 /// The decisions of one node.
@@ -28,6 +28,18 @@ pub struct ExplainReport {
     /// What this node's DNS responder answers for each headless Service.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub headless: Vec<HeadlessEntry>,
+    /// Services the agent never programs, and why: kube-proxy alone routes them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left_to_kube_proxy: Vec<LeftEntry>,
+}
+
+/// A Service the agent leaves to kube-proxy.
+#[derive(Debug, Serialize, serde::Deserialize)]
+pub struct LeftEntry {
+    /// `namespace/name`.
+    pub service: String,
+    /// Why.
+    pub reason: String,
 }
 
 /// The decision for one Service port and family.
@@ -61,7 +73,7 @@ pub struct ServiceEntry {
     /// What feedback measured and moved, when feedback decided.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub feedback: Option<FeedbackReport>,
-    /// Session affinity and exemptions the programs apply on top of the choice.
+    /// Session affinity and DNS steering the programs apply on top of the choice.
     pub options: PortOptions,
     /// ClusterIPs whose port another Service already owns: the kernel holds that Service's set.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -145,6 +157,11 @@ pub fn report(state: &ClusterState, this: &Node, plan: &NodePlan, service: Optio
             .flat_map(|(_, selections)| selections.iter().map(|selected| entry(plan, selected)))
             .collect(),
         headless: dns_explain::entries(&view, service),
+        left_to_kube_proxy: state
+            .services()
+            .filter(|s| wanted(&s.key))
+            .filter_map(|s| Some(LeftEntry { service: s.key.to_string(), reason: policy::left_to_kube_proxy(s)? }))
+            .collect(),
     }
 }
 
@@ -318,7 +335,7 @@ items:
     }
 
     #[test]
-    fn affinity_and_the_api_exemption_are_shown() {
+    fn affinity_and_the_api_servers_service_left_to_kube_proxy_are_shown() {
         let cluster = CLUSTER.replace(
             "trafficDistribution: PreferClose}",
             "trafficDistribution: PreferClose, sessionAffinity: ClientIP,\n         sessionAffinityConfig: {clientIP: {timeoutSeconds: 600}}}",
@@ -328,11 +345,12 @@ items:
         let json = serde_json::to_value(&report).unwrap();
         let web = json["services"].as_array().unwrap().iter().find(|s| s["service"] == "default/web").unwrap();
         assert_eq!(web["options"], serde_json::json!({"affinityTimeoutS": 600}));
-        let api = json["services"].as_array().unwrap().iter().find(|s| s["service"] == "default/kubernetes").unwrap();
-        assert_eq!(api["options"], serde_json::json!({"agentExempt": true}));
+        let programmed = json["services"].as_array().unwrap();
+        assert!(programmed.iter().all(|s| s["service"] != "default/kubernetes"), "never programmed");
+        assert_eq!(json["left_to_kube_proxy"][0]["service"], "default/kubernetes");
         let table = report.table();
         assert!(table.contains("session affinity: ClientIP, 600 s"), "{table}");
-        assert!(table.contains("the agent's own connections (to the API server) are never rewritten"), "{table}");
+        assert!(table.contains("default/kubernetes  left to kube-proxy: the API server's Service"), "{table}");
     }
 
     #[test]

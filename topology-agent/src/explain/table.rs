@@ -51,9 +51,6 @@ impl ExplainReport {
                      got among these while it stays in the set"
                 );
             }
-            if service.options.agent_exempt {
-                let _ = writeln!(out, "  the agent's own connections (to the API server) are never rewritten");
-            }
             if let Some(plan) = &service.spillover {
                 spillover_table(&mut out, plan);
             }
@@ -74,6 +71,9 @@ impl ExplainReport {
             }
         }
         headless_table(&mut out, &self.headless);
+        for left in &self.left_to_kube_proxy {
+            let _ = writeln!(out, "\n{}  left to kube-proxy: {}", left.service, left.reason);
+        }
         out
     }
 }

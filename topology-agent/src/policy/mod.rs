@@ -36,8 +36,25 @@ use crate::{
 };
 
 /// The Service the API server is reached through in-cluster (`KUBERNETES_SERVICE_HOST` is its
-/// ClusterIP): the agent's own sockets reach it untouched, whatever the maps say.
+/// ClusterIP). Never programmed: its endpoints are the control plane's, with no topology to gain,
+/// and after a managed control plane's upgrade the agent's own connections (and every pod's)
+/// must not depend on maps that may still name the old addresses.
 pub const API_SERVICE: (&str, &str) = ("default", "kubernetes");
+
+/// Why the agent leaves `service` to kube-proxy, if it does.
+pub fn left_to_kube_proxy(service: &Service) -> Option<String> {
+    if let Some(label) = &service.other_proxy {
+        return Some(format!("kube-proxy leaves it to another proxy ({label}); so does the agent"));
+    }
+    if *service.key.namespace == *API_SERVICE.0 && *service.key.name == *API_SERVICE.1 {
+        return Some(
+            "the API server's Service: left to kube-proxy (the control plane has no topology to gain, and \
+             connections to the API must never depend on the agent's maps)"
+                .into(),
+        );
+    }
+    None
+}
 
 /// Which mode decided.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
@@ -154,7 +171,7 @@ pub struct PortSelection {
     pub cluster_ips: Vec<IpAddr>,
     /// The decision.
     pub selection: Selection,
-    /// Session affinity and exemptions, as the programs apply them to the chosen backends.
+    /// Session affinity and DNS steering, as the programs apply them to the chosen backends.
     pub options: PortOptions,
 }
 
@@ -186,18 +203,14 @@ pub fn compute_service_with(
     service: &Service,
     inputs: &Inputs,
 ) -> Vec<PortSelection> {
-    if service.other_proxy.is_some() {
-        // kube-proxy leaves it to another proxy; so does the agent (its DNS names still resolve).
+    if left_to_kube_proxy(service).is_some() {
+        // Its DNS names still resolve.
         return Vec::new();
     }
     let mut families: Vec<Family> = service.cluster_ips.iter().map(Family::of).collect();
     families.sort();
     families.dedup();
-    let options = PortOptions {
-        affinity_timeout_s: service.session_affinity_timeout_s,
-        agent_exempt: *service.key.namespace == *API_SERVICE.0 && *service.key.name == *API_SERVICE.1,
-        local_dns: false,
-    };
+    let options = PortOptions { affinity_timeout_s: service.session_affinity_timeout_s, local_dns: false };
     // Exactly sized: a selection is large, and a Vec grown from empty holds four.
     let mut out = Vec::with_capacity(service.ports.len() * families.len());
     for port in &service.ports {
