@@ -279,8 +279,19 @@ fn print_limits(shape: &Shape, steady: &limits::Steady, storm: &[Duration]) {
         steady.cpu_pct
     );
     println!("| Services decided again during it | {} | 0 |", steady.recomputed);
+    println!(
+        "| watch requests of the agent during it (rounds of 300–600 s: 3 kinds ÷ 450 s = 0.0067/s in the long run; \
+         20 s rounds were 0.15/s) | {} | ≤ 0.015/s |",
+        steady.watch_requests
+    );
     for (resource, rate) in &steady.bytes_per_s {
         println!("| bytes/s received from the API: {resource:?} | {:.0} KiB/s | |", rate / 1024.0);
+        if *resource == topology_tests::fake_api::Resource::Nodes && steady.node_events_per_s > 0.0 {
+            println!(
+                "| bytes received per Node status report (its metadata; the whole Node is ~15.9 KB) | {:.0} B | |",
+                rate / steady.node_events_per_s
+            );
+        }
     }
     let total: f64 = steady.bytes_per_s.iter().map(|(_, rate)| rate).sum();
     let quantile = |q: f64| storm.get(((storm.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or_default();

@@ -37,6 +37,9 @@ pub struct Steady {
     pub bytes_per_s: Vec<(Resource, f64)>,
     /// Node watch events per second over the window.
     pub node_events_per_s: f64,
+    /// Watch requests the agent made (every kind) during the window (the first three, one per
+    /// kind, came before it).
+    pub watch_requests: usize,
     /// Services decided again during the window.
     pub recomputed: u64,
     /// The storm after the window, as the agent measures it.
@@ -76,11 +79,14 @@ pub async fn steady(shape: Shape, rate: usize, storm: Duration) -> Steady {
     let sent = || RESOURCES.map(|r| api.bytes_sent(r));
     let (before, usage_before, recomputed_before) = (sent(), agent.usage(), recomputed(&agent));
     let beats_before = api.modifications(Resource::Nodes);
+    let watches = || RESOURCES.iter().map(|r| api.watches(*r)).sum::<usize>();
+    let watches_before = watches();
     let window = Instant::now();
     tokio::time::sleep(WINDOW).await;
     let (after, usage, recomputed_after) = (sent(), agent.usage(), recomputed(&agent));
     let seconds = window.elapsed().as_secs_f64();
     let node_events_per_s = (api.modifications(Resource::Nodes) - beats_before) as f64 / seconds;
+    let watch_requests = watches() - watches_before;
     let storm = on_agent(&api, &agent, shape, rate, storm).await;
     drop(agent);
     let _ = std::fs::remove_file(&kubeconfig);
@@ -90,6 +96,7 @@ pub async fn steady(shape: Shape, rate: usize, storm: Duration) -> Steady {
         cpu_pct: (usage.cpu - usage_before.cpu).as_secs_f64() / seconds * 100.0,
         bytes_per_s: RESOURCES.iter().enumerate().map(|(i, r)| (*r, (after[i] - before[i]) as f64 / seconds)).collect(),
         node_events_per_s,
+        watch_requests,
         recomputed: recomputed_after - recomputed_before,
         storm,
     }

@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 
 use super::{
     Resource,
-    server::{Body, Server, bytes_response, json_response, status},
+    server::{Body, Server, Shape, bytes_response, json_response, status},
     store::Name,
 };
 
@@ -36,7 +36,12 @@ enum Read {
 }
 
 impl Server {
-    pub(super) async fn list(&self, resource: Resource, query: &HashMap<String, String>) -> Response<Body> {
+    pub(super) async fn list(
+        &self,
+        resource: Resource,
+        query: &HashMap<String, String>,
+        shape: Shape,
+    ) -> Response<Body> {
         let mut released = self.releases.subscribe();
         let continues = query.get("continue").is_some_and(|token| !token.is_empty());
         while {
@@ -77,7 +82,10 @@ impl Server {
                 }
             };
         };
-        let (api_version, kind) = resource.list_kind();
+        let (api_version, kind) = match shape {
+            Shape::Full => resource.list_kind(),
+            Shape::Metadata => ("meta.k8s.io/v1", "PartialObjectMetadataList"),
+        };
         let mut metadata = json!({"resourceVersion": version.to_string()});
         if let Some((namespace, name)) = page.next {
             metadata["continue"] = format!("{version}~{namespace}~{name}").into();
@@ -90,7 +98,7 @@ impl Server {
             if n > 0 {
                 body.push(b',');
             }
-            body.extend_from_slice(json);
+            body.extend_from_slice(&shape.object(json));
         }
         body.extend_from_slice(b"]}");
         *store.sent.entry(resource).or_default() += body.len() as u64;

@@ -58,6 +58,7 @@ pub(super) struct Server {
 impl Server {
     async fn handle(&self, request: Request<Incoming>) -> Response<Body> {
         let path = request.uri().path().to_owned();
+        let shape = Shape::of(&request);
         let (down, failing, failing_watches, retry_after) = {
             let mut store = self.store.lock().expect("store");
             store.requests += 1;
@@ -91,9 +92,53 @@ impl Server {
             while self.store.lock().expect("store").hang_watch_opens {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            self.watch(resource, &query)
+            self.watch(resource, &query, shape)
         } else {
-            self.list(resource, &query).await
+            self.list(resource, &query, shape).await
+        }
+    }
+}
+
+/// The form of the objects a client asked for (its `Accept` header).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Shape {
+    /// Whole objects.
+    Full,
+    /// `PartialObjectMetadata`: apiVersion, kind and metadata only, as the API server answers
+    /// `Accept: application/json;as=PartialObjectMetadata[List];g=meta.k8s.io;v=v1`.
+    Metadata,
+}
+
+impl Shape {
+    fn of(request: &Request<Incoming>) -> Self {
+        let accept = request.headers().get(hyper::header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or_default();
+        if accept.contains("as=PartialObjectMetadata") { Self::Metadata } else { Self::Full }
+    }
+
+    /// An object's JSON in this shape.
+    pub(super) fn object(self, json: &Bytes) -> Bytes {
+        match self {
+            Self::Full => json.clone(),
+            Self::Metadata => {
+                let object: Value = serde_json::from_slice(json).expect("stored JSON");
+                let partial = json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                                     "metadata": object["metadata"]});
+                Bytes::from(serde_json::to_vec(&partial).expect("JSON"))
+            }
+        }
+    }
+
+    /// A watch event line in this shape.
+    pub(super) fn line(self, line: &Bytes) -> Bytes {
+        match self {
+            Self::Full => line.clone(),
+            Self::Metadata => {
+                let event: Value = serde_json::from_slice(line).expect("stored event");
+                let kind = event["type"].as_str().unwrap_or("MODIFIED");
+                let object = serde_json::to_vec(&event["object"]).expect("JSON");
+                let partial: Value = serde_json::from_slice(&self.object(&Bytes::from(object))).expect("JSON");
+                event_line(kind, &partial)
+            }
         }
     }
 }
@@ -121,6 +166,10 @@ fn failure(code: u16, retry_after: u32) -> Response<Body> {
 /// A watch event line, `type` first as the API server writes it (`json!` would sort `object`
 /// first, and a client's decoder then has to buffer the whole object before it knows the type);
 /// and the object's part of it.
+fn event_line(kind: &str, object: &Value) -> Bytes {
+    event(kind, object).0
+}
+
 pub(super) fn event(kind: &str, object: &Value) -> (Bytes, Bytes) {
     let mut text = format!(r#"{{"type":"{kind}","object":"#).into_bytes();
     let start = text.len();

@@ -258,3 +258,25 @@ async fn events_are_validated_as_events_k8s_io_v1_does() {
     assert_eq!(api_error(patch(json!({"reason": "Other"})).await).code, 422, "reason is immutable");
     assert_eq!(api_error(patch(json!({"series": {"count": 1}})).await).code, 422, "a series counts from 2");
 }
+
+#[tokio::test]
+async fn metadata_is_served_as_partial_object_metadata() {
+    let api = world(2).await;
+    let listed = services(&api).list_metadata(&ListParams::default()).await.unwrap();
+    assert_eq!(listed.items.len(), 2);
+    let request = hyper::Request::get("/api/v1/services")
+        .header(hyper::header::ACCEPT, "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1")
+        .body(Vec::new())
+        .unwrap();
+    let raw: Value = serde_json::from_str(&api.client().request_text(request).await.unwrap()).unwrap();
+    assert_eq!(raw["kind"], "PartialObjectMetadataList");
+    assert_eq!(raw["items"][0]["kind"], "PartialObjectMetadata");
+    assert_eq!(raw["items"][0]["metadata"]["name"], "svc-1");
+    assert!(raw["items"][0].get("spec").is_none(), "metadata only: {raw}");
+    let version = listed.metadata.resource_version.unwrap();
+    let mut stream = services(&api).watch_metadata(&WatchParams::default(), &version).await.unwrap().boxed();
+    api.apply(service(3));
+    let event = tokio::time::timeout(Duration::from_secs(5), stream.try_next()).await.unwrap().unwrap();
+    let Some(WatchEvent::Added(object)) = event else { panic!("{event:?}") };
+    assert_eq!(object.metadata.name.as_deref(), Some("svc-3"));
+}

@@ -21,14 +21,14 @@ use tokio::time::Instant;
 
 use super::{
     Resource,
-    server::{Body, Server, event, status},
+    server::{Body, Server, Shape, event, status},
 };
 
 /// The server's request timeout for a watch without `timeoutSeconds`: drawn in [30, 60) minutes.
 const DEFAULT_TIMEOUT_S: u64 = 1800;
 
 impl Server {
-    pub(super) fn watch(&self, resource: Resource, query: &HashMap<String, String>) -> Response<Body> {
+    pub(super) fn watch(&self, resource: Resource, query: &HashMap<String, String>, shape: Shape) -> Response<Body> {
         let asked = query.get("resourceVersion").map(String::as_str).filter(|v| !v.is_empty());
         let bookmarks = query.get("allowWatchBookmarks").is_some_and(|b| b == "true");
         let timeout = query
@@ -61,7 +61,7 @@ impl Server {
         let every = self.store.lock().expect("store").bookmark_every();
         tokio::spawn(async move {
             for object in initial {
-                let line = [&br#"{"type":"ADDED","object":"#[..], &object, b"}\n"].concat();
+                let line = [&br#"{"type":"ADDED","object":"#[..], &shape.object(&object), b"}\n"].concat();
                 if tx.send(Ok(Frame::data(Bytes::from(line)))).await.is_err() {
                     return;
                 }
@@ -89,6 +89,7 @@ impl Server {
                     sent = sent.max(upto);
                     events
                 };
+                let pending = pending.map(|lines| lines.iter().map(|line| shape.line(line)).collect::<Vec<_>>());
                 let Some(pending) = pending else {
                     let compacted = store.lock().expect("store").compacted(resource);
                     let message = format!("too old resource version: {sent} ({compacted})");
@@ -126,7 +127,10 @@ impl Server {
                         }
                         let now = Instant::now();
                         bookmark_at = (now < last_bookmark).then(|| (now + every).min(last_bookmark));
-                        let (api_version, kind) = resource.list_kind();
+                        let (api_version, kind) = match shape {
+                            Shape::Full => resource.list_kind(),
+                            Shape::Metadata => ("meta.k8s.io/v1", "PartialObjectMetadataList"),
+                        };
                         let object = json!({"apiVersion": api_version, "kind": kind.trim_end_matches("List"),
                             "metadata": {"resourceVersion": sent.to_string()}});
                         if tx.send(Ok(Frame::data(event("BOOKMARK", &object).0))).await.is_err() {

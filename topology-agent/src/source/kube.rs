@@ -5,7 +5,8 @@
 //! every kind is listed. Objects are decoded into lean views that build only the
 //! fields routing reads ([`convert`]), and reduced to the cluster model at once.
 //!
-//! Each kind runs its own list-and-watch ([`reflector`](super::reflector)).
+//! Each kind runs its own list-and-watch ([`reflector`](super::reflector)); the Nodes are watched
+//! as metadata unless a Service uses spillover (`nodes.rs`).
 
 use std::{
     collections::BTreeSet,
@@ -20,7 +21,10 @@ use kube::{
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::{EventReceiver, EventSender, Invalid, Object, ObjectId, SourceEvent, reflector};
+use super::{
+    EventReceiver, EventSender, Invalid, Object, ObjectId, SourceEvent,
+    reflector::{self, Watched},
+};
 use crate::cluster::{
     ClusterState, Kind, ObjectKey, convert,
     convert::{EndpointSliceView, NodeView, ServiceView},
@@ -37,15 +41,16 @@ pub enum KubeSourceError {
         /// The error.
         source: kube::config::KubeconfigError,
     },
-    /// Neither in-cluster configuration nor a default kubeconfig is available.
-    #[error("no Kubernetes configuration (in-cluster or ~/.kube/config): {0}")]
+    /// Neither a kubeconfig nor the in-cluster configuration is available.
+    #[error("no Kubernetes configuration ($KUBECONFIG, ~/.kube/config, or in-cluster): {0}")]
     Infer(#[from] kube::config::InferConfigError),
     /// The client could not be created from the configuration.
     #[error("creating the Kubernetes client: {0}")]
     Client(#[from] kube::Error),
 }
 
-/// A client from `--kubeconfig`, else the in-cluster configuration or the default kubeconfig.
+/// A client from `--kubeconfig`, else `$KUBECONFIG`, else `~/.kube/config`, else the in-cluster
+/// configuration (kube-rs's `Config::infer`).
 pub async fn client(kubeconfig: Option<&Path>) -> Result<Client, KubeSourceError> {
     let config = match kubeconfig {
         Some(path) => {
@@ -74,28 +79,30 @@ pub struct KubeSource {
 impl KubeSource {
     /// Starts the watchers; they run until `shutdown`.
     pub fn start(client: &Client, events: &EventSender, shutdown: &CancellationToken) -> Self {
+        let (service_events, need) = super::nodes::services_tap(events);
         let tasks = vec![
+            tokio::spawn(super::nodes::run(client.clone(), node, id_of, events.clone(), need, shutdown.clone())),
             tokio::spawn(reflector::run(
-                Api::<NodeView>::all(client.clone()),
-                Kind::Node,
-                node,
-                id_of,
-                events.clone(),
+                Watched {
+                    api: Api::<ServiceView>::all(client.clone()),
+                    kind: Kind::Service,
+                    convert: service,
+                    identify: id_of,
+                    metadata_only: false,
+                    listed: false,
+                },
+                service_events,
                 shutdown.clone(),
             )),
             tokio::spawn(reflector::run(
-                Api::<ServiceView>::all(client.clone()),
-                Kind::Service,
-                service,
-                id_of,
-                events.clone(),
-                shutdown.clone(),
-            )),
-            tokio::spawn(reflector::run(
-                Api::<EndpointSliceView>::all(client.clone()),
-                Kind::EndpointSlice,
-                endpoint_slice,
-                id_of,
+                Watched {
+                    api: Api::<EndpointSliceView>::all(client.clone()),
+                    kind: Kind::EndpointSlice,
+                    convert: endpoint_slice,
+                    identify: id_of,
+                    metadata_only: false,
+                    listed: false,
+                },
                 events.clone(),
                 shutdown.clone(),
             )),

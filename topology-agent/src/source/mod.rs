@@ -3,6 +3,7 @@
 
 pub mod file;
 pub mod kube;
+mod nodes;
 mod pages;
 pub mod reflector;
 
@@ -129,8 +130,21 @@ pub enum SourceEvent {
 }
 
 /// The sending half of the controller's channel; each event carries the instant it was seen.
-#[derive(Clone, Debug)]
-pub struct EventSender(mpsc::Sender<(Instant, SourceEvent)>);
+#[derive(Clone)]
+pub struct EventSender {
+    tx: mpsc::Sender<(Instant, SourceEvent)>,
+    /// Sees every event before it is sent (a source's own bookkeeping of what it passes on).
+    tap: Option<Tap>,
+}
+
+/// What an [`EventSender`] shows each event to.
+pub type Tap = std::sync::Arc<dyn Fn(&SourceEvent) + Send + Sync>;
+
+impl fmt::Debug for EventSender {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EventSender").field("tapped", &self.tap.is_some()).finish()
+    }
+}
 
 /// The receiving half.
 pub type EventReceiver = mpsc::Receiver<(Instant, SourceEvent)>;
@@ -139,11 +153,19 @@ impl EventSender {
     /// A new channel.
     pub fn channel() -> (Self, EventReceiver) {
         let (tx, rx) = mpsc::channel();
-        (Self(tx), rx)
+        (Self { tx, tap: None }, rx)
+    }
+
+    /// A sender on the same channel that shows every event to `tap` before sending it.
+    pub fn tapped(&self, tap: Tap) -> Self {
+        Self { tx: self.tx.clone(), tap: Some(tap) }
     }
 
     /// Sends an event stamped now; false once the controller is gone.
     pub fn send(&self, event: SourceEvent) -> bool {
-        self.0.send((Instant::now(), event)).is_ok()
+        if let Some(tap) = &self.tap {
+            tap(&event);
+        }
+        self.tx.send((Instant::now(), event)).is_ok()
     }
 }

@@ -42,6 +42,8 @@ pub struct Pages<K, T, E> {
     version: String,
     /// The parameters of the first page, to start over with.
     first: ListParams,
+    /// Ask for `PartialObjectMetadata`.
+    metadata_only: bool,
     /// The list started over since the last page was handed out.
     restarted: bool,
     each: E,
@@ -55,9 +57,10 @@ where
     E: Fn(K) -> T + Clone + Send + 'static,
 {
     /// A list of `url` (a resource's path) with `params`, each item made into a `T` by `each` on
-    /// the decoding thread.
-    pub fn new(client: Client, url: &str, params: ListParams, each: E) -> Self {
+    /// the decoding thread; `metadata_only`: of the objects' metadata (`PartialObjectMetadata`).
+    pub fn new(client: Client, url: &str, params: ListParams, metadata_only: bool, each: E) -> Self {
         Self {
+            metadata_only,
             client,
             url: url.to_owned(),
             first: params.clone(),
@@ -92,7 +95,9 @@ where
     /// Fetches one page, starts decoding it, and takes from it what the next page needs.
     async fn fetch(&mut self, mut params: ListParams) -> Result<(), PageError> {
         let text = loop {
-            let mut request = kube::core::Request::new(&self.url).list(&params).map_err(kube::Error::BuildRequest)?;
+            let request = kube::core::Request::new(&self.url);
+            let built = if self.metadata_only { request.list_metadata(&params) } else { request.list(&params) };
+            let mut request = built.map_err(kube::Error::BuildRequest)?;
             request.extensions_mut().insert("list");
             match self.client.request_text(request).await {
                 Ok(text) => break text,

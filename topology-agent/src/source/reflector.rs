@@ -151,17 +151,30 @@ impl Backoff {
     }
 }
 
-/// Lists and watches `api` until `shutdown`, sending what it sees to `events`.
-pub async fn run<K>(
-    api: Api<K>,
-    kind: Kind,
-    convert: Convert<K>,
-    identify: Identify<K>,
-    events: EventSender,
-    shutdown: CancellationToken,
-) where
+/// What one reflector lists and watches, and how it reads it.
+pub struct Watched<K> {
+    /// The resource.
+    pub api: Api<K>,
+    /// Its kind in the model.
+    pub kind: Kind,
+    /// Object to model object.
+    pub convert: Convert<K>,
+    /// A deleted object's identity.
+    pub identify: Identify<K>,
+    /// Ask for `PartialObjectMetadata` (the objects' metadata only, decoded as `K` without the
+    /// rest): a fraction of the bytes where the rest is large and changes often.
+    pub metadata_only: bool,
+    /// The model already holds a complete list of this kind (the watch is restarted with other
+    /// options): lists are sent whole, never page by page.
+    pub listed: bool,
+}
+
+/// Lists and watches `watched` until `shutdown`, sending what it sees to `events`.
+pub async fn run<K>(watched: Watched<K>, events: EventSender, shutdown: CancellationToken)
+where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
+    let Watched { api, kind, convert, identify, metadata_only, listed } = watched;
     let source = format!("{kind} watch");
     let mut backoff = Backoff::new();
     let mut reflector = Reflector {
@@ -173,7 +186,8 @@ pub async fn run<K>(
         source: &source,
         sent: HashMap::new(),
         version: None,
-        listed: false,
+        listed,
+        metadata_only,
     };
     let mut next = Next::ConsistentRelist;
     loop {
@@ -210,6 +224,8 @@ struct Reflector<'a, K: Resource> {
     version: Option<String>,
     /// A list completed: relists are sent whole, not page by page.
     listed: bool,
+    /// Objects are asked for as `PartialObjectMetadata`.
+    metadata_only: bool,
 }
 
 impl<K> Reflector<'_, K>
@@ -236,7 +252,7 @@ where
         loop {
             let round = MIN_WATCH_TIMEOUT_S + rand::random_range(0..MIN_WATCH_TIMEOUT_S);
             let params = WatchParams::default().timeout(round);
-            let stream = match tokio::time::timeout(WATCH_OPEN, self.api.watch(&params, &version)).await {
+            let stream = match tokio::time::timeout(WATCH_OPEN, self.watch(&params, &version)).await {
                 Ok(Ok(stream)) => stream,
                 Ok(Err(error)) => return Ended::Failed(Failure::of(self.kind, &error)),
                 Err(_) => {
@@ -303,6 +319,20 @@ where
         }
     }
 
+    /// Opens a watch from `version`, of whole objects or of their metadata.
+    async fn watch(
+        &self,
+        params: &WatchParams,
+        version: &str,
+    ) -> kube::Result<impl futures::Stream<Item = kube::Result<WatchEvent<K>>> + use<K>> {
+        let request = kube::core::Request::new(self.api.resource_url());
+        let built =
+            if self.metadata_only { request.watch_metadata(params, version) } else { request.watch(params, version) };
+        let mut request = built.map_err(kube::Error::BuildRequest)?;
+        request.extensions_mut().insert("watch");
+        self.api.clone().into_client().request_events::<K>(request).await
+    }
+
     /// Whether `object` differs from what was last sent of it (and if so, remembers it). An
     /// update that changes nothing the model reads — a Node's status heartbeat — stops here:
     /// the controller is not even woken. Hash collisions of identities only cost a resend.
@@ -335,10 +365,13 @@ where
         if let Some(version) = &from_cache {
             params = params.at(version).matching(VersionMatch::NotOlderThan);
         }
-        let mut pages =
-            Pages::new(self.api.clone().into_client(), self.api.resource_url(), params, move |object: K| {
-                convert(&object)
-            });
+        let mut pages = Pages::new(
+            self.api.clone().into_client(),
+            self.api.resource_url(),
+            params,
+            self.metadata_only,
+            move |object: K| convert(&object),
+        );
         loop {
             let page = match tokio::time::timeout(STALL, pages.next()).await {
                 Ok(Ok(Some(page))) => page,
