@@ -8,6 +8,7 @@ pub mod dns;
 pub mod dnsperf;
 pub mod fake_api;
 pub mod fixture;
+pub mod kind;
 pub mod net;
 pub mod netns;
 pub mod openloop;

@@ -31,7 +31,7 @@ use crate::{
 pub enum SourceConfig {
     /// A YAML file of Nodes, Services and EndpointSlices, re-read on change.
     File(PathBuf),
-    /// The Kubernetes API: `--kubeconfig`, else in-cluster, else the default kubeconfig.
+    /// The Kubernetes API: `--kubeconfig`, else `$KUBECONFIG`, else `~/.kube/config`, else in-cluster.
     Kubernetes {
         /// Explicit kubeconfig.
         kubeconfig: Option<PathBuf>,

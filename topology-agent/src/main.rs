@@ -34,8 +34,8 @@ enum Command {
     /// agent programs into the kernel.
     Explain {
         /// Cluster objects (Nodes, Services, EndpointSlices) as multi-document YAML or a List;
-        /// without it, they are listed from the API (`--kubeconfig`, else in-cluster, else
-        /// `~/.kube/config`).
+        /// without it, they are listed from the API (`--kubeconfig`, else `$KUBECONFIG`, else
+        /// `~/.kube/config`, else in-cluster).
         #[arg(long, conflicts_with = "kubeconfig")]
         cluster: Option<PathBuf>,
         /// List the objects from the API server of this kubeconfig, as the agent does.
