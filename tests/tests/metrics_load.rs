@@ -152,7 +152,7 @@ fn idle_connections_and_scrapes_do_not_slow_the_control_loop() {
     assert!(events >= 25, "the file changes reached the kernel: {events}");
     // p99 below 10 ms: with about 50 events, every one within the 10 ms bucket. The run stays
     // under 64 changes on purpose: every 64th rewrite of one service-index position waits for an
-    // RCU grace period in the control loop (README, Datapath: "Known limits"), a cost of
+    // RCU grace period in the control loop (docs/datapath.md), a cost of
     // the index, not of the HTTP surface this test is about.
     assert!(fast * 100 >= all * 99, "event-to-kernel p99 above 10 ms: {fast} of {all} within it");
     assert!(fds < 128 + 64, "the connection limit bounds the agent's descriptors: {fds}");

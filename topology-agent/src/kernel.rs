@@ -15,8 +15,8 @@ pub enum KernelError {
     /// Too old.
     #[error(
         "kernel {release} is older than {}.{}, the oldest the programs run on (bpf_ktime_get_coarse_ns; BPF map \
-         memory charged to memory cgroups, not RLIMIT_MEMLOCK): keep the DaemonSet off such nodes (README, Supported \
-         clusters)",
+         memory charged to memory cgroups, not RLIMIT_MEMLOCK): keep the DaemonSet off such nodes \
+         (docs/operating.md, Supported clusters)",
         MINIMUM.0,
         MINIMUM.1
     )]

@@ -30,7 +30,7 @@ pub enum MountError {
     #[error(
         "--cgroup {}: {layout}, not cgroup v2; the programs attach to cgroup v2 only: boot the node with the unified \
          hierarchy (systemd.unified_cgroup_hierarchy=1, the default since systemd 248) or keep the DaemonSet off such \
-         nodes (README, Supported clusters)",
+         nodes (docs/operating.md, Supported clusters)",
         path.display()
     )]
     NotCgroup2 {

@@ -1,5 +1,5 @@
 //! `topology-agent explain`: the policy's decision for every Service port, as a table or as the
-//! stable JSON documented in the README. It prints exactly what the agent programs.
+//! stable JSON documented in `docs/explain-json.md`. It prints exactly what the agent programs.
 
 use std::net::IpAddr;
 

@@ -26,7 +26,7 @@ use serde::Serialize;
 use crate::cluster::{Family, ObjectKey};
 
 /// The constants of the controller. The defaults are what the simulator's surge scenarios settle
-/// fastest with, without oscillating (see the README's feedback section).
+/// fastest with, without oscillating (see `docs/policy.md`, Real-time feedback).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Tuning {
     /// How often the controller looks, milliseconds; also the least time between two changes of

@@ -51,7 +51,7 @@ enum Ask {
     PreferSameNode,
 }
 
-/// A deliberate difference from kube-proxy. Each has its one line in the README's policy section.
+/// A deliberate difference from kube-proxy. Each has its one line in `docs/policy.md`.
 #[derive(Clone, Copy, Debug)]
 enum Why {
     /// Hints only when asked.
@@ -65,7 +65,7 @@ enum Why {
 impl Why {
     const ALL: [Why; 3] = [Why::HintsWhenAsked, Why::OwnFields, Why::SameNodeAlwaysOn];
 
-    /// The README line, verbatim.
+    /// The line of `docs/policy.md`, verbatim.
     fn line(self) -> &'static str {
         match self {
             Why::HintsWhenAsked => {
@@ -248,11 +248,11 @@ fn kube_proxy_categorize_endpoints_table() {
     assert!(runs > cases.len() * 2, "{runs} runs");
 }
 
-/// Each difference is stated in the README's policy section, in one line.
+/// Each difference is stated in `docs/policy.md`, in one line.
 #[test]
 fn readme_lists_every_difference_from_kube_proxy() {
-    let readme = include_str!("../../../../../README.md");
+    let readme = include_str!("../../../../../docs/policy.md");
     for why in Why::ALL {
-        assert!(readme.lines().any(|line| line == format!("- {}", why.line())), "README lacks: - {}", why.line());
+        assert!(readme.lines().any(|line| line == format!("- {}", why.line())), "docs/policy.md lacks: - {}", why.line());
     }
 }
