@@ -4,17 +4,16 @@
 //!
 //! The data flows one way: source -> cluster state -> policy -> node plan -> diff -> dataplane.
 
+pub use topology_policy::{cluster, desired, feedback, plan, policy};
+
 pub mod agent;
 pub mod caps;
-pub mod cluster;
 pub mod connections;
 pub mod controller;
 pub mod dataplane;
-pub mod desired;
 pub mod dns;
 pub mod events;
 pub mod explain;
-pub mod feedback;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 pub mod heap;
@@ -23,8 +22,6 @@ pub mod kernel;
 pub mod listen;
 pub mod metrics;
 pub mod mounts;
-pub mod plan;
-pub mod policy;
 pub mod sockets;
 pub mod source;
 pub mod status;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, ValueEnum};
-use topology_agent::feedback::Tuning;
+use topology_policy::feedback::Tuning;
 use topology_sim::{
     dynamic::{self, Scenario},
     run::{self, Config},

@@ -41,7 +41,7 @@ enum Suite {
 
 /// Each suite's section key, title and bench source, in the order of the document.
 const SUITES: [(Suite, &str, &str, &str); 5] = [
-    (Suite::Policy, "policy", "Policy computation", "topology-agent/benches/policy.rs"),
+    (Suite::Policy, "policy", "Policy computation", "topology-policy/benches/policy.rs"),
     (Suite::Datapath, "datapath", "Datapath: connect() overhead", "tests/benches/datapath.rs"),
     (
         Suite::ControlPlane,
@@ -64,7 +64,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         let body = match suite {
             Suite::Policy => {
                 let started = std::time::SystemTime::now();
-                cmd::run(cargo().args(["bench", "-p", "topology-agent", "--bench", "policy"]).current_dir(&root))?;
+                cmd::run(cargo().args(["bench", "-p", "topology-policy", "--bench", "policy"]).current_dir(&root))?;
                 bench_doc::criterion_table(&root.join("target/criterion"), started)?
             }
             Suite::Datapath => captured(cargo().args(["bench", "-p", "topology-tests", "--bench", "datapath"]))?,

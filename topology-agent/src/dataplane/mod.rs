@@ -43,12 +43,12 @@ use std::{
 use aya::Ebpf;
 pub use error::DataplaneError;
 pub use heartbeat::{DnsBeat, FailOpen, HeartbeatReading};
-pub use load::{Counters as LoadCounters, MeasuredBackend};
 pub(crate) use loader::PROGRAMS;
 pub use loader::{Flavour, IndexOrdering, KernelLogLevel};
 pub use maps::{Capacities, PinLayout};
 pub use state::{CounterReading, KernelState, ProgrammedService};
 use topology_common::{NodeCounters, ServiceCounters, program_names};
+pub use topology_policy::feedback::measured::{Counters as LoadCounters, MeasuredBackend};
 pub use writer::{ApplyReport, Usage};
 
 use crate::desired::DesiredState;

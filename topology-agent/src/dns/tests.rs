@@ -7,6 +7,7 @@ use hickory_proto::{
     op::{Edns, Message, MessageType, OpCode, Query, ResponseCode},
     rr::{Name, RData, RecordType},
 };
+use topology_policy::testing::{EndpointExt, ServiceExt, endpoints, ep, service, slice, world};
 
 use super::{
     DnsView,
@@ -15,10 +16,7 @@ use super::{
 };
 use crate::{
     cluster::{ClusterState, Endpoint, Service},
-    policy::{
-        spillover::ANNOTATION_SPILLOVER,
-        tests::world::{EndpointExt, ServiceExt, endpoints, ep, service, slice, world},
-    },
+    policy::spillover::ANNOTATION_SPILLOVER,
 };
 
 fn zone() -> Zone {

@@ -5,7 +5,7 @@ pub mod local;
 
 use std::fmt;
 
-use topology_agent::policy::spillover::solve::{self, ZoneInput};
+use topology_policy::policy::spillover::solve::{self, ZoneInput};
 
 use super::{outcome::Outcome, space::Input};
 

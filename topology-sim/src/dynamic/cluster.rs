@@ -1,9 +1,9 @@
 //! The simulated cluster: zones of client nodes and endpoints, as the agent's own cluster state,
-//! so every node decides through the agent's policy (`topology_agent::policy`).
+//! so every node decides through the agent's policy (`topology_policy::policy`).
 
 use std::{collections::BTreeMap, net::SocketAddr};
 
-use topology_agent::{
+use topology_policy::{
     cluster::{ClusterState, Family, ObjectKey, yaml},
     feedback::{Inputs, PortKey},
     policy,
@@ -144,4 +144,4 @@ impl Cluster {
 }
 
 /// A port's near and far endpoints, as the controller takes them.
-pub type ControlPorts = topology_agent::feedback::control::PortBackends;
+pub type ControlPorts = topology_policy::feedback::control::PortBackends;

@@ -12,7 +12,7 @@ pub mod run;
 use cluster::{Algorithm, Shape};
 use report::DynamicReport;
 use run::{Config, Phase};
-use topology_agent::feedback::Tuning;
+use topology_policy::feedback::Tuning;
 
 /// The demand patterns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

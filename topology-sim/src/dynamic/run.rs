@@ -7,9 +7,10 @@ use std::{
     collections::{BTreeMap, BinaryHeap},
 };
 
-use topology_agent::{
-    dataplane::{LoadCounters, MeasuredBackend},
-    feedback::{Inputs, PortKey, Tuning, control::Controller},
+use topology_policy::feedback::{
+    Inputs, PortKey, Tuning,
+    control::Controller,
+    measured::{Counters as LoadCounters, MeasuredBackend},
 };
 
 use super::{

@@ -5,7 +5,7 @@
 use std::{collections::BTreeMap, hint::black_box, net::IpAddr};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use topology_agent::{
+use topology_policy::{
     cluster::{
         ClusterState, Endpoint, EndpointExtra, EndpointSlice, Family, Node, ObjectKey, PortSpec, Service, SlicePort,
         TopologyKeysSource, TopologyKeysSpec, TrafficDistribution,

@@ -3,7 +3,7 @@
 use super::*;
 use crate::{
     cluster::{Family, ObjectKey},
-    dataplane::LoadCounters,
+    feedback::measured::Counters as LoadCounters,
 };
 
 const NEAR: [&str; 2] = ["10.0.1.1:80", "10.0.1.2:80"];

@@ -253,6 +253,10 @@ fn kube_proxy_categorize_endpoints_table() {
 fn readme_lists_every_difference_from_kube_proxy() {
     let readme = include_str!("../../../../../docs/policy.md");
     for why in Why::ALL {
-        assert!(readme.lines().any(|line| line == format!("- {}", why.line())), "docs/policy.md lacks: - {}", why.line());
+        assert!(
+            readme.lines().any(|line| line == format!("- {}", why.line())),
+            "docs/policy.md lacks: - {}",
+            why.line()
+        );
     }
 }

@@ -47,7 +47,7 @@ pub fn null_as_default<'de, D: Deserializer<'de>, T: Default + Deserialize<'de>>
 /// it: `view_resource!(NodeView, Cluster, "Node", "", "v1", "nodes")`.
 macro_rules! view_resource {
     ($view:ty, $scope:ident, $kind:literal, $group:literal, $version:literal, $plural:literal) => {
-        impl kube::Resource for $view {
+        impl kube_core::Resource for $view {
             type DynamicType = ();
             type Scope = view_resource!(@scope $scope);
 

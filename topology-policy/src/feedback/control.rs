@@ -9,9 +9,9 @@ use std::{
 
 use super::{
     Inputs, Measured, PortInput, PortKey, Tuning,
+    measured::MeasuredBackend,
     signal::{Window, Windows},
 };
-use crate::dataplane::MeasuredBackend;
 
 /// A port's usable endpoints, by where they are from this node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -8,4 +8,4 @@ mod props;
 mod spillover;
 mod tables;
 mod terminating;
-pub(crate) mod world;
+pub(crate) use crate::testing as world;

@@ -7,6 +7,7 @@
 //! controller updates it one Service at a time; `explain` builds it whole.
 
 pub mod ownership;
+pub mod steering;
 pub mod weights;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -16,8 +17,8 @@ pub use ownership::{Ownership, OwnershipUpdate};
 use crate::{
     cluster::{ClusterState, Node, ObjectKey},
     desired::{DesiredService, DesiredState, ServicePort},
-    dns::steer::Steering,
     feedback,
+    plan::steering::Steering,
     policy::{self, PolicyError, PortSelection},
 };
 

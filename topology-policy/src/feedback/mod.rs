@@ -16,6 +16,7 @@
 //! the same share of the zone's traffic whatever their number.
 
 pub mod control;
+pub mod measured;
 pub mod metrics;
 pub mod signal;
 

@@ -1,0 +1,67 @@
+//! What the kernel measured of each backend, as the feedback control reads it: the load signal's
+//! cumulative counters per backend of the TCP connections this node's hooks sent there (the
+//! `sock_ops` program's `topology_common::BackendLoad`, read by the dataplane).
+
+use std::net::SocketAddr;
+
+use serde::Serialize;
+use topology_common::BackendLoad;
+
+/// One backend's counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MeasuredBackend {
+    /// The backend's address and port.
+    pub backend: SocketAddr,
+    /// Connections in flight (established, not closed).
+    pub in_flight: u64,
+    /// Handshakes under way.
+    pub connecting: u64,
+    /// Cumulative counters.
+    #[serde(flatten)]
+    pub load: Counters,
+}
+
+/// [`BackendLoad`] as `status` and the metrics print it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Counters {
+    /// Handshakes started.
+    pub connects: u64,
+    /// Handshakes completed.
+    pub established: u64,
+    /// Connections ended.
+    pub closed: u64,
+    /// Handshakes refused (or abandoned before a SYN retransmission).
+    pub refused: u64,
+    /// Handshakes that timed out (after a SYN retransmission).
+    pub timed_out: u64,
+    /// Connections reset.
+    pub reset: u64,
+    /// Sum of handshake times, microseconds.
+    pub handshake_us: u64,
+    /// Sum of connection lifetimes, microseconds.
+    pub lifetime_us: u64,
+}
+
+impl From<BackendLoad> for Counters {
+    fn from(load: BackendLoad) -> Self {
+        Self {
+            connects: load.connects,
+            established: load.established,
+            closed: load.closed,
+            refused: load.refused,
+            timed_out: load.timed_out,
+            reset: load.reset,
+            handshake_us: load.handshake_us,
+            lifetime_us: load.lifetime_us,
+        }
+    }
+}
+
+impl MeasuredBackend {
+    /// The counters the kernel keeps for `backend`.
+    pub fn new(backend: SocketAddr, load: BackendLoad) -> Self {
+        Self { backend, in_flight: load.in_flight(), connecting: load.connecting(), load: load.into() }
+    }
+}
