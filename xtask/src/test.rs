@@ -76,6 +76,12 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     if wants(Tier::Unit) {
         let unit = ["test", "--workspace", "--exclude", "topology-tests", "--exclude", "topology-ebpf"];
         cmd::run(cargo().args(unit).current_dir(&root))?;
+        // The Kubernetes layer against the in-process fake API server, and the test kit's own
+        // tests: no root, no kernel state, so in parallel and before the image is built.
+        let (fake_api, _) = integration_tests(&root)?;
+        let mut kube = vec!["test".to_owned(), "-p".into(), "topology-tests".into(), "--lib".into()];
+        kube.extend(fake_api.into_iter().flat_map(|name| ["--test".to_owned(), name]));
+        cmd::run(cargo().args(&kube).current_dir(&root))?;
     }
     if wants(Tier::Root) {
         if !is_root() {
@@ -85,15 +91,24 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
         let image = crate::image::build(None, None)?;
         // Root tests share kernel state (cgroups, pins, namespaces): one at a time. Without root
         // they print why they skip.
-        cmd::run(
-            cargo()
-                .args(["test", "-p", "topology-tests", "--", "--test-threads=1"])
-                .env("TOPOLOGY_IMAGE", &image.archive)
-                .current_dir(&root),
-        )?;
+        let (_, kernel) = integration_tests(&root)?;
+        let mut tests = vec!["test".to_owned(), "-p".into(), "topology-tests".into(), "--bins".into()];
+        tests.extend(kernel.into_iter().flat_map(|name| ["--test".to_owned(), name]));
+        tests.extend(["--".to_owned(), "--test-threads=1".into()]);
+        cmd::run(cargo().args(&tests).env("TOPOLOGY_IMAGE", &image.archive).current_dir(&root))?;
     }
     if wants(Tier::Fuzz) {
         crate::fuzz::run_for(FUZZ_SECONDS, &[])?;
     }
     Ok(())
+}
+
+/// The integration tests of `tests/tests/`, by name: those against the fake API server
+/// (`kube_*`, no root) and the others (the real kernel, root, one at a time).
+fn integration_tests(root: &std::path::Path) -> anyhow::Result<(Vec<String>, Vec<String>)> {
+    let mut names: Vec<String> = std::fs::read_dir(root.join("tests/tests"))?
+        .filter_map(|entry| entry.ok()?.file_name().into_string().ok()?.strip_suffix(".rs").map(str::to_owned))
+        .collect();
+    names.sort();
+    Ok(names.into_iter().partition(|name| name.starts_with("kube_")))
 }
