@@ -205,11 +205,16 @@ fn live_cluster(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<topology
     Ok(state)
 }
 
+/// A `--dns-upstream` entry that is no address.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is neither IP nor IP:PORT")]
+struct NotAnUpstream(String);
+
 /// `--dns-upstream` entry: `IP:PORT`, or `IP` for port 53.
-fn parse_upstream(text: &str) -> Result<SocketAddr, String> {
+fn parse_upstream(text: &str) -> Result<SocketAddr, NotAnUpstream> {
     text.parse::<SocketAddr>()
         .or_else(|_| text.parse::<std::net::IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
-        .map_err(|_| format!("{text:?} is neither IP nor IP:PORT"))
+        .map_err(|_| NotAnUpstream(text.to_owned()))
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -439,7 +444,7 @@ mod tests {
     fn dns_flags_parse_or_name_the_flag() {
         assert_eq!(parse_upstream("10.0.0.10"), Ok("10.0.0.10:53".parse().unwrap()));
         assert_eq!(parse_upstream("[fd00::10]:5353"), Ok("[fd00::10]:5353".parse().unwrap()));
-        assert_eq!(parse_upstream("dns.local"), Err("\"dns.local\" is neither IP nor IP:PORT".into()));
+        assert_eq!(parse_upstream("dns.local").unwrap_err().to_string(), "\"dns.local\" is neither IP nor IP:PORT");
         assert_eq!(steer_service("off").unwrap(), None);
         assert_eq!(steer_service("kube-system/kube-dns").unwrap(), Some(ObjectKey::new("kube-system", "kube-dns")));
         let error = steer_service("kube-dns").unwrap_err().to_string();

@@ -37,7 +37,7 @@ pub struct Pages<K, T, E> {
     url: String,
     params: Option<ListParams>,
     /// Pages being decoded, oldest first.
-    decoding: VecDeque<JoinHandle<Result<Vec<T>, String>>>,
+    decoding: VecDeque<JoinHandle<Result<Vec<T>, serde_json::Error>>>,
     /// The resourceVersion of the page fetched last.
     version: String,
     /// The parameters of the first page, to start over with.
@@ -81,7 +81,7 @@ where
             self.fetch(params).await?;
         }
         let Some(oldest) = self.decoding.pop_front() else { return Ok(None) };
-        let items = oldest.await.map_err(|joined| PageError::Decode(joined.to_string()))?.map_err(PageError::Decode)?;
+        let items = oldest.await.map_err(PageError::Decoder)?.map_err(PageError::Decode)?;
         // The page after this one was asked for before this one was waited on, if there is one.
         let last = self.decoding.is_empty() && self.params.is_none();
         Ok(Some(Page { items, last, restarted: std::mem::take(&mut self.restarted) }))
@@ -142,7 +142,10 @@ pub enum PageError {
     Api(#[from] kube::Error),
     /// A page was not a list of the kind.
     #[error("decoding a list page: {0}")]
-    Decode(String),
+    Decode(#[source] serde_json::Error),
+    /// The thread decoding a page failed (panicked, or the runtime is shutting down).
+    #[error("decoding a list page: {0}")]
+    Decoder(#[source] tokio::task::JoinError),
 }
 
 /// Decodes a page's text, sending its metadata to `head` as soon as it is read, and makes each
@@ -151,11 +154,11 @@ fn decode<K: DeserializeOwned, T>(
     text: &str,
     head: oneshot::Sender<ListMeta>,
     each: impl Fn(K) -> T,
-) -> Result<Vec<T>, String> {
+) -> Result<Vec<T>, serde_json::Error> {
     let mut parser = serde_json::Deserializer::from_str(text);
     let seed = ListSeed { head: Some(head), each, kind: PhantomData };
-    let items = serde::de::DeserializeSeed::deserialize(seed, &mut parser).map_err(|error| error.to_string())?;
-    parser.end().map_err(|error| error.to_string())?;
+    let items = serde::de::DeserializeSeed::deserialize(seed, &mut parser)?;
+    parser.end()?;
     Ok(items)
 }
 
@@ -265,7 +268,7 @@ mod tests {
 
     fn names(text: &str) -> (Result<Vec<String>, String>, Option<ListMeta>) {
         let (head, mut metadata) = oneshot::channel();
-        let decoded = decode(text, head, |item: Item| item.name);
+        let decoded = decode(text, head, |item: Item| item.name).map_err(|error| error.to_string());
         (decoded, metadata.try_recv().ok())
     }
 

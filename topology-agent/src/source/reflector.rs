@@ -384,8 +384,8 @@ where
                     }
                     return Err(failure);
                 }
-                Ok(Err(PageError::Decode(why))) => {
-                    let why = format!("decoding a page of the {} list: {why}", self.kind);
+                Ok(Err(error @ (PageError::Decode(_) | PageError::Decoder(_)))) => {
+                    let why = format!("{} list: {error}", self.kind);
                     return Err(Failure::new(why, Next::ConsistentRelist));
                 }
                 Err(_) => {

@@ -201,7 +201,7 @@ fn from_parts(metadata: &ObjectMeta, spec: &SpecView) -> Result<Service, ObjectE
     });
     let external_name = match spec.external_name.as_deref() {
         Some(target) if external_name => {
-            Some(external_target(target).map_err(|why| error("spec.externalName".into(), why))?)
+            Some(external_target(target).map_err(|why| error("spec.externalName".into(), why.to_string()))?)
         }
         _ => None,
     };
@@ -221,15 +221,20 @@ fn from_parts(metadata: &ObjectMeta, spec: &SpecView) -> Result<Service, ObjectE
     })
 }
 
+/// `spec.externalName` is not a DNS name.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?} is not a DNS name")]
+struct NotDnsName(String);
+
 /// `spec.externalName` as a DNS name the responder can answer with (lowercase, no final dot): at
 /// most 253 characters of labels of letters, digits, `-` and `_`.
-fn external_target(target: &str) -> Result<String, String> {
+fn external_target(target: &str) -> Result<String, NotDnsName> {
     let name = target.trim_end_matches('.').to_ascii_lowercase();
     let valid_label = |label: &str| {
         (1..=63).contains(&label.len()) && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
     };
     if name.is_empty() || name.len() > 253 || !name.split('.').all(valid_label) {
-        return Err(format!("{:?} is not a DNS name", bounds::bounded(target, bounds::MAX_SHORT_VALUE)));
+        return Err(NotDnsName(bounds::bounded(target, bounds::MAX_SHORT_VALUE)));
     }
     Ok(name)
 }
