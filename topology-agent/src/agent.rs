@@ -9,10 +9,7 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     caps::{self, Capability, CapabilityError},
     controller::{Controller, ControllerConfig, ControllerError, Health, PlanClient},
-    dataplane::{
-        Capacities, CounterReader, Dataplane, DataplaneConfig, DataplaneError, IndexOrdering, KernelLogLevel,
-        KernelLogger,
-    },
+    dataplane::{Capacities, Dataplane, DataplaneConfig, DataplaneError, IndexOrdering, KernelLogLevel, KernelLogger},
     dns::{self, DnsConfig, DnsError, DnsPublisher, steer::Steering},
     events::{KubeEvents, LogOnly, ProblemSink},
     http,
@@ -199,7 +196,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
     let health = Arc::new(Health::with_stale_grace(crate::controller::WATCH_STALE_GRACE));
     let metrics = Arc::new(Metrics::default());
     // The scrape reads the kernel counters on its own descriptors, never blocking the controller.
-    let counters = CounterReader::open(&config.pin_path)?;
+    let counters = dataplane.counter_reader()?;
     metrics.set_kernel_source(move || {
         counters.read().unwrap_or_else(|error| {
             tracing::warn!(%error, "reading the kernel counters");
@@ -238,7 +235,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
     let terminator = Terminator::start(
         TerminateConfig {
             mode: config.terminate,
-            pins: crate::dataplane::PinLayout::new(&config.pin_path),
+            maps: dataplane.socket_maps(),
             netns_dirs: config.netns_dirs.clone(),
         },
         Arc::clone(&metrics),

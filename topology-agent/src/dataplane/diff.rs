@@ -7,10 +7,7 @@ use std::collections::HashSet;
 use topology_common::{Backend, Slot, THRESHOLD_ONE};
 
 use super::{alias, error::DataplaneError, state::KernelState};
-use crate::{
-    desired::{DesiredService, PortOptions, ServicePort},
-    sockets::Departure,
-};
+use crate::desired::{DesiredService, PortOptions, ServicePort};
 
 /// One change to one service port.
 #[derive(Debug, PartialEq)]
@@ -134,6 +131,15 @@ pub fn slots_for(port: &ServicePort, service: &DesiredService) -> Result<Vec<Slo
         return Err(DataplaneError::InvalidService { service: *port, reason: "too many backends".into() });
     }
     Ok(slots)
+}
+
+/// A backend that left a service port's set on this node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Departure {
+    /// The service port.
+    pub service: ServicePort,
+    /// The backend that left.
+    pub backend: std::net::SocketAddr,
 }
 
 /// The backends a set change takes away from a service port: drawn from `old`, never from `new`.

@@ -28,6 +28,7 @@ mod ops;
 mod pins;
 mod reuse;
 mod slot_space;
+mod socket_maps;
 mod state;
 mod writer;
 
@@ -41,11 +42,13 @@ use std::{
 };
 
 use aya::Ebpf;
+pub use diff::Departure;
 pub use error::DataplaneError;
 pub use heartbeat::{DnsBeat, FailOpen, HeartbeatReading};
 pub(crate) use loader::PROGRAMS;
 pub use loader::{Flavour, IndexOrdering, KernelLogLevel};
 pub use maps::{Capacities, PinLayout};
+pub use socket_maps::{IterError, SocketMaps};
 pub use state::{CounterReading, KernelState, ProgrammedService};
 use topology_common::{NodeCounters, ServiceCounters, program_names};
 pub use topology_policy::feedback::measured::{Counters as LoadCounters, MeasuredBackend};
@@ -185,6 +188,18 @@ impl Dataplane {
     /// The DNS steering heartbeat, on a descriptor of its own for the responder's prober.
     pub fn dns_beat(&self) -> Result<DnsBeat, DataplaneError> {
         DnsBeat::open(&self.layout)
+    }
+
+    /// What socket termination reads of the programs' state: the connected sockets' storage and
+    /// the UDP socket iterator.
+    pub fn socket_maps(&self) -> SocketMaps {
+        SocketMaps::new(self.layout.clone())
+    }
+
+    /// A reader of the kernel counters on descriptors of its own: the metrics endpoint reads them
+    /// without touching this dataplane, which the controller owns.
+    pub fn counter_reader(&self) -> Result<CounterReader, DataplaneError> {
+        Ok(CounterReader { maps: maps::CounterMaps::from_pins(&self.layout)? })
     }
 
     /// Tells the programs the agent is alive with a current view: they keep rewriting until
@@ -354,18 +369,13 @@ pub fn verify_pins(pin_path: &Path) -> Result<PinCheck, DataplaneError> {
 /// A service port, as [`verify_pins`] names it.
 type ProgrammedPort = crate::desired::ServicePort;
 
-/// Reads the kernel counters from the pins, on its own descriptors: the metrics endpoint uses it
-/// without touching the controller's dataplane.
+/// Reads the kernel counters on its own descriptors ([`Dataplane::counter_reader`]): the metrics
+/// endpoint uses it without touching the controller's dataplane.
 pub struct CounterReader {
     maps: maps::CounterMaps,
 }
 
 impl CounterReader {
-    /// Opens the pinned maps under `pin_path` it reads.
-    pub fn open(pin_path: &Path) -> Result<Self, DataplaneError> {
-        Ok(Self { maps: maps::CounterMaps::from_pins(&PinLayout::new(pin_path))? })
-    }
-
     /// Every service port's counters and the node's, summed over CPUs, and the heartbeat.
     pub fn read(&self) -> Result<KernelReading, DataplaneError> {
         Ok(KernelReading {

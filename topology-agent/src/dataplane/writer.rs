@@ -45,8 +45,8 @@ use super::{
     state::{KernelState, ProgrammedService, meta_from_name},
 };
 use crate::{
+    dataplane::Departure,
     desired::{DesiredService, DesiredState, PortOptions, ServicePort},
-    sockets::Departure,
 };
 
 mod add;

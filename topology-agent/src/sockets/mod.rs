@@ -13,7 +13,6 @@
 //! Entering other namespaces needs `CAP_SYS_ADMIN`; `--terminate-sockets off` does without.
 
 mod diag;
-mod iter;
 mod ledger;
 mod netns;
 
@@ -40,12 +39,11 @@ use std::{
 };
 
 use clap::ValueEnum;
-use topology_common::{AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP, SockTranslation, map_names};
+use topology_common::{AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP, SockTranslation};
 
-use self::iter::UdpTranslations;
 use crate::{
-    dataplane::PinLayout,
-    desired::{Protocol, ServicePort},
+    dataplane::SocketMaps,
+    desired::Protocol,
     metrics::{Metrics, ProtocolLabels},
 };
 
@@ -61,14 +59,7 @@ pub enum TerminateSockets {
     Off,
 }
 
-/// A backend that left a service port's set on this node.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Departure {
-    /// The service port.
-    pub service: ServicePort,
-    /// The backend that left.
-    pub backend: SocketAddr,
-}
+pub use crate::dataplane::Departure;
 
 /// Whether a socket's storage and current peer say it reached `departure.backend` through
 /// `departure.service` and is still connected there.
@@ -115,12 +106,11 @@ fn peer_of(socket: &diag::DiagSocket) -> SocketAddr {
 }
 
 /// How the terminator runs.
-#[derive(Clone, Debug)]
 pub struct TerminateConfig {
     /// Which sockets.
     pub mode: TerminateSockets,
-    /// The agent's pins (for the connected-socket storage map).
-    pub pins: PinLayout,
+    /// The programs' socket state, from the dataplane.
+    pub maps: SocketMaps,
     /// Directories of namespace files to search (besides this process's and the host's).
     pub netns_dirs: Vec<PathBuf>,
 }
@@ -135,7 +125,7 @@ pub struct Terminator {
 
 impl Terminator {
     /// Starts the terminator; `None` when `mode` is off.
-    pub fn start(config: TerminateConfig, metrics: Arc<Metrics>) -> Option<Self> {
+    pub fn start(mut config: TerminateConfig, metrics: Arc<Metrics>) -> Option<Self> {
         if config.mode == TerminateSockets::Off {
             return None;
         }
@@ -145,14 +135,12 @@ impl Terminator {
         let thread = std::thread::Builder::new()
             .name("terminator".into())
             .spawn(move || {
-                // Loaded at the first UDP departure, kept for the next ones.
-                let mut iterator = None;
                 while let Ok(mut batch) = receiver.recv() {
                     // Everything queued meanwhile joins this walk.
                     while let Ok(more) = receiver.try_recv() {
                         batch.extend(more);
                     }
-                    terminate(&config, &mut iterator, &batch, &recorded, &metrics);
+                    terminate(&mut config, &batch, &recorded, &metrics);
                     recorded.done(batch);
                 }
             })
@@ -187,8 +175,7 @@ impl Drop for Terminator {
 
 /// One walk: every namespace, every wanted protocol and family, every matching socket.
 fn terminate(
-    config: &TerminateConfig,
-    iterator: &mut Option<UdpTranslations>,
+    config: &mut TerminateConfig,
     departures: &[(Departure, u64)],
     ledger: &ledger::Ledger,
     metrics: &Metrics,
@@ -207,28 +194,27 @@ fn terminate(
         tracing::warn!(%error, "socket termination: {what}");
         metrics.socket_termination_errors.inc();
     };
-    let map = config.pins.map(map_names::SOCK_CONNECTIONS);
-    let map = match aya::maps::MapData::from_pin(&map) {
+    let map = match config.maps.connections() {
         Ok(map) => map,
         Err(error) => return failed("socket storage map unreadable", &error),
     };
     let udp = wanted.iter().any(|d| d.service.protocol == Protocol::Udp);
-    if udp && iterator.is_none() {
-        match UdpTranslations::load(&config.pins) {
-            Ok(loaded) => *iterator = Some(loaded),
-            Err(error) => return failed("loading the UDP socket iterator", &error),
-        }
-    }
     for namespace in netns::namespaces(&config.netns_dirs) {
-        let udp_translations = match (udp, iterator.as_mut()) {
-            (true, Some(iterator)) => match iterator.read_in(&namespace.path) {
-                Ok(translations) => translations,
-                Err(error) => {
+        let udp_translations = if udp {
+            // The namespace an iterator walks is the one its reader is created in.
+            match netns::within(&namespace.path, || config.maps.udp_translations_here()) {
+                Ok(Ok(translations)) => translations,
+                Ok(Err(error)) => {
                     failed(&format!("reading UDP sockets of {}", namespace.path.display()), &error);
                     continue;
                 }
-            },
-            _ => HashMap::new(),
+                Err(error) => {
+                    failed(&format!("entering {}", namespace.path.display()), &error);
+                    continue;
+                }
+            }
+        } else {
+            HashMap::new()
         };
         let mut channel = match netns::channel_in(&namespace.path) {
             Ok(channel) => channel,
@@ -291,6 +277,7 @@ fn translation_of(bytes: &[u8]) -> Option<SockTranslation> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::desired::ServicePort;
 
     fn departure() -> Departure {
         Departure {

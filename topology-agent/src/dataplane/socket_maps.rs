@@ -1,16 +1,47 @@
-//! The UDP socket iterator (`iter/udp` in the kernel programs): the translation of every UDP
-//! socket of one namespace, by socket cookie. `sock_diag` reports socket storage only for TCP.
+//! What socket termination reads of the programs' state, handed out by the dataplane (the one
+//! owner of the BPF object and maps): the connected sockets' storage map, for `sock_diag` to
+//! report with each TCP socket, and the UDP socket iterator (`iter/udp` in the kernel programs):
+//! the translation of every UDP socket of one namespace, by socket cookie (`sock_diag` reports
+//! socket storage only for TCP).
 
-use std::{collections::HashMap, io::Read as _, path::Path};
+use std::{collections::HashMap, io::Read as _};
 
 use aya::{
     Btf, Ebpf, EbpfLoader,
+    maps::MapData,
     programs::{Iter, ProgramError},
 };
 use topology_common::{IterRecord, SockTranslation, map_names, program_names};
 
-use super::netns;
-use crate::dataplane::{PROGRAMS, PinLayout};
+use super::{DataplaneError, PROGRAMS, PinLayout};
+
+/// The sockets' view of the programs' state.
+pub struct SocketMaps {
+    layout: PinLayout,
+    /// Loaded at the first UDP read, kept for the next ones.
+    udp: Option<UdpTranslations>,
+}
+
+impl SocketMaps {
+    pub(super) fn new(layout: PinLayout) -> Self {
+        Self { layout, udp: None }
+    }
+
+    /// The connected sockets' storage map, for `sock_diag` requests.
+    pub fn connections(&self) -> Result<MapData, DataplaneError> {
+        MapData::from_pin(self.layout.map(map_names::SOCK_CONNECTIONS))
+            .map_err(DataplaneError::map(map_names::SOCK_CONNECTIONS))
+    }
+
+    /// Translations of the UDP sockets of the calling thread's network namespace, by cookie.
+    pub fn udp_translations_here(&mut self) -> Result<HashMap<u64, SockTranslation>, IterError> {
+        let udp = match &mut self.udp {
+            Some(udp) => udp,
+            empty => empty.insert(UdpTranslations::load(&self.layout)?),
+        };
+        udp.read_here()
+    }
+}
 
 /// Why the iterator cannot run.
 #[derive(Debug, thiserror::Error)]
@@ -33,13 +64,13 @@ pub enum IterError {
 }
 
 /// The loaded iterator.
-pub struct UdpTranslations {
+struct UdpTranslations {
     ebpf: Ebpf,
 }
 
 impl UdpTranslations {
     /// Loads the iterator against the pinned maps under `pins` (it reads their socket storage).
-    pub fn load(pins: &PinLayout) -> Result<Self, IterError> {
+    fn load(pins: &PinLayout) -> Result<Self, IterError> {
         let mut loader = EbpfLoader::new();
         for name in map_names::PINNED {
             loader.map_pin_path(name, pins.map(name));
@@ -50,14 +81,12 @@ impl UdpTranslations {
         Ok(Self { ebpf })
     }
 
-    /// Translations of the UDP sockets of the namespace at `path`, by cookie.
-    pub fn read_in(&mut self, path: &Path) -> Result<HashMap<u64, SockTranslation>, IterError> {
+    /// Translations of the UDP sockets of the calling thread's namespace, by cookie: the
+    /// namespace an iterator walks is the one its reader is created in.
+    fn read_here(&mut self) -> Result<HashMap<u64, SockTranslation>, IterError> {
         let program = program(&mut self.ebpf)?;
-        // The namespace an iterator walks is the one its reader is created in.
-        let mut file = netns::within(path, || -> Result<_, IterError> {
-            let link = program.attach()?;
-            Ok(program.take_link(link)?.into_file()?)
-        })??;
+        let link = program.attach()?;
+        let mut file = program.take_link(link)?.into_file()?;
         let mut bytes = Vec::new();
         file.read_to_end(&mut bytes)?;
         Ok(bytes
