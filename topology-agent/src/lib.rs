@@ -4,13 +4,13 @@
 //!
 //! The data flows one way: source -> cluster state -> policy -> node plan -> diff -> dataplane.
 
+pub use topology_dataplane::{self as dataplane, mounts};
 pub use topology_policy::{cluster, desired, feedback, plan, policy};
 
 pub mod agent;
 pub mod caps;
 pub mod connections;
 pub mod controller;
-pub mod dataplane;
 pub mod dns;
 pub mod events;
 pub mod explain;
@@ -21,7 +21,6 @@ pub mod http;
 pub mod kernel;
 pub mod listen;
 pub mod metrics;
-pub mod mounts;
 pub mod sockets;
 pub mod source;
 pub mod status;

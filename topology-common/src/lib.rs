@@ -238,7 +238,7 @@ const _: () = assert!(size_of::<ServiceKey6>() == 20);
 
 /// Value of both services maps: which backend set a service port currently uses.
 ///
-/// Swap protocol (see `topology-agent/src/dataplane/writer.rs`): the agent writes the slots of a
+/// Swap protocol (see `topology-dataplane/src/writer.rs`): the agent writes the slots of a
 /// new set into a free run of the slots array first, then replaces this value in one map update;
 /// the old run is reused only after an RCU grace period, when no program can still hold the old
 /// value. Every slot carries its set's `set_id`, which the program checks.

@@ -1,25 +1,48 @@
 //! The pipeline's arrows point one way, and the compiler keeps them so only where crates split it:
-//! this crate is the pure middle (model, policy, plan) and must never depend on what comes after
-//! it (the kernel, the network, an async runtime, the agent) — else the simulator, the policy's
-//! benchmarks and its tests would need them, and the nightly toolchain that builds the programs.
+//! source → model → policy → plan → diff → kernel. Each crate must never depend on what comes
+//! after it: the pure middle (this crate) on the kernel, the network, an async runtime or the
+//! agent — else the simulator, the policy's benchmarks and its tests would need them, and the
+//! nightly toolchain that builds the programs —, the dataplane on the agent or its runtime.
 
 use std::process::Command;
 
-/// Crates the pure stages must not reach, even through another dependency.
-const DOWNSTREAM: [&str; 8] =
-    ["topology-agent", "topology-ebpf", "aya", "aya-obj", "tokio", "hyper", "kube-client", "kube-runtime"];
+/// Each crate, and what it must not reach, even through another dependency.
+const RULES: [(&str, &[&str]); 2] = [
+    (
+        "topology-policy",
+        &[
+            "topology-agent",
+            "topology-dataplane",
+            "topology-ebpf",
+            "aya",
+            "aya-obj",
+            "tokio",
+            "hyper",
+            "kube-client",
+            "kube-runtime",
+        ],
+    ),
+    ("topology-dataplane", &["topology-agent", "tokio", "hyper", "kube-client", "kube-runtime"]),
+];
 
-#[test]
-fn the_policy_crate_depends_on_nothing_downstream() {
+/// The crates `package` depends on (normal and build edges), by name.
+fn dependencies(package: &str) -> Vec<String> {
     let output = Command::new(env!("CARGO"))
-        .args(["tree", "--package", "topology-policy", "--edges", "normal,build", "--prefix", "none", "--offline"])
+        .args(["tree", "--package", package, "--edges", "normal,build", "--prefix", "none", "--offline"])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .expect("run cargo tree");
     assert!(output.status.success(), "cargo tree: {}", String::from_utf8_lossy(&output.stderr));
     let tree = String::from_utf8_lossy(&output.stdout);
-    let names: Vec<&str> = tree.lines().filter_map(|line| line.split_whitespace().next()).collect();
-    assert!(names.contains(&"topology-common"), "the tree was read: {tree}");
-    let reached: Vec<&str> = DOWNSTREAM.into_iter().filter(|name| names.contains(name)).collect();
-    assert!(reached.is_empty(), "topology-policy depends on {reached:?}:\n{tree}");
+    tree.lines().filter_map(|line| line.split_whitespace().next()).map(str::to_owned).collect()
+}
+
+#[test]
+fn no_crate_depends_on_a_later_stage() {
+    for (package, downstream) in RULES {
+        let names = dependencies(package);
+        assert!(names.iter().any(|name| name == "topology-common"), "{package}: the tree was read: {names:?}");
+        let reached: Vec<&str> = downstream.iter().copied().filter(|name| names.iter().any(|n| n == name)).collect();
+        assert!(reached.is_empty(), "{package} depends on {reached:?}");
+    }
 }

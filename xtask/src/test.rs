@@ -30,7 +30,7 @@ enum Tier {
 /// catch a shallow regression; `cargo xtask fuzz` is the real search.
 const FUZZ_SECONDS: u64 = 10;
 
-/// Builds the kernel programs as `topology-agent/build.rs` does, for another architecture.
+/// Builds the kernel programs as `topology-dataplane/build.rs` does, for another architecture.
 fn build_ebpf_for(arch: &str, features: &str, cpu: Option<&str>) -> anyhow::Result<()> {
     let root = cmd::workspace_root();
     let mut flags =

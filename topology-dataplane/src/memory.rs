@@ -1,7 +1,7 @@
 //! The maps in memory: what the kernel would hold after the same operations, with the kernel's
 //! limits (array bounds, hash map capacity), grace periods counted instead of waited for, and
 //! writes to a chosen map made to fail. [`MemoryMaps::dump`] prints the contents the way the
-//! golden files under `topology-agent/testdata/maps/` keep them.
+//! golden files under `topology-dataplane/testdata/maps/` keep them.
 
 use std::{collections::BTreeMap, fmt::Write as _, io, sync::atomic::Ordering};
 

@@ -1,10 +1,14 @@
-//! The dataplane: the only owner of the eBPF object and the pinned maps. It loads the programs,
+//! topology-dataplane: the only owner of the eBPF object and the pinned maps. It loads the programs,
 //! adopts whatever a previous agent left pinned, attaches to a cgroup, and applies desired states
 //! as minimal diffs. Everything else sends it desired state.
 //!
 //! Pins live under one directory (default `/sys/fs/bpf/topology`): `maps/<name>` and
 //! `links/<program>`. Pinned links keep the programs attached while no agent runs, so traffic keeps
 //! flowing with the last programmed state; [`cleanup`] removes all of it.
+//!
+//! It is the pipeline's last stage: it takes the node plan's desired state (`topology-policy`)
+//! and nothing flows back up but reports. `build.rs` builds the kernel programs
+//! (`topology-ebpf`) with the nightly toolchain and embeds them.
 
 pub mod alias;
 mod batch;
@@ -24,6 +28,7 @@ mod maps;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod memory;
 mod mmap;
+pub mod mounts;
 mod ops;
 mod pins;
 mod reuse;
@@ -52,8 +57,11 @@ pub use socket_maps::{IterError, SocketMaps};
 pub use state::{CounterReading, KernelState, ProgrammedService};
 use topology_common::{NodeCounters, ServiceCounters, program_names};
 pub use topology_policy::feedback::measured::{Counters as LoadCounters, MeasuredBackend};
+// The pipeline's vocabulary, under the names the modules here were written with.
+use topology_policy::{cluster, desired};
 pub use writer::{ApplyReport, Usage};
 
+use crate as dataplane;
 use crate::desired::DesiredState;
 
 /// Turns off the steering a previous agent left: the entries it programmed name its responder,

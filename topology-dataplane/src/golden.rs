@@ -8,6 +8,7 @@ use std::{fmt::Write as _, fs, path::Path};
 
 use serde::Deserialize;
 use topology_common::map_names;
+use topology_policy::plan::NodePlan;
 
 use super::{
     ApplyReport, Capacities, KernelState,
@@ -17,7 +18,6 @@ use super::{
 use crate::{
     cluster,
     desired::{DesiredService, DesiredState, Locality, PortOptions, Protocol, ServicePort, WeightedBackend},
-    plan::NodePlan,
 };
 
 #[derive(Deserialize)]
