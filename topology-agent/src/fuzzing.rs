@@ -131,51 +131,6 @@ pub fn sock_diag(data: &[u8]) {
     sockets::fuzzing::attributes(data);
 }
 
-/// The cluster the DNS target answers from: headless Services in several modes (one under
-/// spillover: zone `za` has most of the demand and a third of the endpoints, so node `a`'s
-/// answers are drawn by weight), dual-stack, and a ClusterIP Service.
-pub(crate) const DNS_CLUSTER: &str = r#"
-apiVersion: v1
-kind: List
-items:
-- {apiVersion: v1, kind: Node, metadata: {name: a, labels: {topology.kubernetes.io/zone: za}}, status: {allocatable: {cpu: "8"}, conditions: [{type: Ready, status: "True"}]}}
-- {apiVersion: v1, kind: Node, metadata: {name: b, labels: {topology.kubernetes.io/zone: zb}}, status: {allocatable: {cpu: "2"}, conditions: [{type: Ready, status: "True"}]}}
-- {apiVersion: v1, kind: Service, metadata: {name: db, namespace: default}, spec: {clusterIP: None, trafficDistribution: PreferClose, ports: [{name: pg, port: 5432}]}}
-- {apiVersion: v1, kind: Service, metadata: {name: spill, namespace: default, annotations: {topology-agent.io/spillover: capacity}}, spec: {clusterIP: None, ports: [{name: http, port: 80}]}}
-- {apiVersion: v1, kind: Service, metadata: {name: web, namespace: default}, spec: {clusterIPs: [10.96.0.10, "fd00::10"], ports: [{name: http, port: 80}, {name: dns, port: 53, protocol: UDP}]}}
-- apiVersion: discovery.k8s.io/v1
-  kind: EndpointSlice
-  metadata: {name: db-1, namespace: default, labels: {kubernetes.io/service-name: db}}
-  addressType: IPv4
-  ports: [{name: pg, port: 5432}]
-  endpoints:
-  - {addresses: [10.1.0.1], hostname: db-0, nodeName: a, zone: za}
-  - {addresses: [10.1.0.2], hostname: db-1, nodeName: b, zone: zb}
-- apiVersion: discovery.k8s.io/v1
-  kind: EndpointSlice
-  metadata: {name: db-6, namespace: default, labels: {kubernetes.io/service-name: db}}
-  addressType: IPv6
-  ports: [{name: pg, port: 5432}]
-  endpoints:
-  - {addresses: ["fd00::1:1"], nodeName: a, zone: za}
-- apiVersion: discovery.k8s.io/v1
-  kind: EndpointSlice
-  metadata: {name: spill-1, namespace: default, labels: {kubernetes.io/service-name: spill}}
-  addressType: IPv4
-  ports: [{name: http, port: 8080}]
-  endpoints:
-  - {addresses: [10.2.0.1], nodeName: a, zone: za}
-  - {addresses: [10.2.0.2], nodeName: b, zone: zb}
-  - {addresses: [10.2.0.3], nodeName: b, zone: zb}
-- apiVersion: discovery.k8s.io/v1
-  kind: EndpointSlice
-  metadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}
-  addressType: IPv4
-  ports: [{name: http, port: 8080}]
-  endpoints:
-  - {addresses: [10.3.0.1], nodeName: a}
-"#;
-
 /// A DNS message to the node-local responder, over TCP when the first byte is odd, else over UDP;
 /// every reply must be a message a resolver can parse, within the client's UDP size.
 pub fn dns_packet(data: &[u8]) {
@@ -187,7 +142,7 @@ pub fn dns_packet(data: &[u8]) {
 
     static VIEW: OnceLock<(DnsView, answer::Zone)> = OnceLock::new();
     let (view, zone) = VIEW.get_or_init(|| {
-        let state = yaml::parse(DNS_CLUSTER, "dns.yaml").expect("the DNS fuzz cluster parses");
+        let state = yaml::parse(crate::dns::fuzzing::CLUSTER, "dns.yaml").expect("the DNS fuzz cluster parses");
         let view = DnsView::build(&state, "a", vec!["192.0.2.53:53".parse().expect("address")]).expect("node a");
         (view, answer::Zone { domain: parse_domain("cluster.local").expect("domain"), ttl: 5 })
     });

@@ -5,13 +5,12 @@
 //! The data flows one way: source -> cluster state -> policy -> node plan -> diff -> dataplane.
 
 pub use topology_dataplane::{self as dataplane, mounts};
+pub use topology_dns::{self as dns, connections};
 pub use topology_policy::{cluster, desired, feedback, plan, policy};
 
 pub mod agent;
 pub mod caps;
-pub mod connections;
 pub mod controller;
-pub mod dns;
 pub mod events;
 pub mod explain;
 #[cfg(any(test, feature = "fuzzing"))]

@@ -2,12 +2,13 @@
 //! source → model → policy → plan → diff → kernel. Each crate must never depend on what comes
 //! after it: the pure middle (this crate) on the kernel, the network, an async runtime or the
 //! agent — else the simulator, the policy's benchmarks and its tests would need them, and the
-//! nightly toolchain that builds the programs —, the dataplane on the agent or its runtime.
+//! nightly toolchain that builds the programs —, the dataplane on the responder, the agent or a
+//! runtime, the responder on the agent or the Kubernetes client.
 
 use std::process::Command;
 
 /// Each crate, and what it must not reach, even through another dependency.
-const RULES: [(&str, &[&str]); 2] = [
+const RULES: [(&str, &[&str]); 3] = [
     (
         "topology-policy",
         &[
@@ -22,7 +23,8 @@ const RULES: [(&str, &[&str]); 2] = [
             "kube-runtime",
         ],
     ),
-    ("topology-dataplane", &["topology-agent", "tokio", "hyper", "kube-client", "kube-runtime"]),
+    ("topology-dataplane", &["topology-agent", "topology-dns", "tokio", "hyper", "kube-client", "kube-runtime"]),
+    ("topology-dns", &["topology-agent", "hyper", "kube-client", "kube-runtime"]),
 ];
 
 /// The crates `package` depends on (normal and build edges), by name.

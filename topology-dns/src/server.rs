@@ -423,10 +423,10 @@ mod tests {
     use hickory_proto::op::OpCode;
 
     use super::*;
-    use crate::{cluster::yaml, dns::parse_domain};
+    use crate::{cluster::yaml, parse_domain};
 
     fn responder() -> Responder {
-        let state = yaml::parse(crate::fuzzing::DNS_CLUSTER, "dns.yaml").unwrap();
+        let state = yaml::parse(crate::fuzzing::CLUSTER, "dns.yaml").unwrap();
         let view = DnsView::build(&state, "a", Vec::new()).unwrap();
         let (_sender, receiver) = watch::channel(Arc::new(view));
         let zone = Zone { domain: parse_domain("cluster.local").unwrap(), ttl: 5 };

@@ -1,4 +1,4 @@
-//! Topology-aware DNS from a node-local responder: headless Services answered with the endpoints
+//! topology-dns: topology-aware DNS from a node-local responder: headless Services answered with the endpoints
 //! this node's policy chooses (the same engine and modes as ClusterIP traffic), the cluster
 //! domain's other names as CoreDNS answers them, everything else relayed to the upstream.
 //!
@@ -8,6 +8,7 @@
 
 pub mod answer;
 mod cache;
+pub mod connections;
 pub mod explain;
 mod limit;
 pub mod names;
@@ -36,7 +37,59 @@ use tokio::{
     sync::watch,
 };
 use tokio_util::sync::CancellationToken;
+// The pipeline's vocabulary, under the names the modules here were written with.
+use topology_dataplane as dataplane;
+use topology_policy::{cluster, desired, plan, policy};
 pub use view::DnsView;
+
+/// Fixtures of the fuzz targets and tests downstream.
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing {
+    /// The cluster the DNS target answers from: headless Services in several modes (one under
+    /// spillover: zone `za` has most of the demand and a third of the endpoints, so node `a`'s
+    /// answers are drawn by weight), dual-stack, and a ClusterIP Service.
+    pub const CLUSTER: &str = r#"
+apiVersion: v1
+kind: List
+items:
+- {apiVersion: v1, kind: Node, metadata: {name: a, labels: {topology.kubernetes.io/zone: za}}, status: {allocatable: {cpu: "8"}, conditions: [{type: Ready, status: "True"}]}}
+- {apiVersion: v1, kind: Node, metadata: {name: b, labels: {topology.kubernetes.io/zone: zb}}, status: {allocatable: {cpu: "2"}, conditions: [{type: Ready, status: "True"}]}}
+- {apiVersion: v1, kind: Service, metadata: {name: db, namespace: default}, spec: {clusterIP: None, trafficDistribution: PreferClose, ports: [{name: pg, port: 5432}]}}
+- {apiVersion: v1, kind: Service, metadata: {name: spill, namespace: default, annotations: {topology-agent.io/spillover: capacity}}, spec: {clusterIP: None, ports: [{name: http, port: 80}]}}
+- {apiVersion: v1, kind: Service, metadata: {name: web, namespace: default}, spec: {clusterIPs: [10.96.0.10, "fd00::10"], ports: [{name: http, port: 80}, {name: dns, port: 53, protocol: UDP}]}}
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {name: db-1, namespace: default, labels: {kubernetes.io/service-name: db}}
+  addressType: IPv4
+  ports: [{name: pg, port: 5432}]
+  endpoints:
+  - {addresses: [10.1.0.1], hostname: db-0, nodeName: a, zone: za}
+  - {addresses: [10.1.0.2], hostname: db-1, nodeName: b, zone: zb}
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {name: db-6, namespace: default, labels: {kubernetes.io/service-name: db}}
+  addressType: IPv6
+  ports: [{name: pg, port: 5432}]
+  endpoints:
+  - {addresses: ["fd00::1:1"], nodeName: a, zone: za}
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {name: spill-1, namespace: default, labels: {kubernetes.io/service-name: spill}}
+  addressType: IPv4
+  ports: [{name: http, port: 8080}]
+  endpoints:
+  - {addresses: [10.2.0.1], nodeName: a, zone: za}
+  - {addresses: [10.2.0.2], nodeName: b, zone: zb}
+  - {addresses: [10.2.0.3], nodeName: b, zone: zb}
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}
+  addressType: IPv4
+  ports: [{name: http, port: 8080}]
+  endpoints:
+  - {addresses: [10.3.0.1], nodeName: a}
+"#;
+}
 
 use crate::desired::Locality;
 
