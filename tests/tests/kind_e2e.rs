@@ -143,6 +143,14 @@ fn eventually(what: &str, check: impl Fn() -> Result<(), String>) {
     }
 }
 
+/// `topology-agent ARGS` in the agent pod `agent`, its JSON output.
+fn agent_json(cluster: &Kind, agent: &str, args: &[&str]) -> Value {
+    let mut all = vec!["-n", "topology-agent", "exec", agent, "--", "topology-agent"];
+    all.extend_from_slice(args);
+    let output = cluster.kubectl(&all);
+    serde_json::from_str(&output).unwrap_or_else(|error| panic!("topology-agent {}: {error}: {output}", args.join(" ")))
+}
+
 fn suite(family: Family) {
     if let Some(reason) = unavailable() {
         eprintln!("SKIPPED kind e2e ({}): {reason}; it runs where docker, kind and kubectl exist", family.kind_name());
@@ -199,18 +207,7 @@ fn suite(family: Family) {
             }
         });
         let agent = agent_of_node.get(*node).expect("an agent on every worker");
-        let status = cluster.kubectl(&[
-            "-n",
-            "topology-agent",
-            "exec",
-            agent,
-            "--",
-            "topology-agent",
-            "status",
-            "--output",
-            "json",
-        ]);
-        let status: Value = serde_json::from_str(&status).expect("status JSON");
+        let status = agent_json(&cluster, agent, &["status", "--output", "json"]);
         let backends: Vec<&str> = status["services"]
             .as_array()
             .expect("services")
@@ -232,22 +229,8 @@ fn suite(family: Family) {
         }
 
         // Spillover decides `spill`: the agent's own explain shows its plan.
-        let explained = cluster.kubectl(&[
-            "-n",
-            "topology-agent",
-            "exec",
-            agent,
-            "--",
-            "topology-agent",
-            "explain",
-            "--node",
-            node,
-            "--service",
-            "default/spill",
-            "--output",
-            "json",
-        ]);
-        let explained: Value = serde_json::from_str(&explained).expect("explain JSON");
+        let explained =
+            agent_json(&cluster, agent, &["explain", "--node", node, "--service", "default/spill", "--output", "json"]);
         assert!(explained["services"][0].get("spillover").is_some(), "{explained}");
     }
 

@@ -64,6 +64,11 @@ async fn a_transient_failure_resumes_the_watch_and_only_410_lists_again() {
     let shutdown = CancellationToken::new();
     let _agents = agents(&api, 1, &shutdown);
     until("the first lists and watches", Duration::from_secs(10), || lists(&api) == [1; 3] && watches(&api) >= 3).await;
+    // Rounds of 5 to 10 minutes, drawn for each watch as client-go's reflector draws them: a
+    // fleet's watches do not come back in step.
+    let rounds: Vec<u64> = api.watch_timeouts().into_iter().map(|t| t.expect("timeoutSeconds")).collect();
+    assert!(rounds.iter().all(|t| (300..600).contains(t)), "{rounds:?}");
+    assert!(rounds.windows(2).any(|pair| pair[0] != pair[1]), "drawn, not fixed: {rounds:?}");
 
     // A reset connection, then a 503 outage: each kind resumes its watch, nothing is listed.
     let before = watches(&api);
@@ -148,6 +153,14 @@ async fn stale_reasons(receiver: EventReceiver, within: Duration) -> (EventRecei
     .expect("receiver")
 }
 
+/// One agent's watchers against `api`, once they listed and watch; its receiver.
+async fn one_agent(api: &FakeApi) -> (CancellationToken, KubeSource, EventReceiver) {
+    let shutdown = CancellationToken::new();
+    let (source, receiver) = agents(api, 1, &shutdown).pop().expect("an agent");
+    until("the first lists and watches", Duration::from_secs(10), || lists(api) == [1; 3] && watches(api) >= 3).await;
+    (shutdown, source, receiver)
+}
+
 /// `receiver` once every kind's view was called current again, within `within`.
 async fn fresh(receiver: EventReceiver, within: Duration) -> EventReceiver {
     tokio::task::spawn_blocking(move || {
@@ -169,10 +182,7 @@ async fn fresh(receiver: EventReceiver, within: Duration) -> EventReceiver {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_watch_that_never_opens_or_ends_in_an_error_event_is_resumed() {
     let api = world().await;
-    let shutdown = CancellationToken::new();
-    let mut agents = agents(&api, 1, &shutdown);
-    let (source, receiver) = agents.pop().unwrap();
-    until("the first lists and watches", Duration::from_secs(10), || lists(&api) == [1; 3] && watches(&api) >= 3).await;
+    let (shutdown, source, receiver) = one_agent(&api).await;
     // A hung server or proxy: watches are taken and never answered, not even with headers.
     api.hang_watch_opens(true);
     api.abort_watches();
@@ -199,10 +209,7 @@ async fn a_watch_that_never_opens_or_ends_in_an_error_event_is_resumed() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_relist_the_lagging_watch_cache_cannot_serve_is_made_consistent() {
     let api = world().await;
-    let shutdown = CancellationToken::new();
-    let mut agents = agents(&api, 1, &shutdown);
-    let (source, receiver) = agents.pop().unwrap();
-    until("the first lists and watches", Duration::from_secs(10), || lists(&api) == [1; 3] && watches(&api) >= 3).await;
+    let (shutdown, source, receiver) = one_agent(&api).await;
     for n in 0..5u8 {
         api.apply(cluster::service("default", &format!("more-{n}"), ip(&format!("10.96.1.{n}")), 80, "TCP", "http"));
     }

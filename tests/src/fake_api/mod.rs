@@ -266,6 +266,11 @@ impl FakeApi {
         self.with(|store| store.lists.get(&resource).copied().unwrap_or(0))
     }
 
+    /// The `timeoutSeconds` every watch request asked for, in order (`None`: not given).
+    pub fn watch_timeouts(&self) -> Vec<Option<u64>> {
+        self.with(|store| store.watch_timeouts.clone())
+    }
+
     /// How many watch requests `resource` has received.
     pub fn watches(&self, resource: Resource) -> usize {
         self.with(|store| store.watches.get(&resource).copied().unwrap_or(0))

@@ -86,7 +86,11 @@ impl Server {
             return json_response(StatusCode::NOT_FOUND, &status(404, "NotFound", &format!("no route {path}")));
         };
         if watching {
-            *self.store.lock().expect("store").watches.entry(resource).or_default() += 1;
+            {
+                let mut store = self.store.lock().expect("store");
+                *store.watches.entry(resource).or_default() += 1;
+                store.watch_timeouts.push(query.get("timeoutSeconds").and_then(|t| t.parse().ok()));
+            }
             // A hung server or proxy: the request was taken, no response (not even its headers)
             // comes until the hang ends.
             while self.store.lock().expect("store").hang_watch_opens {

@@ -57,6 +57,8 @@ pub(super) struct Store {
     pub(super) stalled: bool,
     pub(super) lists: HashMap<Resource, usize>,
     pub(super) watches: HashMap<Resource, usize>,
+    /// The `timeoutSeconds` of every watch request, in order (`None`: not given).
+    pub(super) watch_timeouts: Vec<Option<u64>>,
     /// Events (`events.k8s.io/v1`) by namespace and name, in the order they were created.
     pub(super) events: Vec<Value>,
     pub(super) requests: usize,
