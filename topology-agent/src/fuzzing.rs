@@ -143,7 +143,7 @@ pub fn dns_packet(data: &[u8]) {
     static VIEW: OnceLock<(DnsView, answer::Zone)> = OnceLock::new();
     let (view, zone) = VIEW.get_or_init(|| {
         let state = yaml::parse(crate::dns::fuzzing::CLUSTER, "dns.yaml").expect("the DNS fuzz cluster parses");
-        let view = DnsView::build(&state, "a", vec!["192.0.2.53:53".parse().expect("address")]).expect("node a");
+        let view = DnsView::of_node(&state, "a", vec!["192.0.2.53:53".parse().expect("address")]).expect("node a");
         (view, answer::Zone { domain: parse_domain("cluster.local").expect("domain"), ttl: 5 })
     });
     let Some((&mode, packet)) = data.split_first() else { return };

@@ -9,7 +9,6 @@
 pub mod answer;
 mod cache;
 pub mod connections;
-pub mod explain;
 mod limit;
 pub mod names;
 pub mod relay;

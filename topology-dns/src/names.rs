@@ -69,15 +69,6 @@ impl Lookup {
     }
 }
 
-/// The label an endpoint is known by: its `hostname`, else its address with `.` or `:` as `-`
-/// (as CoreDNS names endpoints without one).
-pub fn endpoint_label(hostname: Option<&str>, address: std::net::IpAddr) -> String {
-    match hostname {
-        Some(host) if !host.is_empty() => host.to_ascii_lowercase(),
-        _ => address.to_string().replace(['.', ':'], "-"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -121,12 +112,5 @@ mod tests {
         for (name, expect) in rows {
             assert_eq!(parse(name), expect, "{name}");
         }
-    }
-
-    #[test]
-    fn endpoints_without_a_hostname_are_named_by_address() {
-        assert_eq!(endpoint_label(Some("Web-0"), "10.0.0.1".parse().unwrap()), "web-0");
-        assert_eq!(endpoint_label(None, "10.0.0.1".parse().unwrap()), "10-0-0-1");
-        assert_eq!(endpoint_label(Some(""), "fd00::1".parse().unwrap()), "fd00--1");
     }
 }

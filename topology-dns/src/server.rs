@@ -427,7 +427,7 @@ mod tests {
 
     fn responder() -> Responder {
         let state = yaml::parse(crate::fuzzing::CLUSTER, "dns.yaml").unwrap();
-        let view = DnsView::build(&state, "a", Vec::new()).unwrap();
+        let view = DnsView::of_node(&state, "a", Vec::new()).unwrap();
         let (_sender, receiver) = watch::channel(Arc::new(view));
         let zone = Zone { domain: parse_domain("cluster.local").unwrap(), ttl: 5 };
         Responder::new(zone, receiver, Arc::new(DnsMetrics::default()), 0)

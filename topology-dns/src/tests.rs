@@ -13,9 +13,11 @@ use super::{
     DnsView,
     answer::{self, Kind, Outcome, Zone},
     parse_domain, server,
+    view::Records,
 };
 use crate::{
     cluster::{ClusterState, Endpoint, Service},
+    plan::NodePlan,
     policy::spillover::ANNOTATION_SPILLOVER,
 };
 
@@ -67,7 +69,7 @@ fn ask(view: &DnsView, name: &str, qtype: RecordType) -> (Message, Kind) {
 }
 
 fn view(state: &ClusterState, node: &str) -> DnsView {
-    DnsView::build(state, node, Vec::new()).unwrap()
+    DnsView::of_node(state, node, Vec::new()).unwrap()
 }
 
 /// The addresses of the answer section, sorted.
@@ -222,7 +224,8 @@ fn under_spillover_answers_across_queries_follow_the_plans_weights() {
     let state = cluster(db);
     // d1's zone has demand and no endpoint: the plan spreads its traffic with unequal weights.
     let view = view(&state, "d1");
-    let chosen = view.headless().into_iter().next().unwrap().1.addresses.clone();
+    let Some(Records::Headless(db)) = view.service("ns", "db") else { panic!("db is headless") };
+    let chosen = db.addresses.clone();
     assert!(chosen.weighted, "{:?}", chosen.reasons);
     let total: f64 = chosen.choices.iter().map(|c| c.weight).sum();
     let mut draw = uniform(0x9E37_79B9_7F4A_7C15);
@@ -293,18 +296,23 @@ fn an_ipv6_headless_service_answers_aaaa() {
 fn the_view_is_updated_one_service_at_a_time() {
     let mut state = cluster(headless(service("db")));
     let this = state.node("a1").unwrap().clone();
-    let mut view = view(&state, "a1");
+    let mut plan = NodePlan::build(&state, "a1", None).unwrap();
+    let mut view = DnsView::build(&state, &plan, Vec::new());
     let key = crate::cluster::ObjectKey::new("ns", "db");
-    assert!(!view.update(&state, &this, &key), "nothing changed");
+    let mut update = |state: &ClusterState, view: &mut DnsView| {
+        plan.update(state, &this, &key);
+        view.update(state, &plan, &key)
+    };
+    assert!(!update(&state, &mut view), "nothing changed");
     state.upsert_slice(slice("db-1", "db", 5432, vec![ep("10.0.1.1", "a1").terminating()]));
-    assert!(view.update(&state, &this, &key));
+    assert!(update(&state, &mut view));
     let (message, _) = ask(&view, DB, RecordType::A);
     assert_eq!(ips(&message), ["10.0.1.1"], "the serving-and-terminating fallback");
     state.remove_service(&key);
-    assert!(view.update(&state, &this, &key));
+    assert!(update(&state, &mut view));
     assert!(!view.has_namespace("other") && view.has_namespace("ns"));
     assert_eq!(ask(&view, DB, RecordType::A).1, Kind::NxDomain);
-    assert_eq!(view, DnsView::build(&state, "a1", Vec::new()).unwrap(), "incremental equals whole");
+    assert_eq!(view, DnsView::of_node(&state, "a1", Vec::new()).unwrap(), "incremental equals whole");
 }
 
 #[test]
@@ -320,10 +328,10 @@ fn the_default_upstream_is_kube_dns_endpoints_dialled_directly() {
     slice.ports[0].name = "dns".into();
     slice.ports[0].protocol = crate::desired::Protocol::Udp;
     state.upsert_slice(slice);
-    let view = DnsView::build(&state, "a1", Vec::new()).unwrap();
+    let view = DnsView::of_node(&state, "a1", Vec::new()).unwrap();
     assert_eq!(view.upstreams, ["10.0.5.1:1053".parse().unwrap()]);
     let configured = vec!["192.0.2.53:53".parse().unwrap()];
-    assert_eq!(DnsView::build(&state, "a1", configured.clone()).unwrap().upstreams, configured);
+    assert_eq!(DnsView::of_node(&state, "a1", configured.clone()).unwrap().upstreams, configured);
 }
 
 #[test]

@@ -29,7 +29,7 @@ impl Decider<'_> {
         self.ctx.metrics.services_recomputed.inc();
         let update = self.plan.update(self.state, this, key);
         if let Some(dns) = self.dns.as_mut() {
-            let changed = dns.view_mut().update(self.state, this, key);
+            let changed = dns.view_mut().update(self.state, self.plan, key);
             dns.touch(changed);
         }
         let warnings: Vec<String> = self

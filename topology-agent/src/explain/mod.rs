@@ -1,19 +1,19 @@
 //! `topology-agent explain`: the policy's decision for every Service port, as a table or as the
 //! stable JSON documented in `docs/explain-json.md`. It prints exactly what the agent programs.
 
+mod headless;
+mod table;
+
 use std::net::IpAddr;
 
+pub use headless::{AddressEntry, Answer, HeadlessEntry};
 use serde::Serialize;
 
 use crate::{
     cluster::{ClusterState, Family, Node, ObjectKey},
     dataplane::alias,
     desired::{Locality, PortOptions, Protocol, ServicePort},
-    dns::{
-        DnsView,
-        explain::{self as dns_explain, HeadlessEntry},
-        steer::Steering,
-    },
+    dns::steer::Steering,
     plan::{NodePlan, weights::integer_weights},
     policy::{self, PolicyError, PolicyKind, PortSelection, feedback::FeedbackReport, spillover::SpilloverReport},
 };
@@ -145,10 +145,6 @@ pub fn explain(
 /// what its kernel holds), optionally for one Service.
 pub fn report(state: &ClusterState, this: &Node, plan: &NodePlan, service: Option<&ObjectKey>) -> ExplainReport {
     let wanted = |key: &ObjectKey| service.is_none_or(|wanted| wanted == key);
-    let mut view = DnsView::new(Vec::new());
-    for key in state.services().map(|s| &s.key).filter(|key| wanted(key)) {
-        view.update(state, this, key);
-    }
     ExplainReport {
         node: this.name.clone(),
         services: plan
@@ -156,7 +152,7 @@ pub fn report(state: &ClusterState, this: &Node, plan: &NodePlan, service: Optio
             .filter(|(key, _)| wanted(key))
             .flat_map(|(_, selections)| selections.iter().map(|selected| entry(plan, selected)))
             .collect(),
-        headless: dns_explain::entries(&view, service),
+        headless: headless::entries(plan, service),
         left_to_kube_proxy: state
             .services()
             .filter(|s| wanted(&s.key))
@@ -216,8 +212,6 @@ fn entry(plan: &NodePlan, selected: &PortSelection) -> ServiceEntry {
         conflicts,
     }
 }
-
-mod table;
 
 #[cfg(test)]
 mod tests {

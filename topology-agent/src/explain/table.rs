@@ -2,11 +2,8 @@
 
 use std::fmt::Write as _;
 
-use super::{ExplainReport, Family};
-use crate::{
-    dns::explain::{Answer, HeadlessEntry},
-    policy::{feedback::FeedbackReport, spillover::SpilloverReport},
-};
+use super::{Answer, ExplainReport, Family, HeadlessEntry};
+use crate::policy::{feedback::FeedbackReport, spillover::SpilloverReport};
 
 impl ExplainReport {
     /// Human-readable table.

@@ -4,14 +4,20 @@
 //! For every Service it keeps the policy's decisions (per port and family: mode, reason,
 //! warnings, weights); from them, the kernel's entries (per ClusterIP, port and protocol: backends
 //! with integer weights, options), and which Service owns each such port when two claim it. The
-//! controller updates it one Service at a time; `explain` builds it whole.
+//! controller updates it one Service at a time; `explain` builds it whole. A headless Service has
+//! no kernel entry: its topology is this node's DNS answer, planned here too ([`headless`]).
 
+pub mod headless;
 pub mod ownership;
 pub mod steering;
 pub mod weights;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+};
 
+pub use headless::Headless;
 pub use ownership::{Ownership, OwnershipUpdate};
 
 use crate::{
@@ -32,6 +38,8 @@ pub struct NodePlan {
     node: String,
     steering: Option<Steering>,
     decisions: BTreeMap<ObjectKey, Vec<PortSelection>>,
+    /// The DNS answers of headless Services (shared with the responder's view).
+    headless: BTreeMap<ObjectKey, Arc<Headless>>,
     /// The Services with a port under feedback: what the controller visits once a second.
     under_feedback: BTreeSet<ObjectKey>,
     ownership: Ownership,
@@ -45,6 +53,7 @@ impl NodePlan {
             node: node.into(),
             steering,
             decisions: BTreeMap::new(),
+            headless: BTreeMap::new(),
             under_feedback: BTreeSet::new(),
             ownership: Ownership::default(),
             feedback: feedback::Inputs::new(),
@@ -65,6 +74,17 @@ impl NodePlan {
 
     /// Decides `key` again (gone from `state`: removed from the plan) and updates its entries.
     pub fn update(&mut self, state: &ClusterState, this: &Node, key: &ObjectKey) -> OwnershipUpdate {
+        match state.service(key).filter(|s| s.headless && s.external_name.is_none()) {
+            Some(service) => {
+                let answers = headless::decide(state, this, service);
+                if self.headless.get(key).is_none_or(|old| **old != answers) {
+                    self.headless.insert(key.clone(), Arc::new(answers));
+                }
+            }
+            None => {
+                self.headless.remove(key);
+            }
+        }
         let mut selections = match state.service(key) {
             Some(service) => policy::compute_service_with(state, this, service, &self.feedback),
             None => Vec::new(),
@@ -111,6 +131,16 @@ impl NodePlan {
     /// The policy's decisions for one Service, per port and family.
     pub fn decisions(&self, key: &ObjectKey) -> &[PortSelection] {
         self.decisions.get(key).map_or(&[], Vec::as_slice)
+    }
+
+    /// The DNS answers of headless Service `key`.
+    pub fn headless(&self, key: &ObjectKey) -> Option<&Arc<Headless>> {
+        self.headless.get(key)
+    }
+
+    /// Every headless Service's DNS answers, by Service.
+    pub fn all_headless(&self) -> impl Iterator<Item = (&ObjectKey, &Arc<Headless>)> {
+        self.headless.iter()
     }
 
     /// Every Service's decisions, by Service.
@@ -195,7 +225,7 @@ impl NodePlan {
     /// Services with kernel entries, and those only decided (no ClusterIP, or every port held by
     /// another): everything an update of the whole plan must visit.
     pub fn services(&self) -> BTreeSet<ObjectKey> {
-        self.decisions.keys().chain(self.ownership.services()).cloned().collect()
+        self.decisions.keys().chain(self.ownership.services()).chain(self.headless.keys()).cloned().collect()
     }
 }
 

@@ -1,10 +1,14 @@
-//! What `explain` shows for a headless Service: the answer this node's responder gives, and why.
-//! Built from the same view the responder answers from.
+//! What `explain` shows for a headless Service: the answer this node's responder gives, and why,
+//! from the node plan the responder's view shares.
 
 use serde::Serialize;
 
-use super::view::{Chosen, DnsView};
-use crate::{cluster::ObjectKey, desired::Locality, policy::PolicyKind};
+use crate::{
+    cluster::ObjectKey,
+    desired::Locality,
+    plan::{NodePlan, headless::Chosen},
+    policy::PolicyKind,
+};
 
 /// One headless Service, as this node answers it.
 #[derive(Debug, Serialize, serde::Deserialize)]
@@ -49,12 +53,11 @@ pub struct AddressEntry {
     pub locality: Locality,
 }
 
-/// The entries of `view`, or of `only`.
-pub fn entries(view: &DnsView, only: Option<&ObjectKey>) -> Vec<HeadlessEntry> {
-    view.headless()
-        .into_iter()
-        .filter(|(key, _)| only.is_none_or(|only| only == key))
-        .map(|(key, headless)| entry(&key, &headless.addresses))
+/// The headless Services of `plan`, or `only`.
+pub fn entries(plan: &NodePlan, only: Option<&ObjectKey>) -> Vec<HeadlessEntry> {
+    plan.all_headless()
+        .filter(|(key, _)| only.is_none_or(|only| only == *key))
+        .map(|(key, headless)| entry(key, &headless.addresses))
         .collect()
 }
 
