@@ -140,7 +140,7 @@ fn independent_reader(archive: &Path) {
 fn runs_alone(layer: &[u8]) {
     let rootfs = tempfile::tempdir().expect("rootfs");
     tar::Archive::new(layer).unpack(rootfs.path()).expect("unpack the layer");
-    let fixture = workspace().join("topology-dataplane/testdata/maps/prefer-close/1-in-zone.yaml");
+    let fixture = workspace().join("topology-agent/testdata/scenarios/prefer-close/1-in-zone.yaml");
     std::fs::copy(&fixture, rootfs.path().join("cluster.yaml")).expect("fixture into the rootfs");
     // chroot proves the binary needs nothing from the host: the rootfs has no loader and no libc.
     let (mut command, cluster) = if is_root() {

@@ -15,8 +15,6 @@ mod batch;
 mod counters;
 mod diff;
 mod error;
-#[cfg(test)]
-mod golden;
 mod grace;
 mod heartbeat;
 mod ids;
@@ -31,6 +29,8 @@ mod mmap;
 pub mod mounts;
 mod ops;
 mod pins;
+#[cfg(test)]
+mod refusals;
 mod reuse;
 mod slot_space;
 mod socket_maps;
@@ -60,6 +60,8 @@ pub use topology_policy::feedback::measured::{Counters as LoadCounters, Measured
 // The pipeline's vocabulary, under the names the modules here were written with.
 use topology_policy::{cluster, desired};
 pub use writer::{ApplyReport, Usage};
+#[cfg(any(test, feature = "fuzzing"))]
+pub use writer::{Writer, verify_index};
 
 use crate as dataplane;
 use crate::desired::DesiredState;

@@ -1,7 +1,7 @@
 //! The maps in memory: what the kernel would hold after the same operations, with the kernel's
 //! limits (array bounds, hash map capacity), grace periods counted instead of waited for, and
 //! writes to a chosen map made to fail. [`MemoryMaps::dump`] prints the contents the way the
-//! golden files under `topology-dataplane/testdata/maps/` keep them.
+//! golden scenarios under `topology-agent/testdata/scenarios/` keep them.
 
 use std::{collections::BTreeMap, fmt::Write as _, io, sync::atomic::Ordering};
 
@@ -12,7 +12,7 @@ use topology_common::{
 };
 
 use super::{
-    alias,
+    ApplyReport, alias,
     error::DataplaneError,
     grace::Grace,
     index::positions_for,
@@ -20,7 +20,11 @@ use super::{
     ops::{IndexStore, MapOps, ServiceKey},
     state::name_from_meta,
 };
-use crate::{cluster::Family, desired::PortOptions};
+use crate::{
+    KernelState,
+    cluster::Family,
+    desired::{DesiredService, DesiredState, PortOptions, ServicePort},
+};
 
 /// One family's index as a plain array.
 #[derive(Clone, Debug)]
@@ -306,4 +310,108 @@ impl MapOps for MemoryMaps {
     fn indexes(&self) -> (&dyn IndexStore<IndexEntry4>, &dyn IndexStore<IndexEntry6>) {
         (&self.index4, &self.index6)
     }
+}
+
+/// The report of one apply, as the golden files keep it.
+pub fn describe(report: &ApplyReport) -> String {
+    let mut out = format!(
+        "added={} updated={} removed={} unchanged={} slots_written={} grace_periods={}\n",
+        report.added, report.updated, report.removed, report.unchanged, report.slots_written, report.grace_periods
+    );
+    for (port, error) in &report.failed {
+        let _ = writeln!(out, "failed {port}: {error}");
+    }
+    if report.withdrawn > 0 {
+        let _ = writeln!(out, "withdrawn={}", report.withdrawn);
+    }
+    for port in &report.stranded {
+        let _ = writeln!(out, "stranded {port}");
+    }
+    for error in &report.housekeeping {
+        let _ = writeln!(out, "housekeeping: {error}");
+    }
+    for departure in &report.departed {
+        let _ = writeln!(out, "departed {} from {}", departure.backend, departure.service);
+    }
+    out
+}
+
+/// Panics unless the kernel mirror holds what `desired` asks, to rounding, for every port not
+/// `failed`, and a failed port (not `stranded`) holds nothing or what was asked, never an old set.
+pub fn assert_programmed(
+    kernel: &KernelState,
+    desired: &DesiredState,
+    failed: &[(ServicePort, DataplaneError)],
+    stranded: &[ServicePort],
+    what: &str,
+) {
+    let failed: Vec<ServicePort> = failed.iter().map(|(port, _)| *port).collect();
+    for port in failed.iter().filter(|port| !stranded.contains(port)) {
+        let outdated = kernel.services.contains_key(port)
+            && !desired.services.get(port).is_some_and(|service| holds(kernel, port, service));
+        assert!(!outdated, "{what}: failed port {port} still holds an outdated set");
+    }
+    for (port, service) in &desired.services {
+        if !failed.contains(port) {
+            assert!(
+                kernel.services.contains_key(port) && holds(kernel, port, service),
+                "{what}: {port} holds {:?}, the plan asks {:?}",
+                kernel.services.contains_key(port).then(|| held(kernel, port)),
+                weights_of(service)
+            );
+        }
+    }
+    let extra: Vec<&ServicePort> = kernel.services.keys().filter(|p| !desired.services.contains_key(*p)).collect();
+    let extra: Vec<&&ServicePort> = extra.iter().filter(|p| !stranded.contains(p)).collect();
+    assert!(extra.is_empty(), "{what}: the kernel holds ports the plan does not: {extra:?}");
+}
+
+/// What the kernel mirror says a service port draws: backends and parts per million.
+pub fn held(kernel: &KernelState, port: &ServicePort) -> Vec<(std::net::IpAddr, u16, u32)> {
+    let service = &kernel.services[port];
+    let mut backends: Vec<_> =
+        service.backends(port.vip.is_ipv4()).iter().map(|b| (b.addr, b.port, b.weight)).collect();
+    backends.sort();
+    backends
+}
+
+/// True when the kernel holds `service`'s backends and shares (to rounding) and its options.
+fn holds(kernel: &KernelState, port: &ServicePort, service: &DesiredService) -> bool {
+    let (held, wanted) = (held(kernel, port), weights_of(service));
+    kernel.services[port].options == service.options
+        && held.len() == wanted.len()
+        && held.iter().zip(&wanted).all(|(h, w)| h.0 == w.0 && h.1 == w.1 && h.2.abs_diff(w.2) <= 2)
+}
+
+/// The desired shares of a service port, in parts per million.
+fn weights_of(service: &DesiredService) -> Vec<(std::net::IpAddr, u16, u32)> {
+    let total: f64 = service.backends.iter().map(|b| f64::from(b.weight)).sum();
+    let mut backends: Vec<_> =
+        service.backends.iter().map(|b| (b.addr, b.port, (f64::from(b.weight) / total * 1e6).round() as u32)).collect();
+    backends.sort();
+    backends
+}
+
+/// Compares `actual` with the golden file at `path`, or rewrites the file when `UPDATE_GOLDEN` is
+/// set; the first differing line when they differ.
+pub fn golden(path: &std::path::Path, actual: &str) -> Option<String> {
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(path, actual).unwrap_or_else(|error| panic!("{}: {error}", path.display()));
+        return None;
+    }
+    let expected = std::fs::read_to_string(path).unwrap_or_default();
+    let (mut expected_lines, mut actual_lines) = (expected.lines(), actual.lines());
+    for line in 1.. {
+        match (expected_lines.next(), actual_lines.next()) {
+            (None, None) => break,
+            (e, a) if e != a => {
+                return Some(format!(
+                    "{}:\n  line {line}: expected {e:?}\n  line {line}:   actual {a:?}",
+                    path.display()
+                ));
+            }
+            _ => {}
+        }
+    }
+    None
 }

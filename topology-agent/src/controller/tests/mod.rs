@@ -10,6 +10,7 @@ use std::{
 use tokio_util::sync::CancellationToken;
 
 mod initial;
+mod scenarios;
 
 use super::*;
 use crate::{
