@@ -12,7 +12,7 @@ use std::{
 
 use tokio_util::sync::CancellationToken;
 use topology_agent::{
-    cluster::{Endpoint, EndpointSlice, Family, Kind, Node, ObjectKey, PortSpec, Service, SlicePort},
+    cluster::Kind,
     controller::{Controller, ControllerConfig, Health, Observation, PIPELINE_FROM, Programmer},
     dataplane::{self, ApplyReport, Dataplane},
     desired::{DesiredService, DesiredState, Protocol, ServicePort},
@@ -20,6 +20,7 @@ use topology_agent::{
     metrics::Metrics,
     source::{EventSender, Object, SourceEvent},
 };
+use topology_policy::testing::{self, ServiceExt, SliceExt};
 use topology_tests::{
     fixture::{BACKEND_PORT, Fixture, service},
     require_root,
@@ -83,45 +84,16 @@ impl Programmer for Recorded {
 
 /// The cluster: one node, `SERVICES` Services each with one slice of both backends.
 fn cluster(fx: &Fixture) -> Vec<SourceEvent> {
-    let labels = [("topology.kubernetes.io/zone".to_owned(), "z1".to_owned())].into_iter().collect();
-    let node = Node { name: "node-a".into(), labels, allocatable_cpu_millis: 1000, ready: true };
-    let services = (0..SERVICES).map(|i| {
-        Object::Service(Service {
-            key: ObjectKey::new("bench", format!("svc-{i:05}")),
-            cluster_ips: vec![vip(i).parse().unwrap()],
-            headless: false,
-            ports: vec![PortSpec { name: "http".into(), port: 80, protocol: Protocol::Tcp }],
-            internal_traffic_local: false,
-            session_affinity_timeout_s: None,
-            traffic_distribution: None,
-            topology_keys: None,
-            topology_mode: None,
-            agent_annotations: Default::default(),
-            external_name: None,
-            other_proxy: None,
-        })
-    });
-    let endpoints: Vec<Endpoint> = fx
-        .backends
-        .iter()
-        .map(|backend| Endpoint {
-            address: backend.addr(false),
-            ready: true,
-            serving: true,
-            terminating: false,
-            node_name: Some("node-a".into()),
-            zone: None,
-            extra: None,
-        })
-        .collect();
+    let node = testing::node("node-a", "z1", "");
+    let services =
+        (0..SERVICES).map(|i| Object::Service(testing::service(&format!("svc-{i:05}")).at("bench", &vip(i))));
+    let endpoints: Vec<_> =
+        fx.backends.iter().map(|backend| testing::ep(&backend.addr(false).to_string(), "node-a")).collect();
     let slices = (0..SERVICES).map(|i| {
-        Object::EndpointSlice(EndpointSlice {
-            key: ObjectKey::new("bench", format!("svc-{i:05}-x1")),
-            service: Some(ObjectKey::new("bench", format!("svc-{i:05}"))),
-            family: Family::V4,
-            ports: vec![SlicePort { name: "http".into(), port: BACKEND_PORT, protocol: Protocol::Tcp }],
-            endpoints: endpoints.clone(),
-        })
+        let name = format!("svc-{i:05}");
+        Object::EndpointSlice(
+            testing::slice(&format!("{name}-x1"), &name, BACKEND_PORT, endpoints.clone()).within("bench"),
+        )
     });
     let replace = |kind, objects: Vec<Object>| SourceEvent::Replace { kind, objects, invalid: vec![] };
     vec![

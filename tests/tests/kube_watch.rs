@@ -1,19 +1,18 @@
-//! The Kubernetes source and the controller against the in-process fake API server, with a
-//! recording programmer in place of the kernel. No root needed.
+//! The Kubernetes source and the controller against the in-process fake API server, programming
+//! the real writer over in-memory maps in place of the kernel. No root needed.
 
 use std::{
     collections::{BTreeSet, HashMap},
     net::IpAddr,
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use topology_agent::{
-    controller::{Controller, ControllerConfig, ControllerError, Health, Observation, Programmer},
-    dataplane::ApplyReport,
-    desired::{DesiredState, ServicePort},
+    controller::{Controller, ControllerConfig, ControllerError, Health, memory::MemoryKernel},
+    desired::DesiredState,
     events::KubeEvents,
     metrics::Metrics,
     source::{EventReceiver, EventSender, Object, SourceEvent, kube::KubeSource, reflector::STALL},
@@ -23,46 +22,12 @@ use topology_tests::{
     fake_api::{FakeApi, Resource},
 };
 
-/// What the recording programmer was given.
-#[derive(Debug, Default)]
-struct Recording {
-    current: DesiredState,
-    applies: usize,
-}
-
-struct Recorder(Arc<Mutex<Recording>>);
-
-impl Programmer for Recorder {
-    fn apply(&mut self, desired: &DesiredState) -> ApplyReport {
-        let mut recording = self.0.lock().unwrap();
-        recording.current = desired.clone();
-        recording.applies += 1;
-        ApplyReport::default()
-    }
-
-    fn apply_changes(&mut self, desired: &DesiredState, changed: &BTreeSet<ServicePort>) -> ApplyReport {
-        let mut recording = self.0.lock().unwrap();
-        for port in changed {
-            match desired.services.get(port) {
-                Some(service) => recording.current.services.insert(*port, service.clone()),
-                None => recording.current.services.remove(port),
-            };
-        }
-        recording.applies += 1;
-        ApplyReport::default()
-    }
-
-    fn observe(&self) -> Observation {
-        Observation::default()
-    }
-}
-
 struct Harness {
     api: FakeApi,
-    recording: Arc<Mutex<Recording>>,
+    kernel: MemoryKernel,
     health: Arc<Health>,
     shutdown: CancellationToken,
-    controller: Option<std::thread::JoinHandle<Result<Recorder, ControllerError>>>,
+    controller: Option<std::thread::JoinHandle<Result<MemoryKernel, ControllerError>>>,
     _source: KubeSource,
 }
 
@@ -72,35 +37,31 @@ impl Harness {
         let client = api.client();
         let (events, receiver) = EventSender::channel();
         let source = KubeSource::start(&client, &events, &shutdown);
-        let recording = Arc::new(Mutex::new(Recording::default()));
+        let kernel = MemoryKernel::default();
         let health = Arc::new(Health::default());
         let (sink, _) = KubeEvents::start(client, node);
         let controller = Controller::new(
             ControllerConfig::new(node),
-            Recorder(Arc::clone(&recording)),
+            kernel.clone(),
             Arc::clone(&health),
             Arc::new(Metrics::default()),
             Box::new(sink),
         );
         let token = shutdown.clone();
         let controller = std::thread::spawn(move || controller.run(&receiver, &token));
-        Self { api, recording, health, shutdown, controller: Some(controller), _source: source }
+        Self { api, kernel, health, shutdown, controller: Some(controller), _source: source }
     }
 
     /// Waits until the programmed state satisfies `check`, or fails with `what`.
     async fn wait_for(&self, what: &str, check: impl Fn(&DesiredState) -> bool) {
         let deadline = Instant::now() + Duration::from_secs(15);
         loop {
-            if check(&self.recording.lock().unwrap().current) {
+            if check(&self.kernel.record().current) {
                 return;
             }
             let finished = self.controller.as_ref().is_some_and(|c| c.is_finished());
             assert!(!finished, "the controller stopped while waiting for {what}");
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}: {:?}",
-                self.recording.lock().unwrap().current
-            );
+            assert!(Instant::now() < deadline, "timed out waiting for {what}: {:?}", self.kernel.record().current);
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -116,7 +77,7 @@ impl Harness {
     }
 
     fn applies(&self) -> usize {
-        self.recording.lock().unwrap().applies
+        self.kernel.record().applies()
     }
 }
 
@@ -261,7 +222,7 @@ async fn disconnects_outages_and_410_gone_converge() {
     api.set_down(false);
     harness.wait_for("the relisted state without the deleted Service", |d| backends(d, "10.96.0.30").is_none()).await;
     assert!(api.lists(Resource::Services) > lists_before, "a 410 must make the watcher list again");
-    assert_eq!(backends(&harness.recording.lock().unwrap().current, "10.96.0.10"), set(&["10.1.0.6"]));
+    assert_eq!(backends(&harness.kernel.record().current, "10.96.0.10"), set(&["10.1.0.6"]));
     harness.wait_ready(true).await;
 }
 
@@ -297,11 +258,7 @@ async fn unusable_objects_are_skipped_reported_and_block_nothing() {
     let specs = [EndpointSpec::new(ip("10.4.0.1"), "node-b")];
     api.apply(cluster::slice("default", "api-1", "api", "http", 8080, "TCP", &specs));
     harness.wait_for("the other Service, unblocked", |d| backends(d, "10.96.0.20") == set(&["10.4.0.1"])).await;
-    assert_eq!(
-        backends(&harness.recording.lock().unwrap().current, "10.96.0.10"),
-        set(&["10.1.0.1"]),
-        "last good slice kept"
-    );
+    assert_eq!(backends(&harness.kernel.record().current, "10.96.0.10"), set(&["10.1.0.1"]), "last good slice kept");
 
     let deadline = Instant::now() + Duration::from_secs(10);
     let reasons = loop {

@@ -23,7 +23,7 @@ mod links;
 mod load;
 mod loader;
 mod maps;
-#[cfg(any(test, feature = "fuzzing"))]
+#[cfg(any(test, feature = "testing"))]
 pub mod memory;
 mod mmap;
 pub mod mounts;
@@ -60,7 +60,7 @@ pub use topology_policy::feedback::measured::{Counters as LoadCounters, Measured
 // The pipeline's vocabulary, under the names the modules here were written with.
 use topology_policy::{cluster, desired};
 pub use writer::{ApplyReport, Usage};
-#[cfg(any(test, feature = "fuzzing"))]
+#[cfg(any(test, feature = "testing"))]
 pub use writer::{Writer, verify_index};
 
 use crate as dataplane;

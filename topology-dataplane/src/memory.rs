@@ -3,7 +3,12 @@
 //! writes to a chosen map made to fail. [`MemoryMaps::dump`] prints the contents the way the
 //! golden scenarios under `topology-agent/testdata/scenarios/` keep them.
 
-use std::{collections::BTreeMap, fmt::Write as _, io, sync::atomic::Ordering};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt::Write as _,
+    io,
+    sync::atomic::Ordering,
+};
 
 use aya::maps::MapError;
 use topology_common::{
@@ -341,11 +346,10 @@ pub fn describe(report: &ApplyReport) -> String {
 pub fn assert_programmed(
     kernel: &KernelState,
     desired: &DesiredState,
-    failed: &[(ServicePort, DataplaneError)],
-    stranded: &[ServicePort],
+    failed: &BTreeSet<ServicePort>,
+    stranded: &BTreeSet<ServicePort>,
     what: &str,
 ) {
-    let failed: Vec<ServicePort> = failed.iter().map(|(port, _)| *port).collect();
     for port in failed.iter().filter(|port| !stranded.contains(port)) {
         let outdated = kernel.services.contains_key(port)
             && !desired.services.get(port).is_some_and(|service| holds(kernel, port, service));

@@ -54,6 +54,8 @@ pub trait ServiceExt {
     fn distribution(self, value: &str) -> Self;
     /// `internalTrafficPolicy: Local`.
     fn local(self) -> Self;
+    /// In namespace `namespace` with ClusterIP `vip`.
+    fn at(self, namespace: &str, vip: &str) -> Self;
 }
 
 impl ServiceExt for Service {
@@ -79,6 +81,12 @@ impl ServiceExt for Service {
 
     fn local(mut self) -> Self {
         self.internal_traffic_local = true;
+        self
+    }
+
+    fn at(mut self, namespace: &str, vip: &str) -> Self {
+        self.key = ObjectKey::new(namespace, &*self.key.name);
+        self.cluster_ips = vec![vip.parse().unwrap()];
         self
     }
 }
@@ -137,7 +145,8 @@ impl EndpointExt for Endpoint {
     }
 }
 
-/// An EndpointSlice `ns/<name>` of `service` with port `http` = `port`.
+/// An EndpointSlice `ns/<name>` of `service` with port `http` = `port` (see [`SliceExt::within`]
+/// for another namespace).
 pub fn slice(name: &str, service: &str, port: u16, endpoints: Vec<Endpoint>) -> EndpointSlice {
     let family = endpoints.first().map_or(Family::V4, |e| Family::of(&e.address));
     EndpointSlice {
@@ -146,6 +155,20 @@ pub fn slice(name: &str, service: &str, port: u16, endpoints: Vec<Endpoint>) -> 
         family,
         ports: vec![SlicePort { name: "http".into(), port, protocol: Protocol::Tcp }],
         endpoints,
+    }
+}
+
+/// Builders on an EndpointSlice.
+pub trait SliceExt {
+    /// In namespace `namespace`, with its Service.
+    fn within(self, namespace: &str) -> Self;
+}
+
+impl SliceExt for EndpointSlice {
+    fn within(mut self, namespace: &str) -> Self {
+        self.key = ObjectKey::new(namespace, &*self.key.name);
+        self.service = self.service.map(|service| ObjectKey::new(namespace, &*service.name));
+        self
     }
 }
 

@@ -12,6 +12,8 @@ mod feedback;
 mod full_sync;
 mod health;
 mod ingest;
+#[cfg(any(test, feature = "testing"))]
+pub mod memory;
 mod program;
 mod query;
 

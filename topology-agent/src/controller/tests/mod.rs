@@ -1,110 +1,37 @@
-//! The control loop with events injected directly and a recording programmer.
+//! The control loop with events injected directly, programming the real writer over in-memory
+//! maps ([`memory::MemoryKernel`]).
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    net::IpAddr,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{collections::BTreeSet, net::IpAddr, sync::Arc, time::Duration};
 
 use tokio_util::sync::CancellationToken;
 
 mod initial;
 mod scenarios;
 
-use super::*;
+use topology_policy::testing::{self, ServiceExt};
+
+use super::{memory::MemoryKernel, *};
 use crate::{
-    cluster::{Endpoint, EndpointSlice, Family, Node, ObjectError, PortSpec as SvcPort, Service, SlicePort},
-    dataplane::ApplyReport,
-    desired::{DesiredState, Protocol, ServicePort},
+    cluster::{EndpointSlice, ObjectError, Service},
+    desired::{Protocol, ServicePort},
     events::LogOnly,
     source::{EventSender, Object, SourceEvent},
 };
 
-#[derive(Debug, Default)]
-struct Recording {
-    current: DesiredState,
-    full: usize,
-    partial: Vec<BTreeSet<ServicePort>>,
-    /// What the partial applies had programmed when the first full apply came.
-    before_full: Option<DesiredState>,
-    /// Threads the partial applies ran on.
-    partial_threads: BTreeSet<String>,
-}
-
-struct Recorder(Arc<Mutex<Recording>>);
-
-impl Programmer for Recorder {
-    fn apply(&mut self, desired: &DesiredState) -> ApplyReport {
-        let mut recording = self.0.lock().unwrap();
-        if recording.before_full.is_none() {
-            recording.before_full = Some(recording.current.clone());
-        }
-        recording.current = desired.clone();
-        recording.full += 1;
-        ApplyReport::default()
-    }
-
-    fn apply_changes(&mut self, desired: &DesiredState, changed: &BTreeSet<ServicePort>) -> ApplyReport {
-        let mut recording = self.0.lock().unwrap();
-        for port in changed {
-            match desired.services.get(port) {
-                Some(service) => recording.current.services.insert(*port, service.clone()),
-                None => recording.current.services.remove(port),
-            };
-        }
-        recording.partial.push(changed.clone());
-        let thread = std::thread::current().name().unwrap_or("unnamed").to_owned();
-        recording.partial_threads.insert(thread);
-        ApplyReport::default()
-    }
-
-    fn observe(&self) -> Observation {
-        Observation::default()
-    }
-}
+type Recording = memory::Record;
 
 fn node(name: &str, zone: &str) -> Object {
-    let labels = BTreeMap::from([("topology.kubernetes.io/zone".to_owned(), zone.to_owned())]);
-    Object::Node(Node { name: name.into(), labels: labels.into(), allocatable_cpu_millis: 1000, ready: true })
+    Object::Node(testing::node(name, zone, ""))
 }
 
+/// `ns/<name>`, port `http` 80 on `vip`.
 fn service(name: &str, vip: &str) -> Service {
-    Service {
-        key: ObjectKey::new("ns", name),
-        cluster_ips: vec![vip.parse().unwrap()],
-        headless: false,
-        ports: vec![SvcPort { name: "http".into(), port: 80, protocol: Protocol::Tcp }],
-        internal_traffic_local: false,
-        session_affinity_timeout_s: None,
-        traffic_distribution: None,
-        topology_keys: None,
-        topology_mode: None,
-        agent_annotations: BTreeMap::new(),
-        external_name: None,
-        other_proxy: None,
-    }
+    testing::service(name).at("ns", vip)
 }
 
+/// `ns/<name>` of `service`, port `http` 8080, a ready endpoint on node `a` per address.
 fn slice(name: &str, service: &str, addresses: &[&str]) -> EndpointSlice {
-    EndpointSlice {
-        key: ObjectKey::new("ns", name),
-        service: Some(ObjectKey::new("ns", service)),
-        family: Family::V4,
-        ports: vec![SlicePort { name: "http".into(), port: 8080, protocol: Protocol::Tcp }],
-        endpoints: addresses
-            .iter()
-            .map(|a| Endpoint {
-                address: a.parse().unwrap(),
-                ready: true,
-                serving: true,
-                terminating: false,
-                node_name: Some("a".into()),
-                zone: None,
-                extra: None,
-            })
-            .collect(),
-    }
+    testing::slice(name, service, 8080, addresses.iter().map(|address| testing::ep(address, "a")).collect())
 }
 
 fn replace(kind: Kind, objects: Vec<Object>) -> SourceEvent {
@@ -116,7 +43,7 @@ fn port(vip: &str) -> ServicePort {
 }
 
 fn addresses(recording: &Recording, vip: &str) -> Option<Vec<String>> {
-    recording.current.services.get(&port(vip)).map(|s| s.backends.iter().map(|b| b.addr.to_string()).collect())
+    recording.addresses(&port(vip))
 }
 
 /// Queues `events`, runs the controller until they are handled, and returns what it recorded.
@@ -126,27 +53,25 @@ fn run(events: Vec<SourceEvent>) -> Recording {
         sender.send(event);
     }
     drop(sender);
-    let recording = Arc::new(Mutex::new(Recording::default()));
     let controller = Controller::new(
         ControllerConfig { reconcile_interval: Duration::from_secs(3600), ..ControllerConfig::new("a") },
-        Recorder(Arc::clone(&recording)),
+        MemoryKernel::default(),
         Arc::new(Health::default()),
         Arc::new(Metrics::default()),
         Box::new(LogOnly),
     );
     // With every sender gone, the loop ends once the queue is drained.
-    controller.run(&receiver, &CancellationToken::new()).expect("controller");
-    Arc::try_unwrap(recording).unwrap().into_inner().unwrap()
+    controller.run(&receiver, &CancellationToken::new()).expect("controller").into_record()
 }
 
 /// A controller running on its own thread, fed through `sender`, until `stop`.
 struct Live {
     sender: EventSender,
-    recording: Arc<Mutex<Recording>>,
+    kernel: MemoryKernel,
     health: Arc<Health>,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
-    thread: std::thread::JoinHandle<Result<Recorder, ControllerError>>,
+    thread: std::thread::JoinHandle<Result<MemoryKernel, ControllerError>>,
 }
 
 impl Live {
@@ -156,12 +81,12 @@ impl Live {
         for event in events {
             sender.send(event);
         }
-        let recording = Arc::new(Mutex::new(Recording::default()));
+        let kernel = MemoryKernel::default();
         let health = Arc::new(Health::default());
         let metrics = Arc::new(Metrics::default());
         let controller = Controller::new(
             ControllerConfig::new("a"),
-            Recorder(Arc::clone(&recording)),
+            kernel.clone(),
             Arc::clone(&health),
             Arc::clone(&metrics),
             Box::new(LogOnly),
@@ -169,14 +94,14 @@ impl Live {
         let shutdown = CancellationToken::new();
         let token = shutdown.clone();
         let thread = std::thread::spawn(move || controller.run(&receiver, &token));
-        Self { sender, recording, health, metrics, shutdown, thread }
+        Self { sender, kernel, health, metrics, shutdown, thread }
     }
 
     /// Waits up to 5 s for `check` to hold on what was recorded.
     fn wait(&self, check: impl Fn(&Recording) -> bool) {
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while !check(&self.recording.lock().unwrap()) {
-            assert!(std::time::Instant::now() < deadline, "{:?}", self.recording.lock().unwrap());
+        while !check(&self.kernel.record()) {
+            assert!(std::time::Instant::now() < deadline, "{:?}", self.kernel.record().current);
             std::thread::sleep(Duration::from_millis(5));
         }
     }
@@ -231,7 +156,7 @@ fn node_heartbeats_cost_no_recompute() {
     live.wait(|r| r.partial.len() == 1);
     assert_eq!(live.metrics.services_recomputed.get(), recomputed + 1, "only the slice's Service");
     // The first sight of b joined the demand; its repeats did nothing.
-    assert_eq!(live.recording.lock().unwrap().full, 1);
+    assert_eq!(live.kernel.record().full, 1);
     live.stop();
 }
 
@@ -246,17 +171,18 @@ fn nothing_is_programmed_until_every_kind_is_listed() {
 #[test]
 fn later_changes_apply_only_the_affected_ports() {
     let live = Live::start(initial());
-    let recording = &live.recording;
+    let recording = &live.kernel;
     live.wait(|r| r.full == 1);
-    assert!(live.health.readiness().is_ok());
+    // The loop books the apply after it returns.
+    live.wait(|_| live.health.readiness().is_ok());
     live.sender.send(SourceEvent::Apply(Object::EndpointSlice(slice("web-1", "web", &["10.1.0.9"]))));
     live.wait(|r| r.partial.len() == 1);
-    assert_eq!(recording.lock().unwrap().partial[0], BTreeSet::from([port("10.96.0.1")]), "api is not touched");
+    assert_eq!(recording.record().partial[0], BTreeSet::from([port("10.96.0.1")]), "api is not touched");
     // A Node label change of another node touches the Services with endpoints there.
     live.sender.send(SourceEvent::Apply(node("b", "z2")));
     live.sender.send(SourceEvent::Apply(node("b", "z3")));
     std::thread::sleep(Duration::from_millis(100));
-    assert_eq!(recording.lock().unwrap().partial.len(), 1, "no endpoint on b, nothing to recompute");
+    assert_eq!(recording.record().partial.len(), 1, "no endpoint on b, nothing to recompute");
     live.stop();
 }
 
@@ -323,7 +249,7 @@ fn a_demand_change_anywhere_recomputes_the_spillover_services() {
             vec![Object::EndpointSlice(web_slice), Object::EndpointSlice(slice("api-1", "api", &["10.2.0.1"]))],
         ),
     ]);
-    let recording = &live.recording;
+    let recording = &live.kernel;
     let kept = |r: &Recording| {
         let backends = &r.current.services[&port("10.96.0.1")].backends;
         let total: f64 = backends.iter().map(|b| f64::from(b.weight)).sum();
@@ -331,21 +257,21 @@ fn a_demand_change_anywhere_recomputes_the_spillover_services() {
     };
     live.wait(|r| r.full == 1);
     // Demand 50/50, endpoints 1/2: z1 keeps 1.1/3 of all traffic, 73 % of its own.
-    let before = kept(&recording.lock().unwrap());
+    let before = kept(&recording.record());
     assert!((before - 1.1 / 3.0 / 0.5).abs() < 1e-5, "{before}");
     // A new node in z1 (no endpoint on it) triples z1's demand share: z1 now keeps less of its
     // own traffic, and only web is re-programmed.
     live.sender.send(SourceEvent::Apply(node("c", "z1")));
     live.wait(|r| r.partial.len() == 1);
-    assert_eq!(recording.lock().unwrap().partial[0], BTreeSet::from([port("10.96.0.1")]));
-    let after = kept(&recording.lock().unwrap());
+    assert_eq!(recording.record().partial[0], BTreeSet::from([port("10.96.0.1")]));
+    let after = kept(&recording.record());
     assert!((after - 1.1 / 3.0 / (2.0 / 3.0)).abs() < 1e-5, "{after}");
     // A label-only change that leaves the demand as it was recomputes nothing.
     let Object::Node(mut relabelled) = node("c", "z1") else { unreachable!() };
     relabelled.labels.insert("team", "x");
     live.sender.send(SourceEvent::Apply(Object::Node(relabelled)));
     std::thread::sleep(Duration::from_millis(100));
-    assert_eq!(recording.lock().unwrap().partial.len(), 1);
+    assert_eq!(recording.record().partial.len(), 1);
     live.stop();
 }
 
@@ -366,7 +292,7 @@ fn an_unusable_own_node_is_an_error_naming_its_field_not_node_not_found() {
     drop(sender);
     let controller = Controller::new(
         ControllerConfig::new("a"),
-        Recorder(Arc::default()),
+        MemoryKernel::default(),
         Arc::new(Health::default()),
         Arc::new(Metrics::default()),
         Box::new(LogOnly),
@@ -393,7 +319,7 @@ fn the_dns_view_follows_the_cluster() {
     let (publisher, view) = crate::dns::DnsPublisher::new(Vec::new());
     let controller = Controller::new(
         ControllerConfig { reconcile_interval: Duration::from_secs(3600), ..ControllerConfig::new("a") },
-        Recorder(Arc::default()),
+        MemoryKernel::default(),
         Arc::new(Health::default()),
         Arc::new(Metrics::default()),
         Box::new(LogOnly),
