@@ -145,7 +145,7 @@ fn a_large_full_sync_over_a_previous_agents_maps_writes_while_it_decides_and_rem
     assert_eq!(*completed, (0, 0, 1, 0), "completing removes the stale port and writes nothing else");
     drop(programmer);
 
-    let snapshot = dataplane::snapshot(fx.pins.path()).expect("snapshot");
+    let snapshot = dataplane::read_pins(fx.pins.path()).expect("snapshot");
     assert_eq!(snapshot.kernel.services.len(), SERVICES);
     assert!(!snapshot.kernel.services.contains_key(&service_port(STALE)));
     let place = fx.place();

@@ -158,7 +158,7 @@ fn stale_services_are_removed_on_the_first_apply_after_a_restart() {
     assert_eq!((report.removed, report.unchanged), (1, 2), "{report:?}");
     let gone = fx.place().tcp(addr("10.96.1.2:80"), 3);
     assert_eq!(gone.errno("ENETUNREACH"), 3, "a removed service is no longer rewritten: {gone:?}");
-    let snapshot = dataplane::snapshot(fx.pins.path()).expect("snapshot");
+    let snapshot = dataplane::read_pins(fx.pins.path()).expect("snapshot");
     assert_eq!(snapshot.kernel.services.len(), 2);
     assert_eq!(snapshot.counters.len(), 2, "only service entries have counters");
 }
@@ -241,7 +241,7 @@ fn a_full_map_is_an_error_naming_it_and_nothing_is_half_written() {
         assert_eq!(error.to_string(), "map topo_slots is full: 6 entries needed, capacity 4");
     }
     assert_eq!(dp.kernel().slot_entries(), 3, "the failed services wrote no slot");
-    let snapshot = dataplane::snapshot(fx.pins.path()).expect("snapshot");
+    let snapshot = dataplane::read_pins(fx.pins.path()).expect("snapshot");
     assert_eq!(snapshot.kernel.slot_entries(), 3);
     assert_eq!(snapshot.kernel.services.len(), 1);
     // The service that fit works; the others are not programmed at all.

@@ -278,7 +278,7 @@ fn main() -> anyhow::Result<()> {
             println!("consistent: {} service ports, {} live slots", check.services, check.live_slots);
         }
         Command::Status { pin_path, output, .. } => {
-            let snapshot = dataplane::snapshot(&pin_path)
+            let snapshot = dataplane::read_pins(&pin_path)
                 .with_context(|| format!("reading the pinned state under {}", pin_path.display()))?;
             let report = StatusReport::new(&pin_path, &snapshot);
             match output {

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::{
-    dataplane::{HeartbeatReading, MeasuredBackend, Snapshot},
+    dataplane::{HeartbeatReading, MeasuredBackend, PinnedState},
     desired::{Locality, PortOptions, Protocol},
 };
 
@@ -57,7 +57,7 @@ pub struct ServiceStatus {
     /// Backends and the share of new connections each receives.
     pub backends: Vec<BackendStatus>,
     /// Kernel counters since the service was programmed.
-    pub counters: Counters,
+    pub counters: PortCounters,
 }
 
 /// One backend of a programmed service port.
@@ -77,7 +77,7 @@ pub struct BackendStatus {
 /// Kernel counters of a service port.
 #[derive(Debug, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Counters {
+pub struct PortCounters {
     /// Rewrites to same-node backends.
     pub node: u64,
     /// Rewrites to same-zone backends.
@@ -93,14 +93,14 @@ pub struct Counters {
 }
 
 impl StatusReport {
-    /// Builds the report from a snapshot of the pins.
-    pub fn new(pin_path: &std::path::Path, snapshot: &Snapshot) -> Self {
-        let mut services: Vec<ServiceStatus> = snapshot
+    /// Builds the report from what the pins hold.
+    pub fn new(pin_path: &std::path::Path, pinned: &PinnedState) -> Self {
+        let mut services: Vec<ServiceStatus> = pinned
             .kernel
             .services
             .iter()
             .map(|(port, programmed)| {
-                let counters = snapshot.counters.get(&programmed.service_id).copied().unwrap_or_default();
+                let counters = pinned.counters.get(&programmed.service_id).copied().unwrap_or_default();
                 let mut backends: Vec<BackendStatus> = programmed
                     .backends(port.vip.is_ipv4())
                     .into_iter()
@@ -120,7 +120,7 @@ impl StatusReport {
                     reject: programmed.count == 0,
                     options: programmed.options,
                     backends,
-                    counters: Counters {
+                    counters: PortCounters {
                         node: counters.rewritten[0],
                         zone: counters.rewritten[1],
                         region: counters.rewritten[2],
@@ -134,14 +134,11 @@ impl StatusReport {
         services.sort_by(|a, b| (&a.service, &a.cluster_ip, a.port).cmp(&(&b.service, &b.cluster_ip, b.port)));
         Self {
             pin_path: pin_path.display().to_string(),
-            attached: snapshot.attached.iter().map(|s| (*s).to_owned()).collect(),
-            heartbeat: snapshot.heartbeat,
-            node: NodeStatus {
-                fail_open: snapshot.node_counters.fail_open,
-                no_storage: snapshot.node_counters.no_storage,
-            },
+            attached: pinned.attached.iter().map(|s| (*s).to_owned()).collect(),
+            heartbeat: pinned.heartbeat,
+            node: NodeStatus { fail_open: pinned.node_counters.fail_open, no_storage: pinned.node_counters.no_storage },
             services,
-            backend_load: snapshot.backend_load.clone(),
+            backend_load: pinned.backend_load.clone(),
         }
     }
 

@@ -120,7 +120,7 @@ fn a_tenants_annotations_and_zones_cost_every_node_little() {
     assert!(retained < 4 * MIB, "the plan keeps {retained} bytes");
     assert!(peak < 16 * MIB, "deciding took {peak} bytes at most");
     eprintln!("40 Services: state {kept} B, plan {retained} B, deciding's peak {peak} B");
-    let decisions = plan.decisions(&ObjectKey::new("tenant", "svc-0"));
+    let decisions = plan.selections(&ObjectKey::new("tenant", "svc-0"));
     assert_eq!(decisions.len(), 20);
     for warning in decisions.iter().flat_map(|d| &d.selection.warnings) {
         assert!(warning.len() < 400, "a warning of {} bytes: {}…", warning.len(), &warning[..200]);
@@ -143,7 +143,7 @@ fn a_tenants_annotations_and_zones_cost_every_node_little() {
     let (plan, peak) = peak_during(|| NodePlan::build(&state, "node-a", None).expect("a plan"));
     assert!(peak < 32 * MIB, "spillover over 6,000 zones took {peak} bytes (a 6,000² matrix is 288 MB)");
     eprintln!("6,000 zones: deciding's peak {peak} B");
-    let decision = &plan.decisions(&ObjectKey::new("tenant", "wide"))[0];
+    let decision = &plan.selections(&ObjectKey::new("tenant", "wide"))[0];
     assert!(
         decision.selection.reason.contains("6000 zones in scope; spillover balances at most 128"),
         "{}",

@@ -22,7 +22,7 @@ use super::{batch, error::DataplaneError, grace::Grace, maps::PinLayout};
 type Chunk = PerCpuArray<MapData, ServiceCounters>;
 
 /// The counters map and the chunks this process has opened or created.
-pub struct Counters {
+pub struct CounterChunks {
     outer: ArrayOfMaps<MapData, Chunk>,
     /// The outer map again, for batched updates (aya keeps `outer`'s descriptor to itself).
     outer_fd: OwnedFd,
@@ -44,7 +44,7 @@ pub fn chunks_for(service_ids: u32) -> u32 {
     service_ids.div_ceil(COUNTER_CHUNK)
 }
 
-impl Counters {
+impl CounterChunks {
     /// Wraps the pinned or freshly created outer map; chunks are pinned under `layout`.
     pub fn new(map: Map, layout: &PinLayout) -> Result<Self, DataplaneError> {
         let outer_fd = match &map {
@@ -215,7 +215,7 @@ impl Counters {
     }
 }
 
-impl Grace for Counters {
+impl Grace for CounterChunks {
     /// Sets entry 0 of the outer map to the chunk it already holds: the kernel waits for an RCU
     /// grace period before the update returns.
     fn wait(&mut self) -> Result<(), DataplaneError> {

@@ -11,6 +11,7 @@
 //! (`topology-ebpf`) with the nightly toolchain and embeds them.
 
 pub mod alias;
+mod backend_load;
 mod batch;
 mod counters;
 mod diff;
@@ -20,7 +21,6 @@ mod heartbeat;
 mod ids;
 mod index;
 mod links;
-mod load;
 mod loader;
 mod maps;
 #[cfg(any(test, feature = "testing"))]
@@ -56,7 +56,7 @@ pub use maps::{Capacities, PinLayout};
 pub use socket_maps::{IterError, SocketMaps};
 pub use state::{CounterReading, KernelState, ProgrammedService};
 use topology_common::{NodeCounters, ServiceCounters, program_names};
-pub use topology_policy::feedback::measured::{Counters as LoadCounters, MeasuredBackend};
+pub use topology_policy::feedback::measured::{LoadCounters, MeasuredBackend};
 // The pipeline's vocabulary, under the names the modules here were written with.
 use topology_policy::{cluster, desired};
 pub use writer::{ApplyReport, Usage};
@@ -276,16 +276,16 @@ impl Dataplane {
 
     /// What the `sock_ops` program measured of each backend this node sent TCP connections to.
     pub fn backend_load(&self) -> Result<Vec<MeasuredBackend>, DataplaneError> {
-        load::read(&self.writer.maps().backend_load)
+        backend_load::read(&self.writer.maps().backend_load)
     }
 
     /// Drops the measurements of backends in no programmed set with nothing in flight; returns
     /// how many went.
     pub fn prune_backend_load(&mut self) -> Result<usize, DataplaneError> {
         // Only the idle measured backends are looked for in the sets: a few, not every backend.
-        let (mut idle, invalid) = load::idle(&self.writer.maps().backend_load)?;
+        let (mut idle, invalid) = backend_load::idle(&self.writer.maps().backend_load)?;
         self.writer.kernel().keep_unused(&mut idle);
-        load::remove(&mut self.writer.maps_mut().backend_load, idle, invalid)
+        backend_load::remove(&mut self.writer.maps_mut().backend_load, idle, invalid)
     }
 
     /// The kernel log reader, when kernel logging is on; the caller polls it.
@@ -307,7 +307,7 @@ impl Dataplane {
 
 /// What the pins hold, read without loading or attaching anything.
 #[derive(Debug)]
-pub struct Snapshot {
+pub struct PinnedState {
     /// Programmed service ports.
     pub kernel: KernelState,
     /// Counters by service id.
@@ -325,7 +325,7 @@ pub struct Snapshot {
 }
 
 /// Reads the pinned state under `pin_path`.
-pub fn snapshot(pin_path: &Path) -> Result<Snapshot, DataplaneError> {
+pub fn read_pins(pin_path: &Path) -> Result<PinnedState, DataplaneError> {
     let layout = PinLayout::new(pin_path);
     let maps = maps::MapSet::from_pins(&layout)?;
     let kernel = state::read(&maps)?;
@@ -333,8 +333,8 @@ pub fn snapshot(pin_path: &Path) -> Result<Snapshot, DataplaneError> {
     let node_counters = heartbeat::read_node_counters(&maps.node_counters)?;
     let heartbeat = heartbeat::read(&maps.heartbeat)?;
     let attached = program_names::ALL.into_iter().filter(|name| layout.link(name).exists()).collect();
-    let backend_load = load::read(&maps.backend_load)?;
-    Ok(Snapshot { kernel, counters, node_counters, heartbeat, attached, backend_load, capacities: maps.capacities })
+    let backend_load = backend_load::read(&maps.backend_load)?;
+    Ok(PinnedState { kernel, counters, node_counters, heartbeat, attached, backend_load, capacities: maps.capacities })
 }
 
 /// What [`verify_pins`] found.
@@ -392,7 +392,7 @@ impl CounterReader {
             services: state::read_named_counters(&self.maps)?,
             node: heartbeat::read_node_counters(&self.maps.node_counters)?,
             heartbeat: Some(heartbeat::read(&self.maps.heartbeat)?),
-            backends: load::read(&self.maps.backend_load)?,
+            backends: backend_load::read(&self.maps.backend_load)?,
         })
     }
 }

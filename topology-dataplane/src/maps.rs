@@ -13,7 +13,7 @@ use topology_common::{
     ServiceValue, Slot, capacity, map_names,
 };
 
-use super::{counters::Counters, error::DataplaneError, index::positions_for, mmap::MappedArray};
+use super::{counters::CounterChunks, error::DataplaneError, index::positions_for, mmap::MappedArray};
 
 /// `max_entries` of every map with a configurable size; an agent restarted with different
 /// capacities refuses to adopt.
@@ -140,7 +140,7 @@ pub struct MapSet {
     /// Backend slots, one run per set.
     pub slots: Array<MapData, Slot>,
     /// Per-CPU counters by service id, in chunks.
-    pub counters: Counters,
+    pub counters: CounterChunks,
     /// Names by service id.
     pub meta: HashMap<MapData, u32, ServiceMeta>,
     /// Options by service id.
@@ -150,7 +150,7 @@ pub struct MapSet {
     /// Counters of the whole node.
     pub node_counters: PerCpuArray<MapData, NodeCounters>,
     /// What the `sock_ops` program measured per backend.
-    pub backend_load: super::load::LoadMap,
+    pub backend_load: super::backend_load::LoadMap,
     /// Capacities as the kernel reports them.
     pub capacities: Capacities,
     /// Batched updates the kernel refused, redone entry by entry (a kernel without
@@ -216,7 +216,7 @@ impl MapSet {
         let slots: Array<_, Slot> = slots.try_into().map_err(DataplaneError::map(map_names::SLOTS))?;
         let index4 = MappedArray::new(map_data(index4, map_names::INDEX_V4)?, map_names::INDEX_V4)?;
         let index6 = MappedArray::new(map_data(index6, map_names::INDEX_V6)?, map_names::INDEX_V6)?;
-        let counters = Counters::new(counters, layout)?;
+        let counters = CounterChunks::new(counters, layout)?;
         let meta: HashMap<_, u32, ServiceMeta> =
             meta.try_into().map_err(DataplaneError::map(map_names::SERVICE_META))?;
         let options: Array<_, ServiceOptions> =
@@ -275,13 +275,13 @@ pub struct CounterMaps {
     /// Names by service id.
     pub meta: HashMap<MapData, u32, ServiceMeta>,
     /// Per-CPU counters by service id.
-    pub counters: Counters,
+    pub counters: CounterChunks,
     /// The agent's heartbeat.
     pub heartbeat: Array<MapData, Heartbeat>,
     /// Counters of the whole node.
     pub node_counters: PerCpuArray<MapData, NodeCounters>,
     /// What the `sock_ops` program measured per backend.
-    pub backend_load: super::load::LoadMap,
+    pub backend_load: super::backend_load::LoadMap,
 }
 
 impl CounterMaps {
@@ -292,7 +292,7 @@ impl CounterMaps {
             services4: open(map_names::SERVICES_V4)?.try_into().map_err(DataplaneError::map(map_names::SERVICES_V4))?,
             services6: open(map_names::SERVICES_V6)?.try_into().map_err(DataplaneError::map(map_names::SERVICES_V6))?,
             meta: open(map_names::SERVICE_META)?.try_into().map_err(DataplaneError::map(map_names::SERVICE_META))?,
-            counters: Counters::new(open(map_names::COUNTERS)?, layout)?,
+            counters: CounterChunks::new(open(map_names::COUNTERS)?, layout)?,
             heartbeat: open(map_names::HEARTBEAT)?.try_into().map_err(DataplaneError::map(map_names::HEARTBEAT))?,
             node_counters: open(map_names::NODE_COUNTERS)?
                 .try_into()

@@ -13,8 +13,8 @@ use hickory_proto::{
 };
 
 use super::{
-    names::Lookup,
-    view::{Choice, Chosen, DnsView, NamedPort, Records},
+    names::ClusterName,
+    view::{Chosen, DnsView, NamedChoice, NamedPort, Records},
 };
 use crate::desired::{Locality, Protocol};
 
@@ -34,7 +34,7 @@ pub struct Zone {
 #[derive(Debug)]
 pub enum Outcome {
     /// Send this answer; `localities` of the headless endpoints it holds.
-    Answer(Message, Kind, Vec<Locality>),
+    Answer(Message, AnswerKind, Vec<Locality>),
     /// Not ours: relay to the upstream unchanged.
     Forward,
     /// This answer (a CNAME to `target`, an ExternalName Service's), completed with the
@@ -44,7 +44,7 @@ pub enum Outcome {
 
 /// What an answer was, for the metrics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub enum AnswerKind {
     /// Records.
     Records,
     /// The name exists, not with this type.
@@ -55,7 +55,7 @@ pub enum Kind {
     Refused,
 }
 
-impl Kind {
+impl AnswerKind {
     /// Label value.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -70,17 +70,17 @@ impl Kind {
 /// Decides `request` from the view. `draw` returns a uniform value in [0, 1).
 pub fn answer(view: &DnsView, zone: &Zone, request: &Message, draw: &mut dyn FnMut() -> f64) -> Outcome {
     if request.metadata.op_code != OpCode::Query {
-        return Outcome::Answer(error(request, ResponseCode::NotImp), Kind::Refused, Vec::new());
+        return Outcome::Answer(error(request, ResponseCode::NotImp), AnswerKind::Refused, Vec::new());
     }
     let [query] = request.queries.as_slice() else {
-        return Outcome::Answer(error(request, ResponseCode::FormErr), Kind::Refused, Vec::new());
+        return Outcome::Answer(error(request, ResponseCode::FormErr), AnswerKind::Refused, Vec::new());
     };
     if request.edns.as_ref().is_some_and(|edns| edns.version() > 0) {
         // RFC 6891: an EDNS version we do not speak is BADVERS, with our version (0) in the OPT.
-        return Outcome::Answer(error(request, ResponseCode::BADVERS), Kind::Refused, Vec::new());
+        return Outcome::Answer(error(request, ResponseCode::BADVERS), AnswerKind::Refused, Vec::new());
     }
-    let lookup = Lookup::parse(query.name(), &zone.domain);
-    if matches!(lookup, Lookup::Outside | Lookup::Pod | Lookup::Elsewhere) {
+    let lookup = ClusterName::parse(query.name(), &zone.domain);
+    if matches!(lookup, ClusterName::Outside | ClusterName::Pod | ClusterName::Elsewhere) {
         return Outcome::Forward;
     }
     let mut response = reply(request);
@@ -131,14 +131,14 @@ struct Builder<'a> {
 }
 
 impl Builder<'_> {
-    fn resolve(&mut self, view: &DnsView, lookup: &Lookup, draw: &mut dyn FnMut() -> f64) -> Kind {
+    fn resolve(&mut self, view: &DnsView, lookup: &ClusterName, draw: &mut dyn FnMut() -> f64) -> AnswerKind {
         let qtype = self.query.query_type();
         let name = self.query.name().clone();
         let answers: Option<Vec<Record>> = match lookup {
-            Lookup::Apex => Some(if qtype == RecordType::SOA { vec![self.soa()] } else { Vec::new() }),
-            Lookup::SvcZone => Some(Vec::new()),
-            Lookup::Namespace { namespace } => view.has_namespace(namespace).then(Vec::new),
-            Lookup::Service { namespace, name: service } => match view.service(namespace, service) {
+            ClusterName::Apex => Some(if qtype == RecordType::SOA { vec![self.soa()] } else { Vec::new() }),
+            ClusterName::SvcZone => Some(Vec::new()),
+            ClusterName::Namespace { namespace } => view.has_namespace(namespace).then(Vec::new),
+            ClusterName::Service { namespace, name: service } => match view.service(namespace, service) {
                 None => None,
                 Some(Records::ExternalName { target }) => {
                     let Ok(target) = Name::from_ascii(format!("{target}.")) else { return self.nxdomain() };
@@ -170,11 +170,11 @@ impl Builder<'_> {
                     }
                 }),
             },
-            Lookup::Endpoint { namespace, name: service, host } => view
+            ClusterName::Endpoint { namespace, name: service, host } => view
                 .service(namespace, service)
                 .and_then(|records| records.hosts().get(host))
                 .map(|ips| self.addresses(&name, qtype, ips.iter().copied())),
-            Lookup::Srv { namespace, name: service, port, protocol } => match view.service(namespace, service) {
+            ClusterName::Srv { namespace, name: service, port, protocol } => match view.service(namespace, service) {
                 Some(Records::ClusterIp { ips, ports, .. }) => {
                     let records = self.srv_cluster_ip(&name, ips, ports, Some((port, protocol)));
                     (!records.is_empty())
@@ -195,24 +195,24 @@ impl Builder<'_> {
                 }
                 None => None,
             },
-            Lookup::Unknown => None,
-            Lookup::Outside | Lookup::Pod | Lookup::Elsewhere => unreachable!("forwarded before"),
+            ClusterName::Unknown => None,
+            ClusterName::Outside | ClusterName::Pod | ClusterName::Elsewhere => unreachable!("forwarded before"),
         };
         let Some(answers) = answers else {
             return self.nxdomain();
         };
         if answers.is_empty() {
             self.response.add_authority(self.soa());
-            return Kind::NoData;
+            return AnswerKind::NoData;
         }
         self.response.add_answers(answers);
-        Kind::Records
+        AnswerKind::Records
     }
 
-    fn nxdomain(&mut self) -> Kind {
+    fn nxdomain(&mut self) -> AnswerKind {
         self.response.metadata.response_code = ResponseCode::NXDomain;
         self.response.add_authority(self.soa());
-        Kind::NxDomain
+        AnswerKind::NxDomain
     }
 
     fn record(&self, name: &Name, rdata: RData) -> Record {
@@ -299,7 +299,7 @@ fn proto_name(protocol: Protocol) -> &'static str {
 
 /// The addresses one answer holds: all chosen ones when their weights are equal, else one drawn
 /// by weight (clients re-sort address lists, so only the set, not the order, can carry weights).
-pub fn pick<'a>(chosen: &'a Chosen, draw: &mut dyn FnMut() -> f64) -> Vec<&'a Choice> {
+pub fn pick<'a>(chosen: &'a Chosen, draw: &mut dyn FnMut() -> f64) -> Vec<&'a NamedChoice> {
     if !chosen.weighted {
         return chosen.choices.iter().collect();
     }

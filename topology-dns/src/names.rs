@@ -5,7 +5,7 @@ use hickory_proto::rr::Name;
 
 /// What a name under (or outside) the cluster domain refers to.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Lookup {
+pub enum ClusterName {
     /// Not in the cluster domain: forwarded.
     Outside,
     /// The cluster domain itself.
@@ -30,7 +30,7 @@ pub enum Lookup {
     Elsewhere,
 }
 
-impl Lookup {
+impl ClusterName {
     /// Parses `name` against `domain` (for example `cluster.local`), ignoring case.
     pub fn parse(name: &Name, domain: &Name) -> Self {
         let labels: Vec<String> = name.iter().map(|l| String::from_utf8_lossy(l).to_ascii_lowercase()).collect();
@@ -73,8 +73,8 @@ impl Lookup {
 mod tests {
     use super::*;
 
-    fn parse(name: &str) -> Lookup {
-        Lookup::parse(&Name::from_ascii(name).unwrap(), &Name::from_ascii("cluster.local.").unwrap())
+    fn parse(name: &str) -> ClusterName {
+        ClusterName::parse(&Name::from_ascii(name).unwrap(), &Name::from_ascii("cluster.local.").unwrap())
     }
 
     fn s(v: &str) -> String {
@@ -84,30 +84,30 @@ mod tests {
     #[test]
     fn names_by_the_kubernetes_dns_specification() {
         let rows = [
-            ("example.com.", Lookup::Outside),
-            ("local.", Lookup::Outside),
-            ("cluster.local.", Lookup::Apex),
-            ("svc.cluster.local.", Lookup::SvcZone),
-            ("default.svc.cluster.local.", Lookup::Namespace { namespace: s("default") }),
-            ("web.default.svc.cluster.local.", Lookup::Service { namespace: s("default"), name: s("web") }),
-            ("WEB.Default.SVC.Cluster.Local.", Lookup::Service { namespace: s("default"), name: s("web") }),
+            ("example.com.", ClusterName::Outside),
+            ("local.", ClusterName::Outside),
+            ("cluster.local.", ClusterName::Apex),
+            ("svc.cluster.local.", ClusterName::SvcZone),
+            ("default.svc.cluster.local.", ClusterName::Namespace { namespace: s("default") }),
+            ("web.default.svc.cluster.local.", ClusterName::Service { namespace: s("default"), name: s("web") }),
+            ("WEB.Default.SVC.Cluster.Local.", ClusterName::Service { namespace: s("default"), name: s("web") }),
             (
                 "web-0.web.default.svc.cluster.local.",
-                Lookup::Endpoint { namespace: s("default"), name: s("web"), host: s("web-0") },
+                ClusterName::Endpoint { namespace: s("default"), name: s("web"), host: s("web-0") },
             ),
             (
                 "_http._tcp.web.default.svc.cluster.local.",
-                Lookup::Srv { namespace: s("default"), name: s("web"), port: s("http"), protocol: s("tcp") },
+                ClusterName::Srv { namespace: s("default"), name: s("web"), port: s("http"), protocol: s("tcp") },
             ),
-            ("_._tcp.web.default.svc.cluster.local.", Lookup::Unknown),
-            ("_http.web.default.svc.cluster.local.", Lookup::Unknown),
-            ("a.b.web.default.svc.cluster.local.", Lookup::Unknown),
-            ("10-0-0-1.default.pod.cluster.local.", Lookup::Pod),
-            ("web.default.cluster.local.", Lookup::Elsewhere),
-            ("nodes.cluster.local.", Lookup::Elsewhere),
-            ("api.github.com.cluster.local.", Lookup::Elsewhere),
-            ("api.github.com.default.svc.cluster.local.", Lookup::Unknown),
-            ("web.default.svc.cluster.local.example.com.", Lookup::Outside),
+            ("_._tcp.web.default.svc.cluster.local.", ClusterName::Unknown),
+            ("_http.web.default.svc.cluster.local.", ClusterName::Unknown),
+            ("a.b.web.default.svc.cluster.local.", ClusterName::Unknown),
+            ("10-0-0-1.default.pod.cluster.local.", ClusterName::Pod),
+            ("web.default.cluster.local.", ClusterName::Elsewhere),
+            ("nodes.cluster.local.", ClusterName::Elsewhere),
+            ("api.github.com.cluster.local.", ClusterName::Elsewhere),
+            ("api.github.com.default.svc.cluster.local.", ClusterName::Unknown),
+            ("web.default.svc.cluster.local.example.com.", ClusterName::Outside),
         ];
         for (name, expect) in rows {
             assert_eq!(parse(name), expect, "{name}");

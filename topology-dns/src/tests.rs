@@ -11,7 +11,7 @@ use topology_policy::testing::{EndpointExt, ServiceExt, endpoints, ep, service, 
 
 use super::{
     DnsView,
-    answer::{self, Kind, Outcome, Zone},
+    answer::{self, AnswerKind, Outcome, Zone},
     parse_domain, server,
     view::Records,
 };
@@ -57,14 +57,14 @@ fn query(name: &str, qtype: RecordType) -> Message {
     message
 }
 
-fn ask_with(view: &DnsView, name: &str, qtype: RecordType, draw: &mut dyn FnMut() -> f64) -> (Message, Kind) {
+fn ask_with(view: &DnsView, name: &str, qtype: RecordType, draw: &mut dyn FnMut() -> f64) -> (Message, AnswerKind) {
     match answer::answer(view, &zone(), &query(name, qtype), draw) {
         Outcome::Answer(message, kind, _) => (message, kind),
         Outcome::Forward | Outcome::Chase(..) => panic!("{name} was forwarded or chased"),
     }
 }
 
-fn ask(view: &DnsView, name: &str, qtype: RecordType) -> (Message, Kind) {
+fn ask(view: &DnsView, name: &str, qtype: RecordType) -> (Message, AnswerKind) {
     ask_with(view, name, qtype, &mut || 0.5)
 }
 
@@ -111,7 +111,7 @@ fn a_headless_service_answers_what_this_nodes_policy_chooses() {
     ];
     for (name, svc, node, expect) in rows {
         let (message, kind) = ask(&view(&cluster(svc), node), DB, RecordType::A);
-        assert_eq!(kind, Kind::Records, "{name}");
+        assert_eq!(kind, AnswerKind::Records, "{name}");
         assert_eq!(ips(&message), expect.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>(), "{name}");
         assert!(message.metadata.authoritative && message.answers.iter().all(|r| r.ttl == 5), "{name}");
         assert_eq!(message.metadata.id, 7);
@@ -124,7 +124,7 @@ fn a_hard_requirement_nobody_meets_answers_as_coredns_does_for_no_endpoints() {
     // which CoreDNS answers NXDOMAIN for a headless Service.
     let state = cluster(headless(service("db")).keys(&["kubernetes.io/hostname"]));
     let (message, kind) = ask(&view(&state, "a3"), DB, RecordType::A);
-    assert_eq!((kind, message.metadata.response_code), (Kind::NxDomain, ResponseCode::NXDomain));
+    assert_eq!((kind, message.metadata.response_code), (AnswerKind::NxDomain, ResponseCode::NXDomain));
     assert_eq!(message.authorities.first().map(|r| r.record_type()), Some(RecordType::SOA), "negative caching");
     let (message, _) = ask(&view(&state, "a1"), DB, RecordType::A);
     assert_eq!(ips(&message), ["10.0.1.1"]);
@@ -135,25 +135,25 @@ fn names_that_exist_without_the_type_asked_are_nodata_and_unknown_ones_nxdomain(
     let state = cluster(headless(service("db")));
     let view = view(&state, "a1");
     let rows = [
-        (DB, RecordType::AAAA, Kind::NoData),
-        (DB, RecordType::MX, Kind::NoData),
-        ("web.ns.svc.cluster.local.", RecordType::AAAA, Kind::NoData),
-        ("ns.svc.cluster.local.", RecordType::A, Kind::NoData),
-        ("svc.cluster.local.", RecordType::A, Kind::NoData),
-        ("cluster.local.", RecordType::A, Kind::NoData),
-        ("cluster.local.", RecordType::SOA, Kind::Records),
-        ("nope.ns.svc.cluster.local.", RecordType::A, Kind::NxDomain),
-        ("db.other.svc.cluster.local.", RecordType::A, Kind::NxDomain),
-        ("other.svc.cluster.local.", RecordType::A, Kind::NxDomain),
-        ("db-9.db.ns.svc.cluster.local.", RecordType::A, Kind::NxDomain),
-        ("x.y.db.ns.svc.cluster.local.", RecordType::A, Kind::NxDomain),
+        (DB, RecordType::AAAA, AnswerKind::NoData),
+        (DB, RecordType::MX, AnswerKind::NoData),
+        ("web.ns.svc.cluster.local.", RecordType::AAAA, AnswerKind::NoData),
+        ("ns.svc.cluster.local.", RecordType::A, AnswerKind::NoData),
+        ("svc.cluster.local.", RecordType::A, AnswerKind::NoData),
+        ("cluster.local.", RecordType::A, AnswerKind::NoData),
+        ("cluster.local.", RecordType::SOA, AnswerKind::Records),
+        ("nope.ns.svc.cluster.local.", RecordType::A, AnswerKind::NxDomain),
+        ("db.other.svc.cluster.local.", RecordType::A, AnswerKind::NxDomain),
+        ("other.svc.cluster.local.", RecordType::A, AnswerKind::NxDomain),
+        ("db-9.db.ns.svc.cluster.local.", RecordType::A, AnswerKind::NxDomain),
+        ("x.y.db.ns.svc.cluster.local.", RecordType::A, AnswerKind::NxDomain),
     ];
     for (name, qtype, expect) in rows {
         let (message, kind) = ask(&view, name, qtype);
         assert_eq!(kind, expect, "{name} {qtype}");
-        let code = if expect == Kind::NxDomain { ResponseCode::NXDomain } else { ResponseCode::NoError };
+        let code = if expect == AnswerKind::NxDomain { ResponseCode::NXDomain } else { ResponseCode::NoError };
         assert_eq!(message.metadata.response_code, code, "{name} {qtype}");
-        if expect != Kind::Records {
+        if expect != AnswerKind::Records {
             assert!(message.answers.is_empty() && message.authorities.len() == 1, "{name}: SOA only");
         }
     }
@@ -176,7 +176,7 @@ fn cluster_ip_services_answer_their_cluster_ip_and_endpoint_names_their_pod() {
 fn srv_targets_are_chosen_the_same_way() {
     let state = cluster(headless(service("db")).distribution("PreferClose"));
     let (message, kind) = ask(&view(&state, "b1"), "_http._tcp.db.ns.svc.cluster.local.", RecordType::SRV);
-    assert_eq!(kind, Kind::Records);
+    assert_eq!(kind, AnswerKind::Records);
     let targets: Vec<(String, u16)> = message
         .answers
         .iter()
@@ -194,7 +194,7 @@ fn srv_targets_are_chosen_the_same_way() {
     let srv = message.answers.iter().find_map(|r| if let RData::SRV(s) = &r.data { Some(s.clone()) } else { None });
     assert_eq!(srv.map(|s| (s.target.to_ascii(), s.port)), Some(("web.ns.svc.cluster.local.".into(), 80)));
     let (_, kind) = ask(&view(&state, "b1"), "_grpc._tcp.db.ns.svc.cluster.local.", RecordType::SRV);
-    assert_eq!(kind, Kind::NxDomain, "no such port");
+    assert_eq!(kind, AnswerKind::NxDomain, "no such port");
 }
 
 #[test]
@@ -287,9 +287,9 @@ fn an_ipv6_headless_service_answers_aaaa() {
     state.upsert_service(headless(service("v6")).distribution("PreferClose"));
     state.upsert_slice(slice("v6-1", "v6", 80, vec![ep("fd00::1", "a1").zone("a"), ep("fd00::2", "b1")]));
     let (message, kind) = ask(&view(&state, "a2"), "v6.ns.svc.cluster.local.", RecordType::AAAA);
-    assert_eq!((kind, ips(&message)), (Kind::Records, vec!["fd00::1".to_owned()]));
+    assert_eq!((kind, ips(&message)), (AnswerKind::Records, vec!["fd00::1".to_owned()]));
     let (_, kind) = ask(&view(&state, "a2"), "v6.ns.svc.cluster.local.", RecordType::A);
-    assert_eq!(kind, Kind::NoData);
+    assert_eq!(kind, AnswerKind::NoData);
 }
 
 #[test]
@@ -311,7 +311,7 @@ fn the_view_is_updated_one_service_at_a_time() {
     state.remove_service(&key);
     assert!(update(&state, &mut view));
     assert!(!view.has_namespace("other") && view.has_namespace("ns"));
-    assert_eq!(ask(&view, DB, RecordType::A).1, Kind::NxDomain);
+    assert_eq!(ask(&view, DB, RecordType::A).1, AnswerKind::NxDomain);
     assert_eq!(view, DnsView::of_node(&state, "a1", Vec::new()).unwrap(), "incremental equals whole");
 }
 
@@ -345,7 +345,7 @@ fn malformed_queries_get_formerr_or_nothing_and_never_a_panic() {
     request.add_query(Query::query(Name::from_ascii("x.").unwrap(), RecordType::A));
     match answer::answer(&view, &zone(), &request, &mut || 0.0) {
         Outcome::Answer(message, kind, _) => {
-            assert_eq!((kind, message.metadata.response_code), (Kind::Refused, ResponseCode::FormErr));
+            assert_eq!((kind, message.metadata.response_code), (AnswerKind::Refused, ResponseCode::FormErr));
         }
         Outcome::Forward | Outcome::Chase(..) => panic!("two questions forwarded"),
     }
@@ -370,13 +370,13 @@ fn an_external_name_is_a_cname_completed_upstream_and_unowned_names_are_forwarde
     assert_eq!(response.metadata.response_code, ResponseCode::NoError);
     // Asked for the CNAME itself: nothing to chase.
     let (cname, kind) = ask(&view, name, RecordType::CNAME);
-    assert_eq!((kind, cname.answers.len()), (Kind::Records, 1));
+    assert_eq!((kind, cname.answers.len()), (AnswerKind::Records, 1));
     // It has no endpoints to name.
-    assert_eq!(ask(&view, "x.ext.ns.svc.cluster.local.", RecordType::A).1, Kind::NxDomain);
+    assert_eq!(ask(&view, "x.ext.ns.svc.cluster.local.", RecordType::A).1, AnswerKind::NxDomain);
     // Names of the cluster domain outside svc and pod, which other plugins may serve, go to CoreDNS.
     for elsewhere in ["web.default.cluster.local.", "nodes.cluster.local."] {
         let outcome = answer::answer(&view, &zone(), &query(elsewhere, RecordType::A), &mut || 0.0);
         assert!(matches!(outcome, Outcome::Forward), "{elsewhere}: {outcome:?}");
     }
-    assert_eq!(ask(&view, "nope.ns.svc.cluster.local.", RecordType::A).1, Kind::NxDomain, "svc is ours alone");
+    assert_eq!(ask(&view, "nope.ns.svc.cluster.local.", RecordType::A).1, AnswerKind::NxDomain, "svc is ours alone");
 }

@@ -8,7 +8,7 @@ use std::{
     sync::Arc,
 };
 
-pub use crate::plan::headless::{Choice, Chosen, Headless, NamedPort};
+pub use crate::plan::headless::{Chosen, Headless, NamedChoice, NamedPort};
 use crate::{
     cluster::{ClusterState, Family, ObjectKey},
     desired::Protocol,

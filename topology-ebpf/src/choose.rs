@@ -48,14 +48,14 @@ impl Error {
 }
 
 /// A service port and the backend chosen for it.
-pub struct Choice {
+pub struct Pick {
     /// The service entry the backend was chosen from.
     pub service: ServiceValue,
     /// The chosen backend.
     pub backend: Backend,
 }
 
-impl Choice {
+impl Pick {
     /// The backend's address as words (IPv4 in the first word).
     #[inline(always)]
     pub fn addr(&self) -> Words {
@@ -79,7 +79,7 @@ pub fn choose(
     service: ServiceValue,
     options: &ServiceOptions,
     clock: &mut Clock,
-) -> Result<Choice, Error> {
+) -> Result<Pick, Error> {
     if service.count == 0 {
         return Err(Error::EmptySet { service_id: service.service_id });
     }
@@ -88,7 +88,7 @@ pub fn choose(
     } else {
         keep_client(ctx, &service, options.affinity_timeout_s, clock)?
     };
-    Ok(Choice { service, backend })
+    Ok(Pick { service, backend })
 }
 
 /// Draws a backend of a non-empty set by weight.

@@ -22,7 +22,7 @@ mod sockaddr;
 
 use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
 use aya_log_ebpf::{debug, warn};
-use choose::{Choice, Error};
+use choose::{Error, Pick};
 use gate::{Clock, Gate};
 use record::Addressed;
 use sockaddr::{ALLOW, Words};
@@ -108,7 +108,7 @@ pub fn connect6(ctx: SockAddrContext) -> i32 {
 
 /// TCP and connected UDP: choose, and record the translation for `getpeername()` and replies.
 #[inline(always)]
-fn connect(ctx: &SockAddrContext, dest: Dest) -> Result<Option<Choice>, Error> {
+fn connect(ctx: &SockAddrContext, dest: Dest) -> Result<Option<Pick>, Error> {
     let Some(proto) = sockaddr::protocol(ctx) else {
         return Ok(None);
     };
@@ -156,7 +156,7 @@ pub fn sendmsg6(ctx: SockAddrContext) -> i32 {
 /// Unconnected UDP: the backend this socket keeps for the service while its set is unchanged,
 /// else a new choice; the socket's record also translates the replies.
 #[inline(always)]
-fn send(ctx: &SockAddrContext, dest: Dest) -> Result<Option<Choice>, Error> {
+fn send(ctx: &SockAddrContext, dest: Dest) -> Result<Option<Pick>, Error> {
     let Some(proto) = sockaddr::protocol(ctx) else {
         return Ok(None);
     };
@@ -184,7 +184,7 @@ fn send(ctx: &SockAddrContext, dest: Dest) -> Result<Option<Choice>, Error> {
         && let Some(peer) = peers.peers.get(index)
         && peer.set_id == service.set_id
     {
-        return Ok(Some(Choice { service, backend: peer.backend }));
+        return Ok(Some(Pick { service, backend: peer.backend }));
     }
     let choice = choose::choose(ctx, service, &options, &mut clock)?;
     record::keep_datagram_peer(peers, entry, &to, &choice);
@@ -240,7 +240,7 @@ fn original(ctx: &SockAddrContext, source: Dest) -> Option<(Words, u16)> {
 /// Counts a rewrite or a failure, and turns it into the program's return value. Every outcome
 /// goes through the one counter update here, so each program carries a single copy of it.
 #[inline(always)]
-fn finish(ctx: &SockAddrContext, outcome: &Result<Option<Choice>, Error>) -> i32 {
+fn finish(ctx: &SockAddrContext, outcome: &Result<Option<Pick>, Error>) -> i32 {
     let (counter, verdict) = match outcome {
         Ok(None) => return ALLOW,
         Ok(Some(choice)) => (choice.counter(), ALLOW),

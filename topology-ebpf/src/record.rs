@@ -6,7 +6,7 @@ use aya_ebpf::programs::SockAddrContext;
 use topology_common::{Backend, DATAGRAM_PEERS, DatagramPeer, DatagramPeers, SockTranslation};
 
 use crate::{
-    choose::Choice,
+    choose::Pick,
     maps::{SOCK_CONNECTIONS, SOCK_DATAGRAMS},
     sockaddr::{self, Words},
 };
@@ -27,7 +27,7 @@ pub struct Addressed {
 /// Records that this connected socket reaches `to` through the chosen backend; false when the
 /// kernel could not allocate the storage.
 #[inline(always)]
-pub fn remember_connection(ctx: &SockAddrContext, to: &Addressed, choice: &Choice) -> bool {
+pub fn remember_connection(ctx: &SockAddrContext, to: &Addressed, choice: &Pick) -> bool {
     // SAFETY: the context's socket is valid for the program's lifetime.
     let record = unsafe { SOCK_CONNECTIONS.get_or_insert_ptr_mut(ctx, None) };
     if record.is_null() {
@@ -96,7 +96,7 @@ pub fn find_service(peers: &DatagramPeers, to: &Addressed) -> Option<usize> {
 /// Records in `peers` (at `entry`, or replacing the oldest) that the socket keeps `choice`'s
 /// backend for the service at `to`.
 #[inline(always)]
-pub fn keep_datagram_peer(peers: &mut DatagramPeers, entry: Option<usize>, to: &Addressed, choice: &Choice) {
+pub fn keep_datagram_peer(peers: &mut DatagramPeers, entry: Option<usize>, to: &Addressed, choice: &Pick) {
     let index = match entry {
         Some(index) => index,
         None => {

@@ -34,7 +34,7 @@ impl Decider<'_> {
         }
         let warnings: Vec<String> = self
             .plan
-            .decisions(key)
+            .selections(key)
             .iter()
             .flat_map(|s| s.selection.warnings.iter().map(move |w| format!("port {}: {w}", s.port.port)))
             .collect();

@@ -7,13 +7,13 @@ use std::{collections::BTreeSet, time::Instant};
 use super::program::Programmer;
 use crate::{
     cluster::ObjectKey,
-    feedback::{Tuning, control::Controller, metrics::FeedbackMetrics},
+    feedback::{Tuning, control::Regulator, metrics::FeedbackMetrics},
     plan::NodePlan,
 };
 
 /// The controller and its clock.
 pub struct FeedbackLoop {
-    controller: Controller,
+    regulator: Regulator,
     started: Instant,
     last: Option<Instant>,
 }
@@ -21,7 +21,7 @@ pub struct FeedbackLoop {
 impl FeedbackLoop {
     /// A loop with `tuning`.
     pub fn new(tuning: Tuning) -> Self {
-        Self { controller: Controller::new(tuning), started: Instant::now(), last: None }
+        Self { regulator: Regulator::new(tuning), started: Instant::now(), last: None }
     }
 
     /// One look, if an interval has passed: returns the Services to decide again.
@@ -31,7 +31,7 @@ impl FeedbackLoop {
         plan: &mut NodePlan,
         metrics: &FeedbackMetrics,
     ) -> BTreeSet<ObjectKey> {
-        let interval = std::time::Duration::from_millis(self.controller.tuning().interval_ms);
+        let interval = std::time::Duration::from_millis(self.regulator.tuning().interval_ms);
         if self.last.is_some_and(|at| at.elapsed() < interval) {
             return BTreeSet::new();
         }
@@ -39,7 +39,7 @@ impl FeedbackLoop {
         // after every batch of events.
         self.last = Some(Instant::now());
         let ports = plan.feedback_ports();
-        if ports.is_empty() && self.controller.inputs().is_empty() {
+        if ports.is_empty() && self.regulator.inputs().is_empty() {
             return BTreeSet::new();
         }
         let reading = match programmer.backend_load() {
@@ -50,13 +50,13 @@ impl FeedbackLoop {
             }
         };
         let now_ms = self.started.elapsed().as_millis() as u64;
-        let changed = self.controller.step(now_ms, &reading, &ports);
+        let changed = self.regulator.step(now_ms, &reading, &ports);
         for key in &changed {
-            if let Some(input) = self.controller.inputs().get(key) {
+            if let Some(input) = self.regulator.inputs().get(key) {
                 tracing::info!(service = %key.service, port = key.port, shift = input.shift, reason = %input.reason, "feedback");
             }
         }
-        metrics.set(self.controller.inputs());
-        plan.set_feedback(self.controller.inputs())
+        metrics.set(self.regulator.inputs());
+        plan.set_feedback(self.regulator.inputs())
     }
 }

@@ -65,7 +65,7 @@ impl<P: Programmer> Controller<P> {
         }
         decider.drain_retries(this);
         let deciding = started.elapsed();
-        let report = self.programmer.apply(self.plan.kernel());
+        let report = self.programmer.apply(self.plan.desired());
         FullSync { report, deciding, writing: started.elapsed() - deciding }
     }
 
@@ -117,7 +117,7 @@ impl<P: Programmer> Controller<P> {
         // Every stranded port failed too: the retry says again whether it still is.
         chunks.stranded.clear();
         let retry = failed.into_iter().map(|(port, _)| port).collect();
-        chunks.absorb(self.programmer.complete(self.plan.kernel(), &retry));
+        chunks.absorb(self.programmer.complete(self.plan.desired(), &retry));
         Some(FullSync { report: chunks, deciding, writing: writing + started.elapsed() })
     }
 }

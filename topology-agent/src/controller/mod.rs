@@ -287,7 +287,7 @@ impl<P: Programmer> Controller<P> {
             let report = synced.report;
             tracing::info!(
                 services = keys.len(),
-                ports = self.plan.kernel().services.len(),
+                ports = self.plan.desired().services.len(),
                 plan_ms = synced.deciding.as_millis() as u64,
                 write_ms = synced.writing.as_millis() as u64,
                 total_ms = started.elapsed().as_millis() as u64,
@@ -303,7 +303,7 @@ impl<P: Programmer> Controller<P> {
                 changed.extend(decider.recompute(&this, &key));
             }
             changed.extend(decider.drain_retries(&this));
-            let report = self.programmer.apply_changes(self.plan.kernel(), &changed);
+            let report = self.programmer.apply_changes(self.plan.desired(), &changed);
             self.finish(started, &report, Some(&changed));
         } else {
             self.oldest_pending = None;
@@ -318,7 +318,7 @@ impl<P: Programmer> Controller<P> {
     fn reconcile(&mut self) {
         if self.programmed {
             let started = Instant::now();
-            let report = self.programmer.apply(self.plan.kernel());
+            let report = self.programmer.apply(self.plan.desired());
             self.finish(started, &report, None);
         }
     }

@@ -148,7 +148,7 @@ pub fn report(state: &ClusterState, this: &Node, plan: &NodePlan, service: Optio
     ExplainReport {
         node: this.name.clone(),
         services: plan
-            .all_decisions()
+            .all_selections()
             .filter(|(key, _)| wanted(key))
             .flat_map(|(_, selections)| selections.iter().map(|selected| entry(plan, selected)))
             .collect(),

@@ -102,7 +102,7 @@ impl IndexKey for ServiceKey6 {
 
 /// What a lookup in the index answers, as the programs see it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Lookup {
+pub enum IndexAnswer {
     /// The entry.
     Found(ServiceValue),
     /// No such service port.
@@ -332,19 +332,19 @@ impl<K: IndexKey> Placement<K> {
     }
 
     /// What a program's lookup of `key` answers, given what the kernel holds.
-    pub fn lookup(&self, key: &K) -> Lookup {
+    pub fn lookup(&self, key: &K) -> IndexAnswer {
         for step in 0..self.window {
             let position = self.at(key, step);
             if self.seq(position) & 1 != 0 {
-                return Lookup::Unsure;
+                return IndexAnswer::Unsure;
             }
             match self.content(position) {
-                Content::Empty => return Lookup::Absent,
-                Content::Used(held, value) if held == *key => return Lookup::Found(value),
+                Content::Empty => return IndexAnswer::Absent,
+                Content::Used(held, value) if held == *key => return IndexAnswer::Found(value),
                 _ => {}
             }
         }
-        Lookup::Unsure
+        IndexAnswer::Unsure
     }
 }
 
@@ -420,17 +420,17 @@ impl<K: IndexKey> Placement<K> {
     pub fn check(&self, services: &HashMap<K, ServiceValue>) -> Result<(), IndexViolation> {
         for (key, value) in services {
             match self.lookup(key) {
-                Lookup::Found(found) if found != *value => {
+                IndexAnswer::Found(found) if found != *value => {
                     return Err(IndexViolation::Differs { key: format!("{key:?}"), index: found, hash: *value });
                 }
-                Lookup::Absent => return Err(IndexViolation::Absent(format!("{key:?}"))),
+                IndexAnswer::Absent => return Err(IndexViolation::Absent(format!("{key:?}"))),
                 _ => {}
             }
         }
         for position in self.positions.values() {
             if let Content::Used(key, _) = position.content
                 && !services.contains_key(&key)
-                && matches!(self.lookup(&key), Lookup::Found(_))
+                && matches!(self.lookup(&key), IndexAnswer::Found(_))
             {
                 return Err(IndexViolation::NotAService(format!("{key:?}")));
             }

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use proptest::prelude::*;
 use topology_common::{ServiceKey4, ServiceValue, index::MAX_PROBE};
 
-use super::placement::{Content, IndexKey as _, Lookup, Placement, positions_for};
+use super::placement::{Content, IndexAnswer, IndexKey as _, Placement, positions_for};
 
 fn key(i: u32) -> ServiceKey4 {
     ServiceKey4 { addr: (0x0a60_0000 + i).to_be_bytes(), port: 80, proto: 6, _pad: 0 }
@@ -37,7 +37,7 @@ fn colliding_keys_fill_their_window_in_order() {
     for (i, k) in keys.iter().enumerate() {
         assert_eq!(index.upsert(*k, value(i as u32)), vec![10 + i as u32]);
     }
-    assert_eq!(index.lookup(&keys[2]), Lookup::Found(value(2)));
+    assert_eq!(index.lookup(&keys[2]), IndexAnswer::Found(value(2)));
     // Same value again: nothing to write. A new value: the same position.
     assert!(index.upsert(keys[1], value(1)).is_empty());
     assert_eq!(index.upsert(keys[1], value(7)), vec![11]);
@@ -45,8 +45,8 @@ fn colliding_keys_fill_their_window_in_order() {
     // passes; removing the third then empties both.
     assert_eq!(index.remove(&keys[1]), vec![11]);
     assert_eq!(index.content(11), Content::Tombstone);
-    assert_eq!(index.lookup(&keys[2]), Lookup::Found(value(2)));
-    assert_eq!(index.lookup(&keys[1]), Lookup::Absent);
+    assert_eq!(index.lookup(&keys[2]), IndexAnswer::Found(value(2)));
+    assert_eq!(index.lookup(&keys[1]), IndexAnswer::Absent);
     assert_eq!(index.remove(&keys[2]), vec![12, 11]);
     assert_eq!((index.content(11), index.content(12)), (Content::Empty, Content::Empty));
     // A freed tombstone is reused by the next key of that window.
@@ -64,13 +64,13 @@ fn a_full_window_overflows_to_the_hash_map_and_moves_in_when_room_is_made() {
     }
     let last = keys[MAX_PROBE as usize];
     assert_eq!(index.overflowed(), 1);
-    assert_eq!(index.lookup(&last), Lookup::Unsure, "the programs ask the hash map");
+    assert_eq!(index.lookup(&last), IndexAnswer::Unsure, "the programs ask the hash map");
     // Its value changes while it waits.
     assert!(index.upsert(last, value(99)).is_empty());
     // Room in its window: it moves into the freed position at once.
     assert_eq!(index.remove(&keys[2]), vec![5]);
     assert_eq!(index.overflowed(), 0);
-    assert_eq!(index.lookup(&last), Lookup::Found(value(99)));
+    assert_eq!(index.lookup(&last), IndexAnswer::Found(value(99)));
 }
 
 #[test]
@@ -92,10 +92,10 @@ fn a_tombstone_stays_while_a_later_key_needs_it() {
     // 6 lies before keys placed at 7..=10 of the same window: a tombstone, which the waiting
     // key then takes.
     assert_eq!(index.remove(&keys[3]), vec![6]);
-    assert_eq!(index.lookup(&waiting), Lookup::Found(value(60)));
+    assert_eq!(index.lookup(&waiting), IndexAnswer::Found(value(60)));
     assert_eq!(index.remove(&waiting), vec![6]);
     assert_eq!(index.content(6), Content::Tombstone, "keys at 7..=10 pass it");
-    assert_eq!(index.lookup(&keys[7]), Lookup::Found(value(7)));
+    assert_eq!(index.lookup(&keys[7]), IndexAnswer::Found(value(7)));
 }
 
 #[test]
@@ -105,7 +105,7 @@ fn a_half_written_position_sends_lookups_to_the_hash_map() {
     let changed = index.upsert(k, value(1));
     apply(&mut index, &changed);
     index.positions.get_mut(&changed[0]).unwrap().seq += 1;
-    assert_eq!(index.lookup(&k), Lookup::Unsure);
+    assert_eq!(index.lookup(&k), IndexAnswer::Unsure);
 }
 
 #[test]
@@ -129,8 +129,8 @@ fn adoption_keeps_what_is_right_and_fixes_the_rest() {
     assert!(changed.contains(&((home(&c) + 1) % positions)), "the half-written position is finished");
     apply(&mut index, &changed);
     assert_eq!(index.check(&services), Ok(()));
-    assert_eq!(index.lookup(&b), Lookup::Found(value(2)));
-    assert_eq!(index.lookup(&c), Lookup::Absent);
+    assert_eq!(index.lookup(&b), IndexAnswer::Found(value(2)));
+    assert_eq!(index.lookup(&c), IndexAnswer::Absent);
 }
 
 #[test]
@@ -175,7 +175,7 @@ proptest! {
             prop_assert_eq!(index.check(&services), Ok(()));
             for k in 0..40 {
                 if !services.contains_key(&key(k)) {
-                    prop_assert!(!matches!(index.lookup(&key(k)), Lookup::Found(_)));
+                    prop_assert!(!matches!(index.lookup(&key(k)), IndexAnswer::Found(_)));
                 }
             }
         }

@@ -54,16 +54,17 @@ struct PortState {
     input: PortInput,
 }
 
-/// Every feedback port's controller, and the windows they read.
+/// The feedback regulator: every feedback port's state, and the windows it reads (not the control
+/// loop, which is `Controller` in the agent).
 #[derive(Clone, Debug, Default)]
-pub struct Controller {
+pub struct Regulator {
     tuning: Tuning,
     windows: Windows,
     ports: BTreeMap<PortKey, PortState>,
 }
 
-impl Controller {
-    /// A controller with `tuning`.
+impl Regulator {
+    /// A regulator with `tuning`.
     pub fn new(tuning: Tuning) -> Self {
         Self { tuning, ..Self::default() }
     }

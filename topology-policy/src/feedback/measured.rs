@@ -19,13 +19,13 @@ pub struct MeasuredBackend {
     pub connecting: u64,
     /// Cumulative counters.
     #[serde(flatten)]
-    pub load: Counters,
+    pub load: LoadCounters,
 }
 
 /// [`BackendLoad`] as `status` and the metrics print it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Counters {
+pub struct LoadCounters {
     /// Handshakes started.
     pub connects: u64,
     /// Handshakes completed.
@@ -44,7 +44,7 @@ pub struct Counters {
     pub lifetime_us: u64,
 }
 
-impl From<BackendLoad> for Counters {
+impl From<BackendLoad> for LoadCounters {
     fn from(load: BackendLoad) -> Self {
         Self {
             connects: load.connects,

@@ -3,7 +3,7 @@
 
 use std::{collections::BTreeMap, net::SocketAddr};
 
-use super::measured::{Counters as LoadCounters, MeasuredBackend};
+use super::measured::{LoadCounters, MeasuredBackend};
 
 /// One backend over one interval.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -14,9 +14,9 @@ use crate::{
     policy::{self, PolicyKind, Selection, join},
 };
 
-/// One endpoint an answer may hold.
+/// One endpoint an answer may hold: the policy's choice, with its DNS name.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Choice {
+pub struct NamedChoice {
     /// Endpoint address.
     pub address: IpAddr,
     /// Target port (SRV).
@@ -34,7 +34,7 @@ pub struct Choice {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Chosen {
     /// The chosen endpoints, both families, sorted by address.
-    pub choices: Vec<Choice>,
+    pub choices: Vec<NamedChoice>,
     /// Weights differ between choices.
     pub weighted: bool,
     /// The policy's reason, per family ("IPv4: …").
@@ -52,7 +52,7 @@ impl Chosen {
         };
         self.reasons.push(format!("{family}: {}", selection.reason));
         for backend in &selection.backends {
-            self.choices.push(Choice {
+            self.choices.push(NamedChoice {
                 address: backend.address,
                 port: backend.port,
                 label: labels.get(&backend.address).cloned().unwrap_or_else(|| endpoint_label(None, backend.address)),

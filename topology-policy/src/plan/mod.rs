@@ -37,7 +37,7 @@ pub const RETRY_ROUNDS: usize = 16;
 pub struct NodePlan {
     node: String,
     steering: Option<Steering>,
-    decisions: BTreeMap<ObjectKey, Vec<PortSelection>>,
+    selections: BTreeMap<ObjectKey, Vec<PortSelection>>,
     /// The DNS answers of headless Services (shared with the responder's view).
     headless: BTreeMap<ObjectKey, Arc<Headless>>,
     /// The Services with a port under feedback: what the controller visits once a second.
@@ -52,7 +52,7 @@ impl NodePlan {
         Self {
             node: node.into(),
             steering,
-            decisions: BTreeMap::new(),
+            selections: BTreeMap::new(),
             headless: BTreeMap::new(),
             under_feedback: BTreeSet::new(),
             ownership: Ownership::default(),
@@ -99,9 +99,9 @@ impl NodePlan {
             self.under_feedback.remove(key);
         }
         if selections.is_empty() {
-            self.decisions.remove(key);
+            self.selections.remove(key);
         } else {
-            self.decisions.insert(key.clone(), selections);
+            self.selections.insert(key.clone(), selections);
         }
         update
     }
@@ -128,9 +128,9 @@ impl NodePlan {
         &self.node
     }
 
-    /// The policy's decisions for one Service, per port and family.
-    pub fn decisions(&self, key: &ObjectKey) -> &[PortSelection] {
-        self.decisions.get(key).map_or(&[], Vec::as_slice)
+    /// The policy's selections for one Service, per port and family.
+    pub fn selections(&self, key: &ObjectKey) -> &[PortSelection] {
+        self.selections.get(key).map_or(&[], Vec::as_slice)
     }
 
     /// The DNS answers of headless Service `key`.
@@ -143,19 +143,20 @@ impl NodePlan {
         self.headless.iter()
     }
 
-    /// Every Service's decisions, by Service.
-    pub fn all_decisions(&self) -> impl Iterator<Item = (&ObjectKey, &[PortSelection])> {
-        self.decisions.iter().map(|(key, selections)| (key, selections.as_slice()))
+    /// Every Service's selections, by Service.
+    pub fn all_selections(&self) -> impl Iterator<Item = (&ObjectKey, &[PortSelection])> {
+        self.selections.iter().map(|(key, selections)| (key, selections.as_slice()))
     }
 
-    /// What the kernel should hold: one entry per owned ClusterIP, port and protocol.
-    pub fn kernel(&self) -> &DesiredState {
+    /// What the kernel should hold: one entry per owned ClusterIP, port and protocol. (What it
+    /// holds is the dataplane's `kernel()`.)
+    pub fn desired(&self) -> &DesiredState {
         self.ownership.desired()
     }
 
     /// The kernel entry of a port, if it is planned.
     pub fn entry(&self, port: &ServicePort) -> Option<&DesiredService> {
-        self.kernel().services.get(port)
+        self.desired().services.get(port)
     }
 
     /// The Service owning a port.
@@ -166,7 +167,7 @@ impl NodePlan {
     /// What the default policy would keep in this node's zone for a planned port
     /// ([`policy::Selection::baseline_in_zone`]).
     pub fn baseline_in_zone(&self, port: &ServicePort) -> Option<f64> {
-        self.decisions(self.owner(port)?)
+        self.selections(self.owner(port)?)
             .iter()
             .find(|d| d.port.port == port.port && d.port.protocol == port.protocol && d.cluster_ips.contains(&port.vip))
             .and_then(|d| d.selection.baseline_in_zone)
@@ -176,7 +177,7 @@ impl NodePlan {
     /// sync asks for all of them, and a search of the owner and then of its decisions per port
     /// was 35 ms after the last write of 50,000.
     pub fn baselines(&self) -> impl Iterator<Item = (ServicePort, f64)> + '_ {
-        self.decisions.iter().flat_map(move |(key, selections)| {
+        self.selections.iter().flat_map(move |(key, selections)| {
             selections.iter().flat_map(move |decision| {
                 decision.cluster_ips.iter().filter_map(move |&vip| {
                     let port = ServicePort { vip, port: decision.port.port, protocol: decision.port.protocol };
@@ -206,7 +207,7 @@ impl NodePlan {
     pub fn feedback_ports(&self) -> BTreeMap<feedback::PortKey, feedback::control::PortBackends> {
         let mut ports = BTreeMap::new();
         for service in &self.under_feedback {
-            for selected in self.decisions(service) {
+            for selected in self.selections(service) {
                 if let Some(report) = &selected.selection.feedback {
                     let key = feedback::PortKey {
                         service: service.clone(),
@@ -225,7 +226,7 @@ impl NodePlan {
     /// Services with kernel entries, and those only decided (no ClusterIP, or every port held by
     /// another): everything an update of the whole plan must visit.
     pub fn services(&self) -> BTreeSet<ObjectKey> {
-        self.decisions.keys().chain(self.ownership.services()).chain(self.headless.keys()).cloned().collect()
+        self.selections.keys().chain(self.ownership.services()).chain(self.headless.keys()).cloned().collect()
     }
 }
 
@@ -257,8 +258,8 @@ items:
             |p| ServicePort { vip: "10.96.0.10".parse().unwrap(), port: p, protocol: crate::desired::Protocol::Tcp };
         assert_eq!(plan.owner(&port(80)), Some(&ObjectKey::new("default", "first")));
         assert_eq!(plan.owner(&port(81)), Some(&ObjectKey::new("default", "second")));
-        assert_eq!(plan.decisions(&ObjectKey::new("default", "second")).len(), 2, "decided even where not owned");
-        assert_eq!(plan.kernel().services.len(), 2);
+        assert_eq!(plan.selections(&ObjectKey::new("default", "second")).len(), 2, "decided even where not owned");
+        assert_eq!(plan.desired().services.len(), 2);
         assert!(matches!(NodePlan::build(&state, "node-z", None), Err(PolicyError::UnknownNode(_))));
     }
 
@@ -289,7 +290,7 @@ items:
         let all: BTreeMap<ServicePort, f64> = plan.baselines().collect();
         assert_eq!(all, BTreeMap::from([(port(80), 0.5), (port(81), 0.0)]), "port 80 is the first Service's");
         let each: BTreeMap<ServicePort, f64> =
-            plan.kernel().services.keys().filter_map(|p| Some((*p, plan.baseline_in_zone(p)?))).collect();
+            plan.desired().services.keys().filter_map(|p| Some((*p, plan.baseline_in_zone(p)?))).collect();
         assert_eq!(all, each);
     }
 
@@ -306,6 +307,6 @@ items:
             ServicePort { vip: "10.96.0.10".parse().unwrap(), port: 80, protocol: crate::desired::Protocol::Tcp };
         assert!(changed.contains(&port));
         assert_eq!(plan.owner(&port), Some(&ObjectKey::new("default", "second")));
-        assert!(plan.decisions(&first).is_empty());
+        assert!(plan.selections(&first).is_empty());
     }
 }

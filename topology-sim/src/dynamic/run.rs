@@ -9,8 +9,8 @@ use std::{
 
 use topology_policy::feedback::{
     Inputs, PortKey, Tuning,
-    control::Controller,
-    measured::{Counters as LoadCounters, MeasuredBackend},
+    control::Regulator,
+    measured::{LoadCounters, MeasuredBackend},
 };
 
 use super::{
@@ -52,7 +52,7 @@ struct SimNode {
     zone: usize,
     weights: Vec<f64>,
     ports: BTreeMap<PortKey, ControlPorts>,
-    controller: Controller,
+    regulator: Regulator,
     counters: Vec<LoadCounters>,
     next_look_ms: f64,
     changes: Vec<f64>,
@@ -74,7 +74,7 @@ pub fn run(config: &Config, algorithm: Algorithm) -> anyhow::Result<Row> {
                 zone: n / shape.nodes_per_zone,
                 weights,
                 ports,
-                controller: Controller::new(config.tuning),
+                regulator: Regulator::new(config.tuning),
                 counters: vec![LoadCounters::default(); cluster.endpoints.len()],
                 // Independent agents: each looks on its own second.
                 next_look_ms: config.tuning.interval_ms as f64 * (n as f64 + 1.0) / node_count as f64,
@@ -136,7 +136,7 @@ pub fn run(config: &Config, algorithm: Algorithm) -> anyhow::Result<Row> {
                 figures[index].worst_overload = figures[index].worst_overload.max(worst);
                 arrivals_this_second.iter_mut().for_each(|n| *n = 0);
                 let key = cluster.port_key();
-                let shifts: f64 = nodes.iter().map(|n| n.controller.inputs().get(&key).map_or(0.0, |i| i.shift)).sum();
+                let shifts: f64 = nodes.iter().map(|n| n.regulator.inputs().get(&key).map_or(0.0, |i| i.shift)).sum();
                 timeline.push((t / 1000.0, shifts / node_count as f64));
                 this_second_us.sort_unstable();
                 let n = this_second_us.len();
@@ -175,11 +175,11 @@ fn look(cluster: &Cluster, nodes: &mut [SimNode], t: f64, interval_ms: f64) {
                 load: *load,
             })
             .collect();
-        let changed = node.controller.step(t as u64, &reading, &node.ports);
+        let changed = node.regulator.step(t as u64, &reading, &node.ports);
         if changed.is_empty() {
             continue;
         }
-        let (weights, ports) = cluster.decide(index, &node.controller.inputs());
+        let (weights, ports) = cluster.decide(index, &node.regulator.inputs());
         if weights.iter().zip(&node.weights).any(|(a, b)| (a - b).abs() > 1e-9) {
             node.changes.push(t);
         }

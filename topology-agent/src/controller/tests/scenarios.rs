@@ -112,7 +112,7 @@ fn run_case(dir: &Path) -> (String, String) {
 
         // Each apply was checked against what it was asked; the plan is what was asked.
         let mut record = controller.programmer.record();
-        assert_programmed(record.writer.kernel(), controller.plan.kernel(), &record.failing, &record.stranded, step);
+        assert_programmed(record.writer.kernel(), controller.plan.desired(), &record.failing, &record.stranded, step);
         let _ = write!(maps, "## {step}\n{}{}\n", std::mem::take(&mut record.log), record.writer.maps().dump());
         drop(record);
         before = Some(state);

@@ -377,6 +377,6 @@ items:
     let mesh = state.service(&ObjectKey::new("ns", "mesh")).unwrap();
     assert_eq!(mesh.other_proxy.as_deref(), Some("service.kubernetes.io/service-proxy-name=my-proxy"));
     let plan = crate::plan::NodePlan::build(&state, "a", None).unwrap();
-    let vips: Vec<String> = plan.kernel().services.keys().map(|port| port.vip.to_string()).collect();
+    let vips: Vec<String> = plan.desired().services.keys().map(|port| port.vip.to_string()).collect();
     assert_eq!(vips, ["10.96.0.2"], "only the Service kube-proxy would program");
 }

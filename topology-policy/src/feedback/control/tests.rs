@@ -3,7 +3,7 @@
 use super::*;
 use crate::{
     cluster::{Family, ObjectKey},
-    feedback::measured::Counters as LoadCounters,
+    feedback::measured::LoadCounters,
 };
 
 const NEAR: [&str; 2] = ["10.0.1.1:80", "10.0.1.2:80"];
@@ -19,7 +19,7 @@ fn addrs(list: &[&str]) -> Vec<SocketAddr> {
 
 /// Cumulative kernel counters the tests advance interval by interval.
 struct Harness {
-    controller: Controller,
+    controller: Regulator,
     counters: BTreeMap<SocketAddr, LoadCounters>,
     ports: BTreeMap<PortKey, PortBackends>,
     now_ms: u64,
@@ -30,7 +30,7 @@ impl Harness {
         let far = if far.is_empty() { BTreeMap::new() } else { BTreeMap::from([("zone-b".to_owned(), addrs(far))]) };
         let ports = BTreeMap::from([(key(), PortBackends { near: addrs(near), far })]);
         let mut harness =
-            Self { controller: Controller::new(Tuning::default()), counters: BTreeMap::new(), ports, now_ms: 0 };
+            Self { controller: Regulator::new(Tuning::default()), counters: BTreeMap::new(), ports, now_ms: 0 };
         // First sight of every backend: no window yet.
         harness.interval(&[], &[]);
         harness

@@ -17,7 +17,7 @@ pub mod solve;
 use std::{borrow::Cow, collections::BTreeMap};
 
 use serde::Serialize;
-use solve::{Plan, SolveError, ZoneInput};
+use solve::{Solution, SolveError, ZoneInput};
 
 use super::{Candidate, Choice, PolicyKind, Selection, describe, keys::TopologyKey, locality};
 pub use crate::cluster::model::{ANNOTATION_MAX_OVERLOAD, ANNOTATION_SPILLOVER};
@@ -343,7 +343,7 @@ fn region_of<'a>(demand: &'a Demand, candidate: &Candidate<'a>) -> Option<&'a st
     candidate.zone.and_then(|z| demand.zone(z)).and_then(|d| d.region()).or_else(node_region)
 }
 
-fn report(plan: &Plan, me: usize, route: &[f64], scope: &Scope, settings: Settings) -> SpilloverReport {
+fn report(plan: &Solution, me: usize, route: &[f64], scope: &Scope, settings: Settings) -> SpilloverReport {
     let mut spilled: Vec<Spill> = route
         .iter()
         .enumerate()

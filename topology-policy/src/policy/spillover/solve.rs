@@ -49,7 +49,7 @@ pub enum SolveError {
 
 /// The solution: where each zone's traffic goes, as shares of all traffic.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Plan {
+pub struct Solution {
     /// The zones, as given.
     pub zones: Vec<ZoneInput>,
     /// ε: no endpoint gets more than `(1 + ε)` times its fair share.
@@ -66,7 +66,7 @@ pub struct Plan {
 }
 
 /// Solves for `zones` with at most `max_overload` (ε) above the fair share on any endpoint.
-pub fn solve(zones: Vec<ZoneInput>, max_overload: f64) -> Result<Plan, SolveError> {
+pub fn solve(zones: Vec<ZoneInput>, max_overload: f64) -> Result<Solution, SolveError> {
     if !max_overload.is_finite() || max_overload < 0.0 {
         return Err(SolveError::InvalidOverload(max_overload));
     }
@@ -101,7 +101,7 @@ pub fn solve(zones: Vec<ZoneInput>, max_overload: f64) -> Result<Plan, SolveErro
     let everyone: Vec<usize> = (0..n).collect();
     state.spill(&everyone, &mut surplus);
     let Filling { flow, load, .. } = state;
-    Ok(Plan { zones, max_overload, demand, flow, load, total_endpoints, per_endpoint })
+    Ok(Solution { zones, max_overload, demand, flow, load, total_endpoints, per_endpoint })
 }
 
 fn positive(value: f64) -> f64 {
@@ -175,7 +175,7 @@ impl Filling<'_> {
     }
 }
 
-impl Plan {
+impl Solution {
     /// Index of the zone named `name`.
     pub fn index(&self, name: &str) -> Option<usize> {
         self.zones.iter().position(|z| z.name == name)
