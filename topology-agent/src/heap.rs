@@ -3,19 +3,15 @@
 //! A build on the host uses glibc's allocator, which keeps a heap ("arena") per thread that
 //! allocates, up to eight per core: the watch decodes objects on tokio's workers, the controller
 //! keeps them, and each arena stays as large as its busiest moment. One arena holds the agent's
-//! resident size to what it uses (at 5,000 Nodes and 10,000 Services: 147 MiB against 167 MiB with
-//! glibc's default, before the lean decoding); the agent's few threads allocate mostly from their
-//! per-thread caches, so they seldom wait on its lock.
+//! resident size to what it uses; the agent's few threads allocate mostly from their per-thread
+//! caches, so they seldom wait on its lock.
 //!
 //! The image's static (musl) binary uses jemalloc instead of musl's own heap, with the same one
-//! arena and dirty pages handed back after five seconds. Measured at Kubernetes' limits (5,000
-//! Nodes, 10,000 Services, 150,000 endpoints; `cargo bench --bench control_plane -- limits` with
-//! `TOPOLOGY_AGENT` set to the static binary), musl's heap against jemalloc: start → ready 1.89 →
-//! 1.45 s, resident 108.1 → 102.7 MiB (88–94 MiB since endpoints shrank), CPU during a storm of 1,000 EndpointSlice updates/s
-//! 26.9 → 19.8 % of a core. Handing dirty pages back after one second instead of five cost CPU
-//! at steady state (4.7 against 3.8 % of a core, 500 Node heartbeats/s) for no smaller resident
-//! size; mimalloc was tried and kept far more (143–149 MiB). An operator can still tune it:
-//! `_RJEM_MALLOC_CONF` is read at start, over the settings below.
+//! arena and dirty pages handed back after five seconds: at Kubernetes' limits it starts faster,
+//! stays smaller and spends less CPU in an update storm than musl's heap (`cargo bench --bench
+//! control_plane -- limits` with `TOPOLOGY_AGENT` set to the static binary). Handing pages back
+//! sooner cost CPU at steady state for no smaller resident size; mimalloc kept far more. An
+//! operator can still tune it: `_RJEM_MALLOC_CONF` is read at start, over the settings below.
 //!
 //! One thread allocates apart ([`own_arena`]): the full sync's writer, which allocates as much as
 //! the controller while it decides; a host build held to one glibc arena cannot give it one, and
@@ -67,8 +63,7 @@ pub fn limit_arenas() {
 
 /// Gives the calling thread a heap apart from the other threads', for a thread that allocates as
 /// much as the controller at the same time (the full sync's writer): two threads on one arena
-/// wait on its locks, and deciding beside the writer took twice as long (10,000 Services: 150 →
-/// 290 ms). jemalloc (the image): an arena of its own, created the first time and kept for the
+/// wait on its locks, and deciding beside the writer takes about twice as long. jemalloc (the image): an arena of its own, created the first time and kept for the
 /// next caller. glibc: a new thread gets its own arena unless held to one ([`limit_arenas`]),
 /// which no call can undo. Returns whether the thread now allocates apart.
 pub fn own_arena() -> bool {
