@@ -72,8 +72,8 @@ impl<P: Programmer> Controller<P> {
     /// The two-thread full sync; `None` when the writer thread could not be started (nothing was
     /// decided then).
     fn pipelined(&mut self, this: &Node, keys: &[ObjectKey]) -> Option<FullSync> {
-        let Self { programmer, state, plan, dns, ctx, dirty, .. } = self;
-        let mut decider = Decider { state, plan, dns, ctx, dirty };
+        let Self { programmer, intake, plan, outlets, ctx, .. } = self;
+        let mut decider = Decider { state: &intake.state, plan, dns: &mut outlets.dns, ctx, dirty: &mut intake.dirty };
         let (written, deciding) = std::thread::scope(|scope| {
             let (pieces, received) = mpsc::sync_channel::<Piece>(AHEAD);
             let writer = std::thread::Builder::new()

@@ -1,11 +1,14 @@
 //! Ingest: objects from the sources into the cluster state, each change marking the Services it
 //! can affect; objects that cannot be used are skipped (their last good version stays) and counted.
 
-use std::{collections::HashSet, time::Instant};
+use std::{
+    collections::{BTreeMap, BTreeSet, HashSet},
+    time::Instant,
+};
 
-use super::{Controller, Programmer, context::Topic};
+use super::context::{Context, Topic};
 use crate::{
-    cluster::Kind,
+    cluster::{ClusterState, Kind, ObjectKey},
     metrics::KindLabels,
     source::{Invalid, Object, ObjectId, SourceEvent},
 };
@@ -23,16 +26,50 @@ pub(super) struct Listing {
     keep: Ids,
 }
 
-impl<P: Programmer> Controller<P> {
+/// The cluster state the sources feed, and what their changes left to decide.
+#[derive(Debug, Default)]
+pub(super) struct Intake {
+    /// The cluster as the sources last told it.
+    pub(super) state: ClusterState,
+    /// Services a change may have affected, to decide again.
+    pub(super) dirty: BTreeSet<ObjectKey>,
+    /// Every Service is to be decided again (a snapshot, or this node changed).
+    pub(super) everything_dirty: bool,
+    /// Kinds whose initial list has ended.
+    pub(super) listed: BTreeSet<Kind>,
+    /// Lists whose pages are coming in, by kind.
+    listing: BTreeMap<Kind, Listing>,
+    /// Objects skipped as invalid; their last good version stays in use.
+    pub(super) skipped: BTreeMap<ObjectId, Invalid>,
+    /// When the oldest event not yet programmed was seen.
+    pub(super) oldest_pending: Option<Instant>,
+}
+
+/// What an event reports to, beside the intake.
+pub(super) struct Reporting<'a> {
+    pub(super) ctx: &'a mut Context,
+    /// This node's name.
+    pub(super) node: &'a str,
+    /// Whether the kernel was programmed yet (before it, changes need no marking: the first
+    /// sync decides everything).
+    pub(super) programmed: bool,
+}
+
+impl Intake {
+    /// Whether every kind's initial list has ended.
+    pub(super) fn all_listed(&self) -> bool {
+        self.listed.len() == Kind::ALL.len()
+    }
+
     /// Takes one event into the cluster state and notes what it may change.
-    pub fn receive(&mut self, seen: Instant, event: SourceEvent) {
+    pub(super) fn receive(&mut self, seen: Instant, event: SourceEvent, to: &mut Reporting<'_>) {
         self.oldest_pending.get_or_insert(seen);
         match event {
             SourceEvent::Listing(kind) => {
                 self.listing.insert(kind, Listing::default());
             }
-            SourceEvent::ListPage { kind, objects, invalid } => self.take_page(kind, objects, invalid),
-            SourceEvent::Replace { kind, objects, invalid } => self.replace(kind, objects, invalid),
+            SourceEvent::ListPage { kind, objects, invalid } => self.take_page(kind, objects, invalid, to),
+            SourceEvent::Replace { kind, objects, invalid } => self.replace(kind, objects, invalid, to),
             SourceEvent::Snapshot(state) => {
                 self.listing.clear();
                 self.state = *state;
@@ -40,42 +77,40 @@ impl<P: Programmer> Controller<P> {
                 for kind in Kind::ALL {
                     self.listed.insert(kind);
                 }
-                self.ctx.health.listed_all();
+                to.ctx.health.listed_all();
             }
             SourceEvent::Apply(object) => {
-                self.unskip(&object.id());
-                self.upsert(object);
+                self.unskip(&object.id(), to.ctx);
+                self.upsert(object, to);
             }
             SourceEvent::Delete(id) => {
-                self.unskip(&id);
-                self.remove(&id);
+                self.unskip(&id, to.ctx);
+                self.remove(&id, to);
             }
-            SourceEvent::Invalid(invalid) => self.skip(invalid),
-            SourceEvent::Stale { source, reason, transient: false } => self.ctx.health.set_stale(&source, Some(reason)),
-            SourceEvent::Stale { source, reason, transient: true } => {
-                self.ctx.health.set_watch_failing(&source, reason)
-            }
-            SourceEvent::Fresh { source } => self.ctx.health.set_stale(&source, None),
+            SourceEvent::Invalid(invalid) => self.skip(invalid, to.ctx),
+            SourceEvent::Stale { source, reason, transient: false } => to.ctx.health.set_stale(&source, Some(reason)),
+            SourceEvent::Stale { source, reason, transient: true } => to.ctx.health.set_watch_failing(&source, reason),
+            SourceEvent::Fresh { source } => to.ctx.health.set_stale(&source, None),
         }
     }
 
     /// Takes in one page of a list in progress: its objects now, which ones are gone at its end.
-    fn take_page(&mut self, kind: Kind, objects: Vec<Object>, invalid: Vec<Invalid>) {
+    fn take_page(&mut self, kind: Kind, objects: Vec<Object>, invalid: Vec<Invalid>, to: &mut Reporting<'_>) {
         let listing = self.listing.entry(kind).or_default();
         listing.listed.extend(objects.iter().map(Object::id));
         listing.keep.extend(invalid.iter().map(|i| i.id.clone()));
         for object in objects {
-            self.upsert(object);
+            self.upsert(object, to);
         }
         for bad in invalid {
-            self.skip(bad);
+            self.skip(bad, to.ctx);
         }
     }
 
     /// Ends a list (the whole of it, or its last page): what neither it nor its pages listed is
     /// gone, and objects skipped before and not invalid in it are skipped no more.
-    fn replace(&mut self, kind: Kind, objects: Vec<Object>, invalid: Vec<Invalid>) {
-        self.take_page(kind, objects, invalid);
+    fn replace(&mut self, kind: Kind, objects: Vec<Object>, invalid: Vec<Invalid>, to: &mut Reporting<'_>) {
+        self.take_page(kind, objects, invalid, to);
         let Listing { listed, keep } = self.listing.remove(&kind).unwrap_or_default();
         let present: Vec<ObjectId> = match kind {
             Kind::Node => self.state.nodes().map(|n| ObjectId::Node(n.name.clone())).collect(),
@@ -84,25 +119,25 @@ impl<P: Programmer> Controller<P> {
         };
         for id in present {
             if !listed.contains(&id) && !keep.contains(&id) {
-                self.remove(&id);
+                self.remove(&id, to);
             }
         }
         let stale_skips: Vec<ObjectId> =
             self.skipped.keys().filter(|id| id.kind() == kind && !keep.contains(id)).cloned().collect();
         for id in stale_skips {
-            self.unskip(&id);
+            self.unskip(&id, to.ctx);
         }
         self.listed.insert(kind);
-        self.ctx.health.listed(kind);
+        to.ctx.health.listed(kind);
     }
 
-    fn upsert(&mut self, object: Object) {
+    fn upsert(&mut self, object: Object, to: &Reporting<'_>) {
         match object {
             Object::Node(node) => {
                 let name = node.name.clone();
                 let demand = self.state.demand_version();
                 if self.state.upsert_node(node) {
-                    self.node_changed(&name, demand);
+                    self.node_changed(&name, demand, to);
                 }
             }
             Object::Service(service) => {
@@ -118,12 +153,12 @@ impl<P: Programmer> Controller<P> {
         }
     }
 
-    fn remove(&mut self, id: &ObjectId) {
+    fn remove(&mut self, id: &ObjectId, to: &Reporting<'_>) {
         match id {
             ObjectId::Node(name) => {
                 let demand = self.state.demand_version();
                 if self.state.remove_node(name).is_some() {
-                    self.node_changed(name, demand);
+                    self.node_changed(name, demand, to);
                 }
             }
             ObjectId::Service(key) => {
@@ -140,42 +175,42 @@ impl<P: Programmer> Controller<P> {
 
     /// A Node changed: this node re-decides everything; another node, what the cluster state says
     /// it affects (`demand_before`: the demand version before the change).
-    fn node_changed(&mut self, name: &str, demand_before: u64) {
-        if name == self.config.node {
+    fn node_changed(&mut self, name: &str, demand_before: u64, to: &Reporting<'_>) {
+        if name == to.node {
             self.everything_dirty = true;
         }
-        if self.everything_dirty || !self.programmed {
+        if self.everything_dirty || !to.programmed {
             return;
         }
         let affected = self.state.affected_by_node(name, demand_before);
         self.dirty.extend(affected);
     }
 
-    fn skip(&mut self, invalid: Invalid) {
+    fn skip(&mut self, invalid: Invalid, ctx: &mut Context) {
         tracing::warn!(object = %invalid.id, error = %invalid.error, "object skipped; its last good version stays in use");
         let kind = KindLabels { kind: invalid.id.kind().to_string() };
-        self.ctx.metrics.skipped_total.get_or_create(&kind).inc();
+        ctx.metrics.skipped_total.get_or_create(&kind).inc();
         if let Some(service) = &invalid.service {
             let message = format!("{}: {}; its last good version stays in use", invalid.id, invalid.error);
-            self.ctx.problem(service, Topic::Object(invalid.id.clone()), "InvalidObject", message);
+            ctx.problem(service, Topic::Object(invalid.id.clone()), "InvalidObject", message);
         }
         self.skipped.insert(invalid.id.clone(), invalid);
-        self.count_skipped();
+        self.count_skipped(ctx);
     }
 
-    fn unskip(&mut self, id: &ObjectId) {
+    fn unskip(&mut self, id: &ObjectId, ctx: &mut Context) {
         if let Some(invalid) = self.skipped.remove(id) {
             if let Some(service) = invalid.service {
-                self.ctx.resolved(&service, &Topic::Object(id.clone()));
+                ctx.resolved(&service, &Topic::Object(id.clone()));
             }
-            self.count_skipped();
+            self.count_skipped(ctx);
         }
     }
 
-    fn count_skipped(&self) {
+    fn count_skipped(&self, ctx: &Context) {
         for kind in Kind::ALL {
             let count = self.skipped.keys().filter(|id| id.kind() == kind).count();
-            self.ctx.metrics.skipped.get_or_create(&KindLabels { kind: kind.to_string() }).set(count as i64);
+            ctx.metrics.skipped.get_or_create(&KindLabels { kind: kind.to_string() }).set(count as i64);
         }
     }
 }

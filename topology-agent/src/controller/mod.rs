@@ -18,7 +18,7 @@ mod program;
 mod query;
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::BTreeSet,
     sync::{Arc, mpsc::RecvTimeoutError},
     time::{Duration, Instant},
 };
@@ -26,12 +26,13 @@ use std::{
 use context::Context;
 pub use full_sync::PIPELINE_FROM;
 pub use health::{Health, NotLive, NotReady, WATCH_STALE_GRACE};
+use ingest::Intake;
 pub use program::{Observation, Programmer};
 pub use query::{AskError, PlanClient, PlanQuery};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    cluster::{ClusterState, Kind, ObjectKey},
+    cluster::ObjectKey,
     dataplane::ApplyReport,
     desired::ServicePort,
     dns::{DnsPublisher, steer::Steering},
@@ -40,7 +41,7 @@ use crate::{
     metrics::Metrics,
     plan::NodePlan,
     sockets::Terminator,
-    source::{EventReceiver, Invalid, ObjectId},
+    source::{EventReceiver, ObjectId, SourceEvent},
 };
 
 /// How the controller runs.
@@ -88,27 +89,36 @@ pub enum ControllerError {
     InvalidOwnNode(crate::cluster::ObjectError),
 }
 
+/// Who else hears from the loop: the socket terminator (backends that left), the DNS responder
+/// (this node's answers) and `/debug/plan` (questions about the plan).
+#[derive(Default)]
+struct Outlets {
+    terminator: Option<Terminator>,
+    dns: Option<DnsPublisher>,
+    queries: Option<std::sync::mpsc::Receiver<PlanQuery>>,
+}
+
+/// When the loop last refreshed the kernel heartbeat ([`BEAT_INTERVAL`]) and had the programmer
+/// drop what no programmed set needs ([`TIDY_INTERVAL`]).
+#[derive(Default)]
+struct Upkeep {
+    beat: Option<Instant>,
+    tidy: Option<Instant>,
+}
+
 /// The control loop.
 pub struct Controller<P: Programmer> {
     config: ControllerConfig,
     programmer: P,
-    state: ClusterState,
+    /// The cluster state and what its changes left to decide.
+    intake: Intake,
     plan: NodePlan,
-    dirty: BTreeSet<ObjectKey>,
-    everything_dirty: bool,
-    listed: BTreeSet<Kind>,
-    /// Lists whose pages are coming in, by kind.
-    listing: BTreeMap<Kind, ingest::Listing>,
     programmed: bool,
-    skipped: BTreeMap<ObjectId, Invalid>,
-    oldest_pending: Option<Instant>,
-    last_beat: Option<Instant>,
-    /// When the programmer last dropped what no programmed set needs (see [`TIDY_INTERVAL`]).
-    last_tidy: Option<Instant>,
+    /// When the kernel heartbeat was last refreshed and the programmer last tidied.
+    upkeep: Upkeep,
     feedback: feedback::FeedbackLoop,
-    terminator: Option<Terminator>,
-    dns: Option<DnsPublisher>,
-    queries: Option<std::sync::mpsc::Receiver<PlanQuery>>,
+    /// Who else hears from the loop.
+    outlets: Outlets,
     ctx: Context,
 }
 
@@ -125,21 +135,12 @@ impl<P: Programmer> Controller<P> {
         Self {
             config,
             programmer,
-            state: ClusterState::default(),
+            intake: Intake::default(),
             plan: NodePlan::new(node, None),
-            dirty: BTreeSet::new(),
-            everything_dirty: false,
-            listed: BTreeSet::new(),
-            listing: BTreeMap::new(),
             programmed: false,
-            skipped: BTreeMap::new(),
-            oldest_pending: None,
-            last_beat: None,
-            last_tidy: None,
+            upkeep: Upkeep::default(),
             feedback: feedback::FeedbackLoop::new(Default::default()),
-            terminator: None,
-            dns: None,
-            queries: None,
+            outlets: Outlets::default(),
             ctx: Context::new(health, metrics, sink),
         }
     }
@@ -147,19 +148,19 @@ impl<P: Programmer> Controller<P> {
     /// Hands the backends that leave a set to `terminator`, which destroys the sockets still
     /// connected to them through the service.
     pub fn with_terminator(mut self, terminator: Option<Terminator>) -> Self {
-        self.terminator = terminator;
+        self.outlets.terminator = terminator;
         self
     }
 
     /// Keeps `dns`'s view of this node's answers current, one Service at a time.
     pub fn with_dns(mut self, dns: Option<DnsPublisher>) -> Self {
-        self.dns = dns;
+        self.outlets.dns = dns;
         self
     }
 
     /// Answers questions about the plan from `queries` (`/debug/plan`).
     pub fn with_queries(mut self, queries: Option<std::sync::mpsc::Receiver<PlanQuery>>) -> Self {
-        self.queries = queries;
+        self.outlets.queries = queries;
         self
     }
 
@@ -197,7 +198,7 @@ impl<P: Programmer> Controller<P> {
             if self.programmed {
                 let moved = self.feedback.step(&self.programmer, &mut self.plan, &self.ctx.metrics.feedback);
                 if !moved.is_empty() {
-                    self.dirty.extend(moved);
+                    self.intake.dirty.extend(moved);
                     self.sync()?;
                 }
             }
@@ -208,13 +209,13 @@ impl<P: Programmer> Controller<P> {
 
     /// Answers the questions waiting, from the plan the kernel was last given.
     fn answer_queries(&self) {
-        let Some(queries) = &self.queries else { return };
+        let Some(queries) = &self.outlets.queries else { return };
         // At most what can be queued: a steady stream of questions still leaves the loop its events.
         for query in std::iter::from_fn(|| queries.try_recv().ok()).take(query::QUEUED) {
-            let answer = match self.state.node(&self.config.node) {
+            let answer = match self.intake.state.node(&self.config.node) {
                 Some(this) if self.programmed => match &query.service {
-                    Some(key) if self.state.service(key).is_none() => Err(AskError::UnknownService(key.clone())),
-                    service => Ok(explain::report(&self.state, this, &self.plan, service.as_ref())),
+                    Some(key) if self.intake.state.service(key).is_none() => Err(AskError::UnknownService(key.clone())),
+                    service => Ok(explain::report(&self.intake.state, this, &self.plan, service.as_ref())),
                 },
                 _ => Err(AskError::NotProgrammed),
             };
@@ -229,23 +230,29 @@ impl<P: Programmer> Controller<P> {
     fn beat(&mut self) {
         let current = self.ctx.health.view_current();
         self.ctx.metrics.view_current.set(i64::from(current));
-        if let Some(dns) = &self.dns {
+        if let Some(dns) = &self.outlets.dns {
             // `sync` published the view of everything programmed so far.
             dns.set_current(current);
         }
-        if !current || self.last_beat.is_some_and(|at| at.elapsed() < BEAT_INTERVAL) {
+        if !current || self.upkeep.beat.is_some_and(|at| at.elapsed() < BEAT_INTERVAL) {
             return;
         }
         match self.programmer.heartbeat() {
-            Ok(()) => self.last_beat = Some(Instant::now()),
+            Ok(()) => self.upkeep.beat = Some(Instant::now()),
             Err(error) => tracing::warn!(%error, "the kernel heartbeat could not be written; retrying"),
         }
-        if self.last_tidy.is_none_or(|at| at.elapsed() >= TIDY_INTERVAL) {
-            self.last_tidy = Some(Instant::now());
+        if self.upkeep.tidy.is_none_or(|at| at.elapsed() >= TIDY_INTERVAL) {
+            self.upkeep.tidy = Some(Instant::now());
             if let Err(error) = self.programmer.tidy() {
                 tracing::warn!(%error, "tidying the kernel's maps failed; retrying later");
             }
         }
+    }
+
+    /// Takes one event into the cluster state and notes what it may change.
+    pub fn receive(&mut self, seen: Instant, event: SourceEvent) {
+        let mut to = ingest::Reporting { ctx: &mut self.ctx, node: &self.config.node, programmed: self.programmed };
+        self.intake.receive(seen, event, &mut to);
     }
 
     /// The programmer (tests read what it was given).
@@ -255,13 +262,13 @@ impl<P: Programmer> Controller<P> {
 
     /// Recomputes what the events changed and programs it; nothing before every kind is listed.
     pub fn sync(&mut self) -> Result<(), ControllerError> {
-        if self.listed.len() < Kind::ALL.len() {
+        if !self.intake.all_listed() {
             return Ok(());
         }
         let node = self.config.node.clone();
-        let Some(this) = self.state.node(&node).cloned() else {
+        let Some(this) = self.intake.state.node(&node).cloned() else {
             if !self.programmed {
-                if let Some(invalid) = self.skipped.get(&ObjectId::Node(node.clone())) {
+                if let Some(invalid) = self.intake.skipped.get(&ObjectId::Node(node.clone())) {
                     return Err(ControllerError::InvalidOwnNode(invalid.error.clone()));
                 }
                 return Err(ControllerError::UnknownNode(node));
@@ -274,13 +281,13 @@ impl<P: Programmer> Controller<P> {
         self.ctx.health.set_blocked(None);
         self.ctx.node_info(&this);
         if self.config.one_publisher_per_service {
-            self.ctx.set_rank(self.state.rank(&node));
+            self.ctx.set_rank(self.intake.state.rank(&node));
         }
-        if !self.programmed || self.everything_dirty {
-            self.dirty.clear();
-            self.everything_dirty = false;
+        if !self.programmed || self.intake.everything_dirty {
+            self.intake.dirty.clear();
+            self.intake.everything_dirty = false;
             let keys: BTreeSet<ObjectKey> =
-                self.state.services().map(|s| s.key.clone()).chain(self.plan.services()).collect();
+                self.intake.state.services().map(|s| s.key.clone()).chain(self.plan.services()).collect();
             let keys: Vec<ObjectKey> = keys.into_iter().collect();
             let started = Instant::now();
             let synced = self.full_sync(&this, &keys);
@@ -295,7 +302,7 @@ impl<P: Programmer> Controller<P> {
             );
             self.finish(started, &report, None);
             crate::heap::release_freed();
-        } else if !self.dirty.is_empty() {
+        } else if !self.intake.dirty.is_empty() {
             let started = Instant::now();
             let mut changed = BTreeSet::new();
             let mut decider = self.decider();
@@ -306,9 +313,9 @@ impl<P: Programmer> Controller<P> {
             let report = self.programmer.apply_changes(self.plan.desired(), &changed);
             self.finish(started, &report, Some(&changed));
         } else {
-            self.oldest_pending = None;
+            self.intake.oldest_pending = None;
         }
-        if let Some(dns) = &mut self.dns {
+        if let Some(dns) = &mut self.outlets.dns {
             dns.publish();
         }
         Ok(())
@@ -328,11 +335,11 @@ impl<P: Programmer> Controller<P> {
     fn finish(&mut self, started: Instant, report: &ApplyReport, attempted: Option<&BTreeSet<ServicePort>>) {
         self.programmed = true;
         self.ctx.health.programmed();
-        if let Some(terminator) = &self.terminator {
+        if let Some(terminator) = &self.outlets.terminator {
             terminator.submit(&report.departed, &report.returned);
         }
         self.ctx.metrics.sync_duration.observe(started.elapsed().as_secs_f64());
-        if let Some(seen) = self.oldest_pending.take() {
+        if let Some(seen) = self.intake.oldest_pending.take() {
             self.ctx.metrics.event_to_kernel.observe(seen.elapsed().as_secs_f64());
         }
         if report.added + report.updated + report.removed + report.failed.len() > 0 {
@@ -364,11 +371,11 @@ impl<P: Programmer> Controller<P> {
     /// The deciding half of the controller, apart from its programmer.
     fn decider(&mut self) -> decide::Decider<'_> {
         decide::Decider {
-            state: &self.state,
+            state: &self.intake.state,
             plan: &mut self.plan,
-            dns: &mut self.dns,
+            dns: &mut self.outlets.dns,
             ctx: &mut self.ctx,
-            dirty: &mut self.dirty,
+            dirty: &mut self.intake.dirty,
         }
     }
 }

@@ -12,10 +12,10 @@ use topology_policy::testing::{self, ServiceExt};
 
 use super::{memory::MemoryKernel, *};
 use crate::{
-    cluster::{EndpointSlice, ObjectError, Service},
+    cluster::{ClusterState, EndpointSlice, Kind, ObjectError, Service},
     desired::{Protocol, ServicePort},
     events::LogOnly,
-    source::{EventSender, Object, SourceEvent},
+    source::{EventSender, Invalid, Object, SourceEvent},
 };
 
 type Recording = memory::Record;

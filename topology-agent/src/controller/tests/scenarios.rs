@@ -96,8 +96,8 @@ fn run_case(dir: &Path) -> (String, String) {
         }
         controller.sync().unwrap_or_else(|error| panic!("{step}: {error}"));
 
-        let this = controller.state.node(&case.node).expect("the node is in every step");
-        let report = explain::report(&controller.state, this, &controller.plan, None);
+        let this = controller.intake.state.node(&case.node).expect("the node is in every step");
+        let report = explain::report(&controller.intake.state, this, &controller.plan, None);
         let json = serde_json::to_string_pretty(&report).unwrap();
         let whole = explain::explain(&state, &case.node, None, steering.as_ref()).unwrap();
         assert_eq!(
