@@ -17,7 +17,7 @@ use aya::maps::{ArrayOfMaps, Map, MapData, MapError, PerCpuArray, PerCpuValues};
 use aya_obj::generated::bpf_map_type;
 use topology_common::{COUNTER_CHUNK, ServiceCounters, map_names};
 
-use super::{batch, error::DataplaneError, grace::Grace, maps::PinLayout};
+use super::{batch, error::DataplaneError, grace::Grace, layout::PinLayout};
 
 type Chunk = PerCpuArray<MapData, ServiceCounters>;
 

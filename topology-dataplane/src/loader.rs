@@ -16,16 +16,13 @@ use topology_common::{
 use super::{
     error::DataplaneError,
     index::positions_for,
+    layout::PinLayout,
     links,
-    maps::{Capacities, PinLayout},
+    maps::Capacities,
+    objects::{PROGRAMS, PROGRAMS_ACQUIRE},
     pins,
 };
 use crate::mounts;
-
-/// The kernel programs, built by `build.rs` from `topology-ebpf`: index loads in program order.
-pub static PROGRAMS: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/topology"));
-/// The same programs with every index load a BPF load-acquire (ISA v4, kernel 6.15+).
-pub(super) static PROGRAMS_ACQUIRE: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/topology-acquire"));
 
 /// How the programs read the service index (see `topology_common::index`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]

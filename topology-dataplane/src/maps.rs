@@ -1,7 +1,7 @@
 //! Typed handles on the maps the agent reads and writes, opened from a freshly loaded object or
 //! from the pins a previous agent left, and the configured capacities.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use aya::{
     Ebpf,
@@ -89,43 +89,7 @@ impl Capacities {
     }
 }
 
-/// Layout of a pin directory.
-#[derive(Clone, Debug)]
-pub struct PinLayout {
-    root: PathBuf,
-}
-
-impl PinLayout {
-    /// The layout under `root` (e.g. `/sys/fs/bpf/topology`).
-    pub fn new(root: impl Into<PathBuf>) -> Self {
-        Self { root: root.into() }
-    }
-
-    /// The pin directory itself.
-    pub fn root(&self) -> &Path {
-        &self.root
-    }
-
-    /// Directory of the pinned maps.
-    pub fn maps_dir(&self) -> PathBuf {
-        self.root.join("maps")
-    }
-
-    /// Directory of the pinned links.
-    pub fn links_dir(&self) -> PathBuf {
-        self.root.join("links")
-    }
-
-    /// Pin path of a map.
-    pub fn map(&self, name: &str) -> PathBuf {
-        self.maps_dir().join(name)
-    }
-
-    /// Pin path of the link of a program.
-    pub fn link(&self, program: &str) -> PathBuf {
-        self.links_dir().join(program)
-    }
-}
+use super::layout::PinLayout;
 
 /// The maps that hold the programmed state.
 pub struct MapSet {

@@ -7,9 +7,10 @@ use topology_common::map_names;
 
 use super::{
     error::{DataplaneError, MapLayout},
-    loader::PROGRAMS,
-    maps::{Capacities, PinLayout, pinned_info},
+    layout::PinLayout,
+    maps::{Capacities, pinned_info},
     mmap::BPF_F_MMAPABLE,
+    objects::PROGRAMS,
 };
 use crate::mounts;
 
@@ -96,7 +97,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
-    use crate::dataplane::loader::PROGRAMS_ACQUIRE;
+    use crate::dataplane::objects::PROGRAMS_ACQUIRE;
 
     /// The eBPF crate must spell map names as literals (`#[btf_map(name = …)]`); this holds them
     /// to `topology_common::map_names`, in both builds of the object.

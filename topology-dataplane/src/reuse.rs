@@ -19,9 +19,10 @@ use topology_common::program_names;
 
 use super::{
     error::DataplaneError,
+    layout::PinLayout,
     links,
     loader::{self, Flavour, KernelLogLevel, LoadOptions},
-    maps::PinLayout,
+    objects,
 };
 
 /// What a previous agent loaded, as its marker says.
@@ -42,8 +43,8 @@ fn markers_dir(layout: &PinLayout) -> PathBuf {
 /// the load options, the cgroup and this agent's version.
 pub fn fingerprint(options: &LoadOptions, cgroup: &Path) -> String {
     let mut hasher = DefaultHasher::new();
-    loader::PROGRAMS.hash(&mut hasher);
-    loader::PROGRAMS_ACQUIRE.hash(&mut hasher);
+    objects::PROGRAMS.hash(&mut hasher);
+    objects::PROGRAMS_ACQUIRE.hash(&mut hasher);
     format!("{options:?}").hash(&mut hasher);
     cgroup.hash(&mut hasher);
     env!("CARGO_PKG_VERSION").hash(&mut hasher);

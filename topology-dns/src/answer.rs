@@ -10,6 +10,7 @@ use hickory_proto::{
         DNSClass, Name, RData, Record, RecordType,
         rdata::{A, AAAA, CNAME, SOA, SRV},
     },
+    serialize::binary::{BinEncodable, BinEncoder},
 };
 
 use super::{
@@ -312,4 +313,18 @@ pub fn pick<'a>(chosen: &'a Chosen, draw: &mut dyn FnMut() -> f64) -> Vec<&'a Na
         at -= choice.weight;
     }
     chosen.choices.last().into_iter().collect()
+}
+
+/// Encodes `message` within `limit` bytes; what does not fit is cut and flagged (TC), so the
+/// client retries over TCP.
+pub fn encode(message: &Message, limit: u16) -> Vec<u8> {
+    let mut buffer = Vec::with_capacity(512);
+    let mut encoder = BinEncoder::new(&mut buffer);
+    encoder.set_max_size(limit);
+    if message.emit(&mut encoder).is_ok() {
+        return buffer;
+    }
+    let mut failed = Message::new(message.metadata.id, MessageType::Response, message.metadata.op_code);
+    failed.metadata.response_code = ResponseCode::ServFail;
+    failed.to_vec().unwrap_or_default()
 }

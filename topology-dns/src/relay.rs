@@ -6,7 +6,7 @@
 
 use hickory_proto::op::{Message, MessageType, Query};
 
-use super::{answer, server::encode};
+use super::answer::{self, encode};
 
 /// The most a relayed UDP reply may be, whatever the client offers: the DNS flag day's 1,232 bytes
 /// (no fragmentation, and a spoofed source gets at most this much for a query).

@@ -14,7 +14,6 @@ use std::{
 use hickory_proto::{
     op::{Edns, Message, MessageType, OpCode, Query, ResponseCode},
     rr::{Name, RecordType},
-    serialize::binary::{BinEncodable, BinEncoder},
 };
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
@@ -25,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     DnsMetrics,
-    answer::{self, Outcome, Zone},
+    answer::{self, Outcome, Zone, encode},
     cache::{AnswerCache, Cached},
     limit::SourceLimiter,
     relay,
@@ -253,20 +252,6 @@ impl Responder {
         }
         admitted
     }
-}
-
-/// Encodes `message` within `limit` bytes; what does not fit is cut and flagged (TC), so the
-/// client retries over TCP.
-pub fn encode(message: &Message, limit: u16) -> Vec<u8> {
-    let mut buffer = Vec::with_capacity(512);
-    let mut encoder = BinEncoder::new(&mut buffer);
-    encoder.set_max_size(limit);
-    if message.emit(&mut encoder).is_ok() {
-        return buffer;
-    }
-    let mut failed = Message::new(message.metadata.id, MessageType::Response, message.metadata.op_code);
-    failed.metadata.response_code = ResponseCode::ServFail;
-    failed.to_vec().unwrap_or_default()
 }
 
 /// FORMERR for a message whose header is readable and is a query; nothing otherwise.

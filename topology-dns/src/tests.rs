@@ -12,7 +12,7 @@ use topology_policy::testing::{EndpointExt, ServiceExt, endpoints, ep, service, 
 use super::{
     DnsView,
     answer::{self, AnswerKind, Outcome, Zone},
-    parse_domain, server,
+    parse_domain,
     view::Records,
 };
 use crate::{
@@ -253,9 +253,9 @@ fn answers_too_big_for_udp_are_truncated_and_complete_over_tcp() {
     let request = query("big.ns.svc.cluster.local.", RecordType::A);
     let (message, _) = ask(&view, "big.ns.svc.cluster.local.", RecordType::A);
     assert_eq!(message.answers.len(), 120);
-    let udp = Message::from_vec(&server::encode(&message, answer::udp_limit(&request))).unwrap();
+    let udp = Message::from_vec(&answer::encode(&message, answer::udp_limit(&request))).unwrap();
     assert!(udp.metadata.truncation && udp.answers.len() < 120, "{} answers in 512 bytes", udp.answers.len());
-    let tcp = Message::from_vec(&server::encode(&message, u16::MAX)).unwrap();
+    let tcp = Message::from_vec(&answer::encode(&message, u16::MAX)).unwrap();
     assert!(!tcp.metadata.truncation && tcp.answers.len() == 120);
     // With EDNS the client's larger buffer is used, up to 1232 bytes.
     let mut edns_request = request.clone();
@@ -275,7 +275,7 @@ fn answers_too_big_for_udp_are_truncated_and_complete_over_tcp() {
     let Outcome::Answer(message, ..) = answer::answer(&view, &zone(), &edns_request, &mut || 0.0) else {
         panic!("forwarded")
     };
-    let read = Message::from_vec(&server::encode(&message, 1232)).unwrap();
+    let read = Message::from_vec(&answer::encode(&message, 1232)).unwrap();
     // 16 (hickory names the shared code BADSIG when it reads it back).
     assert_eq!(u16::from(read.metadata.response_code), u16::from(ResponseCode::BADVERS));
     assert_eq!((read.answers.len(), read.edns.map(|e| e.version())), (0, Some(0)));

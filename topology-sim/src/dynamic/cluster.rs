@@ -145,3 +145,15 @@ impl Cluster {
 
 /// A port's near and far endpoints, as the controller takes them.
 pub type ControlPorts = topology_policy::feedback::control::PortBackends;
+
+/// One stretch of constant demand.
+#[derive(Clone, Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Phase {
+    /// Its name in the table.
+    pub name: &'static str,
+    /// How long, seconds.
+    pub seconds: f64,
+    /// Demand per zone, as a share of that zone's capacity.
+    pub demand: Vec<f64>,
+}

@@ -9,9 +9,9 @@ pub mod cluster;
 pub mod report;
 pub mod run;
 
-use cluster::{Algorithm, Shape};
+use cluster::{Algorithm, Phase, Shape};
 use report::DynamicReport;
-use run::{Config, Phase};
+use run::Config;
 use topology_policy::feedback::Tuning;
 
 /// The demand patterns.

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::run::Phase;
+use super::cluster::Phase;
 
 /// Figures collected during one phase.
 pub struct PhaseFigures {

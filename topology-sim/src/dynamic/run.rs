@@ -14,21 +14,9 @@ use topology_policy::feedback::{
 };
 
 use super::{
-    cluster::{Algorithm, Cluster, ControlPorts, Shape},
+    cluster::{Algorithm, Cluster, ControlPorts, Phase, Shape},
     report::{PhaseFigures, Row},
 };
-
-/// One stretch of constant demand.
-#[derive(Clone, Debug, serde::Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Phase {
-    /// Its name in the table.
-    pub name: &'static str,
-    /// How long, seconds.
-    pub seconds: f64,
-    /// Demand per zone, as a share of that zone's capacity.
-    pub demand: Vec<f64>,
-}
 
 /// What a run simulates.
 #[derive(Clone, Debug)]
