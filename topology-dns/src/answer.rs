@@ -8,19 +8,26 @@ use hickory_proto::{
     op::{Edns, Message, MessageType, OpCode, Query, ResponseCode},
     rr::{
         DNSClass, Name, RData, Record, RecordType,
-        rdata::{A, AAAA, CNAME, SOA, SRV},
+        rdata::{A, AAAA, CNAME, NS, SOA, SRV, TXT},
     },
     serialize::binary::{BinEncodable, BinEncoder},
 };
 
 use super::{
     names::ClusterName,
-    view::{Chosen, DnsView, NamedChoice, NamedPort, Records},
+    view::{Chosen, DnsView, NamedChoice, NamedPort, Records, UPSTREAM_SERVICE},
 };
 use crate::desired::{Locality, Protocol};
 
 /// The largest UDP answer offered over EDNS (the DNS flag day 2020 value).
 pub const EDNS_PAYLOAD: u16 = 1232;
+
+/// The Kubernetes DNS schema version this responder answers (`dns-version.<domain>` TXT).
+pub const SCHEMA_VERSION: &str = "1.1.0";
+/// TTL of the schema version record (the specification's and CoreDNS's).
+const SCHEMA_TTL: u32 = 28_800;
+/// How many CNAMEs within the zone an answer follows (ExternalName Services naming each other).
+const MAX_CNAMES: usize = 8;
 
 /// The zone the responder is authoritative for.
 #[derive(Clone, Debug)]
@@ -84,14 +91,53 @@ pub fn answer(view: &DnsView, zone: &Zone, request: &Message, draw: &mut dyn FnM
     if matches!(lookup, ClusterName::Outside | ClusterName::Pod | ClusterName::Elsewhere) {
         return Outcome::Forward;
     }
+    if matches!(query.query_type(), RecordType::AXFR | RecordType::IXFR) {
+        // No zone transfers of the cluster domain, as CoreDNS without `transfer`.
+        return Outcome::Answer(error(request, ResponseCode::Refused), AnswerKind::Refused, Vec::new());
+    }
     let mut response = reply(request);
     response.metadata.authoritative = true;
+    if owned_upstream(view, &lookup) {
+        return Outcome::Forward;
+    }
     let mut builder = Builder { zone, query, response: &mut response, localities: Vec::new(), chase: None };
-    let kind = builder.resolve(view, &lookup, draw);
+    let mut kind = builder.resolve(view, &lookup, draw);
+    // An ExternalName naming a name in the cluster domain is answered here, as CoreDNS does: the
+    // upstream would only ask us again.
+    let mut followed = 0;
+    while let Some(target) = builder.chase.take_if(|target| zone.domain.zone_of(target)) {
+        let inner = ClusterName::parse(&target, &zone.domain);
+        followed += 1;
+        if followed > MAX_CNAMES
+            || matches!(inner, ClusterName::Outside | ClusterName::Pod | ClusterName::Elsewhere)
+            || owned_upstream(view, &inner)
+        {
+            builder.chase = Some(target);
+            break;
+        }
+        let chased = Query::query(target, query.query_type());
+        let mut inner_builder =
+            Builder { zone, query: &chased, response: builder.response, localities: Vec::new(), chase: None };
+        // The response code is the chain's last name's (RFC 6604), the CNAME stays in the answer.
+        kind = inner_builder.resolve(view, &inner, draw);
+        let (localities, chase) = (inner_builder.localities, inner_builder.chase);
+        builder.localities.extend(localities);
+        builder.chase = chase;
+    }
     let localities = std::mem::take(&mut builder.localities);
     match builder.chase.take() {
         Some(target) => Outcome::Chase(response, target),
         None => Outcome::Answer(response, kind, localities),
+    }
+}
+
+/// Whether `lookup` names a Service annotated to be answered by the cluster DNS.
+fn owned_upstream(view: &DnsView, lookup: &ClusterName) -> bool {
+    match lookup {
+        ClusterName::Service { namespace, name }
+        | ClusterName::Endpoint { namespace, name, .. }
+        | ClusterName::Srv { namespace, name, .. } => matches!(view.service(namespace, name), Some(Records::Upstream)),
+        _ => false,
     }
 }
 
@@ -136,7 +182,18 @@ impl Builder<'_> {
         let qtype = self.query.query_type();
         let name = self.query.name().clone();
         let answers: Option<Vec<Record>> = match lookup {
-            ClusterName::Apex => Some(if qtype == RecordType::SOA { vec![self.soa()] } else { Vec::new() }),
+            ClusterName::Apex => Some(match qtype {
+                RecordType::SOA => vec![self.soa()],
+                RecordType::NS => self.ns(view),
+                _ => Vec::new(),
+            }),
+            ClusterName::DnsVersion => Some(if qtype == RecordType::TXT {
+                let mut record = self.record(&name, RData::TXT(TXT::new(vec![SCHEMA_VERSION.to_owned()])));
+                record.ttl = SCHEMA_TTL;
+                vec![record]
+            } else {
+                Vec::new()
+            }),
             ClusterName::SvcZone => Some(Vec::new()),
             ClusterName::Namespace { namespace } => view.has_namespace(namespace).then(Vec::new),
             ClusterName::Service { namespace, name: service } => match view.service(namespace, service) {
@@ -152,6 +209,7 @@ impl Builder<'_> {
                     RecordType::SRV => self.srv_cluster_ip(&name, ips, ports, None),
                     _ => self.addresses(&name, qtype, ips.iter().copied()),
                 }),
+                Some(Records::Upstream) => None,
                 Some(Records::Headless(h)) if h.addresses.choices.is_empty() => None,
                 Some(Records::Headless(h)) => Some(match qtype {
                     RecordType::SRV => {
@@ -182,7 +240,7 @@ impl Builder<'_> {
                         .then_some(records)
                         .map(|r| if qtype == RecordType::SRV { r } else { Vec::new() })
                 }
-                Some(Records::ExternalName { .. }) => None,
+                Some(Records::ExternalName { .. } | Records::Upstream) => None,
                 Some(Records::Headless(h)) => {
                     let found = h.ports.iter().find(|(p, _)| p.name == *port && proto_name(p.protocol) == protocol);
                     match found {
@@ -197,7 +255,7 @@ impl Builder<'_> {
                 None => None,
             },
             ClusterName::Unknown => None,
-            ClusterName::Outside | ClusterName::Pod | ClusterName::Elsewhere => unreachable!("forwarded before"),
+            ClusterName::Outside | ClusterName::Pod | ClusterName::Elsewhere => None,
         };
         let Some(answers) = answers else {
             return self.nxdomain();
@@ -222,9 +280,16 @@ impl Builder<'_> {
         record
     }
 
-    /// A or AAAA of `ips` as the query type asks (ANY: both); none for other types.
+    /// A or AAAA of `ips` as the query type asks (ANY: both), each address once; none for other
+    /// types.
     fn addresses(&self, name: &Name, qtype: RecordType, ips: impl Iterator<Item = IpAddr>) -> Vec<Record> {
-        ips.filter_map(|ip| match (ip, qtype) {
+        let mut seen: Vec<IpAddr> = Vec::new();
+        ips.filter(|ip| {
+            let new = !seen.contains(ip);
+            seen.push(*ip);
+            new
+        })
+        .filter_map(|ip| match (ip, qtype) {
             (IpAddr::V4(v4), RecordType::A | RecordType::ANY) => Some(self.record(name, RData::A(A(v4)))),
             (IpAddr::V6(v6), RecordType::AAAA | RecordType::ANY) => Some(self.record(name, RData::AAAA(AAAA(v6)))),
             _ => None,
@@ -256,21 +321,54 @@ impl Builder<'_> {
 
     fn srv_headless(&mut self, name: &Name, chosen: &Chosen, ns: &str, svc: &str) -> Vec<Record> {
         let total: f64 = chosen.choices.iter().map(|c| c.weight).sum();
-        let mut out = Vec::new();
+        // One SRV per (target, port) (RFC 2181 §5: no duplicate records in a set): endpoints
+        // sharing a hostname are one target, whose weight is theirs together and whose addresses
+        // all go in the additional section.
+        let mut targets: Vec<(&str, u16, f64, Vec<&NamedChoice>)> = Vec::new();
         for choice in &chosen.choices {
-            let Ok(target) = Name::from_ascii(format!("{}.{svc}.{ns}.svc.", choice.label))
-                .and_then(|n| n.append_domain(&self.zone.domain))
+            match targets.iter_mut().find(|(label, port, ..)| *label == choice.label && *port == choice.port) {
+                Some((_, _, weight, members)) => {
+                    *weight += choice.weight;
+                    members.push(choice);
+                }
+                None => targets.push((&choice.label, choice.port, choice.weight, vec![choice])),
+            }
+        }
+        let mut out = Vec::new();
+        for (label, port, weight, members) in targets {
+            let Ok(target) =
+                Name::from_ascii(format!("{label}.{svc}.{ns}.svc.")).and_then(|n| n.append_domain(&self.zone.domain))
             else {
                 continue;
             };
             // SRV weights carry the plan's weights (RFC 2782): equal modes give equal weights.
-            let weight = if total > 0.0 { ((choice.weight / total) * 10_000.0).round().max(1.0) as u16 } else { 1 };
-            self.localities.push(choice.locality);
-            out.push(self.record(name, RData::SRV(SRV::new(0, weight, choice.port, target.clone()))));
-            let additional = self.addresses(&target, RecordType::ANY, std::iter::once(choice.address));
-            self.response.add_additionals(additional);
+            let weight = if total > 0.0 { ((weight / total) * 10_000.0).round().max(1.0) as u16 } else { 1 };
+            self.localities.extend(members.iter().map(|c| c.locality));
+            out.push(self.record(name, RData::SRV(SRV::new(0, weight, port, target.clone()))));
+            let additional = self.addresses(&target, RecordType::ANY, members.iter().map(|c| c.address));
+            for record in additional {
+                if !self.response.additionals.contains(&record) {
+                    self.response.add_additional(record);
+                }
+            }
         }
         out
+    }
+
+    /// The zone's name server, `ns.dns.<domain>` (the SOA's MNAME), with the cluster DNS
+    /// Service's ClusterIPs as its addresses: what pods reach.
+    fn ns(&mut self, view: &DnsView) -> Vec<Record> {
+        let server = self.name_server();
+        if let Some(Records::ClusterIp { ips, .. }) = view.service(UPSTREAM_SERVICE.0, UPSTREAM_SERVICE.1) {
+            let additional = self.addresses(&server, RecordType::ANY, ips.iter().copied());
+            self.response.add_additionals(additional);
+        }
+        vec![self.record(&self.zone.domain, RData::NS(NS(server)))]
+    }
+
+    fn name_server(&self) -> Name {
+        let domain = &self.zone.domain;
+        Name::from_ascii("ns.dns.").and_then(|n| n.append_domain(domain)).unwrap_or_else(|_| domain.clone())
     }
 
     /// `<svc>.<ns>.svc.<domain>` from a query name (dropping `_port._proto.` when `srv_form`).
@@ -280,8 +378,7 @@ impl Builder<'_> {
 
     fn soa(&self) -> Record {
         let domain = &self.zone.domain;
-        let mname =
-            Name::from_ascii("ns.dns.").and_then(|n| n.append_domain(domain)).unwrap_or_else(|_| domain.clone());
+        let mname = self.name_server();
         let rname =
             Name::from_ascii("hostmaster.").and_then(|n| n.append_domain(domain)).unwrap_or_else(|_| domain.clone());
         let soa = SOA::new(mname, rname, 1, 7200, 1800, 86400, self.zone.ttl);

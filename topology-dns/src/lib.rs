@@ -408,4 +408,6 @@ fn force_receive_buffer(socket: &socket2::Socket, buffer: usize) -> std::io::Res
 }
 
 #[cfg(test)]
+mod conformance;
+#[cfg(test)]
 mod tests;

@@ -10,6 +10,8 @@ pub enum ClusterName {
     Outside,
     /// The cluster domain itself.
     Apex,
+    /// `dns-version.<domain>`: the schema version TXT record.
+    DnsVersion,
     /// `svc.<domain>`.
     SvcZone,
     /// `<ns>.svc.<domain>`.
@@ -42,6 +44,7 @@ impl ClusterName {
         let owned = |s: &String| s.clone();
         match rel {
             [] => Self::Apex,
+            [version] if version == "dns-version" => Self::DnsVersion,
             [.., last] if last == "pod" => Self::Pod,
             [svc] if svc == "svc" => Self::SvcZone,
             [ns, svc] if svc == "svc" => Self::Namespace { namespace: owned(ns) },
@@ -87,6 +90,7 @@ mod tests {
             ("example.com.", ClusterName::Outside),
             ("local.", ClusterName::Outside),
             ("cluster.local.", ClusterName::Apex),
+            ("DNS-Version.cluster.local.", ClusterName::DnsVersion),
             ("svc.cluster.local.", ClusterName::SvcZone),
             ("default.svc.cluster.local.", ClusterName::Namespace { namespace: s("default") }),
             ("web.default.svc.cluster.local.", ClusterName::Service { namespace: s("default"), name: s("web") }),

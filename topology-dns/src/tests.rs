@@ -304,10 +304,10 @@ fn the_view_is_updated_one_service_at_a_time() {
         view.update(state, &plan, &key)
     };
     assert!(!update(&state, &mut view), "nothing changed");
-    state.upsert_slice(slice("db-1", "db", 5432, vec![ep("10.0.1.1", "a1").terminating()]));
+    state.upsert_slice(slice("db-1", "db", 5432, vec![ep("10.0.1.9", "a1"), ep("10.0.1.1", "a1").terminating()]));
     assert!(update(&state, &mut view));
     let (message, _) = ask(&view, DB, RecordType::A);
-    assert_eq!(ips(&message), ["10.0.1.1"], "the serving-and-terminating fallback");
+    assert_eq!(ips(&message), ["10.0.1.9"], "ready endpoints only: DNS has no terminating fallback");
     state.remove_service(&key);
     assert!(update(&state, &mut view));
     assert!(!view.has_namespace("other") && view.has_namespace("ns"));

@@ -14,7 +14,7 @@ use crate::{
     desired::Protocol,
     plan::{
         NodePlan,
-        headless::{hosts, named_ports},
+        headless::{hosts, srv_ports},
     },
     policy::{PolicyError, join},
 };
@@ -41,6 +41,8 @@ pub enum Records {
         /// `spec.externalName`, lowercase, without the final dot.
         target: String,
     },
+    /// Annotated `topology-agent.io/dns: upstream`: every query for its names is relayed.
+    Upstream,
 }
 
 /// The hosts of a Service that has none.
@@ -52,7 +54,7 @@ impl Records {
         match self {
             Self::ClusterIp { hosts, .. } => hosts,
             Self::Headless(h) => &h.hosts,
-            Self::ExternalName { .. } => &NO_HOSTS,
+            Self::ExternalName { .. } | Self::Upstream => &NO_HOSTS,
         }
     }
 }
@@ -97,7 +99,9 @@ impl DnsView {
     pub fn update(&mut self, state: &ClusterState, plan: &NodePlan, key: &ObjectKey) -> bool {
         let id = service_key(&key.namespace, &key.name);
         let records = state.service(key).and_then(|service| {
-            if let Some(target) = &service.external_name {
+            if service.dns_on_upstream() {
+                Some(Records::Upstream)
+            } else if let Some(target) = &service.external_name {
                 Some(Records::ExternalName { target: target.clone() })
             } else if service.headless {
                 plan.headless(key).map(|answers| Records::Headless(Arc::clone(answers)))
@@ -106,7 +110,7 @@ impl DnsView {
             } else {
                 Some(Records::ClusterIp {
                     ips: service.cluster_ips.clone(),
-                    ports: named_ports(service),
+                    ports: srv_ports(service),
                     hosts: hosts(state, service).1,
                 })
             }

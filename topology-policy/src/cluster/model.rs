@@ -205,7 +205,18 @@ pub const ANNOTATION_SPILLOVER: &str = "topology-agent.io/spillover";
 /// percentage (`10%`).
 pub const ANNOTATION_MAX_OVERLOAD: &str = "topology-agent.io/max-overload";
 
+/// Where the node's DNS responder answers a Service's names: `upstream` relays every query for
+/// them to the cluster DNS (CoreDNS), for names an operator keeps there.
+pub const ANNOTATION_DNS: &str = "topology-agent.io/dns";
+/// The one value of [`ANNOTATION_DNS`].
+pub const DNS_UPSTREAM: &str = "upstream";
+
 impl Service {
+    /// The Service's names are answered by the cluster DNS, not by the node's responder.
+    pub fn dns_on_upstream(&self) -> bool {
+        self.agent_annotations.get(ANNOTATION_DNS).is_some_and(|value| value.trim() == DNS_UPSTREAM)
+    }
+
     /// The Service asks for a decision that depends on the demand of every zone (spillover), so
     /// any change of a Node's zone, CPU or readiness can move it.
     pub fn depends_on_demand(&self) -> bool {

@@ -2,6 +2,13 @@
 //! headless Service's name and its SRV ports, decided by the same policy as a ClusterIP's kernel
 //! entry. Headless Services have no kernel entry; their topology is the DNS answer, so it lives
 //! in the node plan beside the entries, and `explain` and the responder both read it from there.
+//!
+//! Only ready endpoints are answered, as the Kubernetes DNS specification and CoreDNS answer
+//! them: the serving-and-terminating fallback of ClusterIP traffic (KEP-1669) does not apply. A
+//! DNS answer is cached and used for new connections for its TTL and beyond, and names pods that
+//! are going away; an SRV target must resolve, and a terminating pod's own name does not. (A
+//! Service with `publishNotReadyAddresses` has every endpoint marked ready by the EndpointSlice
+//! controller, so those are answered.)
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -69,7 +76,8 @@ impl Chosen {
 /// A port of a Service, as SRV names it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NamedPort {
-    /// `ports[].name`, lowercase.
+    /// `ports[].name`, lowercase; empty for an unnamed port (answered only on the Service's own
+    /// name, as CoreDNS does).
     pub name: String,
     /// Protocol.
     pub protocol: Protocol,
@@ -82,7 +90,8 @@ pub struct NamedPort {
 pub struct Headless {
     /// `<svc>.<ns>.svc.<domain>` A and AAAA.
     pub addresses: Chosen,
-    /// `_<port>._<proto>.<svc>.<ns>.svc.<domain>` SRV, per named port.
+    /// SRV per port: every port for `<svc>.<ns>.svc.<domain>`, the named ones for
+    /// `_<port>._<proto>.<svc>.<ns>.svc.<domain>`.
     pub ports: Vec<(NamedPort, Chosen)>,
     /// `<label>.<svc>.<ns>.svc.<domain>`: every ready endpoint, by its own name (a name that
     /// picks one pod is not subject to topology).
@@ -95,14 +104,16 @@ pub fn decide(state: &ClusterState, this: &Node, service: &Service) -> Headless 
     let families = families(state, service);
     let mut addresses = Chosen::default();
     for &family in &families {
-        let candidates = join::addresses(state, service, family);
+        let mut candidates = join::addresses(state, service, family);
+        candidates.retain(join::Candidate::is_ready);
         addresses.add(family, &policy::select(this, state.demand(), service, &candidates), &labels);
     }
     let mut ports = Vec::new();
-    for (named, port) in named_ports(service).into_iter().zip(service.ports.iter().filter(|p| !p.name.is_empty())) {
+    for (named, port) in srv_ports(service).into_iter().zip(&service.ports) {
         let mut chosen = Chosen::default();
         for &family in &families {
-            let joined = join::candidates(state, service, port, family);
+            let mut joined = join::candidates(state, service, port, family);
+            joined.candidates.retain(join::Candidate::is_ready);
             chosen.add(family, &policy::select(this, state.demand(), service, &joined.candidates), &labels);
         }
         ports.push((named, chosen));
@@ -110,21 +121,27 @@ pub fn decide(state: &ClusterState, this: &Node, service: &Service) -> Headless 
     Headless { addresses, ports, hosts }
 }
 
-/// The label an endpoint is known by: its `hostname`, else its address with `.` or `:` as `-`
-/// (as CoreDNS names endpoints without one).
+/// The label an endpoint is known by: its `hostname`, else its address with `.` or `:` as `-`,
+/// and an IPv6 label that would end in `-` (an address ending in `::`) ends in `-0`, as CoreDNS
+/// names endpoints without one (a label ending in `-` is no hostname: Go's resolver rejects it).
 pub fn endpoint_label(hostname: Option<&str>, address: IpAddr) -> String {
     match hostname {
         Some(host) if !host.is_empty() => host.to_ascii_lowercase(),
-        _ => address.to_string().replace(['.', ':'], "-"),
+        _ => {
+            let mut label = address.to_string().replace(['.', ':'], "-");
+            if label.ends_with('-') {
+                label.push('0');
+            }
+            label
+        }
     }
 }
 
-/// The Service's named ports, as SRV names them.
-pub fn named_ports(service: &Service) -> Vec<NamedPort> {
+/// Every port of the Service, as SRV names them, in the Service's order.
+pub fn srv_ports(service: &Service) -> Vec<NamedPort> {
     service
         .ports
         .iter()
-        .filter(|p| !p.name.is_empty())
         .map(|p| NamedPort { name: p.name.to_ascii_lowercase(), protocol: p.protocol, port: p.port })
         .collect()
 }
@@ -165,5 +182,7 @@ mod tests {
         assert_eq!(endpoint_label(Some("Web-0"), "10.0.0.1".parse().unwrap()), "web-0");
         assert_eq!(endpoint_label(None, "10.0.0.1".parse().unwrap()), "10-0-0-1");
         assert_eq!(endpoint_label(Some(""), "fd00::1".parse().unwrap()), "fd00--1");
+        assert_eq!(endpoint_label(None, "fd00:20::".parse().unwrap()), "fd00-20--0", "CoreDNS's name");
+        assert_eq!(endpoint_label(None, "5678:abcd::2".parse().unwrap()), "5678-abcd--2");
     }
 }

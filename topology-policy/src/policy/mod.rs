@@ -30,7 +30,11 @@ pub use join::Candidate;
 use serde::Serialize;
 
 use crate::{
-    cluster::{ClusterState, Family, Node, ObjectKey, PortSpec, Service, TrafficDistribution, demand::Demand},
+    cluster::{
+        ClusterState, Family, Node, ObjectKey, PortSpec, Service, TrafficDistribution,
+        demand::Demand,
+        model::{ANNOTATION_DNS, DNS_UPSTREAM},
+    },
     desired::{Locality, PortOptions},
     feedback::{Inputs, PortInput, PortKey},
 };
@@ -277,6 +281,9 @@ fn decide(
     input: Option<&PortInput>,
 ) -> Selection {
     let (spill, mut warnings) = spillover::settings(service);
+    if let Some(value) = service.agent_annotations.get(ANNOTATION_DNS).filter(|_| !service.dns_on_upstream()) {
+        warnings.push(format!("annotation {ANNOTATION_DNS} {value:?} ignored: the one value is {DNS_UPSTREAM:?}"));
+    }
     if service.internal_traffic_local {
         if spill.is_some() {
             warnings.push(format!(

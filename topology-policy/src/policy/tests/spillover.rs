@@ -148,6 +148,15 @@ fn bad_annotations_are_named_and_never_turn_routing_off() {
     svc.agent_annotations.insert(ANNOTATION_MAX_OVERLOAD.into(), "0.2".into());
     let selection = decide(&with(svc, endpoints(false)), "a1");
     assert!(selection.warnings[0].contains("has no effect without"), "{selection:?}");
+    let mut svc = service("web");
+    svc.agent_annotations.insert("topology-agent.io/dns".into(), "coredns".into());
+    let selection = decide(&with(svc, endpoints(false)), "a1");
+    assert_eq!(
+        selection.warnings,
+        ["annotation topology-agent.io/dns \"coredns\" ignored: the one value is \"upstream\""],
+        "the DNS annotation's bad value is named, and routing is untouched"
+    );
+    assert_eq!(selection.policy, PolicyKind::Default);
     assert_eq!(parse_max_overload(" 5 % "), Ok(0.05));
     assert!(parse_max_overload("-0.1").is_err() && parse_max_overload("11").is_err());
     assert!(parse_max_overload("NaN").is_err());
