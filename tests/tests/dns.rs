@@ -168,6 +168,12 @@ fn each_node_answers_a_headless_name_with_its_own_zone() {
     let relayed = b.dig("example.com", "A", &[]);
     assert_eq!(relayed.data, ["192.0.2.7"], "{relayed:?}");
     assert!(relayed.answers[0].contains(&format!(" {UPSTREAM_TTL} IN A ")), "{relayed:?}");
+    // Asked again, it comes from the cache of relayed answers, its TTL counting down.
+    let again = b.dig("EXAMPLE.com", "A", &[]);
+    assert_eq!(again.data, ["192.0.2.7"], "{again:?}");
+    let metrics = b.agent.get("/metrics").expect("metrics").1;
+    assert!(metrics.contains("topology_agent_dns_queries_total{type=\"A\",outcome=\"cached\"} 1"), "{metrics}");
+    assert!(metrics.contains("topology_agent_dns_cache_hits_total 1"), "{metrics}");
     let metrics = a.agent.get("/metrics").expect("metrics").1;
     assert!(metrics.contains("topology_agent_dns_queries_total{type=\"A\",outcome=\"answer\"}"), "{metrics}");
     assert!(metrics.contains("topology_agent_dns_answered_endpoints_total{locality=\"node\"}"), "{metrics}");

@@ -451,6 +451,7 @@ mod tests {
                 upstreams: Vec::new(),
                 per_source_qps: 0,
                 steer: steer.then(|| crate::cluster::ObjectKey::new("kube-system", "kube-dns")),
+                cache: dns::relayed::CacheSettings::default(),
             }),
         }
     }

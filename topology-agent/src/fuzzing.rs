@@ -178,6 +178,7 @@ pub fn relay(data: &[u8]) {
         return;
     }
     let limit = relay::limit(&request, mode & 1 == 1);
+    relayed(query, reply);
     // The id the upstream was asked under: what the reply carries, or not, at the input's choice.
     let id = if mode & 2 == 0 { reply.get(..2).map_or(0, |id| u16::from_be_bytes([id[0], id[1]])) } else { 0x5a5a };
     let _ = relay::outgoing(query, id);
@@ -187,6 +188,31 @@ pub fn relay(data: &[u8]) {
     assert_eq!(passed.metadata.id, request.metadata.id, "the client's id");
     let names = |m: &Message| m.queries.iter().map(|q| (q.name().to_lowercase(), q.query_type())).collect::<Vec<_>>();
     assert_eq!(names(&passed), names(&request), "the client's question");
+}
+
+/// The cache of relayed answers on any reply: keeping it never panics, and a kept reply served
+/// to the query it answers parses, with the query's id and question.
+fn relayed(query: &[u8], reply: &[u8]) {
+    use std::time::{Duration, Instant};
+
+    use hickory_proto::op::Message;
+
+    use crate::dns::relayed::{CacheSettings, Found, Key, RelayCache, wire};
+
+    let _ = wire::layout(reply);
+    let Some(key) = Key::of(query, false) else { return };
+    let cache = RelayCache::new(CacheSettings::default(), std::sync::Arc::default());
+    let now = Instant::now();
+    if !cache.put(key.clone(), reply, now) {
+        return;
+    }
+    for at in [now, now + Duration::from_secs(1)] {
+        if let Found::Fresh { reply: served, .. } = cache.get(&key, query, at)
+            && let (Ok(served), Ok(asked)) = (Message::from_vec(&served), Message::from_vec(query))
+        {
+            assert_eq!(served.metadata.id, asked.metadata.id, "the client's id");
+        }
+    }
 }
 
 fn read_u32(bytes: &[u8]) -> u32 {

@@ -175,6 +175,15 @@ struct RunArgs {
     /// Queries per second one client address may send to the responder (0: no limit).
     #[arg(long, default_value_t = dns::DEFAULT_SOURCE_QPS)]
     dns_source_qps: u32,
+    /// Memory for relayed answers the responder keeps, MiB (0: none kept).
+    #[arg(long, default_value_t = 16, value_name = "MIB")]
+    dns_cache_mib: usize,
+    /// The longest a relayed answer is kept, seconds, whatever its TTL.
+    #[arg(long, default_value_t = 300, value_name = "SECONDS")]
+    dns_cache_max_ttl: u32,
+    /// The longest a relayed negative answer (NXDOMAIN, NODATA) is kept, seconds.
+    #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+    dns_cache_max_negative_ttl: u32,
     /// The cluster DNS Service whose port 53 this node steers to the responder while it answers
     /// (`NAMESPACE/NAME`), or `off`.
     #[arg(long, default_value = "kube-system/kube-dns", value_name = "NAMESPACE/NAME|off")]
@@ -353,6 +362,12 @@ fn run_config(args: RunArgs) -> anyhow::Result<RunConfig> {
                 upstreams: args.dns_upstream,
                 per_source_qps: args.dns_source_qps,
                 steer: steer_service(&args.dns_steer)?,
+                cache: dns::relayed::CacheSettings {
+                    max_bytes: args.dns_cache_mib << 20,
+                    max_ttl: args.dns_cache_max_ttl,
+                    max_negative_ttl: args.dns_cache_max_negative_ttl,
+                    ..Default::default()
+                },
             }),
             None => None,
         },

@@ -12,8 +12,10 @@ pub mod connections;
 mod limit;
 pub mod names;
 pub mod relay;
+pub mod relayed;
 pub mod server;
 pub mod steer;
+pub mod upstream;
 pub mod view;
 
 use std::{
@@ -112,6 +114,8 @@ pub struct DnsConfig {
     pub per_source_qps: u32,
     /// The cluster DNS Service whose port 53 this node steers to the responder (`None`: none).
     pub steer: Option<crate::cluster::ObjectKey>,
+    /// How relayed answers are kept.
+    pub cache: relayed::CacheSettings,
 }
 
 /// The responder could not start.
@@ -190,6 +194,8 @@ pub struct DnsMetrics {
     by_locality: [Counter; Locality::ALL.len()],
     /// Seconds for the upstream to answer a relayed query.
     pub upstream_seconds: Histogram,
+    /// The cache of relayed answers.
+    pub cache: Arc<relayed::CacheMetrics>,
 }
 
 impl Default for DnsMetrics {
@@ -204,6 +210,7 @@ impl Default for DnsMetrics {
             by_locality,
             // 100 us .. ~3 s.
             upstream_seconds: Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(1e-4, 2.0, 15)),
+            cache: Arc::default(),
         }
     }
 }
@@ -222,9 +229,10 @@ impl DnsMetrics {
             "Time for the upstream to answer a relayed query",
             self.upstream_seconds.clone(),
         );
+        self.cache.register(registry);
     }
 
-    fn query(&self, r#type: Option<RecordType>, outcome: &'static str) {
+    pub(crate) fn query(&self, r#type: Option<RecordType>, outcome: &'static str) {
         let key = (r#type, outcome);
         if let Some(counter) = self.seen.read().ok().and_then(|seen| seen.get(&key).cloned()) {
             counter.inc();
@@ -361,7 +369,7 @@ pub fn start(
     tcp.set_nonblocking(true).map_err(tcp_error)?;
     let tcp = TcpListener::from_std(tcp).map_err(tcp_error)?;
     let zone = answer::Zone { domain: config.domain.clone(), ttl: config.ttl };
-    let responder = Arc::new(server::Responder::new(zone, view, metrics, config.per_source_qps));
+    let responder = Arc::new(server::Responder::new(zone, view, metrics, config.per_source_qps, config.cache));
     for socket in sockets {
         runtime.spawn(server::serve_udp(Arc::new(socket), Arc::clone(&responder), shutdown.clone()));
     }

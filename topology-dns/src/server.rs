@@ -3,7 +3,7 @@
 //! connections, and queries per source address.
 
 use std::{
-    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    net::IpAddr,
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
@@ -12,33 +12,31 @@ use std::{
 };
 
 use hickory_proto::{
-    op::{Edns, Message, MessageType, OpCode, Query, ResponseCode},
+    op::{Message, MessageType, Query},
     rr::{Name, RecordType},
 };
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream, UdpSocket},
-    sync::{Semaphore, watch},
+    sync::watch,
 };
 use tokio_util::sync::CancellationToken;
 
+pub use super::upstream::UPSTREAM_TIMEOUT;
 use super::{
     DnsMetrics,
     answer::{self, Outcome, Zone, encode},
     cache::{AnswerCache, Cached},
     limit::SourceLimiter,
     relay,
+    relayed::CacheSettings,
+    upstream::Upstream,
     view::DnsView,
 };
 use crate::{
     connections::{Limits, Pool},
     desired::Locality,
 };
-
-/// How long an upstream has to answer before the client gets SERVFAIL.
-pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(2);
-/// Forwarded queries in flight; beyond, SERVFAIL at once.
-const MAX_FORWARDS: usize = 1024;
 /// TCP connections open, in all and per client address; beyond, a new one replaces the oldest idle
 /// connection of its bound, or is closed at once. One pod cannot hold them all.
 const TCP_LIMITS: Limits = Limits { total: 256, per_source: 16 };
@@ -53,7 +51,7 @@ pub struct Responder {
     zone: Zone,
     view: watch::Receiver<Arc<DnsView>>,
     metrics: Arc<DnsMetrics>,
-    forwards: Arc<Semaphore>,
+    upstream: Arc<Upstream>,
     limiter: Mutex<SourceLimiter>,
     unlimited: bool,
 }
@@ -110,13 +108,21 @@ pub fn respond(view: &DnsView, zone: &Zone, bytes: &[u8], tcp: bool, draw: &mut 
 }
 
 impl Responder {
-    /// A responder for `zone` reading `view`, limiting each source to `per_source_qps` (0: no limit).
-    pub fn new(zone: Zone, view: watch::Receiver<Arc<DnsView>>, metrics: Arc<DnsMetrics>, per_source_qps: u32) -> Self {
+    /// A responder for `zone` reading `view`, limiting each source to `per_source_qps` (0: no
+    /// limit), keeping relayed answers as `cache` says.
+    pub fn new(
+        zone: Zone,
+        view: watch::Receiver<Arc<DnsView>>,
+        metrics: Arc<DnsMetrics>,
+        per_source_qps: u32,
+        cache: CacheSettings,
+    ) -> Self {
+        let upstream = Arc::new(Upstream::new(view.clone(), Arc::clone(&metrics), cache));
         Self {
             zone,
             view,
             metrics,
-            forwards: Arc::new(Semaphore::new(MAX_FORWARDS)),
+            upstream,
             limiter: Mutex::new(SourceLimiter::new(per_source_qps)),
             unlimited: per_source_qps == 0,
         }
@@ -167,79 +173,14 @@ impl Responder {
         }
     }
 
-    /// Relays `raw` to the upstreams, in turn, within [`UPSTREAM_TIMEOUT`]; the reply (checked and
-    /// sized by [`relay`]) or SERVFAIL.
+    /// Relays `request` (its bytes `raw`); the reply sized for the client.
     async fn forward(&self, request: &Message, raw: &[u8], tcp: bool) -> Vec<u8> {
-        let limit = relay::limit(request, tcp);
-        let qtype = request.queries.first().map(Query::query_type);
-        let Ok(_permit) = self.forwards.try_acquire() else {
-            self.metrics.query(qtype, "overloaded");
-            return encode(&answer::error(request, ResponseCode::ServFail), limit);
-        };
-        match self.ask_upstreams(request, raw, tcp, limit).await {
-            Some(reply) => {
-                self.metrics.query(qtype, "forwarded");
-                reply
-            }
-            None => {
-                self.metrics.query(qtype, "upstream_failed");
-                encode(&answer::error(request, ResponseCode::ServFail), limit)
-            }
-        }
+        self.upstream.forward(request, raw, relay::limit(request, tcp)).await
     }
 
-    /// `response`, an ExternalName Service's CNAME to `target`, with the upstream's records of
-    /// `target` added (none when it does not answer in time: the CNAME alone, as CoreDNS sends).
-    async fn chase(&self, Chase { request, mut response, target }: Chase, tcp: bool) -> Vec<u8> {
-        let request = &request;
-        let qtype = request.queries.first().map(Query::query_type);
-        let limit = relay::limit(request, tcp);
-        if let (Some(asked), Ok(_permit)) = (qtype, self.forwards.try_acquire()) {
-            let mut lookup = Message::new(0, MessageType::Query, OpCode::Query);
-            lookup.metadata.recursion_desired = true;
-            lookup.add_query(Query::query(target, asked));
-            let mut edns = Edns::new();
-            edns.set_max_payload(relay::MAX_UDP_REPLY);
-            lookup.set_edns(edns);
-            if let Ok(raw) = lookup.to_vec()
-                && let Some(reply) = self.ask_upstreams(&lookup, &raw, tcp, u16::MAX).await
-                && let Ok(reply) = Message::from_vec(&reply)
-            {
-                response.add_answers(reply.answers);
-            }
-        }
-        self.metrics.query(qtype, "answer");
-        encode(&response, limit)
-    }
-
-    /// Asks the upstreams `request` (its bytes `raw`), each under an id of our own, in turn within
-    /// [`UPSTREAM_TIMEOUT`]; the first reply, checked and within `limit`.
-    async fn ask_upstreams(&self, request: &Message, raw: &[u8], tcp: bool, limit: u16) -> Option<Vec<u8>> {
-        let upstreams = self.view.borrow().upstreams.clone();
-        let started = Instant::now();
-        let deadline = started + UPSTREAM_TIMEOUT;
-        let first = if upstreams.is_empty() { 0 } else { rand::random::<u32>() as usize % upstreams.len() };
-        for i in 0..upstreams.len() {
-            let upstream = upstreams[(first + i) % upstreams.len()];
-            let left = deadline.saturating_duration_since(Instant::now());
-            // Each upstream gets its share of what is left, the last one all of it.
-            let budget = left / u32::try_from(upstreams.len() - i).unwrap_or(1);
-            // An id of our own for each attempt: a spoofer cannot take it from the client.
-            let id: u16 = rand::random();
-            let query = relay::outgoing(raw, id);
-            let exchange = async {
-                if tcp {
-                    exchange_tcp(upstream, &query, request, id).await
-                } else {
-                    exchange_udp(upstream, &query, request, id, limit).await
-                }
-            };
-            if let Ok(Ok(reply)) = tokio::time::timeout(budget, exchange).await {
-                self.metrics.upstream_seconds.observe(started.elapsed().as_secs_f64());
-                return Some(reply);
-            }
-        }
-        None
+    /// Completes an ExternalName's answer with the upstream's records of its target.
+    async fn chase(&self, Chase { request, response, target }: Chase, tcp: bool) -> Vec<u8> {
+        self.upstream.chase(&request, response, target, relay::limit(&request, tcp)).await
     }
 
     fn admit(&self, source: IpAddr) -> bool {
@@ -264,44 +205,6 @@ fn formerr(bytes: &[u8]) -> Option<Vec<u8>> {
     reply[3] = 0x01; // RCODE FORMERR
     reply[4..12].fill(0); // no sections
     Some(reply)
-}
-
-/// Relays `query` (the client's, under `id`) over a fresh socket, a new random source port per
-/// query as resolvers do against spoofed answers; the first datagram that is the reply to it
-/// ([`relay::incoming`]), within `limit` bytes.
-async fn exchange_udp(
-    upstream: SocketAddr,
-    query: &[u8],
-    request: &Message,
-    id: u16,
-    limit: u16,
-) -> std::io::Result<Vec<u8>> {
-    let local: SocketAddr = match upstream {
-        SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
-        SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
-    };
-    let socket = UdpSocket::bind(local).await?;
-    socket.connect(upstream).await?;
-    socket.send(query).await?;
-    let mut buffer = vec![0u8; 65_535];
-    loop {
-        let len = socket.recv(&mut buffer).await?;
-        // Anything but the reply to this query is ignored.
-        if let Ok(reply) = relay::incoming(request, id, &buffer[..len], limit) {
-            return Ok(reply);
-        }
-    }
-}
-
-/// Relays `query` (under `id`) over a fresh TCP connection; the reply, checked.
-async fn exchange_tcp(upstream: SocketAddr, query: &[u8], request: &Message, id: u16) -> std::io::Result<Vec<u8>> {
-    let mut stream = TcpStream::connect(upstream).await?;
-    let len = u16::try_from(query.len()).map_err(|_| std::io::Error::other("query over 65535 bytes"))?;
-    stream.write_all(&len.to_be_bytes()).await?;
-    stream.write_all(query).await?;
-    let reply = read_framed(&mut stream).await?;
-    relay::incoming(request, id, &reply, u16::MAX)
-        .map_err(|why| std::io::Error::other(format!("not the reply to the relayed query: {why:?}")))
 }
 
 async fn read_framed(stream: &mut TcpStream) -> std::io::Result<Vec<u8>> {
@@ -415,7 +318,7 @@ mod tests {
         let view = DnsView::of_node(&state, "a", Vec::new()).unwrap();
         let (_sender, receiver) = watch::channel(Arc::new(view));
         let zone = Zone { domain: parse_domain("cluster.local").unwrap(), ttl: 5 };
-        Responder::new(zone, receiver, Arc::new(DnsMetrics::default()), 0)
+        Responder::new(zone, receiver, Arc::new(DnsMetrics::default()), 0, CacheSettings::default())
     }
 
     fn query(name: &str, id: u16) -> Vec<u8> {

@@ -1,0 +1,326 @@
+//! The cache of relayed answers: what the upstream answered, kept for its TTL (capped) and served
+//! again with the TTLs counted down; negative answers kept as RFC 2308 bounds them; expired
+//! answers served when the upstream fails (RFC 8767, with a 30 s TTL); a popular answer fetched
+//! again shortly before it expires, so it never expires for its users. Bounded in bytes, evicting
+//! by CLOCK (a second chance for the recently used). Sharded, so the responder's threads seldom
+//! meet on a lock.
+
+pub mod wire;
+
+use std::{
+    collections::{HashMap, VecDeque},
+    hash::BuildHasher,
+    sync::{Arc, Mutex, PoisonError},
+    time::{Duration, Instant},
+};
+
+use prometheus_client::{
+    metrics::{counter::Counter, gauge::Gauge},
+    registry::Registry,
+};
+
+/// Shards of the cache: about twice the responder's threads on a large node.
+const SHARDS: usize = 32;
+/// The TTL of an answer served stale (RFC 8767 §4).
+const STALE_TTL: u32 = 30;
+/// What an entry costs beyond its bytes (key, map slot, ring slot), for the budget.
+const OVERHEAD: usize = 96;
+
+/// How the cache keeps answers.
+#[derive(Clone, Copy, Debug)]
+pub struct CacheSettings {
+    /// The most memory answers take, bytes; 0: no cache.
+    pub max_bytes: usize,
+    /// The longest a positive answer is kept, seconds, whatever its TTL.
+    pub max_ttl: u32,
+    /// The longest a negative answer is kept, seconds.
+    pub max_negative_ttl: u32,
+    /// How long after expiry an answer may still be served when the upstream fails.
+    pub stale_for: Duration,
+}
+
+impl Default for CacheSettings {
+    fn default() -> Self {
+        Self { max_bytes: 16 << 20, max_ttl: 300, max_negative_ttl: 30, stale_for: Duration::from_secs(3600) }
+    }
+}
+
+/// A question as the cache knows it: its wire form in lowercase, and whether DNSSEC records were
+/// asked for (DO), which changes the answer.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Key(Box<[u8]>);
+
+impl Key {
+    /// The key of `request`, a query of one question; `None` for anything else.
+    pub fn of(request: &[u8], dnssec_ok: bool) -> Option<Self> {
+        if request.len() < 12 || request[2] & 0x80 != 0 || request.get(4..6)? != [0, 1] {
+            return None;
+        }
+        let mut end = 12;
+        loop {
+            let len = usize::from(*request.get(end)?);
+            if len == 0 {
+                break;
+            }
+            if len & 0xC0 != 0 {
+                return None;
+            }
+            end += 1 + len;
+        }
+        let question = request.get(12..end + 5)?;
+        let mut key: Vec<u8> = question.to_ascii_lowercase();
+        key.push(u8::from(dnssec_ok));
+        Some(Self(key.into()))
+    }
+}
+
+/// One kept answer.
+struct Entry {
+    /// The upstream's reply (id zero), TTLs as received.
+    bytes: Box<[u8]>,
+    ttl_offsets: Box<[u16]>,
+    question_end: usize,
+    stored: Instant,
+    /// Seconds it is fresh for.
+    keep_for: u32,
+    /// Used since the ring last passed it.
+    referenced: bool,
+    /// Served since stored.
+    hits: u32,
+    /// A refresh is under way.
+    refreshing: bool,
+}
+
+impl Entry {
+    fn cost(&self) -> usize {
+        self.bytes.len() + self.ttl_offsets.len() * 2 + OVERHEAD
+    }
+
+    /// A copy for `request`, each TTL `ttl(original)`.
+    fn serve(&self, request: &[u8], ttl: impl Fn(u32) -> u32) -> Option<Vec<u8>> {
+        let mut bytes = self.bytes.to_vec();
+        wire::set_ttls(&mut bytes, &self.ttl_offsets, ttl);
+        wire::address_to(&mut bytes, self.question_end, request).then_some(bytes)
+    }
+}
+
+#[derive(Default)]
+struct Shard {
+    entries: HashMap<Key, Entry>,
+    /// Keys in the order the CLOCK hand visits them.
+    ring: VecDeque<Key>,
+    bytes: usize,
+}
+
+/// What the cache holds for a question.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Found {
+    /// A fresh answer for the request; `refresh`: the caller should fetch it again in the
+    /// background (it is popular and about to expire).
+    Fresh { reply: Vec<u8>, refresh: bool },
+    /// Nothing fresh: ask the upstream.
+    Miss,
+}
+
+/// Hits, misses and what was served stale.
+#[derive(Debug, Default)]
+pub struct CacheMetrics {
+    hits: Counter,
+    misses: Counter,
+    stale: Counter,
+    refreshes: Counter,
+    evictions: Counter,
+    bytes: Gauge,
+}
+
+impl CacheMetrics {
+    /// Registers the metrics under `registry` (prefix `dns_cache_`).
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register("dns_cache_hits", "Relayed names answered from the cache", self.hits.clone());
+        registry.register("dns_cache_misses", "Relayed names asked of the upstream", self.misses.clone());
+        registry.register(
+            "dns_cache_stale",
+            "Relayed names answered from an expired entry because the upstream failed (RFC 8767)",
+            self.stale.clone(),
+        );
+        registry.register(
+            "dns_cache_refreshes",
+            "Popular relayed names fetched again before they expired",
+            self.refreshes.clone(),
+        );
+        registry.register(
+            "dns_cache_evictions",
+            "Entries dropped to stay within the cache's size",
+            self.evictions.clone(),
+        );
+        registry.register("dns_cache_bytes", "Memory the kept answers take, bytes", self.bytes.clone());
+    }
+}
+
+/// The cache.
+pub struct RelayCache {
+    settings: CacheSettings,
+    shards: Box<[Mutex<Shard>]>,
+    hasher: foldhash::fast::RandomState,
+    metrics: Arc<CacheMetrics>,
+}
+
+impl RelayCache {
+    /// An empty cache, counting into `metrics`.
+    pub fn new(settings: CacheSettings, metrics: Arc<CacheMetrics>) -> Self {
+        Self {
+            settings,
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            hasher: foldhash::fast::RandomState::default(),
+            metrics,
+        }
+    }
+
+    /// Whether it keeps anything.
+    pub fn enabled(&self) -> bool {
+        self.settings.max_bytes > 0
+    }
+
+    fn shard(&self, key: &Key) -> std::sync::MutexGuard<'_, Shard> {
+        let index = (self.hasher.hash_one(key) as usize) % self.shards.len();
+        self.shards[index].lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The fresh answer to `request` (its bytes), if kept.
+    pub fn get(&self, key: &Key, request: &[u8], now: Instant) -> Found {
+        if !self.enabled() {
+            return Found::Miss;
+        }
+        let mut shard = self.shard(key);
+        let Some(entry) = shard.entries.get_mut(key) else {
+            self.metrics.misses.inc();
+            return Found::Miss;
+        };
+        let age = u32::try_from(now.saturating_duration_since(entry.stored).as_secs()).unwrap_or(u32::MAX);
+        if age >= entry.keep_for {
+            self.metrics.misses.inc();
+            return Found::Miss;
+        }
+        let keep_for = entry.keep_for;
+        let Some(reply) = entry.serve(request, |ttl| ttl.min(keep_for) - age.min(ttl.min(keep_for))) else {
+            self.metrics.misses.inc();
+            return Found::Miss;
+        };
+        entry.referenced = true;
+        entry.hits = entry.hits.saturating_add(1);
+        // Popular (asked again since stored) and in its last tenth: fetch it again now.
+        let refresh = !entry.refreshing && entry.hits >= 2 && (keep_for - age) * 10 <= keep_for;
+        if refresh {
+            entry.refreshing = true;
+            self.metrics.refreshes.inc();
+        }
+        self.metrics.hits.inc();
+        Found::Fresh { reply, refresh }
+    }
+
+    /// An expired answer to `request` still within the stale window, with a 30 s TTL: for when
+    /// the upstream fails.
+    pub fn stale(&self, key: &Key, request: &[u8], now: Instant) -> Option<Vec<u8>> {
+        if !self.enabled() {
+            return None;
+        }
+        let shard = self.shard(key);
+        let entry = shard.entries.get(key)?;
+        let expired_at = entry.stored + Duration::from_secs(u64::from(entry.keep_for));
+        if now.saturating_duration_since(expired_at) > self.settings.stale_for {
+            return None;
+        }
+        let reply = entry.serve(request, |_| STALE_TTL)?;
+        self.metrics.stale.inc();
+        Some(reply)
+    }
+
+    /// Keeps `reply`, the upstream's answer to the question `key`, if it may be kept; whether it
+    /// was. A refresh under way for the key ends.
+    pub fn put(&self, key: Key, reply: &[u8], now: Instant) -> bool {
+        if !self.enabled() {
+            return false;
+        }
+        let Some(layout) = wire::layout(reply) else {
+            self.end_refresh(&key);
+            return false;
+        };
+        let cap = if layout.negative { self.settings.max_negative_ttl } else { self.settings.max_ttl };
+        let Some(keep_for) = layout.keep_for.map(|ttl| ttl.min(cap)).filter(|ttl| *ttl > 0) else {
+            self.end_refresh(&key);
+            return false;
+        };
+        let mut bytes: Box<[u8]> = reply.into();
+        bytes[..2].fill(0);
+        let entry = Entry {
+            bytes,
+            ttl_offsets: layout.ttl_offsets.into(),
+            question_end: layout.question_end,
+            stored: now,
+            keep_for,
+            referenced: false,
+            hits: 0,
+            refreshing: false,
+        };
+        let budget = self.settings.max_bytes / SHARDS;
+        let cost = entry.cost();
+        if cost > budget {
+            return false;
+        }
+        let mut shard = self.shard(&key);
+        let shard = &mut *shard;
+        let replaced = shard.entries.get(&key).map(Entry::cost);
+        if replaced.is_none() {
+            shard.ring.push_back(key.clone());
+        }
+        let mut bytes = shard.bytes - replaced.unwrap_or(0);
+        // Each entry is passed at most twice (once to clear its second chance).
+        let mut turns = 2 * shard.ring.len() + 1;
+        while bytes + cost > budget && turns > 0 {
+            turns -= 1;
+            let Some(candidate) = shard.ring.pop_front() else { break };
+            match shard.entries.get_mut(&candidate) {
+                _ if candidate == key => shard.ring.push_back(candidate),
+                Some(old) if old.referenced => {
+                    old.referenced = false;
+                    shard.ring.push_back(candidate);
+                }
+                Some(_) => {
+                    if let Some(old) = shard.entries.remove(&candidate) {
+                        bytes -= old.cost();
+                        self.metrics.evictions.inc();
+                        self.metrics.bytes.dec_by(old.cost() as i64);
+                    }
+                }
+                None => {}
+            }
+        }
+        if bytes + cost > budget {
+            return false;
+        }
+        shard.bytes = bytes + cost;
+        self.metrics.bytes.inc_by(cost as i64 - replaced.unwrap_or(0) as i64);
+        shard.entries.insert(key, entry);
+        true
+    }
+
+    /// A refresh of `key` failed or brought nothing to keep: the next hit may try again.
+    pub fn end_refresh(&self, key: &Key) {
+        if let Some(entry) = self.shard(key).entries.get_mut(key) {
+            entry.refreshing = false;
+        }
+    }
+
+    /// Entries kept, over all shards.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).entries.len()).sum()
+    }
+
+    /// Nothing kept.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests;

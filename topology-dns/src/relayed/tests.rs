@@ -1,0 +1,143 @@
+//! The cache of relayed answers: freshness, counting down, negative answers, serve-stale,
+//! refresh before expiry, and its bound.
+
+use std::{
+    net::Ipv4Addr,
+    time::{Duration, Instant},
+};
+
+use hickory_proto::{
+    op::{Message, MessageType, OpCode, Query, ResponseCode},
+    rr::{
+        Name, RData, Record, RecordType,
+        rdata::{A, SOA},
+    },
+};
+
+use super::*;
+
+fn request(name: &str, id: u16) -> Vec<u8> {
+    let mut message = Message::new(id, MessageType::Query, OpCode::Query);
+    message.metadata.recursion_desired = true;
+    message.add_query(Query::query(Name::from_ascii(name).unwrap(), RecordType::A));
+    message.to_vec().unwrap()
+}
+
+fn reply(name: &str, ttl: u32, rcode: ResponseCode) -> Vec<u8> {
+    let owner = Name::from_ascii(name).unwrap();
+    let mut message = Message::new(77, MessageType::Response, OpCode::Query);
+    message.add_query(Query::query(owner.clone(), RecordType::A));
+    message.metadata.response_code = rcode;
+    if rcode == ResponseCode::NoError {
+        message.add_answer(Record::from_rdata(owner, ttl, RData::A(A(Ipv4Addr::new(192, 0, 2, 1)))));
+    } else {
+        let zone = Name::from_ascii("example.").unwrap();
+        let soa = SOA::new(zone.clone(), zone.clone(), 1, 2, 3, 4, ttl);
+        message.add_authority(Record::from_rdata(zone, 3600, RData::SOA(soa)));
+    }
+    message.to_vec().unwrap()
+}
+
+fn key(name: &str) -> Key {
+    Key::of(&request(name, 1), false).unwrap()
+}
+
+fn ttl_of(reply: &[u8]) -> u32 {
+    let message = Message::from_vec(reply).unwrap();
+    message.answers.first().or(message.authorities.first()).unwrap().ttl
+}
+
+fn fresh(found: Found) -> (Vec<u8>, bool) {
+    match found {
+        Found::Fresh { reply, refresh } => (reply, refresh),
+        Found::Miss => panic!("a miss"),
+    }
+}
+
+#[test]
+fn an_answer_is_served_with_its_ttl_counted_down_until_it_expires() {
+    let cache = RelayCache::new(CacheSettings::default(), Arc::default());
+    let start = Instant::now();
+    assert_eq!(cache.get(&key("a.example."), &request("a.example.", 5), start), Found::Miss);
+    assert!(cache.put(key("a.example."), &reply("a.example.", 60, ResponseCode::NoError), start));
+    let (served, _) = fresh(cache.get(&key("A.Example."), &request("A.Example.", 5), start + Duration::from_secs(20)));
+    let message = Message::from_vec(&served).unwrap();
+    assert_eq!((message.metadata.id, ttl_of(&served)), (5, 40));
+    assert_eq!(message.queries[0].name().to_ascii(), "A.Example.", "the client's case");
+    assert_eq!(cache.get(&key("a.example."), &request("a.example.", 5), start + Duration::from_secs(60)), Found::Miss);
+}
+
+#[test]
+fn ttls_are_capped_and_negative_answers_kept_by_their_soa() {
+    let settings = CacheSettings { max_ttl: 30, max_negative_ttl: 10, ..CacheSettings::default() };
+    let cache = RelayCache::new(settings, Arc::default());
+    let start = Instant::now();
+    cache.put(key("long.example."), &reply("long.example.", 86_400, ResponseCode::NoError), start);
+    let (served, _) = fresh(cache.get(&key("long.example."), &request("long.example.", 1), start));
+    assert_eq!(ttl_of(&served), 30, "capped");
+    assert!(cache.put(key("nx.example."), &reply("nx.example.", 300, ResponseCode::NXDomain), start));
+    let at = start + Duration::from_secs(9);
+    let (served, _) = fresh(cache.get(&key("nx.example."), &request("nx.example.", 1), at));
+    assert_eq!(Message::from_vec(&served).unwrap().metadata.response_code, ResponseCode::NXDomain);
+    assert_eq!(
+        cache.get(&key("nx.example."), &request("nx.example.", 1), start + Duration::from_secs(10)),
+        Found::Miss
+    );
+    assert!(!cache.put(key("fail.example."), &reply("fail.example.", 300, ResponseCode::ServFail), start));
+}
+
+#[test]
+fn an_expired_answer_is_served_stale_only_within_the_window() {
+    let settings = CacheSettings { stale_for: Duration::from_secs(100), ..CacheSettings::default() };
+    let cache = RelayCache::new(settings, Arc::default());
+    let start = Instant::now();
+    cache.put(key("a.example."), &reply("a.example.", 10, ResponseCode::NoError), start);
+    let stale = cache.stale(&key("a.example."), &request("a.example.", 3), start + Duration::from_secs(50)).unwrap();
+    assert_eq!((Message::from_vec(&stale).unwrap().metadata.id, ttl_of(&stale)), (3, 30), "RFC 8767's 30 s");
+    assert_eq!(cache.stale(&key("a.example."), &request("a.example.", 3), start + Duration::from_secs(111)), None);
+}
+
+#[test]
+fn a_popular_answer_is_refreshed_once_in_its_last_tenth() {
+    let cache = RelayCache::new(CacheSettings::default(), Arc::default());
+    let start = Instant::now();
+    cache.put(key("a.example."), &reply("a.example.", 100, ResponseCode::NoError), start);
+    let ask =
+        |secs| fresh(cache.get(&key("a.example."), &request("a.example.", 1), start + Duration::from_secs(secs))).1;
+    assert!(!ask(10), "early");
+    assert!(!ask(50));
+    assert!(ask(91), "popular and in its last tenth");
+    assert!(!ask(92), "one refresh at a time");
+    cache.end_refresh(&key("a.example."));
+    assert!(ask(93), "a failed refresh may be tried again");
+    cache.put(key("a.example."), &reply("a.example.", 100, ResponseCode::NoError), start + Duration::from_secs(94));
+    assert!(!ask(95), "the refreshed entry is fresh again");
+}
+
+#[test]
+fn the_cache_stays_within_its_bytes_and_keeps_what_is_used() {
+    let settings = CacheSettings { max_bytes: SHARDS * 2048, ..CacheSettings::default() };
+    let cache = RelayCache::new(settings, Arc::default());
+    let start = Instant::now();
+    let used = "used.example.";
+    cache.put(key(used), &reply(used, 300, ResponseCode::NoError), start);
+    for n in 0..20_000 {
+        let name = format!("n{n}.example.");
+        cache.put(key(&name), &reply(&name, 300, ResponseCode::NoError), start);
+        if n % 8 == 0 {
+            let _ = cache.get(&key(used), &request(used, 1), start);
+        }
+    }
+    let total: usize = cache.shards.iter().map(|s| s.lock().unwrap().bytes).sum();
+    assert!(total <= settings.max_bytes, "{total} bytes");
+    assert!(cache.len() < 20_000 && !cache.is_empty());
+    assert!(matches!(cache.get(&key(used), &request(used, 1), start), Found::Fresh { .. }), "a second chance");
+}
+
+#[test]
+fn keys_are_one_question_and_tell_dnssec_apart() {
+    assert_eq!(Key::of(&request("a.example.", 1), false), Key::of(&request("A.EXAMPLE.", 9), false));
+    assert_ne!(Key::of(&request("a.example.", 1), false), Key::of(&request("a.example.", 1), true));
+    assert_eq!(Key::of(&reply("a.example.", 5, ResponseCode::NoError), false), None, "a response");
+    assert_eq!(Key::of(&[0; 11], false), None);
+}

@@ -1,0 +1,270 @@
+//! Names relayed to the upstream: answered from the cache of relayed answers when it can
+//! ([`crate::relayed`]); identical questions in flight answered by one upstream query; asked of
+//! the upstreams in turn within [`UPSTREAM_TIMEOUT`] over the shared sockets ([`pool`]), and over
+//! TCP when the reply is truncated; an expired answer served when every upstream fails.
+
+pub mod pool;
+
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    sync::{Arc, Mutex, PoisonError},
+    time::{Duration, Instant},
+};
+
+use hickory_proto::op::{Message, Query, ResponseCode};
+use pool::SocketPool;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpStream,
+    sync::{Semaphore, oneshot, watch},
+};
+
+use super::{
+    DnsMetrics,
+    answer::{self, encode},
+    relay,
+    relayed::{CacheSettings, Found, Key, RelayCache, wire},
+    view::DnsView,
+};
+
+/// How long an upstream has to answer before the client gets SERVFAIL (or a stale answer).
+pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(2);
+/// Relayed queries in flight; beyond, SERVFAIL at once.
+const MAX_FORWARDS: usize = 1024;
+
+/// A reply shared by the queries that waited for it (`None`: the upstreams failed).
+type Shared = Option<Arc<[u8]>>;
+
+/// The relaying half of the responder.
+pub struct Upstream {
+    view: watch::Receiver<Arc<DnsView>>,
+    metrics: Arc<DnsMetrics>,
+    forwards: Semaphore,
+    cache: RelayCache,
+    /// Questions asked of the upstream now, and who else waits for each.
+    in_flight: Mutex<HashMap<Key, Vec<oneshot::Sender<Shared>>>>,
+    pools: [SocketPool; 2],
+}
+
+impl Upstream {
+    /// Relays to the upstreams `view` names, keeping answers as `cache` says.
+    pub fn new(view: watch::Receiver<Arc<DnsView>>, metrics: Arc<DnsMetrics>, cache: CacheSettings) -> Self {
+        let cache = RelayCache::new(cache, Arc::clone(&metrics.cache));
+        Self {
+            view,
+            metrics,
+            forwards: Semaphore::new(MAX_FORWARDS),
+            cache,
+            in_flight: Mutex::new(HashMap::new()),
+            pools: [
+                SocketPool::for_family_of(SocketAddr::from(([0, 0, 0, 0], 0))),
+                SocketPool::for_family_of(SocketAddr::from(([0u16; 8], 0))),
+            ],
+        }
+    }
+
+    /// The reply to `request` (its bytes `raw`), within `limit` bytes: from the cache, or the
+    /// upstreams, or stale, or SERVFAIL.
+    pub async fn forward(self: &Arc<Self>, request: &Message, raw: &[u8], limit: u16) -> Vec<u8> {
+        let (reply, outcome) = self.resolve(request, raw).await;
+        self.finish(request, reply.as_deref(), limit, request.queries.first().map(Query::query_type), outcome)
+    }
+
+    /// The whole reply to `request` (its bytes `raw`, its id), and how it was found.
+    async fn resolve(self: &Arc<Self>, request: &Message, raw: &[u8]) -> (Option<Vec<u8>>, &'static str) {
+        let dnssec_ok = request.edns.as_ref().is_some_and(|edns| edns.flags().dnssec_ok);
+        let Some(key) = Key::of(raw, dnssec_ok).filter(|_| self.cache.enabled()) else {
+            let reply = self.ask(request, raw).await;
+            let outcome = if reply.is_some() { "forwarded" } else { "upstream_failed" };
+            return (reply, outcome);
+        };
+        if let Found::Fresh { reply, refresh } = self.cache.get(&key, raw, Instant::now()) {
+            if refresh {
+                let (this, key, raw) = (Arc::clone(self), key.clone(), raw.to_vec());
+                tokio::spawn(async move { this.refresh(key, &raw).await });
+            }
+            return (Some(reply), "cached");
+        }
+        let shared = self.shared(&key, request, raw).await;
+        let reply = shared.as_deref().and_then(|reply| {
+            let mut reply = reply.to_vec();
+            let end = wire::question_end(raw)?;
+            wire::address_to(&mut reply, end, raw).then_some(reply)
+        });
+        match reply {
+            Some(reply) => (Some(reply), "forwarded"),
+            None => match self.cache.stale(&key, raw, Instant::now()) {
+                Some(stale) => (Some(stale), "stale"),
+                None => (None, "upstream_failed"),
+            },
+        }
+    }
+
+    /// The upstream's reply to the question `key`, asked once however many wait for it.
+    async fn shared(&self, key: &Key, request: &Message, raw: &[u8]) -> Shared {
+        let waiting = {
+            let mut in_flight = self.in_flight.lock().unwrap_or_else(PoisonError::into_inner);
+            match in_flight.get_mut(key) {
+                Some(waiters) => {
+                    let (sender, receiver) = oneshot::channel();
+                    waiters.push(sender);
+                    Some(receiver)
+                }
+                None => {
+                    in_flight.insert(key.clone(), Vec::new());
+                    None
+                }
+            }
+        };
+        if let Some(receiver) = waiting {
+            return tokio::time::timeout(UPSTREAM_TIMEOUT, receiver).await.ok().and_then(Result::ok).flatten();
+        }
+        // The query leading: ask, keep, and hand the reply to those waiting. A guard ends the
+        // flight if this future is dropped halfway.
+        let flight = Flight { upstream: self, key };
+        let reply: Shared = self.ask(request, raw).await.map(Arc::from);
+        if let Some(reply) = &reply {
+            self.cache.put(key.clone(), reply, Instant::now());
+        }
+        flight.land(&reply);
+        reply
+    }
+
+    /// Asks again, in the background, a popular answer about to expire.
+    async fn refresh(&self, key: Key, raw: &[u8]) {
+        let Ok(request) = Message::from_vec(raw) else { return self.cache.end_refresh(&key) };
+        match self.ask(&request, raw).await {
+            Some(reply) => {
+                self.cache.put(key, &reply, Instant::now());
+            }
+            None => self.cache.end_refresh(&key),
+        }
+    }
+
+    /// Counts and sizes a reply to `request`; SERVFAIL when there is none.
+    fn finish(
+        &self,
+        request: &Message,
+        reply: Option<&[u8]>,
+        limit: u16,
+        qtype: Option<hickory_proto::rr::RecordType>,
+        outcome: &'static str,
+    ) -> Vec<u8> {
+        self.metrics.query(qtype, outcome);
+        let Some(reply) = reply else {
+            return encode(&answer::error(request, ResponseCode::ServFail), limit);
+        };
+        if reply.len() <= usize::from(limit) {
+            return reply.to_vec();
+        }
+        // Too large for the client: the header and question, flagged truncated.
+        relay::incoming(request, request.metadata.id, reply, limit)
+            .unwrap_or_else(|_| encode(&answer::error(request, ResponseCode::ServFail), limit))
+    }
+
+    /// `response`, an ExternalName Service's CNAME to `target`, with the upstream's records of
+    /// `target` added (none when it does not answer in time: the CNAME alone, as CoreDNS sends).
+    pub async fn chase(
+        self: &Arc<Self>,
+        request: &Message,
+        mut response: Message,
+        target: hickory_proto::rr::Name,
+        limit: u16,
+    ) -> Vec<u8> {
+        let qtype = request.queries.first().map(Query::query_type);
+        if let Some(asked) = qtype {
+            let mut lookup =
+                Message::new(rand::random(), hickory_proto::op::MessageType::Query, hickory_proto::op::OpCode::Query);
+            lookup.metadata.recursion_desired = true;
+            lookup.add_query(Query::query(target, asked));
+            let mut edns = hickory_proto::op::Edns::new();
+            edns.set_max_payload(relay::MAX_UDP_REPLY);
+            lookup.set_edns(edns);
+            if let Ok(raw) = lookup.to_vec()
+                && let (Some(reply), _) = self.resolve(&lookup, &raw).await
+                && let Ok(reply) = Message::from_vec(&reply)
+            {
+                response.add_answers(reply.answers);
+            }
+        }
+        self.metrics.query(qtype, "answer");
+        encode(&response, limit)
+    }
+
+    /// Asks the upstreams `request` (its bytes `raw`), in turn within [`UPSTREAM_TIMEOUT`]: the
+    /// first reply that answers it (its id the pool's), whole (over TCP when the UDP reply was
+    /// truncated).
+    async fn ask(&self, request: &Message, raw: &[u8]) -> Option<Vec<u8>> {
+        let Ok(_permit) = self.forwards.try_acquire() else {
+            self.metrics.query(request.queries.first().map(Query::query_type), "overloaded");
+            return None;
+        };
+        let upstreams = self.view.borrow().upstreams.clone();
+        let started = Instant::now();
+        let deadline = started + UPSTREAM_TIMEOUT;
+        let first = if upstreams.is_empty() { 0 } else { rand::random::<u32>() as usize % upstreams.len() };
+        for i in 0..upstreams.len() {
+            let upstream = upstreams[(first + i) % upstreams.len()];
+            let left = deadline.saturating_duration_since(Instant::now());
+            // Each upstream gets its share of what is left, the last one all of it.
+            let budget = left / u32::try_from(upstreams.len() - i).unwrap_or(1);
+            let pool = &self.pools[usize::from(upstream.is_ipv6())];
+            let exchange = async {
+                let (reply, id) = pool.exchange(upstream, raw).await?;
+                let reply = relay::incoming(request, id, &reply, u16::MAX)
+                    .map_err(|why| std::io::Error::other(format!("not the reply: {why:?}")))?;
+                if reply.get(2).is_some_and(|flags| flags & 0x02 != 0) {
+                    // Truncated: the whole answer over TCP.
+                    let id = rand::random();
+                    return exchange_tcp(upstream, &relay::outgoing(raw, id), request, id).await;
+                }
+                Ok(reply)
+            };
+            if let Ok(Ok(reply)) = tokio::time::timeout(budget, exchange).await {
+                self.metrics.upstream_seconds.observe(started.elapsed().as_secs_f64());
+                return Some(reply);
+            }
+        }
+        None
+    }
+}
+
+/// A question being asked: ends its flight (waking whoever waits) when dropped.
+struct Flight<'a> {
+    upstream: &'a Upstream,
+    key: &'a Key,
+}
+
+impl Flight<'_> {
+    fn land(self, reply: &Shared) {
+        let waiters = self.upstream.in_flight.lock().unwrap_or_else(PoisonError::into_inner).remove(self.key);
+        for waiter in waiters.into_iter().flatten() {
+            let _ = waiter.send(reply.clone());
+        }
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Flight<'_> {
+    fn drop(&mut self) {
+        // Cancelled: those waiting get nothing, and ask again themselves next time.
+        self.upstream.in_flight.lock().unwrap_or_else(PoisonError::into_inner).remove(self.key);
+    }
+}
+
+/// Relays `query` (under `id`) over a fresh TCP connection; the reply, checked.
+async fn exchange_tcp(upstream: SocketAddr, query: &[u8], request: &Message, id: u16) -> std::io::Result<Vec<u8>> {
+    let mut stream = TcpStream::connect(upstream).await?;
+    let len = u16::try_from(query.len()).map_err(|_| std::io::Error::other("query over 65535 bytes"))?;
+    stream.write_all(&len.to_be_bytes()).await?;
+    stream.write_all(query).await?;
+    let len = stream.read_u16().await?;
+    let mut reply = vec![0u8; usize::from(len)];
+    stream.read_exact(&mut reply).await?;
+    relay::incoming(request, id, &reply, u16::MAX)
+        .map_err(|why| std::io::Error::other(format!("not the reply to the relayed query: {why:?}")))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,166 @@
+//! Relaying against an upstream in the test process: one upstream query for many identical
+//! questions, answers from the cache, an expired answer served when the upstream fails, spoofed
+//! datagrams ignored, a truncated reply fetched whole over TCP.
+
+use std::{
+    net::{Ipv4Addr, SocketAddr},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use hickory_proto::{
+    op::{Message, MessageType, OpCode, Query, ResponseCode},
+    rr::{Name, RData, Record, RecordType, rdata::A},
+};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{TcpListener, UdpSocket},
+    sync::watch,
+};
+
+use super::*;
+
+/// A stand-in upstream on loopback: answers every A query with `answers` records (TTL 60) after
+/// `delay`, first sending a spoofed datagram (the right id, another question) when `spoof`;
+/// over UDP truncated (TC, no records) when `answers` is over 40; silent while `silent` is set.
+struct StandIn {
+    addr: SocketAddr,
+    asked: Arc<AtomicUsize>,
+    silent: Arc<AtomicBool>,
+}
+
+fn answer(request: &Message, answers: usize) -> Message {
+    let mut reply = Message::new(request.metadata.id, MessageType::Response, OpCode::Query);
+    reply.add_queries(request.queries.iter().cloned());
+    let name = request.queries[0].name().clone();
+    for n in 0..answers {
+        reply.add_answer(Record::from_rdata(name.clone(), 60, RData::A(A(Ipv4Addr::from(0x0a00_0000 + n as u32)))));
+    }
+    reply
+}
+
+async fn stand_in(answers: usize, delay: Duration, spoof: bool) -> StandIn {
+    let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let addr = socket.local_addr().unwrap();
+    let tcp = TcpListener::bind(addr).await.unwrap();
+    let (asked, silent) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(false)));
+    let (count, quiet) = (Arc::clone(&asked), Arc::clone(&silent));
+    tokio::spawn(async move {
+        let socket = Arc::new(socket);
+        let mut buffer = vec![0u8; 4096];
+        loop {
+            let (len, from) = socket.recv_from(&mut buffer).await.unwrap();
+            count.fetch_add(1, Ordering::SeqCst);
+            if quiet.load(Ordering::SeqCst) {
+                continue;
+            }
+            let request = Message::from_vec(&buffer[..len]).unwrap();
+            let socket = Arc::clone(&socket);
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                if spoof {
+                    let mut other = request.clone();
+                    other.queries[0] = Query::query(Name::from_ascii("evil.example.").unwrap(), RecordType::A);
+                    socket.send_to(&answer(&other, 1).to_vec().unwrap(), from).await.unwrap();
+                }
+                let mut reply = answer(&request, answers);
+                if answers > 40 {
+                    reply.answers.clear();
+                    reply.metadata.truncation = true;
+                }
+                socket.send_to(&reply.to_vec().unwrap(), from).await.unwrap();
+            });
+        }
+    });
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = tcp.accept().await.unwrap();
+            let len = stream.read_u16().await.unwrap();
+            let mut query = vec![0u8; usize::from(len)];
+            stream.read_exact(&mut query).await.unwrap();
+            let reply = answer(&Message::from_vec(&query).unwrap(), answers).to_vec().unwrap();
+            stream.write_all(&u16::try_from(reply.len()).unwrap().to_be_bytes()).await.unwrap();
+            stream.write_all(&reply).await.unwrap();
+        }
+    });
+    StandIn { addr, asked, silent }
+}
+
+fn relay_to(upstream: SocketAddr, cache: CacheSettings) -> Arc<Upstream> {
+    let (_sender, view) = watch::channel(Arc::new(DnsView::new(vec![upstream])));
+    Arc::new(Upstream::new(view, Arc::new(DnsMetrics::default()), cache))
+}
+
+fn query(name: &str, id: u16) -> (Message, Vec<u8>) {
+    let mut message = Message::new(id, MessageType::Query, OpCode::Query);
+    message.metadata.recursion_desired = true;
+    message.add_query(Query::query(Name::from_ascii(name).unwrap(), RecordType::A));
+    let raw = message.to_vec().unwrap();
+    (message, raw)
+}
+
+async fn ask(upstream: &Arc<Upstream>, name: &str, id: u16) -> Message {
+    let (request, raw) = query(name, id);
+    Message::from_vec(&upstream.forward(&request, &raw, u16::MAX).await).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identical_questions_in_flight_are_one_upstream_query_then_cached() {
+    let stand_in = stand_in(1, Duration::from_millis(200), false).await;
+    let relay = relay_to(stand_in.addr, CacheSettings::default());
+    let asks = (0..50u16).map(|id| {
+        let relay = Arc::clone(&relay);
+        tokio::spawn(async move { ask(&relay, "popular.example.", id).await })
+    });
+    for (id, reply) in futures_join(asks).await.into_iter().enumerate() {
+        assert_eq!((reply.metadata.id, reply.answers.len()), (id as u16, 1), "{reply:?}");
+    }
+    assert_eq!(stand_in.asked.load(Ordering::SeqCst), 1, "one upstream query for fifty questions");
+    let cached = ask(&relay, "Popular.Example.", 99).await;
+    assert_eq!((cached.metadata.id, cached.answers.len()), (99, 1));
+    assert_eq!(cached.queries[0].name().to_ascii(), "Popular.Example.");
+    assert_eq!(stand_in.asked.load(Ordering::SeqCst), 1, "answered from the cache");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_answer_is_served_stale_when_the_upstream_fails() {
+    let stand_in = stand_in(1, Duration::ZERO, false).await;
+    let relay = relay_to(stand_in.addr, CacheSettings { max_ttl: 1, ..CacheSettings::default() });
+    assert_eq!(ask(&relay, "a.example.", 1).await.answers[0].ttl, 60);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    stand_in.silent.store(true, Ordering::SeqCst);
+    let stale = ask(&relay, "a.example.", 2).await;
+    assert_eq!((stale.metadata.response_code, stale.answers.len()), (ResponseCode::NoError, 1));
+    assert_eq!(stale.answers[0].ttl, 30, "RFC 8767");
+    let never = ask(&relay, "never.example.", 3).await;
+    assert_eq!(never.metadata.response_code, ResponseCode::ServFail, "nothing to serve stale");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spoofed_datagram_is_ignored_and_a_truncated_reply_fetched_over_tcp() {
+    let spoofing = stand_in(1, Duration::ZERO, true).await;
+    let relay = relay_to(spoofing.addr, CacheSettings::default());
+    let reply = ask(&relay, "a.example.", 7).await;
+    assert_eq!(reply.queries[0].name().to_ascii(), "a.example.", "the reply to the question asked");
+    assert_eq!(reply.answers.len(), 1);
+    let large = stand_in(60, Duration::ZERO, false).await;
+    let relay = relay_to(large.addr, CacheSettings::default());
+    let reply = ask(&relay, "big.example.", 8).await;
+    assert!(!reply.metadata.truncation);
+    assert_eq!(reply.answers.len(), 60, "the whole answer, over TCP");
+    let (request, raw) = query("big.example.", 9);
+    let udp = relay.forward(&request, &raw, 512).await;
+    assert!(udp.len() <= 512);
+    assert!(Message::from_vec(&udp).unwrap().metadata.truncation, "cut to the client's size, from the cache");
+}
+
+async fn futures_join<T: Send + 'static>(tasks: impl Iterator<Item = tokio::task::JoinHandle<T>>) -> Vec<T> {
+    let mut out = Vec::new();
+    for task in tasks {
+        out.push(task.await.unwrap());
+    }
+    out
+}
