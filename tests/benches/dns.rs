@@ -1,10 +1,12 @@
 //! `cargo xtask bench dns`: the node-local DNS responder under dnsperf (root, namespaces, the
-//! optimized agent). Queries per second and latency for headless names, ClusterIP names and
-//! names relayed to the upstream, beside the same stand-in upstream asked directly; and the
-//! control loop's event-to-kernel latency while the responder is loaded, against idle.
+//! optimized agent). Queries per second and latency for (c) headless and ClusterIP names, and
+//! for names relayed to the upstream in two mixes — (a) 90 % from a set of 1,000 names, 10 %
+//! unique, as a node's pods ask; (b) every name unique — beside unbound (a caching resolver
+//! forwarding to the same stand-in upstream, on the same CPUs) and the upstream asked directly;
+//! and the control loop's event-to-kernel latency while the responder is loaded, against idle.
 //!
-//! The load generator gets a CPU of its own (the last), the agent and the stand-in upstream the
-//! others, so the figures are the responder's and not dnsperf's competition for the same core.
+//! The load generator gets a CPU of its own (the last), the agent, unbound and the stand-in
+//! upstream the others, so the figures are the servers' and not dnsperf's competition for a core.
 
 use std::{
     net::{IpAddr, Ipv4Addr, SocketAddr},
@@ -20,6 +22,7 @@ use topology_tests::{
     dnsperf::{HistogramReading, Load, Perf, dnsperf},
     fixture::Fixture,
     sandbox::is_root,
+    unbound,
 };
 
 /// Headless Services answered, ten endpoints each, half per zone.
@@ -53,6 +56,22 @@ fn objects(web_generation: u8) -> Vec<Value> {
     let web = EndpointSpec::new(IpAddr::V4(Ipv4Addr::new(10, 2, 0, web_generation)), "node-a");
     objects.push(cluster::slice("default", "web-1", "web", "http", 8080, "TCP", &[web]));
     objects
+}
+
+/// Queries of a relayed mix: `popular` of every ten from a set of 1,000 names, the rest unique.
+fn mix(path: &Path, prefix: &str, popular: u64) {
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    queries(
+        path,
+        (0..u64::from(TARGET_QPS) * u64::from(SECONDS)).map(|n| {
+            state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            if (state >> 33) % 10 < popular {
+                format!("pop{}.example.com", (state >> 40) % 1000)
+            } else {
+                format!("{prefix}{n}.example.com")
+            }
+        }),
+    );
 }
 
 fn queries(path: &Path, names: impl Iterator<Item = String>) {
@@ -118,19 +137,36 @@ fn main() {
     queries(&headless, (0..HEADLESS).map(|s| format!("h{s}.default.svc.cluster.local")));
     let cluster_ip = scratch.join("clusterip.txt");
     queries(&cluster_ip, std::iter::once("web.default.svc.cluster.local".to_owned()));
-    let outside = scratch.join("outside.txt");
-    queries(&outside, (0..HEADLESS).map(|s| format!("name{s}.example.com")));
+    let repeated = scratch.join("mix-a.txt");
+    mix(&repeated, "a-", 9);
+    let unique = scratch.join("mix-b.txt");
+    mix(&unique, "b-", 0);
+    let unique_unbound = scratch.join("mix-b-unbound.txt");
+    mix(&unique_unbound, "c-", 0);
+    let threads = server_cpus.split('-').next_back().and_then(|n| n.parse::<usize>().ok()).map_or(1, |n| n + 1);
+    let anchor = SocketAddr::from((node.v4, 5300));
+    let _unbound = unbound::start(node.netns.name(), anchor, upstream, threads, &server_cpus, &scratch);
 
-    println!("agent on CPUs {server_cpus}, dnsperf on CPU {load_cpu:?}\n");
+    println!("agent and unbound on CPUs {server_cpus}, dnsperf on CPU {load_cpu:?}\n");
     println!("| queries | offered | answered per s | p50 ms | p99 ms | lost | rcodes |");
     println!("| --- | ---: | ---: | ---: | ---: | ---: | --- |");
     let offered = format!("{TARGET_QPS}/s");
-    row("headless A (this node's choice)", &offered, &dnsperf(client, responder, &headless, SECONDS, TARGET_QPS));
-    row("ClusterIP A", &offered, &dnsperf(client, responder, &cluster_ip, SECONDS, TARGET_QPS));
-    row("other names, relayed to the upstream", &offered, &dnsperf(client, responder, &outside, SECONDS, TARGET_QPS));
-    row("the same, upstream asked directly", &offered, &dnsperf(client, upstream, &outside, SECONDS, TARGET_QPS));
-    row("headless A, as fast as it answers", "max", &dnsperf(client, responder, &headless, 5, 0));
-    row("upstream directly, as fast as it answers", "max", &dnsperf(client, upstream, &outside, 5, 0));
+    let run = |server, file: &Path| dnsperf(client, server, file, SECONDS, TARGET_QPS);
+    let headless_perf = run(responder, &headless);
+    row("(c) headless A (this node's choice)", &offered, &headless_perf);
+    let cluster_ip_perf = run(responder, &cluster_ip);
+    row("(c) ClusterIP A", &offered, &cluster_ip_perf);
+    let relayed = run(responder, &repeated);
+    row("(a) relayed, 90 % of 1,000 names: responder", &offered, &relayed);
+    let anchored = run(anchor, &repeated);
+    row("(a) relayed, 90 % of 1,000 names: unbound", &offered, &anchored);
+    let unique_perf = run(responder, &unique);
+    row("(b) relayed, every name unique: responder", &offered, &unique_perf);
+    row("(b) relayed, every name unique: unbound", &offered, &run(anchor, &unique_unbound));
+    let direct = run(upstream, &unique);
+    row("(b) every name unique, upstream asked directly", &offered, &direct);
+    row("(c) headless A, as fast as it answers", "max", &dnsperf(client, responder, &headless, 5, 0));
+    row("upstream directly, as fast as it answers", "max", &dnsperf(client, upstream, &unique, 5, 0));
 
     // The control loop while the responder answers at the target rate, against idle.
     let idle = churn(&agent, &file, SECONDS);
@@ -149,6 +185,19 @@ fn main() {
     println!("| DNS answering {:.0}/s | {} | {:.2} | {:.2} |", perf.qps, loaded.0, loaded.1, loaded.2);
     let rss = agent_rss_kib(agent.pid());
     println!("\nagent RSS after the runs: {:.1} MiB", rss as f64 / 1024.0);
+    println!(
+        "\ndns: headless_qps={:.0} clusterip_qps={:.0} relayed_qps={:.0} relayed_p99_ms={:.2} relayed_lost={} \
+         unique_qps={:.0} unbound_qps={:.0} unbound_p99_ms={:.2} upstream_qps={:.0}",
+        headless_perf.qps,
+        cluster_ip_perf.qps,
+        relayed.qps,
+        relayed.quantile_ms(0.99),
+        relayed.lost,
+        unique_perf.qps,
+        anchored.qps,
+        anchored.quantile_ms(0.99),
+        direct.qps
+    );
     agent.signal(libc::SIGTERM);
     agent.wait_exit(Duration::from_secs(10));
 }

@@ -17,3 +17,4 @@ pub mod scale;
 pub mod server;
 pub mod soak;
 pub mod traffic;
+pub mod unbound;

@@ -15,13 +15,15 @@ use crate::cmd::{self, is_root, on_path, succeeds};
 /// The bpf-linker release known to build against nightly's LLVM here.
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Debian packages the tests and benchmarks call, with a command each provides.
-const PACKAGES: [(&str, &str); 10] = [
+const PACKAGES: [(&str, &str); 11] = [
     ("bpftool", "bpftool"),
     ("iproute2", "ip"),
     ("iptables", "iptables-restore"),
     ("libcap2-bin", "capsh"),
     ("dnsutils", "dig"),
     ("dnsperf", "dnsperf"),
+    // `cargo xtask bench dns`: a caching resolver as the anchor for relayed names.
+    ("unbound", "unbound"),
     // `cargo xtask image`: a C compiler for musl (ring builds C), and an independent OCI reader.
     ("musl-tools", "musl-gcc"),
     ("skopeo", "skopeo"),
