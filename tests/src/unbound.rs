@@ -13,7 +13,14 @@ use crate::sandbox::ProcessGuard;
 
 /// Starts unbound in `netns` on `listen`, forwarding to `upstream`, with `threads` threads, pinned
 /// to `cpus` (a `taskset` list); its files under `dir`. Waits until it answers.
-pub fn start(netns: &str, listen: SocketAddr, upstream: SocketAddr, threads: usize, cpus: &str, dir: &Path) -> ProcessGuard {
+pub fn start(
+    netns: &str,
+    listen: SocketAddr,
+    upstream: SocketAddr,
+    threads: usize,
+    cpus: &str,
+    dir: &Path,
+) -> ProcessGuard {
     let config = dir.join("unbound.conf");
     let text = format!(
         "server:\n  interface: {ip}@{port}\n  port: {port}\n  access-control: 0.0.0.0/0 allow\n  do-daemonize: no\n  \

@@ -21,10 +21,7 @@ pub mod view;
 use std::{
     collections::HashMap,
     net::SocketAddr,
-    sync::{
-        Arc, RwLock,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::{Arc, RwLock, atomic::Ordering},
 };
 
 use hickory_proto::rr::{Name, RecordType};
@@ -251,19 +248,48 @@ impl DnsMetrics {
     }
 }
 
+/// How long the control loop's word that the view is current holds: a loop that has not said it
+/// again within this (frozen, or stuck in a sync longer than any full sync at Kubernetes'
+/// limits) stops the steering, so pods are not sent to answers from a view that no longer moves.
+pub const CURRENT_FOR: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Whether the published view comes from a complete, current view of the cluster: the responder
-/// is steered to only while it does (an empty view would answer NXDOMAIN for every name).
-#[derive(Clone, Debug, Default)]
-pub struct ViewCurrent(Arc<AtomicBool>);
+/// is steered to only while it does (an empty view would answer NXDOMAIN for every name), and
+/// only while the control loop keeps saying so ([`CURRENT_FOR`]).
+#[derive(Clone, Debug)]
+pub struct ViewCurrent {
+    epoch: std::time::Instant,
+    /// When the loop last said the view is current, milliseconds after `epoch` plus one; 0: it
+    /// said it is not.
+    said: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Default for ViewCurrent {
+    fn default() -> Self {
+        Self { epoch: std::time::Instant::now(), said: Arc::default() }
+    }
+}
 
 impl ViewCurrent {
-    /// True while the published view is of a complete, current view of the cluster.
+    /// True while the published view is of a complete, current view of the cluster, said so
+    /// within [`CURRENT_FOR`].
     pub fn get(&self) -> bool {
-        self.0.load(Ordering::Acquire)
+        self.get_at(std::time::Instant::now())
+    }
+
+    fn get_at(&self, now: std::time::Instant) -> bool {
+        match self.said.load(Ordering::Acquire) {
+            0 => false,
+            said => {
+                let age = now.saturating_duration_since(self.epoch).as_millis() as u64 + 1;
+                age.saturating_sub(said) <= CURRENT_FOR.as_millis() as u64
+            }
+        }
     }
 
     fn set(&self, current: bool) {
-        self.0.store(current, Ordering::Release);
+        let at = if current { self.epoch.elapsed().as_millis() as u64 + 1 } else { 0 };
+        self.said.store(at, Ordering::Release);
     }
 }
 

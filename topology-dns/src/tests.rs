@@ -380,3 +380,15 @@ fn an_external_name_is_a_cname_completed_upstream_and_unowned_names_are_forwarde
     }
     assert_eq!(ask(&view, "nope.ns.svc.cluster.local.", RecordType::A).1, AnswerKind::NxDomain, "svc is ours alone");
 }
+
+#[test]
+fn a_control_loop_that_stops_saying_the_view_is_current_stops_the_steering() {
+    let current = super::ViewCurrent::default();
+    let now = std::time::Instant::now();
+    assert!(!current.get_at(now), "nothing said yet");
+    current.set(true);
+    assert!(current.get_at(now + std::time::Duration::from_secs(1)));
+    assert!(!current.get_at(now + super::CURRENT_FOR + std::time::Duration::from_secs(1)), "a frozen loop");
+    current.set(false);
+    assert!(!current.get_at(now));
+}
