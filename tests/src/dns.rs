@@ -22,11 +22,29 @@ use crate::{
 /// TTL of the stand-in upstream's answers, so a test can tell a relayed answer from ours.
 pub const UPSTREAM_TTL: u32 = 42;
 
-/// Answers every query on `listen` (UDP) with `answer` as an A record, or never (`silent`),
-/// until the process is killed. Calls `ready` once bound.
-pub fn serve_upstream(listen: SocketAddr, answer: Ipv4Addr, silent: bool, ready: impl FnOnce()) -> anyhow::Result<()> {
+/// Answers every query on `listen` (UDP) with `answer` as an A record, `delay` after it came, or
+/// never (`silent`), until the process is killed. Calls `ready` once bound.
+pub fn serve_upstream(
+    listen: SocketAddr,
+    answer: Ipv4Addr,
+    silent: bool,
+    delay: Duration,
+    ready: impl FnOnce(),
+) -> anyhow::Result<()> {
     let socket = UdpSocket::bind(listen)?;
     ready();
+    // Replies wait their turn on a thread of their own: the delay is the same for all, so the
+    // queue is in order.
+    let (later, due) = std::sync::mpsc::channel::<(Instant, Vec<u8>, SocketAddr)>();
+    if !delay.is_zero() {
+        let sender = socket.try_clone()?;
+        std::thread::spawn(move || {
+            for (at, reply, to) in due {
+                std::thread::sleep(at.saturating_duration_since(Instant::now()));
+                let _ = sender.send_to(&reply, to);
+            }
+        });
+    }
     let mut buffer = [0u8; 4096];
     loop {
         let (len, source) = socket.recv_from(&mut buffer)?;
@@ -41,7 +59,11 @@ pub fn serve_upstream(listen: SocketAddr, answer: Ipv4Addr, silent: bool, ready:
         if let Some(query) = request.queries.first() {
             response.add_answer(Record::from_rdata(query.name().clone(), UPSTREAM_TTL, RData::A(A(answer))));
         }
-        socket.send_to(&response.to_vec()?, source)?;
+        if delay.is_zero() {
+            socket.send_to(&response.to_vec()?, source)?;
+        } else {
+            later.send((Instant::now() + delay, response.to_vec()?, source))?;
+        }
     }
 }
 
@@ -54,6 +76,18 @@ pub fn start_upstream(
     home: Option<&std::path::Path>,
     cpu: Option<usize>,
 ) -> (Host, ProcessGuard) {
+    start_upstream_after(network, silent, home, cpu, Duration::ZERO)
+}
+
+/// [`start_upstream`], each answer sent `delay` after its query came (a slow upstream: queries
+/// stay in flight).
+pub fn start_upstream_after(
+    network: &mut Network,
+    silent: bool,
+    home: Option<&std::path::Path>,
+    cpu: Option<usize>,
+    delay: Duration,
+) -> (Host, ProcessGuard) {
     let host = network.host("up");
     let mut command = Command::new(probe_binary());
     command.args(["--netns", host.netns.name()]);
@@ -61,6 +95,7 @@ pub fn start_upstream(
         command.args(["--cpu", &cpu.to_string()]);
     }
     command.args(["dns-upstream", "--listen", &format!("{}:53", host.v4)]);
+    command.args(["--delay-ms", &delay.as_millis().to_string()]);
     if silent {
         command.arg("--silent");
     }
@@ -178,4 +213,62 @@ fn resolve(server: SocketAddr, name: &str, timeout: Duration) -> std::io::Result
             })
             .collect());
     }
+}
+
+/// What [`lookups`] saw.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct Lookups {
+    /// Lookups made.
+    pub made: u64,
+    /// Lookups with no address in time (one try, no retry), with the first errors.
+    pub failed: u64,
+    /// The first few failures, and when (milliseconds after the start).
+    pub failures: Vec<(u64, String)>,
+    /// Answers by address.
+    pub answers: std::collections::BTreeMap<String, u64>,
+}
+
+/// Numbers the lookups, for names with `{n}`.
+static LOOKUP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Looks `name` up through `server` about `rate` times a second for `seconds`, each on a fresh
+/// connected UDP socket, one try within `timeout` (no retry: a query a handover drops shows), from
+/// `threads` threads (each waits for its lookup: enough for the rate times the latency); `{n}` in
+/// `name` is a number of its own in each lookup.
+pub fn lookups(server: SocketAddr, name: &str, rate: u64, seconds: u64, timeout: Duration, threads: u64) -> Lookups {
+    let started = Instant::now();
+    let every = Duration::from_secs_f64(threads as f64 / rate as f64);
+    let until = started + Duration::from_secs(seconds);
+    let report = std::sync::Mutex::new(Lookups::default());
+    std::thread::scope(|scope| {
+        for thread in 0..threads {
+            let report = &report;
+            scope.spawn(move || {
+                let mut next = started + every.mul_f64(thread as f64 / threads as f64);
+                while next < until {
+                    std::thread::sleep(next.saturating_duration_since(Instant::now()));
+                    next += every;
+                    let unique = LOOKUP.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let result = resolve(server, &name.replace("{n}", &unique.to_string()), timeout);
+                    let mut report = report.lock().expect("report");
+                    report.made += 1;
+                    match result {
+                        Ok(addresses) if !addresses.is_empty() => {
+                            for address in addresses {
+                                *report.answers.entry(address.to_string()).or_default() += 1;
+                            }
+                        }
+                        outcome => {
+                            report.failed += 1;
+                            if report.failures.len() < 10 {
+                                let at = started.elapsed().as_millis() as u64;
+                                report.failures.push((at, format!("{outcome:?}")));
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+    report.into_inner().expect("report")
 }

@@ -172,6 +172,24 @@ impl ProcessGuard {
         &mut self.child
     }
 
+    /// Reads the process's whole stdout (piped) until it exits, at most `within`: a process still
+    /// running then is killed, and the test fails.
+    pub fn wait_output(mut self, within: Duration) -> Vec<u8> {
+        use std::io::Read as _;
+        let mut stdout = self.child.stdout.take().expect("a piped stdout");
+        let reader = std::thread::spawn(move || {
+            let mut out = Vec::new();
+            let _ = stdout.read_to_end(&mut out);
+            out
+        });
+        let deadline = std::time::Instant::now() + within;
+        while self.child.try_wait().ok().flatten().is_none() {
+            assert!(std::time::Instant::now() < deadline, "the process did not end within {within:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        reader.join().expect("stdout reader")
+    }
+
     /// The process id.
     pub fn id(&self) -> u32 {
         self.child.id()

@@ -35,12 +35,16 @@ pub const BEAT_GRACE: Duration = Duration::from_secs(1);
 const PROBE_INTERVAL: Duration = Duration::from_millis(250);
 /// How long the responder has to answer a probe.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(250);
+/// How long the responder keeps answering after the steering is off, on shutdown: what pods sent
+/// before the kernel stopped steering (in the sockets' queues, relayed to the upstream, or
+/// retried on a socket connected to the responder) is answered, not dropped.
+pub const DRAIN: Duration = Duration::from_millis(super::upstream::UPSTREAM_TIMEOUT.as_millis() as u64 + 500);
 
 pub use crate::plan::steering::Steering;
 
 /// Probes the responder at `listen` and keeps the steering heartbeat fresh while it answers from a
-/// current view (`current`); stops the steering at once when it does not, and on `shutdown`
-/// (before the sockets close).
+/// current view (`current`); stops the steering at once when it does not, and on `shutdown`,
+/// then returns after [`DRAIN`] (the sockets close after it).
 pub async fn keep_steering(
     mut beat: DnsBeat,
     listen: SocketAddr,
@@ -85,6 +89,8 @@ pub async fn keep_steering(
     if let Err(error) = beat.stop() {
         tracing::warn!(%error, "stopping the DNS steering");
     }
+    tracing::info!(drain_ms = DRAIN.as_millis() as u64, "DNS steering off; answering what was already sent");
+    tokio::time::sleep(DRAIN).await;
 }
 
 /// Whether the cluster DNS is steered to the responder, and if not, why.

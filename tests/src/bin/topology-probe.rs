@@ -64,6 +64,9 @@ enum Mode {
         /// Receive queries and never answer.
         #[arg(long)]
         silent: bool,
+        /// Answer each query this long after it came.
+        #[arg(long, default_value_t = 0)]
+        delay_ms: u64,
     },
     /// Dial a target and report where each attempt landed.
     Client {
@@ -102,6 +105,21 @@ enum Traffic {
         /// The port to connect to on the answered addresses.
         #[arg(long)]
         port: u16,
+    },
+    /// Look a name up through the target (a DNS server) at a steady rate, each on a fresh socket,
+    /// one try: prints what answered and what failed.
+    Lookups {
+        /// Lookups per second.
+        #[arg(long)]
+        rate: u64,
+        #[arg(long)]
+        seconds: u64,
+        /// The name to look up (A); `{n}` becomes a number of its own in each lookup.
+        #[arg(long)]
+        name: String,
+        /// Threads asking, each one lookup at a time: at least the rate times the latency.
+        #[arg(long, default_value_t = 32)]
+        threads: u64,
     },
     /// UDP request/response exchanges.
     Udp {
@@ -204,8 +222,8 @@ fn main() -> anyhow::Result<()> {
             })
             .with_context(|| format!("serving {name}"))?;
         }
-        Mode::DnsUpstream { listen, answer, silent } => {
-            topology_tests::dns::serve_upstream(listen, answer, silent, || {
+        Mode::DnsUpstream { listen, answer, silent, delay_ms } => {
+            topology_tests::dns::serve_upstream(listen, answer, silent, Duration::from_millis(delay_ms), || {
                 println!("ready");
                 let _ = std::io::stdout().flush();
             })?;
@@ -244,6 +262,12 @@ fn main() -> anyhow::Result<()> {
                     let report =
                         topology_tests::openloop::run(&client.targets, &phase, client.timeout, max_in_flight, seed)
                             .context("open loop")?;
+                    println!("{}", serde_json::to_string(&report)?);
+                    return Ok(());
+                }
+                Traffic::Lookups { rate, seconds, name, threads } => {
+                    let [server] = client.targets[..] else { bail!("lookups: one --target, the DNS server") };
+                    let report = topology_tests::dns::lookups(server, &name, rate, seconds, client.timeout, threads);
                     println!("{}", serde_json::to_string(&report)?);
                     return Ok(());
                 }
