@@ -6,7 +6,7 @@ use std::{net::SocketAddr, path::Path, time::Duration};
 use aya::programs::links::{FdLink, PinnedLink};
 use topology_agent::{
     dataplane::{self, Capacities, Dataplane, DataplaneError, KernelLogLevel, PinLayout},
-    desired::{DesiredService, DesiredState, Protocol},
+    desired::{DesiredService, DesiredState, PortOptions, Protocol},
 };
 use topology_common::{map_names, program_names};
 use topology_tests::{
@@ -25,7 +25,12 @@ fn three_services(fx: &Fixture) -> DesiredState {
     let all = fx.backends.iter().map(|b| b.weighted(false, 1)).collect();
     desired.services.insert(
         service("10.96.1.1", 80, Protocol::Tcp),
-        DesiredService { name: "ns/all:http".into(), backends: all, ..Default::default() },
+        // Under feedback: the load signal measures its connections.
+        DesiredService {
+            name: "ns/all:http".into(),
+            backends: all,
+            options: PortOptions { measured: true, ..PortOptions::default() },
+        },
     );
     let one = vec![fx.backends[0].weighted(false, 1)];
     desired.services.insert(

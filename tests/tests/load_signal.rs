@@ -9,7 +9,7 @@ use std::{
 
 use topology_agent::{
     dataplane::{Dataplane, MeasuredBackend},
-    desired::{DesiredService, DesiredState, Protocol, WeightedBackend},
+    desired::{DesiredService, DesiredState, PortOptions, Protocol, WeightedBackend},
 };
 use topology_tests::{
     fixture::{BACKEND_PORT, Fixture, service},
@@ -100,23 +100,23 @@ fn the_sock_ops_counters_match_the_connections_made() {
 
     let mut desired = DesiredState::default();
     let all: Vec<_> = (0..2).map(|i| one_backend(&fx, i, BACKEND_PORT)).collect();
+    // Measured: ports under feedback. The same backends through an unmeasured port cost nothing.
+    let measured = PortOptions { measured: true, ..PortOptions::default() };
     for protocol in [Protocol::Tcp, Protocol::Udp] {
         let port = service("10.96.0.10", 80, protocol);
         desired
             .services
-            .insert(port, DesiredService { name: "test/a".into(), backends: all.clone(), ..Default::default() });
+            .insert(port, DesiredService { name: "test/a".into(), backends: all.clone(), options: measured });
     }
-    let refused = DesiredService {
-        name: "test/b".into(),
-        backends: vec![one_backend(&fx, 0, CLOSED_PORT)],
-        ..Default::default()
-    };
+    desired.services.insert(
+        service("10.96.0.13", 80, Protocol::Tcp),
+        DesiredService { name: "test/unmeasured".into(), backends: all.clone(), ..Default::default() },
+    );
+    let refused =
+        DesiredService { name: "test/b".into(), backends: vec![one_backend(&fx, 0, CLOSED_PORT)], options: measured };
     desired.services.insert(service("10.96.0.11", 80, Protocol::Tcp), refused);
-    let timeout = DesiredService {
-        name: "test/c".into(),
-        backends: vec![one_backend(&fx, 1, SILENT_PORT)],
-        ..Default::default()
-    };
+    let timeout =
+        DesiredService { name: "test/c".into(), backends: vec![one_backend(&fx, 1, SILENT_PORT)], options: measured };
     desired.services.insert(service("10.96.0.12", 80, Protocol::Tcp), timeout);
     let mut dp = Dataplane::open(&fx.config()).expect("open dataplane");
     let report = dp.apply(&desired);
@@ -145,9 +145,12 @@ fn the_sock_ops_counters_match_the_connections_made() {
     let sum = settle(&dp, &both, "the held connections closed", |s| s.closed == 205);
     assert_eq!((sum.in_flight, sum.connects, sum.reset), (0, 205, 0), "{sum:?}");
 
-    // Connections to a backend directly, not through a service, are not this node's choice.
+    // Connections to a backend directly, not through a service, are not this node's choice; those
+    // through a port not under feedback are not measured.
     let direct = fx.place().tcp(both[0], 10);
     assert_eq!(direct.successes(), 10, "{direct:?}");
+    let unmeasured = fx.place().tcp(addr("10.96.0.13:80"), 20);
+    assert_eq!(unmeasured.successes(), 20, "{unmeasured:?}");
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(Sum::of(both.iter().map(|b| load_of(&dp, *b))).connects, 205);
 

@@ -61,6 +61,8 @@ pub struct RunConfig {
     pub fail_open_after: Option<Duration>,
     /// Attach the load signal (`--load-signal`).
     pub load_signal: bool,
+    /// Measure every port's connections, not only those under feedback (`--load-signal all`).
+    pub measure_all: bool,
     /// Which sockets are destroyed when their backend leaves a set.
     pub terminate: TerminateSockets,
     /// Directories of network namespace files searched for such sockets.
@@ -241,7 +243,11 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
         Arc::clone(&metrics),
     );
     let controller = Controller::new(
-        ControllerConfig { one_publisher_per_service: true, ..ControllerConfig::new(config.node.clone()) },
+        ControllerConfig {
+            one_publisher_per_service: true,
+            measure_all: config.measure_all,
+            ..ControllerConfig::new(config.node.clone())
+        },
         dataplane,
         Arc::clone(&health),
         Arc::clone(&metrics),
@@ -442,6 +448,7 @@ mod tests {
             index: IndexOrdering::default(),
             fail_open_after: None,
             load_signal: true,
+            measure_all: false,
             terminate: TerminateSockets::Off,
             netns_dirs: Vec::new(),
             dns: Some(DnsConfig {

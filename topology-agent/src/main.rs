@@ -146,11 +146,11 @@ struct RunArgs {
     /// How the programs read the service index: `auto` picks what this CPU and kernel need.
     #[arg(long, value_enum, default_value_t = IndexOrdering::Auto)]
     index_ordering: IndexOrdering,
-    /// The load signal: a `sock_ops` program measuring the TCP connections the hooks rewrite, per
-    /// backend (it runs on each TCP connection's state changes in the cgroup). `off`: nothing is
-    /// measured, feedback keeps the static plan.
-    #[arg(long, value_enum, default_value_t = Switch::On)]
-    load_signal: Switch,
+    /// The load signal: a `sock_ops` program measuring, per backend, the TCP connections the hooks
+    /// rewrite for ports under feedback (`on`; every other socket costs it a flag test), or for
+    /// every port (`all`). `off`: nothing is measured, feedback keeps the static plan.
+    #[arg(long, value_enum, default_value_t = LoadSignal::On)]
+    load_signal: LoadSignal,
     /// Which sockets are destroyed when the backend they reached through a service leaves its
     /// set: `udp` (connected UDP sockets), `all` (TCP too) or `off` (no CAP_SYS_ADMIN needed).
     #[arg(long, value_enum, default_value_t = TerminateSockets::Udp)]
@@ -234,8 +234,11 @@ enum Output {
 
 /// On or off.
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Switch {
+enum LoadSignal {
+    /// Ports under feedback.
     On,
+    /// Every port.
+    All,
     Off,
 }
 
@@ -351,7 +354,8 @@ fn run_config(args: RunArgs) -> anyhow::Result<RunConfig> {
         kernel_log: args.kernel_log,
         index: args.index_ordering,
         fail_open_after: (!args.fail_open_after.is_zero()).then_some(args.fail_open_after),
-        load_signal: args.load_signal == Switch::On,
+        load_signal: args.load_signal != LoadSignal::Off,
+        measure_all: args.load_signal == LoadSignal::All,
         terminate: args.terminate_sockets,
         netns_dirs: args.netns_dirs,
         dns: match args.dns_listen {

@@ -74,6 +74,10 @@ pub mod service_flags {
     /// else passed to the ClusterIP untouched, where kube-proxy sends it to the cluster DNS as if
     /// the agent were not there.
     pub const LOCAL_DNS: u32 = 1 << 1;
+    /// Under feedback: the port's TCP connections are measured by the `sock_ops` program (the
+    /// connect hooks mark their sockets, [`SockTranslation::MEASURED`](crate::SockTranslation)),
+    /// and only theirs: every other socket costs the load signal one flag test.
+    pub const MEASURED: u32 = 1 << 2;
 }
 
 /// Per-service options, by service id.

@@ -23,10 +23,16 @@ pub struct SockTranslation {
     pub family: u8,
     /// IP protocol number of the socket.
     pub proto: u8,
-    /// Always zero.
-    pub _pad: u16,
+    /// [`SockTranslation::MEASURED`], or zero (a record an earlier version wrote: unmeasured).
+    pub flags: u16,
 }
 const _: () = assert!(size_of::<SockTranslation>() == 40);
+
+impl SockTranslation {
+    /// The port is under feedback ([`service_flags::MEASURED`](crate::service_flags::MEASURED)):
+    /// the load signal measures this socket.
+    pub const MEASURED: u16 = 1;
+}
 
 /// How many (service, backend) pairs an unconnected UDP socket remembers at once.
 ///

@@ -2,9 +2,10 @@
 //! counters of handshakes started, completed and failed, connections closed and reset, and the
 //! time spent in each. Only a socket's state changes run it, never its packets.
 //!
-//! A socket counts only if the connect hook left its translation (so it went to a backend this
-//! node chose), and its close counts only if its handshake was counted (its `SockLoad` exists):
-//! connections older than the program are never half counted.
+//! A socket counts only if the connect hook left its translation marked measured (so it went to a
+//! backend this node chose, for a port under feedback), and its close counts only if its
+//! handshake was counted (its `SockLoad` exists): connections older than the program are never
+//! half counted. Every other socket leaves on a flag test, and gets no state callbacks.
 
 use core::{ffi::c_void, ptr};
 
@@ -46,11 +47,12 @@ pub fn backend_load(ctx: SockOpsContext) -> u32 {
     DONE
 }
 
-/// A handshake starts: counted, timed and followed if the connect hooks rewrote this socket.
+/// A handshake starts: counted, timed and followed if the connect hooks rewrote this socket for a
+/// port under feedback.
 #[inline(always)]
 fn connect(ctx: &SockOpsContext) {
     let sk = socket(ctx);
-    let Some(key) = backend(sk) else { return };
+    let Some(key) = backend(sk, true) else { return };
     let Some(load) = counters(&key, true) else { return };
     let start = SockLoad { connect_ns: now(), established_ns: 0 };
     let record = storage(&SOCK_LOAD, sk, BPF_SK_STORAGE_GET_F_CREATE.into()).cast::<SockLoad>();
@@ -130,13 +132,16 @@ fn storage<M>(map: &M, sk: *mut c_void, flags: u64) -> *mut c_void {
 
 /// The backend the connect hook rewrote this TCP socket to, if it did.
 #[inline(always)]
-fn backend(sk: *mut c_void) -> Option<BackendKey> {
+fn backend(sk: *mut c_void, only_measured: bool) -> Option<BackendKey> {
     let translation = storage(&SOCK_CONNECTIONS, sk, 0).cast::<SockTranslation>();
     if translation.is_null() {
         return None;
     }
     // SAFETY: non-null storage of this socket, valid while the program runs; copied out at once.
     let translation = unsafe { *translation };
+    if only_measured && translation.flags & SockTranslation::MEASURED == 0 {
+        return None;
+    }
     (translation.proto == IPPROTO_TCP && translation.family != 0).then_some(BackendKey {
         addr: translation.backend,
         port: translation.backend_port,
@@ -153,7 +158,7 @@ fn measured(sk: *mut c_void) -> Option<(*mut SockLoad, *mut BackendLoad)> {
     if record.is_null() || unsafe { (*record).connect_ns } == 0 {
         return None;
     }
-    let key = backend(sk)?;
+    let key = backend(sk, false)?;
     Some((record, counters(&key, false)?))
 }
 

@@ -26,7 +26,7 @@ use choose::{Error, Pick};
 use gate::{Clock, Gate};
 use record::Addressed;
 use sockaddr::{ALLOW, Words};
-use topology_common::{AF_INET, AF_INET6, IPPROTO_UDP, NodeCounters, ServiceValue};
+use topology_common::{AF_INET, AF_INET6, IPPROTO_UDP, NodeCounters, ServiceValue, service_flags};
 
 /// A destination as the maps see it: the family of the service (an IPv4-mapped address on an
 /// AF_INET6 socket is an IPv4 service) and its address in the maps' 16-byte form.
@@ -124,7 +124,8 @@ fn connect(ctx: &SockAddrContext, dest: Dest) -> Result<Option<Pick>, Error> {
         return Ok(None);
     };
     let choice = choose::choose(ctx, service, &options, &mut clock)?;
-    if !record::remember_connection(ctx, &dest.addressed(proto), &choice) {
+    let measured = options.flags & service_flags::MEASURED != 0;
+    if !record::remember_connection(ctx, &dest.addressed(proto), &choice, measured) {
         count::count_node(NodeCounters::NO_STORAGE);
     }
     debug!(

@@ -24,10 +24,11 @@ pub struct Addressed {
     pub proto: u8,
 }
 
-/// Records that this connected socket reaches `to` through the chosen backend; false when the
-/// kernel could not allocate the storage.
+/// Records that this connected socket reaches `to` through the chosen backend, and whether the
+/// load signal measures it (`measured`: its port is under feedback); false when the kernel could
+/// not allocate the storage.
 #[inline(always)]
-pub fn remember_connection(ctx: &SockAddrContext, to: &Addressed, choice: &Pick) -> bool {
+pub fn remember_connection(ctx: &SockAddrContext, to: &Addressed, choice: &Pick, measured: bool) -> bool {
     // SAFETY: the context's socket is valid for the program's lifetime.
     let record = unsafe { SOCK_CONNECTIONS.get_or_insert_ptr_mut(ctx, None) };
     if record.is_null() {
@@ -43,7 +44,7 @@ pub fn remember_connection(ctx: &SockAddrContext, to: &Addressed, choice: &Pick)
             backend_port: choice.backend.port,
             family: to.family,
             proto: to.proto,
-            _pad: 0,
+            flags: if measured { SockTranslation::MEASURED } else { 0 },
         };
     }
     true

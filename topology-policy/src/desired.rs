@@ -163,14 +163,19 @@ pub struct PortOptions {
     /// is fresh, else passed to the ClusterIP (the cluster DNS) untouched.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub local_dns: bool,
+    /// The load signal measures the port's TCP connections: it is under feedback (or the agent
+    /// measures every port, `--load-signal all`). Other ports' connections cost it nothing.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub measured: bool,
 }
 
 impl PortOptions {
     /// The options as the programs read them.
     pub fn to_kernel(self) -> ServiceOptions {
+        let flag = |on: bool, flag: u32| if on { flag } else { 0 };
         ServiceOptions {
             affinity_timeout_s: self.affinity_timeout_s.unwrap_or(0),
-            flags: if self.local_dns { service_flags::LOCAL_DNS } else { 0 },
+            flags: flag(self.local_dns, service_flags::LOCAL_DNS) | flag(self.measured, service_flags::MEASURED),
         }
     }
 
@@ -179,6 +184,7 @@ impl PortOptions {
         Self {
             affinity_timeout_s: (options.affinity_timeout_s != 0).then_some(options.affinity_timeout_s),
             local_dns: options.flags & service_flags::LOCAL_DNS != 0,
+            measured: options.flags & service_flags::MEASURED != 0,
         }
     }
 }
@@ -237,8 +243,9 @@ mod tests {
     fn port_options_round_trip_through_the_kernel_form() {
         for options in [
             PortOptions::default(),
+            PortOptions { measured: true, local_dns: true, ..PortOptions::default() },
             PortOptions { affinity_timeout_s: Some(10_800), ..PortOptions::default() },
-            PortOptions { local_dns: true, affinity_timeout_s: Some(1) },
+            PortOptions { local_dns: true, affinity_timeout_s: Some(1), measured: false },
         ] {
             assert_eq!(PortOptions::from_kernel(&options.to_kernel()), options);
         }

@@ -55,12 +55,19 @@ pub struct ControllerConfig {
     /// node, are published by the one agent its name picks, not by each. Off, this agent
     /// publishes every problem it sees.
     pub one_publisher_per_service: bool,
+    /// The load signal measures every port's connections, not only those under feedback.
+    pub measure_all: bool,
 }
 
 impl ControllerConfig {
     /// Defaults: reconcile every minute; every problem published.
     pub fn new(node: impl Into<String>) -> Self {
-        Self { node: node.into(), reconcile_interval: Duration::from_secs(60), one_publisher_per_service: false }
+        Self {
+            node: node.into(),
+            reconcile_interval: Duration::from_secs(60),
+            one_publisher_per_service: false,
+            measure_all: false,
+        }
     }
 }
 
@@ -131,12 +138,12 @@ impl<P: Programmer> Controller<P> {
         metrics: Arc<Metrics>,
         sink: Box<dyn ProblemSink>,
     ) -> Self {
-        let node = config.node.clone();
+        let plan = NodePlan::new(config.node.clone(), None).measure_all(config.measure_all);
         Self {
             config,
             programmer,
             intake: Intake::default(),
-            plan: NodePlan::new(node, None),
+            plan,
             programmed: false,
             upkeep: Upkeep::default(),
             feedback: feedback::FeedbackLoop::new(Default::default()),
@@ -166,7 +173,7 @@ impl<P: Programmer> Controller<P> {
 
     /// Steers the cluster DNS Service's port 53 to this node's responder.
     pub fn with_steering(mut self, steering: Option<Steering>) -> Self {
-        self.plan = NodePlan::new(self.config.node.clone(), steering);
+        self.plan = NodePlan::new(self.config.node.clone(), steering).measure_all(self.config.measure_all);
         self
     }
 

@@ -294,7 +294,7 @@ mod tests {
             backend_port: 8053,
             family: AF_INET,
             proto: IPPROTO_UDP,
-            _pad: 0,
+            flags: 0,
         }
     }
 

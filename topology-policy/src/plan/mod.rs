@@ -44,6 +44,8 @@ pub struct NodePlan {
     under_feedback: BTreeSet<ObjectKey>,
     ownership: Ownership,
     feedback: feedback::Inputs,
+    /// The load signal measures every port, not only those under feedback (`--load-signal all`).
+    measure_all: bool,
 }
 
 impl NodePlan {
@@ -57,7 +59,14 @@ impl NodePlan {
             under_feedback: BTreeSet::new(),
             ownership: Ownership::default(),
             feedback: feedback::Inputs::new(),
+            measure_all: false,
         }
+    }
+
+    /// Has the load signal measure every port's connections, not only those under feedback.
+    pub fn measure_all(mut self, all: bool) -> Self {
+        self.measure_all = all;
+        self
     }
 
     /// The whole plan of `node`: every Service decided, ports released retried by those waiting.
@@ -91,6 +100,11 @@ impl NodePlan {
         };
         if let Some(steering) = &self.steering {
             steering.apply(&this.name, &mut selections);
+        }
+        if self.measure_all {
+            for selected in &mut selections {
+                selected.options.measured = true;
+            }
         }
         let update = self.ownership.set(key, weights::desired_state(&selections).services);
         if selections.iter().any(|s| s.selection.feedback.is_some()) {

@@ -214,7 +214,7 @@ pub fn compute_service_with(
     let mut families: Vec<Family> = service.cluster_ips.iter().map(Family::of).collect();
     families.sort();
     families.dedup();
-    let options = PortOptions { affinity_timeout_s: service.session_affinity_timeout_s, local_dns: false };
+    let options = PortOptions { affinity_timeout_s: service.session_affinity_timeout_s, ..PortOptions::default() };
     // Exactly sized: a selection is large, and a Vec grown from empty holds four.
     let mut out = Vec::with_capacity(service.ports.len() * families.len());
     for port in &service.ports {
@@ -230,8 +230,9 @@ pub fn compute_service_with(
                 port: port.clone(),
                 family,
                 cluster_ips: service.cluster_ips.iter().filter(|ip| Family::of(ip) == family).copied().collect(),
+                // The load signal measures a port under feedback, and only such ports.
+                options: PortOptions { measured: selection.feedback.is_some(), ..options },
                 selection,
-                options,
             });
         }
     }
