@@ -109,6 +109,23 @@ pub fn start_upstream_after(
     (host, process)
 }
 
+/// The agent serving DNS on port 53 of `host` (a pod of the node, steering the cluster DNS to
+/// itself), relaying to `upstream`, from the cluster `file`; ready.
+pub fn start_dns_agent(
+    fx: &crate::fixture::Fixture,
+    host: &Host,
+    file: &std::path::Path,
+    upstream: SocketAddr,
+) -> crate::agent::Agent {
+    let mut agent = crate::agent::Agent::start(&crate::agent::AgentOptions {
+        netns: Some(host.netns.name()),
+        extra: vec!["--dns-listen".into(), format!("{}:53", host.v4), "--dns-upstream".into(), upstream.to_string()],
+        ..crate::agent::AgentOptions::new(file, "node-a", fx.cgroup.path(), fx.pins.path())
+    });
+    agent.wait_ready(Duration::from_secs(30));
+    agent
+}
+
 /// What `dig` saw.
 #[derive(Debug)]
 pub struct Dig {

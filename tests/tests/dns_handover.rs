@@ -12,11 +12,10 @@ use std::{
 };
 
 use topology_tests::{
-    agent::{Agent, AgentOptions},
     cluster::{self, EndpointSpec},
-    dns::{Lookups, dig_from, start_upstream_after},
+    dns::{Lookups, dig_from, start_dns_agent, start_upstream_after},
     fixture::Fixture,
-    net::{Host, KubeProxyStandIn, probe_binary},
+    net::{KubeProxyStandIn, probe_binary},
     require_root,
     sandbox::ProcessGuard,
 };
@@ -41,16 +40,6 @@ fn objects(coredns: IpAddr) -> Vec<serde_json::Value> {
         }),
         cluster::slice("default", "db-1", "db", "pg", 5432, "TCP", &[endpoint]),
     ]
-}
-
-fn start(fx: &Fixture, host: &Host, file: &std::path::Path, coredns: SocketAddr) -> Agent {
-    let mut agent = Agent::start(&AgentOptions {
-        netns: Some(host.netns.name()),
-        extra: vec!["--dns-listen".into(), format!("{}:53", host.v4), "--dns-upstream".into(), coredns.to_string()],
-        ..AgentOptions::new(file, "node-a", fx.cgroup.path(), fx.pins.path())
-    });
-    agent.wait_ready(Duration::from_secs(30));
-    agent
 }
 
 /// Waits until the ClusterIP answers `expect` (the responder's answer, or CoreDNS's).
@@ -84,7 +73,7 @@ fn a_rolling_update_with_dns_steered_loses_no_query() {
     proxy.forward("udp", KUBE_DNS.parse().unwrap(), coredns);
     let file = fx.scratch().join("cluster.yaml");
     cluster::write(&file, &objects(coredns.ip()));
-    let mut old = start(&fx, &old_pod, &file, coredns);
+    let mut old = start_dns_agent(&fx, &old_pod, &file, coredns);
     until_answer(&fx, LOCAL_ANSWER);
 
     let resolver = |name: &str| {
@@ -101,7 +90,7 @@ fn a_rolling_update_with_dns_steered_loses_no_query() {
     // The rolling update: the old pod is told to stop, then the new one starts at a new address.
     old.signal(libc::SIGTERM);
     old.wait_exit(Duration::from_secs(10));
-    let mut new = start(&fx, &new_pod, &file, coredns);
+    let mut new = start_dns_agent(&fx, &new_pod, &file, coredns);
     until_answer(&fx, LOCAL_ANSWER);
 
     let report = |resolver: ProcessGuard| -> Lookups {

@@ -10,11 +10,10 @@ use std::{
 
 use serde_json::json;
 use topology_tests::{
-    agent::{Agent, AgentOptions},
     cluster::{self, EndpointSpec},
-    dns::{Dig, UPSTREAM_TTL, dig_from, start_upstream},
+    dns::{Dig, UPSTREAM_TTL, dig_from, start_dns_agent, start_upstream},
     fixture::Fixture,
-    net::{Host, KubeProxyStandIn},
+    net::KubeProxyStandIn,
     require_root,
 };
 
@@ -67,16 +66,6 @@ fn objects(coredns: IpAddr) -> Vec<serde_json::Value> {
     ]
 }
 
-fn start(fx: &Fixture, node: &Host, file: &std::path::Path, upstream: SocketAddr) -> Agent {
-    let mut agent = Agent::start(&AgentOptions {
-        netns: Some(node.netns.name()),
-        extra: vec!["--dns-listen".into(), format!("{}:53", node.v4), "--dns-upstream".into(), upstream.to_string()],
-        ..AgentOptions::new(file, "node-a", fx.cgroup.path(), fx.pins.path())
-    });
-    agent.wait_ready(Duration::from_secs(30));
-    agent
-}
-
 /// `dig` through the kube-dns ClusterIP from the client, inside the cgroup the programs are on.
 fn ask(fx: &Fixture, name: &str, extra: &[&str]) -> Dig {
     let mut args = vec!["+time=1"];
@@ -112,7 +101,7 @@ fn the_cluster_dns_is_steered_to_the_node_responder_and_fails_open_to_coredns() 
     // Without the agent, the ClusterIP is CoreDNS (through kube-proxy).
     assert_eq!(ask(&fx, DB, &[]).data, [COREDNS_ANSWER]);
 
-    let mut agent = start(&fx, &node, &file, coredns);
+    let mut agent = start_dns_agent(&fx, &node, &file, coredns);
     let steered = until_answer(&fx, LOCAL_ANSWER, Duration::from_secs(5));
     let answer = ask(&fx, DB, &[]);
     assert!(answer.answers[0].contains(" 5 IN A "), "this node's responder answered: {answer:?}");
@@ -142,7 +131,7 @@ fn the_cluster_dns_is_steered_to_the_node_responder_and_fails_open_to_coredns() 
     eprintln!("steered after {steered:?}; frozen -> CoreDNS {frozen:?}; back {thawed:?}; killed -> CoreDNS {killed:?}");
 
     // A restarted agent steers again; a stopped one turns the steering off on its way out.
-    let mut agent = start(&fx, &node, &file, coredns);
+    let mut agent = start_dns_agent(&fx, &node, &file, coredns);
     until_answer(&fx, LOCAL_ANSWER, Duration::from_secs(5));
     agent.signal(libc::SIGTERM);
     agent.wait_exit(Duration::from_secs(10));
