@@ -197,10 +197,11 @@ fn relayed(query: &[u8], reply: &[u8]) {
 
     use hickory_proto::op::Message;
 
-    use crate::dns::relayed::{CacheSettings, Found, Key, RelayCache, wire};
+    use crate::dns::relayed::{Asked, CacheSettings, Found, Key, RelayCache, wire};
 
     let _ = wire::layout(reply);
-    let Some(key) = Key::of(query, false) else { return };
+    let Ok(asked) = Message::from_vec(query).map(|request| Asked::of(&request)) else { return };
+    let Some(key) = Key::of(query, asked) else { return };
     let cache = RelayCache::new(CacheSettings::default(), std::sync::Arc::default());
     let now = Instant::now();
     if !cache.put(key.clone(), reply, now) {

@@ -45,14 +45,36 @@ impl Default for CacheSettings {
     }
 }
 
-/// A question as the cache knows it: its wire form in lowercase, and whether DNSSEC records were
-/// asked for (DO), which changes the answer.
+/// How a query asked, as far as it changes the answer: without EDNS (no OPT record may come
+/// back, RFC 6891), with EDNS, or with EDNS asking for DNSSEC records (DO).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Asked {
+    /// No OPT record.
+    Plain,
+    /// EDNS, DO clear.
+    Edns,
+    /// EDNS, DO set.
+    Dnssec,
+}
+
+impl Asked {
+    /// How `request` asked.
+    pub fn of(request: &hickory_proto::op::Message) -> Self {
+        match &request.edns {
+            None => Self::Plain,
+            Some(edns) if edns.flags().dnssec_ok => Self::Dnssec,
+            Some(_) => Self::Edns,
+        }
+    }
+}
+
+/// A question as the cache knows it: its wire form in lowercase, and how it was asked.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Key(Box<[u8]>);
 
 impl Key {
-    /// The key of `request`, a query of one question; `None` for anything else.
-    pub fn of(request: &[u8], dnssec_ok: bool) -> Option<Self> {
+    /// The key of `request`, a query of one question asked as `asked`; `None` for anything else.
+    pub fn of(request: &[u8], asked: Asked) -> Option<Self> {
         if request.len() < 12 || request[2] & 0x80 != 0 || request.get(4..6)? != [0, 1] {
             return None;
         }
@@ -69,7 +91,7 @@ impl Key {
         }
         let question = request.get(12..end + 5)?;
         let mut key: Vec<u8> = question.to_ascii_lowercase();
-        key.push(u8::from(dnssec_ok));
+        key.push(asked as u8);
         Some(Self(key.into()))
     }
 }

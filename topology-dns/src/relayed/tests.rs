@@ -39,7 +39,7 @@ fn reply(name: &str, ttl: u32, rcode: ResponseCode) -> Vec<u8> {
 }
 
 fn key(name: &str) -> Key {
-    Key::of(&request(name, 1), false).unwrap()
+    Key::of(&request(name, 1), Asked::Plain).unwrap()
 }
 
 fn ttl_of(reply: &[u8]) -> u32 {
@@ -135,9 +135,10 @@ fn the_cache_stays_within_its_bytes_and_keeps_what_is_used() {
 }
 
 #[test]
-fn keys_are_one_question_and_tell_dnssec_apart() {
-    assert_eq!(Key::of(&request("a.example.", 1), false), Key::of(&request("A.EXAMPLE.", 9), false));
-    assert_ne!(Key::of(&request("a.example.", 1), false), Key::of(&request("a.example.", 1), true));
-    assert_eq!(Key::of(&reply("a.example.", 5, ResponseCode::NoError), false), None, "a response");
-    assert_eq!(Key::of(&[0; 11], false), None);
+fn keys_are_one_question_and_tell_edns_and_dnssec_apart() {
+    assert_eq!(Key::of(&request("a.example.", 1), Asked::Plain), Key::of(&request("A.EXAMPLE.", 9), Asked::Plain));
+    let asked = [Asked::Plain, Asked::Edns, Asked::Dnssec].map(|asked| Key::of(&request("a.example.", 1), asked));
+    assert!(asked[0] != asked[1] && asked[1] != asked[2] && asked[0] != asked[2], "no OPT to a query without one");
+    assert_eq!(Key::of(&reply("a.example.", 5, ResponseCode::NoError), Asked::Plain), None, "a response");
+    assert_eq!(Key::of(&[0; 11], Asked::Plain), None);
 }

@@ -24,7 +24,7 @@ use super::{
     DnsMetrics,
     answer::{self, encode},
     relay,
-    relayed::{CacheSettings, Found, Key, RelayCache, wire},
+    relayed::{Asked, CacheSettings, Found, Key, RelayCache, wire},
     view::DnsView,
 };
 
@@ -73,8 +73,7 @@ impl Upstream {
 
     /// The whole reply to `request` (its bytes `raw`, its id), and how it was found.
     async fn resolve(self: &Arc<Self>, request: &Message, raw: &[u8]) -> (Option<Vec<u8>>, &'static str) {
-        let dnssec_ok = request.edns.as_ref().is_some_and(|edns| edns.flags().dnssec_ok);
-        let Some(key) = Key::of(raw, dnssec_ok).filter(|_| self.cache.enabled()) else {
+        let Some(key) = Key::of(raw, Asked::of(request)).filter(|_| self.cache.enabled()) else {
             let reply = self.ask(request, raw).await;
             let outcome = if reply.is_some() { "forwarded" } else { "upstream_failed" };
             return (reply, outcome);
