@@ -69,9 +69,30 @@ pub struct Attempt {
     pub at_us: u64,
     /// From its scheduled arrival to the answer (or the failure), microseconds.
     pub latency_us: u64,
-    /// The backend that answered, or the failure (`timeout`, `ECONNREFUSED`, `overflow` when the
-    /// generator's bound on connections in flight was reached).
-    pub outcome: Result<String, String>,
+    /// What became of it.
+    pub outcome: Outcome,
+}
+
+/// What became of one connection (`{"Ok": backend}` or `{"Err": why}` in the report's JSON).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    /// The backend that answered.
+    #[serde(rename = "Ok")]
+    Served(String),
+    /// The failure: `timeout`, `ECONNREFUSED`, …, or `overflow` when the generator's bound on
+    /// connections in flight was reached.
+    #[serde(rename = "Err")]
+    Failed(String),
+}
+
+impl Outcome {
+    /// The backend that answered, if one did.
+    pub fn served(&self) -> Option<&str> {
+        match self {
+            Self::Served(name) => Some(name),
+            Self::Failed(_) => None,
+        }
+    }
 }
 
 /// Everything one run did.
@@ -125,16 +146,17 @@ pub fn run(
                     let target = crate::traffic::pick(&targets, count);
                     count += 1;
                     if in_flight.load(Ordering::Relaxed) >= max_in_flight {
-                        let _ = send.send(Attempt { at_us, latency_us: 0, outcome: Err("overflow".into()) });
+                        let _ =
+                            send.send(Attempt { at_us, latency_us: 0, outcome: Outcome::Failed("overflow".into()) });
                         continue;
                     }
                     in_flight.fetch_add(1, Ordering::Relaxed);
                     let (send, in_flight) = (send.clone(), Arc::clone(&in_flight));
                     tokio::spawn(async move {
                         let outcome = match tokio::time::timeout_at(scheduled + timeout, exchange(target)).await {
-                            Ok(Ok(name)) => Ok(name),
-                            Ok(Err(error)) => Err(errno_name(&error)),
-                            Err(_) => Err("timeout".to_owned()),
+                            Ok(Ok(name)) => Outcome::Served(name),
+                            Ok(Err(error)) => Outcome::Failed(errno_name(&error)),
+                            Err(_) => Outcome::Failed("timeout".to_owned()),
                         };
                         let latency_us = scheduled.elapsed().as_micros() as u64;
                         in_flight.fetch_sub(1, Ordering::Relaxed);
@@ -240,7 +262,11 @@ mod tests {
         let n = report.attempts.len();
         // Poisson with mean 500: within ±5 standard deviations (about ±112).
         assert!((388..=612).contains(&n), "{n} arrivals");
-        assert!(report.attempts.iter().all(|a| a.outcome == Err("ECONNREFUSED".into())), "{:?}", report.attempts[0]);
+        assert!(
+            report.attempts.iter().all(|a| a.outcome == Outcome::Failed("ECONNREFUSED".into())),
+            "{:?}",
+            report.attempts[0]
+        );
         assert!(report.attempts.iter().all(|a| (200_000..1_200_000).contains(&a.at_us)), "arrivals inside the phase");
     }
 }

@@ -132,7 +132,7 @@ impl Drop for Kind {
 }
 
 /// Waits until `check` holds, for up to a minute: the agents act within seconds of a change.
-fn eventually(what: &str, check: impl Fn() -> Result<(), String>) {
+fn eventually(what: &str, check: impl Fn() -> anyhow::Result<()>) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         match check() {
@@ -203,7 +203,7 @@ fn suite(family: Family) {
             let reached: Vec<Option<String>> = (0..10).map(|_| fetch(zone, "echo-host")).collect();
             match reached.iter().all(|r| r.as_deref().map(str::trim) == Some(own.as_str())) {
                 true => Ok(()),
-                false => Err(format!("reached {reached:?}, expected only {own}")),
+                false => Err(anyhow::anyhow!("reached {reached:?}, expected only {own}")),
             }
         });
         let agent = agent_of_node.get(*node).expect("an agent on every worker");
@@ -220,11 +220,13 @@ fn suite(family: Family) {
 
         // The hard zone key: only zone-a reaches only-a; elsewhere the connection is refused.
         if *zone == "zone-a" {
-            eventually("only-a from zone-a", || fetch(zone, "only-a").map(|_| ()).ok_or_else(|| "failed".into()));
+            eventually("only-a from zone-a", || {
+                fetch(zone, "only-a").map(|_| ()).ok_or_else(|| anyhow::anyhow!("no answer"))
+            });
         } else {
             eventually(&format!("only-a refused in {zone}"), || match fetch(zone, "only-a") {
                 None => Ok(()),
-                Some(pod) => Err(format!("reached {pod} across zones")),
+                Some(pod) => Err(anyhow::anyhow!("reached {pod} across zones")),
             });
         }
 

@@ -98,7 +98,7 @@ fn main() -> anyhow::Result<()> {
         regions: args.regions,
         connections: args.connections,
     };
-    config.validate().map_err(anyhow::Error::msg)?;
+    config.validate()?;
     // SAFETY: the handler only stores into an atomic.
     unsafe { libc::signal(libc::SIGINT, on_interrupt as *const () as libc::sighandler_t) };
 
@@ -172,7 +172,7 @@ fn main() -> anyhow::Result<()> {
 /// `--scenario overload`: prints the table, writes `overload.{json,md,svg}`.
 fn overload(args: &Args) -> anyhow::Result<()> {
     let config = OverloadConfig { surge_s: args.surge_seconds, calm_s: args.calm_seconds, ..OverloadConfig::default() };
-    config.validate().map_err(anyhow::Error::msg)?;
+    config.validate()?;
     // SAFETY: the handler only stores into an atomic.
     unsafe { libc::signal(libc::SIGINT, on_interrupt as *const () as libc::sighandler_t) };
     let started = Instant::now();

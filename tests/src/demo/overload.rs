@@ -70,19 +70,19 @@ impl OverloadConfig {
     }
 
     /// Checks the numbers before anything starts.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> anyhow::Result<()> {
         if !(1..=8).contains(&self.backends) || !(1..=64).contains(&self.workers) || self.service_ms == 0 {
-            return Err("overload: 1–8 backends of 1–64 workers and a service time above 0 ms".into());
+            anyhow::bail!("overload: 1–8 backends of 1–64 workers and a service time above 0 ms");
         }
         if self.capacity_per_s() * 2.0 > 2000.0 {
-            return Err(format!(
+            anyhow::bail!(
                 "overload: a surge of {:.0} connections/s is more than this machine's clients can open; lower \
                  --workers or raise --service-ms",
                 self.capacity_per_s() * 2.0
-            ));
+            );
         }
         if self.warmup_s < 3.0 || self.surge_s < 5.0 || self.calm_s < 12.0 {
-            return Err("overload: at least 3 s of warm-up, 5 s of surge and 12 s of calm".into());
+            anyhow::bail!("overload: at least 3 s of warm-up, 5 s of surge and 12 s of calm");
         }
         Ok(())
     }

@@ -109,7 +109,7 @@ pub fn analyse(config: &OverloadConfig, run: &OverloadRun) -> OverloadReport {
             Some(bound)
         })
         .collect();
-    let in_zone_a = |a: &Attempt| a.outcome.as_ref().is_ok_and(|name| run.zone_a.contains(name));
+    let in_zone_a = |a: &Attempt| a.outcome.served().is_some_and(|name| run.zone_a.iter().any(|n| n == name));
     let figures = |report: &OpenLoopReport, (from, to): (f64, f64)| {
         let attempts: Vec<&Attempt> =
             report.attempts.iter().filter(|a| (from..to).contains(&(a.at_us as f64 / 1e6))).collect();
@@ -157,13 +157,13 @@ pub fn analyse(config: &OverloadConfig, run: &OverloadRun) -> OverloadReport {
 fn phase_figures(attempts: &[&Attempt], in_zone_a: &dyn Fn(&Attempt) -> bool) -> Figures {
     let mut latencies: Vec<f64> = attempts.iter().map(|a| a.latency_us as f64 / 1e3).collect();
     latencies.sort_by(f64::total_cmp);
-    let answered = attempts.iter().filter(|a| a.outcome.is_ok()).count();
+    let answered = attempts.iter().filter(|a| a.outcome.served().is_some()).count();
     let home = attempts.iter().filter(|a| in_zone_a(a)).count();
     Figures {
         in_zone: if answered == 0 { 0.0 } else { home as f64 / answered as f64 },
         p50_ms: percentile(&latencies, 0.50),
         p99_ms: percentile(&latencies, 0.99),
-        failed: attempts.iter().filter(|a| a.outcome.is_err()).count() as u64,
+        failed: attempts.iter().filter(|a| a.outcome.served().is_none()).count() as u64,
         connections: attempts.len() as u64,
     }
 }
@@ -230,7 +230,7 @@ fn chart(config: &OverloadConfig, run: &OverloadRun, in_zone_a: &dyn Fn(&Attempt
         .iter()
         .enumerate()
         .filter_map(|(s, bucket)| {
-            let answered = bucket.iter().filter(|a| a.outcome.is_ok()).count();
+            let answered = bucket.iter().filter(|a| a.outcome.served().is_some()).count();
             let home = bucket.iter().filter(|a| in_zone_a(a)).count();
             (answered > 0).then(|| (s as f64 + 0.5, 1.0 - home as f64 / answered as f64))
         })

@@ -30,18 +30,18 @@ impl Default for DemoConfig {
 
 impl DemoConfig {
     /// Checks the shape.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> anyhow::Result<()> {
         if !(1..=26).contains(&self.zones) {
-            return Err("--zones must be 1 to 26".into());
+            anyhow::bail!("--zones must be 1 to 26");
         }
         if self.nodes_per_zone == 0 || self.backends_per_zone == 0 {
-            return Err("--nodes-per-zone and --backends-per-zone must be at least 1".into());
+            anyhow::bail!("--nodes-per-zone and --backends-per-zone must be at least 1");
         }
         if !(1..=2).contains(&self.regions) || self.regions > self.zones {
-            return Err("--regions must be 1 or 2, and at most --zones".into());
+            anyhow::bail!("--regions must be 1 or 2, and at most --zones");
         }
         if self.connections == 0 {
-            return Err("--connections must be at least 1".into());
+            anyhow::bail!("--connections must be at least 1");
         }
         Ok(())
     }
