@@ -32,6 +32,8 @@ use super::{
 pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(2);
 /// Relayed queries in flight; beyond, SERVFAIL at once.
 const MAX_FORWARDS: usize = 1024;
+/// The SERVFAIL response code.
+const SERVFAIL: u8 = 2;
 
 /// A reply shared by the queries that waited for it (`None`: the upstreams failed).
 type Shared = Option<Arc<[u8]>>;
@@ -91,12 +93,15 @@ impl Upstream {
             let end = wire::question_end(raw)?;
             wire::address_to(&mut reply, end, raw).then_some(reply)
         });
+        // The upstream failed — no answer, or SERVFAIL (its own upstream unreachable): an
+        // expired answer beats a failure (RFC 8767).
+        let failed = reply.as_deref().is_none_or(|reply| reply.get(3).is_some_and(|rcode| rcode & 0x0F == SERVFAIL));
+        if failed && let Some(stale) = self.cache.stale(&key, raw, Instant::now()) {
+            return (Some(stale), "stale");
+        }
         match reply {
             Some(reply) => (Some(reply), "forwarded"),
-            None => match self.cache.stale(&key, raw, Instant::now()) {
-                Some(stale) => (Some(stale), "stale"),
-                None => (None, "upstream_failed"),
-            },
+            None => (None, "upstream_failed"),
         }
     }
 

@@ -30,6 +30,7 @@ struct StandIn {
     addr: SocketAddr,
     asked: Arc<AtomicUsize>,
     silent: Arc<AtomicBool>,
+    servfail: Arc<AtomicBool>,
 }
 
 fn answer(request: &Message, answers: usize) -> Message {
@@ -47,7 +48,8 @@ async fn stand_in(answers: usize, delay: Duration, spoof: bool) -> StandIn {
     let addr = socket.local_addr().unwrap();
     let tcp = TcpListener::bind(addr).await.unwrap();
     let (asked, silent) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(false)));
-    let (count, quiet) = (Arc::clone(&asked), Arc::clone(&silent));
+    let servfail = Arc::new(AtomicBool::new(false));
+    let (count, quiet, failing) = (Arc::clone(&asked), Arc::clone(&silent), Arc::clone(&servfail));
     tokio::spawn(async move {
         let socket = Arc::new(socket);
         let mut buffer = vec![0u8; 4096];
@@ -59,6 +61,7 @@ async fn stand_in(answers: usize, delay: Duration, spoof: bool) -> StandIn {
             }
             let request = Message::from_vec(&buffer[..len]).unwrap();
             let socket = Arc::clone(&socket);
+            let failing = failing.load(Ordering::SeqCst);
             tokio::spawn(async move {
                 tokio::time::sleep(delay).await;
                 if spoof {
@@ -66,7 +69,10 @@ async fn stand_in(answers: usize, delay: Duration, spoof: bool) -> StandIn {
                     other.queries[0] = Query::query(Name::from_ascii("evil.example.").unwrap(), RecordType::A);
                     socket.send_to(&answer(&other, 1).to_vec().unwrap(), from).await.unwrap();
                 }
-                let mut reply = answer(&request, answers);
+                let mut reply = answer(&request, if failing { 0 } else { answers });
+                if failing {
+                    reply.metadata.response_code = ResponseCode::ServFail;
+                }
                 if answers > 40 {
                     reply.answers.clear();
                     reply.metadata.truncation = true;
@@ -86,7 +92,7 @@ async fn stand_in(answers: usize, delay: Duration, spoof: bool) -> StandIn {
             stream.write_all(&reply).await.unwrap();
         }
     });
-    StandIn { addr, asked, silent }
+    StandIn { addr, asked, silent, servfail }
 }
 
 fn relay_to(upstream: SocketAddr, cache: CacheSettings) -> Arc<Upstream> {
@@ -137,6 +143,12 @@ async fn an_expired_answer_is_served_stale_when_the_upstream_fails() {
     assert_eq!(stale.answers[0].ttl, 30, "RFC 8767");
     let never = ask(&relay, "never.example.", 3).await;
     assert_eq!(never.metadata.response_code, ResponseCode::ServFail, "nothing to serve stale");
+    // An upstream answering SERVFAIL (its own upstream gone) has failed too.
+    stand_in.silent.store(false, Ordering::SeqCst);
+    stand_in.servfail.store(true, Ordering::SeqCst);
+    let stale = ask(&relay, "a.example.", 4).await;
+    assert_eq!((stale.metadata.response_code, stale.answers.len()), (ResponseCode::NoError, 1), "{stale:?}");
+    assert_eq!(stale.answers[0].ttl, 30);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
