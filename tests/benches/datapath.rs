@@ -24,15 +24,23 @@
 //!
 //! Every scenario exists at once (each hooked one has its own cgroup and pinned maps) and the
 //! rounds run them in a new random order each time, so drift of the machine spreads evenly.
+//! Every hooked node but one also has a TCP port under feedback, so the load signal is attached
+//! there and every TCP connection runs its `sock_ops` callbacks, as on a node that uses feedback
+//! anywhere; the row without it shows what a node that measures nothing pays. A Service under
+//! feedback has its own row. The rulesets compared are kube-proxy's iptables and nftables modes.
+//!
 //! Root only; everything lives in a sandbox removed at the end. `TOPOLOGY_BENCH_QUICK=1` runs only
 //! the 10-service rows.
 
+#[path = "datapath/report.rs"]
+mod report;
+#[path = "datapath/rules.rs"]
+mod rules;
+
 use std::{
-    fmt::Write as _,
-    net::{IpAddr, Ipv4Addr, SocketAddr},
+    net::SocketAddr,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use aya::{
@@ -42,9 +50,11 @@ use aya::{
     },
     sys::{Stats, enable_stats},
 };
+use report::{median, print_table};
+use rules::{load_iptables, load_nftables, vip};
 use topology_agent::{
     dataplane::{Dataplane, DataplaneConfig, PinLayout},
-    desired::{DesiredService, DesiredState, Locality, Protocol, ServicePort, WeightedBackend},
+    desired::{DesiredService, DesiredState, Locality, PortOptions, Protocol, ServicePort, WeightedBackend},
 };
 use topology_tests::{
     fixture::{BACKEND_PORT, Fixture},
@@ -103,8 +113,11 @@ struct Scenario {
 
 const NO_HOOK: &str = "no hook, direct to the backends";
 const HOOK: &str = "topology-agent hook";
+const HOOK_FEEDBACK: &str = "topology-agent hook, a Service under feedback (measured)";
+const HOOK_UNMEASURED_NODE: &str = "topology-agent hook, no port measured on the node (load signal detached)";
 const NOT_A_SERVICE: &str = "hook attached, not a service (direct to the backends)";
 const IPTABLES: &str = "iptables, kube-proxy shaped";
+const NFTABLES: &str = "nftables, kube-proxy shaped";
 
 impl Scenario {
     fn new(
@@ -238,48 +251,64 @@ fn main() {
         scenarios.push(Scenario::new(kind, NO_HOOK, None, place(&client, &plain), backends.clone()));
     }
     let mut hooked = Vec::new();
-    for &count in counts {
-        let cgroup = CgroupGuard::new(&format!("{}-hook{count}", fx.id));
-        let pins = PinGuard::new(&format!("{}-hook{count}", fx.id));
+    let largest = *counts.last().expect("counts");
+    // Every count with a port under feedback on the node; the largest once more without.
+    let nodes = counts.iter().map(|&count| (count, true)).chain([(largest, false)]);
+    for (count, feedback) in nodes {
+        let name = format!("{}-hook{count}{}", fx.id, if feedback { "" } else { "u" });
+        let cgroup = CgroupGuard::new(&name);
+        let pins = PinGuard::new(&name);
         let mut config =
             DataplaneConfig { pin_path: pins.path().to_path_buf(), cgroup: cgroup.path().to_path_buf(), ..fx.config() };
         // The default holds 65,536 IPv4 service ports; more take one flag (`--capacity`).
-        config.capacities.services_v4 = config.capacities.services_v4.max((2 * count).next_power_of_two() as u32);
+        config.capacities.services_v4 = config.capacities.services_v4.max((2 * count + 1).next_power_of_two() as u32);
         let mut dp = Dataplane::open(&config).expect("open dataplane");
-        let report = dp.apply(&services(count, &backends));
+        let report = dp.apply(&services(count, &backends, feedback));
         assert!(report.failed.is_empty(), "{:?}", report.failed);
+        assert_eq!(dp.load_signal_attached(), feedback, "the load signal runs while a port is measured");
         // Links are pinned: the programs stay attached after the handle is dropped.
         drop(dp);
         let link = PinLayout::new(pins.path()).link("connect4");
         let load = PinLayout::new(pins.path()).link("backend_load");
-        for kind in [Timed::Tcp, Timed::UdpConnect] {
-            let mut hook = Scenario::new(kind, HOOK, Some(count), place(&client, &cgroup), vec![target(count)]);
-            hook.baseline = no_hook();
-            hook.hook = Some(link.clone());
-            hook.load = Some(load.clone());
-            scenarios.push(hook);
-            if count == *counts.last().expect("counts") {
-                // The hook's fixed cost: it runs and looks the destination up, but rewrites nothing.
-                let mut fixed =
-                    Scenario::new(kind, NOT_A_SERVICE, Some(count), place(&client, &cgroup), backends.clone());
-                fixed.baseline = no_hook();
-                fixed.hook = Some(link.clone());
-                fixed.load = Some(load.clone());
-                scenarios.push(fixed);
+        let load = load.exists().then_some(load);
+        let mut hooked_row = |kind: Timed, name: &'static str, targets: Vec<SocketAddr>| {
+            let mut row = Scenario::new(kind, name, Some(count), place(&client, &cgroup), targets);
+            row.baseline = no_hook();
+            row.hook = Some(link.clone());
+            row.load = load.clone();
+            scenarios.push(row);
+        };
+        if !feedback {
+            hooked_row(Timed::Tcp, HOOK_UNMEASURED_NODE, vec![target(count)]);
+        } else {
+            for kind in [Timed::Tcp, Timed::UdpConnect] {
+                hooked_row(kind, HOOK, vec![target(count)]);
+                if count == largest {
+                    // The hook's fixed cost: it runs and looks the destination up, but rewrites nothing.
+                    hooked_row(kind, NOT_A_SERVICE, backends.clone());
+                }
             }
+            hooked_row(Timed::Tcp, HOOK_FEEDBACK, vec![SocketAddr::new(vip(count), 80)]);
         }
         hooked.push((pins, cgroup));
     }
-    let mut iptables_hosts = Vec::new();
-    for &count in counts.iter().filter(|&&count| count <= IPTABLES_MAX) {
-        let host = fx.network.host("ipt");
-        // kube-proxy nodes have a route to the service range (their default route); DNAT in OUTPUT
-        // rewrites before the packet leaves, and this route stays inside the sandbox.
-        run("ip", &["-n", host.netns.name(), "route", "add", "10.96.0.0/12", "dev", "eth0"]);
-        load_iptables(host.netns.name(), count, &backends);
-        let place = place(host.netns.name(), &plain);
-        scenarios.push(Scenario::new(Timed::Tcp, IPTABLES, Some(count), place, vec![target(count)]));
-        iptables_hosts.push(host);
+    let mut rule_hosts = Vec::new();
+    for (name, max, load) in [
+        (IPTABLES, IPTABLES_MAX, load_iptables as fn(&str, usize, &[SocketAddr])),
+        (NFTABLES, usize::MAX, load_nftables),
+    ] {
+        for &count in counts.iter().filter(|&&count| count <= max) {
+            let host = fx.network.host("rules");
+            // kube-proxy nodes have a route to the service range (their default route); DNAT in
+            // OUTPUT rewrites before the packet leaves, and this route stays inside the sandbox.
+            run("ip", &["-n", host.netns.name(), "route", "add", "10.96.0.0/12", "dev", "eth0"]);
+            let started = Instant::now();
+            load(host.netns.name(), count, &backends);
+            eprintln!("{name}: {count} services loaded in {:.1} s", started.elapsed().as_secs_f64());
+            let place = place(host.netns.name(), &plain);
+            scenarios.push(Scenario::new(Timed::Tcp, name, Some(count), place, vec![target(count)]));
+            rule_hosts.push(host);
+        }
     }
 
     for scenario in &mut scenarios {
@@ -312,7 +341,7 @@ fn main() {
             }
         }
     }
-    drop(iptables_hosts);
+    drop(rule_hosts);
     drop(hooked);
     drop(plain);
     drop(servers);
@@ -325,12 +354,9 @@ fn target(count: usize) -> SocketAddr {
     SocketAddr::new(vip(count / 2), 80)
 }
 
-fn vip(index: usize) -> IpAddr {
-    IpAddr::V4(Ipv4Addr::new(10, 96 + (index >> 16) as u8, (index >> 8) as u8, index as u8))
-}
-
-/// `count` services, each with TCP and UDP port 80 over the two backends.
-fn services(count: usize, backends: &[SocketAddr]) -> DesiredState {
+/// `count` services, each with TCP and UDP port 80 over the two backends; with `feedback`, one
+/// more (index `count`) whose TCP port is under feedback (measured by the load signal).
+fn services(count: usize, backends: &[SocketAddr], feedback: bool) -> DesiredState {
     let mut desired = DesiredState::default();
     let weighted: Vec<WeightedBackend> = backends
         .iter()
@@ -348,136 +374,15 @@ fn services(count: usize, backends: &[SocketAddr]) -> DesiredState {
             );
         }
     }
+    if feedback {
+        desired.services.insert(
+            ServicePort { vip: vip(count), port: 80, protocol: Protocol::Tcp },
+            DesiredService {
+                name: "bench/feedback:TCP".into(),
+                backends: weighted,
+                options: PortOptions { measured: true, ..PortOptions::default() },
+            },
+        );
+    }
     desired
-}
-
-fn load_iptables(netns: &str, count: usize, backends: &[SocketAddr]) {
-    let mut rules = String::from("*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-MARK-MASQ - [0:0]\n");
-    for index in 0..count {
-        let _ = writeln!(rules, ":KUBE-SVC-{index:08X} - [0:0]");
-        for b in 0..backends.len() {
-            let _ = writeln!(rules, ":KUBE-SEP-{index:08X}-{b} - [0:0]");
-        }
-    }
-    rules.push_str("-A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n");
-    rules.push_str("-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000\n");
-    for index in 0..count {
-        let _ = writeln!(
-            rules,
-            "-A KUBE-SERVICES -d {}/32 -p tcp -m comment --comment \"bench/svc-{index}:http cluster IP\" -m tcp --dport 80 -j KUBE-SVC-{index:08X}",
-            vip(index)
-        );
-        for (b, backend) in backends.iter().enumerate() {
-            let remaining = backends.len() - b;
-            let comment = format!("-m comment --comment \"bench/svc-{index}:http -> {backend}\"");
-            if remaining > 1 {
-                let _ = writeln!(
-                    rules,
-                    "-A KUBE-SVC-{index:08X} {comment} -m statistic --mode random --probability {:.11} -j KUBE-SEP-{index:08X}-{b}",
-                    1.0 / remaining as f64
-                );
-            } else {
-                let _ = writeln!(rules, "-A KUBE-SVC-{index:08X} {comment} -j KUBE-SEP-{index:08X}-{b}");
-            }
-            let _ = writeln!(rules, "-A KUBE-SEP-{index:08X}-{b} -s {}/32 -j KUBE-MARK-MASQ", backend.ip());
-            let _ = writeln!(rules, "-A KUBE-SEP-{index:08X}-{b} -p tcp -m tcp -j DNAT --to-destination {backend}");
-        }
-    }
-    rules.push_str("COMMIT\n");
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", netns, "iptables-restore"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .expect("iptables-restore");
-    std::io::Write::write_all(child.stdin.as_mut().expect("stdin"), rules.as_bytes()).expect("write rules");
-    drop(child.stdin.take());
-    assert!(child.wait().expect("iptables-restore").success(), "iptables-restore failed");
-}
-
-fn percentile(sorted: &[u64], q: f64) -> f64 {
-    sorted[((sorted.len() as f64 - 1.0) * q).round() as usize] as f64 / 1000.0
-}
-
-fn median(mut ns: Vec<u64>) -> u64 {
-    ns.sort_unstable();
-    ns[ns.len() / 2]
-}
-
-/// p50 and p99 in µs, and the sample count.
-fn summary(ns: &[u64]) -> (f64, f64, usize) {
-    let mut ns = ns.to_vec();
-    ns.sort_unstable();
-    (percentile(&ns, 0.5), percentile(&ns, 0.99), ns.len())
-}
-
-/// The median and quartiles, in µs, of per-round deltas.
-fn quartiles_us(deltas: &[i64]) -> (f64, f64, f64) {
-    let mut deltas = deltas.to_vec();
-    deltas.sort_unstable();
-    let at = |q: f64| deltas[((deltas.len() as f64 - 1.0) * q).round() as usize] as f64 / 1000.0;
-    (at(0.5), at(0.25), at(0.75))
-}
-
-fn print_table(scenarios: &[Scenario]) {
-    let find = |kind: Timed, name: &str, services: Option<usize>| {
-        scenarios.iter().find(|s| s.kind == kind && s.name == name && s.services == services)
-    };
-    println!(
-        "\nconnect() latency: {ROUNDS} rounds, scenarios in a new random order each round; client pinned to CPU \
-         {CLIENT_CPU}, the two backends to CPU {SERVER_CPU}, each in its own namespace on a bridge; the ClusterIP \
-         dialled is the middle service of the list. Hooked rows are interleaved: each client process alternates, \
-         pair by pair in a random order, between the hooked cgroup and a cgroup without programs dialling the \
-         backends directly; \"over no hook\" compares the two sides of those pairs (pooled p50s, and the median \
-         [quartiles] of the per-round p50 differences). Other rows are compared with the no-hook row's own \
-         processes, round by round. The hook's run time per call is the kernel's own count (BPF run-time \
-         statistics, {HOOK_ROUNDS} extra rounds, includes two clock reads); so is the load signal's \
-         (`sock_ops`: every callback of a TCP connection, summed, per connect)\n"
-    );
-    for (kind, title) in [
-        (Timed::Tcp, "TCP connect() (handshake through the bridge)"),
-        (Timed::UdpConnect, "UDP connect() (no packet: route lookup plus the hook)"),
-    ] {
-        let Some(no_hook) = find(kind, NO_HOOK, None) else { continue };
-        println!("{title}\n");
-        println!(
-            "| scenario | services | samples | p50 (µs) | p99 (µs) | no-hook p50 beside it (µs) | p50 over no hook (µs) \
-             | per round: median [quartiles] (µs) | iptables p50 / this p50 | hook run time (ns/call) | sock_ops run \
-             time (ns/connect) |"
-        );
-        println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
-        for scenario in scenarios.iter().filter(|s| s.kind == kind) {
-            let (p50, p99, samples) = summary(&scenario.samples_ns);
-            // The baseline beside it (interleaved), else the no-hook row's own processes.
-            let (beside, base_p50, deltas) = if scenario.baseline.is_some() {
-                let base = summary(&scenario.baseline_ns).0;
-                (format!("{base:.2}"), base, scenario.round_delta_ns.clone())
-            } else {
-                let deltas = scenario
-                    .round_p50_ns
-                    .iter()
-                    .zip(&no_hook.round_p50_ns)
-                    .map(|(&this, &base)| this as i64 - base as i64)
-                    .collect();
-                (String::new(), summary(&no_hook.samples_ns).0, deltas)
-            };
-            let (over, rounds) = if std::ptr::eq(scenario, no_hook) {
-                ("–".to_owned(), String::new())
-            } else {
-                let (median, low, high) = quartiles_us(&deltas);
-                (format!("{:+.2}", p50 - base_p50), format!("{median:+.2} [{low:+.2}, {high:+.2}]"))
-            };
-            let ratio = match (scenario.name == HOOK, find(Timed::Tcp, IPTABLES, scenario.services)) {
-                (true, Some(ipt)) if kind == Timed::Tcp => format!("{:.1}×", summary(&ipt.samples_ns).0 / p50),
-                _ => String::new(),
-            };
-            println!(
-                "| {} | {} | {samples} | {p50:.2} | {p99:.2} | {beside} | {over} | {rounds} | {ratio} | {} | {} |",
-                scenario.name,
-                scenario.services.map_or("–".into(), |s| s.to_string()),
-                scenario.hook_ns().map_or(String::new(), |ns| format!("{ns:.0}")),
-                scenario.load_ns().map_or(String::new(), |ns| format!("{ns:.0}")),
-            );
-        }
-        println!();
-    }
 }

@@ -176,7 +176,7 @@ fn the_sock_ops_counters_match_the_connections_made() {
 }
 
 #[test]
-fn the_load_signal_can_be_turned_off_and_an_earlier_agents_is_detached() {
+fn the_load_signal_runs_only_while_a_port_is_measured_and_can_be_turned_off() {
     require_root!();
     let fx = Fixture::new(1);
     let attached = || {
@@ -187,24 +187,79 @@ fn the_load_signal_can_be_turned_off_and_an_earlier_agents_is_detached() {
             .expect("run bpftool");
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    let desired =
-        Fixture::one_service(service("10.96.0.10", 80, Protocol::Tcp), vec![fx.backends[0].weighted(false, 1)]);
-    let open = |load_signal: bool| {
-        let mut dp = Dataplane::open(&topology_agent::dataplane::DataplaneConfig { load_signal, ..fx.config() })
-            .expect("open dataplane");
-        assert!(dp.apply(&desired).failed.is_empty());
-        dp
+    let port = service("10.96.0.10", 80, Protocol::Tcp);
+    let vip = addr("10.96.0.10:80");
+    let backend = fx.backends[0].socket(false);
+    let mut desired = Fixture::one_service(port, vec![fx.backends[0].weighted(false, 1)]);
+    // The holder below also holds UDP sockets to the same port (never measured: TCP only).
+    let udp = service("10.96.0.10", 80, Protocol::Udp);
+    desired.services.insert(udp, DesiredService { name: "test/udp".into(), ..desired.services[&port].clone() });
+    let measure = |desired: &mut DesiredState, on: bool| {
+        desired.services.get_mut(&port).expect("the port").options.measured = on;
     };
-    let dp = open(true);
-    assert!(attached().contains("backend_load"), "{}", attached());
+    let open = |load_signal: bool| {
+        Dataplane::open(&topology_agent::dataplane::DataplaneConfig { load_signal, ..fx.config() })
+            .expect("open dataplane")
+    };
+
+    // No port measured: the program is loaded but every TCP connection is spared its callbacks.
+    let mut dp = open(true);
+    assert!(dp.apply(&desired).failed.is_empty());
+    assert!(!attached().contains("backend_load") && !dp.load_signal_attached(), "{}", attached());
+    // A measured port attaches it; its connections are counted.
+    measure(&mut desired, true);
+    assert!(dp.apply(&desired).failed.is_empty());
+    assert!(attached().contains("backend_load") && dp.load_signal_attached(), "{}", attached());
+    let held = fx.place().hold(vip);
+    let result = fx.place().tcp(vip, 10);
+    assert_eq!(result.successes(), 10, "{result:?}");
+    let sum = settle(&dp, &[backend], "11 connections, one open", |s| s.connects == 11 && s.in_flight == 1);
+    assert_eq!(sum.established, 11, "{sum:?}");
+
+    // Reloaded (another fingerprint: a kernel log level) with a connection open: the program is
+    // swapped inside the pinned link, which never runs twice or not at all; the count goes on.
+    let link_id = || link_of(&fx.pins.path().join("links").join("backend_load"));
+    let before = link_id();
     drop(dp);
+    let mut dp = Dataplane::open(&topology_agent::dataplane::DataplaneConfig {
+        kernel_log: topology_agent::dataplane::KernelLogLevel::Error,
+        ..fx.config()
+    })
+    .expect("reopen dataplane");
+    assert!(dp.apply(&desired).failed.is_empty());
+    let after = link_id();
+    assert_eq!(before.0, after.0, "the same link");
+    assert_ne!(before.1, after.1, "running the new program");
+    let report = held.check();
+    assert_eq!(report.failures(), 0, "{report:?}");
+    let sum = settle(&dp, &[backend], "the held connection closed", |s| s.in_flight == 0);
+    assert_eq!((sum.connects, sum.established, sum.closed), (11, 11, 11), "{sum:?}");
+
+    // The last measured port goes: detached, and its measurements with it.
+    measure(&mut desired, false);
+    assert!(dp.apply(&desired).failed.is_empty());
+    assert!(!attached().contains("backend_load") && !dp.load_signal_attached(), "{}", attached());
+    assert!(dp.backend_load().expect("read").is_empty());
+    measure(&mut desired, true);
+    assert!(dp.apply(&desired).failed.is_empty());
+    assert!(dp.load_signal_attached());
+    drop(dp);
+
     // Restarted with it off: the earlier agent's link goes, the rewrites stay, nothing is measured.
-    let dp = open(false);
+    let mut dp = open(false);
+    assert!(dp.apply(&desired).failed.is_empty());
     let programs = attached();
     assert!(!programs.contains("backend_load") && programs.contains("connect4"), "{programs}");
-    let result = fx.place().tcp(addr("10.96.0.10:80"), 10);
+    let result = fx.place().tcp(vip, 10);
     assert_eq!(result.successes(), 10, "{result:?}");
     std::thread::sleep(Duration::from_millis(200));
-    assert_eq!(load_of(&dp, fx.backends[0].socket(false)).load.connects, 0);
+    assert_eq!(load_of(&dp, backend).load.connects, 0);
     assert!(!fx.pins.path().join("links").join("backend_load").exists());
+}
+
+/// The link id and program id of the link pinned at `path`, as bpftool reports them.
+fn link_of(path: &std::path::Path) -> (u64, u64) {
+    let out = Command::new("bpftool").args(["-j", "link", "show", "pinned"]).arg(path).output().expect("bpftool");
+    let link: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bpftool JSON");
+    (link["id"].as_u64().expect("link id"), link["prog_id"].as_u64().expect("program id"))
 }

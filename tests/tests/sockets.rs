@@ -1,5 +1,7 @@
-//! Per-socket state under pressure (root, real kernel): what a socket needs to undo its rewrite
-//! lives with the socket, so no number of other sockets can take it away. `--test-threads=1`.
+//! Per-socket state under pressure (root, real kernel): what a UDP socket needs to undo its
+//! rewrite lives with the socket, so no number of other sockets can take it away; a TCP
+//! connection's `getpeername()` translation lives in a direct-mapped table by socket cookie, which
+//! holds it until about a table of newer sockets came. `--test-threads=1`.
 
 use std::net::SocketAddr;
 
@@ -9,6 +11,7 @@ use topology_agent::{
 };
 use topology_tests::{
     fixture::{Fixture, service},
+    net::ClientPlace,
     require_root,
     traffic::UdpMode,
 };
@@ -47,4 +50,45 @@ fn long_lived_sockets_keep_their_translation_through_300000_other_sockets() {
     assert_eq!(report.peer_mismatch, 0, "getpeername and recvfrom still show the ClusterIP: {report:?}");
     let node = dp.node_counters().expect("node counters");
     assert_eq!(node.no_storage, 0, "every rewrite got its socket storage");
+}
+
+#[test]
+fn a_tcp_connection_shows_its_cluster_ip_until_about_a_table_of_newer_sockets_came() {
+    require_root!();
+    let fx = Fixture::new(3);
+    let mut config = fx.config();
+    // Two batches of socket cookies (the kernel hands each CPU 4,096 at a time).
+    config.capacities.tcp_connections = 8192;
+    let mut dp = Dataplane::open(&config).expect("open dataplane");
+    let mut state = DesiredState::default();
+    for protocol in [Protocol::Tcp, Protocol::Udp] {
+        let backends = fx.backends.iter().map(|b| b.weighted(false, 1)).collect();
+        let port = service("10.96.0.61", 80, protocol);
+        state
+            .services
+            .insert(port, DesiredService { name: format!("test/table:{protocol}"), backends, ..Default::default() });
+    }
+    assert!(dp.apply(&state).failed.is_empty());
+    let vip = addr("10.96.0.61:80");
+    // One CPU: its cookies come in order, so the held connection's position comes round again
+    // only after about a table of newer ones.
+    let place = ClientPlace { cpu: Some(0), ..fx.place() };
+
+    // Fewer than a batch of newer connections: the held one keeps its translation.
+    let held = place.hold(vip);
+    let others = place.tcp(vip, 3_000);
+    assert_eq!((others.failures(), others.peer_mismatch), (0, 0), "{:?}", others.errors);
+    let report = held.check();
+    assert_eq!((report.failures(), report.peer_mismatch), (0, 0), "{report:?}");
+
+    // Five tables of newer ones: its position was taken; it keeps working, only its getpeername()
+    // shows the backend; every new connection still translates.
+    let held = place.hold(vip);
+    let others = place.tcp(vip, 40_000);
+    assert_eq!((others.failures(), others.peer_mismatch), (0, 0), "{:?}", others.errors);
+    let report = held.check();
+    assert_eq!(report.failures(), 0, "{report:?}");
+    assert_eq!(report.peer_mismatch, 1, "the TCP translation was overwritten, the UDP one kept: {report:?}");
+    let node = dp.node_counters().expect("node counters");
+    assert_eq!(node.no_storage, 0, "an array store never fails");
 }

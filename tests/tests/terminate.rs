@@ -1,6 +1,7 @@
 //! Sockets to backends that are gone (root, real kernel): a connected UDP socket whose backend
 //! leaves the service's set is destroyed, the application sees an error, reconnects and lands
-//! on a live backend. `--test-threads=1`.
+//! on a live backend; with `--terminate-sockets all`, so is a TCP connection, and only one whose
+//! backend left. `--test-threads=1`.
 
 use std::{
     net::{IpAddr, SocketAddr},
@@ -8,6 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use serde_json::json;
 use topology_tests::{
     agent::{Agent, AgentOptions},
     cluster::{self, EndpointSpec},
@@ -16,19 +18,24 @@ use topology_tests::{
 };
 
 const VIP: &str = "10.96.0.70:53";
+const TCP_VIP: &str = "10.96.0.71:80";
 
 fn write(fx: &Fixture, file: &Path, backends: &[usize]) {
-    let vip: SocketAddr = VIP.parse().expect("VIP");
+    write_port(fx, file, backends, VIP, &["UDP"]);
+}
+
+/// The service at `vip` with one port per protocol of `protocols`, over `backends`.
+fn write_port(fx: &Fixture, file: &Path, backends: &[usize], vip: &str, protocols: &[&str]) {
+    let vip: SocketAddr = vip.parse().expect("VIP");
     let endpoints: Vec<EndpointSpec> =
         backends.iter().map(|&i| EndpointSpec::new(IpAddr::V4(fx.backends[i].host.v4), "node-a")).collect();
-    cluster::write(
-        file,
-        &[
-            cluster::node("node-a", "zone-a", None, "4"),
-            cluster::service("default", "dns", vip.ip(), vip.port(), "UDP", "dns"),
-            cluster::slice("default", "dns-1", "dns", "dns", BACKEND_PORT, "UDP", &endpoints),
-        ],
-    );
+    let mut service = cluster::service("default", "dns", vip.ip(), vip.port(), protocols[0], "dns");
+    let mut slice = cluster::slice("default", "dns-1", "dns", "dns", BACKEND_PORT, protocols[0], &endpoints);
+    let port = |name: &str, port: u16, protocol: &str| json!({"name": name, "port": port, "protocol": protocol});
+    service["spec"]["ports"] =
+        protocols.iter().map(|p| port(&p.to_lowercase(), vip.port(), p)).collect::<Vec<_>>().into();
+    slice["ports"] = protocols.iter().map(|p| port(&p.to_lowercase(), BACKEND_PORT, p)).collect::<Vec<_>>().into();
+    cluster::write(file, &[cluster::node("node-a", "zone-a", None, "4"), service, slice]);
 }
 
 #[test]
@@ -87,4 +94,42 @@ fn a_connected_udp_socket_to_a_removed_backend_is_destroyed_and_reconnects_to_a_
         metrics.lines().any(|l| l.starts_with("topology_agent_sockets_terminated_total{protocol=\"UDP\"} ")),
         "{metrics}"
     );
+}
+
+#[test]
+fn with_all_a_tcp_connection_ends_when_its_backend_leaves_and_only_then() {
+    require_root!();
+    let fx = Fixture::new(2);
+    let file = fx.scratch().join("cluster.yaml");
+    let vip: SocketAddr = TCP_VIP.parse().expect("VIP");
+    write_port(&fx, &file, &[0], TCP_VIP, &["TCP", "UDP"]);
+    let mut options = AgentOptions::new(&file, "node-a", fx.cgroup.path(), fx.pins.path());
+    options.extra = vec!["--terminate-sockets".into(), "all".into()];
+    let mut agent = Agent::start(&options);
+    agent.wait_ready(Duration::from_secs(20));
+    let terminated = |agent: &mut Agent| {
+        let metrics = agent.get("/metrics").expect("metrics").1;
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("topology_agent_sockets_terminated_total{protocol=\"TCP\"} "))
+            .map_or(0.0, |v| v.trim().parse::<f64>().expect("a number"))
+    };
+
+    // (The holder also holds UDP sockets to the same port, which UDP termination ends as well:
+    // the TCP count alone is checked.) A connection on b0 (the only backend); b0 leaves for b1: it is ended (the translation of an
+    // unmeasured connection is found by its cookie). One on b1 then stays through b0's return.
+    let on_b0 = fx.place().hold(vip);
+    write_port(&fx, &file, &[1], TCP_VIP, &["TCP", "UDP"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while terminated(&mut agent) < 1.0 {
+        assert!(Instant::now() < deadline, "the connection to b0 was not ended");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(on_b0);
+    let on_b1 = fx.place().hold(vip);
+    write_port(&fx, &file, &[1, 0], TCP_VIP, &["TCP", "UDP"]);
+    std::thread::sleep(Duration::from_millis(1500));
+    let report = on_b1.check();
+    assert_eq!((report.failures(), report.peer_mismatch), (0, 0), "the connection to b1 goes on: {report:?}");
+    assert_eq!(terminated(&mut agent), 1.0, "only the connection whose backend left was ended");
 }

@@ -3,6 +3,7 @@
 use std::fmt::Write as _;
 
 use serde::Serialize;
+use topology_common::program_names;
 
 use crate::{
     dataplane::{HeartbeatReading, MeasuredBackend, PinnedState},
@@ -17,6 +18,9 @@ pub struct StatusReport {
     pub pin_path: String,
     /// Programs with an attached link.
     pub attached: Vec<String>,
+    /// The load signal: `off` (not loaded), `detached` (loaded; no TCP port is measured) or
+    /// `attached`.
+    pub load_signal: &'static str,
     /// The agent's heartbeat: whether the programs rewrite or fail open.
     pub heartbeat: HeartbeatReading,
     /// Counters of the whole node.
@@ -135,6 +139,11 @@ impl StatusReport {
         Self {
             pin_path: pin_path.display().to_string(),
             attached: pinned.attached.iter().map(|s| (*s).to_owned()).collect(),
+            load_signal: match (pinned.signal_loaded, pinned.attached.contains(&program_names::BACKEND_LOAD)) {
+                (_, true) => "attached",
+                (true, false) => "detached",
+                (false, false) => "off",
+            },
             heartbeat: pinned.heartbeat,
             node: NodeStatus { fail_open: pinned.node_counters.fail_open, no_storage: pinned.node_counters.no_storage },
             services,
@@ -147,11 +156,16 @@ impl StatusReport {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "pin path {}: {} of {} programs attached, {} service ports",
+            "pin path {}: {} of {} socket-address programs attached, {} service ports; load signal {}",
             self.pin_path,
-            self.attached.len(),
-            topology_common::program_names::ALL.len(),
-            self.services.len()
+            self.attached.iter().filter(|name| program_names::SOCK_ADDR.contains(&name.as_str())).count(),
+            program_names::SOCK_ADDR.len(),
+            self.services.len(),
+            match self.load_signal {
+                "attached" => "attached (a TCP port is measured)",
+                "detached" => "detached (no TCP port is measured)",
+                other => other,
+            }
         );
         let _ = writeln!(out, "{}", heartbeat_line(&self.heartbeat));
         let n = &self.node;

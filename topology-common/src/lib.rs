@@ -24,7 +24,7 @@ pub use control::{
 };
 pub use index::{IndexEntry4, IndexEntry6};
 pub use load::{BackendKey, BackendLoad, SockLoad};
-pub use socket::{DATAGRAM_PEERS, DatagramPeer, DatagramPeers, IterRecord, SockTranslation};
+pub use socket::{DATAGRAM_PEERS, DatagramPeer, DatagramPeers, IterRecord, SockTranslation, TcpTranslation};
 
 /// `AF_INET`, as stored in the `family` fields.
 pub const AF_INET: u8 = 2;
@@ -63,6 +63,12 @@ pub mod map_names {
     /// Translation of each connected socket rewritten (socket storage):
     /// [`SockTranslation`](crate::SockTranslation).
     pub const SOCK_CONNECTIONS: &str = "topo_sock_conn";
+    /// Translation of each rewritten TCP connection the load signal does not measure, in a
+    /// direct-mapped array by socket cookie: position `cookie & mask` ->
+    /// [`TcpTranslation`](crate::TcpTranslation). An array store costs a connect a fraction of a
+    /// socket storage allocation or a hash insert, which only measured connections and UDP sockets
+    /// (whose every datagram's source is translated) pay.
+    pub const TCP_CONNECTIONS: &str = "topo_tcp_conn";
     /// Services and backends of each unconnected UDP socket that sent to one (socket storage):
     /// [`DatagramPeers`](crate::DatagramPeers).
     pub const SOCK_DATAGRAMS: &str = "topo_sock_dgram";
@@ -83,7 +89,7 @@ pub mod map_names {
     /// The start of each measured TCP connection (socket storage): [`SockLoad`](crate::SockLoad).
     pub const SOCK_LOAD: &str = "topo_sock_load";
     /// Every map the agent pins and keeps across restarts, in a stable order.
-    pub const PINNED: [&str; 16] = [
+    pub const PINNED: [&str; 17] = [
         SERVICES_V4,
         SERVICES_V6,
         SLOTS,
@@ -93,6 +99,7 @@ pub mod map_names {
         INDEX_V4,
         INDEX_V6,
         SOCK_CONNECTIONS,
+        TCP_CONNECTIONS,
         SOCK_DATAGRAMS,
         CLIENT_AFFINITY,
         HEARTBEAT,
@@ -165,6 +172,11 @@ pub mod capacity {
     /// Clients remembered for `sessionAffinity: ClientIP`, over all services (LRU: the least
     /// recently used client of a full map chooses again).
     pub const CLIENT_AFFINITY: u32 = 65_536;
+    /// Positions of the TCP connections table (a power of two; 56 bytes each, allocated at load:
+    /// 7 MiB). A connection's entry is overwritten after about this many newer socket cookies:
+    /// its `getpeername()` then shows its backend's address, and `--terminate-sockets all`
+    /// cannot find it.
+    pub const TCP_CONNECTIONS: u32 = 131_072;
     /// Backends measured by the `sock_ops` program (allocated on use: 20-byte keys, 64-byte
     /// values). A backend beyond it is not measured: its connections are still rewritten.
     pub const BACKEND_LOAD: u32 = 65_536;
@@ -183,6 +195,8 @@ pub const LOG_LEVEL_GLOBAL: &str = "AYA_LOG_LEVEL";
 pub const INDEX_V4_MASK_GLOBAL: &str = "INDEX_V4_MASK";
 /// Global (`.rodata`) variable the agent sets to the IPv6 service index's positions minus one.
 pub const INDEX_V6_MASK_GLOBAL: &str = "INDEX_V6_MASK";
+/// Global (`.rodata`) variable the agent sets to the TCP connections table's positions minus one.
+pub const TCP_CONNECTIONS_MASK_GLOBAL: &str = "TCP_CONNECTIONS_MASK";
 /// Global (`.rodata`) variable: 1 when the programs may probe the service index, 0 when they
 /// must ask the hash maps (a weakly ordered CPU whose kernel has no BPF load-acquire; see
 /// [`index`]).
@@ -343,6 +357,7 @@ mod pod {
     unsafe impl aya::Pod for super::ServiceCounters {}
     unsafe impl aya::Pod for super::ServiceMeta {}
     unsafe impl aya::Pod for super::SockTranslation {}
+    unsafe impl aya::Pod for super::TcpTranslation {}
     unsafe impl aya::Pod for super::IterRecord {}
     unsafe impl aya::Pod for super::DatagramPeer {}
     unsafe impl aya::Pod for super::DatagramPeers {}

@@ -46,11 +46,18 @@ pub struct BackendLoad {
     pub handshake_us: u64,
     /// Sum of the lifetimes (established to closed) of closed connections, microseconds.
     pub lifetime_us: u64,
+    /// `CLOCK_MONOTONIC` when the program created the entry, nanoseconds; not a counter. A socket
+    /// whose handshake started before it was counted in an earlier entry (one the agent pruned,
+    /// or cleared when it detached the program) and adds nothing here: no close is ever counted
+    /// without its start, so nothing stays in flight that is not.
+    pub created_ns: u64,
 }
-const _: () = assert!(size_of::<BackendLoad>() == BackendLoad::FIELDS * size_of::<u64>());
+const _: () = assert!(size_of::<BackendLoad>() == (BackendLoad::FIELDS + 1) * size_of::<u64>());
+const _: () = assert!(core::mem::offset_of!(BackendLoad, created_ns) == BackendLoad::FIELDS * size_of::<u64>());
 
 impl BackendLoad {
-    /// Number of counters; the program addresses them as `[u64; FIELDS]` in field order.
+    /// Number of counters; the program addresses them as `[u64; FIELDS]` in field order, before
+    /// [`BackendLoad::created_ns`].
     pub const FIELDS: usize = 8;
     /// Index of [`BackendLoad::connects`].
     pub const CONNECTS: usize = 0;

@@ -70,6 +70,7 @@ pub fn apply(data: &[u8]) {
         slots: u32::from(next().unwrap_or(16) % 40 + 1),
         service_ids: u32::from(next().unwrap_or(8) % 12 + 1),
         client_affinity: 16,
+        tcp_connections: 16,
     };
     let maps = super::memory::MemoryMaps::new(capacities);
     let mut writer = super::writer::Writer::adopt(maps, super::KernelState::default()).expect("empty maps adopt");

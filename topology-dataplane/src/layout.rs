@@ -1,4 +1,5 @@
-//! Where the pins live: one directory, `maps/<name>` and `links/<program>` under it.
+//! Where the pins live: one directory, `maps/<name>`, `links/<program>` and `progs/<program>`
+//! under it.
 
 use std::path::{Path, PathBuf};
 
@@ -32,6 +33,16 @@ impl PinLayout {
     /// Pin path of a map.
     pub fn map(&self, name: &str) -> PathBuf {
         self.maps_dir().join(name)
+    }
+
+    /// Directory of the programs pinned to be attached later (the load signal's).
+    pub fn progs_dir(&self) -> PathBuf {
+        self.root.join("progs")
+    }
+
+    /// Pin path of a program loaded but attached only while needed.
+    pub fn program(&self, program: &str) -> PathBuf {
+        self.progs_dir().join(program)
     }
 
     /// Pin path of the link of a program.

@@ -13,6 +13,7 @@
 pub mod alias;
 mod backend_load;
 mod batch;
+mod cleanup;
 mod counters;
 mod diff;
 mod error;
@@ -34,6 +35,7 @@ mod pins;
 #[cfg(test)]
 mod refusals;
 mod reuse;
+mod signal;
 mod slot_space;
 mod socket_maps;
 mod state;
@@ -49,6 +51,7 @@ use std::{
 };
 
 use aya::Ebpf;
+pub use cleanup::{CleanupReport, cleanup};
 pub use diff::Departure;
 pub use error::DataplaneError;
 pub use heartbeat::{DnsBeat, FailOpen, HeartbeatReading};
@@ -56,7 +59,7 @@ pub use layout::PinLayout;
 pub use loader::{Flavour, IndexOrdering, KernelLogLevel};
 pub use maps::Capacities;
 pub(crate) use objects::PROGRAMS;
-pub use socket_maps::{IterError, SocketMaps};
+pub use socket_maps::{IterError, SocketMaps, TcpConnections};
 pub use state::{CounterReading, KernelState, ProgrammedService};
 use topology_common::{NodeCounters, ServiceCounters, program_names};
 pub use topology_policy::feedback::measured::{LoadCounters, MeasuredBackend};
@@ -127,6 +130,7 @@ pub struct Dataplane {
     layout: PinLayout,
     flavour: Flavour,
     fail_open: FailOpen,
+    signal: signal::Signal,
     // Holds the object's other maps (the log ring buffer) for as long as the programs run;
     // none when a restart kept the programs already attached.
     _ebpf: Option<Ebpf>,
@@ -149,7 +153,7 @@ impl Dataplane {
         };
         let fail_open = FailOpen::new(config.fail_open_after);
         if let Some(previous) = reuse::find(&layout, &options, &config.cgroup) {
-            match Self::keep(layout.clone(), previous, fail_open) {
+            match Self::keep(layout.clone(), previous, fail_open, &config.cgroup) {
                 Ok(kept) => return Ok(kept),
                 Err(error) => tracing::warn!(%error, "the attached programs could not be kept; loading them"),
             }
@@ -175,12 +179,18 @@ impl Dataplane {
         stop_dns_steering(&layout)?;
         loader::attach_all(&mut ebpf, &layout, &config.cgroup)?;
         reuse::record(&layout, &options, &config.cgroup, flavour)?;
-        Ok(Self { writer, logger, layout, flavour, fail_open, _ebpf: Some(ebpf) })
+        let signal = signal::Signal::new(layout.clone(), config.cgroup.clone());
+        Ok(Self { writer, logger, layout, flavour, fail_open, signal, _ebpf: Some(ebpf) })
     }
 
     /// A restart that keeps the programs a previous agent attached (the same objects, options
     /// and cgroup): only the pinned maps are opened and adopted.
-    fn keep(layout: PinLayout, previous: reuse::Previous, fail_open: FailOpen) -> Result<Self, DataplaneError> {
+    fn keep(
+        layout: PinLayout,
+        previous: reuse::Previous,
+        fail_open: FailOpen,
+        cgroup: &Path,
+    ) -> Result<Self, DataplaneError> {
         let started = std::time::Instant::now();
         let maps = maps::MapSet::from_pins(&layout)?;
         stop_dns_steering(&layout)?;
@@ -195,7 +205,8 @@ impl Dataplane {
             object = previous.flavour.object,
             "the attached programs kept (the same objects and options); pinned state adopted"
         );
-        Ok(Self { writer, logger: None, layout, flavour: previous.flavour, fail_open, _ebpf: None })
+        let signal = signal::Signal::new(layout.clone(), cgroup.to_path_buf());
+        Ok(Self { writer, logger: None, layout, flavour: previous.flavour, fail_open, signal, _ebpf: None })
     }
 
     /// The DNS steering heartbeat, on a descriptor of its own for the responder's prober.
@@ -233,7 +244,29 @@ impl Dataplane {
 
     /// Makes the kernel hold `desired`, rewriting only the service ports that differ.
     pub fn apply(&mut self, desired: &DesiredState) -> ApplyReport {
-        self.writer.apply(desired)
+        let report = self.writer.apply(desired);
+        self.follow_signal();
+        report
+    }
+
+    /// Attaches the load signal while some TCP port the kernel holds is measured, and only then
+    /// (see [`signal`]). A failure leaves the rewrites as they are: it is logged, and the next
+    /// apply tries again.
+    fn follow_signal(&mut self) {
+        let wanted = self
+            .writer
+            .kernel()
+            .services
+            .iter()
+            .any(|(port, service)| port.protocol == desired::Protocol::Tcp && service.options.measured);
+        if let Err(error) = self.signal.set(wanted, &mut self.writer.maps_mut().backend_load) {
+            tracing::warn!(%error, wanted, "the load signal could not be attached or detached");
+        }
+    }
+
+    /// Whether the load signal's program runs now (attached while some TCP port is measured).
+    pub fn load_signal_attached(&self) -> bool {
+        self.signal.attached()
     }
 
     /// Prepares for about `ports` new service ports coming in several applies
@@ -248,7 +281,9 @@ impl Dataplane {
         &mut self,
         changes: impl IntoIterator<Item = (crate::desired::ServicePort, Option<&'a crate::desired::DesiredService>)>,
     ) -> ApplyReport {
-        self.writer.apply_changes(changes)
+        let report = self.writer.apply_changes(changes);
+        self.follow_signal();
+        report
     }
 
     /// What the kernel holds, as last written or adopted.
@@ -321,6 +356,9 @@ pub struct PinnedState {
     pub heartbeat: HeartbeatReading,
     /// Programs with a pinned (attached) link.
     pub attached: Vec<&'static str>,
+    /// Whether the load signal's program is loaded (pinned, attached only while some TCP port is
+    /// measured).
+    pub signal_loaded: bool,
     /// What the `sock_ops` program measured per backend.
     pub backend_load: Vec<MeasuredBackend>,
     /// Map capacities.
@@ -337,7 +375,17 @@ pub fn read_pins(pin_path: &Path) -> Result<PinnedState, DataplaneError> {
     let heartbeat = heartbeat::read(&maps.heartbeat)?;
     let attached = program_names::ALL.into_iter().filter(|name| layout.link(name).exists()).collect();
     let backend_load = backend_load::read(&maps.backend_load)?;
-    Ok(PinnedState { kernel, counters, node_counters, heartbeat, attached, backend_load, capacities: maps.capacities })
+    let signal_loaded = layout.program(program_names::BACKEND_LOAD).exists();
+    Ok(PinnedState {
+        kernel,
+        counters,
+        node_counters,
+        heartbeat,
+        attached,
+        signal_loaded,
+        backend_load,
+        capacities: maps.capacities,
+    })
 }
 
 /// What [`verify_pins`] found.
@@ -411,54 +459,4 @@ pub struct KernelReading {
     pub heartbeat: Option<HeartbeatReading>,
     /// What the `sock_ops` program measured per backend.
     pub backends: Vec<MeasuredBackend>,
-}
-
-/// What [`cleanup`] removed.
-#[derive(Debug, Default)]
-pub struct CleanupReport {
-    /// Link pins detached and removed.
-    pub links: Vec<PathBuf>,
-    /// Map pins removed.
-    pub maps: Vec<PathBuf>,
-}
-
-/// Detaches every pinned link and removes every pin under `pin_path`. Idempotent.
-pub fn cleanup(pin_path: &Path) -> Result<CleanupReport, DataplaneError> {
-    let layout = PinLayout::new(pin_path);
-    let mut report = CleanupReport::default();
-    for path in entries(&layout.links_dir())? {
-        links::detach_pinned(&path)?;
-        report.links.push(path);
-    }
-    for path in entries(&layout.maps_dir())? {
-        std::fs::remove_file(&path).map_err(|source| DataplaneError::PinDir { path: path.clone(), source })?;
-        report.maps.push(path);
-    }
-    reuse::forget(&layout)?;
-    for dir in [layout.links_dir(), layout.maps_dir(), layout.root().to_path_buf()] {
-        match std::fs::remove_dir(&dir) {
-            Ok(()) => {}
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-            Err(source) => return Err(DataplaneError::PinDir { path: dir, source }),
-        }
-    }
-    Ok(report)
-}
-
-/// The files in `dir`, sorted; none if it does not exist.
-fn entries(dir: &Path) -> Result<Vec<PathBuf>, DataplaneError> {
-    let read = match std::fs::read_dir(dir) {
-        Ok(read) => read,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(source) => {
-            return Err(DataplaneError::PinDir { path: dir.to_path_buf(), source });
-        }
-    };
-    let mut paths = Vec::new();
-    for entry in read {
-        let entry = entry.map_err(|source| DataplaneError::PinDir { path: dir.to_path_buf(), source })?;
-        paths.push(entry.path());
-    }
-    paths.sort();
-    Ok(paths)
 }

@@ -4,7 +4,7 @@ use std::{
     ffi::CString,
     io,
     os::{
-        fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+        fd::{AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
         unix::ffi::OsStrExt as _,
     },
     path::{Path, PathBuf},
@@ -18,14 +18,16 @@ use super::error::DataplaneError;
 const BPF_OBJ_GET: libc::c_long = 7;
 /// `BPF_LINK_DETACH` from `enum bpf_cmd`.
 const BPF_LINK_DETACH: libc::c_long = 34;
+/// `BPF_LINK_UPDATE` from `enum bpf_cmd`.
+const BPF_LINK_UPDATE: libc::c_long = 29;
 /// `BPF_OBJ_GET_INFO_BY_FD` from `enum bpf_cmd`.
 const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
 /// `BPF_LINK_TYPE_CGROUP` from `enum bpf_link_type`.
 const BPF_LINK_TYPE_CGROUP: u32 = 3;
 
-/// Pins `link` at `path`, replacing any link pinned there. The new link is attached before the old
-/// one is detached, so for a moment both programs run; they share the maps, so whichever rewrites
-/// first produces a backend the other leaves alone, and no connection is ever unhandled.
+/// Pins `link` at `path`, replacing any link pinned there (one attached elsewhere: a link attached
+/// here is updated in place, see [`update_pinned`]). The new link is attached before the old one
+/// is detached, so no connection is ever unhandled.
 pub fn replace_pinned(link: FdLink, path: &Path) -> Result<(), DataplaneError> {
     let staging = staging_path(path);
     if staging.exists() {
@@ -42,6 +44,39 @@ pub fn replace_pinned(link: FdLink, path: &Path) -> Result<(), DataplaneError> {
     // Closing our descriptor leaves the link attached: the pin holds it now.
     drop(pinned);
     Ok(())
+}
+
+/// Swaps the program of the link pinned at `path` for `program`, in one step (`BPF_LINK_UPDATE`):
+/// no moment runs both or neither, which a new link attached beside the old one cannot promise
+/// (both would count one connection's load twice). False, and nothing changed, when no link is
+/// pinned there or it is not attached to the cgroup `cgroup_id`.
+pub fn update_pinned(path: &Path, program: BorrowedFd<'_>, cgroup_id: u64) -> Result<bool, DataplaneError> {
+    /// The `link_update` member of `union bpf_attr`.
+    #[repr(C)]
+    struct UpdateAttr {
+        link_fd: u32,
+        new_prog_fd: u32,
+        flags: u32,
+        old_prog_fd: u32,
+    }
+    if !path.exists() || !cgroup_of(path).is_ok_and(|(id, cgroup)| id != 0 && cgroup == cgroup_id) {
+        return Ok(false);
+    }
+    let link_error = |source: io::Error| DataplaneError::Link { path: path.to_path_buf(), source };
+    let link = obj_get(path).map_err(link_error)?;
+    let attr = UpdateAttr {
+        link_fd: link.as_raw_fd() as u32,
+        new_prog_fd: program.as_raw_fd() as u32,
+        flags: 0,
+        old_prog_fd: 0,
+    };
+    // SAFETY: `attr` is a valid `link_update` attribute; both descriptors outlive the call.
+    let ret =
+        unsafe { libc::syscall(libc::SYS_bpf, BPF_LINK_UPDATE, &attr as *const UpdateAttr, size_of::<UpdateAttr>()) };
+    if ret < 0 {
+        return Err(link_error(io::Error::last_os_error()));
+    }
+    Ok(true)
 }
 
 /// Detaches the link pinned at `path` even if other processes hold it, then removes the pin.

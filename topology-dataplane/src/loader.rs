@@ -1,7 +1,11 @@
 //! Loads the embedded programs, opens (or creates and pins) the maps, and attaches every program
 //! to the cgroup through a pinned link that outlives the agent.
 
-use std::{fs::File, path::Path};
+use std::{
+    fs::File,
+    os::{fd::AsFd as _, unix::fs::MetadataExt as _},
+    path::Path,
+};
 
 use aya::{
     Ebpf, EbpfLoader,
@@ -10,7 +14,8 @@ use aya::{
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 use topology_common::{
-    INDEX_ENABLED_GLOBAL, INDEX_V4_MASK_GLOBAL, INDEX_V6_MASK_GLOBAL, LOG_LEVEL_GLOBAL, map_names, program_names,
+    INDEX_ENABLED_GLOBAL, INDEX_V4_MASK_GLOBAL, INDEX_V6_MASK_GLOBAL, LOG_LEVEL_GLOBAL, TCP_CONNECTIONS_MASK_GLOBAL,
+    map_names, program_names,
 };
 
 use super::{
@@ -171,6 +176,8 @@ fn load_flavour(layout: &PinLayout, options: &LoadOptions, flavour: Flavour) -> 
     loader.override_global(INDEX_V4_MASK_GLOBAL, &index_v4_mask, true);
     let index_v6_mask = positions_for(options.capacities.services_v6) - 1;
     loader.override_global(INDEX_V6_MASK_GLOBAL, &index_v6_mask, true);
+    let tcp_connections_mask = options.capacities.tcp_connections - 1;
+    loader.override_global(TCP_CONNECTIONS_MASK_GLOBAL, &tcp_connections_mask, true);
     let enabled = u32::from(flavour.index);
     loader.override_global(INDEX_ENABLED_GLOBAL, &enabled, true);
     let mut ebpf = loader.load(flavour.bytes())?;
@@ -199,36 +206,64 @@ where
         .map_err(DataplaneError::program(name))
 }
 
-/// Attaches every (loaded) program to `cgroup`, replacing the links a previous agent pinned.
+/// Attaches every (loaded) program to `cgroup`. A link a previous agent pinned here gets the new
+/// program in place (`BPF_LINK_UPDATE`); one pinned for another cgroup is replaced. The load
+/// signal's program is only pinned: [`crate::signal::Signal`] attaches it while some port is
+/// measured (a link a previous agent left gets the new program, until the first apply decides).
 pub fn attach_all(ebpf: &mut Ebpf, layout: &PinLayout, cgroup: &Path) -> Result<(), DataplaneError> {
     let cgroup_error = |source| DataplaneError::Cgroup { path: cgroup.to_path_buf(), source };
     if !mounts::is_cgroup2(cgroup).map_err(cgroup_error)? {
         return Err(DataplaneError::NotCgroup2 { path: cgroup.to_path_buf() });
     }
     let cgroup_fd = File::open(cgroup).map_err(cgroup_error)?;
+    let cgroup_id = std::fs::metadata(cgroup).map_err(cgroup_error)?.ino();
     let link_error = |name: &'static str| {
         move |error| DataplaneError::Link { path: layout.link(name), source: std::io::Error::other(error) }
     };
     // Cgroup bpf_links always coexist with other programs (BPF_F_ALLOW_MULTI semantics) and the
     // kernel rejects any attach flag on them, so the mode must be the flag-less one.
     for name in program_names::ALL {
+        let path = layout.link(name);
         let link: FdLink = if name == program_names::BACKEND_LOAD {
             let program = program::<SockOps>(ebpf, name)?;
             if program.fd().is_err() {
                 // Not loaded (off, or refused): a link an earlier agent pinned goes too.
-                if layout.link(name).exists() {
-                    links::detach_pinned(&layout.link(name))?;
+                remove_program_pin(layout, name)?;
+                if path.exists() {
+                    links::detach_pinned(&path)?;
                 }
+                continue;
+            }
+            remove_program_pin(layout, name)?;
+            program.pin(layout.program(name)).map_err(|error| DataplaneError::Link {
+                path: layout.program(name),
+                source: std::io::Error::other(error),
+            })?;
+            let fd = program.fd().map_err(DataplaneError::program(name))?;
+            if !path.exists() || links::update_pinned(&path, fd.as_fd(), cgroup_id)? {
                 continue;
             }
             let id = program.attach(&cgroup_fd, CgroupAttachMode::Single).map_err(DataplaneError::program(name))?;
             program.take_link(id).map_err(DataplaneError::program(name))?.try_into().map_err(link_error(name))?
         } else {
             let program = program::<CgroupSockAddr>(ebpf, name)?;
+            if links::update_pinned(&path, program.fd().map_err(DataplaneError::program(name))?.as_fd(), cgroup_id)? {
+                continue;
+            }
             let id = program.attach(&cgroup_fd, CgroupAttachMode::Single).map_err(DataplaneError::program(name))?;
             program.take_link(id).map_err(DataplaneError::program(name))?.try_into().map_err(link_error(name))?
         };
-        links::replace_pinned(link, &layout.link(name))?;
+        links::replace_pinned(link, &path)?;
     }
     Ok(())
+}
+
+/// Removes the pin of a program attached only while needed, if any.
+fn remove_program_pin(layout: &PinLayout, name: &str) -> Result<(), DataplaneError> {
+    let path = layout.program(name);
+    match std::fs::remove_file(&path) {
+        Ok(()) => Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(DataplaneError::PinDir { path, source }),
+    }
 }

@@ -31,6 +31,14 @@ pub struct Capacities {
     pub service_ids: u32,
     /// Clients remembered for `sessionAffinity: ClientIP` (LRU). Default 65,536.
     pub client_affinity: u32,
+    /// Positions of the TCP connections table, which translates them back for `getpeername()`
+    /// (direct-mapped by socket cookie, allocated at load; a power of two). Default 131,072.
+    #[serde(default = "default_tcp_connections")]
+    pub tcp_connections: u32,
+}
+
+fn default_tcp_connections() -> u32 {
+    capacity::TCP_CONNECTIONS
 }
 
 impl Default for Capacities {
@@ -41,6 +49,7 @@ impl Default for Capacities {
             slots: capacity::SLOTS,
             service_ids: capacity::SERVICE_IDS,
             client_affinity: capacity::CLIENT_AFFINITY,
+            tcp_connections: capacity::TCP_CONNECTIONS,
         }
     }
 }
@@ -52,6 +61,12 @@ impl Capacities {
         if let Some((map, _)) = self.by_map().into_iter().find(|(_, capacity)| *capacity == 0) {
             return Err(DataplaneError::Capacity { map, reason: "must be at least 1".into() });
         }
+        if !self.tcp_connections.is_power_of_two() {
+            return Err(DataplaneError::Capacity {
+                map: map_names::TCP_CONNECTIONS,
+                reason: format!("must be a power of two (positions by socket cookie), not {}", self.tcp_connections),
+            });
+        }
         for (map, services) in [(map_names::SERVICES_V4, self.services_v4), (map_names::SERVICES_V6, self.services_v6)]
         {
             if services > 1 << 30 {
@@ -62,7 +77,7 @@ impl Capacities {
     }
 
     /// `(map name, max_entries)` for every map with a configurable capacity.
-    pub fn by_map(&self) -> [(&'static str, u32); 9] {
+    pub fn by_map(&self) -> [(&'static str, u32); 10] {
         [
             (map_names::INDEX_V4, positions_for(self.services_v4)),
             (map_names::INDEX_V6, positions_for(self.services_v6)),
@@ -73,6 +88,7 @@ impl Capacities {
             (map_names::SERVICE_META, self.service_ids),
             (map_names::SERVICE_OPTIONS, self.service_ids),
             (map_names::CLIENT_AFFINITY, self.client_affinity),
+            (map_names::TCP_CONNECTIONS, self.tcp_connections),
         ]
     }
 
@@ -84,6 +100,7 @@ impl Capacities {
             map_names::SLOTS => &mut self.slots,
             map_names::COUNTERS | map_names::SERVICE_META | map_names::SERVICE_OPTIONS => &mut self.service_ids,
             map_names::CLIENT_AFFINITY => &mut self.client_affinity,
+            map_names::TCP_CONNECTIONS => &mut self.tcp_connections,
             _ => return None,
         })
     }
@@ -123,7 +140,7 @@ pub struct MapSet {
 }
 
 /// The maps of a [`MapSet`], in the order `MapSet::from_maps` takes them.
-const SET: [&str; 12] = [
+const SET: [&str; 13] = [
     map_names::SERVICES_V4,
     map_names::SERVICES_V6,
     map_names::SLOTS,
@@ -136,6 +153,7 @@ const SET: [&str; 12] = [
     map_names::NODE_COUNTERS,
     map_names::CLIENT_AFFINITY,
     map_names::BACKEND_LOAD,
+    map_names::TCP_CONNECTIONS,
 ];
 
 impl MapSet {
@@ -171,7 +189,8 @@ impl MapSet {
             node,
             affinity,
             load,
-        ]: [Map; 12] =
+            tcp,
+        ]: [Map; 13] =
             maps.try_into().map_err(|_| DataplaneError::MapMissing { map: "?", location: "the map set".into() })?;
         let services4: HashMap<_, ServiceKey4, ServiceValue> =
             services4.try_into().map_err(DataplaneError::map(map_names::SERVICES_V4))?;
@@ -192,6 +211,7 @@ impl MapSet {
             Ok(data.info().map_err(DataplaneError::map(name))?.max_entries())
         };
         let affinity = map_data(affinity, map_names::CLIENT_AFFINITY)?;
+        let tcp = map_data(tcp, map_names::TCP_CONNECTIONS)?;
         let backend_load = load.try_into().map_err(DataplaneError::map(map_names::BACKEND_LOAD))?;
         let capacities = Capacities {
             services_v4: max_entries(services4.map(), map_names::SERVICES_V4)?,
@@ -199,6 +219,7 @@ impl MapSet {
             slots: max_entries(slots.map(), map_names::SLOTS)?,
             service_ids: max_entries(meta.map(), map_names::SERVICE_META)?,
             client_affinity: max_entries(&affinity, map_names::CLIENT_AFFINITY)?,
+            tcp_connections: max_entries(&tcp, map_names::TCP_CONNECTIONS)?,
         };
         Ok(Self {
             services4,

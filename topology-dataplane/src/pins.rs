@@ -24,7 +24,7 @@ pub fn prepare_dirs(layout: &PinLayout) -> Result<(), DataplaneError> {
     if !on_bpffs {
         return Err(DataplaneError::NotBpffs { path: root.to_path_buf() });
     }
-    for dir in [layout.maps_dir(), layout.links_dir()] {
+    for dir in [layout.maps_dir(), layout.links_dir(), layout.progs_dir()] {
         std::fs::create_dir_all(&dir).map_err(|source| DataplaneError::PinDir { path: dir.clone(), source })?;
     }
     Ok(())
@@ -34,7 +34,8 @@ pub fn prepare_dirs(layout: &PinLayout) -> Result<(), DataplaneError> {
 ///
 /// Pins of maps this version no longer uses go. The service index is derived from the service
 /// maps and rebuilt at adoption, so an index pinned with another layout, size or without
-/// `BPF_F_MMAPABLE` is removed and created anew. Any other map pinned with another layout or
+/// `BPF_F_MMAPABLE` is removed and created anew, as are the load signal's measurements and the
+/// TCP connections' translations (see [`rebuilt`]). Any other map pinned with another layout or
 /// capacity is refused: its state cannot be carried over.
 pub fn prepare(layout: &PinLayout, capacities: &Capacities) -> Result<(), DataplaneError> {
     for name in map_names::OBSOLETE {
@@ -61,10 +62,11 @@ pub fn prepare(layout: &PinLayout, capacities: &Capacities) -> Result<(), Datapl
             value_size: declared.value_size(),
         };
         let capacity = configured.get(name).copied().unwrap_or_else(|| declared.max_entries());
-        if name == map_names::INDEX_V4 || name == map_names::INDEX_V6 {
-            let mappable = info.map_flags() & BPF_F_MMAPABLE != 0;
+        if let Some(what) = rebuilt(name) {
+            let index = name == map_names::INDEX_V4 || name == map_names::INDEX_V6;
+            let mappable = !index || info.map_flags() & BPF_F_MMAPABLE != 0;
             if pinned != expected || info.max_entries() != capacity || !mappable {
-                tracing::info!(map = name, "rebuilding the service index pinned by another version");
+                tracing::info!(map = name, "rebuilding {what} pinned by another version or with another capacity");
                 remove(&path)?;
             }
             continue;
@@ -81,6 +83,20 @@ pub fn prepare(layout: &PinLayout, capacities: &Capacities) -> Result<(), Datapl
         }
     }
     Ok(())
+}
+
+/// What a map holds, if it may be created anew when its pin does not match: the service index
+/// (derived from the service maps at adoption), the load signal's measurements (a socket counted
+/// in the old map adds nothing to the new one, see `BackendLoad::created_ns`), and the TCP
+/// connections' translations (a connection open across the change shows its backend to
+/// `getpeername()`). Every other map's state cannot be carried over, so its mismatch is refused.
+fn rebuilt(name: &str) -> Option<&'static str> {
+    match name {
+        map_names::INDEX_V4 | map_names::INDEX_V6 => Some("the service index"),
+        map_names::BACKEND_LOAD => Some("the load signal's measurements"),
+        map_names::TCP_CONNECTIONS => Some("the TCP connections' translations"),
+        _ => None,
+    }
 }
 
 /// Removes the pin at `path`, if any.

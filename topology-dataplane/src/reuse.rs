@@ -30,7 +30,7 @@ use super::{
 pub struct Previous {
     /// The object and index mode.
     pub flavour: Flavour,
-    /// Whether the load signal's `sock_ops` program is attached.
+    /// Whether the load signal's `sock_ops` program is loaded (pinned, attached while needed).
     pub signal: bool,
 }
 
@@ -81,8 +81,12 @@ pub fn find(layout: &PinLayout, options: &LoadOptions, cgroup: &Path) -> Option<
         .filter_map(Result::ok)
         .find_map(|entry| parse_marker(&entry.file_name().to_string_lossy(), &fingerprint))?;
     let cgroup_id = std::fs::metadata(cgroup).ok()?.ino();
+    if layout.program(program_names::BACKEND_LOAD).exists() != previous.signal {
+        return None;
+    }
     for name in program_names::ALL {
-        let expected = name != program_names::BACKEND_LOAD || previous.signal;
+        // The load signal's link exists only while a port is measured; if it does, it must be here.
+        let expected = name != program_names::BACKEND_LOAD || (previous.signal && layout.link(name).exists());
         let path = layout.link(name);
         match (expected, path.exists()) {
             (true, true) => {
@@ -129,7 +133,7 @@ pub fn record(
     if options.log_level != KernelLogLevel::Off {
         return Ok(());
     }
-    let signal = layout.link(program_names::BACKEND_LOAD).exists();
+    let signal = layout.program(program_names::BACKEND_LOAD).exists();
     let Some(name) = marker_name(&fingerprint(options, cgroup), Previous { flavour, signal }) else { return Ok(()) };
     let path = markers_dir(layout).join(name);
     std::fs::create_dir_all(&path).map_err(|source| DataplaneError::PinDir { path, source })

@@ -1,6 +1,6 @@
 //! What socket termination reads of the programs' state, handed out by the dataplane (the one
 //! owner of the BPF object and maps): the connected sockets' storage map, for `sock_diag` to
-//! report with each TCP socket, and the UDP socket iterator (`iter/udp` in the kernel programs):
+//! report with each TCP socket, the unmeasured TCP connections' translations by cookie, and the UDP socket iterator (`iter/udp` in the kernel programs):
 //! the translation of every UDP socket of one namespace, by socket cookie (`sock_diag` reports
 //! socket storage only for TCP).
 
@@ -8,10 +8,10 @@ use std::{collections::HashMap, io::Read as _};
 
 use aya::{
     Btf, Ebpf, EbpfLoader,
-    maps::MapData,
+    maps::{Array, MapData},
     programs::{Iter, ProgramError},
 };
-use topology_common::{IterRecord, SockTranslation, map_names, program_names};
+use topology_common::{IterRecord, SockTranslation, TcpTranslation, map_names, program_names};
 
 use super::{DataplaneError, PROGRAMS, PinLayout};
 
@@ -33,6 +33,16 @@ impl SocketMaps {
             .map_err(DataplaneError::map(map_names::SOCK_CONNECTIONS))
     }
 
+    /// The unmeasured TCP connections' translations, by socket cookie (a direct-mapped table,
+    /// which `sock_diag` does not report: look each socket's cookie up).
+    pub fn tcp_connections(&self) -> Result<TcpConnections, DataplaneError> {
+        let name = map_names::TCP_CONNECTIONS;
+        let data = MapData::from_pin(self.layout.map(name)).map_err(DataplaneError::map(name))?;
+        let positions = data.info().map_err(DataplaneError::map(name))?.max_entries();
+        let array = Array::try_from(aya::maps::Map::Array(data)).map_err(DataplaneError::map(name))?;
+        Ok(TcpConnections { array, mask: positions.saturating_sub(1) })
+    }
+
     /// Translations of the UDP sockets of the calling thread's network namespace, by cookie.
     pub fn udp_translations_here(&mut self) -> Result<HashMap<u64, SockTranslation>, IterError> {
         let udp = match &mut self.udp {
@@ -40,6 +50,19 @@ impl SocketMaps {
             empty => empty.insert(UdpTranslations::load(&self.layout)?),
         };
         udp.read_here()
+    }
+}
+
+/// The TCP connections table (see `TcpTranslation`).
+pub struct TcpConnections {
+    array: Array<MapData, TcpTranslation>,
+    mask: u32,
+}
+
+impl TcpConnections {
+    /// The translation of the TCP socket `cookie`, if the table still holds it.
+    pub fn get(&self, cookie: u64) -> Option<SockTranslation> {
+        self.array.get(&(cookie as u32 & self.mask), 0).ok()?.of(cookie)
     }
 }
 

@@ -159,7 +159,11 @@ fn measured(sk: *mut c_void) -> Option<(*mut SockLoad, *mut BackendLoad)> {
         return None;
     }
     let key = backend(sk, false)?;
-    Some((record, counters(&key, false)?))
+    let load = counters(&key, false)?;
+    // SAFETY: both non-null and valid while the program runs; copied out at once.
+    let (started, created) = unsafe { ((*record).connect_ns, (*load).created_ns) };
+    // A socket counted in an earlier entry of this backend (pruned, or cleared at a detach).
+    (started >= created).then_some((record, load))
 }
 
 /// The counters of `key`, created (zero) when `create` and the map has room.
@@ -172,7 +176,7 @@ fn counters(key: &BackendKey, create: bool) -> Option<*mut BackendLoad> {
     if !found.is_null() || !create {
         return (!found.is_null()).then_some(found);
     }
-    let zero = BackendLoad::default();
+    let zero = BackendLoad { created_ns: now(), ..BackendLoad::default() };
     // SAFETY: as above. NOEXIST: a CPU that lost the race to create it finds the winner's.
     let _ = unsafe { bpf_map_update_elem(map, key, ptr::from_ref(&zero).cast_mut().cast(), BPF_NOEXIST.into()) };
     // SAFETY: as above.

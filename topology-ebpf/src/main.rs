@@ -26,7 +26,7 @@ use choose::{Error, Pick};
 use gate::{Clock, Gate};
 use record::Addressed;
 use sockaddr::{ALLOW, Words};
-use topology_common::{AF_INET, AF_INET6, IPPROTO_UDP, NodeCounters, ServiceValue, service_flags};
+use topology_common::{AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP, NodeCounters, ServiceValue, service_flags};
 
 /// A destination as the maps see it: the family of the service (an IPv4-mapped address on an
 /// AF_INET6 socket is an IPv4 service) and its address in the maps' 16-byte form.
@@ -214,7 +214,8 @@ pub fn recvmsg6(ctx: SockAddrContext) -> i32 {
 #[cgroup_sock_addr(getpeername4)]
 pub fn getpeername4(ctx: SockAddrContext) -> i32 {
     let peer = Dest::of4(&ctx);
-    if let Some((vip, port)) = record::connection_translation(&ctx, peer.family, peer.addr, peer.port) {
+    let tcp = sockaddr::protocol(&ctx) == Some(IPPROTO_TCP);
+    if let Some((vip, port)) = record::connection_translation(&ctx, peer.family, peer.addr, peer.port, tcp) {
         Dest::write4(&ctx, vip, port);
     }
     // getpeername hooks cannot fail the call.
@@ -224,7 +225,8 @@ pub fn getpeername4(ctx: SockAddrContext) -> i32 {
 #[cgroup_sock_addr(getpeername6)]
 pub fn getpeername6(ctx: SockAddrContext) -> i32 {
     let peer = Dest::of6(&ctx);
-    if let Some((vip, port)) = record::connection_translation(&ctx, peer.family, peer.addr, peer.port) {
+    let tcp = sockaddr::protocol(&ctx) == Some(IPPROTO_TCP);
+    if let Some((vip, port)) = record::connection_translation(&ctx, peer.family, peer.addr, peer.port, tcp) {
         Dest::write6(&ctx, peer.family, vip, port);
     }
     ALLOW
@@ -234,7 +236,7 @@ pub fn getpeername6(ctx: SockAddrContext) -> i32 {
 /// translation, else an unconnected socket's.
 #[inline(always)]
 fn original(ctx: &SockAddrContext, source: Dest) -> Option<(Words, u16)> {
-    record::connection_translation(ctx, source.family, source.addr, source.port)
+    record::connection_translation(ctx, source.family, source.addr, source.port, false)
         .or_else(|| record::datagram_translation(ctx, source.family, source.addr, source.port))
 }
 

@@ -15,7 +15,7 @@ use aya_ebpf::{
 use topology_common::{
     BackendKey, BackendLoad, COUNTER_CHUNK, ClientAffinityKey, ClientAffinityValue, DatagramPeers, DnsSteer, Heartbeat,
     IndexEntry4, IndexEntry6, NodeCounters, ServiceCounters, ServiceKey4, ServiceKey6, ServiceMeta, ServiceOptions,
-    ServiceValue, Slot, SockLoad, SockTranslation, capacity,
+    ServiceValue, Slot, SockLoad, SockTranslation, TcpTranslation, capacity,
 };
 
 /// Maps only userspace writes are allocated on write, so an idle capacity costs no kernel memory.
@@ -99,6 +99,22 @@ pub static SERVICE_OPTIONS: Array<ServiceOptions, { capacity::SERVICE_IDS as usi
 /// What each rewritten connected socket was rewritten from and to; freed with the socket.
 #[btf_map(name = "topo_sock_conn")]
 pub static SOCK_CONNECTIONS: SkStorage<SockTranslation> = SkStorage::new();
+
+/// What each rewritten TCP socket the load signal does not measure was rewritten from and to, at
+/// position `cookie & mask` (see `TcpTranslation`): an array store costs a connect a fraction of a
+/// socket storage allocation or a hash insert.
+#[btf_map(name = "topo_tcp_conn")]
+pub static TCP_CONNECTIONS: Array<TcpTranslation, { capacity::TCP_CONNECTIONS as usize }> = Array::new();
+
+/// Positions of [`TCP_CONNECTIONS`] minus one (a power of two minus one), set by the agent at load.
+#[unsafe(no_mangle)]
+static TCP_CONNECTIONS_MASK: Global<u32> = Global::new(capacity::TCP_CONNECTIONS - 1);
+
+/// The position of the socket `cookie` in [`TCP_CONNECTIONS`].
+#[inline(always)]
+pub fn tcp_connection_position(cookie: u64) -> u32 {
+    cookie as u32 & TCP_CONNECTIONS_MASK.load()
+}
 
 /// Services and backends of each unconnected UDP socket that sent to one; freed with the socket.
 #[btf_map(name = "topo_sock_dgram")]

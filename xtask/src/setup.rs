@@ -15,10 +15,12 @@ use crate::cmd::{self, is_root, on_path, succeeds};
 /// The bpf-linker release known to build against nightly's LLVM here.
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Debian packages the tests and benchmarks call, with a command each provides.
-const PACKAGES: [(&str, &str); 11] = [
+const PACKAGES: [(&str, &str); 12] = [
     ("bpftool", "bpftool"),
     ("iproute2", "ip"),
     ("iptables", "iptables-restore"),
+    // `cargo xtask bench datapath`: kube-proxy's nftables mode, side by side with its iptables one.
+    ("nftables", "nft"),
     ("libcap2-bin", "capsh"),
     ("dnsutils", "dig"),
     ("dnsperf", "dnsperf"),

@@ -198,6 +198,10 @@ fn terminate(
         Ok(map) => map,
         Err(error) => return failed("socket storage map unreadable", &error),
     };
+    let tcp_connections = match config.maps.tcp_connections() {
+        Ok(map) => map,
+        Err(error) => return failed("TCP connections map unreadable", &error),
+    };
     let udp = wanted.iter().any(|d| d.service.protocol == Protocol::Udp);
     for namespace in netns::namespaces(&config.netns_dirs) {
         let udp_translations = if udp {
@@ -238,7 +242,12 @@ fn terminate(
                 for socket in sockets {
                     let translation = match protocol {
                         IPPROTO_UDP => udp_translations.get(&socket.id.cookie()).copied(),
-                        _ => socket.storage.as_deref().and_then(translation_of),
+                        // Measured connections keep theirs in storage, the others by cookie.
+                        _ => socket
+                            .storage
+                            .as_deref()
+                            .and_then(translation_of)
+                            .or_else(|| tcp_connections.get(socket.id.cookie())),
                     };
                     let Some(translation) = translation else { continue };
                     let Some(departure) = wanted.iter().find(|d| reached_through(&translation, peer_of(&socket), d))
