@@ -201,6 +201,13 @@ impl ClientPlace {
         run_report(command)
     }
 
+    /// One TCP socket connecting to `target`, then on the same socket to `then`.
+    pub fn reconnect(&self, target: SocketAddr, then: SocketAddr) -> Report {
+        let mut command = self.command(target);
+        command.args(["reconnect", "--then", &then.to_string()]);
+        run_report(command)
+    }
+
     /// `count` times: resolve `name` through the DNS server `dns`, connect to an answer on `port`.
     pub fn resolve_tcp(&self, dns: SocketAddr, name: &str, port: u16, count: u64) -> Report {
         let mut command = self.command(dns);

@@ -306,6 +306,28 @@ impl Client {
         report
     }
 
+    /// One TCP socket connecting to the first target and then, on the same socket (as a client
+    /// retrying after a refused connect does), to `then`: one report entry per connect.
+    pub fn reconnect(&self, then: SocketAddr) -> io::Result<Report> {
+        let target = self.targets[0];
+        let domain = socket2::Domain::for_address(target);
+        let socket = socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP))?;
+        // A blocking connect, bounded by the send timeout.
+        socket.set_write_timeout(Some(self.timeout))?;
+        let mut report = Report::default();
+        for to in [target, then] {
+            let outcome = socket.connect(&to.into()).and_then(|()| {
+                let mut stream: TcpStream = socket.try_clone()?.into();
+                stream.set_read_timeout(Some(self.timeout))?;
+                let mut name = String::new();
+                stream.read_to_string(&mut name)?;
+                Ok(name.trim().to_owned())
+            });
+            report.record(outcome);
+        }
+        Ok(report)
+    }
+
     /// Opens a TCP connection and a connected UDP socket to the first target, and sends one
     /// datagram from an unconnected UDP socket without reading the reply; calls `ready`, and once
     /// it returns checks that the connected sockets still show the target as their peer, that

@@ -166,6 +166,17 @@ fn the_sock_ops_counters_match_the_connections_made() {
     let sum = settle(&dp, &[silent], "a timed-out handshake", |s| s.timed_out == 1);
     assert_eq!((sum.connects, sum.refused, sum.established), (1, 0, 0), "{sum:?}");
 
+    // A socket refused through a measured port that then connects straight to a backend (not a
+    // Service) on the same socket: the refusal counts; the second connect counts nowhere, not
+    // against the refusing backend (whose in-flight count it would leak) nor the one it reached.
+    let direct = fx.backends[0].socket(false);
+    let before = load_of(&dp, direct).load;
+    let result = fx.place().reconnect(addr("10.96.0.11:80"), direct);
+    assert_eq!((result.errno("ECONNREFUSED"), result.successes()), (1, 1), "{result:?}");
+    let sum = settle(&dp, &[refusing], "8 refused handshakes", |s| s.refused == 8);
+    assert_eq!((sum.connects, sum.established, sum.in_flight), (8, 0, 0), "{sum:?}");
+    assert_eq!(load_of(&dp, direct).load.connects, before.connects, "the direct connect is not measured");
+
     // Backends no set holds any more, with nothing in flight, are forgotten; live ones are kept.
     desired.services.retain(|port, _| port.vip == "10.96.0.10".parse::<std::net::IpAddr>().unwrap());
     let report = dp.apply(&desired);

@@ -3,21 +3,33 @@
 //! time spent in each. Only a socket's state changes run it, never its packets.
 //!
 //! A socket counts only if the connect hook left its translation marked measured (so it went to a
-//! backend this node chose, for a port under feedback), and its close counts only if its
-//! handshake was counted (its `SockLoad` exists): connections older than the program are never
-//! half counted. Every other socket leaves on a flag test, and gets no state callbacks.
+//! backend this node chose, for a port under feedback) and it connects to that backend, and its
+//! close counts only if its handshake was counted (its `SockLoad` exists): connections older than
+//! the program are never half counted. The connect hook asks for a measured socket's state
+//! callbacks itself, so every other socket leaves on a flag test (or, on kernels before 6.12, a
+//! storage read that finds nothing), and gets no state callbacks. Counters are keyed by the
+//! socket's real peer.
 
-use core::{ffi::c_void, ptr};
+use core::{
+    ffi::c_void,
+    ptr::{self, addr_of, read_volatile},
+};
 
 use aya_ebpf::{
+    EbpfContext as _,
     bindings::{BPF_NOEXIST, BPF_SK_STORAGE_GET_F_CREATE},
-    helpers::generated::{bpf_ktime_get_ns, bpf_map_lookup_elem, bpf_map_update_elem, bpf_sk_storage_get},
+    helpers::generated::{
+        bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_map_lookup_elem, bpf_map_update_elem, bpf_sk_storage_get,
+    },
     macros::sock_ops,
     programs::SockOpsContext,
 };
-use topology_common::{BackendKey, BackendLoad, IPPROTO_TCP, SockLoad, SockTranslation};
+use topology_common::{AF_INET, AF_INET6, BackendKey, BackendLoad, IPPROTO_TCP, SockLoad, SockTranslation};
 
-use crate::maps::{BACKEND_LOAD, SOCK_CONNECTIONS, SOCK_LOAD};
+use crate::{
+    maps::{BACKEND_LOAD, SOCK_CONNECTIONS, SOCK_LOAD, TCP_CONNECTIONS, tcp_connection_position},
+    sockaddr::STATE_CB_FLAG,
+};
 
 /// `BPF_SOCK_OPS_TCP_CONNECT_CB`: an active handshake starts (after the connect hooks).
 const TCP_CONNECT: u32 = 3;
@@ -25,8 +37,9 @@ const TCP_CONNECT: u32 = 3;
 const ACTIVE_ESTABLISHED: u32 = 4;
 /// `BPF_SOCK_OPS_STATE_CB`: the socket changed TCP state (`args[0]` old, `args[1]` new).
 const STATE: u32 = 10;
-/// `BPF_SOCK_OPS_STATE_CB_FLAG`: ask for [`STATE`] callbacks on this socket.
-const STATE_CB_FLAG: i32 = 4;
+/// `AF_INET` and `AF_INET6` as the context's `family` holds them.
+const AF_INET_SOCKET: u32 = 2;
+const AF_INET6_SOCKET: u32 = 10;
 /// TCP states (`BPF_TCP_*`).
 const TCP_ESTABLISHED: u32 = 1;
 const TCP_SYN_SENT: u32 = 2;
@@ -48,11 +61,22 @@ pub fn backend_load(ctx: SockOpsContext) -> u32 {
 }
 
 /// A handshake starts: counted, timed and followed if the connect hooks rewrote this socket for a
-/// port under feedback.
+/// port under feedback, to the peer it is connecting to now.
 #[inline(always)]
 fn connect(ctx: &SockOpsContext) {
     let sk = socket(ctx);
-    let Some(key) = backend(sk, true) else { return };
+    // Asked for by the connect hook (see `record::remember_connection`), else, on a kernel that
+    // does not let it ask, marked in the socket's storage: every other socket leaves here.
+    let flagged = ctx.cb_flags() & STATE_CB_FLAG as u32 != 0;
+    let translation = if flagged { by_cookie(ctx) } else { stored(sk) };
+    let Some(translation) = translation else { return };
+    let Some(key) = peer(ctx) else { return };
+    // A socket whose earlier connect was measured and that now connects elsewhere is not.
+    let names_peer =
+        translation.family == key.family && translation.backend == key.addr && translation.backend_port == key.port;
+    if translation.flags & SockTranslation::MEASURED == 0 || translation.proto != IPPROTO_TCP || !names_peer {
+        return;
+    }
     let Some(load) = counters(&key, true) else { return };
     let start = SockLoad { connect_ns: now(), established_ns: 0 };
     let record = storage(&SOCK_LOAD, sk, BPF_SK_STORAGE_GET_F_CREATE.into()).cast::<SockLoad>();
@@ -63,16 +87,18 @@ fn connect(ctx: &SockOpsContext) {
     // SAFETY: non-null storage of this socket, valid while the program runs.
     unsafe { *record = start };
     add(load, BackendLoad::CONNECTS, 1);
-    // The state callbacks report how the handshake or the connection ends. A socket whose flag
-    // cannot be set (never a full TCP socket here) is counted as connecting until it goes.
-    let _ = ctx.set_cb_flags(ctx.cb_flags() as i32 | STATE_CB_FLAG);
+    if !flagged {
+        // The state callbacks report how the handshake or the connection ends. A socket whose
+        // flag cannot be set (never a full TCP socket here) is counted as connecting until it goes.
+        let _ = ctx.set_cb_flags(ctx.cb_flags() as i32 | STATE_CB_FLAG);
+    }
 }
 
 /// A handshake completed.
 #[inline(always)]
 fn established(ctx: &SockOpsContext) {
     let sk = socket(ctx);
-    let Some((record, load)) = measured(sk) else { return };
+    let Some((record, load)) = measured(ctx, sk) else { return };
     let now = now();
     // SAFETY: non-null storage of this socket (see `measured`).
     let connect_ns = unsafe {
@@ -91,7 +117,7 @@ fn state(ctx: &SockOpsContext) {
     }
     let old = ctx.arg(0);
     let sk = socket(ctx);
-    let Some((record, load)) = measured(sk) else { return };
+    let Some((record, load)) = measured(ctx, sk) else { return };
     // SAFETY: non-null storage of this socket (see `measured`); copied out at once.
     let established_ns = unsafe { (*record).established_ns };
     if old == TCP_SYN_SENT || established_ns == 0 {
@@ -130,36 +156,72 @@ fn storage<M>(map: &M, sk: *mut c_void, flags: u64) -> *mut c_void {
     unsafe { bpf_sk_storage_get(map, sk, ptr::null_mut(), flags) }
 }
 
-/// The backend the connect hook rewrote this TCP socket to, if it did.
+/// The translation the connect hook left for this socket in the TCP connections table.
 #[inline(always)]
-fn backend(sk: *mut c_void, only_measured: bool) -> Option<BackendKey> {
+fn by_cookie(ctx: &SockOpsContext) -> Option<SockTranslation> {
+    // SAFETY: the helper accepts the sock_ops context.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    let entry = TCP_CONNECTIONS.get_ptr(tcp_connection_position(cookie))?;
+    // SAFETY: an element of the array, copied out at once (checked whole by its seal).
+    unsafe { *entry }.of(cookie)
+}
+
+/// The translation the connect hook left in this socket's storage (a kernel whose connect hook
+/// cannot ask for the state callbacks).
+#[inline(always)]
+fn stored(sk: *mut c_void) -> Option<SockTranslation> {
     let translation = storage(&SOCK_CONNECTIONS, sk, 0).cast::<SockTranslation>();
-    if translation.is_null() {
-        return None;
-    }
     // SAFETY: non-null storage of this socket, valid while the program runs; copied out at once.
-    let translation = unsafe { *translation };
-    if only_measured && translation.flags & SockTranslation::MEASURED == 0 {
-        return None;
-    }
-    (translation.proto == IPPROTO_TCP && translation.family != 0).then_some(BackendKey {
-        addr: translation.backend,
-        port: translation.backend_port,
-        family: translation.family,
-        _pad: 0,
-    })
+    (!translation.is_null()).then(|| unsafe { *translation })
+}
+
+/// The peer this socket is connected (or connecting) to, as the load map keys it: its real
+/// peer, whatever a record says. An IPv4-mapped peer of an AF_INET6 socket is IPv4.
+#[inline(always)]
+fn peer(ctx: &SockOpsContext) -> Option<BackendKey> {
+    // SAFETY: the kernel passes a valid context; each field is read as the 4-byte load the
+    // verifier requires (`remote_port` holds the network-order port in its upper 16 bits).
+    let (family, port) =
+        unsafe { (read_volatile(addr_of!((*ctx.ops).family)), read_volatile(addr_of!((*ctx.ops).remote_port))) };
+    let port = u16::from_be((port >> 16) as u16);
+    let mut addr = [0u8; 16];
+    let family = match family {
+        AF_INET_SOCKET => {
+            // SAFETY: as above.
+            let ip = unsafe { read_volatile(addr_of!((*ctx.ops).remote_ip4)) };
+            addr[..4].copy_from_slice(&ip.to_ne_bytes());
+            AF_INET
+        }
+        AF_INET6_SOCKET => {
+            // SAFETY: as above, one word at a time.
+            let words = unsafe {
+                let ip6 = addr_of!((*ctx.ops).remote_ip6).cast::<u32>();
+                [read_volatile(ip6), read_volatile(ip6.add(1)), read_volatile(ip6.add(2)), read_volatile(ip6.add(3))]
+            };
+            if words[0] == 0 && words[1] == 0 && words[2] == 0xffff_u32.to_be() {
+                addr[..4].copy_from_slice(&words[3].to_ne_bytes());
+                AF_INET
+            } else {
+                for (i, word) in words.iter().enumerate() {
+                    addr[4 * i..4 * i + 4].copy_from_slice(&word.to_ne_bytes());
+                }
+                AF_INET6
+            }
+        }
+        _ => return None,
+    };
+    Some(BackendKey { addr, port, family, _pad: 0 })
 }
 
 /// A measured socket's record and its backend's counters.
 #[inline(always)]
-fn measured(sk: *mut c_void) -> Option<(*mut SockLoad, *mut BackendLoad)> {
+fn measured(ctx: &SockOpsContext, sk: *mut c_void) -> Option<(*mut SockLoad, *mut BackendLoad)> {
     let record = storage(&SOCK_LOAD, sk, 0).cast::<SockLoad>();
     // SAFETY: non-null storage of this socket; a zero start means not measured (or done).
     if record.is_null() || unsafe { (*record).connect_ns } == 0 {
         return None;
     }
-    let key = backend(sk, false)?;
-    let load = counters(&key, false)?;
+    let load = counters(&peer(ctx)?, false)?;
     // SAFETY: both non-null and valid while the program runs; copied out at once.
     let (started, created) = unsafe { ((*record).connect_ns, (*load).created_ns) };
     // A socket counted in an earlier entry of this backend (pruned, or cleared at a detach).

@@ -37,6 +37,11 @@ pub struct Addressed {
 /// Records that this connected socket reaches `to` through the chosen backend, and whether the
 /// load signal measures it (`measured`: its port is under feedback); false when the kernel could
 /// not store it.
+///
+/// A TCP connection keeps its translation in the table by cookie. A measured one also asks for
+/// the load signal's state callbacks here, one `setsockopt` on the socket the hook already holds,
+/// so the `sock_ops` program knows it by a flag test; a kernel that does not allow that (before
+/// 6.12) gets the translation in socket storage as well, marked measured, where the program looks.
 #[inline(always)]
 pub fn remember_connection(ctx: &SockAddrContext, to: &Addressed, choice: &Pick, measured: bool) -> bool {
     let translation = SockTranslation {
@@ -48,7 +53,7 @@ pub fn remember_connection(ctx: &SockAddrContext, to: &Addressed, choice: &Pick,
         proto: to.proto,
         flags: if measured { SockTranslation::MEASURED } else { 0 },
     };
-    if to.proto == IPPROTO_TCP && !measured {
+    if to.proto == IPPROTO_TCP {
         // SAFETY: the helper accepts the sock_addr context; it names the context's socket.
         let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
         let Some(entry) = TCP_CONNECTIONS.get_ptr_mut(tcp_connection_position(cookie)) else {
@@ -57,7 +62,9 @@ pub fn remember_connection(ctx: &SockAddrContext, to: &Addressed, choice: &Pick,
         // SAFETY: an element of the array, valid for the program's lifetime. Another CPU writing
         // the same position at once leaves a torn entry, whose seal no reader accepts.
         unsafe { *entry = TcpTranslation::new(cookie, translation) };
-        return true;
+        if !measured || sockaddr::measure_state_changes(ctx) {
+            return true;
+        }
     }
     // SAFETY: the context's socket is valid for the program's lifetime.
     let record = unsafe { SOCK_CONNECTIONS.get_or_insert_ptr_mut(ctx, None) };

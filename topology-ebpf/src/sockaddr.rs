@@ -5,7 +5,11 @@
 
 use core::ptr::{addr_of, addr_of_mut, read_volatile, write_volatile};
 
-use aya_ebpf::{helpers::generated::bpf_set_retval, programs::SockAddrContext};
+use aya_ebpf::{
+    EbpfContext as _,
+    helpers::generated::{bpf_set_retval, bpf_setsockopt},
+    programs::SockAddrContext,
+};
 
 /// Program return value that lets the operation proceed.
 pub const ALLOW: i32 = 1;
@@ -90,6 +94,33 @@ pub fn protocol(ctx: &SockAddrContext) -> Option<u8> {
         byte if byte <= 0xff => Some(byte as u8),
         _ => None,
     }
+}
+
+/// `SOL_TCP`.
+const SOL_TCP: i32 = 6;
+/// `TCP_BPF_SOCK_OPS_CB_FLAGS`: the socket's `sock_ops` callback flags (settable by
+/// `bpf_setsockopt` since Linux 6.12).
+const TCP_BPF_SOCK_OPS_CB_FLAGS: i32 = 1008;
+/// `BPF_SOCK_OPS_STATE_CB_FLAG`.
+pub const STATE_CB_FLAG: i32 = 4;
+
+/// Asks for the `sock_ops` state callbacks on this TCP socket (it is being connected, so it has
+/// none yet); false when the kernel does not allow it here.
+#[inline(always)]
+pub fn measure_state_changes(ctx: &SockAddrContext) -> bool {
+    let mut flags = STATE_CB_FLAG;
+    // SAFETY: the helper accepts the sock_addr context of a connect hook; `flags` is a valid
+    // int for the length given and outlives the call.
+    let ret = unsafe {
+        bpf_setsockopt(
+            ctx.as_ptr(),
+            SOL_TCP,
+            TCP_BPF_SOCK_OPS_CB_FLAGS,
+            core::ptr::from_mut(&mut flags).cast(),
+            size_of::<i32>() as i32,
+        )
+    };
+    ret == 0
 }
 
 /// Makes the syscall fail with `errno` once the program returns [`DENY`].

@@ -94,6 +94,11 @@ enum Traffic {
         #[arg(long)]
         count: u64,
     },
+    /// One TCP socket: connect to the target, then on the same socket to `then`.
+    Reconnect {
+        #[arg(long)]
+        then: SocketAddr,
+    },
     /// Resolve a name through the target (a DNS server), then connect over TCP to one of the
     /// addresses answered, at random, as a client-side balancer does.
     Resolve {
@@ -272,6 +277,7 @@ fn main() -> anyhow::Result<()> {
                     return Ok(());
                 }
                 Traffic::Tcp { count } => client.tcp(count),
+                Traffic::Reconnect { then } => client.reconnect(then).context("reconnecting")?,
                 Traffic::Resolve { count, name, port } => {
                     let [server] = client.targets[..] else { bail!("resolve: one --target, the DNS server") };
                     topology_tests::dns::resolve_and_connect(&client, server, &name, port, count)
