@@ -1,8 +1,10 @@
 //! `cargo xtask bench datapath`: connect() latency from a client namespace to a backend, side by
 //! side in one run: no hook; our hook with 10 / 1,000 / 10,000 / 30,000 / 50,000 services
-//! installed (each with TCP and UDP port 80: 100,000 service ports at the most); and a
+//! installed (each with TCP and UDP port 80: 100,000 service ports at the most); a
 //! kube-proxy-shaped iptables ruleset (KUBE-SERVICES -> KUBE-SVC-* -> KUBE-SEP-* with
-//! `statistic --mode random`) with the same service counts up to 30,000, inside a namespace.
+//! `statistic --mode random`) with the same service counts up to 30,000, and kube-proxy's
+//! nftables mode (a `service-ips` verdict map, `numgen random mod N` per service) at every count,
+//! each inside a namespace.
 //!
 //! Every connect dials one of the two backends at random, directly (no hook) or through a
 //! ClusterIP the hook balances over them, so each scenario reaches the same servers in the same

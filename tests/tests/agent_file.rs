@@ -276,3 +276,26 @@ fn an_unknown_node_is_a_clear_error_at_start() {
     assert!(stderr.contains("node \"node-z\" is not in the cluster"), "{stderr}");
     assert_eq!(world.fx.place().tcp(target(), 3).errno("ENETUNREACH"), 3, "nothing was programmed");
 }
+
+#[test]
+fn an_agent_whose_programs_were_detached_is_not_ready() {
+    require_root!();
+    let world = World::new();
+    world.write(["zone-a", "zone-a", "zone-b", "zone-b"], &[(0, "node-a")], None);
+    let agent = world.start();
+    wait_landing(&world.fx.place(), &["b0"], Duration::from_secs(10));
+
+    // Someone detaches a link (the pin stays): connections go unrewritten, and /readyz says so.
+    let pin = world.fx.pins.path().join("links").join("connect4");
+    run("bpftool", &["link", "detach", "pinned", &pin.to_string_lossy()]);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let body = loop {
+        let (code, body) = agent.get("/readyz").expect("readyz");
+        if code == 503 {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "still ready with connect4 detached: {body}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(body.contains("programs detached from the cgroup: connect4"), "{body}");
+}

@@ -327,6 +327,37 @@ fn cleanup_leaves_no_attachment_pin_cgroup_or_namespace() {
 }
 
 #[test]
+fn cleanup_check_finds_a_program_still_attached_without_a_pin() {
+    require_root!();
+    let fx = Fixture::new(1);
+    let mut dp = Dataplane::open(&fx.config()).expect("open");
+    dp.apply(&three_services(&fx));
+    drop(dp);
+    // A process holds connect4's link and its pin is gone (an agent killed between attaching and
+    // pinning would leave this): cleanup finds no pin for it, and the program keeps running.
+    let pin = PinLayout::new(fx.pins.path()).link("connect4");
+    let held = FdLink::from(PinnedLink::from_pin(&pin).expect("open the pinned link"));
+    std::fs::remove_file(&pin).expect("unpin");
+    dataplane::cleanup(fx.pins.path()).expect("cleanup");
+    let check = |cgroup: &Path| {
+        std::process::Command::new(topology_tests::net::agent_binary())
+            .args(["cleanup", "--check", "--pin-path"])
+            .arg(fx.pins.path())
+            .arg("--cgroup")
+            .arg(cgroup)
+            .output()
+            .expect("run cleanup --check")
+    };
+    let out = check(fx.cgroup.path());
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success() && said.contains("still attached to") && said.contains("connect4"), "{said}");
+    // Its last holder gone, the link goes with it.
+    drop(held);
+    let out = check(fx.cgroup.path());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
 fn status_prints_what_the_kernel_holds() {
     require_root!();
     let fx = Fixture::new(2);

@@ -92,3 +92,41 @@ fn a_tcp_connection_shows_its_cluster_ip_until_about_a_table_of_newer_sockets_ca
     let node = dp.node_counters().expect("node counters");
     assert_eq!(node.no_storage, 0, "an array store never fails");
 }
+
+#[test]
+fn a_late_reply_from_a_departed_backend_shows_its_own_address() {
+    require_root!();
+    let fx = Fixture::new(2);
+    let mut dp = Dataplane::open(&fx.config()).expect("open dataplane");
+    let vip = addr("10.96.0.62:80");
+    let on = |backend: usize| {
+        let mut state = DesiredState::default();
+        for protocol in [Protocol::Tcp, Protocol::Udp] {
+            let backends = vec![fx.backends[backend].weighted(false, 1)];
+            let port = service("10.96.0.62", 80, protocol);
+            state
+                .services
+                .insert(port, DesiredService { name: format!("test/late:{protocol}"), backends, ..Default::default() });
+        }
+        state
+    };
+    assert!(dp.apply(&on(0)).failed.is_empty());
+    // The holder's unconnected socket sent to the service (b0) and reads b0's reply only at the
+    // check: by then b0 has left the set. kube-proxy flushes the conntrack entries of a departed
+    // endpoint, so its late replies arrive untranslated; here too (the address may be reused).
+    let held = fx.place().hold(vip);
+    assert!(dp.apply(&on(1)).failed.is_empty());
+    let report = held.check();
+    assert_eq!(report.failures(), 0, "{report:?}");
+    assert_eq!(report.peer_mismatch, 1, "only the unconnected socket's late reply shows b0: {report:?}");
+
+    // While the backend stays in the set (a new set, b0 joining b1), replies keep the ClusterIP.
+    let held = fx.place().hold(vip);
+    let mut both = on(1);
+    for service in both.services.values_mut() {
+        service.backends.push(fx.backends[0].weighted(false, 1));
+    }
+    assert!(dp.apply(&both).failed.is_empty());
+    let report = held.check();
+    assert_eq!((report.failures(), report.peer_mismatch), (0, 0), "{report:?}");
+}

@@ -90,9 +90,14 @@ enum Command {
         /// Afterwards, wait for SIGTERM (the uninstall DaemonSet's pods stay up once done).
         #[arg(long)]
         wait: bool,
-        /// Remove nothing: exit 0 if nothing is pinned under the pin path, 1 otherwise.
+        /// Remove nothing: exit 0 if nothing is pinned under the pin path and none of the agent's
+        /// programs is attached to the cgroup, 1 otherwise.
         #[arg(long, conflicts_with = "wait")]
         check: bool,
+        /// cgroup v2 directory `--check` looks at (default: the cgroup v2 root from
+        /// /proc/self/mountinfo, where the agent attaches).
+        #[arg(long, requires = "check")]
+        cgroup: Option<PathBuf>,
     },
     /// Mount a BPF filesystem where the pins go, unless one is there (kind's nodes, some images
     /// mount none); the DaemonSet's init container runs it, with the mount propagated to the host.
@@ -309,12 +314,35 @@ fn main() -> anyhow::Result<()> {
                 }
             }
         }
-        Command::Cleanup { pin_path, wait, check } => {
+        Command::Cleanup { pin_path, wait, check, cgroup } => {
             if check {
                 if pin_path.exists() {
                     bail!("{} still exists: the cleanup has not run or failed", pin_path.display());
                 }
-                println!("nothing pinned under {}", pin_path.display());
+                // A link pinned elsewhere, or held by a process, keeps running without any pin here.
+                let cgroup = match cgroup {
+                    Some(cgroup) => cgroup,
+                    None => topology_agent::mounts::cgroup2_root()?,
+                };
+                let attached = dataplane::attached_programs(&cgroup)
+                    .with_context(|| format!("listing the programs attached to {}", cgroup.display()))?;
+                if !attached.ours.is_empty() {
+                    bail!(
+                        "nothing pinned under {}, but still attached to {}: {}",
+                        pin_path.display(),
+                        cgroup.display(),
+                        attached.ours.join(", ")
+                    );
+                }
+                let unnamed = match attached.unnamed {
+                    0 => String::new(),
+                    n => format!(" ({n} programs attached at the same hooks could not be named without CAP_SYS_ADMIN)"),
+                };
+                println!(
+                    "nothing pinned under {} and none of the agent's programs attached to {}{unnamed}",
+                    pin_path.display(),
+                    cgroup.display()
+                );
                 return Ok(());
             }
             let report =

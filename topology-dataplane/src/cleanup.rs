@@ -57,3 +57,32 @@ fn entries(dir: &Path) -> Result<Vec<PathBuf>, DataplaneError> {
     paths.sort();
     Ok(paths)
 }
+
+/// What is attached directly to a cgroup at the agent's hooks, pinned or not.
+#[derive(Debug, Default)]
+pub struct Attached {
+    /// The agent's programs, by name.
+    pub ours: Vec<String>,
+    /// Programs that could not be named (listing programs needs `CAP_SYS_ADMIN`): maybe ours,
+    /// maybe another tool's (Cilium and others attach at the same hooks).
+    pub unnamed: usize,
+}
+
+/// The agent's programs still attached directly to `cgroup`: what `cleanup --check` must find
+/// none of.
+pub fn attached_programs(cgroup: &Path) -> Result<Attached, DataplaneError> {
+    let ids =
+        links::attached_to(cgroup).map_err(|source| DataplaneError::Cgroup { path: cgroup.to_path_buf(), source })?;
+    let ours = topology_common::program_names::ALL;
+    let named: Vec<(u32, String)> = aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter(|program| ids.contains(&program.id()))
+        .map(|program| (program.id(), program.name_as_str().unwrap_or_default().to_owned()))
+        .collect();
+    let mut attached = Attached {
+        ours: named.iter().filter(|(_, name)| ours.contains(&name.as_str())).map(|(_, name)| name.clone()).collect(),
+        unnamed: ids.iter().filter(|id| !named.iter().any(|(named, _)| named == *id)).count(),
+    };
+    attached.ours.sort();
+    Ok(attached)
+}

@@ -51,7 +51,7 @@ use std::{
 };
 
 use aya::Ebpf;
-pub use cleanup::{CleanupReport, cleanup};
+pub use cleanup::{Attached, CleanupReport, attached_programs, cleanup};
 pub use diff::Departure;
 pub use error::DataplaneError;
 pub use heartbeat::{DnsBeat, FailOpen, HeartbeatReading};
@@ -131,6 +131,7 @@ pub struct Dataplane {
     flavour: Flavour,
     fail_open: FailOpen,
     signal: signal::Signal,
+    cgroup: PathBuf,
     // Holds the object's other maps (the log ring buffer) for as long as the programs run;
     // none when a restart kept the programs already attached.
     _ebpf: Option<Ebpf>,
@@ -180,7 +181,8 @@ impl Dataplane {
         loader::attach_all(&mut ebpf, &layout, &config.cgroup)?;
         reuse::record(&layout, &options, &config.cgroup, flavour)?;
         let signal = signal::Signal::new(layout.clone(), config.cgroup.clone());
-        Ok(Self { writer, logger, layout, flavour, fail_open, signal, _ebpf: Some(ebpf) })
+        let cgroup = config.cgroup.clone();
+        Ok(Self { writer, logger, layout, flavour, fail_open, signal, cgroup, _ebpf: Some(ebpf) })
     }
 
     /// A restart that keeps the programs a previous agent attached (the same objects, options
@@ -206,7 +208,8 @@ impl Dataplane {
             "the attached programs kept (the same objects and options); pinned state adopted"
         );
         let signal = signal::Signal::new(layout.clone(), cgroup.to_path_buf());
-        Ok(Self { writer, logger: None, layout, flavour: previous.flavour, fail_open, signal, _ebpf: None })
+        let cgroup = cgroup.to_path_buf();
+        Ok(Self { writer, logger: None, layout, flavour: previous.flavour, fail_open, signal, cgroup, _ebpf: None })
     }
 
     /// The DNS steering heartbeat, on a descriptor of its own for the responder's prober.
@@ -262,6 +265,22 @@ impl Dataplane {
         if let Err(error) = self.signal.set(wanted, &mut self.writer.maps_mut().backend_load) {
             tracing::warn!(%error, wanted, "the load signal could not be attached or detached");
         }
+    }
+
+    /// The socket-address programs not attached to this dataplane's cgroup any more: their pinned
+    /// link is gone, detached (someone ran `bpftool link detach`, the cgroup was removed) or moved
+    /// to another cgroup. Connections there are no longer rewritten, whatever the maps hold.
+    pub fn detached_programs(&self) -> Vec<&'static str> {
+        use std::os::unix::fs::MetadataExt as _;
+        let cgroup = std::fs::metadata(&self.cgroup).map(|m| m.ino()).ok();
+        program_names::SOCK_ADDR
+            .into_iter()
+            .filter(|name| {
+                let attached = links::cgroup_of(&self.layout.link(name))
+                    .is_ok_and(|(program, id)| program != 0 && Some(id) == cgroup);
+                !attached
+            })
+            .collect()
     }
 
     /// Whether the load signal's program runs now (attached while some TCP port is measured).

@@ -177,3 +177,50 @@ fn link_detach(link: &OwnedFd) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// `BPF_PROG_QUERY` from `enum bpf_cmd`.
+const BPF_PROG_QUERY: libc::c_long = 16;
+/// The cgroup hooks the agent attaches to, from `enum bpf_attach_type`: `SOCK_OPS`,
+/// `INET4_CONNECT`, `INET6_CONNECT`, `UDP4_SENDMSG`, `UDP6_SENDMSG`, `UDP4_RECVMSG`,
+/// `UDP6_RECVMSG`, `INET4_GETPEERNAME`, `INET6_GETPEERNAME`.
+const AGENT_HOOKS: [u32; 9] = [3, 10, 11, 14, 15, 19, 20, 29, 30];
+
+/// The ids of the programs attached directly to `cgroup` at the agent's hooks (`BPF_PROG_QUERY`),
+/// pinned or not: what is still running there.
+pub fn attached_to(cgroup: &Path) -> io::Result<Vec<u32>> {
+    /// The head of the `query` member of `union bpf_attr`.
+    #[repr(C)]
+    struct QueryAttr {
+        target_fd: u32,
+        attach_type: u32,
+        query_flags: u32,
+        attach_flags: u32,
+        prog_ids: u64,
+        prog_cnt: u32,
+        _pad: u32,
+    }
+    let dir = std::fs::File::open(cgroup)?;
+    let mut found = Vec::new();
+    for attach_type in AGENT_HOOKS {
+        let mut ids = [0u32; 64];
+        let mut attr = QueryAttr {
+            target_fd: dir.as_raw_fd() as u32,
+            attach_type,
+            query_flags: 0,
+            attach_flags: 0,
+            prog_ids: ids.as_mut_ptr() as u64,
+            prog_cnt: ids.len() as u32,
+            _pad: 0,
+        };
+        // SAFETY: `attr` is a valid `query` attribute; the kernel writes at most `prog_cnt` ids into
+        // `ids`, which outlives the call, and updates `prog_cnt`.
+        let ret = unsafe {
+            libc::syscall(libc::SYS_bpf, BPF_PROG_QUERY, &mut attr as *mut QueryAttr, size_of::<QueryAttr>())
+        };
+        if ret < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        found.extend_from_slice(&ids[..(attr.prog_cnt as usize).min(ids.len())]);
+    }
+    Ok(found)
+}

@@ -154,7 +154,7 @@ fn keep_client(
 /// Whether `backend` can be drawn from the service's current set (within the first
 /// [`AFFINITY_SCAN`] slots).
 #[inline(always)]
-fn in_set(service: &ServiceValue, backend: &Backend) -> bool {
+pub fn in_set(service: &ServiceValue, backend: &Backend) -> bool {
     for offset in 0..AFFINITY_SCAN {
         if offset >= service.count {
             break;

@@ -233,11 +233,18 @@ pub fn getpeername6(ctx: SockAddrContext) -> i32 {
 }
 
 /// The ClusterIP and port a datagram's source stands for on this socket: a connected socket's
-/// translation, else an unconnected socket's.
+/// translation, else an unconnected socket's while the backend is still in the service's set (a
+/// departed backend's address may be another pod's by now; kube-proxy flushes its conntrack
+/// entries for the same reason).
 #[inline(always)]
 fn original(ctx: &SockAddrContext, source: Dest) -> Option<(Words, u16)> {
-    record::connection_translation(ctx, source.family, source.addr, source.port, false)
-        .or_else(|| record::datagram_translation(ctx, source.family, source.addr, source.port))
+    if let Some(translation) = record::connection_translation(ctx, source.family, source.addr, source.port, false) {
+        return Some(translation);
+    }
+    let peer = record::datagram_peer(ctx, source.family, source.addr, source.port)?;
+    let vip = Dest { family: peer.family, addr: sockaddr::words(&peer.vip), port: peer.vip_port };
+    let service = vip.service(IPPROTO_UDP)?;
+    (service.set_id == peer.set_id || choose::in_set(&service, &peer.backend)).then_some((vip.addr, vip.port))
 }
 
 /// Counts a rewrite or a failure, and turns it into the program's return value. Every outcome

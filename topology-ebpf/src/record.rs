@@ -159,9 +159,10 @@ pub fn keep_datagram_peer(peers: &mut DatagramPeers, entry: Option<usize>, to: &
     }
 }
 
-/// The ClusterIP and port an unconnected socket addressed when it sent to `addr:port`.
+/// The entry of an unconnected socket's record for the backend at `addr:port`: the service it
+/// sent to there, and the set it chose that backend from.
 #[inline(always)]
-pub fn datagram_translation(ctx: &SockAddrContext, family: u8, addr: Words, port: u16) -> Option<(Words, u16)> {
+pub fn datagram_peer(ctx: &SockAddrContext, family: u8, addr: Words, port: u16) -> Option<DatagramPeer> {
     let peers = datagram_peers(ctx, false);
     if peers.is_null() {
         return None;
@@ -171,7 +172,6 @@ pub fn datagram_translation(ctx: &SockAddrContext, family: u8, addr: Words, port
     let source = Backend { addr: sockaddr::bytes(addr), port, locality: 0, _pad: 0 };
     (0..DATAGRAM_PEERS).find_map(|i| {
         let peer = &peers.peers[i];
-        (peer.family == family && crate::choose::same(&peer.backend, &source))
-            .then_some((sockaddr::words(&peer.vip), peer.vip_port))
+        (peer.family == family && crate::choose::same(&peer.backend, &source)).then_some(*peer)
     })
 }

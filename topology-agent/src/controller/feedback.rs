@@ -4,10 +4,13 @@
 
 use std::{collections::BTreeSet, time::Instant};
 
+use topology_common::{capacity, map_names};
+
 use super::program::Programmer;
 use crate::{
     cluster::ObjectKey,
-    feedback::{Tuning, control::Regulator, metrics::FeedbackMetrics},
+    feedback::{Tuning, control::Regulator},
+    metrics::{MapLabels, Metrics},
     plan::NodePlan,
 };
 
@@ -16,12 +19,14 @@ pub struct FeedbackLoop {
     regulator: Regulator,
     started: Instant,
     last: Option<Instant>,
+    /// Whether the load map was full at the last reading (said once per change).
+    full: bool,
 }
 
 impl FeedbackLoop {
     /// A loop with `tuning`.
     pub fn new(tuning: Tuning) -> Self {
-        Self { regulator: Regulator::new(tuning), started: Instant::now(), last: None }
+        Self { regulator: Regulator::new(tuning), started: Instant::now(), last: None, full: false }
     }
 
     /// One look, if an interval has passed: returns the Services to decide again.
@@ -29,7 +34,7 @@ impl FeedbackLoop {
         &mut self,
         programmer: &impl Programmer,
         plan: &mut NodePlan,
-        metrics: &FeedbackMetrics,
+        metrics: &Metrics,
     ) -> BTreeSet<ObjectKey> {
         let interval = std::time::Duration::from_millis(self.regulator.tuning().interval_ms);
         if self.last.is_some_and(|at| at.elapsed() < interval) {
@@ -49,6 +54,7 @@ impl FeedbackLoop {
                 return BTreeSet::new();
             }
         };
+        self.watch_room(reading.len(), metrics);
         let now_ms = self.started.elapsed().as_millis() as u64;
         let changed = self.regulator.step(now_ms, &reading, &ports);
         for key in &changed {
@@ -56,7 +62,26 @@ impl FeedbackLoop {
                 tracing::info!(service = %key.service, port = key.port, shift = input.shift, reason = %input.reason, "feedback");
             }
         }
-        metrics.set(self.regulator.inputs());
+        metrics.feedback.set(self.regulator.inputs());
         plan.set_feedback(self.regulator.inputs())
+    }
+
+    /// Reports how full the load map is (`topology_agent_map_entries{map="topo_backend_load"}`,
+    /// which the map alerts watch): a backend beyond its capacity is not measured, so its ports
+    /// hold their static plan — said, not silent.
+    fn watch_room(&mut self, measured: usize, metrics: &Metrics) {
+        let labels = MapLabels { map: map_names::BACKEND_LOAD.to_owned() };
+        metrics.map_entries.get_or_create(&labels).set(measured as i64);
+        metrics.map_capacity.get_or_create(&labels).set(i64::from(capacity::BACKEND_LOAD));
+        let full = measured >= capacity::BACKEND_LOAD as usize;
+        if full && !self.full {
+            tracing::warn!(
+                backends = measured,
+                "the load map is full: backends beyond it are not measured, and their ports keep their static plan"
+            );
+        } else if !full && self.full {
+            tracing::info!(backends = measured, "the load map has room again");
+        }
+        self.full = full;
     }
 }

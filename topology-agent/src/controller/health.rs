@@ -42,6 +42,7 @@ struct State {
     blocked: Option<String>,
     failing: Option<String>,
     stranded: Option<String>,
+    detached: Option<String>,
 }
 
 impl Default for Health {
@@ -55,6 +56,7 @@ impl Default for Health {
                 blocked: None,
                 failing: None,
                 stranded: None,
+                detached: None,
             }),
             stale_grace: Duration::ZERO,
         }
@@ -136,6 +138,11 @@ impl Health {
         self.with(|s| s.stranded = stranded);
     }
 
+    /// Some programs are no longer attached (`None`: every one is), and which.
+    pub fn set_detached(&self, detached: Option<String>) {
+        self.with(|s| s.detached = detached);
+    }
+
     /// True when the kernel holds the policy of a complete view that is current: what the
     /// agent's heartbeat vouches for. Ports that failed to program hold nothing and do not make
     /// the view old; a port left holding an outdated set does.
@@ -178,6 +185,9 @@ impl Health {
             }
             if let Some(stranded) = &s.stranded {
                 reasons.push(stranded.clone());
+            }
+            if let Some(detached) = &s.detached {
+                reasons.push(detached.clone());
             }
             if reasons.is_empty() { Ok(()) } else { Err(NotReady { reasons }) }
         })

@@ -111,6 +111,8 @@ struct Outlets {
 struct Upkeep {
     beat: Option<Instant>,
     tidy: Option<Instant>,
+    /// Whether programs were found detached at the last look (logged once per change).
+    detached: bool,
 }
 
 /// The control loop.
@@ -203,7 +205,7 @@ impl<P: Programmer> Controller<P> {
             }
             self.beat();
             if self.programmed {
-                let moved = self.feedback.step(&self.programmer, &mut self.plan, &self.ctx.metrics.feedback);
+                let moved = self.feedback.step(&self.programmer, &mut self.plan, &self.ctx.metrics);
                 if !moved.is_empty() {
                     self.intake.dirty.extend(moved);
                     self.sync()?;
@@ -248,12 +250,30 @@ impl<P: Programmer> Controller<P> {
             Ok(()) => self.upkeep.beat = Some(Instant::now()),
             Err(error) => tracing::warn!(%error, "the kernel heartbeat could not be written; retrying"),
         }
+        self.check_attached();
         if self.upkeep.tidy.is_none_or(|at| at.elapsed() >= TIDY_INTERVAL) {
             self.upkeep.tidy = Some(Instant::now());
             if let Err(error) = self.programmer.tidy() {
                 tracing::warn!(%error, "tidying the kernel's maps failed; retrying later");
             }
         }
+    }
+
+    /// Not ready while a program that should rewrite is detached (someone detached its link, its
+    /// cgroup went): the maps still hold the policy, but no connection is rewritten.
+    fn check_attached(&mut self) {
+        let detached = self.programmer.detached();
+        let reason = (!detached.is_empty()).then(|| {
+            format!(
+                "programs detached from the cgroup: {}; restart the agent to attach them again",
+                detached.join(", ")
+            )
+        });
+        if reason.is_some() && !self.upkeep.detached {
+            tracing::error!(programs = ?detached, "programs detached from the cgroup: connections are not rewritten");
+        }
+        self.upkeep.detached = reason.is_some();
+        self.ctx.health.set_detached(reason);
     }
 
     /// Takes one event into the cluster state and notes what it may change.

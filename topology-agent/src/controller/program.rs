@@ -52,6 +52,10 @@ pub trait Programmer: Send {
     fn backend_load(&self) -> Result<Vec<MeasuredBackend>, DataplaneError> {
         Ok(Vec::new())
     }
+    /// The programs that should rewrite and are not attached any more.
+    fn detached(&self) -> Vec<&'static str> {
+        Vec::new()
+    }
 }
 
 impl Programmer for Dataplane {
@@ -83,6 +87,10 @@ impl Programmer for Dataplane {
 
     fn backend_load(&self) -> Result<Vec<MeasuredBackend>, DataplaneError> {
         Dataplane::backend_load(self)
+    }
+
+    fn detached(&self) -> Vec<&'static str> {
+        self.detached_programs()
     }
 
     fn tidy(&mut self) -> Result<(), DataplaneError> {
