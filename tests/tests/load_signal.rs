@@ -274,3 +274,37 @@ fn link_of(path: &std::path::Path) -> (u64, u64) {
     let link: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bpftool JSON");
     (link["id"].as_u64().expect("link id"), link["prog_id"].as_u64().expect("program id"))
 }
+
+#[test]
+fn a_connection_older_than_its_table_entry_still_closes_in_the_counts() {
+    require_root!();
+    let fx = Fixture::new(2);
+    let mut config = fx.config();
+    // Two batches of socket cookies: newer sockets take the held connection's entry soon.
+    config.capacities.tcp_connections = 8192;
+    let mut dp = Dataplane::open(&config).expect("open dataplane");
+    let measured = PortOptions { measured: true, ..PortOptions::default() };
+    let mut desired = DesiredState::default();
+    for (vip, backend, options) in [("10.96.0.20", 0, measured), ("10.96.0.21", 1, PortOptions::default())] {
+        for protocol in [Protocol::Tcp, Protocol::Udp] {
+            let backends = vec![fx.backends[backend].weighted(false, 1)];
+            let options = if protocol == Protocol::Tcp { options } else { PortOptions::default() };
+            let name = format!("test/{vip}:{protocol}");
+            desired.services.insert(service(vip, 80, protocol), DesiredService { name, backends, options });
+        }
+    }
+    assert!(dp.apply(&desired).failed.is_empty());
+    let backend = fx.backends[0].socket(false);
+    let place = topology_tests::net::ClientPlace { cpu: Some(0), ..fx.place() };
+
+    let held = place.hold(addr("10.96.0.20:80"));
+    settle(&dp, &[backend], "the held connection", |s| s.in_flight == 1);
+    // 20,000 newer connections through the unmeasured port: the held one's entry is taken.
+    let others = place.tcp(addr("10.96.0.21:80"), 20_000);
+    assert_eq!(others.failures(), 0, "{:?}", others.errors);
+    let report = held.check();
+    assert_eq!(report.failures(), 0, "{report:?}");
+    // Its close still counts (the flag marks it counted); only its lifetime is unknown.
+    let sum = settle(&dp, &[backend], "the held connection closed", |s| s.closed == 1);
+    assert_eq!((sum.connects, sum.established, sum.in_flight), (1, 1, 0), "{sum:?}");
+}

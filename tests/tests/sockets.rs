@@ -7,10 +7,10 @@ use std::net::SocketAddr;
 
 use topology_agent::{
     dataplane::Dataplane,
-    desired::{DesiredService, DesiredState, Protocol},
+    desired::{DesiredService, DesiredState, Protocol, WeightedBackend},
 };
 use topology_tests::{
-    fixture::{Fixture, service},
+    fixture::{Fixture, service as service_port},
     net::ClientPlace,
     require_root,
     traffic::UdpMode,
@@ -20,20 +20,27 @@ fn addr(text: &str) -> SocketAddr {
     text.parse().expect("socket address")
 }
 
+/// One Service at `vip` port 80 with a TCP and a UDP port over `backends` (the holder holds both).
+fn tcp_and_udp(vip: &str, name: &str, backends: Vec<WeightedBackend>) -> DesiredState {
+    let mut state = DesiredState::default();
+    for protocol in [Protocol::Tcp, Protocol::Udp] {
+        let service = DesiredService {
+            name: format!("test/{name}:{protocol}"),
+            backends: backends.clone(),
+            ..Default::default()
+        };
+        state.services.insert(service_port(vip, 80, protocol), service);
+    }
+    state
+}
+
 #[test]
 fn long_lived_sockets_keep_their_translation_through_300000_other_sockets() {
     require_root!();
     let fx = Fixture::new(3);
     let mut dp = Dataplane::open(&fx.config()).expect("open dataplane");
-    let mut state = DesiredState::default();
-    for protocol in [Protocol::Tcp, Protocol::Udp] {
-        let backends = fx.backends.iter().map(|b| b.weighted(false, 1)).collect();
-        let port = service("10.96.0.60", 80, protocol);
-        state
-            .services
-            .insert(port, DesiredService { name: format!("test/held:{protocol}"), backends, ..Default::default() });
-    }
-    assert!(dp.apply(&state).failed.is_empty());
+    let all = fx.backends.iter().map(|b| b.weighted(false, 1)).collect();
+    assert!(dp.apply(&tcp_and_udp("10.96.0.60", "held", all)).failed.is_empty());
 
     let vip = addr("10.96.0.60:80");
     let held = fx.place().hold(vip);
@@ -60,15 +67,8 @@ fn a_tcp_connection_shows_its_cluster_ip_until_about_a_table_of_newer_sockets_ca
     // Two batches of socket cookies (the kernel hands each CPU 4,096 at a time).
     config.capacities.tcp_connections = 8192;
     let mut dp = Dataplane::open(&config).expect("open dataplane");
-    let mut state = DesiredState::default();
-    for protocol in [Protocol::Tcp, Protocol::Udp] {
-        let backends = fx.backends.iter().map(|b| b.weighted(false, 1)).collect();
-        let port = service("10.96.0.61", 80, protocol);
-        state
-            .services
-            .insert(port, DesiredService { name: format!("test/table:{protocol}"), backends, ..Default::default() });
-    }
-    assert!(dp.apply(&state).failed.is_empty());
+    let all = fx.backends.iter().map(|b| b.weighted(false, 1)).collect();
+    assert!(dp.apply(&tcp_and_udp("10.96.0.61", "table", all)).failed.is_empty());
     let vip = addr("10.96.0.61:80");
     // One CPU: its cookies come in order, so the held connection's position comes round again
     // only after about a table of newer ones.
@@ -99,34 +99,22 @@ fn a_late_reply_from_a_departed_backend_shows_its_own_address() {
     let fx = Fixture::new(2);
     let mut dp = Dataplane::open(&fx.config()).expect("open dataplane");
     let vip = addr("10.96.0.62:80");
-    let on = |backend: usize| {
-        let mut state = DesiredState::default();
-        for protocol in [Protocol::Tcp, Protocol::Udp] {
-            let backends = vec![fx.backends[backend].weighted(false, 1)];
-            let port = service("10.96.0.62", 80, protocol);
-            state
-                .services
-                .insert(port, DesiredService { name: format!("test/late:{protocol}"), backends, ..Default::default() });
-        }
-        state
+    let on = |backends: &[usize]| {
+        tcp_and_udp("10.96.0.62", "late", backends.iter().map(|&b| fx.backends[b].weighted(false, 1)).collect())
     };
-    assert!(dp.apply(&on(0)).failed.is_empty());
+    assert!(dp.apply(&on(&[0])).failed.is_empty());
     // The holder's unconnected socket sent to the service (b0) and reads b0's reply only at the
     // check: by then b0 has left the set. kube-proxy flushes the conntrack entries of a departed
     // endpoint, so its late replies arrive untranslated; here too (the address may be reused).
     let held = fx.place().hold(vip);
-    assert!(dp.apply(&on(1)).failed.is_empty());
+    assert!(dp.apply(&on(&[1])).failed.is_empty());
     let report = held.check();
     assert_eq!(report.failures(), 0, "{report:?}");
     assert_eq!(report.peer_mismatch, 1, "only the unconnected socket's late reply shows b0: {report:?}");
 
     // While the backend stays in the set (a new set, b0 joining b1), replies keep the ClusterIP.
     let held = fx.place().hold(vip);
-    let mut both = on(1);
-    for service in both.services.values_mut() {
-        service.backends.push(fx.backends[0].weighted(false, 1));
-    }
-    assert!(dp.apply(&both).failed.is_empty());
+    assert!(dp.apply(&on(&[1, 0])).failed.is_empty());
     let report = held.check();
     assert_eq!((report.failures(), report.peer_mismatch), (0, 0), "{report:?}");
 }

@@ -23,7 +23,7 @@ pub use control::{
     ClientAffinityKey, ClientAffinityValue, DnsSteer, Heartbeat, NodeCounters, ServiceOptions, service_flags,
 };
 pub use index::{IndexEntry4, IndexEntry6};
-pub use load::{BackendKey, BackendLoad, SockLoad};
+pub use load::{BackendKey, BackendLoad};
 pub use socket::{DATAGRAM_PEERS, DatagramPeer, DatagramPeers, IterRecord, SockTranslation, TcpTranslation};
 
 /// `AF_INET`, as stored in the `family` fields.
@@ -86,10 +86,8 @@ pub mod map_names {
     /// What the `sock_ops` program measured per backend: [`BackendKey`](crate::BackendKey) ->
     /// [`BackendLoad`](crate::BackendLoad).
     pub const BACKEND_LOAD: &str = "topo_backend_load";
-    /// The start of each measured TCP connection (socket storage): [`SockLoad`](crate::SockLoad).
-    pub const SOCK_LOAD: &str = "topo_sock_load";
     /// Every map the agent pins and keeps across restarts, in a stable order.
-    pub const PINNED: [&str; 17] = [
+    pub const PINNED: [&str; 16] = [
         SERVICES_V4,
         SERVICES_V6,
         SLOTS,
@@ -106,7 +104,6 @@ pub mod map_names {
         NODE_COUNTERS,
         DNS_STEER,
         BACKEND_LOAD,
-        SOCK_LOAD,
     ];
 
     /// State of the programs' random number generator; not pinned (a new state per load is as
@@ -118,8 +115,10 @@ pub mod map_names {
     /// `topo_dns_beat` held a deadline only, which steered to whatever address an entry named;
     /// `topo_agent_cg` the agent's cgroup, exempt from the API server's Service, which is no
     /// longer programmed.
-    pub const OBSOLETE: [&str; 5] =
-        ["topo_affinity", "topo_revnat", "topo_sock_xlate", "topo_dns_beat", "topo_agent_cg"];
+    /// `topo_sock_load` held each measured connection's start in socket storage, now in its
+    /// entry of [`TCP_CONNECTIONS`].
+    pub const OBSOLETE: [&str; 6] =
+        ["topo_affinity", "topo_revnat", "topo_sock_xlate", "topo_dns_beat", "topo_agent_cg", "topo_sock_load"];
 }
 
 /// Program names (ELF symbols); each is attached at the cgroup hook of the same name.
@@ -172,8 +171,8 @@ pub mod capacity {
     /// Clients remembered for `sessionAffinity: ClientIP`, over all services (LRU: the least
     /// recently used client of a full map chooses again).
     pub const CLIENT_AFFINITY: u32 = 65_536;
-    /// Positions of the TCP connections table (a power of two; 56 bytes each, allocated at load:
-    /// 7 MiB). A connection's entry is overwritten after about this many newer socket cookies:
+    /// Positions of the TCP connections table (a power of two; 72 bytes each, allocated at load:
+    /// 9 MiB). A connection's entry is overwritten after about this many newer socket cookies:
     /// its `getpeername()` then shows its backend's address, and `--terminate-sockets all`
     /// cannot find it.
     pub const TCP_CONNECTIONS: u32 = 131_072;
@@ -371,5 +370,4 @@ mod pod {
     unsafe impl aya::Pod for super::IndexEntry6 {}
     unsafe impl aya::Pod for super::BackendKey {}
     unsafe impl aya::Pod for super::BackendLoad {}
-    unsafe impl aya::Pod for super::SockLoad {}
 }

@@ -93,15 +93,3 @@ impl BackendLoad {
 }
 const _: () = assert!(core::mem::offset_of!(BackendLoad, lifetime_us) == BackendLoad::LIFETIME_US * size_of::<u64>());
 const _: () = assert!(core::mem::offset_of!(BackendLoad, reset) == BackendLoad::RESET * size_of::<u64>());
-
-/// What the `sock_ops` program keeps on each measured socket (socket storage, freed with it):
-/// its presence means the connect was counted, so the close is counted too and only then.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct SockLoad {
-    /// `CLOCK_MONOTONIC` when the handshake started, nanoseconds.
-    pub connect_ns: u64,
-    /// `CLOCK_MONOTONIC` when it completed, nanoseconds; 0 before.
-    pub established_ns: u64,
-}
-const _: () = assert!(size_of::<SockLoad>() == 16);

@@ -36,7 +36,9 @@ impl SockTranslation {
 
 /// A TCP connection's translation in the direct-mapped table of TCP connections
 /// (`map_names::TCP_CONNECTIONS`), at position `cookie & mask`: the socket's cookie and a seal
-/// over both, so a reader takes it only if it is this socket's and whole.
+/// over both, so a reader takes it only if it is this socket's and whole; for a connection the
+/// load signal measures, also when its handshake started and completed (written by the
+/// `sock_ops` program, outside the seal).
 ///
 /// Socket cookies are handed out in increasing order, so a position is overwritten only after
 /// about as many newer cookies as the table has positions: the oldest entries go first, as in an
@@ -52,14 +54,19 @@ pub struct TcpTranslation {
     pub translation: SockTranslation,
     /// [`TcpTranslation::seal_of`] the two fields above.
     pub seal: u64,
+    /// `CLOCK_MONOTONIC` when a measured connection's handshake started (and was counted),
+    /// nanoseconds; 0 otherwise.
+    pub connect_ns: u64,
+    /// When its handshake completed; 0 before.
+    pub established_ns: u64,
 }
-const _: () = assert!(size_of::<TcpTranslation>() == 56);
+const _: () = assert!(size_of::<TcpTranslation>() == 72);
 
 impl TcpTranslation {
     /// The entry of `translation` for the socket `cookie`.
     #[inline(always)]
     pub fn new(cookie: u64, translation: SockTranslation) -> Self {
-        Self { cookie, translation, seal: Self::seal_of(cookie, &translation) }
+        Self { cookie, translation, seal: Self::seal_of(cookie, &translation), connect_ns: 0, established_ns: 0 }
     }
 
     /// A mix of the cookie and every byte of the translation (FNV-style over 32-bit words), never 0.

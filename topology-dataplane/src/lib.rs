@@ -247,21 +247,25 @@ impl Dataplane {
 
     /// Makes the kernel hold `desired`, rewriting only the service ports that differ.
     pub fn apply(&mut self, desired: &DesiredState) -> ApplyReport {
+        if desired.services.iter().any(|(port, service)| measured_tcp(port, service.options)) {
+            self.set_signal(true);
+        }
         let report = self.writer.apply(desired);
         self.follow_signal();
         report
     }
 
     /// Attaches the load signal while some TCP port the kernel holds is measured, and only then
-    /// (see [`signal`]). A failure leaves the rewrites as they are: it is logged, and the next
-    /// apply tries again.
+    /// (see [`signal`]).
     fn follow_signal(&mut self) {
-        let wanted = self
-            .writer
-            .kernel()
-            .services
-            .iter()
-            .any(|(port, service)| port.protocol == desired::Protocol::Tcp && service.options.measured);
+        let wanted = self.writer.kernel().services.iter().any(|(port, service)| measured_tcp(port, service.options));
+        self.set_signal(wanted);
+    }
+
+    /// Attaches or detaches the load signal. It is attached before the first measured port is
+    /// written, so every connection the connect hook marks is seen starting. A failure leaves the
+    /// rewrites as they are: it is logged, and the next apply tries again.
+    fn set_signal(&mut self, wanted: bool) {
         if let Err(error) = self.signal.set(wanted, &mut self.writer.maps_mut().backend_load) {
             tracing::warn!(%error, wanted, "the load signal could not be attached or detached");
         }
@@ -300,6 +304,10 @@ impl Dataplane {
         &mut self,
         changes: impl IntoIterator<Item = (crate::desired::ServicePort, Option<&'a crate::desired::DesiredService>)>,
     ) -> ApplyReport {
+        let changes: Vec<_> = changes.into_iter().collect();
+        if changes.iter().any(|(port, service)| service.is_some_and(|service| measured_tcp(port, service.options))) {
+            self.set_signal(true);
+        }
         let report = self.writer.apply_changes(changes);
         self.follow_signal();
         report
@@ -478,4 +486,9 @@ pub struct KernelReading {
     pub heartbeat: Option<HeartbeatReading>,
     /// What the `sock_ops` program measured per backend.
     pub backends: Vec<MeasuredBackend>,
+}
+
+/// A TCP port the load signal measures.
+fn measured_tcp(port: &desired::ServicePort, options: desired::PortOptions) -> bool {
+    port.protocol == desired::Protocol::Tcp && options.measured
 }

@@ -1,14 +1,17 @@
-//! The load signal (`sock_ops`): for every TCP connection the connect hooks rewrote, the backend's
-//! counters of handshakes started, completed and failed, connections closed and reset, and the
-//! time spent in each. Only a socket's state changes run it, never its packets.
+//! The load signal (`sock_ops`): for every TCP connection the connect hooks rewrote for a port
+//! under feedback, the backend's counters of handshakes started, completed and failed,
+//! connections closed and reset, and the time spent in each. Only a socket's state changes run
+//! it, never its packets.
 //!
 //! A socket counts only if the connect hook left its translation marked measured (so it went to a
-//! backend this node chose, for a port under feedback) and it connects to that backend, and its
-//! close counts only if its handshake was counted (its `SockLoad` exists): connections older than
-//! the program are never half counted. The connect hook asks for a measured socket's state
-//! callbacks itself, so every other socket leaves on a flag test (or, on kernels before 6.12, a
-//! storage read that finds nothing), and gets no state callbacks. Counters are keyed by the
-//! socket's real peer.
+//! backend this node chose, for a port under feedback) and it connects to that backend. The
+//! connect hook asks for a measured socket's state callbacks itself, so every other socket leaves
+//! on a flag test (on kernels before 6.12, which do not let it, after a socket storage read that
+//! finds nothing, and the flag is set here). The flag is the mark of a counted connection: it is
+//! cleared from any socket whose handshake is not counted, so a close counts only after its start.
+//! When the handshake started and completed is kept in the connection's entry of the TCP
+//! connections table, beside its translation: no allocation per connection. Counters are keyed
+//! by the socket's real peer.
 
 use core::{
     ffi::c_void,
@@ -17,17 +20,17 @@ use core::{
 
 use aya_ebpf::{
     EbpfContext as _,
-    bindings::{BPF_NOEXIST, BPF_SK_STORAGE_GET_F_CREATE},
+    bindings::BPF_NOEXIST,
     helpers::generated::{
         bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_map_lookup_elem, bpf_map_update_elem, bpf_sk_storage_get,
     },
     macros::sock_ops,
     programs::SockOpsContext,
 };
-use topology_common::{AF_INET, AF_INET6, BackendKey, BackendLoad, IPPROTO_TCP, SockLoad, SockTranslation};
+use topology_common::{AF_INET, AF_INET6, BackendKey, BackendLoad, IPPROTO_TCP, SockTranslation, TcpTranslation};
 
 use crate::{
-    maps::{BACKEND_LOAD, SOCK_CONNECTIONS, SOCK_LOAD, TCP_CONNECTIONS, tcp_connection_position},
+    maps::{BACKEND_LOAD, SOCK_CONNECTIONS, TCP_CONNECTIONS, tcp_connection_position},
     sockaddr::STATE_CB_FLAG,
 };
 
@@ -64,77 +67,130 @@ pub fn backend_load(ctx: SockOpsContext) -> u32 {
 /// port under feedback, to the peer it is connecting to now.
 #[inline(always)]
 fn connect(ctx: &SockOpsContext) {
-    let sk = socket(ctx);
     // Asked for by the connect hook (see `record::remember_connection`), else, on a kernel that
     // does not let it ask, marked in the socket's storage: every other socket leaves here.
     let flagged = ctx.cb_flags() & STATE_CB_FLAG as u32 != 0;
-    let translation = if flagged { by_cookie(ctx) } else { stored(sk) };
-    let Some(translation) = translation else { return };
-    let Some(key) = peer(ctx) else { return };
+    if !flagged && stored(socket(ctx)).is_none_or(|t| t.flags & SockTranslation::MEASURED == 0) {
+        return;
+    }
+    match (flagged, start(ctx)) {
+        // Not counted: no state callbacks, so its close is not counted either.
+        (true, false) => {
+            let _ = ctx.set_cb_flags(ctx.cb_flags() as i32 & !STATE_CB_FLAG);
+        }
+        // Counted: the state callbacks report how the handshake or the connection ends. A socket
+        // whose flag cannot be set (never a full TCP socket here) stays connecting in the counts.
+        (false, true) => {
+            let _ = ctx.set_cb_flags(ctx.cb_flags() as i32 | STATE_CB_FLAG);
+        }
+        _ => {}
+    }
+}
+
+/// Counts and times the start of a measured connection; false when it is not one (its
+/// translation is gone, not measured, or names another peer) or cannot be counted.
+#[inline(always)]
+fn start(ctx: &SockOpsContext) -> bool {
+    let Some(entry) = entry(ctx) else { return false };
+    // SAFETY: an element of the array, valid while the program runs; copied out at once.
+    let translation = unsafe { (*entry).translation };
+    let Some(key) = peer(ctx) else { return false };
     // A socket whose earlier connect was measured and that now connects elsewhere is not.
     let names_peer =
         translation.family == key.family && translation.backend == key.addr && translation.backend_port == key.port;
     if translation.flags & SockTranslation::MEASURED == 0 || translation.proto != IPPROTO_TCP || !names_peer {
-        return;
+        return false;
     }
-    let Some(load) = counters(&key, true) else { return };
-    let start = SockLoad { connect_ns: now(), established_ns: 0 };
-    let record = storage(&SOCK_LOAD, sk, BPF_SK_STORAGE_GET_F_CREATE.into()).cast::<SockLoad>();
-    if record.is_null() {
-        // Without its record the close could not be matched: leave the socket unmeasured.
-        return;
+    let Some(load) = counters(&key, true) else { return false };
+    // SAFETY: as above; only this socket's callbacks write its entry's times (another socket
+    // taking the position rewrites the whole entry, and its cookie tells).
+    unsafe {
+        (*entry).connect_ns = now();
+        (*entry).established_ns = 0;
     }
-    // SAFETY: non-null storage of this socket, valid while the program runs.
-    unsafe { *record = start };
     add(load, BackendLoad::CONNECTS, 1);
-    if !flagged {
-        // The state callbacks report how the handshake or the connection ends. A socket whose
-        // flag cannot be set (never a full TCP socket here) is counted as connecting until it goes.
-        let _ = ctx.set_cb_flags(ctx.cb_flags() as i32 | STATE_CB_FLAG);
-    }
+    true
 }
 
-/// A handshake completed.
+/// A counted handshake completed.
 #[inline(always)]
 fn established(ctx: &SockOpsContext) {
-    let sk = socket(ctx);
-    let Some((record, load)) = measured(ctx, sk) else { return };
+    if ctx.cb_flags() & STATE_CB_FLAG as u32 == 0 {
+        return;
+    }
+    let Some(load) = peer(ctx).and_then(|key| counters(&key, false)) else { return };
     let now = now();
-    // SAFETY: non-null storage of this socket (see `measured`).
-    let connect_ns = unsafe {
-        (*record).established_ns = now;
-        (*record).connect_ns
+    let handshake_us = match entry(ctx) {
+        Some(entry) => {
+            // SAFETY: as in `start`.
+            let started = unsafe { (*entry).connect_ns };
+            if started == 0 || before_entry(started, load) {
+                return;
+            }
+            // SAFETY: as in `start`.
+            unsafe { (*entry).established_ns = now };
+            now.saturating_sub(started) / 1000
+        }
+        // Its entry was taken by a newer socket (not within a handshake, in practice): the
+        // smoothed RTT's first sample is the handshake's (`srtt_us` holds eight times it).
+        // SAFETY: the kernel passes a valid context; `srtt_us` is readable for a full socket.
+        None => u64::from(unsafe { (*ctx.ops).srtt_us } >> 3),
     };
     add(load, BackendLoad::ESTABLISHED, 1);
-    add(load, BackendLoad::HANDSHAKE_US, now.saturating_sub(connect_ns) / 1000);
+    add(load, BackendLoad::HANDSHAKE_US, handshake_us);
 }
 
-/// A state change: only the move to `CLOSE` counts, by where it came from.
+/// A state change of a counted socket: only the move to `CLOSE` counts, by where it came from.
 #[inline(always)]
 fn state(ctx: &SockOpsContext) {
     if ctx.arg(1) != TCP_CLOSE {
         return;
     }
     let old = ctx.arg(0);
-    let sk = socket(ctx);
-    let Some((record, load)) = measured(ctx, sk) else { return };
-    // SAFETY: non-null storage of this socket (see `measured`); copied out at once.
-    let established_ns = unsafe { (*record).established_ns };
-    if old == TCP_SYN_SENT || established_ns == 0 {
-        // SAFETY: `ops` is the context the kernel passed; `total_retrans` is readable for a full
-        // socket, and a state callback only runs for one.
-        let retransmitted = unsafe { (*ctx.ops).total_retrans } > 0;
-        add(load, if retransmitted { BackendLoad::TIMED_OUT } else { BackendLoad::REFUSED }, 1);
-    } else {
-        add(load, BackendLoad::CLOSED, 1);
-        add(load, BackendLoad::LIFETIME_US, now().saturating_sub(established_ns) / 1000);
-        if old == TCP_ESTABLISHED {
-            add(load, BackendLoad::RESET, 1);
+    let Some(load) = peer(ctx).and_then(|key| counters(&key, false)) else { return };
+    let entry = entry(ctx);
+    // SAFETY: as in `start`; copied out at once.
+    let times = entry.map(|entry| unsafe { ((*entry).connect_ns, (*entry).established_ns) });
+    let counted = match times {
+        // A start this program counted, into this entry of the backend's counters.
+        Some((started, _)) => started != 0 && !before_entry(started, load),
+        // Taken by a newer socket: a long-lived connection, counted when it started (the flag
+        // says so); a failed handshake never lives that long.
+        None => old != TCP_SYN_SENT,
+    };
+    if counted {
+        if old == TCP_SYN_SENT {
+            // SAFETY: `ops` is the context the kernel passed; `total_retrans` is readable for a
+            // full socket, and a state callback only runs for one.
+            let retransmitted = unsafe { (*ctx.ops).total_retrans } > 0;
+            add(load, if retransmitted { BackendLoad::TIMED_OUT } else { BackendLoad::REFUSED }, 1);
+        } else {
+            add(load, BackendLoad::CLOSED, 1);
+            if let Some((_, established @ 1..)) = times {
+                add(load, BackendLoad::LIFETIME_US, now().saturating_sub(established) / 1000);
+            }
+            if old == TCP_ESTABLISHED {
+                add(load, BackendLoad::RESET, 1);
+            }
         }
     }
     // A socket may connect again after a failed handshake: it starts over then.
-    // SAFETY: as above.
-    unsafe { *record = SockLoad::default() };
+    if let Some(entry) = entry {
+        // SAFETY: as in `start`.
+        unsafe {
+            (*entry).connect_ns = 0;
+            (*entry).established_ns = 0;
+        }
+    }
+    let _ = ctx.set_cb_flags(ctx.cb_flags() as i32 & !STATE_CB_FLAG);
+}
+
+/// Whether a connection that started at `started` began before `load`'s entry was created (it
+/// was counted in an earlier entry, since pruned or cleared at a detach).
+#[inline(always)]
+fn before_entry(started: u64, load: *mut BackendLoad) -> bool {
+    // SAFETY: a map value, valid while the program runs.
+    started < unsafe { (*load).created_ns }
 }
 
 /// The socket of the context; null for a request socket (never one of these callbacks).
@@ -156,14 +212,14 @@ fn storage<M>(map: &M, sk: *mut c_void, flags: u64) -> *mut c_void {
     unsafe { bpf_sk_storage_get(map, sk, ptr::null_mut(), flags) }
 }
 
-/// The translation the connect hook left for this socket in the TCP connections table.
+/// This socket's entry in the TCP connections table, if it is still its own and whole.
 #[inline(always)]
-fn by_cookie(ctx: &SockOpsContext) -> Option<SockTranslation> {
+fn entry(ctx: &SockOpsContext) -> Option<*mut TcpTranslation> {
     // SAFETY: the helper accepts the sock_ops context.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    let entry = TCP_CONNECTIONS.get_ptr(tcp_connection_position(cookie))?;
+    let entry = TCP_CONNECTIONS.get_ptr_mut(tcp_connection_position(cookie))?;
     // SAFETY: an element of the array, copied out at once (checked whole by its seal).
-    unsafe { *entry }.of(cookie)
+    unsafe { *entry }.of(cookie).map(|_| entry)
 }
 
 /// The translation the connect hook left in this socket's storage (a kernel whose connect hook
@@ -211,21 +267,6 @@ fn peer(ctx: &SockOpsContext) -> Option<BackendKey> {
         _ => return None,
     };
     Some(BackendKey { addr, port, family, _pad: 0 })
-}
-
-/// A measured socket's record and its backend's counters.
-#[inline(always)]
-fn measured(ctx: &SockOpsContext, sk: *mut c_void) -> Option<(*mut SockLoad, *mut BackendLoad)> {
-    let record = storage(&SOCK_LOAD, sk, 0).cast::<SockLoad>();
-    // SAFETY: non-null storage of this socket; a zero start means not measured (or done).
-    if record.is_null() || unsafe { (*record).connect_ns } == 0 {
-        return None;
-    }
-    let load = counters(&peer(ctx)?, false)?;
-    // SAFETY: both non-null and valid while the program runs; copied out at once.
-    let (started, created) = unsafe { ((*record).connect_ns, (*load).created_ns) };
-    // A socket counted in an earlier entry of this backend (pruned, or cleared at a detach).
-    (started >= created).then_some((record, load))
 }
 
 /// The counters of `key`, created (zero) when `create` and the map has room.

@@ -15,7 +15,7 @@ use aya_ebpf::{
 use topology_common::{
     BackendKey, BackendLoad, COUNTER_CHUNK, ClientAffinityKey, ClientAffinityValue, DatagramPeers, DnsSteer, Heartbeat,
     IndexEntry4, IndexEntry6, NodeCounters, ServiceCounters, ServiceKey4, ServiceKey6, ServiceMeta, ServiceOptions,
-    ServiceValue, Slot, SockLoad, SockTranslation, TcpTranslation, capacity,
+    ServiceValue, Slot, SockTranslation, TcpTranslation, capacity,
 };
 
 /// Maps only userspace writes are allocated on write, so an idle capacity costs no kernel memory.
@@ -143,10 +143,6 @@ pub static NODE_COUNTERS: PerCpuArray<NodeCounters, 1> = PerCpuArray::new();
 #[btf_map(name = "topo_backend_load")]
 pub static BACKEND_LOAD: HashMap<BackendKey, BackendLoad, { capacity::BACKEND_LOAD as usize }, NO_PREALLOC> =
     HashMap::new();
-
-/// When each measured TCP connection started and completed its handshake; freed with the socket.
-#[btf_map(name = "topo_sock_load")]
-pub static SOCK_LOAD: SkStorage<SockLoad> = SkStorage::new();
 
 /// Per-CPU state of the programs' random number generator (see `rng`); not pinned: a new state
 /// per load is as good as the old one.
