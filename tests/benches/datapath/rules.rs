@@ -16,7 +16,7 @@ pub fn vip(index: usize) -> IpAddr {
 
 /// Services per `nft -f` transaction: one transaction of every chain costs the kernel's
 /// validation far more than batches of this size.
-const NFT_BATCH: usize = 5000;
+const NFT_BATCH: usize = 1000;
 
 /// kube-proxy's iptables mode for `count` services of one TCP port each over `backends`.
 pub fn load_iptables(netns: &str, count: usize, backends: &[SocketAddr]) {
