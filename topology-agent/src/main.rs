@@ -131,6 +131,11 @@ struct RunArgs {
     /// (`/debug/plan`) is served on the loopback at the same port only.
     #[arg(long, value_parser = listen::parse_listen)]
     metrics_addr: Option<SocketAddr>,
+    /// Service ports with /metrics series of their own (7 each), the most used first; the rest
+    /// are summed under `service="other"`. Which ports have series is up to the node's clients
+    /// (a port has them once used), so this bounds the scrape whatever a tenant does.
+    #[arg(long, default_value_t = topology_agent::metrics::DEFAULT_MAX_PORTS)]
+    metrics_max_ports: usize,
     /// Also serve /healthz and /readyz alone on this address, with connections of their own, for
     /// kubelet's probes: a flood of scrapes or idle connections cannot keep them out.
     #[arg(long, value_parser = listen::parse_listen, value_name = "ADDR")]
@@ -384,6 +389,7 @@ fn run_config(args: RunArgs) -> anyhow::Result<RunConfig> {
         fail_open_after: (!args.fail_open_after.is_zero()).then_some(args.fail_open_after),
         load_signal: args.load_signal != LoadSignal::Off,
         measure_all: args.load_signal == LoadSignal::All,
+        metrics_max_ports: args.metrics_max_ports,
         terminate: args.terminate_sockets,
         netns_dirs: args.netns_dirs,
         dns: match args.dns_listen {

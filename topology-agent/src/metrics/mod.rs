@@ -1,29 +1,18 @@
-//! Prometheus metrics of the agent, and the kernel's per-CPU counters exported at scrape time.
+//! Prometheus metrics of the agent, and the kernel's per-CPU counters exported at scrape time
+//! (`kernel`).
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-};
+mod kernel;
 
+use std::{collections::HashMap, sync::Arc};
+
+pub use kernel::DEFAULT_MAX_PORTS;
 use prometheus_client::{
-    collector::Collector,
-    encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric as _},
-    metrics::{
-        counter::{ConstCounter, Counter},
-        family::Family,
-        gauge::{ConstGauge, Gauge},
-        histogram::Histogram,
-    },
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::Registry,
 };
-use topology_common::ServiceCounters;
 
-use crate::{
-    dataplane::{CounterReading, KernelReading, MeasuredBackend},
-    desired::{Locality, ServicePort},
-    dns::DnsMetrics,
-    feedback::metrics::FeedbackMetrics,
-};
+use crate::{dataplane::KernelReading, desired::ServicePort, dns::DnsMetrics, feedback::metrics::FeedbackMetrics};
 
 /// Labels of a map.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -102,7 +91,7 @@ pub struct Metrics {
     pub dns: Arc<DnsMetrics>,
     /// The feedback controller's decisions (`feedback_*`).
     pub feedback: Arc<FeedbackMetrics>,
-    kernel: Arc<KernelCounters>,
+    kernel: Arc<kernel::KernelCounters>,
 }
 
 /// A bucket bound of `topology_agent_event_to_kernel_seconds`: 10 ms.
@@ -135,7 +124,7 @@ impl Default for Metrics {
         let socket_termination_errors = Counter::default();
         let view_current = Gauge::default();
         let node_info = Family::<NodeLabels, Gauge>::default();
-        let kernel = Arc::new(KernelCounters::default());
+        let kernel = Arc::new(kernel::KernelCounters::default());
         registry.register(
             "view_current",
             "1 while the kernel holds the policy of a complete, current view of the cluster (no watch stale, every \
@@ -249,187 +238,26 @@ impl Metrics {
         *self.kernel.baselines.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = baselines;
     }
 
+    /// Sets how many used service ports get series of their own (`--metrics-max-ports`).
+    pub fn set_max_ports(&self, max: usize) {
+        self.kernel.max_ports.store(max, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Sets where the kernel counters are read from at each scrape.
     pub fn set_kernel_source(&self, source: impl Fn() -> KernelReading + Send + 'static) {
         *self.kernel.source.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Box::new(source));
     }
 }
 
-/// Reads the kernel counters.
-type CounterSource = Box<dyn Fn() -> KernelReading + Send>;
-
-/// The kernel's per-CPU counters, summed, read at each scrape.
-#[derive(Default)]
-struct KernelCounters {
-    source: Mutex<Option<CounterSource>>,
-    /// Per port, the share of connections the default policy would keep in this node's zone.
-    baselines: Mutex<HashMap<ServicePort, f64>>,
-}
-
-impl std::fmt::Debug for KernelCounters {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("KernelCounters")
-    }
-}
-
-impl Collector for KernelCounters {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let reading = match &*self.source.lock().unwrap_or_else(std::sync::PoisonError::into_inner) {
-            Some(source) => source(),
-            None => KernelReading::default(),
-        };
-        let services = &reading.services;
-        let labels = |s: &CounterReading| {
-            vec![
-                ("service".to_owned(), s.name.clone()),
-                ("cluster_ip".to_owned(), s.port.vip.to_string()),
-                ("port".to_owned(), s.port.port.to_string()),
-                ("protocol".to_owned(), s.port.protocol.to_string()),
-            ]
-        };
-        {
-            let mut family = encoder.encode_descriptor(
-                "kernel_rewrites",
-                "Connections and datagrams rewritten by the kernel, by the chosen backend's locality",
-                None,
-                prometheus_client::metrics::MetricType::Counter,
-            )?;
-            for service in services.iter() {
-                for locality in Locality::ALL {
-                    let mut set = labels(service);
-                    set.push(("locality".to_owned(), locality.as_str().to_owned()));
-                    let value = service.counters.rewritten[usize::from(locality.class())];
-                    ConstCounter::new(value).encode(family.encode_family(&set)?)?;
-                }
-            }
-        }
-        for (name, help, value) in [
-            (
-                "kernel_refused",
-                "Connections and datagrams refused by the kernel (empty backend set)",
-                (|c: &ServiceCounters| c.refused) as fn(&ServiceCounters) -> u64,
-            ),
-            ("kernel_errors", "Internal failures counted by the kernel programs", |c| c.errors),
-        ] {
-            let mut family =
-                encoder.encode_descriptor(name, help, None, prometheus_client::metrics::MetricType::Counter)?;
-            for service in services.iter() {
-                ConstCounter::new(value(&service.counters)).encode(family.encode_family(&labels(service))?)?;
-            }
-        }
-        {
-            // Beside each port's rewrites, with the same labels: what the default policy would have
-            // kept in zone, so rate(rewrites) × (1 − this) is the cross-zone traffic it would send.
-            let mut family = encoder.encode_descriptor(
-                "default_policy_in_zone_ratio",
-                "Share of this port's connections the default policy (every usable endpoint equally, no topology) \
-                 would keep in this node's zone",
-                None,
-                prometheus_client::metrics::MetricType::Gauge,
-            )?;
-            let baselines = self.baselines.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            for service in services.iter() {
-                if let Some(share) = baselines.get(&service.port) {
-                    ConstGauge::new(*share).encode(family.encode_family(&labels(service))?)?;
-                }
-            }
-        }
-        for (name, help, value) in [
-            (
-                "kernel_fail_open",
-                "Connections and datagrams to service ports passed through untouched because the agent's heartbeat lapsed",
-                reading.node.fail_open,
-            ),
-            (
-                "kernel_no_storage",
-                "Rewrites whose socket storage could not be allocated (getpeername shows the backend)",
-                reading.node.no_storage,
-            ),
-        ] {
-            let family =
-                encoder.encode_descriptor(name, help, None, prometheus_client::metrics::MetricType::Counter)?;
-            ConstCounter::new(value).encode(family)?;
-        }
-        encode_backend_load(&mut encoder, &reading.backends)?;
-        if let Some(heartbeat) = reading.heartbeat {
-            let family = encoder.encode_descriptor(
-                "kernel_failing_open",
-                "1 while the programs pass every connection through untouched (heartbeat lapsed), else 0",
-                None,
-                prometheus_client::metrics::MetricType::Gauge,
-            )?;
-            ConstGauge::new(i64::from(heartbeat.failing_open())).encode(family)?;
-        }
-        Ok(())
-    }
-}
-
-/// The load signal, per backend (`backend="ip:port"`): what the `sock_ops` program measured of
-/// the TCP connections this node's hooks sent there.
-fn encode_backend_load(encoder: &mut DescriptorEncoder, backends: &[MeasuredBackend]) -> Result<(), std::fmt::Error> {
-    use prometheus_client::metrics::MetricType::{Counter, Gauge};
-    type Field = fn(&MeasuredBackend) -> f64;
-    let families: [(&str, &str, _, Field); 8] = [
-        (
-            "backend_connections_in_flight",
-            "TCP connections from this node to the backend, established and open",
-            Gauge,
-            |m| m.in_flight as f64,
-        ),
-        ("backend_connects", "TCP handshakes this node's hooks started to the backend", Counter, |m| {
-            m.load.connects as f64
-        }),
-        (
-            "backend_connects_refused",
-            "Handshakes to the backend refused (RST) or abandoned before a SYN retransmission",
-            Counter,
-            |m| m.load.refused as f64,
-        ),
-        (
-            "backend_connects_timed_out",
-            "Handshakes to the backend abandoned after a SYN retransmission",
-            Counter,
-            |m| m.load.timed_out as f64,
-        ),
-        (
-            "backend_connections_reset",
-            "Established connections to the backend closed without the FIN exchange",
-            Counter,
-            |m| m.load.reset as f64,
-        ),
-        ("backend_connections_closed", "Established connections to the backend that ended", Counter, |m| {
-            m.load.closed as f64
-        }),
-        ("backend_connection_seconds", "Summed lifetime of the ended connections to the backend", Counter, |m| {
-            m.load.lifetime_us as f64 / 1e6
-        }),
-        (
-            "backend_handshake_seconds",
-            "Summed handshake time of the established connections to the backend",
-            Counter,
-            |m| m.load.handshake_us as f64 / 1e6,
-        ),
-    ];
-    for (name, help, kind, field) in families {
-        let mut family = encoder.encode_descriptor(name, help, None, kind)?;
-        for measured in backends {
-            let labels = [("backend".to_owned(), measured.backend.to_string())];
-            let encoder = family.encode_family(&labels)?;
-            match kind {
-                Counter => ConstCounter::new(field(measured)).encode(encoder)?,
-                _ => ConstGauge::new(field(measured)).encode(encoder)?,
-            }
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
-    use topology_common::NodeCounters;
+    use topology_common::{NodeCounters, ServiceCounters};
 
     use super::*;
-    use crate::desired::{Protocol, ServicePort};
+    use crate::{
+        dataplane::{CounterReading, MeasuredBackend},
+        desired::{Protocol, ServicePort},
+    };
 
     #[test]
     fn kernel_counters_are_exported_as_counters_with_service_labels() {
