@@ -1,5 +1,7 @@
 //! The `topology-agent` binary: parses the command line and hands each subcommand to the library.
 
+mod uninstall;
+
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use anyhow::{Context as _, bail};
@@ -321,50 +323,17 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Cleanup { pin_path, wait, check, cgroup } => {
             if check {
-                if pin_path.exists() {
-                    bail!("{} still exists: the cleanup has not run or failed", pin_path.display());
+                uninstall::check(&pin_path, cgroup)?;
+            } else {
+                uninstall::clean(&pin_path)?;
+                if wait {
+                    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+                    let shutdown = CancellationToken::new();
+                    runtime.block_on(async {
+                        tokio::spawn(cancel_on_signal(shutdown.clone()));
+                        shutdown.cancelled().await;
+                    });
                 }
-                // A link pinned elsewhere, or held by a process, keeps running without any pin here.
-                let cgroup = match cgroup {
-                    Some(cgroup) => cgroup,
-                    None => topology_agent::mounts::cgroup2_root()?,
-                };
-                let attached = dataplane::attached_programs(&cgroup)
-                    .with_context(|| format!("listing the programs attached to {}", cgroup.display()))?;
-                if !attached.ours.is_empty() {
-                    bail!(
-                        "nothing pinned under {}, but still attached to {}: {}",
-                        pin_path.display(),
-                        cgroup.display(),
-                        attached.ours.join(", ")
-                    );
-                }
-                let unnamed = match attached.unnamed {
-                    0 => String::new(),
-                    n => format!(" ({n} programs attached at the same hooks could not be named without CAP_SYS_ADMIN)"),
-                };
-                println!(
-                    "nothing pinned under {} and none of the agent's programs attached to {}{unnamed}",
-                    pin_path.display(),
-                    cgroup.display()
-                );
-                return Ok(());
-            }
-            let report =
-                dataplane::cleanup(&pin_path).with_context(|| format!("cleaning up {}", pin_path.display()))?;
-            println!(
-                "detached {} programs, removed {} map pins under {}",
-                report.links.len(),
-                report.maps.len(),
-                pin_path.display()
-            );
-            if wait {
-                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-                let shutdown = CancellationToken::new();
-                runtime.block_on(async {
-                    tokio::spawn(cancel_on_signal(shutdown.clone()));
-                    shutdown.cancelled().await;
-                });
             }
         }
     }
