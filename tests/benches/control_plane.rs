@@ -254,6 +254,9 @@ fn print_scale(scale: &Measured) {
     );
 }
 
+/// The mean time between two censuses of the Nodes (drawn in 10–20 minutes).
+const CENSUS_MEAN: Duration = Duration::from_secs(900);
+
 /// The table and `scale:` line of the cluster at Kubernetes' limits.
 fn print_limits(shape: &Shape, steady: &limits::Steady, storm: &[Duration]) {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
@@ -285,15 +288,24 @@ fn print_limits(shape: &Shape, steady: &limits::Steady, storm: &[Duration]) {
         steady.watch_requests
     );
     for (resource, rate) in &steady.bytes_per_s {
-        println!("| bytes/s received from the API: {resource:?} | {:.0} KiB/s | |", rate / 1024.0);
+        println!("| bytes/s received from the API: {resource:?} | {:.1} KiB/s | |", rate / 1024.0);
         if *resource == topology_tests::fake_api::Resource::Nodes && steady.node_events_per_s > 0.0 {
             println!(
-                "| bytes received per Node status report (its metadata; the whole Node is ~15.9 KB) | {:.0} B | |",
+                "| bytes received per Node status report in the cluster (the agent watches its own Node; each \
+                 report's metadata is ~1.8 KB, the whole Node ~15.9 KB) | {:.1} B | |",
                 rate / steady.node_events_per_s
             );
         }
     }
-    let total: f64 = steady.bytes_per_s.iter().map(|(_, rate)| rate).sum();
+    // The census is one list every 10 to 20 minutes: 15 on average.
+    let census_per_s = steady.census_bytes as f64 / CENSUS_MEAN.as_secs_f64();
+    println!(
+        "| the census of the Nodes (every Node's metadata from the watch cache, every 10–20 min), per census / \
+         averaged | {:.1} MB / {:.1} KiB/s | |",
+        steady.census_bytes as f64 / 1e6,
+        census_per_s / 1024.0
+    );
+    let total: f64 = steady.bytes_per_s.iter().map(|(_, rate)| rate).sum::<f64>() + census_per_s;
     let quantile = |q: f64| storm.get(((storm.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or_default();
     println!(
         "| EndpointSlice storm, {STORM_RATE}/s for {} s, the agent's own event → kernel p50 / p99 (its histogram) | {:.2} / {:.2} ms | p99 < 5 ms |",
@@ -359,7 +371,7 @@ async fn sync_and_updates(services: usize, endpoints: usize, updates: usize, cap
     let shutdown = CancellationToken::new();
     let (events, receiver) = EventSender::channel();
     let (started, cpu_before) = (Instant::now(), process_cpu());
-    let source = KubeSource::start(&api.client(), &events, &shutdown);
+    let source = KubeSource::start(&api.client(), Some("node-0"), &events, &shutdown);
     drop(events);
     let controller = Controller::new(
         ControllerConfig::new("node-0"),

@@ -74,7 +74,7 @@ async fn the_initial_list_comes_page_by_page_and_a_relist_whole() {
     }
     let (events, receiver) = EventSender::channel();
     let shutdown = CancellationToken::new();
-    let source = KubeSource::start(&api.client(), &events, &shutdown);
+    let source = KubeSource::start(&api.client(), Some("node-a"), &events, &shutdown);
     drop(events);
     let (receiver, initial) = service_events(receiver, 1).await;
     let shapes: Vec<_> = initial.iter().map(shape).collect();
@@ -108,7 +108,7 @@ async fn a_list_whose_continue_token_expired_starts_over_whole_at_once() {
     api.hold_continues(Resource::Services);
     let (events, receiver) = EventSender::channel();
     let shutdown = CancellationToken::new();
-    let source = KubeSource::start(&api.client(), &events, &shutdown);
+    let source = KubeSource::start(&api.client(), Some("node-a"), &events, &shutdown);
     drop(events);
     let deadline = Instant::now() + Duration::from_secs(10);
     while api.lists(Resource::Services) == 0 {

@@ -1,7 +1,8 @@
 //! The Node watch asks for what the Services read, against the in-process fake API server (no
-//! root): Nodes' metadata (labels) unless some Service uses spillover, whole Nodes (allocatable
-//! CPU, Ready) while one does, switching as Services come and go; and what that saves of the
-//! bytes every kubelet status report costs each agent.
+//! root): this node's own Node and a census of the others unless some Service reads other Nodes'
+//! labels (every Node's metadata) or uses spillover (whole Nodes: allocatable CPU, Ready),
+//! switching as Services come and go; and what each saves of the bytes every kubelet status
+//! report costs each agent.
 
 use std::{
     net::IpAddr,
@@ -10,7 +11,7 @@ use std::{
 
 use tokio_util::sync::CancellationToken;
 use topology_agent::{
-    cluster::{Kind, Node},
+    cluster::{Kind, Node, census::Census},
     source::{EventReceiver, EventSender, Object, SourceEvent, kube::KubeSource},
 };
 use topology_tests::{
@@ -54,23 +55,56 @@ fn whole(nodes: &[Node]) -> bool {
     nodes.iter().all(|n| n.ready && n.allocatable_cpu_millis > 0)
 }
 
+/// The census the agent took next, within 20 s.
+async fn next_census(receiver: EventReceiver) -> (EventReceiver, Option<Census>) {
+    tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if let (_, SourceEvent::Census(census)) = receiver.recv_timeout(left).expect("a census") {
+                return (receiver, census);
+            }
+        }
+    })
+    .await
+    .expect("receiver")
+}
+
 #[tokio::test(flavor = "multi_thread")]
-async fn nodes_are_watched_whole_only_while_a_service_uses_spillover() {
+async fn an_agent_watches_its_own_node_unless_a_service_reads_the_others() {
     let api = FakeApi::start().await;
     (0..NODES).for_each(|n| api.apply(scale::node(n)));
     api.apply(cluster::service("shop", "web", ip("10.96.0.10"), 80, "TCP", "http"));
     let (events, receiver) = EventSender::channel();
     let shutdown = CancellationToken::new();
-    let source = KubeSource::start(&api.client(), &events, &shutdown);
+    let this = scale::node_name(3);
+    let source = KubeSource::start(&api.client(), Some(&this), &events, &shutdown);
     drop(events);
 
+    // No Service reads other Nodes: a census of them first, then this Node's own watch.
+    let (receiver, census) = next_census(receiver).await;
+    let census = census.expect("a census while the agent watches its own Node");
+    assert_eq!(census.nodes(), NODES);
+    assert_eq!(census.rank(&this), (3, NODES));
+    assert!(!census.regions().is_empty() && census.regions().values().all(|r| r == "europe-west1"), "{census:?}");
     let (receiver, nodes) = next_node_list(receiver).await;
-    assert!(nodes.iter().all(|n| !n.ready && n.allocatable_cpu_millis == 0), "metadata only at first");
-    assert!(nodes.iter().all(|n| n.labels.zone().is_some()), "with every label");
-    // What each status report of a kubelet costs: a tenth of the whole Node or less.
+    assert_eq!(nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), [this.as_str()], "this Node alone");
+    assert!(nodes[0].labels.zone().is_some() && nodes[0].allocatable_cpu_millis == 0, "its metadata");
     let heartbeats = api.heartbeats(Duration::from_secs(1));
+    let own_bytes = bytes_over(&api, Duration::from_secs(3)).await;
+
+    // Topology keys on a label only Nodes carry: every Node's metadata, watched.
+    let mut keyed = cluster::service("shop", "keyed", ip("10.96.0.12"), 80, "TCP", "http");
+    cluster::annotate(&mut keyed, "topology-agent.io/topology-keys", "cloud.google.com/gke-nodepool, *");
+    api.apply(keyed);
+    let (receiver, census) = next_census(receiver).await;
+    assert_eq!(census, None, "every Node is watched: no census");
+    let (receiver, nodes) = next_node_list(receiver).await;
+    assert!(nodes.len() == NODES && nodes.iter().all(|n| n.allocatable_cpu_millis == 0), "every Node's metadata");
+    assert!(nodes.iter().all(|n| n.labels.get("cloud.google.com/gke-nodepool").is_some()), "with every label");
     let metadata_bytes = bytes_over(&api, Duration::from_secs(3)).await;
 
+    // Spillover: every Node whole.
     let mut spilling = cluster::service("shop", "spill", ip("10.96.0.11"), 80, "TCP", "http");
     cluster::annotate(&mut spilling, "topology-agent.io/spillover", "capacity");
     api.apply(spilling);
@@ -79,14 +113,22 @@ async fn nodes_are_watched_whole_only_while_a_service_uses_spillover() {
     let whole_bytes = bytes_over(&api, Duration::from_secs(3)).await;
     drop(heartbeats);
     eprintln!(
-        "Node bytes per second at {NODES} status reports/s: metadata {metadata_bytes:.0}, whole {whole_bytes:.0}"
+        "Node bytes per second at {NODES} status reports/s: own Node {own_bytes:.0}, metadata {metadata_bytes:.0}, \
+         whole {whole_bytes:.0}"
     );
     assert!(metadata_bytes * 5.0 < whole_bytes, "metadata {metadata_bytes:.0} B/s, whole {whole_bytes:.0} B/s");
+    assert!(own_bytes * 10.0 < metadata_bytes, "own Node {own_bytes:.0} B/s, metadata {metadata_bytes:.0} B/s");
 
     api.delete(Resource::Services, "shop", "spill");
+    let (receiver, nodes) = next_node_list(receiver).await;
+    assert!(nodes.len() == NODES && nodes.iter().all(|n| n.allocatable_cpu_millis == 0), "back to metadata");
+    api.delete(Resource::Services, "shop", "keyed");
+    let (receiver, census) = next_census(receiver).await;
+    assert_eq!(census.map(|c| c.nodes()), Some(NODES), "a census again");
     let (_receiver, nodes) = next_node_list(receiver).await;
-    assert!(nodes.iter().all(|n| n.allocatable_cpu_millis == 0), "back to metadata once no Service needs more");
-    assert_eq!(api.lists(Resource::Nodes), 3, "one list per change of need");
+    assert_eq!(nodes.len(), 1, "and this Node alone");
+    // Two censuses, and one watch list per change of scope.
+    assert_eq!(api.lists(Resource::Nodes), 2 + 5);
     shutdown.cancel();
     source.join().await;
 }

@@ -37,10 +37,14 @@ fn agents(api: &FakeApi, count: usize, shutdown: &CancellationToken) -> Vec<(Kub
     (0..count)
         .map(|_| {
             let (events, receiver) = EventSender::channel();
-            (KubeSource::start(&api.client(), &events, shutdown), receiver)
+            (KubeSource::start(&api.client(), Some("node-a"), &events, shutdown), receiver)
         })
         .collect()
 }
+
+/// Lists of each kind an agent makes when it starts: the Nodes' are a census of them and a list of
+/// its own Node.
+const FIRST_LISTS: [usize; 3] = [2, 1, 1];
 
 fn lists(api: &FakeApi) -> [usize; 3] {
     KINDS.map(|kind| api.lists(kind))
@@ -63,7 +67,8 @@ async fn a_transient_failure_resumes_the_watch_and_only_410_lists_again() {
     let api = world().await;
     let shutdown = CancellationToken::new();
     let _agents = agents(&api, 1, &shutdown);
-    until("the first lists and watches", Duration::from_secs(10), || lists(&api) == [1; 3] && watches(&api) >= 3).await;
+    until("the first lists and watches", Duration::from_secs(10), || lists(&api) == FIRST_LISTS && watches(&api) >= 3)
+        .await;
     // Rounds of 5 to 10 minutes, drawn for each watch as client-go's reflector draws them: a
     // fleet's watches do not come back in step.
     let rounds: Vec<u64> = api.watch_timeouts().into_iter().map(|t| t.expect("timeoutSeconds")).collect();
@@ -80,7 +85,7 @@ async fn a_transient_failure_resumes_the_watch_and_only_410_lists_again() {
     api.set_down(false);
     let before = watches(&api);
     until("the watches back", Duration::from_secs(45), || watches(&api) >= before + 3).await;
-    assert_eq!(lists(&api), [1; 3], "no relist for a reset or a 503");
+    assert_eq!(lists(&api), FIRST_LISTS, "no relist for a reset or a 503");
 
     // What the watches resumed from was compacted away: 410 Gone, then a list of each kind.
     api.set_down(true);
@@ -106,7 +111,7 @@ async fn a_throttled_watch_waits_what_retry_after_asks() {
     let asked = api.request_times().into_iter().filter(|at| *at > started).count();
     // Per kind: the attempt the abort caused, then one 5 s later at the earliest.
     assert!(asked <= 6, "{asked} requests in 8 s while every watch was told to retry after 5 s");
-    assert_eq!(lists(&api), [1; 3], "a 429 is transient: no relist");
+    assert_eq!(lists(&api), FIRST_LISTS, "a 429 is transient: no relist");
     shutdown.cancel();
 }
 
@@ -157,7 +162,8 @@ async fn stale_reasons(receiver: EventReceiver, within: Duration) -> (EventRecei
 async fn one_agent(api: &FakeApi) -> (CancellationToken, KubeSource, EventReceiver) {
     let shutdown = CancellationToken::new();
     let (source, receiver) = agents(api, 1, &shutdown).pop().expect("an agent");
-    until("the first lists and watches", Duration::from_secs(10), || lists(api) == [1; 3] && watches(api) >= 3).await;
+    until("the first lists and watches", Duration::from_secs(10), || lists(api) == FIRST_LISTS && watches(api) >= 3)
+        .await;
     (shutdown, source, receiver)
 }
 
@@ -196,12 +202,13 @@ async fn a_watch_that_never_opens_or_ends_in_an_error_event_is_resumed() {
     let before = watches(&api);
     api.error_watches(500);
     until("the watches resumed after the ERROR", Duration::from_secs(45), || watches(&api) >= before + 3).await;
-    assert_eq!(lists(&api), [1; 3], "no relist for a hung open or an in-stream 500");
+    assert_eq!(lists(&api), FIRST_LISTS, "no relist for a hung open or an in-stream 500");
     let (receiver, reasons) = stale_reasons(receiver, Duration::from_millis(200)).await;
     assert!(reasons.iter().any(|r| r.contains("HTTP 500 InternalError")), "{reasons:?}");
     tokio::time::sleep(Duration::from_millis(500)).await;
     api.error_watches(410);
-    until("a relist after an in-stream 410", Duration::from_secs(45), || lists(&api) == [2; 3]).await;
+    until("a relist after an in-stream 410", Duration::from_secs(45), || lists(&api) == FIRST_LISTS.map(|n| n + 1))
+        .await;
     drop((source, receiver));
     shutdown.cancel();
 }

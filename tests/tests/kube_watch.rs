@@ -36,7 +36,7 @@ impl Harness {
         let shutdown = CancellationToken::new();
         let client = api.client();
         let (events, receiver) = EventSender::channel();
-        let source = KubeSource::start(&client, &events, &shutdown);
+        let source = KubeSource::start(&client, Some(node), &events, &shutdown);
         let kernel = MemoryKernel::default();
         let health = Arc::new(Health::default());
         let (sink, _) = KubeEvents::start(client, node);
@@ -169,15 +169,35 @@ async fn adds_updates_and_deletes_of_every_kind_reach_the_desired_state() {
     api.delete(Resource::EndpointSlices, "default", "web-2");
     harness.wait_for("no endpoints: refuse", |d| backends(d, "10.96.0.10") == set(&[])).await;
 
-    // Node: a topology key on zones; moving node-b into zone-a makes its endpoint close.
+    // This Node: a topology key on zones, the endpoints' zones as the EndpointSlice controller
+    // writes them; moving this node into zone-b makes node-b's endpoint close.
     let mut web = cluster::service("default", "web", ip("10.96.0.10"), 80, "TCP", "http");
     cluster::annotate(&mut web, "topology-agent.io/topology-keys", "topology.kubernetes.io/zone");
     api.apply(web);
-    api.apply(web_slice(&[("10.1.0.2", "node-b")]));
+    let mut on_b = EndpointSpec::new(ip("10.1.0.2"), "node-b");
+    on_b.zone = Some("zone-b".into());
+    api.apply(cluster::slice("default", "web-1", "web", "http", 8080, "TCP", &[on_b]));
     harness.wait_for("the hard zone key refuses", |d| backends(d, "10.96.0.10") == set(&[])).await;
-    api.apply(cluster::node("node-b", "zone-a", None, "4"));
-    harness.wait_for("the node's new zone", |d| backends(d, "10.96.0.10") == set(&["10.1.0.2"])).await;
-    api.apply(cluster::node("node-c", "zone-a", None, "4"));
+    api.apply(cluster::node("node-a", "zone-b", None, "4"));
+    harness.wait_for("this node's new zone", |d| backends(d, "10.96.0.10") == set(&["10.1.0.2"])).await;
+
+    // Other Nodes, watched while a topology key names a label only Nodes carry: node-b labelled
+    // into this node's rack makes its endpoint close, its deletion far again.
+    let racked = |name: &str, rack: Option<&str>| {
+        let mut node = cluster::node(name, "zone-b", None, "4");
+        if let Some(rack) = rack {
+            node["metadata"]["labels"]["example.com/rack"] = rack.into();
+        }
+        node
+    };
+    api.apply(racked("node-a", Some("r1")));
+    let mut web = cluster::service("default", "web", ip("10.96.0.10"), 80, "TCP", "http");
+    cluster::annotate(&mut web, "topology-agent.io/topology-keys", "example.com/rack");
+    api.apply(web);
+    harness.wait_for("node-b in no rack", |d| backends(d, "10.96.0.10") == set(&[])).await;
+    api.apply(racked("node-b", Some("r1")));
+    harness.wait_for("node-b in this node's rack", |d| backends(d, "10.96.0.10") == set(&["10.1.0.2"])).await;
+    api.apply(racked("node-c", Some("r1")));
     api.delete(Resource::Nodes, "", "node-b");
     harness.wait_for("the node deletion", |d| backends(d, "10.96.0.10") == set(&[])).await;
 }
@@ -384,7 +404,7 @@ async fn received(receiver: EventReceiver, count: usize, within: Duration) -> (E
         let mut events = Vec::new();
         while events.len() < count {
             match receiver.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                Ok((_, SourceEvent::Fresh { .. } | SourceEvent::Stale { .. })) => {}
+                Ok((_, SourceEvent::Fresh { .. } | SourceEvent::Stale { .. } | SourceEvent::Census(_))) => {}
                 Ok((_, event)) => events.push(event),
                 Err(_) => break,
             }
@@ -403,7 +423,7 @@ async fn node_heartbeats_stop_at_the_watch_and_a_label_change_does_not() {
     }
     let (events, receiver) = EventSender::channel();
     let shutdown = CancellationToken::new();
-    let source = KubeSource::start(&api.client(), &events, &shutdown);
+    let source = KubeSource::start(&api.client(), None, &events, &shutdown);
     drop(events);
     // Each kind's initial list: its start, then its one page as the replacement.
     let (receiver, lists) = received(receiver, 6, Duration::from_secs(10)).await;

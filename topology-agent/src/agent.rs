@@ -230,7 +230,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
         }
         SourceConfig::Kubernetes { kubeconfig } => {
             let client = crate::source::kube::client(kubeconfig.as_deref()).await?;
-            kube_source = Some(KubeSource::start(&client, &events, &shutdown));
+            kube_source = Some(KubeSource::start(&client, Some(&config.node), &events, &shutdown));
             let (sink, _task) = KubeEvents::start(client, &config.node);
             Box::new(sink)
         }

@@ -35,6 +35,9 @@ pub struct Steady {
     pub cpu_pct: f64,
     /// Bytes per second the API sent, per resource, over the window.
     pub bytes_per_s: Vec<(Resource, f64)>,
+    /// Bytes of Nodes the API sent before the agent was ready: its census of the Nodes (every
+    /// Node's metadata) and the list of its own Node.
+    pub census_bytes: u64,
     /// Node watch events per second over the window.
     pub node_events_per_s: f64,
     /// Watch requests the agent made (every kind) during the window (the first three, one per
@@ -74,6 +77,7 @@ pub async fn steady(shape: Shape, rate: usize, storm: Duration) -> Steady {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let ready = started.elapsed();
+    let census_bytes = api.bytes_sent(Resource::Nodes);
     tokio::time::sleep(SETTLE).await;
 
     let sent = || RESOURCES.map(|r| api.bytes_sent(r));
@@ -95,6 +99,7 @@ pub async fn steady(shape: Shape, rate: usize, storm: Duration) -> Steady {
         usage,
         cpu_pct: (usage.cpu - usage_before.cpu).as_secs_f64() / seconds * 100.0,
         bytes_per_s: RESOURCES.iter().enumerate().map(|(i, r)| (*r, (after[i] - before[i]) as f64 / seconds)).collect(),
+        census_bytes,
         node_events_per_s,
         watch_requests,
         recomputed: recomputed_after - recomputed_before,

@@ -125,7 +125,7 @@ pub async fn in_process(shape: Shape, rate: usize, duration: Duration) -> Vec<Du
     let applied: Applied = Arc::default();
     let shutdown = CancellationToken::new();
     let (events, receiver) = EventSender::channel();
-    let source = KubeSource::start(&api.client(), &events, &shutdown);
+    let source = KubeSource::start(&api.client(), Some(&scale::node_name(0)), &events, &shutdown);
     drop(events);
     let controller = Controller::new(
         ControllerConfig::new(scale::node_name(0)),

@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 
 use super::{
     Resource,
+    fields::Fields,
     server::{Body, Server, Shape, bytes_response, json_response, status},
     store::Name,
 };
@@ -57,6 +58,10 @@ impl Server {
             Ok(read) => read,
             Err(refusal) => return *refusal,
         };
+        let fields = match Fields::parse(query.get("fieldSelector").map(String::as_str)) {
+            Ok(fields) => fields,
+            Err(refusal) => return *refusal,
+        };
         let (version, after, limit) = match read {
             Read::At { version, after, limit } => (version, after, limit),
             Read::Cache { min, limit } => match self.cache_at_least(min).await {
@@ -72,7 +77,7 @@ impl Server {
             let current = store.resource_version;
             return too_large(version, current);
         }
-        let Some(page) = store.page_at(resource, version, after.as_ref(), limit) else {
+        let Some(page) = store.page_at(resource, version, (after.as_ref(), limit), &fields) else {
             return match after {
                 Some((namespace, name)) => expired_continue(&format!("0~{namespace}~{name}")),
                 None => {

@@ -3,11 +3,13 @@
 //! never from what the agent expects: lists as snapshots with expiring continue tokens and the
 //! `resourceVersion` / `resourceVersionMatch` semantics, watches with synthetic ADDED events,
 //! bookmarks at the real cadence, in-stream ERROR events and 410 Gone after compaction, a lagging
-//! watch cache (504 `ResourceVersionTooLarge`), Events validated as `events.k8s.io/v1` does; and
+//! watch cache (504 `ResourceVersionTooLarge`), `metadata.name` / `metadata.namespace` field
+//! selectors, Events validated as `events.k8s.io/v1` does; and
 //! failures on demand (outages, refusals, 429 with `Retry-After`, aborted, stalled and hung
 //! watches, held lists).
 
 mod events;
+mod fields;
 mod heartbeat;
 mod list;
 mod server;

@@ -12,7 +12,7 @@ use std::{
 use hyper::body::Bytes;
 use serde_json::Value;
 
-use super::{Resource, server};
+use super::{Resource, fields::Fields, server};
 
 /// The history kept per resource for watches to resume from, in serialized bytes; past it the
 /// oldest half is compacted away (a watch resuming from there gets 410 Gone), as the API server's
@@ -154,21 +154,39 @@ impl Store {
         self.cache_at.unwrap_or(self.resource_version)
     }
 
-    /// The watch event lines of `resource` after resourceVersion `after` up to `upto`; `None`
-    /// when some were compacted away.
-    pub(super) fn events_after(&self, resource: Resource, after: u64, upto: u64) -> Option<Vec<Bytes>> {
+    /// The watch event lines of `resource` after resourceVersion `after` up to `upto`, of the
+    /// objects `fields` selects; `None` when some were compacted away.
+    pub(super) fn events_after(
+        &self,
+        resource: Resource,
+        after: u64,
+        upto: u64,
+        fields: &Fields,
+    ) -> Option<Vec<Bytes>> {
         if after < self.compacted(resource) {
             return None;
         }
         let Some(history) = self.history.get(&resource) else { return Some(Vec::new()) };
         let first = history.changes.partition_point(|c| c.version <= after);
         let last = history.changes.partition_point(|c| c.version <= upto);
-        Some(history.changes[first..last.max(first)].iter().map(|change| change.line.clone()).collect())
+        let changes = history.changes[first..last.max(first)].iter();
+        Some(
+            changes
+                .filter(|change| fields.selects(&change.name.0, &change.name.1))
+                .map(|change| change.line.clone())
+                .collect(),
+        )
     }
 
-    /// `resource`'s objects as they were at `version`, in key order, starting after `after`, at
-    /// most `limit`; `None` when that version was compacted away.
-    pub(super) fn page_at(&self, resource: Resource, version: u64, after: Option<&Name>, limit: usize) -> Option<Page> {
+    /// `resource`'s objects that `fields` selects as they were at `version`, in key order,
+    /// starting after `after`, at most `limit`; `None` when that version was compacted away.
+    pub(super) fn page_at(
+        &self,
+        resource: Resource,
+        version: u64,
+        (after, limit): (Option<&Name>, usize),
+        fields: &Fields,
+    ) -> Option<Page> {
         if version < self.compacted(resource) {
             return None;
         }
@@ -213,6 +231,7 @@ impl Store {
             Some((name, json))
         })
         .filter_map(|(name, json)| Some((name, json?)))
+        .filter(|((namespace, name), _)| fields.selects(namespace, name))
         .peekable();
         let (mut items, mut last) = (Vec::new(), None);
         while items.len() < limit

@@ -280,3 +280,34 @@ async fn metadata_is_served_as_partial_object_metadata() {
     let Some(WatchEvent::Added(object)) = event else { panic!("{event:?}") };
     assert_eq!(object.metadata.name.as_deref(), Some("svc-3"));
 }
+
+#[tokio::test]
+async fn field_selectors_narrow_lists_pages_and_watches() {
+    let api = world(5).await;
+    let one = ListParams::default().fields("metadata.name=svc-3");
+    assert_eq!(names(&services(&api).list(&one).await.unwrap()), ["svc-3"]);
+    // A limit counts selected objects: the page is full of them, not of what was passed over.
+    let others = ListParams::default().fields("metadata.namespace=fidelity,metadata.name!=svc-1").limit(2);
+    let page = services(&api).list(&others).await.unwrap();
+    assert_eq!(names(&page), ["svc-2", "svc-3"]);
+    let refused = api_error(services(&api).list(&ListParams::default().fields("spec.clusterIP=10.96.0.1")).await);
+    assert_eq!((refused.code, refused.message.as_str()), (400, "field label not supported: spec.clusterIP"));
+
+    let version = page.metadata.resource_version.clone().unwrap();
+    let params = WatchParams::default().fields("metadata.name=svc-3").timeout(5);
+    let stream = services(&api).watch(&params, &version).await.unwrap();
+    api.apply(service(2));
+    api.apply(service(3));
+    api.delete(Resource::Services, "fidelity", "svc-3");
+    let seen: Vec<String> = stream
+        .take(2)
+        .map_ok(|event| match event {
+            WatchEvent::Modified(o) => format!("MODIFIED {}", o.metadata.name.unwrap_or_default()),
+            WatchEvent::Deleted(o) => format!("DELETED {}", o.metadata.name.unwrap_or_default()),
+            other => format!("{other:?}"),
+        })
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(seen, ["MODIFIED svc-3", "DELETED svc-3"], "svc-2's change is not in this watch");
+}

@@ -21,6 +21,7 @@ use tokio::time::Instant;
 
 use super::{
     Resource,
+    fields::Fields,
     server::{Body, Server, Shape, event, status},
 };
 
@@ -29,6 +30,10 @@ const DEFAULT_TIMEOUT_S: u64 = 1800;
 
 impl Server {
     pub(super) fn watch(&self, resource: Resource, query: &HashMap<String, String>, shape: Shape) -> Response<Body> {
+        let fields = match Fields::parse(query.get("fieldSelector").map(String::as_str)) {
+            Ok(fields) => fields,
+            Err(refusal) => return *refusal,
+        };
         let asked = query.get("resourceVersion").map(String::as_str).filter(|v| !v.is_empty());
         let bookmarks = query.get("allowWatchBookmarks").is_some_and(|b| b == "true");
         let timeout = query
@@ -52,7 +57,7 @@ impl Server {
             };
             match start {
                 Some(version) => {
-                    let page = store.page_at(resource, version, None, usize::MAX).map(|page| page.items);
+                    let page = store.page_at(resource, version, (None, usize::MAX), &fields).map(|page| page.items);
                     (page.unwrap_or_default(), version)
                 }
                 None => (Vec::new(), asked.and_then(|v| v.parse().ok()).unwrap_or(0)),
@@ -85,7 +90,7 @@ impl Server {
                 let pending = {
                     let store = store.lock().expect("store");
                     let upto = store.cache_version();
-                    let events = store.events_after(resource, sent, upto);
+                    let events = store.events_after(resource, sent, upto, &fields);
                     sent = sent.max(upto);
                     events
                 };

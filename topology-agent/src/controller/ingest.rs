@@ -91,6 +91,12 @@ impl Intake {
             SourceEvent::Stale { source, reason, transient: false } => to.ctx.health.set_stale(&source, Some(reason)),
             SourceEvent::Stale { source, reason, transient: true } => to.ctx.health.set_watch_failing(&source, reason),
             SourceEvent::Fresh { source } => to.ctx.health.set_stale(&source, None),
+            SourceEvent::Census(census) => {
+                // A zone's region moves the locality of its endpoints for every Service.
+                if self.state.set_census(census) {
+                    self.everything_dirty = true;
+                }
+            }
         }
     }
 

@@ -77,11 +77,20 @@ pub struct KubeSource {
 }
 
 impl KubeSource {
-    /// Starts the watchers; they run until `shutdown`.
-    pub fn start(client: &Client, events: &EventSender, shutdown: &CancellationToken) -> Self {
+    /// Starts the watchers of node `node`'s agent (`None`: of every Node alike, as `explain` reads
+    /// them); they run until `shutdown`.
+    pub fn start(client: &Client, node: Option<&str>, events: &EventSender, shutdown: &CancellationToken) -> Self {
         let (service_events, need) = super::nodes::services_tap(events);
+        let reading = super::nodes::Reading { convert: self::node, identify: id_of };
         let tasks = vec![
-            tokio::spawn(super::nodes::run(client.clone(), node, id_of, events.clone(), need, shutdown.clone())),
+            tokio::spawn(super::nodes::run(
+                client.clone(),
+                node.map(str::to_owned),
+                reading,
+                events.clone(),
+                need,
+                shutdown.clone(),
+            )),
             tokio::spawn(reflector::run(
                 Watched {
                     api: Api::<ServiceView>::all(client.clone()),
@@ -89,6 +98,7 @@ impl KubeSource {
                     convert: service,
                     identify: id_of,
                     metadata_only: false,
+                    fields: None,
                     listed: false,
                 },
                 service_events,
@@ -101,6 +111,7 @@ impl KubeSource {
                     convert: endpoint_slice,
                     identify: id_of,
                     metadata_only: false,
+                    fields: None,
                     listed: false,
                 },
                 events.clone(),
@@ -146,7 +157,7 @@ pub enum SnapshotError {
 pub async fn snapshot(client: &Client, within: Duration) -> Result<(ClusterState, Vec<Invalid>), SnapshotError> {
     let (events, receiver) = EventSender::channel();
     let shutdown = CancellationToken::new();
-    let source = KubeSource::start(client, &events, &shutdown);
+    let source = KubeSource::start(client, None, &events, &shutdown);
     drop(events);
     let collected = tokio::task::spawn_blocking(move || collect(&receiver, within)).await;
     shutdown.cancel();
@@ -178,7 +189,8 @@ fn collect(receiver: &EventReceiver, within: Duration) -> Result<(ClusterState, 
             SourceEvent::Delete(id) => remove(&mut state, &id),
             SourceEvent::Invalid(invalid) => skipped.push(invalid),
             SourceEvent::Stale { source, reason, .. } => return Err(SnapshotError::List { watch: source, reason }),
-            SourceEvent::Listing(_) | SourceEvent::Snapshot(_) | SourceEvent::Fresh { .. } => {}
+            SourceEvent::Listing(_) | SourceEvent::Snapshot(_) | SourceEvent::Fresh { .. } | SourceEvent::Census(_) => {
+            }
         }
     }
     Ok((state, skipped))

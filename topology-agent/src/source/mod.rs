@@ -1,6 +1,7 @@
 //! Sources of cluster objects: a YAML file, or Kubernetes watches. They never compute; they turn
 //! what they see into [`SourceEvent`]s for the controller, stamped with when they were seen.
 
+mod census;
 pub mod file;
 pub mod kube;
 mod nodes;
@@ -9,7 +10,7 @@ pub mod reflector;
 
 use std::{fmt, sync::mpsc, time::Instant};
 
-use crate::cluster::{ClusterState, EndpointSlice, Kind, Node, ObjectError, ObjectKey, Service};
+use crate::cluster::{ClusterState, EndpointSlice, Kind, Node, ObjectError, ObjectKey, Service, census::Census};
 
 /// A usable object.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -122,6 +123,8 @@ pub enum SourceEvent {
         /// counts as stale only once it has lasted the health's grace.
         transient: bool,
     },
+    /// What is known of the Nodes not watched (`None`: every Node is watched).
+    Census(Option<Census>),
     /// The source's view is current again.
     Fresh {
         /// Which source.

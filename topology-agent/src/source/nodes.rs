@@ -1,16 +1,24 @@
 //! Which part of the Nodes the agent watches: only what the Services it serves read.
 //!
-//! Routing reads a Node's labels (zone, region, hostname, any topology key); only capacity-aware
-//! spillover reads more — `status.allocatable.cpu` and the Ready condition, for the demand of each
-//! zone. A Node's status is most of its bytes (the images a kubelet lists) and changes with every
-//! status report of every kubelet, so the Node watch asks for `PartialObjectMetadata` unless some
-//! Service asks for spillover, and for whole Nodes while one does. The Services' own watch says
-//! which: a tap on it keeps the set of Services with the spillover annotation, and the Node watch
-//! starts once the Services are listed and starts over (a relist, sent whole) when the need
-//! changes.
+//! A Node's status is most of its bytes (the images a kubelet lists) and changes with every
+//! status report of every kubelet; even its metadata changes with each (managedFields carry the
+//! report's time), so at 5,000 Nodes every agent watching every Node's metadata received every
+//! report: 0.9 MB/s each. What routing reads of the other Nodes comes mostly from elsewhere: an
+//! endpoint's zone and node name are in its EndpointSlice. So the scope follows the Services:
+//! - [`Scope::ThisNode`], the default: this Node alone (a field selector), and the others from a
+//!   census — a list of every Node's metadata from the API server's watch cache every 10 to 20
+//!   minutes — for the region of each zone and this agent's share of the cluster-wide Events;
+//! - [`Scope::Labels`] while some Service's topology keys name another Node label: every Node's
+//!   metadata, watched;
+//! - [`Scope::Whole`] while some Service uses capacity spillover: every Node whole, for the
+//!   allocatable CPU and readiness of each zone.
+//!
+//! The Services' own watch says which: a tap on it keeps the Services of each need, and the Node
+//! watch starts once the Services are listed and starts over (a relist, sent whole) when the
+//! scope changes.
 
 use std::{
-    collections::HashSet,
+    collections::HashMap,
     sync::{Arc, Mutex},
 };
 
@@ -19,21 +27,45 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    EventSender, Object, ObjectId, SourceEvent,
+    EventSender, Object, ObjectId, SourceEvent, census,
     reflector::{self, Convert, Identify, Watched},
 };
-use crate::cluster::{Kind, ObjectKey, convert::NodeView};
+use crate::cluster::{Kind, ObjectKey, Service, convert::NodeView};
 
-/// Whether whole Nodes are needed: `None` until the Services are listed.
-pub type Need = watch::Receiver<Option<bool>>;
+/// How much of the Nodes the Services need.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Scope {
+    /// This Node, and a census of the others.
+    ThisNode,
+    /// Every Node's metadata.
+    Labels,
+    /// Every Node whole.
+    Whole,
+}
 
-/// The Services that read the Nodes' status, as the Service watch passes them on.
+impl Scope {
+    /// What `service` needs.
+    fn of(service: &Service) -> Self {
+        if service.depends_on_demand() {
+            Self::Whole
+        } else if service.reads_node_labels() {
+            Self::Labels
+        } else {
+            Self::ThisNode
+        }
+    }
+}
+
+/// The scope the Services need: `None` until they are listed.
+pub type Need = watch::Receiver<Option<Scope>>;
+
+/// The Services that need more than this Node, by what they need, as the Service watch passes
+/// them on.
 #[derive(Default)]
 struct Readers {
-    /// Services whose spillover needs the demand of each zone.
-    now: HashSet<ObjectKey>,
+    now: HashMap<ObjectKey, Scope>,
     /// Those of the list in progress.
-    listing: HashSet<ObjectKey>,
+    listing: HashMap<ObjectKey, Scope>,
     /// A list of Services completed.
     listed: bool,
 }
@@ -41,7 +73,9 @@ struct Readers {
 impl Readers {
     fn see(&mut self, event: &SourceEvent) {
         let reads = |object: &Object| match object {
-            Object::Service(service) if service.depends_on_demand() => Some(service.key.clone()),
+            Object::Service(service) => {
+                Some((service.key.clone(), Scope::of(service))).filter(|(_, scope)| *scope != Scope::ThisNode)
+            }
             _ => None,
         };
         match event {
@@ -56,7 +90,7 @@ impl Readers {
             }
             SourceEvent::Apply(object @ Object::Service(service)) => {
                 match reads(object) {
-                    Some(key) => self.now.insert(key),
+                    Some((key, scope)) => self.now.insert(key, scope),
                     None => self.now.remove(&service.key),
                 };
             }
@@ -67,8 +101,8 @@ impl Readers {
         }
     }
 
-    fn need(&self) -> Option<bool> {
-        self.listed.then_some(!self.now.is_empty())
+    fn need(&self) -> Option<Scope> {
+        self.listed.then(|| self.now.values().copied().max().unwrap_or(Scope::ThisNode))
     }
 }
 
@@ -88,38 +122,67 @@ pub fn services_tap(events: &EventSender) -> (EventSender, Need) {
     (events.tapped(tap), watched)
 }
 
-/// The Node watch, of metadata or whole Nodes as `need` says, until `shutdown`.
+/// How the Node watch reads the Nodes.
+#[derive(Clone, Copy)]
+pub struct Reading {
+    /// Node to model object.
+    pub convert: Convert<NodeView>,
+    /// A deleted Node's identity.
+    pub identify: Identify<NodeView>,
+}
+
+/// The Node watch of node `node`'s agent (`None`: of no node's, every Node is read), of the scope
+/// `need` says, until `shutdown`.
 pub async fn run(
     client: Client,
-    convert: Convert<NodeView>,
-    identify: Identify<NodeView>,
+    node: Option<String>,
+    reading: Reading,
     events: EventSender,
     mut need: Need,
     shutdown: CancellationToken,
 ) {
-    let mut listed = false;
+    let (mut listed, mut censused) = (false, false);
+    let floor = |scope: Option<Scope>| match (&node, scope) {
+        (None, Some(scope)) => Some(scope.max(Scope::Labels)),
+        (_, scope) => scope,
+    };
     loop {
-        let whole = loop {
-            if let Some(whole) = *need.borrow_and_update() {
-                break whole;
+        let scope = loop {
+            if let Some(scope) = floor(*need.borrow_and_update()) {
+                break scope;
             }
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 changed = need.changed() => if changed.is_err() { return },
             }
         };
-        tracing::info!(
-            whole,
-            "watching Nodes {}",
-            if whole { "whole (a Service uses spillover)" } else { "as metadata" }
-        );
+        tracing::info!(scope = ?scope, "watching Nodes {}", match scope {
+            Scope::ThisNode => "of this node alone (a census of the others every 10-20 min)",
+            Scope::Labels => "as metadata (a Service's topology keys name another Node label)",
+            Scope::Whole => "whole (a Service uses spillover)",
+        });
         let round = shutdown.child_token();
+        let census = if scope == Scope::ThisNode {
+            // The census comes first: until it is in, this agent's share of the Events is unknown.
+            if census::take(&client, &events, &round).await.is_none() {
+                return;
+            }
+            censused = true;
+            Some(tokio::spawn(census::every(client.clone(), events.clone(), round.clone())))
+        } else {
+            // Every Node is watched now: the census is void.
+            if std::mem::take(&mut censused) && !events.send(SourceEvent::Census(None)) {
+                return;
+            }
+            None
+        };
         let watched = Watched {
             api: Api::<NodeView>::all(client.clone()),
             kind: Kind::Node,
-            convert,
-            identify,
-            metadata_only: !whole,
+            convert: reading.convert,
+            identify: reading.identify,
+            metadata_only: scope != Scope::Whole,
+            fields: node.as_ref().filter(|_| scope == Scope::ThisNode).map(|node| format!("metadata.name={node}")),
             listed,
         };
         let task = reflector::run(watched, events.clone(), round.clone());
@@ -131,7 +194,7 @@ pub async fn run(
                     if changed.is_err() {
                         return;
                     }
-                    if *need.borrow() != Some(whole) {
+                    if floor(*need.borrow()) != Some(scope) {
                         break;
                     }
                 }
@@ -139,6 +202,9 @@ pub async fn run(
         }
         round.cancel();
         task.await;
+        if let Some(census) = census {
+            let _ = census.await;
+        }
         listed = true;
     }
 }

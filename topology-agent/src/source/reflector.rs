@@ -129,18 +129,18 @@ impl Failure {
 }
 
 /// The wait between attempts: exponential, full jitter, reset after a quiet [`BACKOFF_RESET`].
-struct Backoff {
+pub(super) struct Backoff {
     ceiling: Duration,
     last_failure: Option<Instant>,
 }
 
 impl Backoff {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         Self { ceiling: FIRST_BACKOFF, last_failure: None }
     }
 
     /// The wait before the next attempt after a failure now, at least `retry_after`.
-    fn next(&mut self, retry_after: Option<Duration>) -> Duration {
+    pub(super) fn next(&mut self, retry_after: Option<Duration>) -> Duration {
         if self.last_failure.is_some_and(|at| at.elapsed() >= BACKOFF_RESET) {
             self.ceiling = FIRST_BACKOFF;
         }
@@ -164,6 +164,9 @@ pub struct Watched<K> {
     /// Ask for `PartialObjectMetadata` (the objects' metadata only, decoded as `K` without the
     /// rest): a fraction of the bytes where the rest is large and changes often.
     pub metadata_only: bool,
+    /// A field selector (`metadata.name=node-a`): only the objects it selects are listed and
+    /// watched.
+    pub fields: Option<String>,
     /// The model already holds a complete list of this kind (the watch is restarted with other
     /// options): lists are sent whole, never page by page.
     pub listed: bool,
@@ -174,7 +177,7 @@ pub async fn run<K>(watched: Watched<K>, events: EventSender, shutdown: Cancella
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
-    let Watched { api, kind, convert, identify, metadata_only, listed } = watched;
+    let Watched { api, kind, convert, identify, metadata_only, fields, listed } = watched;
     let source = format!("{kind} watch");
     let mut backoff = Backoff::new();
     let mut reflector = Reflector {
@@ -188,6 +191,7 @@ where
         version: None,
         listed,
         metadata_only,
+        fields,
     };
     let mut next = Next::ConsistentRelist;
     loop {
@@ -226,6 +230,8 @@ struct Reflector<'a, K: Resource> {
     listed: bool,
     /// Objects are asked for as `PartialObjectMetadata`.
     metadata_only: bool,
+    /// The field selector of every list and watch.
+    fields: Option<String>,
 }
 
 impl<K> Reflector<'_, K>
@@ -251,7 +257,10 @@ where
         let mut confirm = Some(Instant::now() + CONFIRM);
         loop {
             let round = MIN_WATCH_TIMEOUT_S + rand::random_range(0..MIN_WATCH_TIMEOUT_S);
-            let params = WatchParams::default().timeout(round);
+            let mut params = WatchParams::default().timeout(round);
+            if let Some(fields) = &self.fields {
+                params = params.fields(fields);
+            }
             let stream = match tokio::time::timeout(WATCH_OPEN, self.watch(&params, &version)).await {
                 Ok(Ok(stream)) => stream,
                 Ok(Err(error)) => return Ended::Failed(Failure::of(self.kind, &error)),
@@ -362,6 +371,9 @@ where
         let (mut listed, mut skipped) = (0, 0);
         let convert = self.convert;
         let mut params = ListParams::default().limit(PAGE);
+        if let Some(fields) = &self.fields {
+            params = params.fields(fields);
+        }
         if let Some(version) = &from_cache {
             params = params.at(version).matching(VersionMatch::NotOlderThan);
         }

@@ -2,6 +2,7 @@
 //! from Kubernetes watches, indexed in one state the policy reads.
 
 pub mod bounds;
+pub mod census;
 pub mod convert;
 pub mod demand;
 pub mod labels;

@@ -222,6 +222,16 @@ impl Service {
     pub fn depends_on_demand(&self) -> bool {
         self.agent_annotations.contains_key(ANNOTATION_SPILLOVER)
     }
+
+    /// The Service's topology keys name a Node label other than the zone, the hostname and the
+    /// region, so its decision reads the labels of every Node (the others come with the
+    /// EndpointSlices, and the region of each zone with a census of the Nodes).
+    pub fn reads_node_labels(&self) -> bool {
+        self.topology_keys
+            .iter()
+            .flat_map(|spec| &spec.keys)
+            .any(|key| !matches!(key.trim(), "*" | LABEL_ZONE | LABEL_HOSTNAME | LABEL_REGION))
+    }
 }
 
 /// Where topology keys came from, and their raw entries.

@@ -7,6 +7,7 @@ use std::{
 };
 
 use super::{
+    census::Census,
     demand::{Contribution, Demand},
     model::{EndpointSlice, Node, ObjectKey, Service},
 };
@@ -29,12 +30,16 @@ pub struct ClusterState {
     demand: Demand,
     /// Bumped whenever `demand` changes.
     demand_version: u64,
+    /// The other Nodes as a periodic list of their metadata saw them, when the agent watches its
+    /// own Node alone.
+    census: Option<Census>,
 }
 
 impl PartialEq for ClusterState {
     fn eq(&self, other: &Self) -> bool {
         // The interner is a cache and the demand derived from the Nodes: neither is state.
-        (&self.nodes, &self.services, &self.slices) == (&other.nodes, &other.services, &other.slices)
+        (&self.nodes, &self.services, &self.slices, &self.census)
+            == (&other.nodes, &other.services, &other.slices, &other.census)
     }
 }
 
@@ -179,9 +184,32 @@ impl ClusterState {
         self.nodes.get(name)
     }
 
-    /// Where `name` stands among the Nodes' names in order, and how many there are.
+    /// Where `name` stands among the Nodes' names in order, and how many there are: among the
+    /// census's when there is one, else among the Nodes held.
     pub fn rank(&self, name: &str) -> (usize, usize) {
-        (self.nodes.keys().filter(|other| other.as_str() < name).count(), self.nodes.len())
+        match &self.census {
+            Some(census) => census.rank(name),
+            None => (self.nodes.keys().filter(|other| other.as_str() < name).count(), self.nodes.len()),
+        }
+    }
+
+    /// Sets the census of the Nodes not held (`None`: every Node is held); true if the region of
+    /// some zone changed with it, which can move any Service.
+    pub fn set_census(&mut self, census: Option<Census>) -> bool {
+        let regions = |census: &Option<Census>| census.as_ref().map(Census::regions).cloned().unwrap_or_default();
+        let moved = regions(&self.census) != regions(&census);
+        self.census = census;
+        moved
+    }
+
+    /// The census, if the Nodes are known from one.
+    pub fn census(&self) -> Option<&Census> {
+        self.census.as_ref()
+    }
+
+    /// The region of an endpoint in `zone` on a Node not held, from the census.
+    pub fn region_of_zone(&self, zone: &str) -> Option<&str> {
+        self.census.as_ref().and_then(|census| census.region(zone))
     }
 
     /// Every Node, in the order of their names.

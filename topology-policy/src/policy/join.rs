@@ -4,7 +4,10 @@
 
 use std::{net::IpAddr, sync::Arc};
 
-use crate::cluster::{ClusterState, Endpoint, EndpointSlice, Family, Node, PortSpec, Service, model::LABEL_ZONE};
+use crate::cluster::{
+    ClusterState, Endpoint, EndpointSlice, Family, Node, PortSpec, Service,
+    model::{LABEL_REGION, LABEL_ZONE},
+};
 
 /// An endpoint of one Service port, as the policy weighs it.
 #[derive(Clone, Debug, PartialEq)]
@@ -25,6 +28,8 @@ pub struct Candidate<'a> {
     pub node: Option<&'a Node>,
     /// Zone: the Node's zone label, else the endpoint's `zone` field; shared like `node_name`.
     pub zone: Option<&'a Arc<str>>,
+    /// Region: the Node's region label, else (the Node not held) the census's region of `zone`.
+    pub region: Option<&'a str>,
     /// `hints.forZones`.
     pub hint_zones: &'a [String],
     /// `hints.forNodes`.
@@ -43,7 +48,8 @@ impl Candidate<'_> {
     }
 
     /// The endpoint's value for a topology key: its Node's label, falling back to the endpoint's
-    /// own `zone` for the zone key and to `nodeName` for `kubernetes.io/hostname`.
+    /// own `zone` for the zone key, to `nodeName` for `kubernetes.io/hostname` and to the
+    /// census's region of its zone for the region key.
     pub fn topology_value(&self, key: &str) -> Option<&str> {
         if let Some(value) = self.node.and_then(|node| node.labels.get(key)) {
             return Some(value);
@@ -51,6 +57,7 @@ impl Candidate<'_> {
         match key {
             LABEL_ZONE => self.zone(),
             crate::cluster::model::LABEL_HOSTNAME => self.node_name(),
+            LABEL_REGION => self.region,
             _ => None,
         }
     }
@@ -65,9 +72,9 @@ impl Candidate<'_> {
         self.zone.map(|zone| &**zone)
     }
 
-    /// The endpoint's region, from its Node.
+    /// The endpoint's region.
     pub fn region(&self) -> Option<&str> {
-        self.node.and_then(Node::region)
+        self.region
     }
 
     fn rank(&self) -> u8 {
@@ -148,6 +155,10 @@ fn candidate<'a>(state: &'a ClusterState, endpoint: &'a Endpoint, port: u16) -> 
         Some(zone) => Some(zone),
         None => endpoint.zone.as_ref(),
     };
+    let region = match node {
+        Some(node) => node.region(),
+        None => zone.and_then(|zone| state.region_of_zone(zone)),
+    };
     Candidate {
         address: endpoint.address,
         port,
@@ -157,6 +168,7 @@ fn candidate<'a>(state: &'a ClusterState, endpoint: &'a Endpoint, port: u16) -> 
         node_name: endpoint.node_name.as_ref(),
         node,
         zone,
+        region,
         hint_zones: endpoint.hint_zones(),
         hint_nodes: endpoint.hint_nodes(),
     }

@@ -5,6 +5,7 @@ mod feedback;
 mod join;
 mod kube_proxy;
 mod props;
+mod scope;
 mod spillover;
 mod tables;
 mod terminating;
