@@ -133,3 +133,48 @@ fn with_all_a_tcp_connection_ends_when_its_backend_leaves_and_only_then() {
     assert_eq!((report.failures(), report.peer_mismatch), (0, 0), "the connection to b1 goes on: {report:?}");
     assert_eq!(terminated(&mut agent), 1.0, "only the connection whose backend left was ended");
 }
+
+/// A DaemonSet pod without `hostPID` or `hostNetwork` — here the agent in a PID namespace and a
+/// network namespace of its own — sees itself as `/proc/1`, so the host's network namespace, where
+/// host-network pods and the node's processes connect, is reachable only as the file
+/// `--host-netns` names (the DaemonSet mounts the host's `/proc/1/ns/net` there). The client's
+/// namespace plays the host's, found through no other path: its connected UDP socket is ended
+/// when its backend leaves only when `--host-netns` names it.
+#[test]
+fn a_pod_without_the_hosts_pids_ends_host_sockets_through_host_netns() {
+    require_root!();
+    for reachable in [false, true] {
+        let mut fx = Fixture::new(2);
+        let pod = fx.network.host("agentpod");
+        let file = fx.scratch().join("cluster.yaml");
+        write(&fx, &file, &[0]);
+        let no_pins = fx.scratch().join("no-netns-pins");
+        std::fs::create_dir_all(&no_pins).expect("directory");
+        let mut options = AgentOptions::new(&file, "node-a", fx.cgroup.path(), fx.pins.path());
+        options.netns = Some(pod.netns.name());
+        options.wrapper = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--"].map(String::from).into();
+        options.extra = vec!["--netns-dir".into(), no_pins.display().to_string()];
+        if reachable {
+            let host = topology_tests::netns::path(fx.client.netns.name());
+            options.extra.extend(["--host-netns".into(), host.display().to_string()]);
+        }
+        let mut agent = Agent::start(&options);
+        agent.wait_ready(Duration::from_secs(20));
+        let scratch = fx.scratch();
+        let stream =
+            fx.place().udp_stream(VIP.parse().unwrap(), &scratch, Duration::from_secs(4), Duration::from_millis(10));
+        std::thread::sleep(Duration::from_millis(500));
+        write(&fx, &file, &[1]);
+        std::thread::sleep(Duration::from_millis(2500));
+        let seen = stream.finish();
+        eprintln!("--host-netns given: {reachable}; stream: switches {:?}, errors {:?}", seen.switches, seen.errors_at);
+        assert_eq!(seen.switches.first().map(|(_, name)| name.as_str()), Some("b0"), "{seen:?}");
+        if reachable {
+            assert!(!seen.errors_at.is_empty(), "the socket on b0 was not ended: {seen:?}");
+            assert_eq!(seen.switches.last().map(|(_, name)| name.as_str()), Some("b1"), "{seen:?}");
+        } else {
+            assert!(seen.errors_at.is_empty(), "without --host-netns the agent cannot reach it: {seen:?}");
+        }
+        drop(agent);
+    }
+}

@@ -170,6 +170,10 @@ struct RunArgs {
     /// Where network namespaces are pinned as files (CNI runtimes and `ip netns` use /run/netns).
     #[arg(long = "netns-dir", default_value = "/run/netns")]
     netns_dirs: Vec<PathBuf>,
+    /// The host's network namespace, as a file: `/proc/1/ns/net` with the host's PID namespace,
+    /// else the host's `/proc/1/ns/net` mounted into the pod (host-network pods' sockets).
+    #[arg(long, value_name = "PATH", default_value = "/proc/1/ns/net")]
+    host_netns: PathBuf,
     /// Serve DNS over UDP and TCP on this address (off when absent): headless Services answered
     /// with the endpoints this node's policy chooses, other names relayed to the upstream.
     #[arg(long, value_name = "ADDR", value_parser = listen::parse_listen)]
@@ -360,7 +364,7 @@ fn run_config(args: RunArgs) -> anyhow::Result<RunConfig> {
         measure_all: args.load_signal == LoadSignal::All,
         metrics_max_ports: args.metrics_max_ports,
         terminate: args.terminate_sockets,
-        netns_dirs: args.netns_dirs,
+        netns_dirs: args.netns_dirs.into_iter().chain([args.host_netns]).collect(),
         dns: match args.dns_listen {
             Some(listen) => Some(DnsConfig {
                 listen,

@@ -104,8 +104,13 @@ fn the_daemonset_has_what_the_agent_needs_and_no_more() {
         pod.volumes.unwrap().iter().filter_map(|v| v.host_path.as_ref().map(|h| h.path.clone())).collect();
     assert_eq!(
         host_paths,
-        BTreeSet::from(["/sys/fs/bpf".to_owned(), "/sys/fs/cgroup".to_owned(), "/run/netns".to_owned()])
+        BTreeSet::from(["/sys/fs/bpf", "/sys/fs/cgroup", "/run/netns", "/proc/1/ns/net"].map(str::to_owned))
     );
+    // Without hostPID the host's network namespace is the mounted file `--host-netns` names.
+    let mounted = container.volume_mounts.as_ref().unwrap().iter().find(|m| m.name == "host-netns").expect("mount");
+    let args = container.args.as_ref().unwrap();
+    assert!(args.contains(&format!("--host-netns={}", mounted.mount_path)), "{args:?}");
+    assert!(pod.host_pid.is_none_or(|pid| !pid) && pod.host_network.is_none_or(|net| !net));
     // The one privileged container mounts bpffs on the host where there is none, and only that.
     let init = &pod.init_containers.as_ref().expect("the bpffs init container")[0];
     assert_eq!(init.args.as_deref(), Some(&["mount-bpffs".to_owned(), "--path=/sys/fs/bpf".to_owned()][..]));

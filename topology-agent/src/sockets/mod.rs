@@ -111,7 +111,8 @@ pub struct TerminateConfig {
     pub mode: TerminateSockets,
     /// The programs' socket state, from the dataplane.
     pub maps: SocketMaps,
-    /// Directories of namespace files to search (besides this process's and the host's).
+    /// Where to find namespaces besides this process's own: directories of namespace files
+    /// (`--netns-dir`) and namespace files (`--host-netns`).
     pub netns_dirs: Vec<PathBuf>,
 }
 
@@ -128,6 +129,9 @@ impl Terminator {
     pub fn start(mut config: TerminateConfig, metrics: Arc<Metrics>) -> Option<Self> {
         if config.mode == TerminateSockets::Off {
             return None;
+        }
+        for place in netns::unreachable(&config.netns_dirs) {
+            tracing::warn!(namespace = %place, "a network namespace cannot be entered: its sockets are never ended");
         }
         let (sender, receiver) = mpsc::channel::<Vec<(Departure, u64)>>();
         let ledger = Arc::new(ledger::Ledger::default());

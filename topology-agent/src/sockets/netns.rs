@@ -1,6 +1,8 @@
 //! The network namespaces whose sockets the programs may have rewritten, and a sock_diag channel
 //! into each. Every pod has its own namespace; runtimes pin them as files (`/run/netns/cni-…`,
-//! and `ip netns` the same way); host-network pods share the host's.
+//! and `ip netns` the same way); host-network pods and the node's own processes share the host's,
+//! which an agent in a pod reaches only through a file: `/proc/1/ns/net` with the host's PID
+//! namespace, else the host's `/proc/1/ns/net` mounted into the pod (`--host-netns`).
 
 use std::{
     collections::BTreeSet,
@@ -21,13 +23,14 @@ pub struct Namespace {
     pub path: PathBuf,
 }
 
-/// Every distinct namespace among the files in `dirs`, this process's own, and the host's
-/// (`/proc/1/ns/net`, visible with the host's PID namespace). Unreadable entries are skipped.
-pub fn namespaces(dirs: &[PathBuf]) -> Vec<Namespace> {
-    let mut candidates: Vec<PathBuf> = vec!["/proc/self/ns/net".into(), "/proc/1/ns/net".into()];
-    for dir in dirs {
-        if let Ok(entries) = std::fs::read_dir(dir) {
-            candidates.extend(entries.flatten().map(|entry| entry.path()));
+/// Every distinct namespace among `places` — each a directory of namespace files or a namespace
+/// file itself — and this process's own. Unreadable entries are skipped.
+pub fn namespaces(places: &[PathBuf]) -> Vec<Namespace> {
+    let mut candidates: Vec<PathBuf> = vec!["/proc/self/ns/net".into()];
+    for place in places {
+        match std::fs::read_dir(place) {
+            Ok(entries) => candidates.extend(entries.flatten().map(|entry| entry.path())),
+            Err(_) => candidates.push(place.clone()),
         }
     }
     let mut seen = BTreeSet::new();
@@ -40,6 +43,19 @@ pub fn namespaces(dirs: &[PathBuf]) -> Vec<Namespace> {
         }
     }
     out
+}
+
+/// Why each of `places` that names no namespace cannot be searched, said once at start: a socket
+/// there would never be ended.
+pub fn unreachable(places: &[PathBuf]) -> Vec<String> {
+    places
+        .iter()
+        .filter(|place| !place.is_dir())
+        .filter_map(|place| match File::open(place) {
+            Ok(_) => None,
+            Err(error) => Some(format!("{}: {error}", place.display())),
+        })
+        .collect()
 }
 
 /// A sock_diag channel inside the namespace at `path` (a socket keeps the namespace it was
