@@ -63,8 +63,8 @@ pub struct RunConfig {
     pub load_signal: bool,
     /// Measure every port's connections, not only those under feedback (`--load-signal all`).
     pub measure_all: bool,
-    /// Service ports with /metrics series of their own (`--metrics-max-ports`).
-    pub metrics_max_ports: usize,
+    /// Service ports and backends with /metrics series of their own (`--metrics-max-*`).
+    pub metrics_caps: crate::metrics::SeriesCaps,
     /// Which sockets are destroyed when their backend leaves a set.
     pub terminate: TerminateSockets,
     /// Directories of network namespace files searched for such sockets.
@@ -199,7 +199,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
 
     let health = Arc::new(Health::with_stale_grace(crate::controller::WATCH_STALE_GRACE));
     let metrics = Arc::new(Metrics::default());
-    metrics.set_max_ports(config.metrics_max_ports);
+    metrics.set_caps(config.metrics_caps);
     // The scrape reads the kernel counters on its own descriptors, never blocking the controller.
     let counters = dataplane.counter_reader()?;
     metrics.set_kernel_source(move || {
@@ -452,7 +452,7 @@ mod tests {
             fail_open_after: None,
             load_signal: true,
             measure_all: false,
-            metrics_max_ports: crate::metrics::DEFAULT_MAX_PORTS,
+            metrics_caps: crate::metrics::SeriesCaps::default(),
             terminate: TerminateSockets::Off,
             netns_dirs: Vec::new(),
             dns: Some(DnsConfig {

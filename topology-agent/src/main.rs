@@ -13,6 +13,7 @@ use topology_agent::{
     dataplane::{self, Capacities, IndexOrdering, KernelLogLevel},
     dns::{self, DnsConfig, steer::Steering},
     explain, listen,
+    metrics::SeriesCaps,
     sockets::TerminateSockets,
     source::kube as kube_source,
     status::StatusReport,
@@ -138,6 +139,10 @@ struct RunArgs {
     /// (a port has them once used), so this bounds the scrape whatever a tenant does.
     #[arg(long, default_value_t = topology_agent::metrics::DEFAULT_MAX_PORTS)]
     metrics_max_ports: usize,
+    /// Backends of ports under feedback with /metrics series of their own (8 each), the most
+    /// connected first; the rest are summed under `backend="other"`.
+    #[arg(long, default_value_t = topology_agent::metrics::DEFAULT_MAX_BACKENDS)]
+    metrics_max_backends: usize,
     /// Also serve /healthz and /readyz alone on this address, with connections of their own, for
     /// kubelet's probes: a flood of scrapes or idle connections cannot keep them out.
     #[arg(long, value_parser = listen::parse_listen, value_name = "ADDR")]
@@ -362,7 +367,7 @@ fn run_config(args: RunArgs) -> anyhow::Result<RunConfig> {
         fail_open_after: (!args.fail_open_after.is_zero()).then_some(args.fail_open_after),
         load_signal: args.load_signal != LoadSignal::Off,
         measure_all: args.load_signal == LoadSignal::All,
-        metrics_max_ports: args.metrics_max_ports,
+        metrics_caps: SeriesCaps { ports: args.metrics_max_ports, backends: args.metrics_max_backends },
         terminate: args.terminate_sockets,
         netns_dirs: args.netns_dirs.into_iter().chain([args.host_netns]).collect(),
         dns: match args.dns_listen {

@@ -6,6 +6,8 @@
 //! number is capped (`--metrics-max-ports`): the most used ports keep their own series, the rest
 //! are summed into one set labelled `service="other"`, and `topology_agent_metrics_ports_folded`
 //! says how many. A process that touches every ClusterIP cannot grow the scrape past the cap.
+//! Backends of ports under feedback are capped alike (`--metrics-max-backends`, the most connected
+//! first, the rest as `backend="other"`): a tenant's EndpointSlices name as many as they like.
 
 use std::{
     collections::HashMap,
@@ -29,6 +31,8 @@ use crate::{
 
 /// Ports with series of their own by default: 1,000 ports × 7 series.
 pub const DEFAULT_MAX_PORTS: usize = 1000;
+/// Backends with series of their own by default: 1,000 backends × 8 series.
+pub const DEFAULT_MAX_BACKENDS: usize = 1000;
 
 /// Reads the kernel counters.
 pub(super) type CounterSource = Box<dyn Fn() -> KernelReading + Send>;
@@ -40,11 +44,18 @@ pub(super) struct KernelCounters {
     pub(super) baselines: Mutex<HashMap<ServicePort, f64>>,
     /// Ports with series of their own; the rest are summed as `other`.
     pub(super) max_ports: AtomicUsize,
+    /// Backends with series of their own; the rest are summed as `other`.
+    pub(super) max_backends: AtomicUsize,
 }
 
 impl Default for KernelCounters {
     fn default() -> Self {
-        Self { source: Mutex::default(), baselines: Mutex::default(), max_ports: AtomicUsize::new(DEFAULT_MAX_PORTS) }
+        Self {
+            source: Mutex::default(),
+            baselines: Mutex::default(),
+            max_ports: AtomicUsize::new(DEFAULT_MAX_PORTS),
+            max_backends: AtomicUsize::new(DEFAULT_MAX_BACKENDS),
+        }
     }
 }
 
@@ -142,7 +153,17 @@ impl Collector for KernelCounters {
             )?;
             ConstGauge::new(folded as i64).encode(family)?;
         }
-        encode_backend_load(&mut encoder, &reading.backends)?;
+        let (backends, folded) = fold_backends(reading.backends, self.max_backends.load(Ordering::Relaxed));
+        encode_backend_load(&mut encoder, &backends)?;
+        {
+            let family = encoder.encode_descriptor(
+                "metrics_backends_folded",
+                "Measured backends past --metrics-max-backends, whose load is summed under backend=\"other\"",
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?;
+            ConstGauge::new(folded as i64).encode(family)?;
+        }
         if let Some(heartbeat) = reading.heartbeat {
             let family = encoder.encode_descriptor(
                 "kernel_failing_open",
@@ -156,9 +177,12 @@ impl Collector for KernelCounters {
     }
 }
 
-/// The load signal, per backend (`backend="ip:port"`): what the `sock_ops` program measured of
-/// the TCP connections this node's hooks sent there.
-fn encode_backend_load(encoder: &mut DescriptorEncoder, backends: &[MeasuredBackend]) -> Result<(), std::fmt::Error> {
+/// The load signal, per backend (`backend="ip:port"`, or `other`): what the `sock_ops` program
+/// measured of the TCP connections this node's hooks sent there.
+fn encode_backend_load(
+    encoder: &mut DescriptorEncoder,
+    backends: &[(String, MeasuredBackend)],
+) -> Result<(), std::fmt::Error> {
     use prometheus_client::metrics::MetricType::{Counter, Gauge};
     type Field = fn(&MeasuredBackend) -> f64;
     let families: [(&str, &str, _, Field); 8] = [
@@ -204,8 +228,8 @@ fn encode_backend_load(encoder: &mut DescriptorEncoder, backends: &[MeasuredBack
     ];
     for (name, help, kind, field) in families {
         let mut family = encoder.encode_descriptor(name, help, None, kind)?;
-        for measured in backends {
-            let labels = [("backend".to_owned(), measured.backend.to_string())];
+        for (backend, measured) in backends {
+            let labels = [("backend".to_owned(), backend.clone())];
             let encoder = family.encode_family(&labels)?;
             match kind {
                 Counter => ConstCounter::new(field(measured)).encode(encoder)?,
@@ -248,6 +272,23 @@ fn fold(mut services: Vec<CounterReading>, max: usize) -> (Vec<CounterReading>, 
     (services, folded)
 }
 
+/// The `max` backends with the most connections started, each under its address, and the others
+/// summed under `other`: the readings to encode and how many backends were folded.
+fn fold_backends(mut backends: Vec<MeasuredBackend>, max: usize) -> (Vec<(String, MeasuredBackend)>, usize) {
+    // Most connected first; ties by address, so the same backends keep their series.
+    backends.sort_by(|a, b| b.load.connects.cmp(&a.load.connects).then_with(|| a.backend.cmp(&b.backend)));
+    let rest = backends.split_off(max.min(backends.len()));
+    let mut kept: Vec<(String, MeasuredBackend)> = backends.into_iter().map(|m| (m.backend.to_string(), m)).collect();
+    if let Some(first) = rest.first() {
+        let mut other = MeasuredBackend::new(first.backend, topology_common::BackendLoad::default());
+        for measured in &rest {
+            other.add(measured);
+        }
+        kept.push(("other".into(), other));
+    }
+    (kept, rest.len())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -267,7 +308,7 @@ mod tests {
     #[test]
     fn ports_past_the_cap_are_summed_as_other_and_the_most_used_keep_their_series() {
         let metrics = Metrics::default();
-        metrics.set_max_ports(2);
+        metrics.set_caps(super::super::SeriesCaps { ports: 2, backends: DEFAULT_MAX_BACKENDS });
         metrics.set_kernel_source(|| KernelReading {
             services: vec![port(1, 5, 0), port(2, 50, 0), port(3, 1, 1), port(4, 20, 0), port(5, 0, 3)],
             ..KernelReading::default()
@@ -292,6 +333,28 @@ mod tests {
         assert!(line("topology_agent_metrics_ports_folded 3"), "{text}");
         // Series: 2 ports and `other`, 7 each at most, whatever the number of ports used.
         assert_eq!(text.matches("topology_agent_kernel_rewrites_total{").count(), 3 * Locality::ALL.len(), "{text}");
+    }
+
+    #[test]
+    fn backends_past_the_cap_are_summed_as_other() {
+        let backend = |last: u8, connects: u64| {
+            let load = topology_common::BackendLoad { connects, established: connects / 2, ..Default::default() };
+            MeasuredBackend::new(format!("10.1.0.{last}:8080").parse().unwrap(), load)
+        };
+        let metrics = Metrics::default();
+        metrics.set_caps(super::super::SeriesCaps { ports: DEFAULT_MAX_PORTS, backends: 2 });
+        metrics.set_kernel_source(move || KernelReading {
+            backends: vec![backend(1, 10), backend(2, 40), backend(3, 4), backend(4, 20)],
+            ..KernelReading::default()
+        });
+        let text = metrics.encode();
+        let line = |prefix: &str| text.lines().any(|l| l == prefix);
+        assert!(line("topology_agent_backend_connects_total{backend=\"10.1.0.2:8080\"} 40.0"), "{text}");
+        assert!(line("topology_agent_backend_connects_total{backend=\"10.1.0.4:8080\"} 20.0"), "{text}");
+        assert!(line("topology_agent_backend_connects_total{backend=\"other\"} 14.0"), "{text}");
+        assert!(line("topology_agent_backend_connections_in_flight{backend=\"other\"} 7.0"), "{text}");
+        assert!(line("topology_agent_metrics_backends_folded 2"), "{text}");
+        assert_eq!(text.matches("topology_agent_backend_connects_total{").count(), 3, "{text}");
     }
 
     #[test]

@@ -5,7 +5,22 @@ mod kernel;
 
 use std::{collections::HashMap, sync::Arc};
 
-pub use kernel::DEFAULT_MAX_PORTS;
+pub use kernel::{DEFAULT_MAX_BACKENDS, DEFAULT_MAX_PORTS};
+
+/// How many series groups the tenants' traffic may make: the rest are summed as `other`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeriesCaps {
+    /// Used service ports with series of their own.
+    pub ports: usize,
+    /// Measured backends with series of their own.
+    pub backends: usize,
+}
+
+impl Default for SeriesCaps {
+    fn default() -> Self {
+        Self { ports: DEFAULT_MAX_PORTS, backends: DEFAULT_MAX_BACKENDS }
+    }
+}
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
@@ -238,9 +253,11 @@ impl Metrics {
         *self.kernel.baselines.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = baselines;
     }
 
-    /// Sets how many used service ports get series of their own (`--metrics-max-ports`).
-    pub fn set_max_ports(&self, max: usize) {
-        self.kernel.max_ports.store(max, std::sync::atomic::Ordering::Relaxed);
+    /// Sets how many used service ports and measured backends get series of their own
+    /// (`--metrics-max-ports`, `--metrics-max-backends`).
+    pub fn set_caps(&self, caps: SeriesCaps) {
+        self.kernel.max_ports.store(caps.ports, std::sync::atomic::Ordering::Relaxed);
+        self.kernel.max_backends.store(caps.backends, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Sets where the kernel counters are read from at each scrape.

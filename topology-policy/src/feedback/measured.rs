@@ -64,4 +64,19 @@ impl MeasuredBackend {
     pub fn new(backend: SocketAddr, load: BackendLoad) -> Self {
         Self { backend, in_flight: load.in_flight(), connecting: load.connecting(), load: load.into() }
     }
+
+    /// Adds `other`'s counts to these: a sum of backends (its address stays this one's).
+    pub fn add(&mut self, other: &Self) {
+        let (sum, more) = (&mut self.load, &other.load);
+        self.in_flight += other.in_flight;
+        self.connecting += other.connecting;
+        sum.connects += more.connects;
+        sum.established += more.established;
+        sum.closed += more.closed;
+        sum.refused += more.refused;
+        sum.timed_out += more.timed_out;
+        sum.reset += more.reset;
+        sum.handshake_us += more.handshake_us;
+        sum.lifetime_us += more.lifetime_us;
+    }
 }
