@@ -7,7 +7,10 @@
 //! - `only-a`: one echo pod in zone-a behind the hard key `topology.kubernetes.io/zone`: a client
 //!   in another zone is refused (kube-proxy would send it across zones);
 //! - `spill`: the per-node echo pods with capacity-aware spillover: `explain` shows its plan;
-//! - `outside`: an ExternalName Service, which the node's DNS answers with a CNAME.
+//! - `outside`: an ExternalName Service, which the node's DNS answers with a CNAME;
+//! - the namespace `locked`, whose egress policy allows DNS to the kube-dns pods alone (as many
+//!   clusters' default-deny policies do): with steering on, its lookups go to the agent's pod and
+//!   are dropped, until the policy also allows the agents, as `docs/operating.md` says.
 
 use std::fmt::Write as _;
 
@@ -88,6 +91,45 @@ pub fn workloads() -> String {
 pub fn client_pod(zone: &str, node: &str) -> String {
     format!(
         "apiVersion: v1\nkind: Pod\nmetadata: {{name: client-{zone}, namespace: default}}\nspec:\n  nodeName: {node}\n  \
+         containers:\n  - {{name: c, image: {CLIENT_IMAGE}, command: [sleep, \"3600\"]}}\n"
+    )
+}
+
+/// The namespace of the NetworkPolicy check.
+pub const LOCKED: &str = "locked";
+
+/// The egress rule for DNS that `docs/operating.md` gives (`allow_agent`), or the one many
+/// clusters have: to the kube-dns pods alone.
+pub fn dns_egress(allow_agent: bool) -> String {
+    let mut to = String::from(
+        "      - podSelector: {matchLabels: {k8s-app: kube-dns}}\n        \
+         namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: kube-system}}\n",
+    );
+    let mut ports = String::from("{port: 53, protocol: UDP}, {port: 53, protocol: TCP}");
+    if allow_agent {
+        to.push_str(
+            "      - podSelector: {matchLabels: {app.kubernetes.io/name: topology-agent}}\n        \
+             namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: topology-agent}}\n",
+        );
+        ports.push_str(", {port: 5353, protocol: UDP}, {port: 5353, protocol: TCP}");
+    }
+    format!("egress:\n  - to:\n{to}    ports: [{ports}]\n")
+}
+
+/// The namespace `locked`: every pod's egress denied but DNS, as [`dns_egress`] allows it.
+pub fn locked_namespace(allow_agent: bool) -> String {
+    let egress: String = dns_egress(allow_agent).lines().map(|line| format!("  {line}\n")).collect();
+    format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {LOCKED}}}\n---\n\
+         apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {{name: dns-only, namespace: {LOCKED}}}\n\
+         spec:\n  podSelector: {{}}\n  policyTypes: [Egress]\n{egress}"
+    )
+}
+
+/// A client pod on `node` in the namespace `locked`.
+pub fn locked_client(node: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: client, namespace: {LOCKED}}}\nspec:\n  nodeName: {node}\n  \
          containers:\n  - {{name: c, image: {CLIENT_IMAGE}, command: [sleep, \"3600\"]}}\n"
     )
 }

@@ -6,7 +6,10 @@
 //!   kernel of each node (`topology-agent status` in its agent pod) holds that one backend;
 //! - a hard zone key: a client outside the zone is refused, one inside reaches it;
 //! - spillover: `topology-agent explain` in the agent pod shows the plan;
-//! - an ExternalName Service resolves through the node's DNS to a CNAME.
+//! - an ExternalName Service resolves through the node's DNS to a CNAME;
+//! - a namespace whose egress policy allows DNS to the kube-dns pods alone cannot resolve while
+//!   the node's DNS is steered to the agent, and can once the policy allows the agents too (the
+//!   rule `docs/operating.md` gives, which the rendering check holds to the docs' text).
 //!
 //! Runs where `docker` (with a running engine), `kind` and `kubectl` exist; skips with the reason
 //! otherwise. kubectl calls that can fail transiently are retried. The cluster's logs are
@@ -241,6 +244,23 @@ fn suite(family: Family) {
     let looked_up =
         cluster.kubectl(&["exec", &format!("client-{zone}"), "--", "nslookup", "outside.default.svc.cluster.local"]);
     assert!(looked_up.contains("canonical name") && looked_up.contains(EXTERNAL_NAME), "{looked_up}");
+
+    // A default-deny namespace that allows DNS to the kube-dns pods alone: steered to the agent's
+    // pod, its lookups are dropped; with the agents allowed too, they resolve.
+    let node = workers[0].0;
+    cluster.apply(&kind::locked_namespace(false));
+    cluster.apply(&kind::locked_client(node));
+    cluster.kubectl(&["-n", kind::LOCKED, "wait", "--for=condition=Ready", "pod/client", "--timeout=120s"]);
+    let lookup = || {
+        let name = "echo-host.default.svc.cluster.local";
+        cluster.try_kubectl(&["-n", kind::LOCKED, "exec", "client", "--", "nslookup", "-timeout=2", name])
+    };
+    eventually("the trap: kube-dns alone allowed, lookups dropped", || match lookup() {
+        None => Ok(()),
+        Some(answer) => Err(anyhow::anyhow!("resolved despite the policy (is it enforced?): {answer}")),
+    });
+    cluster.apply(&kind::locked_namespace(true));
+    eventually("the agents allowed: lookups resolve", || lookup().map(drop).ok_or_else(|| anyhow::anyhow!("no answer")));
     drop(cluster);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -297,6 +317,20 @@ fn the_kind_suites_cluster_and_workloads_are_valid() {
         }
     }
     assert_eq!(services, 4);
+    // The NetworkPolicy the suite applies, and the docs' rule is the one it tests.
+    for allow_agent in [false, true] {
+        for text in kind::locked_namespace(allow_agent).split("---\n") {
+            let document: Value = serde_yaml::from_str(text).unwrap_or_else(|e| panic!("{e}:\n{text}"));
+            match document["kind"].as_str() {
+                Some("Namespace") => round_trip::<k8s_openapi::api::core::v1::Namespace>(&document),
+                Some("NetworkPolicy") => round_trip::<k8s_openapi::api::networking::v1::NetworkPolicy>(&document),
+                other => panic!("unexpected kind {other:?}"),
+            }
+        }
+    }
+    let docs = std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/operating.md"))
+        .expect("docs/operating.md");
+    assert!(docs.contains(&kind::dns_egress(true)), "docs/operating.md gives another rule than the suite tests");
 }
 
 fn round_trip<T: serde::de::DeserializeOwned + serde::Serialize>(document: &Value) {
