@@ -260,7 +260,9 @@ fn suite(family: Family) {
         Some(answer) => Err(anyhow::anyhow!("resolved despite the policy (is it enforced?): {answer}")),
     });
     cluster.apply(&kind::locked_namespace(true));
-    eventually("the agents allowed: lookups resolve", || lookup().map(drop).ok_or_else(|| anyhow::anyhow!("no answer")));
+    eventually("the agents allowed: lookups resolve", || {
+        lookup().map(drop).ok_or_else(|| anyhow::anyhow!("no answer"))
+    });
     drop(cluster);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -178,3 +178,68 @@ fn a_pod_without_the_hosts_pids_ends_host_sockets_through_host_netns() {
         drop(agent);
     }
 }
+
+/// The UDP Service at [`VIP`] with `PreferClose`, this node in zone-a: `near` endpoints on it,
+/// `far` ones on a node of zone-b, the far ones serving but terminating when `terminating`.
+fn write_zoned(fx: &Fixture, file: &Path, near: &[usize], far: &[usize], terminating: bool) {
+    let vip: SocketAddr = VIP.parse().expect("VIP");
+    let spec = |i: usize, node: &str, zone: &str| {
+        let mut spec = EndpointSpec::new(IpAddr::V4(fx.backends[i].host.v4), node);
+        spec.zone = Some(zone.into());
+        spec
+    };
+    let endpoints: Vec<EndpointSpec> = far
+        .iter()
+        .map(|&i| spec(i, "node-b", "zone-b"))
+        .chain(near.iter().map(|&i| spec(i, "node-a", "zone-a")))
+        .collect();
+    let mut service = cluster::service("default", "dns", vip.ip(), vip.port(), "UDP", "dns");
+    service["spec"]["trafficDistribution"] = "PreferClose".into();
+    let mut slice = cluster::slice("default", "dns-1", "dns", "dns", BACKEND_PORT, "UDP", &endpoints);
+    if terminating {
+        for n in 0..far.len() {
+            slice["endpoints"][n]["conditions"] = json!({"ready": false, "serving": true, "terminating": true});
+        }
+    }
+    let nodes = [cluster::node("node-a", "zone-a", None, "4"), cluster::node("node-b", "zone-b", None, "4")];
+    cluster::write(file, &[nodes[0].clone(), nodes[1].clone(), service, slice]);
+}
+
+/// A backend the topology stops choosing still serves its Service: a closer endpoint becoming
+/// ready, or the backend terminating while it serves, must not end the sockets connected to it
+/// (resets to healthy backends, cilium#48259; terminating pods cut before their grace period,
+/// cilium#48348). Once it stops serving — gone from the slices, the set not changing then — they
+/// are ended, and reconnect to the near one.
+#[test]
+fn only_a_backend_that_left_its_service_ends_its_sockets() {
+    require_root!();
+    let fx = Fixture::new(2);
+    let file = fx.scratch().join("cluster.yaml");
+    write_zoned(&fx, &file, &[], &[0], false);
+    let mut agent = Agent::start(&AgentOptions::new(&file, "node-a", fx.cgroup.path(), fx.pins.path()));
+    agent.wait_ready(Duration::from_secs(20));
+    let scratch = fx.scratch();
+    let stream =
+        fx.place().udp_stream(VIP.parse().unwrap(), &scratch, Duration::from_secs(8), Duration::from_millis(10));
+    let started = Instant::now();
+    std::thread::sleep(Duration::from_millis(500));
+    // b1 ready on this node: PreferClose draws it alone; b0 still serves.
+    write_zoned(&fx, &file, &[1], &[0], false);
+    std::thread::sleep(Duration::from_millis(1500));
+    // b0 terminating, still serving.
+    write_zoned(&fx, &file, &[1], &[0], true);
+    std::thread::sleep(Duration::from_millis(1500));
+    let kept_until = started.elapsed().as_millis() as u64;
+    // b0 gone from the slices.
+    write_zoned(&fx, &file, &[1], &[], false);
+    let removed = started.elapsed().as_millis() as u64;
+    std::thread::sleep(Duration::from_millis(2000));
+    let seen = stream.finish();
+    eprintln!("b0 removed at {removed} ms; stream: switches {:?}, errors {:?}", seen.switches, seen.errors_at);
+    let before_removal: Vec<_> = seen.errors_at.iter().filter(|(at, _)| *at < kept_until).collect();
+    assert!(before_removal.is_empty(), "a socket to a serving backend was ended: {seen:?}");
+    assert_eq!(seen.switches.first().map(|(_, name)| name.as_str()), Some("b0"), "{seen:?}");
+    let error = seen.errors_at.iter().find(|(at, _)| *at >= removed).unwrap_or_else(|| panic!("not ended: {seen:?}"));
+    assert!(error.0 - removed <= 1000, "ended {} ms after b0 left: {seen:?}", error.0 - removed);
+    assert_eq!(seen.switches.last().map(|(_, name)| name.as_str()), Some("b1"), "{seen:?}");
+}

@@ -363,7 +363,10 @@ impl<P: Programmer> Controller<P> {
         self.programmed = true;
         self.ctx.health.programmed();
         if let Some(terminator) = &self.outlets.terminator {
-            terminator.submit(&report.departed, &report.returned);
+            // Only a backend that left its Service ends its sockets: one the topology merely
+            // stopped choosing, or one terminating while it still serves, keeps its connections.
+            let (state, plan) = (&self.intake.state, &self.plan);
+            terminator.submit(&report.departed, &report.returned, |d| plan.still_serves(state, &d.service, d.backend));
         }
         self.ctx.metrics.sync_duration.observe(started.elapsed().as_secs_f64());
         if let Some(seen) = self.intake.oldest_pending.take() {

@@ -14,6 +14,7 @@
 
 mod diag;
 mod ledger;
+mod lingering;
 mod netns;
 
 #[cfg(any(test, feature = "fuzzing"))]
@@ -122,6 +123,7 @@ pub struct Terminator {
     sender: Option<mpsc::Sender<Vec<(Departure, u64)>>>,
     thread: Option<JoinHandle<()>>,
     ledger: Arc<ledger::Ledger>,
+    lingering: std::sync::Mutex<lingering::Lingering>,
 }
 
 impl Terminator {
@@ -149,15 +151,25 @@ impl Terminator {
                 }
             })
             .ok()?;
-        Some(Self { sender: Some(sender), thread: Some(thread), ledger })
+        Some(Self { sender: Some(sender), thread: Some(thread), ledger, lingering: std::sync::Mutex::default() })
     }
 
-    /// Queues departures (UDP ones, and TCP ones when configured, are acted on) and cancels the
-    /// pending departures of backends that `returned` to their set.
-    pub fn submit(&self, departures: &[Departure], returned: &[Departure]) {
+    /// Takes what an apply did: queues the departures of backends that left their Service (UDP
+    /// ones, and TCP ones when configured, are acted on), holds back those of backends that
+    /// `still_serves` says serve until they stop, and cancels the pending departures of backends
+    /// that `returned` to their set.
+    pub fn submit(&self, departed: &[Departure], returned: &[Departure], still_serves: impl Fn(&Departure) -> bool) {
+        let departures = {
+            let mut lingering = self.lingering.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if departed.is_empty() && returned.is_empty() && lingering.is_empty() {
+                return;
+            }
+            lingering.settle(departed, returned, still_serves)
+        };
         if departures.is_empty() && returned.is_empty() {
             return;
         }
+        let departures = departures.as_slice();
         let round = self.ledger.record(departures, returned);
         if let Some(sender) = &self.sender
             && !departures.is_empty()

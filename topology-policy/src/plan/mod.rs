@@ -9,6 +9,7 @@
 
 pub mod headless;
 pub mod ownership;
+mod serving;
 pub mod steering;
 pub mod weights;
 
