@@ -222,6 +222,35 @@ fn build(layout: &Layout) -> ClusterState {
     state
 }
 
+/// A zone scaling from 0 to 30 pods while zones b and c keep 10 each (equal demand everywhere):
+/// at no step does any pod — the first local one above all — get more than (1 + ε) of its fair
+/// share of the cluster's traffic (cilium#46633 sent a zone's whole traffic to its first pod).
+#[test]
+fn a_zone_scaling_from_zero_never_overloads_its_first_pods() {
+    let zone = |endpoints: usize| ZoneLayout { region: 0, nodes: vec![(4, true)], endpoints };
+    for local in 0..=30 {
+        let layout = Layout { zones: vec![zone(local), zone(10), zone(10)], max_overload: 0.1 };
+        let state = build(&layout);
+        let fair = 1.0 / (local + 20) as f64;
+        let mut load: BTreeMap<String, f64> = BTreeMap::new();
+        for z in 0..3 {
+            for (address, weight) in shares(&decide(&state, &format!("z{z}n0"))) {
+                *load.entry(address).or_default() += weight / 3.0;
+            }
+        }
+        let (most, heaviest) =
+            load.iter().map(|(a, l)| (*l, a.clone())).fold((0.0, String::new()), |m, x| if x.0 > m.0 { x } else { m });
+        assert!(most <= fair * 1.1 + 1e-9, "{local} local pods: {heaviest} gets {most:.4}, fair {fair:.4}");
+        if local > 0 {
+            // The local pods keep what they can: their zone's third of the traffic up to their bound.
+            let shares = shares(&decide(&state, "z0n0"));
+            let kept: f64 = shares.iter().filter(|(a, _)| a.starts_with("10.0.0.")).map(|(_, w)| w).sum();
+            let expected = (local as f64 * fair * 1.1 * 3.0).min(1.0);
+            assert!((kept - expected).abs() < 1e-6, "{local} local pods keep {kept:.4}, expected {expected:.4}");
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
