@@ -22,8 +22,8 @@ pub const BACKEND_PORT: u16 = 8080;
 pub struct Backend {
     /// Name the server answers with.
     pub name: String,
-    /// Its namespace and addresses. Declared after the server so the server stops first.
-    _server: Server,
+    /// Its server (`None` once stopped). Declared before the host so the server stops first.
+    server: Option<Server>,
     /// Host namespace.
     pub host: Host,
 }
@@ -37,6 +37,11 @@ impl Backend {
     /// The backend's server address of one family.
     pub fn socket(&self, ipv6: bool) -> SocketAddr {
         SocketAddr::new(self.addr(ipv6), BACKEND_PORT)
+    }
+
+    /// Stops its server, as a pod that exits: connections to it are refused from then on.
+    pub fn stop(&mut self) {
+        drop(self.server.take());
     }
 
     /// A weighted backend for desired states.
@@ -83,7 +88,7 @@ impl Fixture {
                 let name = format!("b{i}");
                 let options = ServerOptions { capacity: *capacity, ..ServerOptions::default() };
                 let server = Server::start_with(&host, &name, &[BACKEND_PORT], &options);
-                Backend { name, _server: server, host }
+                Backend { name, server: Some(server), host }
             })
             .collect();
         Self { backends, pins: PinGuard::new(&id), cgroup: CgroupGuard::new(&id), client, network, id }

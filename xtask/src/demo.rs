@@ -11,7 +11,7 @@ use crate::cmd::{self, cargo, is_root};
 /// Options passed to the demo runner (`cargo xtask demo -- --help` lists them).
 #[derive(Args)]
 pub struct DemoArgs {
-    /// Demo options: --scenario zones|overload, --zones, --nodes-per-zone, --backends-per-zone,
+    /// Demo options: --scenario zones|overload|rollout, --pods-per-zone, --zones, --nodes-per-zone, --backends-per-zone,
     /// --regions, --connections, --surge-seconds, --calm-seconds, --keep, --clean.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     options: Vec<String>,

@@ -11,7 +11,7 @@ use anyhow::bail;
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use topology_tests::{
-    demo::{self, DemoCluster, DemoConfig, overload::OverloadConfig, overload_report, report},
+    demo::{self, DemoCluster, DemoConfig, overload::OverloadConfig, overload_report, report, rollout::RolloutConfig},
     sandbox::{is_root, sweep_stale},
 };
 
@@ -23,6 +23,9 @@ enum Scenario {
     /// Real-time feedback: a zone's clients at twice its capacity, then a tenth, to a
     /// PreferClose Service and its feedback twin (`target/demo/overload.json`).
     Overload,
+    /// A rolling update of the pods every mode's Service selects, one at a time; then a zone
+    /// scaling from none under spillover (`target/demo/rollout.json`).
+    Rollout,
 }
 
 #[derive(Parser)]
@@ -37,6 +40,9 @@ struct Args {
     /// overload: seconds of the calm after it.
     #[arg(long, default_value_t = 30.0)]
     calm_seconds: f64,
+    /// rollout: pods per zone (three zones).
+    #[arg(long, default_value_t = 10)]
+    pods_per_zone: usize,
     /// Zones.
     #[arg(long, default_value_t = 3)]
     zones: usize,
@@ -90,6 +96,9 @@ fn main() -> anyhow::Result<()> {
     }
     if args.scenario == Scenario::Overload {
         return overload(&args);
+    }
+    if args.scenario == Scenario::Rollout {
+        return rollout(&args);
     }
     let config = DemoConfig {
         zones: args.zones,
@@ -189,6 +198,31 @@ fn overload(args: &Args) -> anyhow::Result<()> {
         args.out.join("overload.svg").display(),
         args.out.join("overload.json").display()
     );
+    println!("done in {:.1} s", started.elapsed().as_secs_f64());
+    if !report.all_met() {
+        bail!("not every target was met (see above)");
+    }
+    Ok(())
+}
+
+/// `--scenario rollout`: prints the table, writes `rollout.json`.
+fn rollout(args: &Args) -> anyhow::Result<()> {
+    let config = RolloutConfig { pods_per_zone: args.pods_per_zone, ..RolloutConfig::default() };
+    config.validate()?;
+    // SAFETY: the handler only stores into an atomic.
+    unsafe { libc::signal(libc::SIGINT, on_interrupt as *const () as libc::sighandler_t) };
+    let started = Instant::now();
+    eprintln!(
+        "starting one node's agent and {} pods (old and new) for every mode's Service...",
+        6 * config.pods_per_zone
+    );
+    let report = demo::rollout::run(&config, &args.out, &mut |line| {
+        check_interrupt();
+        eprintln!("{line}");
+    });
+    println!("\n{}", report.table());
+    report.write(&args.out)?;
+    println!("figures: {}", args.out.join("rollout.json").display());
     println!("done in {:.1} s", started.elapsed().as_secs_f64());
     if !report.all_met() {
         bail!("not every target was met (see above)");

@@ -7,6 +7,7 @@ pub mod overload;
 pub mod overload_report;
 pub mod plan;
 pub mod report;
+pub mod rollout;
 
 pub use cluster::DemoCluster;
 pub use measure::{Failover, Landing, ServiceResult, failover, measure};
