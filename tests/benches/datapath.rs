@@ -83,6 +83,11 @@ const CLIENT_CPU: usize = 0;
 /// untimed connect, so the move between cgroups is not measured).
 const INTERLEAVE_BLOCK: u64 = 1;
 const SERVER_CPU: usize = 1;
+/// TCP connections (not to a Service) over which the outlier ejection program's run time is taken.
+const OUTLIER_CONNECTS: u64 = 5000;
+/// Rounds, and connects per round, of the outlier program's attached / detached comparison.
+const OUTLIER_AB_ROUNDS: usize = 20;
+const OUTLIER_AB_CONNECTS: u64 = 2000;
 
 /// One way of reaching the backends, and every connect() duration measured for it.
 struct Scenario {
@@ -253,6 +258,7 @@ fn main() {
         scenarios.push(Scenario::new(kind, NO_HOOK, None, place(&client, &plain), backends.clone()));
     }
     let mut hooked = Vec::new();
+    let mut outlier = None;
     let largest = *counts.last().expect("counts");
     // Every count with a port under feedback on the node; the largest once more without.
     let nodes = counts.iter().map(|&count| (count, true)).chain([(largest, false)]);
@@ -264,6 +270,10 @@ fn main() {
             DataplaneConfig { pin_path: pins.path().to_path_buf(), cgroup: cgroup.path().to_path_buf(), ..fx.config() };
         // The default holds 65,536 IPv4 service ports; more take one flag (`--capacity`).
         config.capacities.services_v4 = config.capacities.services_v4.max((2 * count + 1).next_power_of_two() as u32);
+        // The outlier ejection program runs at every TCP state change of the machine, whichever
+        // cgroup: one, as on a node, loaded by the largest hooked node (and its cost measured
+        // apart, below, since every scenario's connections pay it, the no-hook ones included).
+        config.outlier_ejection = feedback && count == largest;
         let mut dp = Dataplane::open(&config).expect("open dataplane");
         let report = dp.apply(&services(count, &backends, feedback));
         assert!(report.failed.is_empty(), "{:?}", report.failed);
@@ -291,6 +301,10 @@ fn main() {
                 }
             }
             hooked_row(Timed::Tcp, HOOK_FEEDBACK, vec![SocketAddr::new(vip(count), 80)]);
+        }
+        if feedback && count == largest {
+            let layout = PinLayout::new(pins.path());
+            outlier = Some((config.clone(), [layout.link("outlier")]));
         }
         hooked.push((pins, cgroup));
     }
@@ -333,6 +347,7 @@ fn main() {
             eprintln!("round {round}/{ROUNDS} done");
         }
     }
+    let outlier_ns;
     // The hook's own cost as the kernel measures it, in rounds of their own: BPF run-time stats
     // add two clock reads to every run, which must not land in the latencies above.
     {
@@ -342,12 +357,42 @@ fn main() {
                 scenario.hook_round(PER_ROUND);
             }
         }
+        outlier_ns = outlier.as_ref().filter(|(_, links)| links.iter().all(|l| l.exists())).map(|(_, links)| {
+            let no_hook = scenarios.iter_mut().find(|s| s.kind == Timed::Tcp && s.name == NO_HOOK).expect("no hook");
+            let time = || links.iter().map(|link| run_stats(link).0).sum::<Duration>();
+            let before = time();
+            no_hook.place.timed_tcp(&no_hook.targets, OUTLIER_CONNECTS);
+            (time() - before).as_nanos() as f64 / OUTLIER_CONNECTS as f64
+        });
     }
+    let outlier_delta = outlier.map(|(config, links)| outlier_ab(&scenarios, &config, &links));
     drop(rule_hosts);
     drop(hooked);
     drop(plain);
     drop(servers);
-    print_table(&scenarios);
+    print_table(&scenarios, outlier_ns, outlier_delta);
+}
+
+/// What the outlier ejection program adds to a TCP connect that is not to a Service, without
+/// run-time statistics: rounds of connects with the program attached, then detached (its link's
+/// pin removed), then attached again (the dataplane opened anew); the median of the rounds'
+/// differences of p50s, in microseconds.
+fn outlier_ab(scenarios: &[Scenario], config: &DataplaneConfig, links: &[PathBuf]) -> f64 {
+    let no_hook = scenarios.iter().find(|s| s.kind == Timed::Tcp && s.name == NO_HOOK).expect("no hook");
+    let p50 = || median(no_hook.place.timed_tcp(&no_hook.targets, OUTLIER_AB_CONNECTS).connect_ns);
+    let mut deltas = Vec::new();
+    for _ in 0..OUTLIER_AB_ROUNDS {
+        assert!(links.iter().all(|link| link.exists()), "the outlier programs are attached");
+        let attached = p50();
+        for link in links {
+            std::fs::remove_file(link).expect("detach an outlier program");
+        }
+        let detached = p50();
+        drop(Dataplane::open(config).expect("attach the outlier program again"));
+        deltas.push(attached as i64 - detached as i64);
+    }
+    deltas.sort_unstable();
+    deltas[deltas.len() / 2] as f64 / 1000.0
 }
 
 /// The ClusterIP the client dials: the service in the middle of the list (average position in

@@ -61,6 +61,8 @@ pub struct RunConfig {
     pub fail_open_after: Option<Duration>,
     /// Attach the load signal (`--load-signal`).
     pub load_signal: bool,
+    /// Eject backends whose handshakes keep failing (`--outlier-ejection`).
+    pub outlier_ejection: bool,
     /// Measure every port's connections, not only those under feedback (`--load-signal all`).
     pub measure_all: bool,
     /// Service ports and backends with /metrics series of their own (`--metrics-max-*`).
@@ -181,6 +183,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
         index: config.index,
         fail_open_after: config.fail_open_after,
         load_signal: config.load_signal,
+        outlier_ejection: config.outlier_ejection,
     };
     let mut dataplane = tokio::task::block_in_place(|| Dataplane::open(&dataplane_config))?;
     tracing::info!(
@@ -451,6 +454,7 @@ mod tests {
             index: IndexOrdering::default(),
             fail_open_after: None,
             load_signal: true,
+            outlier_ejection: false,
             measure_all: false,
             metrics_caps: crate::metrics::SeriesCaps::default(),
             terminate: TerminateSockets::Off,

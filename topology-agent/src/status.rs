@@ -30,6 +30,23 @@ pub struct StatusReport {
     /// The load signal: what the `sock_ops` program measured of each backend this node sent TCP
     /// connections to, by address.
     pub backend_load: Vec<MeasuredBackend>,
+    /// Outlier ejection: backends whose handshakes from this node failed in a row, ejected or
+    /// not yet, by address.
+    pub outliers: Vec<OutlierStatus>,
+}
+
+/// A backend failing or ejected on this node.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OutlierStatus {
+    /// `address:port`.
+    pub backend: std::net::SocketAddr,
+    /// Handshakes failed in a row since its last success or ejection.
+    pub failures: u32,
+    /// Times ejected.
+    pub ejections: u32,
+    /// Seconds it is avoided still (0: not ejected).
+    pub ejected_for_s: f64,
 }
 
 /// Counters of the whole node.
@@ -148,6 +165,16 @@ impl StatusReport {
             node: NodeStatus { fail_open: pinned.node_counters.fail_open, no_storage: pinned.node_counters.no_storage },
             services,
             backend_load: pinned.backend_load.clone(),
+            outliers: pinned
+                .outliers
+                .iter()
+                .map(|o| OutlierStatus {
+                    backend: o.backend,
+                    failures: o.failures,
+                    ejections: o.ejections,
+                    ejected_for_s: o.ejected_for.as_secs_f64(),
+                })
+                .collect(),
         }
     }
 
@@ -174,6 +201,16 @@ impl StatusReport {
             "passed through untouched: {} while failing open; {} rewrites without socket storage",
             n.fail_open, n.no_storage
         );
+        for o in &self.outliers {
+            let _ = match o.ejected_for_s > 0.0 {
+                true => writeln!(
+                    out,
+                    "ejected {} for {:.0} s more (ejection {}): its handshakes failed in a row",
+                    o.backend, o.ejected_for_s, o.ejections
+                ),
+                false => writeln!(out, "failing {}: {} handshakes failed in a row", o.backend, o.failures),
+            };
+        }
         let measured: std::collections::BTreeMap<_, _> = self.backend_load.iter().map(|m| (m.backend, m)).collect();
         for service in &self.services {
             let c = &service.counters;

@@ -78,6 +78,9 @@ pub mod service_flags {
     /// connect hooks mark their sockets, [`SockTranslation::MEASURED`](crate::SockTranslation)),
     /// and only theirs: every other socket costs the load signal one flag test.
     pub const MEASURED: u32 = 1 << 2;
+    /// Outlier ejection off for the port (`topology-agent.io/outlier-ejection: "off"`): the
+    /// connect hooks draw its backends whatever their failures.
+    pub const OUTLIER_OFF: u32 = 1 << 3;
 }
 
 /// Per-service options, by service id.

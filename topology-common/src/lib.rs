@@ -18,12 +18,14 @@ use core::mem::size_of;
 pub mod control;
 pub mod index;
 pub mod load;
+pub mod outlier;
 pub mod socket;
 pub use control::{
     ClientAffinityKey, ClientAffinityValue, DnsSteer, Heartbeat, NodeCounters, ServiceOptions, service_flags,
 };
 pub use index::{IndexEntry4, IndexEntry6};
 pub use load::{BackendKey, BackendLoad};
+pub use outlier::{OutlierEntry, OutlierState};
 pub use socket::{DATAGRAM_PEERS, DatagramPeer, DatagramPeers, IterRecord, SockTranslation, TcpTranslation};
 
 /// `AF_INET`, as stored in the `family` fields.
@@ -86,8 +88,13 @@ pub mod map_names {
     /// What the `sock_ops` program measured per backend: [`BackendKey`](crate::BackendKey) ->
     /// [`BackendLoad`](crate::BackendLoad).
     pub const BACKEND_LOAD: &str = "topo_backend_load";
+    /// Failures and ejections per backend (passive outlier ejection, [`crate::outlier`]):
+    /// [`BackendKey`](crate::BackendKey) -> [`OutlierEntry`](crate::OutlierEntry); LRU.
+    pub const OUTLIERS: &str = "topo_outlier";
+    /// Whether any backend is failing or ejected: one [`OutlierState`](crate::OutlierState).
+    pub const OUTLIER_STATE: &str = "topo_outlier_st";
     /// Every map the agent pins and keeps across restarts, in a stable order.
-    pub const PINNED: [&str; 16] = [
+    pub const PINNED: [&str; 18] = [
         SERVICES_V4,
         SERVICES_V6,
         SLOTS,
@@ -104,6 +111,8 @@ pub mod map_names {
         NODE_COUNTERS,
         DNS_STEER,
         BACKEND_LOAD,
+        OUTLIERS,
+        OUTLIER_STATE,
     ];
 
     /// State of the programs' random number generator; not pinned (a new state per load is as
@@ -142,6 +151,9 @@ pub mod program_names {
 
     /// TCP state changes of the sockets the connect hooks rewrote (`sock_ops`): the load signal.
     pub const BACKEND_LOAD: &str = "backend_load";
+    /// The end of every TCP handshake on the node (`tp_btf/inet_sock_set_state`, not a cgroup
+    /// hook): passive outlier ejection of the backends the connect hooks chose.
+    pub const OUTLIER: &str = "outlier";
 
     /// The socket-address programs, in attach order.
     pub const SOCK_ADDR: [&str; 8] =
@@ -179,6 +191,9 @@ pub mod capacity {
     /// Backends measured by the `sock_ops` program (allocated on use: 20-byte keys, 64-byte
     /// values). A backend beyond it is not measured: its connections are still rewritten.
     pub const BACKEND_LOAD: u32 = 65_536;
+    /// Backends whose handshakes failed, remembered for outlier ejection (LRU, 44 bytes each):
+    /// the least recently failing one of a full map is forgotten.
+    pub const OUTLIERS: u32 = 16_384;
 }
 
 /// Service ids per chunk of the counters map. A chunk is a per-CPU array the agent creates when it
@@ -370,4 +385,6 @@ mod pod {
     unsafe impl aya::Pod for super::IndexEntry6 {}
     unsafe impl aya::Pod for super::BackendKey {}
     unsafe impl aya::Pod for super::BackendLoad {}
+    unsafe impl aya::Pod for super::OutlierEntry {}
+    unsafe impl aya::Pod for super::OutlierState {}
 }

@@ -31,6 +31,7 @@ mod mmap;
 pub mod mounts;
 mod objects;
 mod ops;
+mod outliers;
 mod pins;
 #[cfg(test)]
 mod refusals;
@@ -59,6 +60,7 @@ pub use layout::PinLayout;
 pub use loader::{Flavour, IndexOrdering, KernelLogLevel};
 pub use maps::Capacities;
 pub(crate) use objects::PROGRAMS;
+pub use outliers::Outlier;
 pub use socket_maps::{IterError, SocketMaps, TcpConnections};
 pub use state::{CounterReading, KernelState, ProgrammedService};
 use topology_common::{NodeCounters, ServiceCounters, program_names};
@@ -105,6 +107,10 @@ pub struct DataplaneConfig {
     /// cgroup). Off, or refused by the kernel: no backend is measured and feedback keeps the
     /// static plan.
     pub load_signal: bool,
+    /// Load and attach the outlier ejection program (`tp_btf/inet_sock_set_state`: it runs at
+    /// every TCP state change of the node, about 0.5 µs per connection). Off (the default), or
+    /// refused by the kernel: no backend is ejected.
+    pub outlier_ejection: bool,
 }
 
 impl DataplaneConfig {
@@ -119,6 +125,7 @@ impl DataplaneConfig {
             index: IndexOrdering::Auto,
             fail_open_after: None,
             load_signal: true,
+            outlier_ejection: false,
         }
     }
 }
@@ -151,6 +158,7 @@ impl Dataplane {
             log_level: config.kernel_log,
             index: config.index,
             load_signal: config.load_signal,
+            outlier_ejection: config.outlier_ejection,
         };
         let fail_open = FailOpen::new(config.fail_open_after);
         if let Some(previous) = reuse::find(&layout, &options, &config.cgroup) {
@@ -388,6 +396,8 @@ pub struct PinnedState {
     pub signal_loaded: bool,
     /// What the `sock_ops` program measured per backend.
     pub backend_load: Vec<MeasuredBackend>,
+    /// Backends failing or ejected (outlier ejection).
+    pub outliers: Vec<Outlier>,
     /// Map capacities.
     pub capacities: Capacities,
 }
@@ -402,6 +412,7 @@ pub fn read_pins(pin_path: &Path) -> Result<PinnedState, DataplaneError> {
     let heartbeat = heartbeat::read(&maps.heartbeat)?;
     let attached = program_names::ALL.into_iter().filter(|name| layout.link(name).exists()).collect();
     let backend_load = backend_load::read(&maps.backend_load)?;
+    let outliers = maps::CounterMaps::from_pins(&layout).and_then(|counters| outliers::read(&counters.outliers))?;
     let signal_loaded = layout.program(program_names::BACKEND_LOAD).exists();
     Ok(PinnedState {
         kernel,
@@ -411,6 +422,7 @@ pub fn read_pins(pin_path: &Path) -> Result<PinnedState, DataplaneError> {
         attached,
         signal_loaded,
         backend_load,
+        outliers,
         capacities: maps.capacities,
     })
 }
@@ -471,6 +483,7 @@ impl CounterReader {
             node: heartbeat::read_node_counters(&self.maps.node_counters)?,
             heartbeat: Some(heartbeat::read(&self.maps.heartbeat)?),
             backends: backend_load::read(&self.maps.backend_load)?,
+            outliers: outliers::read(&self.maps.outliers)?,
         })
     }
 }
@@ -486,6 +499,8 @@ pub struct KernelReading {
     pub heartbeat: Option<HeartbeatReading>,
     /// What the `sock_ops` program measured per backend.
     pub backends: Vec<MeasuredBackend>,
+    /// Backends failing or ejected (outlier ejection).
+    pub outliers: Vec<Outlier>,
 }
 
 /// A TCP port the load signal measures.

@@ -83,7 +83,13 @@ pub fn update_pinned(path: &Path, program: BorrowedFd<'_>, cgroup_id: u64) -> Re
 pub fn detach_pinned(path: &Path) -> Result<(), DataplaneError> {
     let link_error = |source: io::Error| DataplaneError::Link { path: path.to_path_buf(), source };
     let fd = obj_get(path).map_err(link_error)?;
-    link_detach(&fd).map_err(link_error)?;
+    match link_detach(&fd) {
+        Ok(()) => {}
+        // A tracing link has no detach of its own: it goes with its last reference, the pin
+        // (the agent keeps no descriptor of a pinned link).
+        Err(error) if error.raw_os_error() == Some(libc::EOPNOTSUPP) => {}
+        Err(error) => return Err(link_error(error)),
+    }
     std::fs::remove_file(path).map_err(link_error)
 }
 

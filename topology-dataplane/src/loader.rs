@@ -9,7 +9,7 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    programs::{CgroupAttachMode, CgroupSockAddr, SockOps, links::FdLink},
+    programs::{BtfTracePoint, CgroupAttachMode, CgroupSockAddr, SockOps, links::FdLink},
 };
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
@@ -134,6 +134,8 @@ pub struct LoadOptions {
     pub index: IndexOrdering,
     /// Load the load signal's `sock_ops` program.
     pub load_signal: bool,
+    /// Load the outlier ejection program.
+    pub outlier_ejection: bool,
 }
 
 /// Loads the object with its maps opened from, or created and pinned under, `layout`, and its
@@ -184,6 +186,17 @@ fn load_flavour(layout: &PinLayout, options: &LoadOptions, flavour: Flavour) -> 
     for name in program_names::SOCK_ADDR {
         program::<CgroupSockAddr>(&mut ebpf, name)?.load().map_err(DataplaneError::program(name))?;
     }
+    // Outlier ejection is an addition too: without BTF or on a kernel that refuses the tracing
+    // program (before 5.12: no socket cookie of a traced socket), no backend is ejected.
+    if options.outlier_ejection {
+        let tracing = program::<BtfTracePoint>(&mut ebpf, program_names::OUTLIER)?;
+        let loaded = aya::Btf::from_sys_fs()
+            .map_err(|error| error.to_string())
+            .and_then(|btf| tracing.load(TRACEPOINT, &btf).map_err(|error| error.to_string()));
+        if let Err(error) = loaded {
+            tracing::warn!(%error, "the kernel refused the outlier ejection program (tp_btf/{TRACEPOINT}); no backend is ejected");
+        }
+    }
     if options.load_signal {
         // The measurement is an addition: a kernel that refuses it leaves the rewrites running.
         let name = program_names::BACKEND_LOAD;
@@ -194,6 +207,9 @@ fn load_flavour(layout: &PinLayout, options: &LoadOptions, flavour: Flavour) -> 
     }
     Ok(ebpf)
 }
+
+/// Where the outlier ejection program attaches: every TCP socket's state changes, node-wide.
+const TRACEPOINT: &str = "inet_sock_set_state";
 
 /// A loaded object's program by name, as its type.
 fn program<'a, P>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut P, DataplaneError>
@@ -255,7 +271,25 @@ pub fn attach_all(ebpf: &mut Ebpf, layout: &PinLayout, cgroup: &Path) -> Result<
         };
         links::replace_pinned(link, &path)?;
     }
-    Ok(())
+    attach_outlier(ebpf, layout)
+}
+
+/// Attaches the outlier ejection program, if it was loaded, and pins its link (replacing one a
+/// previous agent left); a tracing link cannot take a new program in place, so for a moment both
+/// run (a failure may count twice). Not loaded: a link left by a previous agent is detached.
+fn attach_outlier(ebpf: &mut Ebpf, layout: &PinLayout) -> Result<(), DataplaneError> {
+    let name = program_names::OUTLIER;
+    let path = layout.link(name);
+    let program = program::<BtfTracePoint>(ebpf, name)?;
+    if program.fd().is_err() {
+        if path.exists() {
+            links::detach_pinned(&path)?;
+        }
+        return Ok(());
+    }
+    let id = program.attach().map_err(DataplaneError::program(name))?;
+    let link: FdLink = program.take_link(id).map_err(DataplaneError::program(name))?.into();
+    links::replace_pinned(link, &path)
 }
 
 /// Removes the pin of a program attached only while needed, if any.

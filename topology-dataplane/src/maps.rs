@@ -267,6 +267,8 @@ pub struct CounterMaps {
     pub node_counters: PerCpuArray<MapData, NodeCounters>,
     /// What the `sock_ops` program measured per backend.
     pub backend_load: super::backend_load::LoadMap,
+    /// Failures and ejections per backend.
+    pub outliers: super::outliers::OutlierMap,
 }
 
 impl CounterMaps {
@@ -285,6 +287,7 @@ impl CounterMaps {
             backend_load: open(map_names::BACKEND_LOAD)?
                 .try_into()
                 .map_err(DataplaneError::map(map_names::BACKEND_LOAD))?,
+            outliers: open(map_names::OUTLIERS)?.try_into().map_err(DataplaneError::map(map_names::OUTLIERS))?,
         })
     }
 }

@@ -84,6 +84,10 @@ pub fn find(layout: &PinLayout, options: &LoadOptions, cgroup: &Path) -> Option<
     if layout.program(program_names::BACKEND_LOAD).exists() != previous.signal {
         return None;
     }
+    if options.outlier_ejection && !layout.link(program_names::OUTLIER).exists() {
+        // Detached, or refused by this kernel before: loading tries again.
+        return None;
+    }
     for name in program_names::ALL {
         // The load signal's link exists only while a port is measured; if it does, it must be here.
         let expected = name != program_names::BACKEND_LOAD || (previous.signal && layout.link(name).exists());
@@ -150,6 +154,7 @@ mod tests {
             log_level: KernelLogLevel::Off,
             index: IndexOrdering::Auto,
             load_signal: true,
+            outlier_ejection: true,
         }
     }
 
@@ -162,7 +167,9 @@ mod tests {
         capacities.capacities.slots += 1;
         let mut signal = options();
         signal.load_signal = false;
-        for other in [capacities, signal] {
+        let mut ejection = options();
+        ejection.outlier_ejection = false;
+        for other in [capacities, signal, ejection] {
             assert_ne!(base, fingerprint(&other, cgroup), "{other:?}");
         }
         assert_ne!(base, fingerprint(&options(), Path::new("/sys/fs/cgroup/b")));

@@ -16,6 +16,7 @@ mod load;
 mod lookup;
 mod maps;
 mod order;
+mod outlier;
 mod record;
 mod rng;
 mod sockaddr;
@@ -123,16 +124,24 @@ fn connect(ctx: &SockAddrContext, dest: Dest) -> Result<Option<Pick>, Error> {
     let Gate::Rewrite(options) = gate::admit(&service, &mut clock) else {
         return Ok(None);
     };
-    let choice = choose::choose(ctx, service, &options, &mut clock)?;
+    let mut choice = choose::choose(ctx, service, &options, &mut clock)?;
+    // A client kept on its backend (session affinity) keeps it; a port may turn ejection off.
+    if proto == IPPROTO_TCP && options.affinity_timeout_s == 0 && options.flags & service_flags::OUTLIER_OFF == 0 {
+        outlier::avoid(&mut choice, dest.family, &mut clock);
+    }
     let measured = options.flags & service_flags::MEASURED != 0;
     if !record::remember_connection(ctx, &dest.addressed(proto), &choice, measured) {
         count::count_node(NodeCounters::NO_STORAGE);
     }
-    debug!(
-        ctx,
-        "connect {}:{} -> {:i}:{}", choice.service.service_id, dest.port, choice.backend.addr, choice.backend.port
-    );
+    log_connect(ctx, choice.service.service_id, dest.port, &choice.backend);
     Ok(Some(choice))
+}
+
+/// The kernel log's line for a rewritten connection: a function of its own (a BPF subprogram),
+/// so its record's room is not in the connect hooks' stack frame, near the limit already.
+#[inline(never)]
+fn log_connect(ctx: &SockAddrContext, service_id: u32, port: u16, backend: &topology_common::Backend) {
+    debug!(ctx, "connect {}:{} -> {:i}:{}", service_id, port, backend.addr, backend.port);
 }
 
 #[cgroup_sock_addr(sendmsg4)]

@@ -14,8 +14,8 @@ use aya_ebpf::{
 };
 use topology_common::{
     BackendKey, BackendLoad, COUNTER_CHUNK, ClientAffinityKey, ClientAffinityValue, DatagramPeers, DnsSteer, Heartbeat,
-    IndexEntry4, IndexEntry6, NodeCounters, ServiceCounters, ServiceKey4, ServiceKey6, ServiceMeta, ServiceOptions,
-    ServiceValue, Slot, SockTranslation, TcpTranslation, capacity,
+    IndexEntry4, IndexEntry6, NodeCounters, OutlierEntry, OutlierState, ServiceCounters, ServiceKey4, ServiceKey6,
+    ServiceMeta, ServiceOptions, ServiceValue, Slot, SockTranslation, TcpTranslation, capacity,
 };
 
 /// Maps only userspace writes are allocated on write, so an idle capacity costs no kernel memory.
@@ -143,6 +143,15 @@ pub static NODE_COUNTERS: PerCpuArray<NodeCounters, 1> = PerCpuArray::new();
 #[btf_map(name = "topo_backend_load")]
 pub static BACKEND_LOAD: HashMap<BackendKey, BackendLoad, { capacity::BACKEND_LOAD as usize }, NO_PREALLOC> =
     HashMap::new();
+
+/// Failures and ejections per backend (see `outlier`); entries made by the tracing program on a
+/// backend's first failed handshake, the least recently used forgotten when full.
+#[btf_map(name = "topo_outlier")]
+pub static OUTLIERS: LruHashMap<BackendKey, OutlierEntry, { capacity::OUTLIERS as usize }> = LruHashMap::new();
+
+/// Whether any backend is failing or ejected (see `outlier`).
+#[btf_map(name = "topo_outlier_st")]
+pub static OUTLIER_STATE: Array<OutlierState, 1> = Array::new();
 
 /// Per-CPU state of the programs' random number generator (see `rng`); not pinned: a new state
 /// per load is as good as the old one.

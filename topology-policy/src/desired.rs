@@ -167,6 +167,9 @@ pub struct PortOptions {
     /// measures every port, `--load-signal all`). Other ports' connections cost it nothing.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub measured: bool,
+    /// Outlier ejection is off for the port: its backends are drawn whatever their failures.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub outlier_off: bool,
 }
 
 impl PortOptions {
@@ -175,7 +178,9 @@ impl PortOptions {
         let flag = |on: bool, flag: u32| if on { flag } else { 0 };
         ServiceOptions {
             affinity_timeout_s: self.affinity_timeout_s.unwrap_or(0),
-            flags: flag(self.local_dns, service_flags::LOCAL_DNS) | flag(self.measured, service_flags::MEASURED),
+            flags: flag(self.local_dns, service_flags::LOCAL_DNS)
+                | flag(self.measured, service_flags::MEASURED)
+                | flag(self.outlier_off, service_flags::OUTLIER_OFF),
         }
     }
 
@@ -185,6 +190,7 @@ impl PortOptions {
             affinity_timeout_s: (options.affinity_timeout_s != 0).then_some(options.affinity_timeout_s),
             local_dns: options.flags & service_flags::LOCAL_DNS != 0,
             measured: options.flags & service_flags::MEASURED != 0,
+            outlier_off: options.flags & service_flags::OUTLIER_OFF != 0,
         }
     }
 }
@@ -245,7 +251,7 @@ mod tests {
             PortOptions::default(),
             PortOptions { measured: true, local_dns: true, ..PortOptions::default() },
             PortOptions { affinity_timeout_s: Some(10_800), ..PortOptions::default() },
-            PortOptions { local_dns: true, affinity_timeout_s: Some(1), measured: false },
+            PortOptions { local_dns: true, affinity_timeout_s: Some(1), measured: false, outlier_off: true },
         ] {
             assert_eq!(PortOptions::from_kernel(&options.to_kernel()), options);
         }

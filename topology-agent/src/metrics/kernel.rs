@@ -164,6 +164,22 @@ impl Collector for KernelCounters {
             )?;
             ConstGauge::new(folded as i64).encode(family)?;
         }
+        let ejected = reading.outliers.iter().filter(|outlier| outlier.ejected()).count();
+        for (name, help, value) in [
+            (
+                "backends_ejected",
+                "Backends this node's hooks avoid now, their handshakes having failed in a row (outlier ejection)",
+                ejected,
+            ),
+            (
+                "backends_failing",
+                "Backends whose last handshakes from this node failed, not ejected",
+                reading.outliers.len() - ejected,
+            ),
+        ] {
+            let family = encoder.encode_descriptor(name, help, None, prometheus_client::metrics::MetricType::Gauge)?;
+            ConstGauge::new(value as i64).encode(family)?;
+        }
         if let Some(heartbeat) = reading.heartbeat {
             let family = encoder.encode_descriptor(
                 "kernel_failing_open",

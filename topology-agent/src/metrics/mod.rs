@@ -301,6 +301,20 @@ mod tests {
                     ..Default::default()
                 },
             }],
+            outliers: vec![
+                crate::dataplane::Outlier {
+                    backend: "10.0.1.6:8080".parse().unwrap(),
+                    failures: 0,
+                    ejections: 1,
+                    ejected_for: std::time::Duration::from_secs(7),
+                },
+                crate::dataplane::Outlier {
+                    backend: "10.0.1.7:8080".parse().unwrap(),
+                    failures: 2,
+                    ejections: 0,
+                    ejected_for: std::time::Duration::ZERO,
+                },
+            ],
         });
         metrics.services.set(1);
         let web = ServicePort { vip: "10.96.0.10".parse().unwrap(), port: 80, protocol: Protocol::Tcp };
@@ -329,6 +343,7 @@ mod tests {
         assert!(line("topology_agent_backend_connects_total{backend=\"10.0.1.5:8080\"} 9"), "{text}");
         assert!(line("topology_agent_backend_connection_seconds_total{backend=\"10.0.1.5:8080\"} 2.5"), "{text}");
         assert!(line("topology_agent_failed_service_ports 0"), "{text}");
+        assert!(line("topology_agent_backends_ejected 1") && line("topology_agent_backends_failing 1"), "{text}");
         assert!(line("# TYPE topology_agent_event_to_kernel_seconds histogram"), "{text}");
     }
 }

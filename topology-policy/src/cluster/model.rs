@@ -205,6 +205,10 @@ pub const ANNOTATION_SPILLOVER: &str = "topology-agent.io/spillover";
 /// percentage (`10%`).
 pub const ANNOTATION_MAX_OVERLOAD: &str = "topology-agent.io/max-overload";
 
+/// Passive outlier ejection of the Service's backends (`on`, the default, or `off`): see
+/// `topology_common::outlier`.
+pub const ANNOTATION_OUTLIER_EJECTION: &str = "topology-agent.io/outlier-ejection";
+
 /// Where the node's DNS responder answers a Service's names: `upstream` relays every query for
 /// them to the cluster DNS (CoreDNS), for names an operator keeps there.
 pub const ANNOTATION_DNS: &str = "topology-agent.io/dns";

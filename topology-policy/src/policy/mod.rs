@@ -214,7 +214,9 @@ pub fn compute_service_with(
     let mut families: Vec<Family> = service.cluster_ips.iter().map(Family::of).collect();
     families.sort();
     families.dedup();
-    let options = PortOptions { affinity_timeout_s: service.session_affinity_timeout_s, ..PortOptions::default() };
+    let (outlier_off, outlier_warning) = outlier_ejection_off(service);
+    let options =
+        PortOptions { affinity_timeout_s: service.session_affinity_timeout_s, outlier_off, ..PortOptions::default() };
     // Exactly sized: a selection is large, and a Vec grown from empty holds four.
     let mut out = Vec::with_capacity(service.ports.len() * families.len());
     for port in &service.ports {
@@ -225,6 +227,7 @@ pub fn compute_service_with(
             if let Some(note) = joined.unmatched_port {
                 selection.warnings.push(note);
             }
+            selection.warnings.extend(outlier_warning.clone());
             out.push(PortSelection {
                 service: service.key.clone(),
                 port: port.clone(),
@@ -237,6 +240,22 @@ pub fn compute_service_with(
         }
     }
     out
+}
+
+/// Whether the Service turns outlier ejection off (`topology-agent.io/outlier-ejection: off`),
+/// and the warning of a value that is neither `on` nor `off` (ejection stays on).
+fn outlier_ejection_off(service: &Service) -> (bool, Option<String>) {
+    match service.agent_annotations.get(crate::cluster::model::ANNOTATION_OUTLIER_EJECTION).map(|v| v.trim()) {
+        None | Some("on") => (false, None),
+        Some("off") => (true, None),
+        Some(other) => (
+            false,
+            Some(format!(
+                "annotation {}: {other:?} is neither \"on\" nor \"off\"; outlier ejection stays on",
+                crate::cluster::model::ANNOTATION_OUTLIER_EJECTION
+            )),
+        ),
+    }
 }
 
 /// The decision for one Service port from `this` node, given all its endpoints and the demand

@@ -25,10 +25,11 @@ pub const ANNOTATION_TOPOLOGY_MODE: &str = "service.kubernetes.io/topology-mode"
 /// Topology Aware Hints annotation (Kubernetes 1.23-1.26).
 pub const ANNOTATION_TOPOLOGY_AWARE_HINTS: &str = "service.kubernetes.io/topology-aware-hints";
 /// This agent's own annotations that the policy reads: the only ones kept, bounded.
-pub const AGENT_ANNOTATIONS: [&str; 3] = [
+pub const AGENT_ANNOTATIONS: [&str; 4] = [
     crate::cluster::model::ANNOTATION_SPILLOVER,
     crate::cluster::model::ANNOTATION_MAX_OVERLOAD,
     crate::cluster::model::ANNOTATION_DNS,
+    crate::cluster::model::ANNOTATION_OUTLIER_EJECTION,
 ];
 
 /// Deserializes a raw object into its view; an error names the failing field.

@@ -1,0 +1,92 @@
+//! Passive outlier ejection through the real kernel (root, `--outlier-ejection on`): a backend
+//! whose handshakes from this node fail five times in a row is avoided by this node's connect
+//! hooks for 10 s, then tried again, and ejected for twice as long when it fails again; a Service
+//! may turn it off.
+//! `--test-threads=1`.
+
+use std::{
+    net::{IpAddr, SocketAddr},
+    path::Path,
+    time::Duration,
+};
+
+use topology_tests::{
+    agent::{Agent, AgentOptions},
+    cluster::{self, EndpointSpec},
+    fixture::{BACKEND_PORT, Fixture},
+    require_root,
+};
+
+const VIP: &str = "10.96.0.90:80";
+
+fn write(fx: &Fixture, file: &Path, ejection: Option<&str>) {
+    let vip: SocketAddr = VIP.parse().expect("VIP");
+    let endpoints: Vec<EndpointSpec> =
+        fx.backends.iter().map(|b| EndpointSpec::new(IpAddr::V4(b.host.v4), "node-a")).collect();
+    let mut service = cluster::service("default", "web", vip.ip(), vip.port(), "TCP", "http");
+    if let Some(value) = ejection {
+        cluster::annotate(&mut service, "topology-agent.io/outlier-ejection", value);
+    }
+    let slice = cluster::slice("default", "web-1", "web", "http", BACKEND_PORT, "TCP", &endpoints);
+    cluster::write(file, &[cluster::node("node-a", "zone-a", None, "4"), service, slice]);
+}
+
+#[test]
+fn a_refusing_backend_is_ejected_after_five_failures_tried_again_and_ejected_longer() {
+    require_root!();
+    let mut fx = Fixture::new(2);
+    let file = fx.scratch().join("cluster.yaml");
+    write(&fx, &file, None);
+    let mut options = AgentOptions::new(&file, "node-a", fx.cgroup.path(), fx.pins.path());
+    options.extra = vec!["--outlier-ejection".into(), "on".into()];
+    let mut agent = Agent::start(&options);
+    agent.wait_ready(Duration::from_secs(20));
+    let vip: SocketAddr = VIP.parse().unwrap();
+    // Both serve: nothing fails, both are used.
+    let calm = fx.place().tcp(vip, 100);
+    assert!(calm.errors.is_empty() && calm.landed.len() == 2, "{calm:?}");
+
+    // b0's process exits: its handshakes are refused. Five in a row eject it; after that every
+    // connection goes to b1.
+    fx.backends[0].stop();
+    let outage = fx.place().tcp(vip, 300);
+    assert_eq!(outage.errors.get("ECONNREFUSED").copied(), Some(5), "{outage:?}");
+    assert_eq!(outage.landed.get("b1").copied(), Some(295), "{outage:?}");
+    let ejected = fx.place().tcp(vip, 200);
+    assert_eq!((ejected.errors.len(), ejected.landed.get("b1").copied()), (0, Some(200)), "{ejected:?}");
+    // What the kernel holds, as /metrics and `status` say it.
+    let metrics = agent.get("/metrics").expect("metrics").1;
+    assert!(metrics.lines().any(|l| l == "topology_agent_backends_ejected 1"), "{metrics}");
+    let status = std::process::Command::new(topology_tests::net::agent_binary())
+        .args(["status", "--pin-path"])
+        .arg(fx.pins.path())
+        .output()
+        .expect("status");
+    let status = String::from_utf8_lossy(&status.stdout);
+    let b0 = format!("ejected {}:{BACKEND_PORT} for", fx.backends[0].host.v4);
+    assert!(status.contains(&b0) && status.contains("(ejection 1)"), "{status}");
+
+    // 10 s later it is tried again, fails five times more and is ejected again, for 20 s.
+    std::thread::sleep(Duration::from_millis(10_500));
+    let retried = fx.place().tcp(vip, 300);
+    assert_eq!(retried.errors.get("ECONNREFUSED").copied(), Some(5), "{retried:?}");
+    std::thread::sleep(Duration::from_millis(10_500));
+    let still = fx.place().tcp(vip, 200);
+    assert!(still.errors.is_empty(), "the second ejection lasts 20 s: {still:?}");
+}
+
+#[test]
+fn a_service_may_turn_ejection_off() {
+    require_root!();
+    let mut fx = Fixture::new(2);
+    let file = fx.scratch().join("cluster.yaml");
+    write(&fx, &file, Some("off"));
+    let mut options = AgentOptions::new(&file, "node-a", fx.cgroup.path(), fx.pins.path());
+    options.extra = vec!["--outlier-ejection".into(), "on".into()];
+    let mut agent = Agent::start(&options);
+    agent.wait_ready(Duration::from_secs(20));
+    fx.backends[0].stop();
+    let outage = fx.place().tcp(VIP.parse().unwrap(), 300);
+    let refused = outage.errors.get("ECONNREFUSED").copied().unwrap_or(0);
+    assert!(refused > 100, "without ejection about half keep failing: {outage:?}");
+}
