@@ -144,28 +144,20 @@ impl Collector for KernelCounters {
                 encoder.encode_descriptor(name, help, None, prometheus_client::metrics::MetricType::Counter)?;
             ConstCounter::new(value).encode(family)?;
         }
-        {
-            let family = encoder.encode_descriptor(
-                "metrics_ports_folded",
-                "Used service ports past --metrics-max-ports, whose counters are summed under service=\"other\"",
-                None,
-                prometheus_client::metrics::MetricType::Gauge,
-            )?;
-            ConstGauge::new(folded as i64).encode(family)?;
-        }
-        let (backends, folded) = fold_backends(reading.backends, self.max_backends.load(Ordering::Relaxed));
+        let (backends, backends_folded) = fold_backends(reading.backends, self.max_backends.load(Ordering::Relaxed));
         encode_backend_load(&mut encoder, &backends)?;
-        {
-            let family = encoder.encode_descriptor(
-                "metrics_backends_folded",
-                "Measured backends past --metrics-max-backends, whose load is summed under backend=\"other\"",
-                None,
-                prometheus_client::metrics::MetricType::Gauge,
-            )?;
-            ConstGauge::new(folded as i64).encode(family)?;
-        }
         let ejected = reading.outliers.iter().filter(|outlier| outlier.ejected()).count();
         for (name, help, value) in [
+            (
+                "metrics_ports_folded",
+                "Used service ports past --metrics-max-ports, whose counters are summed under service=\"other\"",
+                folded,
+            ),
+            (
+                "metrics_backends_folded",
+                "Measured backends past --metrics-max-backends, whose load is summed under backend=\"other\"",
+                backends_folded,
+            ),
             (
                 "backends_ejected",
                 "Backends this node's hooks avoid now, their handshakes having failed in a row (outlier ejection)",
