@@ -333,12 +333,13 @@ impl<P: Programmer> Controller<P> {
             let started = Instant::now();
             let mut changed = BTreeSet::new();
             let mut decider = self.decider();
+            let decided = decider.dirty.clone();
             for key in std::mem::take(decider.dirty) {
                 changed.extend(decider.recompute(&this, &key));
             }
             changed.extend(decider.drain_retries(&this));
             let report = self.programmer.apply_changes(self.plan.desired(), &changed);
-            self.finish(started, &report, Some(&changed));
+            self.finish(started, &report, Some((&changed, &decided)));
         } else {
             self.intake.oldest_pending = None;
         }
@@ -358,15 +359,28 @@ impl<P: Programmer> Controller<P> {
     }
 
     /// Books an apply: health, metrics, and the problems of ports that failed or recovered.
-    /// `attempted` is the set of ports the apply covered (`None`: all).
-    fn finish(&mut self, started: Instant, report: &ApplyReport, attempted: Option<&BTreeSet<ServicePort>>) {
+    /// `attempted` is the set of ports the apply covered and the Services decided for it (`None`:
+    /// all).
+    fn finish(
+        &mut self,
+        started: Instant,
+        report: &ApplyReport,
+        attempted: Option<(&BTreeSet<ServicePort>, &BTreeSet<ObjectKey>)>,
+    ) {
         self.programmed = true;
         self.ctx.health.programmed();
         if let Some(terminator) = &self.outlets.terminator {
             // Only a backend that left its Service ends its sockets: one the topology merely
             // stopped choosing, or one terminating while it still serves, keeps its connections.
             let (state, plan) = (&self.intake.state, &self.plan);
-            terminator.submit(&report.departed, &report.returned, |d| plan.still_serves(state, &d.service, d.backend));
+            let decided = attempted.map(|(_, decided)| decided);
+            // A held departure's backend can stop serving only with a change its Service was
+            // decided again for (or gone with it).
+            let recheck = |d: &crate::sockets::Departure| {
+                decided.is_none_or(|keys| plan.owner(&d.service).is_none_or(|owner| keys.contains(owner)))
+            };
+            let still_serves = |d: &crate::sockets::Departure| plan.still_serves(state, &d.service, d.backend);
+            terminator.submit(&report.departed, &report.returned, recheck, still_serves);
         }
         self.ctx.metrics.sync_duration.observe(started.elapsed().as_secs_f64());
         if let Some(seen) = self.intake.oldest_pending.take() {
@@ -383,6 +397,7 @@ impl<P: Programmer> Controller<P> {
             );
         }
         let plan = &self.plan;
+        let attempted = attempted.map(|(ports, _)| ports);
         match attempted {
             Some(ports) => {
                 for port in ports {

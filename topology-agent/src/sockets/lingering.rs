@@ -15,21 +15,31 @@ pub struct Lingering {
 
 impl Lingering {
     /// Takes what one apply did: the departures to act on now — those of backends that left their
-    /// Service, now or since they were held back.
+    /// Service, now or since they were held back. A held departure is looked at again only where
+    /// `recheck` says (the ports of the Services the controller decided again: a backend that
+    /// stops serving changes its Service's slices), so a large held set costs an apply nothing.
     pub fn settle(
         &mut self,
         departed: &[Departure],
         returned: &[Departure],
+        recheck: impl Fn(&Departure) -> bool,
         still_serves: impl Fn(&Departure) -> bool,
     ) -> Vec<Departure> {
         for back in returned {
             self.held.remove(back);
         }
-        self.held.extend(departed.iter().copied());
-        let (serving, left): (BTreeSet<Departure>, BTreeSet<Departure>) =
-            std::mem::take(&mut self.held).into_iter().partition(|departure| still_serves(departure));
-        self.held = serving;
-        left.into_iter().collect()
+        let mut left: Vec<Departure> = departed.iter().filter(|d| !still_serves(d)).copied().collect();
+        let again: Vec<Departure> = self.held.iter().filter(|d| recheck(d)).copied().collect();
+        for departure in again {
+            if !still_serves(&departure) {
+                self.held.remove(&departure);
+                left.push(departure);
+            }
+        }
+        self.held.extend(departed.iter().filter(|d| !left.contains(d)).copied());
+        left.sort();
+        left.dedup();
+        left
     }
 
     /// Whether none is.
@@ -58,14 +68,18 @@ mod tests {
         let serving = std::cell::RefCell::new(BTreeSet::from([1u8, 2]));
         let serves = |d: &Departure| serving.borrow().iter().any(|last| departure(*last) == *d);
         // 1 and 2 leave the set but serve: held; 3 left the Service: acted on.
-        assert_eq!(lingering.settle(&[departure(1), departure(2), departure(3)], &[], serves), [departure(3)]);
+        assert_eq!(
+            lingering.settle(&[departure(1), departure(2), departure(3)], &[], |_| true, serves),
+            [departure(3)]
+        );
         assert_eq!(lingering.held.len(), 2);
-        // 1 stops serving while nothing else changes in the set: acted on now.
+        // 1 stops serving while nothing else changes in the set: acted on once its port is applied.
         serving.borrow_mut().remove(&1);
-        assert_eq!(lingering.settle(&[], &[], serves), [departure(1)]);
+        assert!(lingering.settle(&[], &[], |_| false, serves).is_empty(), "an apply of other Services");
+        assert_eq!(lingering.settle(&[], &[], |_| true, serves), [departure(1)]);
         // 2 comes back to the set: no longer held, and its later end is not acted on from here.
-        assert!(lingering.settle(&[], &[departure(2)], serves).is_empty());
+        assert!(lingering.settle(&[], &[departure(2)], |_| true, serves).is_empty());
         serving.borrow_mut().remove(&2);
-        assert!(lingering.settle(&[], &[], serves).is_empty() && lingering.is_empty());
+        assert!(lingering.settle(&[], &[], |_| true, serves).is_empty() && lingering.is_empty());
     }
 }

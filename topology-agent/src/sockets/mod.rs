@@ -156,15 +156,21 @@ impl Terminator {
 
     /// Takes what an apply did: queues the departures of backends that left their Service (UDP
     /// ones, and TCP ones when configured, are acted on), holds back those of backends that
-    /// `still_serves` says serve until they stop, and cancels the pending departures of backends
-    /// that `returned` to their set.
-    pub fn submit(&self, departed: &[Departure], returned: &[Departure], still_serves: impl Fn(&Departure) -> bool) {
+    /// `still_serves` says serve until they stop (looked at again where `recheck` says), and
+    /// cancels the pending departures of backends that `returned` to their set.
+    pub fn submit(
+        &self,
+        departed: &[Departure],
+        returned: &[Departure],
+        recheck: impl Fn(&Departure) -> bool,
+        still_serves: impl Fn(&Departure) -> bool,
+    ) {
         let departures = {
             let mut lingering = self.lingering.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             if departed.is_empty() && returned.is_empty() && lingering.is_empty() {
                 return;
             }
-            lingering.settle(departed, returned, still_serves)
+            lingering.settle(departed, returned, recheck, still_serves)
         };
         if departures.is_empty() && returned.is_empty() {
             return;

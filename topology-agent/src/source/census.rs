@@ -19,6 +19,9 @@ use crate::cluster::{
     model::{LABEL_REGION, LABEL_ZONE},
 };
 
+/// The source `/readyz` names when a census fails.
+const SOURCE: &str = "Node census";
+
 /// The shortest time between two censuses; the longest is twice it.
 pub const CENSUS_EVERY: Duration = Duration::from_secs(600);
 
@@ -32,13 +35,18 @@ pub async fn take(client: &Client, events: &EventSender, stop: &CancellationToke
             listed = list(client) => match listed {
                 Ok(census) => {
                     tracing::info!(nodes = census.nodes(), zones = census.regions().len(), "took a census of the Nodes");
-                    return events.send(SourceEvent::Census(Some(census.clone()))).then_some(census);
+                    let fresh = SourceEvent::Fresh { source: SOURCE.into() };
+                    return (events.send(SourceEvent::Census(Some(census.clone()))) && events.send(fresh)).then_some(census);
                 }
                 Err(error) => error,
             },
         };
         let wait = backoff.next(None);
         tracing::warn!(error = %failed, retry_in = ?wait, "a census of the Nodes failed; keeping the last one");
+        // `/readyz` names it once it lasts (until the first census, nothing is programmed).
+        if !events.send(SourceEvent::Stale { source: SOURCE.into(), reason: failed.to_string(), transient: true }) {
+            return None;
+        }
         tokio::select! {
             () = stop.cancelled() => return None,
             () = tokio::time::sleep(wait) => {}
