@@ -34,6 +34,8 @@
 //! Root only; everything lives in a sandbox removed at the end. `TOPOLOGY_BENCH_QUICK=1` runs only
 //! the 10-service rows.
 
+#[path = "datapath/outlier.rs"]
+mod outlier;
 #[path = "datapath/report.rs"]
 mod report;
 #[path = "datapath/rules.rs"]
@@ -83,11 +85,6 @@ const CLIENT_CPU: usize = 0;
 /// untimed connect, so the move between cgroups is not measured).
 const INTERLEAVE_BLOCK: u64 = 1;
 const SERVER_CPU: usize = 1;
-/// TCP connections (not to a Service) over which the outlier ejection program's run time is taken.
-const OUTLIER_CONNECTS: u64 = 5000;
-/// Rounds, and connects per round, of the outlier program's attached / detached comparison.
-const OUTLIER_AB_ROUNDS: usize = 20;
-const OUTLIER_AB_CONNECTS: u64 = 2000;
 
 /// One way of reaching the backends, and every connect() duration measured for it.
 struct Scenario {
@@ -123,6 +120,8 @@ const HOOK: &str = "topology-agent hook";
 const HOOK_FEEDBACK: &str = "topology-agent hook, a Service under feedback (measured)";
 const HOOK_UNMEASURED_NODE: &str = "topology-agent hook, no port measured on the node (load signal detached)";
 const NOT_A_SERVICE: &str = "hook attached, not a service (direct to the backends)";
+const HOOK_PEER_FAILING: &str = "topology-agent hook, another backend of the node failing (outlier ejection)";
+const HOOK_CHOSEN_FAILING: &str = "topology-agent hook, its backends failing (outlier ejection)";
 const IPTABLES: &str = "iptables, kube-proxy shaped";
 const NFTABLES: &str = "nftables, kube-proxy shaped";
 
@@ -258,30 +257,35 @@ fn main() {
         scenarios.push(Scenario::new(kind, NO_HOOK, None, place(&client, &plain), backends.clone()));
     }
     let mut hooked = Vec::new();
-    let mut outlier = None;
+    let mut tracing_links = Vec::new();
     let largest = *counts.last().expect("counts");
-    // Every count with a port under feedback on the node; the largest once more without.
-    let nodes = counts.iter().map(|&count| (count, true)).chain([(largest, false)]);
-    for (count, feedback) in nodes {
-        let name = format!("{}-hook{count}{}", fx.id, if feedback { "" } else { "u" });
+    // Every count with a port under feedback on the node; the largest once more without, and
+    // twice more in the states of outlier ejection that cost a connect anything.
+    let nodes = counts
+        .iter()
+        .map(|&count| (count, Node::Feedback))
+        .chain([Node::Unmeasured, Node::PeerFailing, Node::ChosenFailing].map(|node| (largest, node)));
+    for (count, node) in nodes {
+        let name = format!("{}-hook{count}{}", fx.id, node.suffix());
         let cgroup = CgroupGuard::new(&name);
         let pins = PinGuard::new(&name);
         let mut config =
             DataplaneConfig { pin_path: pins.path().to_path_buf(), cgroup: cgroup.path().to_path_buf(), ..fx.config() };
         // The default holds 65,536 IPv4 service ports; more take one flag (`--capacity`).
         config.capacities.services_v4 = config.capacities.services_v4.max((2 * count + 1).next_power_of_two() as u32);
-        // The outlier ejection program runs at every TCP state change of the machine, whichever
-        // cgroup: one, as on a node, loaded by the largest hooked node (and its cost measured
-        // apart, below, since every scenario's connections pay it, the no-hook ones included).
-        config.outlier_ejection = feedback && count == largest;
+        // The outlier ejection programs trace the whole machine, whichever cgroup: loaded once, as
+        // on a node, by the largest node under feedback.
+        let feedback = node != Node::Unmeasured;
+        config.outlier_ejection = node == Node::Feedback && count == largest;
         let mut dp = Dataplane::open(&config).expect("open dataplane");
         let report = dp.apply(&services(count, &backends, feedback));
         assert!(report.failed.is_empty(), "{:?}", report.failed);
         assert_eq!(dp.load_signal_attached(), feedback, "the load signal runs while a port is measured");
         // Links are pinned: the programs stay attached after the handle is dropped.
         drop(dp);
-        let link = PinLayout::new(pins.path()).link("connect4");
-        let load = PinLayout::new(pins.path()).link("backend_load");
+        let layout = PinLayout::new(pins.path());
+        let link = layout.link("connect4");
+        let load = layout.link("backend_load");
         let load = load.exists().then_some(load);
         let mut hooked_row = |kind: Timed, name: &'static str, targets: Vec<SocketAddr>| {
             let mut row = Scenario::new(kind, name, Some(count), place(&client, &cgroup), targets);
@@ -290,24 +294,34 @@ fn main() {
             row.load = load.clone();
             scenarios.push(row);
         };
-        if !feedback {
-            hooked_row(Timed::Tcp, HOOK_UNMEASURED_NODE, vec![target(count)]);
-        } else {
-            for kind in [Timed::Tcp, Timed::UdpConnect] {
-                hooked_row(kind, HOOK, vec![target(count)]);
-                if count == largest {
-                    // The hook's fixed cost: it runs and looks the destination up, but rewrites nothing.
-                    hooked_row(kind, NOT_A_SERVICE, backends.clone());
+        match node {
+            Node::Unmeasured => hooked_row(Timed::Tcp, HOOK_UNMEASURED_NODE, vec![target(count)]),
+            Node::PeerFailing | Node::ChosenFailing => {
+                let state = if node == Node::PeerFailing { outlier::State::Elsewhere } else { outlier::State::Chosen };
+                outlier::Maps::open(&layout).enter(state, &backends);
+                let name = if node == Node::PeerFailing { HOOK_PEER_FAILING } else { HOOK_CHOSEN_FAILING };
+                hooked_row(Timed::Tcp, name, vec![target(count)]);
+            }
+            Node::Feedback => {
+                for kind in [Timed::Tcp, Timed::UdpConnect] {
+                    hooked_row(kind, HOOK, vec![target(count)]);
+                    if count == largest {
+                        // The hook's fixed cost: it runs and looks the destination up, but rewrites nothing.
+                        hooked_row(kind, NOT_A_SERVICE, backends.clone());
+                    }
+                }
+                hooked_row(Timed::Tcp, HOOK_FEEDBACK, vec![SocketAddr::new(vip(count), 80)]);
+                if config.outlier_ejection {
+                    tracing_links =
+                        topology_common::program_names::OUTLIER.iter().map(|(name, _)| layout.link(name)).collect();
                 }
             }
-            hooked_row(Timed::Tcp, HOOK_FEEDBACK, vec![SocketAddr::new(vip(count), 80)]);
-        }
-        if feedback && count == largest {
-            let layout = PinLayout::new(pins.path());
-            outlier = Some((config.clone(), [layout.link("outlier")]));
         }
         hooked.push((pins, cgroup));
     }
+    assert_eq!(tracing_links.len(), 3, "the outlier ejection programs are loaded");
+    let tracing_runs = || tracing_links.iter().map(|link| run_stats(link).1).sum::<u64>();
+    let tracing_before = tracing_runs();
     let mut rule_hosts = Vec::new();
     for (name, max, load) in [
         (IPTABLES, IPTABLES_MAX, load_iptables as fn(&str, usize, &[SocketAddr])),
@@ -347,7 +361,6 @@ fn main() {
             eprintln!("round {round}/{ROUNDS} done");
         }
     }
-    let outlier_ns;
     // The hook's own cost as the kernel measures it, in rounds of their own: BPF run-time stats
     // add two clock reads to every run, which must not land in the latencies above.
     {
@@ -357,42 +370,37 @@ fn main() {
                 scenario.hook_round(PER_ROUND);
             }
         }
-        outlier_ns = outlier.as_ref().filter(|(_, links)| links.iter().all(|l| l.exists())).map(|(_, links)| {
-            let no_hook = scenarios.iter_mut().find(|s| s.kind == Timed::Tcp && s.name == NO_HOOK).expect("no hook");
-            let time = || links.iter().map(|link| run_stats(link).0).sum::<Duration>();
-            let before = time();
-            no_hook.place.timed_tcp(&no_hook.targets, OUTLIER_CONNECTS);
-            (time() - before).as_nanos() as f64 / OUTLIER_CONNECTS as f64
-        });
     }
-    let outlier_delta = outlier.map(|(config, links)| outlier_ab(&scenarios, &config, &links));
+    // Every connection of the run succeeded: the outlier programs, run-time statistics on or
+    // off, must not have run once.
+    let connects: u64 = scenarios.iter().map(|s| (s.samples_ns.len() + s.baseline_ns.len()) as u64).sum();
+    let outlier_runs = (tracing_runs() - tracing_before, connects);
     drop(rule_hosts);
     drop(hooked);
     drop(plain);
     drop(servers);
-    print_table(&scenarios, outlier_ns, outlier_delta);
+    print_table(&scenarios, outlier_runs);
 }
 
-/// What the outlier ejection program adds to a TCP connect that is not to a Service, without
-/// run-time statistics: rounds of connects with the program attached, then detached (its link's
-/// pin removed), then attached again (the dataplane opened anew); the median of the rounds'
-/// differences of p50s, in microseconds.
-fn outlier_ab(scenarios: &[Scenario], config: &DataplaneConfig, links: &[PathBuf]) -> f64 {
-    let no_hook = scenarios.iter().find(|s| s.kind == Timed::Tcp && s.name == NO_HOOK).expect("no hook");
-    let p50 = || median(no_hook.place.timed_tcp(&no_hook.targets, OUTLIER_AB_CONNECTS).connect_ns);
-    let mut deltas = Vec::new();
-    for _ in 0..OUTLIER_AB_ROUNDS {
-        assert!(links.iter().all(|link| link.exists()), "the outlier programs are attached");
-        let attached = p50();
-        for link in links {
-            std::fs::remove_file(link).expect("detach an outlier program");
+/// The hooked nodes: each count's with a port under feedback, and at the largest count one
+/// measuring nothing and two in the states of outlier ejection that cost a connect anything.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Node {
+    Feedback,
+    Unmeasured,
+    PeerFailing,
+    ChosenFailing,
+}
+
+impl Node {
+    fn suffix(self) -> &'static str {
+        match self {
+            Node::Feedback => "",
+            Node::Unmeasured => "u",
+            Node::PeerFailing => "p",
+            Node::ChosenFailing => "c",
         }
-        let detached = p50();
-        drop(Dataplane::open(config).expect("attach the outlier program again"));
-        deltas.push(attached as i64 - detached as i64);
     }
-    deltas.sort_unstable();
-    deltas[deltas.len() / 2] as f64 / 1000.0
 }
 
 /// The ClusterIP the client dials: the service in the middle of the list (average position in

@@ -1,6 +1,7 @@
-//! Passive outlier ejection through the real kernel (root, `--outlier-ejection on`): a backend
-//! whose handshakes from this node fail five times in a row is avoided by this node's connect
-//! hooks for 10 s, then tried again, and ejected for twice as long when it fails again; a Service
+//! Passive outlier ejection through the real kernel (root, the agent's default): a backend whose
+//! handshakes from this node fail five times in a row — refused, unanswered, or answered by an
+//! ICMP error — is avoided by this node's connect hooks for 10 s, then tried again, and ejected
+//! for twice as long when it fails again; a set more than half ejected is used whole; a Service
 //! may turn it off.
 //! `--test-threads=1`.
 
@@ -31,16 +32,38 @@ fn write(fx: &Fixture, file: &Path, ejection: Option<&str>) {
     cluster::write(file, &[cluster::node("node-a", "zone-a", None, "4"), service, slice]);
 }
 
+/// An agent (with ejection, the default) for `fx`'s backends behind [`VIP`].
+fn start(fx: &Fixture, ejection: Option<&str>) -> Agent {
+    let file = fx.scratch().join("cluster.yaml");
+    write(fx, &file, ejection);
+    let options = AgentOptions::new(&file, "node-a", fx.cgroup.path(), fx.pins.path());
+    let mut agent = Agent::start(&options);
+    agent.wait_ready(Duration::from_secs(20));
+    agent
+}
+
+/// Runs `rule` (iptables arguments after `-A INPUT -p tcp --dport <backend port>`) in `backend`'s
+/// namespace.
+fn filter(backend: &topology_tests::fixture::Backend, rule: &[&str]) {
+    let port = BACKEND_PORT.to_string();
+    let output = std::process::Command::new("ip")
+        .args(["netns", "exec", backend.host.netns.name(), "iptables", "-A", "INPUT", "-p", "tcp", "--dport", &port])
+        .args(rule)
+        .output()
+        .expect("run iptables");
+    assert!(output.status.success(), "iptables: {}", String::from_utf8_lossy(&output.stderr));
+}
+
+fn ejected_gauge(agent: &Agent) -> String {
+    let metrics = agent.get("/metrics").expect("metrics").1;
+    metrics.lines().find(|l| l.starts_with("topology_agent_backends_ejected ")).unwrap_or_default().to_owned()
+}
+
 #[test]
 fn a_refusing_backend_is_ejected_after_five_failures_tried_again_and_ejected_longer() {
     require_root!();
     let mut fx = Fixture::new(2);
-    let file = fx.scratch().join("cluster.yaml");
-    write(&fx, &file, None);
-    let mut options = AgentOptions::new(&file, "node-a", fx.cgroup.path(), fx.pins.path());
-    options.extra = vec!["--outlier-ejection".into(), "on".into()];
-    let mut agent = Agent::start(&options);
-    agent.wait_ready(Duration::from_secs(20));
+    let agent = start(&fx, None);
     let vip: SocketAddr = VIP.parse().unwrap();
     // Both serve: nothing fails, both are used.
     let calm = fx.place().tcp(vip, 100);
@@ -55,8 +78,7 @@ fn a_refusing_backend_is_ejected_after_five_failures_tried_again_and_ejected_lon
     let ejected = fx.place().tcp(vip, 200);
     assert_eq!((ejected.errors.len(), ejected.landed.get("b1").copied()), (0, Some(200)), "{ejected:?}");
     // What the kernel holds, as /metrics and `status` say it.
-    let metrics = agent.get("/metrics").expect("metrics").1;
-    assert!(metrics.lines().any(|l| l == "topology_agent_backends_ejected 1"), "{metrics}");
+    assert_eq!(ejected_gauge(&agent), "topology_agent_backends_ejected 1");
     let status = std::process::Command::new(topology_tests::net::agent_binary())
         .args(["status", "--pin-path"])
         .arg(fx.pins.path())
@@ -76,15 +98,48 @@ fn a_refusing_backend_is_ejected_after_five_failures_tried_again_and_ejected_lon
 }
 
 #[test]
+fn unanswered_and_unreachable_handshakes_eject_too() {
+    require_root!();
+    let fx = Fixture::new(4);
+    let agent = start(&fx, None);
+    // b0 drops every SYN (a node gone: the first retransmission, after 1 s, is the failure); b1
+    // answers with an ICMP host unreachable. Half the set: both are avoided.
+    filter(&fx.backends[0], &["-j", "DROP"]);
+    filter(&fx.backends[1], &["-j", "REJECT", "--reject-with", "icmp-host-unreachable"]);
+    let outage = fx.place().tcp(VIP.parse().unwrap(), 200);
+    assert_eq!(outage.errors.get("timeout").copied(), Some(5), "{outage:?}");
+    assert_eq!(outage.errors.get("EHOSTUNREACH").copied(), Some(5), "{outage:?}");
+    let live = outage.landed.get("b2").copied().unwrap_or(0) + outage.landed.get("b3").copied().unwrap_or(0);
+    assert_eq!(live, 190, "{outage:?}");
+    assert_eq!(ejected_gauge(&agent), "topology_agent_backends_ejected 2");
+}
+
+#[test]
+fn a_set_more_than_half_ejected_is_used_whole() {
+    require_root!();
+    let mut fx = Fixture::new(4);
+    let agent = start(&fx, None);
+    let vip: SocketAddr = VIP.parse().unwrap();
+    // Two of four refuse: ejected, half the set, avoided.
+    fx.backends[0].stop();
+    fx.backends[1].stop();
+    let half = fx.place().tcp(vip, 200);
+    assert_eq!(half.errors.get("ECONNREFUSED").copied(), Some(10), "{half:?}");
+    // A third: once it is ejected too, more than half the set is, and the whole set is used
+    // again (the panic threshold): about three connections in four fail.
+    fx.backends[2].stop();
+    let _ = fx.place().tcp(vip, 100);
+    assert_eq!(ejected_gauge(&agent), "topology_agent_backends_ejected 3");
+    let whole = fx.place().tcp(vip, 200);
+    let (refused, live) = (whole.errors.get("ECONNREFUSED").copied().unwrap_or(0), whole.landed.get("b3").copied());
+    assert!(refused > 100 && live.is_some_and(|n| (20..100).contains(&n)), "{whole:?}");
+}
+
+#[test]
 fn a_service_may_turn_ejection_off() {
     require_root!();
     let mut fx = Fixture::new(2);
-    let file = fx.scratch().join("cluster.yaml");
-    write(&fx, &file, Some("off"));
-    let mut options = AgentOptions::new(&file, "node-a", fx.cgroup.path(), fx.pins.path());
-    options.extra = vec!["--outlier-ejection".into(), "on".into()];
-    let mut agent = Agent::start(&options);
-    agent.wait_ready(Duration::from_secs(20));
+    let _agent = start(&fx, Some("off"));
     fx.backends[0].stop();
     let outage = fx.place().tcp(VIP.parse().unwrap(), 300);
     let refused = outage.errors.get("ECONNREFUSED").copied().unwrap_or(0);

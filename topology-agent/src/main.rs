@@ -169,8 +169,8 @@ struct RunArgs {
     #[arg(long, value_enum, default_value_t = LoadSignal::On)]
     load_signal: LoadSignal,
     /// Avoid a backend whose handshakes from this node failed 5 times in a row, for 10 s doubling
-    /// with each ejection up to 5 min; off by default: it costs every TCP connection ~0.5 µs.
-    #[arg(long, value_enum, default_value_t = Switch::Off)]
+    /// with each ejection up to 5 min (its programs run only where a handshake fails).
+    #[arg(long, value_enum, default_value_t = Switch::On)]
     outlier_ejection: Switch,
     /// Which sockets are destroyed when the backend they reached through a service leaves its
     /// set: `udp` (connected UDP sockets), `all` (TCP too) or `off` (no CAP_SYS_ADMIN needed).

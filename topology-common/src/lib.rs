@@ -25,7 +25,7 @@ pub use control::{
 };
 pub use index::{IndexEntry4, IndexEntry6};
 pub use load::{BackendKey, BackendLoad};
-pub use outlier::{OutlierEntry, OutlierState};
+pub use outlier::{OutlierEntry, OutlierScan, OutlierState};
 pub use socket::{DATAGRAM_PEERS, DatagramPeer, DatagramPeers, IterRecord, SockTranslation, TcpTranslation};
 
 /// `AF_INET`, as stored in the `family` fields.
@@ -93,8 +93,11 @@ pub mod map_names {
     pub const OUTLIERS: &str = "topo_outlier";
     /// Whether any backend is failing or ejected: one [`OutlierState`](crate::OutlierState).
     pub const OUTLIER_STATE: &str = "topo_outlier_st";
+    /// Whether the backends hashed to each bucket may be failing or ejected: one bit per bucket
+    /// ([`outlier::BUCKET_WORDS`](crate::outlier::BUCKET_WORDS) `u64`s).
+    pub const OUTLIER_BUCKETS: &str = "topo_outlier_bk";
     /// Every map the agent pins and keeps across restarts, in a stable order.
-    pub const PINNED: [&str; 18] = [
+    pub const PINNED: [&str; 19] = [
         SERVICES_V4,
         SERVICES_V6,
         SLOTS,
@@ -113,11 +116,15 @@ pub mod map_names {
         BACKEND_LOAD,
         OUTLIERS,
         OUTLIER_STATE,
+        OUTLIER_BUCKETS,
     ];
 
     /// State of the programs' random number generator; not pinned (a new state per load is as
     /// good as the old one).
     pub const RNG: &str = "topo_rng";
+    /// The connect hooks' per-CPU count of ejected slots in a set (`outlier::OutlierScan`); not
+    /// pinned: scratch space, meaningless between two runs.
+    pub const OUTLIER_SCAN: &str = "topo_outlier_scan";
 
     /// Maps earlier versions pinned and this one no longer uses: their pins are removed at start
     /// (programs still attached keep their own reference until their links are replaced).
@@ -151,9 +158,22 @@ pub mod program_names {
 
     /// TCP state changes of the sockets the connect hooks rewrote (`sock_ops`): the load signal.
     pub const BACKEND_LOAD: &str = "backend_load";
-    /// The end of every TCP handshake on the node (`tp_btf/inet_sock_set_state`, not a cgroup
-    /// hook): passive outlier ejection of the backends the connect hooks chose.
-    pub const OUTLIER: &str = "outlier";
+    /// Passive outlier ejection of the backends the connect hooks chose: a reset received
+    /// (`tp_btf/tcp_receive_reset`, node-wide, not a cgroup hook).
+    pub const OUTLIER_RESET: &str = "outlier_reset";
+    /// The same: a segment retransmitted (`tp_btf/tcp_retransmit_skb`).
+    pub const OUTLIER_RETRANSMIT: &str = "outlier_retransmit";
+    /// The same: an error reported on a socket (`tp_btf/inet_sk_error_report`).
+    pub const OUTLIER_ERROR: &str = "outlier_error";
+    /// The outlier ejection programs with the tracepoints they attach to.
+    pub const OUTLIER: [(&str, &str); 3] = [
+        (OUTLIER_RESET, "tcp_receive_reset"),
+        (OUTLIER_RETRANSMIT, "tcp_retransmit_skb"),
+        (OUTLIER_ERROR, "inet_sk_error_report"),
+    ];
+    /// The one outlier program of 0.x agents before these (`tp_btf/inet_sock_set_state`): its
+    /// pinned link is detached when found.
+    pub const OUTLIER_BEFORE: &str = "outlier";
 
     /// The socket-address programs, in attach order.
     pub const SOCK_ADDR: [&str; 8] =
@@ -191,7 +211,7 @@ pub mod capacity {
     /// Backends measured by the `sock_ops` program (allocated on use: 20-byte keys, 64-byte
     /// values). A backend beyond it is not measured: its connections are still rewritten.
     pub const BACKEND_LOAD: u32 = 65_536;
-    /// Backends whose handshakes failed, remembered for outlier ejection (LRU, 44 bytes each):
+    /// Backends whose handshakes failed, remembered for outlier ejection (LRU, 60 bytes each):
     /// the least recently failing one of a full map is forgotten.
     pub const OUTLIERS: u32 = 16_384;
 }
@@ -211,6 +231,9 @@ pub const INDEX_V4_MASK_GLOBAL: &str = "INDEX_V4_MASK";
 pub const INDEX_V6_MASK_GLOBAL: &str = "INDEX_V6_MASK";
 /// Global (`.rodata`) variable the agent sets to the TCP connections table's positions minus one.
 pub const TCP_CONNECTIONS_MASK_GLOBAL: &str = "TCP_CONNECTIONS_MASK";
+/// Global (`.rodata`) variable the agent sets to the byte offset of `skc_state` in the kernel's
+/// `struct sock`, read from its BTF (the outlier ejection programs read a socket's state there).
+pub const SKC_STATE_OFFSET_GLOBAL: &str = "SKC_STATE_OFFSET";
 /// Global (`.rodata`) variable: 1 when the programs may probe the service index, 0 when they
 /// must ask the hash maps (a weakly ordered CPU whose kernel has no BPF load-acquire; see
 /// [`index`]).

@@ -1,42 +1,99 @@
 //! Passive outlier ejection, per node: a backend whose TCP handshakes from this node fail
-//! [`CONSECUTIVE_FAILURES`] times in a row (refused, timed out, unreachable) is avoided by this
+//! [`CONSECUTIVE_FAILURES`] times in a row (refused, unanswered, unreachable) is avoided by this
 //! node's connect hooks for an ejection time that doubles with each ejection, from
 //! [`BASE_EJECTION_NS`] up to [`MAX_EJECTION_NS`] (Envoy's consecutive failures, base and
-//! maximum ejection time). A tracing program on `inet_sock_set_state` sees each handshake of a
-//! connection the hooks rewrote end (it finds the socket in the TCP connections table by cookie):
-//! it counts failures in a row per backend, resets them on a success while some backend is
-//! failing, and ejects. The connect hook looks a drawn backend up only while some ejection is in
-//! force ([`OutlierState::active_until_ns`]) and draws again, up to [`REDRAWS`] times, then
-//! takes the first backend of the set's first slots that is not ejected: when none is (the whole
-//! set ejected, or most of a large one) the last draw is used, so ejection never empties a set.
+//! maximum ejection time).
+//!
+//! Nothing runs on a handshake that succeeds: tracing programs run only where one fails — a
+//! reset answering the SYN (`tcp_receive_reset`), a SYN retransmitted unanswered
+//! (`tcp_retransmit_skb`), an ICMP error during the handshake (`inet_sk_error_report`) — and
+//! find the socket in the TCP connections table by cookie. A success is not seen, so "in a row"
+//! is read from the connect hooks: while some backend failed within [`FAILING_WINDOW_NS`], they
+//! count the connections they send a failing backend ([`OutlierEntry::attempt`]). A failure that
+//! finds, since the previous one, [`SUCCESS_EVIDENCE`] connections (more than a failing backend's
+//! handshakes in flight between two of its failures) or one older than [`SETTLE_NS`] (every
+//! failure this sees shows within that time of its connect) knows one of them succeeded, and
+//! starts a new run ([`OutlierEntry::fail`]). Each socket's handshake counts once, however many
+//! of its SYNs go unanswered.
+//!
+//! The connect hooks look a drawn backend up only while its bucket says it may be failing or
+//! ejected ([`BUCKETS`]; while no backend of the node is, they read one array element,
+//! [`OutlierState::active`]); an ejected one they draw again, up to [`REDRAWS`] times, then take the
+//! first backend of the set's first slots that is not ejected. A set of which more than half the
+//! slots searched are ejected is used whole (Envoy's panic threshold and maximum ejected share,
+//! both at half): ejection never empties a set, and never leaves it less than half.
 
 /// One backend's failures and ejections (the value of `map_names::OUTLIERS`, keyed by
 /// [`BackendKey`](crate::BackendKey)).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct OutlierEntry {
-    /// Handshakes failed since the last success or ejection.
+    /// Handshakes failed in the current run (0 after an ejection).
     pub failures: u32,
-    /// Times ejected (each doubles the next ejection time).
+    /// Times ejected (each doubles the next ejection time; forgiven after a quiet window).
     pub ejections: u32,
     /// `CLOCK_MONOTONIC` until which the connect hooks avoid it, nanoseconds; 0: never ejected.
     pub ejected_until_ns: u64,
     /// When its last handshake failed.
     pub last_failure_ns: u64,
+    /// Connections the connect hooks sent it since its last failure (counted while some backend
+    /// is failing).
+    pub attempts: u32,
+    /// Zero.
+    pub _pad: u32,
+    /// When the first of those connections was sent.
+    pub first_attempt_ns: u64,
 }
-const _: () = assert!(size_of::<OutlierEntry>() == 24);
+const _: () = assert!(size_of::<OutlierEntry>() == 40);
 
-/// Whether any backend is failing or ejected (the one entry of `map_names::OUTLIER_STATE`): the
-/// programs do nothing more for outliers outside these times.
+/// Whether any backend of the node is failing or ejected (the one entry of
+/// `map_names::OUTLIER_STATE`): while it is not, the connect hooks do nothing more for outliers
+/// than read it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct OutlierState {
-    /// Some backend may be ejected until then: the connect hooks look drawn backends up.
-    pub active_until_ns: u64,
-    /// Some backend failed within [`FAILING_WINDOW_NS`] before then: successes reset failures.
-    pub failing_until_ns: u64,
+    /// Nonzero while some backend may be failing or ejected: set by the programs at each failure,
+    /// and every two seconds by the agent to whether one is ([`OutlierEntry::active`]).
+    pub active: u64,
+    /// Zero.
+    pub _pad: u64,
 }
 const _: () = assert!(size_of::<OutlierState>() == 16);
+
+/// Bits of `map_names::OUTLIER_BUCKETS` (in [`BUCKET_WORDS`] `u64`s), a power of two: a bit is
+/// set while a backend hashed to it ([`bucket_of`]) may be failing or ejected — by the programs
+/// at each failure, and every two seconds by the agent from the entries — so while some backend
+/// of the node is, a connection to another pays one bit test, not a hash lookup, and no clock
+/// read. A bit the agent clears as a failure sets it is set again by that backend's next failure.
+pub const BUCKETS: u32 = 4096;
+/// `u64` words of the bucket bits (512 bytes: eight cache lines).
+pub const BUCKET_WORDS: u32 = BUCKETS / 64;
+
+/// The bucket of the backend `addr`:`port` (a multiplicative hash of its words).
+#[inline(always)]
+pub fn bucket_of(addr: &[u8; 16], port: u16) -> u32 {
+    let word = |i: usize| u32::from_ne_bytes([addr[i], addr[i + 1], addr[i + 2], addr[i + 3]]);
+    let mixed = (word(0) ^ word(4).rotate_left(7) ^ word(8).rotate_left(13) ^ word(12).rotate_left(19))
+        ^ u32::from(port).rotate_left(23);
+    mixed.wrapping_mul(0x9e37_79b1) >> (32 - BUCKETS.trailing_zeros())
+}
+
+/// The connect hooks' count over a set's first slots while a drawn backend is ejected (the one
+/// per-CPU entry of `map_names::OUTLIER_SCAN`): kept in a map, not on the stack, so the verifier
+/// sees each slot's outcome as unknown and does not walk every combination of them.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct OutlierScan {
+    /// Slots of the set searched.
+    pub searched: u32,
+    /// Of those, slots whose backend is ejected.
+    pub out: u32,
+    /// Offset of the first slot whose backend is not; `u32::MAX` when none is.
+    pub first_in: u32,
+    /// Zero.
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<OutlierScan>() == 16);
 
 /// Failed handshakes in a row that eject a backend (Envoy's `consecutive_5xx` default).
 pub const CONSECUTIVE_FAILURES: u32 = 5;
@@ -44,11 +101,31 @@ pub const CONSECUTIVE_FAILURES: u32 = 5;
 pub const BASE_EJECTION_NS: u64 = 10_000_000_000;
 /// The longest ejection (Envoy's `max_ejection_time` default).
 pub const MAX_EJECTION_NS: u64 = 300_000_000_000;
-/// How long after a failure successes still reset a backend's failures.
+/// How long after a backend's last failure (or ejection) its connections are counted; a failure
+/// after a quiet window this long starts a new run and forgives earlier ejections.
 pub const FAILING_WINDOW_NS: u64 = 60_000_000_000;
+/// The longest a failure this sees takes to show after its connect: the first SYN
+/// retransmission comes after the initial retransmission timeout (1 s); a reset or an ICMP
+/// error answers the SYN itself.
+pub const SETTLE_NS: u64 = 2_000_000_000;
+/// Connections sent a backend between two of its failures that mean one of them succeeded: a
+/// backend that fails every handshake sees about one between two failures (each failure lets
+/// its client try again), a healthy one with sparse failures many.
+pub const SUCCESS_EVIDENCE: u32 = 3;
 /// Draws after the first while the drawn backend is ejected (then the set's first slots are
 /// searched for one that is not).
 pub const REDRAWS: u32 = 3;
+
+/// What a failed handshake did to its backend's entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// One more in the run.
+    Counted,
+    /// The run reached [`CONSECUTIVE_FAILURES`]: ejected until then (`CLOCK_MONOTONIC`, ns).
+    Ejected(u64),
+    /// A connection made before its ejection: nothing more is counted.
+    WhileEjected,
+}
 
 impl OutlierEntry {
     /// The length of ejection number `ejections` (1 for the first).
@@ -60,16 +137,164 @@ impl OutlierEntry {
         let length = BASE_EJECTION_NS << doublings;
         if length < MAX_EJECTION_NS { length } else { MAX_EJECTION_NS }
     }
+
+    /// Whether the connect hooks should look it up at `now`: ejected, or failed within a failing
+    /// window (its connections are counted).
+    pub fn active(&self, now: u64) -> bool {
+        now < self.ejected_until_ns || now.saturating_sub(self.last_failure_ns) <= FAILING_WINDOW_NS
+    }
+
+    /// The connect hooks sent it a connection at `now` (`CLOCK_MONOTONIC`, ns).
+    #[inline(always)]
+    pub fn attempt(&mut self, now: u64) {
+        if self.attempts == 0 {
+            self.first_attempt_ns = now;
+        }
+        self.attempts = self.attempts.saturating_add(1);
+    }
+
+    /// A handshake to it failed at `now`: a new run if one of the connections sent since the last
+    /// failure succeeded ([`SUCCESS_EVIDENCE`] of them, or one that has had [`SETTLE_NS`] to fail)
+    /// or after a quiet window, else one more in the run; an ejection at
+    /// [`CONSECUTIVE_FAILURES`].
+    #[inline(always)]
+    pub fn fail(&mut self, now: u64) -> Failure {
+        let quiet_since =
+            if self.ejected_until_ns > self.last_failure_ns { self.ejected_until_ns } else { self.last_failure_ns };
+        let quiet = now.saturating_sub(quiet_since) > FAILING_WINDOW_NS;
+        let succeeded = self.attempts >= SUCCESS_EVIDENCE
+            || (self.attempts > 0 && now.saturating_sub(self.first_attempt_ns) > SETTLE_NS);
+        self.last_failure_ns = now;
+        self.attempts = 0;
+        if now < self.ejected_until_ns {
+            return Failure::WhileEjected;
+        }
+        if quiet {
+            self.ejections = 0;
+        }
+        self.failures = if quiet || succeeded { 1 } else { self.failures.saturating_add(1) };
+        if self.failures < CONSECUTIVE_FAILURES {
+            return Failure::Counted;
+        }
+        self.ejections = self.ejections.saturating_add(1);
+        self.ejected_until_ns = now + Self::ejection_ns(self.ejections);
+        self.failures = 0;
+        Failure::Ejected(self.ejected_until_ns)
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
+    use std::{vec, vec::Vec};
+
     use super::*;
+
+    const S: u64 = 1_000_000_000;
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn buckets_spread_neighbouring_backends() {
+        let mut seen = std::collections::BTreeSet::new();
+        for host in 0..=255u8 {
+            for port in [80u16, 8080] {
+                let bucket = bucket_of(&[10, 244, 1, host, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], port);
+                assert!(bucket < BUCKETS);
+                seen.insert(bucket);
+            }
+        }
+        assert!(seen.len() > 480, "512 neighbouring backends in {} buckets", seen.len());
+    }
 
     #[test]
     fn ejections_double_up_to_the_maximum() {
-        let seconds: [u64; 7] = core::array::from_fn(|n| OutlierEntry::ejection_ns(n as u32 + 1) / 1_000_000_000);
+        let seconds: [u64; 7] = core::array::from_fn(|n| OutlierEntry::ejection_ns(n as u32 + 1) / S);
         assert_eq!(seconds, [10, 20, 40, 80, 160, 300, 300]);
         assert_eq!(OutlierEntry::ejection_ns(u32::MAX), MAX_EJECTION_NS);
+    }
+
+    /// What happens to one backend, in order: `a` a connection sent, `f` a failure, at times (ms).
+    fn run(events: &[(char, u64)]) -> (OutlierEntry, Vec<Failure>) {
+        let mut entry = OutlierEntry::default();
+        let mut failures = Vec::new();
+        for &(event, at) in events {
+            let now = 100 * S + at * MS;
+            match event {
+                'a' => entry.attempt(now),
+                'f' => failures.push(entry.fail(now)),
+                _ => unreachable!(),
+            }
+        }
+        (entry, failures)
+    }
+
+    fn refused(count: u64, start: u64, every: u64) -> Vec<(char, u64)> {
+        (0..count).flat_map(|i| [('a', start + i * every), ('f', start + i * every + 1)]).collect()
+    }
+
+    #[test]
+    fn failures_in_a_row_eject() {
+        // A refusing backend: each connection fails a millisecond after it is sent.
+        let (entry, failures) = run(&refused(5, 0, 10));
+        assert_eq!(failures[..4], [Failure::Counted; 4]);
+        assert_eq!(failures[4], Failure::Ejected(100 * S + 41 * MS + 10 * S));
+        assert_eq!((entry.failures, entry.ejections), (0, 1));
+        // Failures of connections sent before the ejection count nothing more.
+        let (_, failures) = run(&[refused(5, 0, 10), vec![('f', 60)]].concat());
+        assert_eq!(failures[5], Failure::WhileEjected);
+    }
+
+    #[test]
+    fn unanswered_handshakes_eject_though_failures_lag_a_second() {
+        // Ten connections sent 100 ms apart, each failing when its SYN is retransmitted 1 s later.
+        let mut events: Vec<(char, u64)> = (0..10).map(|i| ('a', i * 100)).collect();
+        events.extend((0..10).map(|i| ('f', 1000 + i * 100)));
+        events.sort_by_key(|&(_, at)| at);
+        let (_, failures) = run(&events);
+        assert!(matches!(failures[4], Failure::Ejected(_)), "{failures:?}");
+    }
+
+    #[test]
+    fn a_success_between_failures_starts_a_new_run() {
+        // Four failures; a connection that does not fail within the settle time; four more.
+        let mut events = refused(4, 0, 10);
+        events.push(('a', 100));
+        events.extend(refused(4, 100 + SETTLE_NS / MS + 1, 10));
+        let (entry, failures) = run(&events);
+        assert_eq!(failures, [Failure::Counted; 8]);
+        assert_eq!(entry.failures, 4);
+    }
+
+    #[test]
+    fn sparse_failures_of_a_busy_backend_never_eject() {
+        // One connection in a hundred refused, 1,000 connections a second, for a minute.
+        let mut events = Vec::new();
+        for ms in 0..60_000 {
+            events.push(('a', ms));
+            if ms % 100 == 99 {
+                events.push(('f', ms));
+            }
+        }
+        let (entry, failures) = run(&events);
+        assert!(
+            failures.iter().all(|f| *f == Failure::Counted),
+            "{:?}",
+            failures.iter().find(|f| **f != Failure::Counted)
+        );
+        assert_eq!(entry.ejections, 0);
+    }
+
+    #[test]
+    fn repeated_ejections_double_and_a_quiet_window_forgives_them() {
+        let mut events = refused(5, 0, 10);
+        // Tried again at the end of the 10 s ejection: five more failures, 20 s.
+        events.extend(refused(5, 10_100, 10));
+        let (entry, failures) = run(&events);
+        assert_eq!(failures[9], Failure::Ejected(100 * S + 10_141 * MS + 20 * S));
+        assert_eq!(entry.ejections, 2);
+        // A minute after the second ejection ends without a failure, the next ejection is 10 s.
+        events.extend(refused(5, 10_141 + 20_000 + 61_000, 10));
+        let (entry, _) = run(&events);
+        assert_eq!(entry.ejections, 1);
     }
 }

@@ -57,12 +57,17 @@ pub struct TcpTranslation {
     /// `CLOCK_MONOTONIC` when a measured connection's handshake started (and was counted),
     /// nanoseconds; 0 otherwise.
     pub connect_ns: u64,
-    /// When its handshake completed; 0 before.
+    /// When its handshake completed; 0 before; [`TcpTranslation::HANDSHAKE_FAILED`] once a
+    /// failure of its handshake was counted for outlier ejection.
     pub established_ns: u64,
 }
 const _: () = assert!(size_of::<TcpTranslation>() == 72);
 
 impl TcpTranslation {
+    /// `established_ns` of a connection whose handshake failure was counted (`outlier`): a
+    /// socket's later failures (another unanswered SYN, then a reset) count nothing more.
+    pub const HANDSHAKE_FAILED: u64 = u64::MAX;
+
     /// The entry of `translation` for the socket `cookie`.
     #[inline(always)]
     pub fn new(cookie: u64, translation: SockTranslation) -> Self {

@@ -13,6 +13,7 @@
 pub mod alias;
 mod backend_load;
 mod batch;
+mod btf_offsets;
 mod cleanup;
 mod counters;
 mod diff;
@@ -361,6 +362,12 @@ impl Dataplane {
         let (mut idle, invalid) = backend_load::idle(&self.writer.maps().backend_load)?;
         self.writer.kernel().keep_unused(&mut idle);
         backend_load::remove(&mut self.writer.maps_mut().backend_load, idle, invalid)
+    }
+
+    /// The backends failing or ejected on this node (outlier ejection), after forgetting those
+    /// quiet for a failing window.
+    pub fn outliers(&self) -> Result<Vec<Outlier>, DataplaneError> {
+        outliers::read_and_prune(&self.layout)
     }
 
     /// The kernel log reader, when kernel logging is on; the caller polls it.

@@ -14,8 +14,8 @@ use aya::{
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 use topology_common::{
-    INDEX_ENABLED_GLOBAL, INDEX_V4_MASK_GLOBAL, INDEX_V6_MASK_GLOBAL, LOG_LEVEL_GLOBAL, TCP_CONNECTIONS_MASK_GLOBAL,
-    map_names, program_names,
+    INDEX_ENABLED_GLOBAL, INDEX_V4_MASK_GLOBAL, INDEX_V6_MASK_GLOBAL, LOG_LEVEL_GLOBAL, SKC_STATE_OFFSET_GLOBAL,
+    TCP_CONNECTIONS_MASK_GLOBAL, map_names, program_names,
 };
 
 use super::{
@@ -27,7 +27,7 @@ use super::{
     objects::{PROGRAMS, PROGRAMS_ACQUIRE},
     pins,
 };
-use crate::mounts;
+use crate::{btf_offsets, mounts};
 
 /// How the programs read the service index (see `topology_common::index`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
@@ -180,6 +180,18 @@ fn load_flavour(layout: &PinLayout, options: &LoadOptions, flavour: Flavour) -> 
     loader.override_global(INDEX_V6_MASK_GLOBAL, &index_v6_mask, true);
     let tcp_connections_mask = options.capacities.tcp_connections - 1;
     loader.override_global(TCP_CONNECTIONS_MASK_GLOBAL, &tcp_connections_mask, true);
+    // The outlier programs read a socket's state where this kernel's BTF says it is, or do not run.
+    let outlier_offset = match options.outlier_ejection.then(skc_state_offset) {
+        Some(Ok(offset)) => Some(offset),
+        Some(Err(error)) => {
+            tracing::warn!(%error, "no socket state in the kernel's BTF; no backend is ejected");
+            None
+        }
+        None => None,
+    };
+    if let Some(offset) = &outlier_offset {
+        loader.override_global(SKC_STATE_OFFSET_GLOBAL, offset, true);
+    }
     let enabled = u32::from(flavour.index);
     loader.override_global(INDEX_ENABLED_GLOBAL, &enabled, true);
     let mut ebpf = loader.load(flavour.bytes())?;
@@ -187,15 +199,11 @@ fn load_flavour(layout: &PinLayout, options: &LoadOptions, flavour: Flavour) -> 
         program::<CgroupSockAddr>(&mut ebpf, name)?.load().map_err(DataplaneError::program(name))?;
     }
     // Outlier ejection is an addition too: without BTF or on a kernel that refuses the tracing
-    // program (before 5.12: no socket cookie of a traced socket), no backend is ejected.
-    if options.outlier_ejection {
-        let tracing = program::<BtfTracePoint>(&mut ebpf, program_names::OUTLIER)?;
-        let loaded = aya::Btf::from_sys_fs()
-            .map_err(|error| error.to_string())
-            .and_then(|btf| tracing.load(TRACEPOINT, &btf).map_err(|error| error.to_string()));
-        if let Err(error) = loaded {
-            tracing::warn!(%error, "the kernel refused the outlier ejection program (tp_btf/{TRACEPOINT}); no backend is ejected");
-        }
+    // programs (before 5.12: no socket cookie of a traced socket), no backend is ejected.
+    if outlier_offset.is_some()
+        && let Err(error) = load_outlier(&mut ebpf)
+    {
+        tracing::warn!(%error, "the kernel refused the outlier ejection programs; no backend is ejected");
     }
     if options.load_signal {
         // The measurement is an addition: a kernel that refuses it leaves the rewrites running.
@@ -208,8 +216,34 @@ fn load_flavour(layout: &PinLayout, options: &LoadOptions, flavour: Flavour) -> 
     Ok(ebpf)
 }
 
-/// Where the outlier ejection program attaches: every TCP socket's state changes, node-wide.
-const TRACEPOINT: &str = "inet_sock_set_state";
+/// Loads the outlier ejection programs (all, or none: one that fails unloads the others).
+fn load_outlier(ebpf: &mut Ebpf) -> Result<(), String> {
+    let btf = aya::Btf::from_sys_fs().map_err(|error| error.to_string())?;
+    let mut loaded = Ok(());
+    for (name, tracepoint) in program_names::OUTLIER {
+        let program = program::<BtfTracePoint>(ebpf, name).map_err(|error| error.to_string())?;
+        loaded = program.load(tracepoint, &btf).map_err(|error| format!("{name} (tp_btf/{tracepoint}): {error}"));
+        if loaded.is_err() {
+            break;
+        }
+    }
+    if loaded.is_err() {
+        for (name, _) in program_names::OUTLIER {
+            if let Ok(program) = program::<BtfTracePoint>(ebpf, name) {
+                let _ = program.unload();
+            }
+        }
+    }
+    loaded
+}
+
+/// The byte offset of a socket's state in this kernel's `struct sock`, from its BTF; the outlier
+/// ejection programs are not loaded without it.
+fn skc_state_offset() -> Result<u32, btf_offsets::BtfOffsetError> {
+    let path = Path::new(btf_offsets::VMLINUX);
+    let common = btf_offsets::member_offset_in(path, "sock", "__sk_common")?;
+    Ok(common + btf_offsets::member_offset_in(path, "sock_common", "skc_state")?)
+}
 
 /// A loaded object's program by name, as its type.
 fn program<'a, P>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut P, DataplaneError>
@@ -274,22 +308,29 @@ pub fn attach_all(ebpf: &mut Ebpf, layout: &PinLayout, cgroup: &Path) -> Result<
     attach_outlier(ebpf, layout)
 }
 
-/// Attaches the outlier ejection program, if it was loaded, and pins its link (replacing one a
-/// previous agent left); a tracing link cannot take a new program in place, so for a moment both
-/// run (a failure may count twice). Not loaded: a link left by a previous agent is detached.
+/// Attaches the outlier ejection programs, if they were loaded, and pins their links (replacing
+/// those a previous agent left; a tracing link cannot take a new program in place, so for a
+/// moment both run and a failure may count twice). Not loaded: links left by a previous agent
+/// are detached, as is the one program of agents before these.
 fn attach_outlier(ebpf: &mut Ebpf, layout: &PinLayout) -> Result<(), DataplaneError> {
-    let name = program_names::OUTLIER;
-    let path = layout.link(name);
-    let program = program::<BtfTracePoint>(ebpf, name)?;
-    if program.fd().is_err() {
-        if path.exists() {
-            links::detach_pinned(&path)?;
-        }
-        return Ok(());
+    let before = layout.link(program_names::OUTLIER_BEFORE);
+    if before.exists() {
+        links::detach_pinned(&before)?;
     }
-    let id = program.attach().map_err(DataplaneError::program(name))?;
-    let link: FdLink = program.take_link(id).map_err(DataplaneError::program(name))?.into();
-    links::replace_pinned(link, &path)
+    for (name, _) in program_names::OUTLIER {
+        let path = layout.link(name);
+        let program = program::<BtfTracePoint>(ebpf, name)?;
+        if program.fd().is_err() {
+            if path.exists() {
+                links::detach_pinned(&path)?;
+            }
+            continue;
+        }
+        let id = program.attach().map_err(DataplaneError::program(name))?;
+        let link: FdLink = program.take_link(id).map_err(DataplaneError::program(name))?.into();
+        links::replace_pinned(link, &path)?;
+    }
+    Ok(())
 }
 
 /// Removes the pin of a program attached only while needed, if any.

@@ -240,7 +240,7 @@ impl MapSet {
 }
 
 /// The map pinned under `layout` as `name`.
-fn open_pin(layout: &PinLayout, name: &'static str) -> Result<Map, DataplaneError> {
+pub(crate) fn open_pin(layout: &PinLayout, name: &'static str) -> Result<Map, DataplaneError> {
     let path = layout.map(name);
     if !path.exists() {
         return Err(DataplaneError::MapMissing { map: name, location: layout.maps_dir().display().to_string() });

@@ -95,7 +95,7 @@ fn rebuilt(name: &str) -> Option<&'static str> {
         map_names::INDEX_V4 | map_names::INDEX_V6 => Some("the service index"),
         map_names::BACKEND_LOAD => Some("the load signal's measurements"),
         map_names::TCP_CONNECTIONS => Some("the TCP connections' translations"),
-        map_names::OUTLIERS | map_names::OUTLIER_STATE => Some("the outlier ejections"),
+        map_names::OUTLIERS | map_names::OUTLIER_STATE | map_names::OUTLIER_BUCKETS => Some("the outlier ejections"),
         _ => None,
     }
 }
@@ -122,6 +122,7 @@ mod tests {
     fn the_objects_declare_exactly_the_maps_topology_common_names() {
         let mut expected: BTreeSet<&str> = map_names::PINNED.into_iter().collect();
         expected.insert(map_names::RNG);
+        expected.insert(map_names::OUTLIER_SCAN);
         for (object, bytes) in [("topology", PROGRAMS), ("topology-acquire", PROGRAMS_ACQUIRE)] {
             let parsed = aya_obj::Object::parse(bytes).unwrap_or_else(|error| panic!("{object}: {error}"));
             let declared: BTreeSet<&str> =

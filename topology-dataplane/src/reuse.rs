@@ -84,7 +84,7 @@ pub fn find(layout: &PinLayout, options: &LoadOptions, cgroup: &Path) -> Option<
     if layout.program(program_names::BACKEND_LOAD).exists() != previous.signal {
         return None;
     }
-    if options.outlier_ejection && !layout.link(program_names::OUTLIER).exists() {
+    if options.outlier_ejection && !program_names::OUTLIER.iter().all(|(name, _)| layout.link(name).exists()) {
         // Detached, or refused by this kernel before: loading tries again.
         return None;
     }

@@ -127,7 +127,7 @@ fn connect(ctx: &SockAddrContext, dest: Dest) -> Result<Option<Pick>, Error> {
     let mut choice = choose::choose(ctx, service, &options, &mut clock)?;
     // A client kept on its backend (session affinity) keeps it; a port may turn ejection off.
     if proto == IPPROTO_TCP && options.affinity_timeout_s == 0 && options.flags & service_flags::OUTLIER_OFF == 0 {
-        outlier::avoid(&mut choice, dest.family, &mut clock);
+        outlier::avoid(&mut choice, dest.family);
     }
     let measured = options.flags & service_flags::MEASURED != 0;
     if !record::remember_connection(ctx, &dest.addressed(proto), &choice, measured) {

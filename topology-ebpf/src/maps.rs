@@ -14,8 +14,8 @@ use aya_ebpf::{
 };
 use topology_common::{
     BackendKey, BackendLoad, COUNTER_CHUNK, ClientAffinityKey, ClientAffinityValue, DatagramPeers, DnsSteer, Heartbeat,
-    IndexEntry4, IndexEntry6, NodeCounters, OutlierEntry, OutlierState, ServiceCounters, ServiceKey4, ServiceKey6,
-    ServiceMeta, ServiceOptions, ServiceValue, Slot, SockTranslation, TcpTranslation, capacity,
+    IndexEntry4, IndexEntry6, NodeCounters, OutlierEntry, OutlierScan, OutlierState, ServiceCounters, ServiceKey4,
+    ServiceKey6, ServiceMeta, ServiceOptions, ServiceValue, Slot, SockTranslation, TcpTranslation, capacity,
 };
 
 /// Maps only userspace writes are allocated on write, so an idle capacity costs no kernel memory.
@@ -152,6 +152,16 @@ pub static OUTLIERS: LruHashMap<BackendKey, OutlierEntry, { capacity::OUTLIERS a
 /// Whether any backend is failing or ejected (see `outlier`).
 #[btf_map(name = "topo_outlier_st")]
 pub static OUTLIER_STATE: Array<OutlierState, 1> = Array::new();
+
+/// Whether the backends hashed to each bucket may be failing or ejected, a bit each (see
+/// `outlier`).
+#[btf_map(name = "topo_outlier_bk")]
+pub static OUTLIER_BUCKETS: Array<u64, { topology_common::outlier::BUCKET_WORDS as usize }> = Array::new();
+
+/// The connect hooks' count over a set's slots while a drawn backend is ejected (see `outlier`);
+/// not pinned.
+#[btf_map(name = "topo_outlier_scan")]
+pub static OUTLIER_SCAN: PerCpuArray<OutlierScan, 1> = PerCpuArray::new();
 
 /// Per-CPU state of the programs' random number generator (see `rng`); not pinned: a new state
 /// per load is as good as the old one.

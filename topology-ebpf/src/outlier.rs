@@ -1,13 +1,11 @@
-//! Passive outlier ejection (see `topology_common::outlier`): the tracing program that counts
-//! each backend's failed handshakes in a row and ejects it, and the connect hooks' avoidance of an
-//! ejected backend.
+//! Passive outlier ejection (see `topology_common::outlier`): the tracing programs that count
+//! each backend's failed handshakes and eject it, and the connect hooks' part — avoiding an
+//! ejected backend and counting the connections sent to a failing one.
 //!
-//! The tracing program runs at every TCP state change of the node, so it leaves at once unless
-//! the change ends an active handshake (`SYN_SENT` to `ESTABLISHED` or `CLOSE`); a success goes
-//! further only while some backend failed within the failing window. That is still about ten
-//! runs per connection of the node, client and server ends together (0.5 µs of a connect here):
-//! ejection is off unless asked for (`--outlier-ejection on`). The connect hooks read one array
-//! element per connection and look a drawn backend up only while an ejection is in force.
+//! The tracing programs run where a handshake can fail, never on one that succeeds: a reset
+//! received, a segment retransmitted, an error reported on a socket, node-wide. Each leaves at
+//! once unless the socket is in `SYN_SENT` (read at the offset the agent found in the kernel's
+//! BTF) and the connect hooks rewrote it (its cookie's entry in the TCP connections table).
 
 use core::{
     ffi::c_void,
@@ -15,105 +13,110 @@ use core::{
 };
 
 use aya_ebpf::{
+    Global,
     bindings::BPF_NOEXIST,
-    helpers::generated::{bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_map_lookup_elem, bpf_map_update_elem},
+    helpers::{
+        bpf_probe_read_kernel,
+        generated::{
+            bpf_get_socket_cookie, bpf_ktime_get_coarse_ns, bpf_ktime_get_ns, bpf_map_lookup_elem, bpf_map_update_elem,
+        },
+    },
     macros::btf_tracepoint,
     programs::BtfTracePointContext,
 };
 use topology_common::{
-    Backend, BackendKey, IPPROTO_TCP, OutlierEntry, OutlierState,
-    outlier::{CONSECUTIVE_FAILURES, FAILING_WINDOW_NS, REDRAWS},
+    Backend, BackendKey, IPPROTO_TCP, OutlierEntry, OutlierScan, TcpTranslation,
+    outlier::{REDRAWS, bucket_of},
 };
 
 use crate::{
     choose::{self, Pick},
-    gate::Clock,
-    maps::{OUTLIER_STATE, OUTLIERS, SLOTS, TCP_CONNECTIONS, tcp_connection_position},
+    maps::{OUTLIER_BUCKETS, OUTLIER_SCAN, OUTLIER_STATE, OUTLIERS, SLOTS, TCP_CONNECTIONS, tcp_connection_position},
 };
 
-/// TCP states as the tracepoint passes them.
-const TCP_ESTABLISHED: i32 = 1;
-const TCP_SYN_SENT: i32 = 2;
-const TCP_CLOSE: i32 = 7;
+/// `TCP_SYN_SENT`, as `sock_common.skc_state` holds it.
+const TCP_SYN_SENT: u8 = 2;
 
-#[btf_tracepoint(function = "inet_sock_set_state")]
-pub fn outlier(ctx: BtfTracePointContext) -> i32 {
-    // The tracepoint's arguments are (const struct sock *sk, int oldstate, int newstate).
-    let (old, new): (i32, i32) = (ctx.arg(1), ctx.arg(2));
-    if old != TCP_SYN_SENT {
-        return 0;
-    }
-    let failed = new == TCP_CLOSE;
-    if !failed && new != TCP_ESTABLISHED {
-        return 0;
-    }
-    let Some(state) = OUTLIER_STATE.get_ptr_mut(0) else {
-        return 0;
-    };
-    // SAFETY: no arguments.
-    let now = unsafe { bpf_ktime_get_ns() };
-    // SAFETY: an element of a one-entry array, valid while the program runs.
-    if !failed && now >= unsafe { read_volatile(&raw const (*state).failing_until_ns) } {
-        return 0;
-    }
-    let Some(key) = rewritten(ctx.arg(0)) else {
-        return 0;
-    };
-    if failed {
-        fail(&key, state, now);
-    } else if let Some(entry) = lookup(&key) {
-        // SAFETY: a map value of this type, valid while the program runs.
-        unsafe { write_volatile(&raw mut (*entry).failures, 0) };
-    }
+/// Byte offset of `skc_state` in the kernel's `struct sock` (through `struct sock_common`), set
+/// by the agent at load from the kernel's BTF.
+#[unsafe(no_mangle)]
+static SKC_STATE_OFFSET: Global<u32> = Global::new(18);
+
+/// A reset received: in `SYN_SENT`, the handshake was refused.
+#[btf_tracepoint(function = "tcp_receive_reset")]
+pub fn outlier_reset(ctx: BtfTracePointContext) -> i32 {
+    handshake_failed(ctx.arg(0));
     0
 }
 
-/// The backend a TCP connection the connect hooks rewrote went to (its entry in the TCP
-/// connections table, by cookie); `None` for any other socket.
-#[inline(always)]
-fn rewritten(sk: *mut c_void) -> Option<BackendKey> {
-    // SAFETY: the helper takes the traced socket argument as it is.
-    let cookie = unsafe { bpf_get_socket_cookie(sk) };
-    let entry = TCP_CONNECTIONS.get_ptr(tcp_connection_position(cookie))?;
-    // SAFETY: an element of the array, copied out at once (checked whole by its seal).
-    let translation = unsafe { *entry }.of(cookie)?;
-    (translation.proto == IPPROTO_TCP).then_some(BackendKey {
-        addr: translation.backend,
-        port: translation.backend_port,
-        family: translation.family,
-        _pad: 0,
-    })
+/// A segment retransmitted: in `SYN_SENT`, the SYN went unanswered for a retransmission timeout.
+#[btf_tracepoint(function = "tcp_retransmit_skb")]
+pub fn outlier_retransmit(ctx: BtfTracePointContext) -> i32 {
+    handshake_failed(ctx.arg(0));
+    0
 }
 
-/// A handshake to `key` failed at `now`: one more in a row, and an ejection at the threshold
-/// (not while it is ejected already: a connection made before it counts nothing more).
+/// An error reported on a socket: in `SYN_SENT`, an ICMP error answered the handshake (a reset
+/// moves the socket to `CLOSE` before it reports, and was counted by [`outlier_reset`]).
+#[btf_tracepoint(function = "inet_sk_error_report")]
+pub fn outlier_error(ctx: BtfTracePointContext) -> i32 {
+    handshake_failed(ctx.arg(0));
+    0
+}
+
+/// The traced socket `sk`'s handshake failed, if it is in one: counted against its backend,
+/// once per socket, if the connect hooks rewrote it.
 #[inline(always)]
-fn fail(key: &BackendKey, state: *mut OutlierState, now: u64) {
-    // SAFETY: an element of a one-entry array, valid while the program runs.
-    unsafe { write_volatile(&raw mut (*state).failing_until_ns, now + FAILING_WINDOW_NS) };
+fn handshake_failed(sk: *const c_void) {
+    let offset = SKC_STATE_OFFSET.load() as usize;
+    // SAFETY: reads one byte of the socket the kernel passed, at the offset of its state.
+    let state = unsafe { bpf_probe_read_kernel(sk.cast::<u8>().wrapping_add(offset)) };
+    if state != Ok(TCP_SYN_SENT) {
+        return;
+    }
+    // SAFETY: the helper takes the traced socket argument as it is.
+    let cookie = unsafe { bpf_get_socket_cookie(sk.cast_mut()) };
+    let Some(entry) = TCP_CONNECTIONS.get_ptr_mut(tcp_connection_position(cookie)) else {
+        return;
+    };
+    // SAFETY: an element of the array, copied out at once (checked whole by its seal).
+    let Some(translation) = unsafe { *entry }.of(cookie) else {
+        return;
+    };
+    // SAFETY: as above; only this socket's programs write its entry's times.
+    let counted = unsafe { &raw mut (*entry).established_ns };
+    // SAFETY: as above.
+    if translation.proto != IPPROTO_TCP || unsafe { read_volatile(counted) } == TcpTranslation::HANDSHAKE_FAILED {
+        return;
+    }
+    // SAFETY: as above.
+    unsafe { write_volatile(counted, TcpTranslation::HANDSHAKE_FAILED) };
+    let key =
+        BackendKey { addr: translation.backend, port: translation.backend_port, family: translation.family, _pad: 0 };
+    fail(&key);
+}
+
+/// A handshake to `key` failed now: counted in its entry (made if the map takes it); its bucket's
+/// bit and the node's state set.
+#[inline(never)]
+fn fail(key: &BackendKey) {
+    // SAFETY: no arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
     let Some(entry) = lookup(key).or_else(|| create(key)) else {
         return;
     };
     // SAFETY: a map value of this type, valid while the program runs. Two CPUs failing the same
     // backend at once may count one failure less: the ejection comes a failure later.
-    unsafe {
-        write_volatile(&raw mut (*entry).last_failure_ns, now);
-        if now < read_volatile(&raw const (*entry).ejected_until_ns) {
-            return;
-        }
-        let failures = read_volatile(&raw const (*entry).failures) + 1;
-        if failures < CONSECUTIVE_FAILURES {
-            write_volatile(&raw mut (*entry).failures, failures);
-            return;
-        }
-        let ejections = read_volatile(&raw const (*entry).ejections).saturating_add(1);
-        let until = now + OutlierEntry::ejection_ns(ejections);
-        write_volatile(&raw mut (*entry).ejections, ejections);
-        write_volatile(&raw mut (*entry).ejected_until_ns, until);
-        write_volatile(&raw mut (*entry).failures, 0);
-        if read_volatile(&raw const (*state).active_until_ns) < until {
-            write_volatile(&raw mut (*state).active_until_ns, until);
-        }
+    let _ = unsafe { (*entry).fail(now) };
+    let bucket = bucket_of(&key.addr, key.port);
+    if let Some(word) = OUTLIER_BUCKETS.get_ptr_mut(bucket >> 6) {
+        // SAFETY: an element of an array, valid while the program runs. Not atomic: a bit another
+        // CPU sets in the same word at the same moment may be lost, and set by its next failure.
+        unsafe { write_volatile(word, read_volatile(word) | 1 << (bucket & 63)) };
+    }
+    if let Some(state) = OUTLIER_STATE.get_ptr_mut(0) {
+        // SAFETY: as above.
+        unsafe { write_volatile(&raw mut (*state).active, 1) };
     }
 }
 
@@ -143,56 +146,126 @@ fn create(key: &BackendKey) -> Option<*mut OutlierEntry> {
     lookup(key)
 }
 
-/// `pick`, or while its backend is ejected, another draw from its set, up to [`REDRAWS`] times,
-/// then the first primary among the set's first [`SCAN`] slots that is not ejected; if none is
-/// found the last draw stands, so a set mostly or wholly ejected is still used.
+/// The connect hooks' part: while some backend of the node may be failing or ejected, and the
+/// drawn one's bucket says it may be, [`probe`] looks it up; an ejected one is replaced
+/// ([`redraw`]) and the connection counted against the backend it ends with ([`attempt`]). While
+/// no backend of the node is: one array element read. Each is a subprogram called from here, so
+/// no two of their frames stack on the connect hook's.
 #[inline(always)]
-pub fn avoid(pick: &mut Pick, family: u8, clock: &mut Clock) {
+pub fn avoid(pick: &mut Pick, family: u8) {
     let Some(state) = OUTLIER_STATE.get_ptr(0) else {
         return;
     };
     // SAFETY: an element of a one-entry array, read at once.
-    if unsafe { read_volatile(&raw const (*state).active_until_ns) } == 0 {
+    if unsafe { read_volatile(&raw const (*state).active) } == 0 {
         return;
     }
-    let now = clock.now();
-    // SAFETY: an element of a one-entry array, read at once.
-    if now >= unsafe { read_volatile(&raw const (*state).active_until_ns) } {
-        return;
+    let ejected_at = probe(pick, family);
+    if ejected_at != 0 {
+        redraw(pick, family, ejected_at);
+        attempt(pick, family, ejected_at);
     }
-    redraw(pick, family, now);
 }
 
-/// The search [`avoid`] makes while an ejection is in force: a function of its own (a BPF
-/// subprogram), so its keys and loops take no room in the connect hooks' own stack frame.
+/// Whether `backend` may be failing or ejected, by its bucket's bit.
+#[inline(always)]
+fn flagged(backend: &Backend) -> bool {
+    let bucket = bucket_of(&backend.addr, backend.port);
+    // SAFETY: an element of an array, read at once.
+    OUTLIER_BUCKETS.get_ptr(bucket >> 6).is_some_and(|word| unsafe { read_volatile(word) } >> (bucket & 63) & 1 != 0)
+}
+
+/// The drawn backend, if flagged and found: the clock's time if it is ejected; else the
+/// connection counted against it, and 0.
 #[inline(never)]
-fn redraw(pick: &mut Pick, family: u8, now: u64) {
-    for _ in 0..REDRAWS {
-        if !ejected(&pick.backend, family, now) {
-            return;
-        }
-        match choose::draw(&pick.service) {
-            Ok(backend) => pick.backend = backend,
-            Err(_) => return,
-        }
+fn probe(pick: &Pick, family: u8) -> u64 {
+    if !flagged(&pick.backend) {
+        return 0;
     }
-    if !ejected(&pick.backend, family, now) {
+    let key = BackendKey { addr: pick.backend.addr, port: pick.backend.port, family, _pad: 0 };
+    let Some(entry) = lookup(&key) else {
+        return 0;
+    };
+    // SAFETY: no arguments; the coarse monotonic clock, the connect hooks' own.
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    // SAFETY: a map value of this type, valid while the program runs (racing CPUs may count one
+    // connection less).
+    unsafe {
+        if now < read_volatile(&raw const (*entry).ejected_until_ns) {
+            return now;
+        }
+        (*entry).attempt(now);
+    }
+    0
+}
+
+/// The connection counted against the backend `pick` ends with, at `now`, if that one is failing.
+#[inline(never)]
+fn attempt(pick: &Pick, family: u8, now: u64) {
+    if !flagged(&pick.backend) {
         return;
     }
+    let key = BackendKey { addr: pick.backend.addr, port: pick.backend.port, family, _pad: 0 };
+    if let Some(entry) = lookup(&key) {
+        // SAFETY: as in `probe`.
+        unsafe { (*entry).attempt(now) };
+    }
+}
+
+/// The search for a backend not ejected (a BPF subprogram, so its keys and loops take no room in
+/// the connect hooks' own stack frame). The drawn backend, ejected, is
+/// kept if more than half the set's first [`SCAN`] slots are (the panic threshold); else drawn
+/// again, up to [`REDRAWS`] times, then replaced by the first of those slots not ejected.
+#[inline(never)]
+fn redraw(pick: &mut Pick, family: u8, now: u64) {
+    let Some(scan) = OUTLIER_SCAN.get_ptr_mut(0) else {
+        return;
+    };
     let (base, count, set_id) = (pick.service.base, pick.service.count, pick.service.set_id);
+    // SAFETY: this CPU's element of a one-entry per-CPU array, valid while the program runs
+    // (nothing else runs on this CPU meanwhile: the hooks do not nest).
+    unsafe { write_volatile(scan, OutlierScan { searched: 0, out: 0, first_in: u32::MAX, _pad: 0 }) };
     for offset in 0..SCAN {
         if offset >= count {
-            return;
+            break;
         }
         let Some(slot) = SLOTS.get_ptr(base.wrapping_add(offset)) else {
-            return;
+            break;
         };
         // SAFETY: an element of the array for the program's lifetime.
         let slot = unsafe { &*slot };
-        if slot.set_id == set_id && set_id != 0 && !ejected(&slot.primary, family, now) {
-            pick.backend = slot.primary;
-            return;
+        if slot.set_id != set_id || set_id == 0 {
+            continue;
         }
+        // SAFETY: as above; each count read back from the map, so the verifier does not follow
+        // every combination of the slots' outcomes.
+        unsafe {
+            write_volatile(&raw mut (*scan).searched, read_volatile(&raw const (*scan).searched) + 1);
+            if ejected(&slot.primary, family, now) {
+                write_volatile(&raw mut (*scan).out, read_volatile(&raw const (*scan).out) + 1);
+            } else if read_volatile(&raw const (*scan).first_in) == u32::MAX {
+                write_volatile(&raw mut (*scan).first_in, offset);
+            }
+        }
+    }
+    // SAFETY: as above.
+    let scan = unsafe { read_volatile(scan) };
+    if scan.first_in == u32::MAX || 2 * scan.out > scan.searched {
+        return;
+    }
+    for _ in 0..REDRAWS {
+        match choose::draw(&pick.service) {
+            Ok(backend) if !ejected(&backend, family, now) => {
+                pick.backend = backend;
+                return;
+            }
+            Ok(_) => {}
+            Err(_) => break,
+        }
+    }
+    if let Some(slot) = SLOTS.get_ptr(base.wrapping_add(scan.first_in)) {
+        // SAFETY: an element of the array for the program's lifetime.
+        pick.backend = unsafe { (*slot).primary };
     }
 }
 
@@ -204,6 +277,6 @@ fn ejected(backend: &Backend, family: u8, now: u64) -> bool {
     lookup(&key).is_some_and(|entry| now < unsafe { read_volatile(&raw const (*entry).ejected_until_ns) })
 }
 
-/// Slots searched for a backend not ejected once the draws found none: a set of at most this
-/// many backends always yields one that is not ejected, if it has one.
+/// Slots searched for a backend not ejected, and for the share ejected: a set of at most this
+/// many slots is judged whole.
 const SCAN: u32 = 16;

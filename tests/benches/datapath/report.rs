@@ -3,8 +3,8 @@
 use topology_tests::traffic::Timed;
 
 use super::{
-    HOOK, HOOK_FEEDBACK, HOOK_ROUNDS, HOOK_UNMEASURED_NODE, IPTABLES, NFTABLES, NO_HOOK, NOT_A_SERVICE, ROUNDS,
-    Scenario,
+    HOOK, HOOK_FEEDBACK, HOOK_PEER_FAILING, HOOK_ROUNDS, HOOK_UNMEASURED_NODE, IPTABLES, NFTABLES, NO_HOOK,
+    NOT_A_SERVICE, ROUNDS, Scenario,
 };
 
 fn percentile(sorted: &[u64], q: f64) -> f64 {
@@ -38,7 +38,7 @@ fn over_no_hook(scenario: &Scenario, no_hook: &Scenario) -> f64 {
     p50 - summary(base).0
 }
 
-pub fn print_table(scenarios: &[Scenario], outlier_ns: Option<f64>, outlier_delta: Option<f64>) {
+pub fn print_table(scenarios: &[Scenario], outlier_runs: (u64, u64)) {
     let find = |kind: Timed, name: &str, services: Option<usize>| {
         scenarios.iter().find(|s| s.kind == kind && s.name == name && s.services == services)
     };
@@ -102,21 +102,20 @@ pub fn print_table(scenarios: &[Scenario], outlier_ns: Option<f64>, outlier_delt
         }
         println!();
     }
-    if let (Some(ns), Some(delta)) = (outlier_ns, outlier_delta) {
-        println!(
-            "The outlier ejection program (`tp_btf/inet_sock_set_state`, node-wide: every state change of every TCP \
-             connection, at both ends, hooked or not): {delta:+.3} µs on a TCP connect p50 that is not to a Service \
-             (median of 20 rounds' differences, attached vs detached, without statistics); the kernel's run-time \
-             statistics count {ns:.0} ns of its runs per connection, their own two clock reads per run included.\n"
-        );
-    }
-    println!("{}", summary_line(scenarios, outlier_delta));
+    let (runs, connects) = outlier_runs;
+    println!(
+        "Passive outlier ejection: its tracing programs ran {runs} times over the run's {connects} connects (they run \
+         only where a handshake fails); the rows \"another backend of the node failing\" (one bucket read more per \
+         connect) and \"its backends failing\" (a lookup, the connection counted) show what the connect hook adds \
+         while some backend of the node is failing.\n"
+    );
+    println!("{}", summary_line(scenarios));
 }
 
 /// `datapath: …`: each figure the p50 over no hook at the largest service count (µs); iptables
 /// and nftables at 10,000 services (or the largest count run); the bare UDP connect's own p50 as
 /// the in-run unit of CPU speed.
-fn summary_line(scenarios: &[Scenario], outlier_us: Option<f64>) -> String {
+fn summary_line(scenarios: &[Scenario]) -> String {
     let largest = scenarios.iter().filter_map(|s| s.services).max().unwrap_or(0);
     let at = |kind: Timed, name: &str, services: usize| {
         let no_hook = scenarios.iter().find(|s| s.kind == kind && s.name == NO_HOOK)?;
@@ -144,6 +143,6 @@ fn summary_line(scenarios: &[Scenario], outlier_us: Option<f64>) -> String {
         figure(at(Timed::Tcp, NFTABLES, rules_at)),
         figure(at(Timed::Tcp, IPTABLES, rules_at)),
         figure(udp_nohook),
-        figure(outlier_us),
+        figure(at(Timed::Tcp, HOOK_PEER_FAILING, largest).zip(at(Timed::Tcp, HOOK, largest)).map(|(f, h)| f - h)),
     )
 }

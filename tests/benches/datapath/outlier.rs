@@ -1,0 +1,83 @@
+//! The states of passive outlier ejection that cost a connect anything, set on a hooked node's
+//! maps so its rows measure them like every other: another backend of the node failing (the
+//! connect hook reads the chosen backend's bucket), and the chosen backends themselves failing
+//! (a hash lookup, and the connection counted). With nothing failing the hook reads one array
+//! element; the tracing programs run only where a handshake fails (the run counts them).
+
+use std::{
+    net::{IpAddr, SocketAddr},
+    time::Duration,
+};
+
+use aya::maps::{Array, HashMap, Map, MapData};
+use topology_agent::dataplane::PinLayout;
+use topology_common::{
+    BackendKey, OutlierEntry, OutlierState, map_names,
+    outlier::{BUCKETS, bucket_of},
+};
+
+/// A state of the node's outlier maps.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// Another backend of the node failing.
+    Elsewhere,
+    /// The chosen backends failing (not ejected).
+    Chosen,
+}
+
+/// The outlier maps of one pin directory.
+pub struct Maps {
+    state: Array<MapData, OutlierState>,
+    buckets: Array<MapData, u64>,
+    entries: HashMap<MapData, BackendKey, OutlierEntry>,
+}
+
+impl Maps {
+    pub fn open(layout: &PinLayout) -> Self {
+        let open = |name: &str| MapData::from_pin(layout.map(name)).unwrap_or_else(|e| panic!("open {name}: {e}"));
+        Self {
+            state: Array::try_from(Map::Array(open(map_names::OUTLIER_STATE))).expect("state"),
+            buckets: Array::try_from(Map::Array(open(map_names::OUTLIER_BUCKETS))).expect("buckets"),
+            entries: HashMap::try_from(Map::LruHashMap(open(map_names::OUTLIERS))).expect("entries"),
+        }
+    }
+
+    /// Puts the node in `state` for `backends` (those the measured Service balances over).
+    pub fn enter(&mut self, state: State, backends: &[SocketAddr]) {
+        self.state.set(0, OutlierState { active: 1, _pad: 0 }, 0).expect("state");
+        if state != State::Chosen {
+            return;
+        }
+        for key in backends.iter().map(key) {
+            let bucket = bucket_of(&key.addr, key.port);
+            assert!(bucket < BUCKETS);
+            let word = self.buckets.get(&(bucket >> 6), 0).expect("bucket word");
+            self.buckets.set(bucket >> 6, word | 1 << (bucket & 63), 0).expect("bucket word");
+            let entry = OutlierEntry { failures: 1, last_failure_ns: now_ns(), ..OutlierEntry::default() };
+            self.entries.insert(key, entry, 0).expect("entry");
+        }
+    }
+}
+
+fn key(backend: &SocketAddr) -> BackendKey {
+    let mut addr = [0u8; 16];
+    let family = match backend.ip() {
+        IpAddr::V4(v4) => {
+            addr[..4].copy_from_slice(&v4.octets());
+            libc::AF_INET as u8
+        }
+        IpAddr::V6(v6) => {
+            addr.copy_from_slice(&v6.octets());
+            libc::AF_INET6 as u8
+        }
+    };
+    BackendKey { addr, port: backend.port(), family, _pad: 0 }
+}
+
+/// `CLOCK_MONOTONIC`, nanoseconds (the programs' clock).
+fn now_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32).as_nanos() as u64
+}
