@@ -29,6 +29,8 @@ pub(super) enum Topic {
     Kernel(ServicePort),
     /// An object of the Service (itself, or one of its EndpointSlices) was skipped as invalid.
     Object(ObjectId),
+    /// This node's kernel ejected a backend of the Service (outlier ejection).
+    Ejection(std::net::SocketAddr),
 }
 
 /// Health, metrics and published problems.
@@ -70,12 +72,14 @@ impl Context {
     }
 
     /// Whether this agent publishes `service`'s problems of `topic` as Events. A problem of the
-    /// node's own kernel is published by that node; one of the Service itself (its configuration,
+    /// node's own kernel (a port it refused, a backend it ejected) is published by that node; one of the Service itself (its configuration,
     /// a conflict, an invalid object) is the same on every node, and one tenant edit must not
     /// become one Event per node: it is published by the one agent the Service's name picks.
     fn publishes(&self, service: &ObjectKey, topic: &Topic) -> bool {
         let (rank, nodes) = self.rank;
-        matches!(topic, Topic::Kernel(_)) || nodes == 0 || stable_hash(service) % nodes as u64 == rank as u64
+        matches!(topic, Topic::Kernel(_) | Topic::Ejection(_))
+            || nodes == 0
+            || stable_hash(service) % nodes as u64 == rank as u64
     }
 
     /// Logs and publishes a problem, once per (Service, topic) until its message changes.

@@ -8,6 +8,7 @@
 
 mod context;
 mod decide;
+mod ejections;
 mod feedback;
 mod full_sync;
 mod health;
@@ -126,6 +127,8 @@ pub struct Controller<P: Programmer> {
     /// When the kernel heartbeat was last refreshed and the programmer last tidied.
     upkeep: Upkeep,
     feedback: feedback::FeedbackLoop,
+    /// The backends this node's kernel ejected, as last read.
+    ejections: ejections::Ejections,
     /// Who else hears from the loop.
     outlets: Outlets,
     ctx: Context,
@@ -149,6 +152,7 @@ impl<P: Programmer> Controller<P> {
             programmed: false,
             upkeep: Upkeep::default(),
             feedback: feedback::FeedbackLoop::new(Default::default()),
+            ejections: ejections::Ejections::default(),
             outlets: Outlets::default(),
             ctx: Context::new(health, metrics, sink),
         }
@@ -224,7 +228,11 @@ impl<P: Programmer> Controller<P> {
             let answer = match self.intake.state.node(&self.config.node) {
                 Some(this) if self.programmed => match &query.service {
                     Some(key) if self.intake.state.service(key).is_none() => Err(AskError::UnknownService(key.clone())),
-                    service => Ok(explain::report(&self.intake.state, this, &self.plan, service.as_ref())),
+                    service => {
+                        let mut report = explain::report(&self.intake.state, this, &self.plan, service.as_ref());
+                        self.ejections.mark(&mut report);
+                        Ok(report)
+                    }
                 },
                 _ => Err(AskError::NotProgrammed),
             };
@@ -251,6 +259,12 @@ impl<P: Programmer> Controller<P> {
             Err(error) => tracing::warn!(%error, "the kernel heartbeat could not be written; retrying"),
         }
         self.check_attached();
+        if self.programmed && self.ejections.due() {
+            match self.programmer.outliers() {
+                Ok(outliers) => self.ejections.update(outliers, &self.plan, &mut self.ctx, &self.config.node),
+                Err(error) => tracing::warn!(%error, "the outlier ejections could not be read; retrying"),
+            }
+        }
         if self.upkeep.tidy.is_none_or(|at| at.elapsed() >= TIDY_INTERVAL) {
             self.upkeep.tidy = Some(Instant::now());
             if let Err(error) = self.programmer.tidy() {

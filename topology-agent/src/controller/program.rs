@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use topology_common::map_names;
 
 use crate::{
-    dataplane::{ApplyReport, Dataplane, DataplaneError, MeasuredBackend},
+    dataplane::{ApplyReport, Dataplane, DataplaneError, MeasuredBackend, Outlier},
     desired::{DesiredState, ServicePort},
 };
 
@@ -56,6 +56,11 @@ pub trait Programmer: Send {
     fn detached(&self) -> Vec<&'static str> {
         Vec::new()
     }
+    /// The backends failing or ejected on this node (outlier ejection); the read forgets those
+    /// quiet for a failing window.
+    fn outliers(&mut self) -> Result<Vec<Outlier>, DataplaneError> {
+        Ok(Vec::new())
+    }
 }
 
 impl Programmer for Dataplane {
@@ -91,6 +96,10 @@ impl Programmer for Dataplane {
 
     fn detached(&self) -> Vec<&'static str> {
         self.detached_programs()
+    }
+
+    fn outliers(&mut self) -> Result<Vec<Outlier>, DataplaneError> {
+        Dataplane::outliers(self)
     }
 
     fn tidy(&mut self) -> Result<(), DataplaneError> {

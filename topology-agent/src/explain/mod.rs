@@ -109,6 +109,19 @@ pub struct BackendEntry {
     pub share: f64,
     /// Where it is relative to the deciding node.
     pub locality: Locality,
+    /// This node's kernel avoids it now (outlier ejection): in the running agent's answer only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ejected: Option<Ejected>,
+}
+
+/// An ejection in force on the deciding node.
+#[derive(Debug, Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Ejected {
+    /// How long it is avoided still.
+    pub for_seconds: f64,
+    /// Which ejection of the backend this is (each doubles the time, from 10 s to 5 min).
+    pub ejection: u32,
 }
 
 /// Errors of `explain`.
@@ -203,6 +216,7 @@ fn entry(plan: &NodePlan, selected: &PortSelection) -> ServiceEntry {
                 weight: b.weight,
                 share: share(b.address, b.port),
                 locality: b.locality,
+                ejected: None,
             })
             .collect(),
         warnings: selection.warnings.clone(),

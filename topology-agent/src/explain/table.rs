@@ -65,6 +65,14 @@ impl ExplainReport {
                     weight(backend.weight),
                     backend.share * 100.0
                 );
+                if let Some(ejected) = &backend.ejected {
+                    let _ = writeln!(
+                        out,
+                        "    ejected on this node for {:.0} s more (ejection {}): its handshakes from here failed in a \
+                         row; the share goes to the others",
+                        ejected.for_seconds, ejected.ejection
+                    );
+                }
             }
         }
         headless_table(&mut out, &self.headless);
