@@ -119,7 +119,16 @@ fn the_reduced_demo_lands_every_policy_where_it_should() {
     assert_eq!(failover.failed_after, 0, "{failover:?}");
     assert!(failover.attempts > 100, "{failover:?}");
 
-    demo::report::write(&dir, &config, &results, &failover).expect("report");
+    // One pod dies and the cluster takes 5 s to notice: each node's kernel ejects it after its
+    // fifth failed handshake from there, every other connection goes to the live backends.
+    let pod = demo::pod_failover(&mut cluster);
+    eprintln!("{}", demo::pod_failover_line(&pod));
+    assert!(pod.attempts > 1000, "{pod:?}");
+    assert!(pod.most_failed_per_node() <= u64::from(pod.threshold), "{pod:?}");
+    assert!(pod.failed_before_update.iter().any(|(_, failed)| *failed > 0), "the pod was really killed: {pod:?}");
+    assert_eq!(pod.failed_after, 0, "{pod:?}");
+
+    demo::report::write(&dir, &config, &results, &failover, &pod).expect("report");
     let report = std::fs::read_to_string(dir.join("report.md")).expect("report.md");
     assert!(report.contains("| `prefer-close` | PreferClose | 100.0% |"), "{report}");
     assert!(std::fs::read_to_string(dir.join("in-zone.svg")).expect("svg").starts_with("<svg"));

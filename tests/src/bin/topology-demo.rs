@@ -138,6 +138,12 @@ fn main() -> anyhow::Result<()> {
     eprintln!("failover: killing zone {}'s servers, then removing them from the file...", cluster.plan.nodes[0].zone);
     let failover = demo::failover(&mut cluster);
     check_interrupt();
+    eprintln!(
+        "failover: killing one pod; its endpoint leaves the file {} s later...",
+        demo::pod_failover::DETECTION.as_secs()
+    );
+    let pod = demo::pod_failover(&mut cluster);
+    check_interrupt();
 
     println!("\n{}", report::table(&results));
     println!(
@@ -152,6 +158,7 @@ fn main() -> anyhow::Result<()> {
         failover.failed_while_reacting,
         failover.failed_after
     );
+    println!("{}", demo::pod_failover_line(&pod));
     if let Some(close) = report::comparisons(&results).into_iter().find(|c| c.ours.name == "prefer-close") {
         let avoided = close.gb_avoided_per_gb().unwrap_or(0.0);
         println!(
@@ -164,7 +171,7 @@ fn main() -> anyhow::Result<()> {
             report::DOLLARS_PER_GB_EACH_WAY
         );
     }
-    report::write(&args.out, &config, &results, &failover)?;
+    report::write(&args.out, &config, &results, &failover, &pod)?;
     println!("\nreport: {} (chart: {})", args.out.join("report.md").display(), args.out.join("in-zone.svg").display());
     println!("done in {:.1} s", started.elapsed().as_secs_f64());
 

@@ -8,7 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::plan::{BACKEND_PORT, DemoConfig, KUBE_DNS, Plan, SERVICE_PORT, Transport};
+use super::plan::{BACKEND_PORT, DemoConfig, KUBE_DNS, Plan, Removed, SERVICE_PORT, Transport};
 use crate::{
     agent::{Agent, AgentOptions},
     cluster,
@@ -62,7 +62,7 @@ impl DemoCluster {
         // The cluster DNS every name outside the demo's Services goes to.
         let coredns = crate::dns::start_upstream(&mut network, false, Some(infra.path()), None);
         let cluster_file = dir.join("cluster.yaml");
-        cluster::write(&cluster_file, &plan.objects(&addresses, coredns.0.v4, None));
+        cluster::write(&cluster_file, &plan.objects(&addresses, coredns.0.v4, Removed::Nothing));
 
         let node_cgroups: Vec<CgroupGuard> =
             plan.nodes.iter().map(|n| CgroupGuard::new(&format!("{id}-{}", n.name))).collect();
@@ -193,9 +193,23 @@ impl DemoCluster {
         self.plan.nodes.len()
     }
 
-    /// Rewrites `cluster.yaml`, leaving out the backends of `removed_zone`.
-    pub fn write_cluster(&self, removed_zone: Option<&str>) {
-        cluster::write(&self.cluster_file, &self.plan.objects(&self.addresses, self.coredns, removed_zone));
+    /// Rewrites `cluster.yaml`, leaving out the backends `removed` names.
+    pub fn write_cluster(&self, removed: Removed<'_>) {
+        cluster::write(&self.cluster_file, &self.plan.objects(&self.addresses, self.coredns, removed));
+    }
+
+    /// Kills backend `index`'s server (SIGKILL, as when a pod dies), leaving its endpoint in the
+    /// cluster file.
+    pub fn kill_backend(&mut self, index: usize) {
+        self.servers[index] = None;
+    }
+
+    /// Starts backend `index`'s server again, if killed; returns once it listens.
+    pub fn restart_backend(&mut self, index: usize) {
+        if self.servers[index].is_none() {
+            let name = &self.plan.backends[index].name;
+            self.servers[index] = Some(start_server(&self.dir, &self.infra, &self.backend_hosts[index], name));
+        }
     }
 
     /// Commands to explore a kept demo, and to remove it.

@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::{
     cluster::{DemoCluster, wait_until},
-    plan::{Policy, SERVICE_PORT, ServicePlan, Transport},
+    plan::{Policy, Removed, SERVICE_PORT, ServicePlan, Transport},
 };
 use crate::traffic::{Report, monotonic_ns};
 
@@ -238,14 +238,14 @@ pub fn failover(demo: &mut DemoCluster) -> Failover {
     std::thread::sleep(Duration::from_millis(200));
     let killed_at = monotonic_ns();
     let killed = demo.kill_zone(&zone);
-    demo.write_cluster(Some(&zone));
+    demo.write_cluster(Removed::Zone(&zone));
     let updated_at = monotonic_ns();
     let moved_after = wait_until(demo, node, service, Duration::from_secs(30), |r| {
         r.failures() == 0 && r.successes() > 0 && r.landed.keys().all(|name| !in_zone(demo, name))
     });
     let moved_at = updated_at + moved_after.as_nanos() as u64;
     demo.restart_zone(&zone);
-    demo.write_cluster(None);
+    demo.write_cluster(Removed::Nothing);
     let back_after = wait_until(demo, node, service, Duration::from_secs(30), |r| {
         r.failures() == 0 && r.successes() > 0 && r.landed.keys().all(|name| in_zone(demo, name))
     });

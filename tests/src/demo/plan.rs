@@ -126,6 +126,17 @@ pub const DOMAIN: &str = "cluster.local";
 /// The label key of the hard-keys Service, carried by no node.
 pub const HARD_KEY: &str = "example.com/rack";
 
+/// Backends left out of the cluster file's EndpointSlices.
+#[derive(Clone, Copy, Debug)]
+pub enum Removed<'a> {
+    /// None.
+    Nothing,
+    /// Those of a zone.
+    Zone(&'a str),
+    /// One, by name.
+    Backend(&'a str),
+}
+
 /// The whole plan.
 #[derive(Clone, Debug)]
 pub struct Plan {
@@ -196,9 +207,9 @@ impl Plan {
         format!("{}.demo.svc.{DOMAIN}", service.name)
     }
 
-    /// The cluster as Kubernetes objects, with kube-dns answered by `coredns`; backends in
-    /// `removed_zone` are left out of every slice.
-    pub fn objects(&self, addresses: &[Ipv4Addr], coredns: Ipv4Addr, removed_zone: Option<&str>) -> Vec<Value> {
+    /// The cluster as Kubernetes objects, with kube-dns answered by `coredns`; the backends
+    /// `removed` names are left out of every slice.
+    pub fn objects(&self, addresses: &[Ipv4Addr], coredns: Ipv4Addr, removed: Removed<'_>) -> Vec<Value> {
         let mut objects: Vec<Value> =
             self.nodes.iter().map(|n| cluster::node(&n.name, &n.zone, Some(&n.region), "4")).collect();
         let mut kube_dns = cluster::service("kube-system", "kube-dns", IpAddr::V4(KUBE_DNS), 53, "UDP", "dns");
@@ -214,7 +225,11 @@ impl Plan {
             .backends
             .iter()
             .enumerate()
-            .filter(|(_, b)| Some(self.nodes[b.node].zone.as_str()) != removed_zone)
+            .filter(|(_, b)| match removed {
+                Removed::Nothing => true,
+                Removed::Zone(zone) => self.nodes[b.node].zone != zone,
+                Removed::Backend(name) => b.name != name,
+            })
             .collect();
         let zones_with_endpoints: Vec<&str> = present.iter().map(|(_, b)| self.nodes[b.node].zone.as_str()).collect();
         for service in &self.services {
@@ -296,7 +311,7 @@ mod tests {
     fn removing_a_zone_removes_its_endpoints_from_every_slice() {
         let plan = Plan::new(&DemoConfig::default());
         let addresses: Vec<Ipv4Addr> = (0..6).map(|i| Ipv4Addr::new(10, 244, 0, i + 1)).collect();
-        let objects = plan.objects(&addresses, Ipv4Addr::new(10, 244, 9, 9), Some("zone-a"));
+        let objects = plan.objects(&addresses, Ipv4Addr::new(10, 244, 9, 9), Removed::Zone("zone-a"));
         for slice in objects.iter().filter(|o| o["kind"] == "EndpointSlice" && o["metadata"]["namespace"] == "demo") {
             assert_eq!(slice["endpoints"].as_array().unwrap().len(), 4);
         }

@@ -109,12 +109,18 @@ pub fn table(results: &[ServiceResult]) -> String {
 }
 
 /// Writes `report.md` and `in-zone.svg` into `dir`.
-pub fn write(dir: &Path, config: &DemoConfig, results: &[ServiceResult], failover: &Failover) -> std::io::Result<()> {
+pub fn write(
+    dir: &Path,
+    config: &DemoConfig,
+    results: &[ServiceResult],
+    failover: &Failover,
+    pod: &super::PodFailover,
+) -> std::io::Result<()> {
     std::fs::write(dir.join("in-zone.svg"), svg(results))?;
-    std::fs::write(dir.join("report.md"), markdown(config, results, failover))
+    std::fs::write(dir.join("report.md"), markdown(config, results, failover, pod))
 }
 
-fn markdown(config: &DemoConfig, results: &[ServiceResult], failover: &Failover) -> String {
+fn markdown(config: &DemoConfig, results: &[ServiceResult], failover: &Failover, pod: &super::PodFailover) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "# topology-agent demo\n");
     let _ = writeln!(
@@ -176,6 +182,7 @@ fn markdown(config: &DemoConfig, results: &[ServiceResult], failover: &Failover)
     }
     let _ = writeln!(out, "\n## Failover\n");
     let _ = writeln!(out, "{}\n", failover_sentence(failover));
+    let _ = writeln!(out, "{}\n", super::pod_failover_line(pod));
     let _ = writeln!(out, "## Why (`topology-agent explain`, first node)\n");
     for result in results.iter().filter(|r| r.baseline_of.is_none()) {
         let _ = writeln!(out, "- `{}`: {}", result.name, result.reason);

@@ -118,6 +118,9 @@ pub struct ModeResult {
     pub resets_to_serving: usize,
     /// UDP sockets ended because their backend left the Service.
     pub ended_on_departure: usize,
+    /// The in-zone share over time: `(seconds from the rollout's start, share)` per window of
+    /// `rollout_chart::WINDOW_S` (the chart's line).
+    pub series: Vec<(f64, f64)>,
 }
 
 /// What the run found.
@@ -328,6 +331,7 @@ fn figures(report: &OpenLoopReport, zone_a: &[String], (from, to): (u64, u64)) -
         rollout_in_zone: share(&|ns| (from..to).contains(&ns)),
         failed: during.iter().filter(|a| matches!(a.outcome, Outcome::Failed(_))).count(),
         connections: during.len(),
+        series: super::rollout_chart::series(report, zone_a, from),
         ..ModeResult::default()
     }
 }
@@ -410,9 +414,11 @@ impl RolloutReport {
         out
     }
 
-    /// Writes `rollout.json`.
+    /// Writes `rollout.json`, the chart `rollout.svg` and the report `rollout.md`.
     pub fn write(&self, out: &Path) -> anyhow::Result<()> {
         std::fs::write(out.join("rollout.json"), serde_json::to_string_pretty(self)?)?;
+        std::fs::write(out.join("rollout.svg"), super::rollout_chart::svg(self))?;
+        std::fs::write(out.join("rollout.md"), super::rollout_chart::markdown(self))?;
         Ok(())
     }
 }
