@@ -136,6 +136,24 @@ fn a_set_more_than_half_ejected_is_used_whole() {
 }
 
 #[test]
+fn a_service_may_tune_the_failures_that_eject_and_the_ejection_time() {
+    require_root!();
+    let mut fx = Fixture::new(2);
+    let _agent = start(&fx, Some("failures=2, base=2s"));
+    let vip: SocketAddr = VIP.parse().unwrap();
+    fx.backends[0].stop();
+    let outage = fx.place().tcp(vip, 100);
+    assert_eq!(outage.errors.get("ECONNREFUSED").copied(), Some(2), "{outage:?}");
+    // Tried again after 2 s: two more failures, then 4 s.
+    std::thread::sleep(Duration::from_millis(2_300));
+    let retried = fx.place().tcp(vip, 100);
+    assert_eq!(retried.errors.get("ECONNREFUSED").copied(), Some(2), "{retried:?}");
+    std::thread::sleep(Duration::from_millis(2_300));
+    let still = fx.place().tcp(vip, 100);
+    assert!(still.errors.is_empty(), "the second ejection lasts 4 s: {still:?}");
+}
+
+#[test]
 fn a_service_may_turn_ejection_off() {
     require_root!();
     let mut fx = Fixture::new(2);

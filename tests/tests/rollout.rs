@@ -35,7 +35,8 @@ fn a_rollout_keeps_each_mode_in_zone_fails_nothing_and_ends_no_serving_socket() 
     assert!(report.scale_up_max_share > 0.0 && report.scale_up_max_share <= 1.1 + 1e-9, "{report:?}");
     // The chart: a line per mode over the steady traffic and the rollout.
     for mode in &report.modes {
-        let (before, during) = (mode.series.iter().filter(|(s, _)| *s < 0.0), mode.series.iter().filter(|(s, _)| *s > 0.0));
+        let (before, during) =
+            (mode.series.iter().filter(|(s, _)| *s < 0.0), mode.series.iter().filter(|(s, _)| *s > 0.0));
         assert!(before.count() > 0 && during.count() > 0, "{mode:?}");
     }
     report.write(out.path()).unwrap();

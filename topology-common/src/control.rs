@@ -81,6 +81,16 @@ pub mod service_flags {
     /// Outlier ejection off for the port (`topology-agent.io/outlier-ejection: "off"`): the
     /// connect hooks draw its backends whatever their failures.
     pub const OUTLIER_OFF: u32 = 1 << 3;
+    /// Outlier ejection's failed handshakes in a row for the port
+    /// (`topology-agent.io/outlier-ejection: "failures=N"`), in bits 16–19; 0: the default.
+    pub const OUTLIER_FAILURES_SHIFT: u32 = 16;
+    /// Its mask, after the shift.
+    pub const OUTLIER_FAILURES_MASK: u32 = 0xf;
+    /// Outlier ejection's first ejection for the port, seconds (`"base=Ns"`), in bits 20–27; 0:
+    /// the default.
+    pub const OUTLIER_BASE_SHIFT: u32 = 20;
+    /// Its mask, after the shift.
+    pub const OUTLIER_BASE_MASK: u32 = 0xff;
 }
 
 /// Per-service options, by service id.

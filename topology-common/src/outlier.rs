@@ -116,6 +116,36 @@ pub const SUCCESS_EVIDENCE: u32 = 3;
 /// searched for one that is not).
 pub const REDRAWS: u32 = 3;
 
+/// A port's ejection settings (`topology-agent.io/outlier-ejection: "failures=N,base=Ns"`),
+/// carried in its options' flags: the failures in a row that eject, and the first ejection's
+/// length (each further one doubles it, up to [`MAX_EJECTION_NS`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tuning {
+    /// Failed handshakes in a row that eject.
+    pub failures: u32,
+    /// The first ejection's length, nanoseconds.
+    pub base_ns: u64,
+}
+
+impl Tuning {
+    /// Envoy's defaults: [`CONSECUTIVE_FAILURES`] and [`BASE_EJECTION_NS`].
+    pub const DEFAULT: Self = Self { failures: CONSECUTIVE_FAILURES, base_ns: BASE_EJECTION_NS };
+
+    /// The settings a port's `flags` (`service_flags`) carry; the defaults where they carry none.
+    #[inline(always)]
+    pub fn of(flags: u32) -> Self {
+        use crate::service_flags::{
+            OUTLIER_BASE_MASK, OUTLIER_BASE_SHIFT, OUTLIER_FAILURES_MASK, OUTLIER_FAILURES_SHIFT,
+        };
+        let failures = flags >> OUTLIER_FAILURES_SHIFT & OUTLIER_FAILURES_MASK;
+        let base_s = u64::from(flags >> OUTLIER_BASE_SHIFT & OUTLIER_BASE_MASK);
+        Self {
+            failures: if failures == 0 { CONSECUTIVE_FAILURES } else { failures },
+            base_ns: if base_s == 0 { BASE_EJECTION_NS } else { base_s * 1_000_000_000 },
+        }
+    }
+}
+
 /// What a failed handshake did to its backend's entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Failure {
@@ -128,13 +158,20 @@ pub enum Failure {
 }
 
 impl OutlierEntry {
-    /// The length of ejection number `ejections` (1 for the first).
+    /// The length of ejection number `ejections` (1 for the first) with the default base.
     #[inline(always)]
     pub fn ejection_ns(ejections: u32) -> u64 {
-        // Shifts, not a multiplication: the BPF target has no 128-bit overflow check. Five
-        // doublings pass the maximum already.
-        let doublings = if ejections > 6 { 5 } else { ejections.saturating_sub(1) };
-        let length = BASE_EJECTION_NS << doublings;
+        Self::ejection_ns_from(BASE_EJECTION_NS, ejections)
+    }
+
+    /// The length of ejection number `ejections` (1 for the first) from a first one of `base_ns`
+    /// (at most 255 s), doubling up to [`MAX_EJECTION_NS`].
+    #[inline(always)]
+    pub fn ejection_ns_from(base_ns: u64, ejections: u32) -> u64 {
+        // Shifts, not a multiplication: the BPF target has no 128-bit overflow check. Nine
+        // doublings of 1 s pass the maximum already.
+        let doublings = if ejections > 10 { 9 } else { ejections.saturating_sub(1) };
+        let length = base_ns << doublings;
         if length < MAX_EJECTION_NS { length } else { MAX_EJECTION_NS }
     }
 
@@ -155,10 +192,9 @@ impl OutlierEntry {
 
     /// A handshake to it failed at `now`: a new run if one of the connections sent since the last
     /// failure succeeded ([`SUCCESS_EVIDENCE`] of them, or one that has had [`SETTLE_NS`] to fail)
-    /// or after a quiet window, else one more in the run; an ejection at
-    /// [`CONSECUTIVE_FAILURES`].
+    /// or after a quiet window, else one more in the run; an ejection at `tuning`'s failures.
     #[inline(always)]
-    pub fn fail(&mut self, now: u64) -> Failure {
+    pub fn fail(&mut self, now: u64, tuning: Tuning) -> Failure {
         let quiet_since =
             if self.ejected_until_ns > self.last_failure_ns { self.ejected_until_ns } else { self.last_failure_ns };
         let quiet = now.saturating_sub(quiet_since) > FAILING_WINDOW_NS;
@@ -173,11 +209,11 @@ impl OutlierEntry {
             self.ejections = 0;
         }
         self.failures = if quiet || succeeded { 1 } else { self.failures.saturating_add(1) };
-        if self.failures < CONSECUTIVE_FAILURES {
+        if self.failures < tuning.failures {
             return Failure::Counted;
         }
         self.ejections = self.ejections.saturating_add(1);
-        self.ejected_until_ns = now + Self::ejection_ns(self.ejections);
+        self.ejected_until_ns = now + Self::ejection_ns_from(tuning.base_ns, self.ejections);
         self.failures = 0;
         Failure::Ejected(self.ejected_until_ns)
     }
@@ -211,6 +247,24 @@ mod tests {
         let seconds: [u64; 7] = core::array::from_fn(|n| OutlierEntry::ejection_ns(n as u32 + 1) / S);
         assert_eq!(seconds, [10, 20, 40, 80, 160, 300, 300]);
         assert_eq!(OutlierEntry::ejection_ns(u32::MAX), MAX_EJECTION_NS);
+        let one: [u64; 11] = core::array::from_fn(|n| OutlierEntry::ejection_ns_from(S, n as u32 + 1) / S);
+        assert_eq!(one, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);
+        assert_eq!(OutlierEntry::ejection_ns_from(255 * S, u32::MAX), MAX_EJECTION_NS);
+    }
+
+    #[test]
+    fn a_ports_flags_carry_its_tuning() {
+        use crate::service_flags::{OUTLIER_BASE_SHIFT, OUTLIER_FAILURES_SHIFT, OUTLIER_OFF};
+        assert_eq!(Tuning::of(0), Tuning::DEFAULT);
+        assert_eq!(Tuning::of(OUTLIER_OFF), Tuning::DEFAULT);
+        let tuned = Tuning::of(3 << OUTLIER_FAILURES_SHIFT | 30 << OUTLIER_BASE_SHIFT | OUTLIER_OFF);
+        assert_eq!(tuned, Tuning { failures: 3, base_ns: 30 * S });
+        // Three failures eject at the third, for 30 s.
+        let mut entry = OutlierEntry::default();
+        let now = 100 * S;
+        assert_eq!(entry.fail(now, tuned), Failure::Counted);
+        assert_eq!(entry.fail(now + MS, tuned), Failure::Counted);
+        assert_eq!(entry.fail(now + 2 * MS, tuned), Failure::Ejected(now + 2 * MS + 30 * S));
     }
 
     /// What happens to one backend, in order: `a` a connection sent, `f` a failure, at times (ms).
@@ -221,7 +275,7 @@ mod tests {
             let now = 100 * S + at * MS;
             match event {
                 'a' => entry.attempt(now),
-                'f' => failures.push(entry.fail(now)),
+                'f' => failures.push(entry.fail(now, Tuning::DEFAULT)),
                 _ => unreachable!(),
             }
         }

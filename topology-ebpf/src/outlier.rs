@@ -25,13 +25,18 @@ use aya_ebpf::{
     programs::BtfTracePointContext,
 };
 use topology_common::{
-    Backend, BackendKey, IPPROTO_TCP, OutlierEntry, OutlierScan, TcpTranslation,
-    outlier::{REDRAWS, bucket_of},
+    AF_INET, Backend, BackendKey, IPPROTO_TCP, OutlierEntry, OutlierScan, SockTranslation, TcpTranslation,
+    outlier::{REDRAWS, Tuning, bucket_of},
 };
 
 use crate::{
     choose::{self, Pick},
-    maps::{OUTLIER_BUCKETS, OUTLIER_SCAN, OUTLIER_STATE, OUTLIERS, SLOTS, TCP_CONNECTIONS, tcp_connection_position},
+    lookup,
+    maps::{
+        OUTLIER_BUCKETS, OUTLIER_SCAN, OUTLIER_STATE, OUTLIERS, SERVICE_OPTIONS, SLOTS, TCP_CONNECTIONS,
+        tcp_connection_position,
+    },
+    sockaddr,
 };
 
 /// `TCP_SYN_SENT`, as `sock_common.skc_state` holds it.
@@ -93,13 +98,30 @@ fn handshake_failed(sk: *const c_void) {
     unsafe { write_volatile(counted, TcpTranslation::HANDSHAKE_FAILED) };
     let key =
         BackendKey { addr: translation.backend, port: translation.backend_port, family: translation.family, _pad: 0 };
-    fail(&key);
+    fail(&key, port_flags(&translation));
 }
 
-/// A handshake to `key` failed now: counted in its entry (made if the map takes it); its bucket's
-/// bit and the node's state set.
+/// The options' flags of the Service port `translation` was rewritten from (its ejection
+/// settings, see `Tuning`); 0 (the defaults) once the port is gone.
 #[inline(never)]
-fn fail(key: &BackendKey) {
+fn port_flags(translation: &SockTranslation) -> u32 {
+    let vip = sockaddr::words(&translation.vip);
+    let service = if translation.family == AF_INET {
+        lookup::service4(vip[0], translation.vip_port, translation.proto)
+    } else {
+        lookup::service6(vip, translation.vip_port, translation.proto)
+    };
+    // SAFETY: an array element, read at once.
+    service
+        .and_then(|service| SERVICE_OPTIONS.get_ptr(service.service_id))
+        .map_or(0, |options| unsafe { (*options).flags })
+}
+
+/// A handshake to `key` failed now, through a port with options `flags` (its ejection
+/// settings): counted in its entry (made if the map takes it); its bucket's bit and the node's
+/// state set.
+#[inline(never)]
+fn fail(key: &BackendKey, flags: u32) {
     // SAFETY: no arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     let Some(entry) = lookup(key).or_else(|| create(key)) else {
@@ -107,7 +129,7 @@ fn fail(key: &BackendKey) {
     };
     // SAFETY: a map value of this type, valid while the program runs. Two CPUs failing the same
     // backend at once may count one failure less: the ejection comes a failure later.
-    let _ = unsafe { (*entry).fail(now) };
+    let _ = unsafe { (*entry).fail(now, Tuning::of(flags)) };
     let bucket = bucket_of(&key.addr, key.port);
     if let Some(word) = OUTLIER_BUCKETS.get_ptr_mut(bucket >> 6) {
         // SAFETY: an element of an array, valid while the program runs. Not atomic: a bit another

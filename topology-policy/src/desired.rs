@@ -170,6 +170,17 @@ pub struct PortOptions {
     /// Outlier ejection is off for the port: its backends are drawn whatever their failures.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub outlier_off: bool,
+    /// Failed handshakes in a row that eject one of its backends (1–15); 0: the default, 5.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub outlier_failures: u8,
+    /// The first ejection's length, seconds (1–255), doubling with each further one up to 5 min;
+    /// 0: the default, 10 s.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub outlier_base_s: u8,
+}
+
+fn is_zero(value: &u8) -> bool {
+    *value == 0
 }
 
 impl PortOptions {
@@ -180,7 +191,10 @@ impl PortOptions {
             affinity_timeout_s: self.affinity_timeout_s.unwrap_or(0),
             flags: flag(self.local_dns, service_flags::LOCAL_DNS)
                 | flag(self.measured, service_flags::MEASURED)
-                | flag(self.outlier_off, service_flags::OUTLIER_OFF),
+                | flag(self.outlier_off, service_flags::OUTLIER_OFF)
+                | (u32::from(self.outlier_failures) & service_flags::OUTLIER_FAILURES_MASK)
+                    << service_flags::OUTLIER_FAILURES_SHIFT
+                | u32::from(self.outlier_base_s) << service_flags::OUTLIER_BASE_SHIFT,
         }
     }
 
@@ -191,6 +205,10 @@ impl PortOptions {
             local_dns: options.flags & service_flags::LOCAL_DNS != 0,
             measured: options.flags & service_flags::MEASURED != 0,
             outlier_off: options.flags & service_flags::OUTLIER_OFF != 0,
+            outlier_failures: (options.flags >> service_flags::OUTLIER_FAILURES_SHIFT
+                & service_flags::OUTLIER_FAILURES_MASK) as u8,
+            outlier_base_s: (options.flags >> service_flags::OUTLIER_BASE_SHIFT & service_flags::OUTLIER_BASE_MASK)
+                as u8,
         }
     }
 }
@@ -251,7 +269,14 @@ mod tests {
             PortOptions::default(),
             PortOptions { measured: true, local_dns: true, ..PortOptions::default() },
             PortOptions { affinity_timeout_s: Some(10_800), ..PortOptions::default() },
-            PortOptions { local_dns: true, affinity_timeout_s: Some(1), measured: false, outlier_off: true },
+            PortOptions {
+                local_dns: true,
+                affinity_timeout_s: Some(1),
+                measured: false,
+                outlier_off: true,
+                outlier_failures: 3,
+                outlier_base_s: 255,
+            },
         ] {
             assert_eq!(PortOptions::from_kernel(&options.to_kernel()), options);
         }

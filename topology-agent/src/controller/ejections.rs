@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use topology_common::{OutlierEntry, outlier::CONSECUTIVE_FAILURES};
+use topology_common::{OutlierEntry, outlier::Tuning};
 
 use super::context::{Context, Topic};
 use crate::{cluster::ObjectKey, dataplane::Outlier, explain::ExplainReport, plan::NodePlan};
@@ -50,23 +50,26 @@ impl Ejections {
         if self.ejected.is_empty() {
             return;
         }
-        let mut owners: BTreeMap<SocketAddr, BTreeSet<ObjectKey>> = BTreeMap::new();
+        // Per ejected backend: the Services holding it, and the settings of the first port found.
+        let mut owners: BTreeMap<SocketAddr, (BTreeSet<ObjectKey>, Tuning)> = BTreeMap::new();
         for (port, service) in &plan.desired().services {
             for backend in &service.backends {
                 let addr = SocketAddr::new(backend.addr, backend.port);
                 if self.ejected.contains_key(&addr)
                     && let Some(owner) = plan.owner(port)
                 {
-                    owners.entry(addr).or_default().insert(owner.clone());
+                    let tuning = Tuning::of(service.options.to_kernel().flags);
+                    owners.entry(addr).or_insert_with(|| (BTreeSet::new(), tuning)).0.insert(owner.clone());
                 }
             }
         }
-        for (backend, services) in owners {
+        for (backend, (services, tuning)) in owners {
             let ejection = self.ejected[&backend].ejections;
-            let seconds = OutlierEntry::ejection_ns(ejection) / 1_000_000_000;
+            let seconds = OutlierEntry::ejection_ns_from(tuning.base_ns, ejection) / 1_000_000_000;
             let message = format!(
                 "node {node} avoids backend {backend} for {seconds} s: its TCP handshakes from this node failed \
-                 {CONSECUTIVE_FAILURES} times in a row (ejection {ejection}; other nodes judge for themselves)"
+                 {} times in a row (ejection {ejection}; other nodes judge for themselves)",
+                tuning.failures
             );
             for service in &services {
                 ctx.problem(service, Topic::Ejection(backend), "BackendEjected", message.clone());

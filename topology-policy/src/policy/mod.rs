@@ -214,9 +214,8 @@ pub fn compute_service_with(
     let mut families: Vec<Family> = service.cluster_ips.iter().map(Family::of).collect();
     families.sort();
     families.dedup();
-    let (outlier_off, outlier_warning) = outlier_ejection_off(service);
-    let options =
-        PortOptions { affinity_timeout_s: service.session_affinity_timeout_s, outlier_off, ..PortOptions::default() };
+    let (outlier, outlier_warning) = outlier_ejection(service);
+    let options = PortOptions { affinity_timeout_s: service.session_affinity_timeout_s, ..outlier };
     // Exactly sized: a selection is large, and a Vec grown from empty holds four.
     let mut out = Vec::with_capacity(service.ports.len() * families.len());
     for port in &service.ports {
@@ -242,20 +241,51 @@ pub fn compute_service_with(
     out
 }
 
-/// Whether the Service turns outlier ejection off (`topology-agent.io/outlier-ejection: off`),
-/// and the warning of a value that is neither `on` nor `off` (ejection stays on).
-fn outlier_ejection_off(service: &Service) -> (bool, Option<String>) {
-    match service.agent_annotations.get(crate::cluster::model::ANNOTATION_OUTLIER_EJECTION).map(|v| v.trim()) {
-        None | Some("on") => (false, None),
-        Some("off") => (true, None),
-        Some(other) => (
-            false,
-            Some(format!(
-                "annotation {}: {other:?} is neither \"on\" nor \"off\"; outlier ejection stays on",
-                crate::cluster::model::ANNOTATION_OUTLIER_EJECTION
-            )),
-        ),
+/// The Service's outlier ejection settings (`topology-agent.io/outlier-ejection`): `on` (the
+/// default), `off`, or `failures=N` (1–15 failed handshakes in a row) and `base=Ns` (1–255 s, the
+/// first ejection), comma-separated; with the warning of each part that is none of these (that
+/// part keeps its default).
+fn outlier_ejection(service: &Service) -> (PortOptions, Option<String>) {
+    let mut options = PortOptions::default();
+    let Some(value) = service.agent_annotations.get(crate::cluster::model::ANNOTATION_OUTLIER_EJECTION) else {
+        return (options, None);
+    };
+    let mut ignored = Vec::new();
+    for part in value.split(',').map(str::trim).filter(|part| !part.is_empty()) {
+        let understood = match part.split_once('=').map(|(key, value)| (key.trim(), value.trim())) {
+            None if part == "on" => true,
+            None if part == "off" => {
+                options.outlier_off = true;
+                true
+            }
+            Some(("failures", n)) => match n.parse::<u8>() {
+                Ok(n @ 1..=15) => {
+                    options.outlier_failures = n;
+                    true
+                }
+                _ => false,
+            },
+            Some(("base", s)) => match s.strip_suffix('s').unwrap_or(s).parse::<u8>() {
+                Ok(s @ 1..) => {
+                    options.outlier_base_s = s;
+                    true
+                }
+                _ => false,
+            },
+            _ => false,
+        };
+        if !understood {
+            ignored.push(format!("{part:?}"));
+        }
     }
+    let warning = (!ignored.is_empty()).then(|| {
+        format!(
+            "annotation {}: {} ignored (expected on, off, failures=1..15, base=1s..255s); the rest applies",
+            crate::cluster::model::ANNOTATION_OUTLIER_EJECTION,
+            ignored.join(", ")
+        )
+    });
+    (options, warning)
 }
 
 /// The decision for one Service port from `this` node, given all its endpoints and the demand

@@ -4,6 +4,7 @@ mod baseline;
 mod feedback;
 mod join;
 mod kube_proxy;
+mod outlier;
 mod props;
 mod scope;
 mod spillover;
