@@ -3,6 +3,10 @@
 
 use std::path::{Path, PathBuf};
 
+use aya::maps::{Map, MapData};
+
+use crate::error::DataplaneError;
+
 /// Layout of a pin directory.
 #[derive(Clone, Debug)]
 pub struct PinLayout {
@@ -23,6 +27,16 @@ impl PinLayout {
     /// Directory of the pinned maps.
     pub fn maps_dir(&self) -> PathBuf {
         self.root.join("maps")
+    }
+
+    /// The map pinned here as `name`.
+    pub(crate) fn open_map(&self, name: &'static str) -> Result<Map, DataplaneError> {
+        let path = self.map(name);
+        if !path.exists() {
+            return Err(DataplaneError::MapMissing { map: name, location: self.maps_dir().display().to_string() });
+        }
+        let data = MapData::from_pin(&path).map_err(DataplaneError::map(name))?;
+        Map::from_map_data(data).map_err(DataplaneError::map(name))
     }
 
     /// Directory of the pinned links.

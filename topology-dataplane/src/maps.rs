@@ -171,7 +171,7 @@ impl MapSet {
 
     /// Opens the maps pinned under `layout`.
     pub fn from_pins(layout: &PinLayout) -> Result<Self, DataplaneError> {
-        let maps = SET.into_iter().map(|name| open_pin(layout, name)).collect::<Result<Vec<_>, _>>()?;
+        let maps = SET.into_iter().map(|name| layout.open_map(name)).collect::<Result<Vec<_>, _>>()?;
         Self::from_maps(maps, layout)
     }
 
@@ -239,16 +239,6 @@ impl MapSet {
     }
 }
 
-/// The map pinned under `layout` as `name`.
-pub(crate) fn open_pin(layout: &PinLayout, name: &'static str) -> Result<Map, DataplaneError> {
-    let path = layout.map(name);
-    if !path.exists() {
-        return Err(DataplaneError::MapMissing { map: name, location: layout.maps_dir().display().to_string() });
-    }
-    let data = MapData::from_pin(&path).map_err(DataplaneError::map(name))?;
-    Map::from_map_data(data).map_err(DataplaneError::map(name))
-}
-
 /// What a reader of the counters opens (the metrics endpoint, beside the controller's dataplane):
 /// no slots, and no index mapped, whose megabytes a second mapping would count twice in the
 /// agent's resident size.
@@ -274,7 +264,7 @@ pub struct CounterMaps {
 impl CounterMaps {
     /// Opens them from their pins under `layout`.
     pub fn from_pins(layout: &PinLayout) -> Result<Self, DataplaneError> {
-        let open = |name| open_pin(layout, name);
+        let open = |name| layout.open_map(name);
         Ok(Self {
             services4: open(map_names::SERVICES_V4)?.try_into().map_err(DataplaneError::map(map_names::SERVICES_V4))?,
             services6: open(map_names::SERVICES_V6)?.try_into().map_err(DataplaneError::map(map_names::SERVICES_V6))?,
