@@ -91,13 +91,11 @@ pub mod map_names {
     /// Failures and ejections per backend (passive outlier ejection, [`crate::outlier`]):
     /// [`BackendKey`](crate::BackendKey) -> [`OutlierEntry`](crate::OutlierEntry); LRU.
     pub const OUTLIERS: &str = "topo_outlier";
-    /// Whether any backend is failing or ejected: one [`OutlierState`](crate::OutlierState).
+    /// Whether any backend is failing or ejected, and the buckets of those that may be: one
+    /// [`OutlierState`](crate::OutlierState).
     pub const OUTLIER_STATE: &str = "topo_outlier_st";
-    /// Whether the backends hashed to each bucket may be failing or ejected: one bit per bucket
-    /// ([`outlier::BUCKET_WORDS`](crate::outlier::BUCKET_WORDS) `u64`s).
-    pub const OUTLIER_BUCKETS: &str = "topo_outlier_bk";
     /// Every map the agent pins and keeps across restarts, in a stable order.
-    pub const PINNED: [&str; 19] = [
+    pub const PINNED: [&str; 18] = [
         SERVICES_V4,
         SERVICES_V6,
         SLOTS,
@@ -116,7 +114,6 @@ pub mod map_names {
         BACKEND_LOAD,
         OUTLIERS,
         OUTLIER_STATE,
-        OUTLIER_BUCKETS,
     ];
 
     /// State of the programs' random number generator; not pinned (a new state per load is as

@@ -9,7 +9,7 @@ use topology_common::{
     outlier::{BUCKET_WORDS, FAILING_WINDOW_NS, bucket_of},
 };
 
-use super::{backend_load::socket_addr, error::DataplaneError, heartbeat::now_ns, layout::PinLayout, maps::open_pin};
+use super::{backend_load::socket_addr, error::DataplaneError, heartbeat::now_ns, layout::PinLayout};
 
 /// The outlier map's typed handle.
 pub type OutlierMap = HashMap<MapData, BackendKey, OutlierEntry>;
@@ -57,48 +57,40 @@ pub fn read(map: &OutlierMap) -> Result<Vec<Outlier>, DataplaneError> {
 /// ejected, no failure within [`FAILING_WINDOW_NS`] of now or of their ejection's end): the
 /// programs would start their next run afresh anyway, and the map stays as small as the node's
 /// trouble, not as large as every backend that ever failed. A failure racing the removal is
-/// counted in a new entry, as the first of a run. The buckets' bits and the node's state are set
-/// to what the entries left say (see `topology_common::outlier::BUCKETS`).
+/// counted in a new entry, as the first of a run. The node's state (its flag and bucket bits) is
+/// set to what the entries left say (see `topology_common::OutlierState`).
 pub fn read_and_prune(layout: &PinLayout) -> Result<Vec<Outlier>, DataplaneError> {
     let mut map: OutlierMap =
-        open_pin(layout, map_names::OUTLIERS)?.try_into().map_err(DataplaneError::map(map_names::OUTLIERS))?;
+        layout.open_map(map_names::OUTLIERS)?.try_into().map_err(DataplaneError::map(map_names::OUTLIERS))?;
     let now = now_ns();
     let mut quiet = Vec::new();
-    let mut bits = [0u64; BUCKET_WORDS as usize];
+    let mut flags = OutlierState::default();
     for entry in map.iter() {
         let (key, entry) = entry.map_err(DataplaneError::map(map_names::OUTLIERS))?;
         if now.saturating_sub(entry.last_failure_ns.max(entry.ejected_until_ns)) > FAILING_WINDOW_NS {
             quiet.push(key);
         } else if entry.active(now) {
-            let bucket = bucket_of(&key.addr, key.port);
-            bits[(bucket >> 6) as usize] |= 1 << (bucket & 63);
+            flags.flag(bucket_of(&key.addr, key.port));
         }
     }
     for key in &quiet {
         // Gone already (the LRU evicted it): nothing to do.
         let _ = map.remove(key);
     }
-    set_flags(layout, &bits)?;
+    set_flags(layout, flags.bits)?;
     read(&map)
 }
 
-/// Sets the buckets' bits to `bits` and the node's state to whether any is set, writing only the
-/// words that differ (each read just before: a failure setting a bit meanwhile is lost only if it
-/// lands in that instant, and set again by its backend's next failure).
-fn set_flags(layout: &PinLayout, bits: &[u64; BUCKET_WORDS as usize]) -> Result<(), DataplaneError> {
-    let error = DataplaneError::map(map_names::OUTLIER_BUCKETS);
-    let mut words: Array<MapData, u64> = open_pin(layout, map_names::OUTLIER_BUCKETS)?.try_into().map_err(error)?;
-    for (index, &word) in (0..).zip(bits) {
-        if words.get(&index, 0).map_err(DataplaneError::map(map_names::OUTLIER_BUCKETS))? != word {
-            words.set(index, word, 0).map_err(DataplaneError::map(map_names::OUTLIER_BUCKETS))?;
-        }
-    }
+/// Sets the node's state to `bits` and whether any is set, if it differs (read just before: a
+/// failure setting a bit meanwhile is lost only if it lands in that instant, and set again by its
+/// backend's next failure).
+fn set_flags(layout: &PinLayout, bits: [u64; BUCKET_WORDS as usize]) -> Result<(), DataplaneError> {
     let error = DataplaneError::map(map_names::OUTLIER_STATE);
     let mut state: Array<MapData, OutlierState> =
-        open_pin(layout, map_names::OUTLIER_STATE)?.try_into().map_err(error)?;
-    let active = u64::from(bits.iter().any(|&word| word != 0));
-    if state.get(&0, 0).map_err(DataplaneError::map(map_names::OUTLIER_STATE))?.active != active {
-        state.set(0, OutlierState { active, _pad: 0 }, 0).map_err(DataplaneError::map(map_names::OUTLIER_STATE))?;
+        layout.open_map(map_names::OUTLIER_STATE)?.try_into().map_err(error)?;
+    let wanted = OutlierState { active: u64::from(bits.iter().any(|&word| word != 0)), bits, _pad: [0; 3] };
+    if state.get(&0, 0).map_err(DataplaneError::map(map_names::OUTLIER_STATE))? != wanted {
+        state.set(0, wanted, 0).map_err(DataplaneError::map(map_names::OUTLIER_STATE))?;
     }
     Ok(())
 }

@@ -95,7 +95,7 @@ fn rebuilt(name: &str) -> Option<&'static str> {
         map_names::INDEX_V4 | map_names::INDEX_V6 => Some("the service index"),
         map_names::BACKEND_LOAD => Some("the load signal's measurements"),
         map_names::TCP_CONNECTIONS => Some("the TCP connections' translations"),
-        map_names::OUTLIERS | map_names::OUTLIER_STATE | map_names::OUTLIER_BUCKETS => Some("the outlier ejections"),
+        map_names::OUTLIERS | map_names::OUTLIER_STATE => Some("the outlier ejections"),
         _ => None,
     }
 }

@@ -153,11 +153,6 @@ pub static OUTLIERS: LruHashMap<BackendKey, OutlierEntry, { capacity::OUTLIERS a
 #[btf_map(name = "topo_outlier_st")]
 pub static OUTLIER_STATE: Array<OutlierState, 1> = Array::new();
 
-/// Whether the backends hashed to each bucket may be failing or ejected, a bit each (see
-/// `outlier`).
-#[btf_map(name = "topo_outlier_bk")]
-pub static OUTLIER_BUCKETS: Array<u64, { topology_common::outlier::BUCKET_WORDS as usize }> = Array::new();
-
 /// The connect hooks' count over a set's slots while a drawn backend is ejected (see `outlier`);
 /// not pinned.
 #[btf_map(name = "topo_outlier_scan")]

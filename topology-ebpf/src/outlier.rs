@@ -32,10 +32,7 @@ use topology_common::{
 use crate::{
     choose::{self, Pick},
     lookup,
-    maps::{
-        OUTLIER_BUCKETS, OUTLIER_SCAN, OUTLIER_STATE, OUTLIERS, SERVICE_OPTIONS, SLOTS, TCP_CONNECTIONS,
-        tcp_connection_position,
-    },
+    maps::{OUTLIER_SCAN, OUTLIER_STATE, OUTLIERS, SERVICE_OPTIONS, SLOTS, TCP_CONNECTIONS, tcp_connection_position},
     sockaddr,
 };
 
@@ -130,15 +127,14 @@ fn fail(key: &BackendKey, flags: u32) {
     // SAFETY: a map value of this type, valid while the program runs. Two CPUs failing the same
     // backend at once may count one failure less: the ejection comes a failure later.
     let _ = unsafe { (*entry).fail(now, Tuning::of(flags)) };
-    let bucket = bucket_of(&key.addr, key.port);
-    if let Some(word) = OUTLIER_BUCKETS.get_ptr_mut(bucket >> 6) {
-        // SAFETY: an element of an array, valid while the program runs. Not atomic: a bit another
-        // CPU sets in the same word at the same moment may be lost, and set by its next failure.
-        unsafe { write_volatile(word, read_volatile(word) | 1 << (bucket & 63)) };
-    }
     if let Some(state) = OUTLIER_STATE.get_ptr_mut(0) {
-        // SAFETY: as above.
-        unsafe { write_volatile(&raw mut (*state).active, 1) };
+        // SAFETY: the element of a one-entry array, valid while the program runs. Not atomic: a
+        // bit another CPU sets in the same word at the same moment may be lost, and set again by
+        // its backend's next failure.
+        unsafe {
+            (*state).flag(bucket_of(&key.addr, key.port));
+            write_volatile(&raw mut (*state).active, 1);
+        }
     }
 }
 
@@ -171,15 +167,15 @@ fn create(key: &BackendKey) -> Option<*mut OutlierEntry> {
 /// The connect hooks' part: while some backend of the node may be failing or ejected, and the
 /// drawn one's bucket says it may be, [`probe`] looks it up; an ejected one is replaced
 /// ([`redraw`]) and the connection counted against the backend it ends with ([`attempt`]). While
-/// no backend of the node is: one array element read. Each is a subprogram called from here, so
-/// no two of their frames stack on the connect hook's.
+/// no backend of the node is: one word read. Each is a subprogram called from here, so no two of
+/// their frames stack on the connect hook's.
 #[inline(always)]
 pub fn avoid(pick: &mut Pick, family: u8) {
     let Some(state) = OUTLIER_STATE.get_ptr(0) else {
         return;
     };
-    // SAFETY: an element of a one-entry array, read at once.
-    if unsafe { read_volatile(&raw const (*state).active) } == 0 {
+    // SAFETY: the element of a one-entry array, read at once; its line is already loaded.
+    if unsafe { read_volatile(&raw const (*state).active) } == 0 || !flagged(&pick.backend) {
         return;
     }
     let ejected_at = probe(pick, family);
@@ -193,17 +189,14 @@ pub fn avoid(pick: &mut Pick, family: u8) {
 #[inline(always)]
 fn flagged(backend: &Backend) -> bool {
     let bucket = bucket_of(&backend.addr, backend.port);
-    // SAFETY: an element of an array, read at once.
-    OUTLIER_BUCKETS.get_ptr(bucket >> 6).is_some_and(|word| unsafe { read_volatile(word) } >> (bucket & 63) & 1 != 0)
+    // SAFETY: the element of a one-entry array, read at once.
+    OUTLIER_STATE.get_ptr(0).is_some_and(|state| unsafe { (*state).flagged(bucket) })
 }
 
-/// The drawn backend, if flagged and found: the clock's time if it is ejected; else the
-/// connection counted against it, and 0.
+/// The drawn backend (flagged), if found: the clock's time if it is ejected; else the connection
+/// counted against it, and 0.
 #[inline(never)]
 fn probe(pick: &Pick, family: u8) -> u64 {
-    if !flagged(&pick.backend) {
-        return 0;
-    }
     let key = BackendKey { addr: pick.backend.addr, port: pick.backend.port, family, _pad: 0 };
     let Some(entry) = lookup(&key) else {
         return 0;

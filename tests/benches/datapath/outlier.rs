@@ -28,7 +28,6 @@ pub enum State {
 /// The outlier maps of one pin directory.
 pub struct Maps {
     state: Array<MapData, OutlierState>,
-    buckets: Array<MapData, u64>,
     entries: HashMap<MapData, BackendKey, OutlierEntry>,
 }
 
@@ -37,25 +36,27 @@ impl Maps {
         let open = |name: &str| MapData::from_pin(layout.map(name)).unwrap_or_else(|e| panic!("open {name}: {e}"));
         Self {
             state: Array::try_from(Map::Array(open(map_names::OUTLIER_STATE))).expect("state"),
-            buckets: Array::try_from(Map::Array(open(map_names::OUTLIER_BUCKETS))).expect("buckets"),
             entries: HashMap::try_from(Map::LruHashMap(open(map_names::OUTLIERS))).expect("entries"),
         }
     }
 
     /// Puts the node in `state` for `backends` (those the measured Service balances over).
     pub fn enter(&mut self, state: State, backends: &[SocketAddr]) {
-        self.state.set(0, OutlierState { active: 1, _pad: 0 }, 0).expect("state");
-        if state != State::Chosen {
-            return;
+        let mut flags = OutlierState { active: 1, ..OutlierState::default() };
+        if state == State::Chosen {
+            for key in backends.iter().map(key) {
+                let bucket = bucket_of(&key.addr, key.port);
+                assert!(bucket < BUCKETS);
+                flags.flag(bucket);
+                let entry = OutlierEntry { failures: 1, last_failure_ns: now_ns(), ..OutlierEntry::default() };
+                self.entries.insert(key, entry, 0).expect("entry");
+            }
+        } else {
+            // Another backend's bucket: none of these.
+            let taken: Vec<u32> = backends.iter().map(key).map(|k| bucket_of(&k.addr, k.port)).collect();
+            flags.flag((0..BUCKETS).find(|b| !taken.contains(b)).expect("a free bucket"));
         }
-        for key in backends.iter().map(key) {
-            let bucket = bucket_of(&key.addr, key.port);
-            assert!(bucket < BUCKETS);
-            let word = self.buckets.get(&(bucket >> 6), 0).expect("bucket word");
-            self.buckets.set(bucket >> 6, word | 1 << (bucket & 63), 0).expect("bucket word");
-            let entry = OutlierEntry { failures: 1, last_failure_ns: now_ns(), ..OutlierEntry::default() };
-            self.entries.insert(key, entry, 0).expect("entry");
-        }
+        self.state.set(0, flags, 0).expect("state");
     }
 }
 

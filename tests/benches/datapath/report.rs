@@ -105,7 +105,7 @@ pub fn print_table(scenarios: &[Scenario], outlier_runs: (u64, u64)) {
     let (runs, connects) = outlier_runs;
     println!(
         "Passive outlier ejection: its tracing programs ran {runs} times over the run's {connects} connects (they run \
-         only where a handshake fails); the rows \"another backend of the node failing\" (one bucket read more per \
+         only where a handshake fails); the rows \"another backend of the node failing\" (one bit test more per \
          connect) and \"its backends failing\" (a lookup, the connection counted) show what the connect hook adds \
          while some backend of the node is failing.\n"
     );
