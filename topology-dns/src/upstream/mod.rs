@@ -1,9 +1,11 @@
 //! Names relayed to the upstream: answered from the cache of relayed answers when it can
 //! ([`crate::relayed`]); identical questions in flight answered by one upstream query; asked of
 //! the upstreams in turn within [`UPSTREAM_TIMEOUT`] over the shared sockets ([`pool`]), and over
-//! TCP when the reply is truncated; an expired answer served when every upstream fails.
+//! kept TCP connections ([`tcp`]) when the reply is truncated; an expired answer served when every
+//! upstream fails.
 
 pub mod pool;
+pub mod tcp;
 
 use std::{
     collections::HashMap,
@@ -14,11 +16,8 @@ use std::{
 
 use hickory_proto::op::{Message, Query, ResponseCode};
 use pool::SocketPool;
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::TcpStream,
-    sync::{Semaphore, oneshot, watch},
-};
+use tcp::TcpPool;
+use tokio::sync::{Semaphore, oneshot, watch};
 
 use super::{
     DnsMetrics,
@@ -47,6 +46,7 @@ pub struct Upstream {
     /// Questions asked of the upstream now, and who else waits for each.
     in_flight: Mutex<HashMap<Key, Vec<oneshot::Sender<Shared>>>>,
     pools: [SocketPool; 2],
+    tcp: TcpPool,
 }
 
 impl Upstream {
@@ -63,6 +63,7 @@ impl Upstream {
                 SocketPool::for_family_of(SocketAddr::from(([0, 0, 0, 0], 0))),
                 SocketPool::for_family_of(SocketAddr::from(([0u16; 8], 0))),
             ],
+            tcp: TcpPool::default(),
         }
     }
 
@@ -221,7 +222,9 @@ impl Upstream {
                 if reply.get(2).is_some_and(|flags| flags & 0x02 != 0) {
                     // Truncated: the whole answer over TCP.
                     let id = rand::random();
-                    return exchange_tcp(upstream, &relay::outgoing(raw, id), request, id).await;
+                    let reply = self.tcp.exchange(upstream, &relay::outgoing(raw, id)).await?;
+                    return relay::incoming(request, id, &reply, u16::MAX)
+                        .map_err(|why| std::io::Error::other(format!("not the reply to the relayed query: {why:?}")));
                 }
                 Ok(reply)
             };
@@ -255,19 +258,6 @@ impl Drop for Flight<'_> {
         // Cancelled: those waiting get nothing, and ask again themselves next time.
         self.upstream.in_flight.lock().unwrap_or_else(PoisonError::into_inner).remove(self.key);
     }
-}
-
-/// Relays `query` (under `id`) over a fresh TCP connection; the reply, checked.
-async fn exchange_tcp(upstream: SocketAddr, query: &[u8], request: &Message, id: u16) -> std::io::Result<Vec<u8>> {
-    let mut stream = TcpStream::connect(upstream).await?;
-    let len = u16::try_from(query.len()).map_err(|_| std::io::Error::other("query over 65535 bytes"))?;
-    stream.write_all(&len.to_be_bytes()).await?;
-    stream.write_all(query).await?;
-    let len = stream.read_u16().await?;
-    let mut reply = vec![0u8; usize::from(len)];
-    stream.read_exact(&mut reply).await?;
-    relay::incoming(request, id, &reply, u16::MAX)
-        .map_err(|why| std::io::Error::other(format!("not the reply to the relayed query: {why:?}")))
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! Relaying against an upstream in the test process: one upstream query for many identical
 //! questions, answers from the cache, an expired answer served when the upstream fails, spoofed
-//! datagrams ignored, a truncated reply fetched whole over TCP.
+//! datagrams ignored, a truncated reply fetched whole over TCP, on a kept connection.
 
 use std::{
     net::{Ipv4Addr, SocketAddr},
@@ -31,6 +31,10 @@ struct StandIn {
     asked: Arc<AtomicUsize>,
     silent: Arc<AtomicBool>,
     servfail: Arc<AtomicBool>,
+    /// TCP connections accepted.
+    accepted: Arc<AtomicUsize>,
+    /// Close each TCP connection after one answer.
+    tcp_once: Arc<AtomicBool>,
 }
 
 fn answer(request: &Message, answers: usize) -> Message {
@@ -81,18 +85,29 @@ async fn stand_in(answers: usize, delay: Duration, spoof: bool) -> StandIn {
             });
         }
     });
+    let (accepted, tcp_once) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(false)));
+    let (accepts, once) = (Arc::clone(&accepted), Arc::clone(&tcp_once));
     tokio::spawn(async move {
         loop {
             let (mut stream, _) = tcp.accept().await.unwrap();
-            let len = stream.read_u16().await.unwrap();
-            let mut query = vec![0u8; usize::from(len)];
-            stream.read_exact(&mut query).await.unwrap();
-            let reply = answer(&Message::from_vec(&query).unwrap(), answers).to_vec().unwrap();
-            stream.write_all(&u16::try_from(reply.len()).unwrap().to_be_bytes()).await.unwrap();
-            stream.write_all(&reply).await.unwrap();
+            accepts.fetch_add(1, Ordering::SeqCst);
+            let once = Arc::clone(&once);
+            tokio::spawn(async move {
+                // Queries one after another on the connection, until the client closes it.
+                while let Ok(len) = stream.read_u16().await {
+                    let mut query = vec![0u8; usize::from(len)];
+                    stream.read_exact(&mut query).await.unwrap();
+                    let reply = answer(&Message::from_vec(&query).unwrap(), answers).to_vec().unwrap();
+                    stream.write_all(&u16::try_from(reply.len()).unwrap().to_be_bytes()).await.unwrap();
+                    stream.write_all(&reply).await.unwrap();
+                    if once.load(Ordering::SeqCst) {
+                        break;
+                    }
+                }
+            });
         }
     });
-    StandIn { addr, asked, silent, servfail }
+    StandIn { addr, asked, silent, servfail, accepted, tcp_once }
 }
 
 fn relay_to(upstream: SocketAddr, cache: CacheSettings) -> Arc<Upstream> {
@@ -167,6 +182,26 @@ async fn a_spoofed_datagram_is_ignored_and_a_truncated_reply_fetched_over_tcp() 
     let udp = relay.forward(&request, &raw, 512).await;
     assert!(udp.len() <= 512);
     assert!(Message::from_vec(&udp).unwrap().metadata.truncation, "cut to the client's size, from the cache");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truncated_answers_reuse_a_kept_tcp_connection_and_survive_its_close() {
+    let large = stand_in(60, Duration::ZERO, false).await;
+    let relay = relay_to(large.addr, CacheSettings::default());
+    for n in 0..5u16 {
+        let reply = ask(&relay, &format!("big{n}.example."), n).await;
+        assert_eq!((reply.metadata.id, reply.answers.len()), (n, 60), "{reply:?}");
+    }
+    assert_eq!(large.accepted.load(Ordering::SeqCst), 1, "five answers over one kept connection");
+    // The upstream closes each connection after one answer: the kept one fails, a fresh one
+    // answers, and no query fails.
+    large.tcp_once.store(true, Ordering::SeqCst);
+    for n in 5..8u16 {
+        let reply = ask(&relay, &format!("big{n}.example."), n).await;
+        assert_eq!((reply.metadata.id, reply.answers.len()), (n, 60), "{reply:?}");
+    }
+    // The kept one answers once more, then each answer needs a fresh connection: two more.
+    assert_eq!(large.accepted.load(Ordering::SeqCst), 3);
 }
 
 async fn futures_join<T: Send + 'static>(tasks: impl Iterator<Item = tokio::task::JoinHandle<T>>) -> Vec<T> {
