@@ -199,7 +199,8 @@ fn load_flavour(layout: &PinLayout, options: &LoadOptions, flavour: Flavour) -> 
         program::<CgroupSockAddr>(&mut ebpf, name)?.load().map_err(DataplaneError::program(name))?;
     }
     // Outlier ejection is an addition too: without BTF or on a kernel that refuses the tracing
-    // programs (before 5.12: no socket cookie of a traced socket), no backend is ejected.
+    // programs (before 5.15: no `inet_sk_error_report`; before 5.12: no socket cookie of a traced
+    // socket), no backend is ejected.
     if outlier_offset.is_some()
         && let Err(error) = load_outlier(&mut ebpf)
     {
