@@ -81,9 +81,10 @@ pub fn read_and_prune(layout: &PinLayout) -> Result<Vec<Outlier>, DataplaneError
     read(&map)
 }
 
-/// Sets the node's state to `bits` and whether any is set, if it differs (read just before: a
-/// failure setting a bit meanwhile is lost only if it lands in that instant, and set again by its
-/// backend's next failure).
+/// Sets the node's state to `bits` and whether any is set, if it differs. A failure that sets a
+/// bit while the entries are read (its entry not seen) has it cleared here; that backend's next
+/// failure sets it again, and meanwhile only its connections go uncounted (or, if that failure
+/// ejected it, one more connection is sent to it).
 fn set_flags(layout: &PinLayout, bits: [u64; BUCKET_WORDS as usize]) -> Result<(), DataplaneError> {
     let error = DataplaneError::map(map_names::OUTLIER_STATE);
     let mut state: Array<MapData, OutlierState> =
