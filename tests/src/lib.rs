@@ -2,6 +2,7 @@
 //! traffic probe (backends that answer with their name, clients that record where they landed).
 
 pub mod agent;
+pub mod bulk;
 pub mod cluster;
 pub mod demo;
 pub mod dns;

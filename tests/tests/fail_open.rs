@@ -96,9 +96,9 @@ fn a_dead_agent_fails_open_to_kube_proxy_and_a_restarted_one_takes_over() {
     agent.wait_exit(Duration::from_secs(10));
     let pins = fx.pins.path().to_string_lossy().into_owned();
     let out = run(&agent_binary().to_string_lossy(), &["cleanup", "--pin-path", &pins]);
-    // The eight socket-address programs and the three outlier ejection programs: no port is
-    // measured, so the load signal is not attached.
-    assert!(out.starts_with("detached 11 programs, removed "), "{out}");
+    // The eight socket-address programs, the three outlier ejection programs and the accounting
+    // program: no port is measured, so the load signal is not attached.
+    assert!(out.starts_with("detached 12 programs, removed "), "{out}");
     assert!(!fx.pins.path().exists(), "no pin is left");
     let attached = run("bpftool", &["cgroup", "show", &fx.cgroup.path().to_string_lossy()]);
     assert!(attached.trim().is_empty(), "nothing stays attached: {attached}");

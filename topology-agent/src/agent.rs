@@ -3,13 +3,16 @@
 
 use std::{net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
-use tokio::io::unix::AsyncFd;
 use tokio_util::sync::CancellationToken;
+
+mod chores;
+
+use chores::{leave_the_api_service, read_kernel_log, release_memory_after_sync, start_sweeper};
 
 use crate::{
     caps::{self, Capability, CapabilityError},
     controller::{Controller, ControllerConfig, ControllerError, Health, PlanClient},
-    dataplane::{Capacities, Dataplane, DataplaneConfig, DataplaneError, IndexOrdering, KernelLogLevel, KernelLogger},
+    dataplane::{Capacities, Dataplane, DataplaneConfig, DataplaneError, IndexOrdering, KernelLogLevel},
     dns::{self, DnsConfig, DnsError, DnsPublisher, steer::Steering},
     events::{KubeEvents, LogOnly, ProblemSink},
     http,
@@ -63,6 +66,9 @@ pub struct RunConfig {
     pub load_signal: bool,
     /// Eject backends whose handshakes keep failing (`--outlier-ejection`).
     pub outlier_ejection: bool,
+    /// Count the bytes of the connections the hooks rewrite, per Service port and zone pair
+    /// (`--byte-accounting`).
+    pub byte_accounting: bool,
     /// Measure every port's connections, not only those under feedback (`--load-signal all`).
     pub measure_all: bool,
     /// Service ports and backends with /metrics series of their own (`--metrics-max-*`).
@@ -147,6 +153,12 @@ impl RunConfig {
                 "needed to enter pods' network namespaces and end sockets whose backend left (or run with \
                  --terminate-sockets off)",
             ));
+        } else if self.byte_accounting {
+            needed.push((
+                Capability::SysAdmin,
+                "needed to enter pods' network namespaces and count the bytes of their open connections (or run \
+                 with --byte-accounting off)",
+            ));
         }
         if self.dns.as_ref().is_some_and(|dns| (1..unprivileged_port_start()).contains(&dns.listen.port())) {
             needed.push((
@@ -184,6 +196,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
         fail_open_after: config.fail_open_after,
         load_signal: config.load_signal,
         outlier_ejection: config.outlier_ejection,
+        byte_accounting: config.byte_accounting,
     };
     let mut dataplane = tokio::task::block_in_place(|| Dataplane::open(&dataplane_config))?;
     tracing::info!(
@@ -248,6 +261,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
         },
         Arc::clone(&metrics),
     );
+    let _sweeper = config.byte_accounting.then(|| start_sweeper(&dataplane, &config.netns_dirs, &metrics)).flatten();
     let controller = Controller::new(
         ControllerConfig {
             one_publisher_per_service: true,
@@ -371,72 +385,6 @@ fn start_dns(
     Ok(RunningDns { publisher, steering, stopped })
 }
 
-/// Removes the API server's Service if an earlier version programmed it (this one leaves it to
-/// kube-proxy): before anything else, or the agent's own first list would follow the adopted maps
-/// to an API address that may be gone since, until the programs failed open.
-fn leave_the_api_service(dataplane: &mut Dataplane) {
-    let prefix = format!("{}/{}:", crate::policy::API_SERVICE.0, crate::policy::API_SERVICE.1);
-    let adopted: Vec<_> = dataplane
-        .kernel()
-        .services
-        .iter()
-        .filter(|(_, held)| held.name.starts_with(&prefix))
-        .map(|(p, _)| *p)
-        .collect();
-    if adopted.is_empty() {
-        return;
-    }
-    let report = dataplane.apply_changes(adopted.iter().map(|port| (*port, None)));
-    match report.failed.first() {
-        None => tracing::info!(ports = adopted.len(), "removed the API server's Service an earlier version programmed"),
-        Some((port, error)) => tracing::warn!(%port, %error, "could not remove the API server's Service"),
-    }
-}
-
-/// Forwards the kernel programs' log records to `tracing` until shutdown.
-async fn read_kernel_log(logger: KernelLogger, shutdown: CancellationToken) {
-    // SAFETY: the logger owns its ring buffer's descriptor for as long as the AsyncFd owns the
-    // logger, and nothing else closes it.
-    let mut fd = match unsafe { AsyncFd::register_with_interest(logger, tokio::io::Interest::READABLE) } {
-        Ok(fd) => fd,
-        Err(error) => {
-            tracing::warn!(%error, "kernel log unavailable");
-            return;
-        }
-    };
-    loop {
-        let mut guard = tokio::select! {
-            () = shutdown.cancelled() => return,
-            ready = fd.readable_mut() => match ready {
-                Ok(guard) => guard,
-                Err(error) => {
-                    tracing::warn!(%error, "kernel log unreadable");
-                    return;
-                }
-            },
-        };
-        guard.get_inner_mut().flush();
-        guard.clear_ready();
-    }
-}
-
-/// The initial list is decoded on many threads and freed once the cluster state holds its lean
-/// form; glibc keeps such memory in per-thread arenas. Hand it back once the first sync is done,
-/// so the resident size reflects the state kept, not the list's peak.
-async fn release_memory_after_sync(health: Arc<Health>, shutdown: CancellationToken) {
-    while health.readiness().is_err() {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(std::time::Duration::from_millis(200)) => {}
-        }
-    }
-    // SAFETY: malloc_trim only returns free memory to the kernel; it has no preconditions.
-    #[cfg(target_env = "gnu")]
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -455,6 +403,7 @@ mod tests {
             fail_open_after: None,
             load_signal: true,
             outlier_ejection: false,
+            byte_accounting: false,
             measure_all: false,
             metrics_caps: crate::metrics::SeriesCaps::default(),
             terminate: TerminateSockets::Off,

@@ -15,11 +15,13 @@
 
 use core::mem::size_of;
 
+pub mod bytes;
 pub mod control;
 pub mod index;
 pub mod load;
 pub mod outlier;
 pub mod socket;
+pub use bytes::{ByteCount, SockBytes};
 pub use control::{
     ClientAffinityKey, ClientAffinityValue, DnsSteer, Heartbeat, NodeCounters, ServiceOptions, service_flags,
 };
@@ -94,8 +96,16 @@ pub mod map_names {
     /// Whether any backend is failing or ejected, and the buckets of those that may be: one
     /// [`OutlierState`](crate::OutlierState).
     pub const OUTLIER_STATE: &str = "topo_outlier_st";
+    /// Bytes of the TCP connections the connect hooks rewrote, per Service port and backend
+    /// ([`crate::bytes`]): [`SockTranslation`](crate::SockTranslation) (flags cleared) ->
+    /// [`ByteCount`](crate::ByteCount), added to atomically; LRU (the agent's counters survive an
+    /// entry forgotten).
+    pub const BYTES: &str = "topo_bytes";
+    /// What has been counted of each open connection a sweep found (socket storage):
+    /// [`SockBytes`](crate::SockBytes).
+    pub const SOCK_BYTES: &str = "topo_sock_bytes";
     /// Every map the agent pins and keeps across restarts, in a stable order.
-    pub const PINNED: [&str; 18] = [
+    pub const PINNED: [&str; 20] = [
         SERVICES_V4,
         SERVICES_V6,
         SLOTS,
@@ -114,6 +124,8 @@ pub mod map_names {
         BACKEND_LOAD,
         OUTLIERS,
         OUTLIER_STATE,
+        BYTES,
+        SOCK_BYTES,
     ];
 
     /// State of the programs' random number generator; not pinned (a new state per load is as
@@ -168,6 +180,13 @@ pub mod program_names {
         (OUTLIER_RETRANSMIT, "tcp_retransmit_skb"),
         (OUTLIER_ERROR, "inet_sk_error_report"),
     ];
+    /// Cross-zone accounting: a TCP socket destroyed (`tp_btf/tcp_destroy_sock`, node-wide): the
+    /// bytes of a connection the connect hooks rewrote, since its last sweep.
+    pub const BYTES_CLOSED: &str = "bytes_closed";
+    /// The accounting programs with the tracepoints they attach to.
+    pub const ACCOUNTING: [(&str, &str); 1] = [(BYTES_CLOSED, "tcp_destroy_sock")];
+    /// The sweep of open TCP connections (`iter/tcp`), loaded by the agent's sweeper only.
+    pub const TCP_BYTES: &str = "tcp_bytes";
     /// The one outlier program of 0.x agents before these (`tp_btf/inet_sock_set_state`): its
     /// pinned link is detached when found.
     pub const OUTLIER_BEFORE: &str = "outlier";
@@ -211,6 +230,10 @@ pub mod capacity {
     /// Backends whose handshakes failed, remembered for outlier ejection (LRU, 60 bytes each):
     /// the least recently failing one of a full map is forgotten.
     pub const OUTLIERS: u32 = 16_384;
+    /// Service port and backend pairs whose bytes are counted (LRU, preallocated: 40-byte keys,
+    /// 16-byte values, about 3.5 MiB in all): the least recently counted pair of a full map is
+    /// forgotten, with what it counted since the agent last read it.
+    pub const BYTES: u32 = 32_768;
 }
 
 /// Service ids per chunk of the counters map. A chunk is a per-CPU array the agent creates when it
@@ -231,6 +254,10 @@ pub const TCP_CONNECTIONS_MASK_GLOBAL: &str = "TCP_CONNECTIONS_MASK";
 /// Global (`.rodata`) variable the agent sets to the byte offset of `skc_state` in the kernel's
 /// `struct sock`, read from its BTF (the outlier ejection programs read a socket's state there).
 pub const SKC_STATE_OFFSET_GLOBAL: &str = "SKC_STATE_OFFSET";
+/// Global (`.rodata`) variables the agent sets to the byte offsets of `tcp_sock.bytes_acked` and
+/// `tcp_sock.bytes_received` in this kernel, from its BTF (cross-zone accounting).
+pub const BYTES_ACKED_OFFSET_GLOBAL: &str = "BYTES_ACKED_OFFSET";
+pub const BYTES_RECEIVED_OFFSET_GLOBAL: &str = "BYTES_RECEIVED_OFFSET";
 /// Global (`.rodata`) variable: 1 when the programs may probe the service index, 0 when they
 /// must ask the hash maps (a weakly ordered CPU whose kernel has no BPF load-acquire; see
 /// [`index`]).
@@ -407,4 +434,6 @@ mod pod {
     unsafe impl aya::Pod for super::BackendLoad {}
     unsafe impl aya::Pod for super::OutlierEntry {}
     unsafe impl aya::Pod for super::OutlierState {}
+    unsafe impl aya::Pod for super::ByteCount {}
+    unsafe impl aya::Pod for super::SockBytes {}
 }

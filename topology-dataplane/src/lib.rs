@@ -14,6 +14,7 @@ pub mod alias;
 mod backend_load;
 mod batch;
 mod btf_offsets;
+mod bytes;
 mod cleanup;
 mod counters;
 mod diff;
@@ -54,6 +55,7 @@ use std::{
 };
 
 use aya::Ebpf;
+pub use bytes::{BytesSweep, CountedBytes};
 pub use cleanup::{Attached, CleanupReport, attached_programs, cleanup};
 pub use diff::Departure;
 pub use error::DataplaneError;
@@ -110,10 +112,14 @@ pub struct DataplaneConfig {
     /// cgroup). Off, or refused by the kernel: no backend is measured and feedback keeps the
     /// static plan.
     pub load_signal: bool,
-    /// Load and attach the outlier ejection program (`tp_btf/inet_sock_set_state`: it runs at
-    /// every TCP state change of the node, about 0.5 µs per connection). Off (the default), or
-    /// refused by the kernel: no backend is ejected.
+    /// Load and attach the outlier ejection programs (tracepoints where a handshake fails). Off
+    /// (the library's default; the agent's is on), or refused by the kernel: no backend is
+    /// ejected.
     pub outlier_ejection: bool,
+    /// Load and attach the accounting program (`tp_btf/tcp_destroy_sock`: once per TCP socket of
+    /// the node, at its end) that counts the bytes of the connections the hooks rewrote. Off (the
+    /// library's default), or refused by the kernel: no bytes are counted.
+    pub byte_accounting: bool,
 }
 
 impl DataplaneConfig {
@@ -129,6 +135,7 @@ impl DataplaneConfig {
             fail_open_after: None,
             load_signal: true,
             outlier_ejection: false,
+            byte_accounting: false,
         }
     }
 }
@@ -162,6 +169,7 @@ impl Dataplane {
             index: config.index,
             load_signal: config.load_signal,
             outlier_ejection: config.outlier_ejection,
+            byte_accounting: config.byte_accounting,
         };
         let fail_open = FailOpen::new(config.fail_open_after);
         if let Some(previous) = reuse::find(&layout, &options, &config.cgroup) {
@@ -368,6 +376,17 @@ impl Dataplane {
     /// quiet for a failing window.
     pub fn outliers(&self) -> Result<Vec<Outlier>, DataplaneError> {
         outliers::read_and_prune(&self.layout)
+    }
+
+    /// The bytes the accounting programs counted, per Service port and backend.
+    pub fn bytes(&self) -> Result<Vec<CountedBytes>, DataplaneError> {
+        bytes::read(&self.layout)
+    }
+
+    /// The sweep of open connections' bytes, loaded against this dataplane's maps; the caller
+    /// runs it in each network namespace.
+    pub fn bytes_sweep(&self) -> Result<BytesSweep, IterError> {
+        BytesSweep::load(&self.layout)
     }
 
     /// The kernel log reader, when kernel logging is on; the caller polls it.

@@ -14,8 +14,9 @@ use aya::{
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 use topology_common::{
-    INDEX_ENABLED_GLOBAL, INDEX_V4_MASK_GLOBAL, INDEX_V6_MASK_GLOBAL, LOG_LEVEL_GLOBAL, SKC_STATE_OFFSET_GLOBAL,
-    TCP_CONNECTIONS_MASK_GLOBAL, map_names, program_names,
+    BYTES_ACKED_OFFSET_GLOBAL, BYTES_RECEIVED_OFFSET_GLOBAL, INDEX_ENABLED_GLOBAL, INDEX_V4_MASK_GLOBAL,
+    INDEX_V6_MASK_GLOBAL, LOG_LEVEL_GLOBAL, SKC_STATE_OFFSET_GLOBAL, TCP_CONNECTIONS_MASK_GLOBAL, map_names,
+    program_names,
 };
 
 use super::{
@@ -136,6 +137,8 @@ pub struct LoadOptions {
     pub load_signal: bool,
     /// Load the outlier ejection program.
     pub outlier_ejection: bool,
+    /// Load the cross-zone accounting program (bytes per Service port and backend).
+    pub byte_accounting: bool,
 }
 
 /// Loads the object with its maps opened from, or created and pinned under, `layout`, and its
@@ -192,6 +195,19 @@ fn load_flavour(layout: &PinLayout, options: &LoadOptions, flavour: Flavour) -> 
     if let Some(offset) = &outlier_offset {
         loader.override_global(SKC_STATE_OFFSET_GLOBAL, offset, true);
     }
+    // So does accounting, at the offsets of a TCP socket's byte counters.
+    let byte_offsets = match options.byte_accounting.then(tcp_byte_offsets) {
+        Some(Ok(offsets)) => Some(offsets),
+        Some(Err(error)) => {
+            tracing::warn!(%error, "no TCP byte counters in the kernel's BTF; no bytes are counted");
+            None
+        }
+        None => None,
+    };
+    if let Some((acked, received)) = &byte_offsets {
+        loader.override_global(BYTES_ACKED_OFFSET_GLOBAL, acked, true);
+        loader.override_global(BYTES_RECEIVED_OFFSET_GLOBAL, received, true);
+    }
     let enabled = u32::from(flavour.index);
     loader.override_global(INDEX_ENABLED_GLOBAL, &enabled, true);
     let mut ebpf = loader.load(flavour.bytes())?;
@@ -202,9 +218,14 @@ fn load_flavour(layout: &PinLayout, options: &LoadOptions, flavour: Flavour) -> 
     // programs (before 5.15: no `inet_sk_error_report`; before 5.12: no socket cookie of a traced
     // socket), no backend is ejected.
     if outlier_offset.is_some()
-        && let Err(error) = load_outlier(&mut ebpf)
+        && let Err(error) = load_tracing(&mut ebpf, &program_names::OUTLIER)
     {
         tracing::warn!(%error, "the kernel refused the outlier ejection programs; no backend is ejected");
+    }
+    if byte_offsets.is_some()
+        && let Err(error) = load_tracing(&mut ebpf, &program_names::ACCOUNTING)
+    {
+        tracing::warn!(%error, "the kernel refused the accounting program; no bytes are counted");
     }
     if options.load_signal {
         // The measurement is an addition: a kernel that refuses it leaves the rewrites running.
@@ -217,11 +238,11 @@ fn load_flavour(layout: &PinLayout, options: &LoadOptions, flavour: Flavour) -> 
     Ok(ebpf)
 }
 
-/// Loads the outlier ejection programs (all, or none: one that fails unloads the others).
-fn load_outlier(ebpf: &mut Ebpf) -> Result<(), String> {
+/// Loads tracing programs, `(name, tracepoint)` (all, or none: one that fails unloads the others).
+fn load_tracing(ebpf: &mut Ebpf, programs: &[(&'static str, &'static str)]) -> Result<(), String> {
     let btf = aya::Btf::from_sys_fs().map_err(|error| error.to_string())?;
     let mut loaded = Ok(());
-    for (name, tracepoint) in program_names::OUTLIER {
+    for &(name, tracepoint) in programs {
         let program = program::<BtfTracePoint>(ebpf, name).map_err(|error| error.to_string())?;
         loaded = program.load(tracepoint, &btf).map_err(|error| format!("{name} (tp_btf/{tracepoint}): {error}"));
         if loaded.is_err() {
@@ -229,7 +250,7 @@ fn load_outlier(ebpf: &mut Ebpf) -> Result<(), String> {
         }
     }
     if loaded.is_err() {
-        for (name, _) in program_names::OUTLIER {
+        for &(name, _) in programs {
             if let Ok(program) = program::<BtfTracePoint>(ebpf, name) {
                 let _ = program.unload();
             }
@@ -244,6 +265,16 @@ fn skc_state_offset() -> Result<u32, btf_offsets::BtfOffsetError> {
     let path = Path::new(btf_offsets::VMLINUX);
     let common = btf_offsets::member_offset_in(path, "sock", "__sk_common")?;
     Ok(common + btf_offsets::member_offset_in(path, "sock_common", "skc_state")?)
+}
+
+/// The byte offsets of `bytes_acked` and `bytes_received` in this kernel's `struct tcp_sock`,
+/// from its BTF; the accounting programs are not loaded without them.
+pub fn tcp_byte_offsets() -> Result<(u32, u32), btf_offsets::BtfOffsetError> {
+    let path = Path::new(btf_offsets::VMLINUX);
+    Ok((
+        btf_offsets::member_offset_in(path, "tcp_sock", "bytes_acked")?,
+        btf_offsets::member_offset_in(path, "tcp_sock", "bytes_received")?,
+    ))
 }
 
 /// A loaded object's program by name, as its type.
@@ -306,19 +337,24 @@ pub fn attach_all(ebpf: &mut Ebpf, layout: &PinLayout, cgroup: &Path) -> Result<
         };
         links::replace_pinned(link, &path)?;
     }
-    attach_outlier(ebpf, layout)
-}
-
-/// Attaches the outlier ejection programs, if they were loaded, and pins their links (replacing
-/// those a previous agent left; a tracing link cannot take a new program in place, so for a
-/// moment both run and a failure may count twice). Not loaded: links left by a previous agent
-/// are detached, as is the one program of agents before these.
-fn attach_outlier(ebpf: &mut Ebpf, layout: &PinLayout) -> Result<(), DataplaneError> {
     let before = layout.link(program_names::OUTLIER_BEFORE);
     if before.exists() {
         links::detach_pinned(&before)?;
     }
-    for (name, _) in program_names::OUTLIER {
+    attach_tracing(ebpf, layout, &program_names::OUTLIER)?;
+    attach_tracing(ebpf, layout, &program_names::ACCOUNTING)
+}
+
+/// Attaches tracing programs (outlier ejection, accounting), if they were loaded, and pins their
+/// links (replacing those a previous agent left; a tracing link cannot take a new program in
+/// place, so for a moment both run: a failure may count twice, and so may the bytes of a
+/// connection destroyed in that moment). Not loaded: links left by a previous agent are detached.
+fn attach_tracing(
+    ebpf: &mut Ebpf,
+    layout: &PinLayout,
+    programs: &[(&'static str, &'static str)],
+) -> Result<(), DataplaneError> {
+    for &(name, _) in programs {
         let path = layout.link(name);
         let program = program::<BtfTracePoint>(ebpf, name)?;
         if program.fd().is_err() {

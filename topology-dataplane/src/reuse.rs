@@ -84,7 +84,10 @@ pub fn find(layout: &PinLayout, options: &LoadOptions, cgroup: &Path) -> Option<
     if layout.program(program_names::BACKEND_LOAD).exists() != previous.signal {
         return None;
     }
-    if options.outlier_ejection && !program_names::OUTLIER.iter().all(|(name, _)| layout.link(name).exists()) {
+    let tracing_links = |programs: &[(&str, &str)]| programs.iter().all(|(name, _)| layout.link(name).exists());
+    if (options.outlier_ejection && !tracing_links(&program_names::OUTLIER))
+        || (options.byte_accounting && !tracing_links(&program_names::ACCOUNTING))
+    {
         // Detached, or refused by this kernel before: loading tries again.
         return None;
     }
@@ -155,6 +158,7 @@ mod tests {
             index: IndexOrdering::Auto,
             load_signal: true,
             outlier_ejection: true,
+            byte_accounting: true,
         }
     }
 
@@ -169,7 +173,9 @@ mod tests {
         signal.load_signal = false;
         let mut ejection = options();
         ejection.outlier_ejection = false;
-        for other in [capacities, signal, ejection] {
+        let mut accounting = options();
+        accounting.byte_accounting = false;
+        for other in [capacities, signal, ejection, accounting] {
             assert_ne!(base, fingerprint(&other, cgroup), "{other:?}");
         }
         assert_ne!(base, fingerprint(&options(), Path::new("/sys/fs/cgroup/b")));

@@ -32,3 +32,21 @@ pub fn count_node(index: usize) {
         unsafe { (*counters)[index] += 1 };
     }
 }
+
+/// Adds `value` to the u64 at `counter` atomically: a counter every CPU adds to.
+#[inline(always)]
+pub fn atomic_add(counter: *mut u64, value: u64) {
+    // The BPF target has atomic adds but no compare-and-swap, so `AtomicU64` has no `fetch_add`
+    // there; the intrinsic is the same instruction (`lock xadd`, its result unused).
+    // SAFETY: the caller passes an 8-byte aligned u64 of a map value, valid while the program
+    // runs, that every writer adds to atomically.
+    #[cfg(target_arch = "bpf")]
+    unsafe {
+        core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(counter, value)
+    };
+    // SAFETY: as above (the host build only type-checks the programs).
+    #[cfg(not(target_arch = "bpf"))]
+    unsafe {
+        core::sync::atomic::AtomicU64::from_ptr(counter).fetch_add(value, core::sync::atomic::Ordering::Relaxed)
+    };
+}

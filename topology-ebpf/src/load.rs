@@ -30,7 +30,7 @@ use aya_ebpf::{
 use topology_common::{AF_INET, AF_INET6, BackendKey, BackendLoad, IPPROTO_TCP, SockTranslation, TcpTranslation};
 
 use crate::{
-    maps::{BACKEND_LOAD, SOCK_CONNECTIONS, TCP_CONNECTIONS, tcp_connection_position},
+    maps::{self, BACKEND_LOAD, SOCK_CONNECTIONS},
     sockaddr::STATE_CB_FLAG,
 };
 
@@ -217,9 +217,7 @@ fn storage<M>(map: &M, sk: *mut c_void, flags: u64) -> *mut c_void {
 fn entry(ctx: &SockOpsContext) -> Option<*mut TcpTranslation> {
     // SAFETY: the helper accepts the sock_ops context.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    let entry = TCP_CONNECTIONS.get_ptr_mut(tcp_connection_position(cookie))?;
-    // SAFETY: an element of the array, copied out at once (checked whole by its seal).
-    unsafe { *entry }.of(cookie).map(|_| entry)
+    maps::tcp_connection(cookie).map(|(entry, _)| entry)
 }
 
 /// The translation the connect hook left in this socket's storage (a kernel whose connect hook
@@ -295,20 +293,8 @@ fn add(load: *mut BackendLoad, index: usize, value: u64) {
         return;
     }
     // SAFETY: `load` points to a map value of `FIELDS` u64s (asserted in topology-common), 8-byte
-    // aligned, valid while the program runs.
-    let counter = unsafe { load.cast::<u64>().add(index) };
-    // The BPF target has atomic adds but no compare-and-swap, so `AtomicU64` has no `fetch_add`
-    // there; the intrinsic is the same instruction (`lock xadd`, its result unused).
-    // SAFETY: as above; every writer of the counters adds atomically.
-    #[cfg(target_arch = "bpf")]
-    unsafe {
-        core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(counter, value)
-    };
-    // SAFETY: as above (the host build only type-checks the programs).
-    #[cfg(not(target_arch = "bpf"))]
-    unsafe {
-        core::sync::atomic::AtomicU64::from_ptr(counter).fetch_add(value, core::sync::atomic::Ordering::Relaxed)
-    };
+    // aligned, valid while the program runs; every writer of the counters adds atomically.
+    crate::count::atomic_add(unsafe { load.cast::<u64>().add(index) }, value);
 }
 
 /// `CLOCK_MONOTONIC`, nanoseconds.

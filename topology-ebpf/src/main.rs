@@ -8,6 +8,7 @@
 #![cfg_attr(any(feature = "acquire", target_arch = "bpf"), feature(core_intrinsics))]
 #![cfg_attr(any(feature = "acquire", target_arch = "bpf"), allow(internal_features))]
 
+mod bytes;
 mod choose;
 mod count;
 mod gate;

@@ -13,9 +13,10 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use topology_common::{
-    BackendKey, BackendLoad, COUNTER_CHUNK, ClientAffinityKey, ClientAffinityValue, DatagramPeers, DnsSteer, Heartbeat,
-    IndexEntry4, IndexEntry6, NodeCounters, OutlierEntry, OutlierScan, OutlierState, ServiceCounters, ServiceKey4,
-    ServiceKey6, ServiceMeta, ServiceOptions, ServiceValue, Slot, SockTranslation, TcpTranslation, capacity,
+    BackendKey, BackendLoad, ByteCount, COUNTER_CHUNK, ClientAffinityKey, ClientAffinityValue, DatagramPeers, DnsSteer,
+    Heartbeat, IndexEntry4, IndexEntry6, NodeCounters, OutlierEntry, OutlierScan, OutlierState, ServiceCounters,
+    ServiceKey4, ServiceKey6, ServiceMeta, ServiceOptions, ServiceValue, Slot, SockBytes, SockTranslation,
+    TcpTranslation, capacity,
 };
 
 /// Maps only userspace writes are allocated on write, so an idle capacity costs no kernel memory.
@@ -116,6 +117,15 @@ pub fn tcp_connection_position(cookie: u64) -> u32 {
     cookie as u32 & TCP_CONNECTIONS_MASK.load()
 }
 
+/// The entry of the socket `cookie` in [`TCP_CONNECTIONS`] and its translation, if the entry is
+/// still that socket's and whole.
+#[inline(always)]
+pub fn tcp_connection(cookie: u64) -> Option<(*mut TcpTranslation, SockTranslation)> {
+    let entry = TCP_CONNECTIONS.get_ptr_mut(tcp_connection_position(cookie))?;
+    // SAFETY: an element of the array, copied out at once (checked whole by its seal).
+    unsafe { *entry }.of(cookie).map(|translation| (entry, translation))
+}
+
 /// Services and backends of each unconnected UDP socket that sent to one; freed with the socket.
 #[btf_map(name = "topo_sock_dgram")]
 pub static SOCK_DATAGRAMS: SkStorage<DatagramPeers> = SkStorage::new();
@@ -157,6 +167,15 @@ pub static OUTLIER_STATE: Array<OutlierState, 1> = Array::new();
 /// not pinned.
 #[btf_map(name = "topo_outlier_scan")]
 pub static OUTLIER_SCAN: PerCpuArray<OutlierScan, 1> = PerCpuArray::new();
+
+/// Bytes of the rewritten TCP connections per Service port and backend (see `bytes`).
+#[btf_map(name = "topo_bytes")]
+pub static BYTES: LruHashMap<SockTranslation, ByteCount, { capacity::BYTES as usize }> = LruHashMap::new();
+
+/// What has been counted of each open connection a sweep found (see `bytes`); freed with the
+/// socket.
+#[btf_map(name = "topo_sock_bytes")]
+pub static SOCK_BYTES: SkStorage<SockBytes> = SkStorage::new();
 
 /// Per-CPU state of the programs' random number generator (see `rng`); not pinned: a new state
 /// per load is as good as the old one.

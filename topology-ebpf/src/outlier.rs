@@ -32,7 +32,7 @@ use topology_common::{
 use crate::{
     choose::{self, Pick},
     lookup,
-    maps::{OUTLIER_SCAN, OUTLIER_STATE, OUTLIERS, SERVICE_OPTIONS, SLOTS, TCP_CONNECTIONS, tcp_connection_position},
+    maps::{self, OUTLIER_SCAN, OUTLIER_STATE, OUTLIERS, SERVICE_OPTIONS, SLOTS},
     sockaddr,
 };
 
@@ -78,11 +78,7 @@ fn handshake_failed(sk: *const c_void) {
     }
     // SAFETY: the helper takes the traced socket argument as it is.
     let cookie = unsafe { bpf_get_socket_cookie(sk.cast_mut()) };
-    let Some(entry) = TCP_CONNECTIONS.get_ptr_mut(tcp_connection_position(cookie)) else {
-        return;
-    };
-    // SAFETY: an element of the array, copied out at once (checked whole by its seal).
-    let Some(translation) = unsafe { *entry }.of(cookie) else {
+    let Some((entry, translation)) = maps::tcp_connection(cookie) else {
         return;
     };
     // SAFETY: as above; only this socket's programs write its entry's times.

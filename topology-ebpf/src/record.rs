@@ -108,9 +108,7 @@ pub fn connection_translation(
     } else if tcp {
         // SAFETY: as in `remember_connection`.
         let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-        let entry = TCP_CONNECTIONS.get_ptr(tcp_connection_position(cookie))?;
-        // SAFETY: an element of the array, copied out at once (checked whole by its seal).
-        unsafe { *entry }.of(cookie)?
+        crate::maps::tcp_connection(cookie)?.1
     } else {
         return None;
     };

@@ -53,6 +53,12 @@ enum Mode {
         #[arg(long, default_value_t = 0)]
         service_ms: u64,
     },
+    /// Serve bulk transfers (see `topology_tests::bulk`).
+    ServeBulk {
+        /// TCP address to listen on (repeatable).
+        #[arg(long, required = true)]
+        tcp: Vec<SocketAddr>,
+    },
     /// A stand-in DNS upstream: answers every UDP query with one A record, or never (`--silent`).
     DnsUpstream {
         /// UDP address to listen on.
@@ -125,6 +131,21 @@ enum Traffic {
         /// Threads asking, each one lookup at a time: at least the rate times the latency.
         #[arg(long, default_value_t = 32)]
         threads: u64,
+    },
+    /// Bulk transfers of known sizes, one connection after another; prints what moved.
+    Bulk {
+        /// Connections.
+        #[arg(long, default_value_t = 1)]
+        count: u64,
+        /// Payload bytes each sends.
+        #[arg(long)]
+        send: u64,
+        /// Bytes each asks the server for.
+        #[arg(long, default_value_t = 0)]
+        receive: u64,
+        /// Milliseconds each spreads its payload over (holding the connection open).
+        #[arg(long, default_value_t = 0)]
+        hold_ms: u64,
     },
     /// UDP request/response exchanges.
     Udp {
@@ -227,6 +248,13 @@ fn main() -> anyhow::Result<()> {
             })
             .with_context(|| format!("serving {name}"))?;
         }
+        Mode::ServeBulk { tcp } => {
+            topology_tests::bulk::serve(&tcp, || {
+                println!("ready");
+                let _ = std::io::stdout().flush();
+            })
+            .context("serving bulk transfers")?;
+        }
         Mode::DnsUpstream { listen, answer, silent, delay_ms } => {
             topology_tests::dns::serve_upstream(listen, answer, silent, Duration::from_millis(delay_ms), || {
                 println!("ready");
@@ -267,6 +295,14 @@ fn main() -> anyhow::Result<()> {
                     let report =
                         topology_tests::openloop::run(&client.targets, &phase, client.timeout, max_in_flight, seed)
                             .context("open loop")?;
+                    println!("{}", serde_json::to_string(&report)?);
+                    return Ok(());
+                }
+                Traffic::Bulk { count, send, receive, hold_ms } => {
+                    let [target] = client.targets[..] else { bail!("bulk: one --target") };
+                    let transfer =
+                        topology_tests::bulk::Transfer { send, receive, hold: Duration::from_millis(hold_ms) };
+                    let report = topology_tests::bulk::run(target, transfer, count, client.timeout);
                     println!("{}", serde_json::to_string(&report)?);
                     return Ok(());
                 }

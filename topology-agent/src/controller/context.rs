@@ -162,6 +162,11 @@ impl Context {
         self.health.set_failing(failing_summary(&self.kernel_failures));
     }
 
+    /// This node's zone, as `node_info` last said it (empty before the Node is known or without one).
+    pub(super) fn node_zone(&self) -> &str {
+        self.node_labels.as_ref().map_or("", |labels| labels.zone.as_str())
+    }
+
     /// Labels `node_info` with this node's place (a changed zone replaces the series).
     pub(super) fn node_info(&mut self, this: &Node) {
         let labels = NodeLabels {

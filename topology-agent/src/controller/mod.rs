@@ -6,6 +6,7 @@
 //! is a full reconcile with whatever a previous agent left pinned (stale entries removed,
 //! unchanged ones not rewritten). Events that arrive together are handled as one batch.
 
+mod accounting;
 mod context;
 mod decide;
 mod ejections;
@@ -129,6 +130,8 @@ pub struct Controller<P: Programmer> {
     feedback: feedback::FeedbackLoop,
     /// The backends this node's kernel ejected, as last read.
     ejections: ejections::Ejections,
+    /// The bytes counted, as last read.
+    accounting: accounting::Accounting,
     /// Who else hears from the loop.
     outlets: Outlets,
     ctx: Context,
@@ -153,6 +156,7 @@ impl<P: Programmer> Controller<P> {
             upkeep: Upkeep::default(),
             feedback: feedback::FeedbackLoop::new(Default::default()),
             ejections: ejections::Ejections::default(),
+            accounting: accounting::Accounting::default(),
             outlets: Outlets::default(),
             ctx: Context::new(health, metrics, sink),
         }
@@ -264,6 +268,9 @@ impl<P: Programmer> Controller<P> {
                 Ok(outliers) => self.ejections.update(outliers, &self.plan, &mut self.ctx, &self.config.node),
                 Err(error) => tracing::warn!(%error, "the outlier ejections could not be read; retrying"),
             }
+        }
+        if self.programmed && self.accounting.due() {
+            self.account();
         }
         if self.upkeep.tidy.is_none_or(|at| at.elapsed() >= TIDY_INTERVAL) {
             self.upkeep.tidy = Some(Instant::now());

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use topology_common::map_names;
 
 use crate::{
-    dataplane::{ApplyReport, Dataplane, DataplaneError, MeasuredBackend, Outlier},
+    dataplane::{ApplyReport, CountedBytes, Dataplane, DataplaneError, MeasuredBackend, Outlier},
     desired::{DesiredState, ServicePort},
 };
 
@@ -61,6 +61,10 @@ pub trait Programmer: Send {
     fn outliers(&mut self) -> Result<Vec<Outlier>, DataplaneError> {
         Ok(Vec::new())
     }
+    /// The bytes the kernel counted per Service port and backend (cross-zone accounting).
+    fn bytes(&self) -> Result<Vec<CountedBytes>, DataplaneError> {
+        Ok(Vec::new())
+    }
 }
 
 impl Programmer for Dataplane {
@@ -100,6 +104,10 @@ impl Programmer for Dataplane {
 
     fn outliers(&mut self) -> Result<Vec<Outlier>, DataplaneError> {
         Dataplane::outliers(self)
+    }
+
+    fn bytes(&self) -> Result<Vec<CountedBytes>, DataplaneError> {
+        Dataplane::bytes(self)
     }
 
     fn tidy(&mut self) -> Result<(), DataplaneError> {

@@ -61,6 +61,19 @@ pub struct NodeLabels {
     pub region: String,
 }
 
+/// Labels of the bytes of a Service port between this node's zone and a backend's.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct BytesLabels {
+    /// `namespace/name:port`, or `other` beyond the series cap.
+    pub service: String,
+    /// This node's zone (empty without one).
+    pub from_zone: String,
+    /// The backend's zone (empty when it has none or is no longer known).
+    pub to_zone: String,
+    /// `to_backend` (sent by the clients) or `from_backend`.
+    pub direction: &'static str,
+}
+
 /// Labels of a failure.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
@@ -102,6 +115,12 @@ pub struct Metrics {
     pub view_current: Gauge,
     /// Always 1, labelled with this node's name, zone and region (for joins by zone).
     pub node_info: Family<NodeLabels, Gauge>,
+    /// Bytes of the TCP connections the hooks rewrote, per Service port, zone pair and direction.
+    pub bytes: Family<BytesLabels, Counter>,
+    /// Time of one sweep of the open connections over every namespace.
+    pub bytes_sweep_seconds: Histogram,
+    /// Namespaces a sweep could not count (gone, or not enterable).
+    pub bytes_sweep_failures: Counter,
     /// The node-local DNS responder's metrics (`dns_*`).
     pub dns: Arc<DnsMetrics>,
     /// The feedback controller's decisions (`feedback_*`).
@@ -139,6 +158,27 @@ impl Default for Metrics {
         let socket_termination_errors = Counter::default();
         let view_current = Gauge::default();
         let node_info = Family::<NodeLabels, Gauge>::default();
+        let bytes = Family::<BytesLabels, Counter>::default();
+        // 1 ms .. ~16 s.
+        let bytes_sweep_seconds =
+            Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(1e-3, 2.0, 15));
+        let bytes_sweep_failures = Counter::default();
+        registry.register(
+            "bytes",
+            "Bytes of the TCP connections the hooks rewrote, per Service port, this node's zone, the backend's zone \
+             and direction (counted by the kernel: at each connection's end, and every 10 s while open)",
+            bytes.clone(),
+        );
+        registry.register(
+            "bytes_sweep_seconds",
+            "Time to count the open connections' bytes in every network namespace",
+            bytes_sweep_seconds.clone(),
+        );
+        registry.register(
+            "bytes_sweep_failures",
+            "Network namespaces a sweep of the open connections could not count (gone, or not enterable)",
+            bytes_sweep_failures.clone(),
+        );
         let kernel = Arc::new(kernel::KernelCounters::default());
         registry.register(
             "view_current",
@@ -219,6 +259,9 @@ impl Default for Metrics {
             socket_termination_errors,
             view_current,
             node_info,
+            bytes,
+            bytes_sweep_seconds,
+            bytes_sweep_failures,
             dns,
             feedback,
             kernel,
@@ -258,6 +301,11 @@ impl Metrics {
     pub fn set_caps(&self, caps: SeriesCaps) {
         self.kernel.max_ports.store(caps.ports, std::sync::atomic::Ordering::Relaxed);
         self.kernel.max_backends.store(caps.backends, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Service ports with series of their own (`--metrics-max-ports`).
+    pub fn max_ports(&self) -> usize {
+        self.kernel.max_ports.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Sets where the kernel counters are read from at each scrape.

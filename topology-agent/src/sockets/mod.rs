@@ -16,6 +16,7 @@ mod diag;
 mod ledger;
 mod lingering;
 mod netns;
+pub mod sweep;
 
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing {

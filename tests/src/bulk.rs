@@ -1,0 +1,160 @@
+//! Bulk transfers of known sizes, for the cross-zone accounting tests and the demo: a server that
+//! reads everything a client sends and answers with as many bytes as the client asked for, and
+//! the client. A client writes an 8-byte big-endian reply length, then its payload (spread over a
+//! time when it holds the connection open), shuts its side, and reads the reply to the end.
+
+use std::{
+    io::{self, Read as _, Write as _},
+    net::{Shutdown, SocketAddr, TcpListener, TcpStream},
+    thread,
+    time::{Duration, Instant},
+};
+
+use serde::{Deserialize, Serialize};
+
+/// Bytes of the header a client writes before its payload.
+pub const HEADER: u64 = 8;
+
+/// Serves bulk transfers on every address until the process ends; calls `ready` once bound.
+pub fn serve(addrs: &[SocketAddr], ready: impl FnOnce()) -> io::Result<()> {
+    let listeners = addrs.iter().map(TcpListener::bind).collect::<io::Result<Vec<_>>>()?;
+    ready();
+    let threads: Vec<_> = listeners
+        .into_iter()
+        .map(|listener| {
+            thread::spawn(move || {
+                for stream in listener.incoming().flatten() {
+                    thread::spawn(move || {
+                        // A client that left half-way is not the server's failure.
+                        let _ = answer(stream);
+                    });
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        let _ = thread.join();
+    }
+    Ok(())
+}
+
+fn answer(mut stream: TcpStream) -> io::Result<()> {
+    let mut header = [0u8; HEADER as usize];
+    stream.read_exact(&mut header)?;
+    io::copy(&mut stream, &mut io::sink())?;
+    write_zeros(&mut stream, u64::from_be_bytes(header), Duration::ZERO)?;
+    stream.shutdown(Shutdown::Write)
+}
+
+/// Writes `count` zero bytes to `stream`, spread evenly over `over`.
+fn write_zeros(stream: &mut TcpStream, count: u64, over: Duration) -> io::Result<()> {
+    const CHUNK: u64 = 64 * 1024;
+    let buffer = [0u8; CHUNK as usize];
+    let chunks = count.div_ceil(CHUNK).max(1);
+    let started = Instant::now();
+    let mut written = 0;
+    for chunk in 0..chunks {
+        let len = CHUNK.min(count - written);
+        stream.write_all(&buffer[..len as usize])?;
+        written += len;
+        let due = over.mul_f64((chunk + 1) as f64 / chunks as f64);
+        if let Some(wait) = due.checked_sub(started.elapsed()) {
+            thread::sleep(wait);
+        }
+    }
+    Ok(())
+}
+
+/// What a client asks of each connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Transfer {
+    /// Payload bytes to send.
+    pub send: u64,
+    /// Bytes to ask the server for.
+    pub receive: u64,
+    /// How long the payload is spread over (the connection stays open at least that long).
+    pub hold: Duration,
+}
+
+/// What a client moved.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BulkReport {
+    /// Bytes written, headers included.
+    pub sent: u64,
+    /// Bytes read.
+    pub received: u64,
+    /// Connections that completed.
+    pub completed: u64,
+    /// Why the others did not.
+    pub errors: Vec<String>,
+}
+
+/// Makes `connections` transfers to `target`, one after another.
+pub fn run(target: SocketAddr, transfer: Transfer, connections: u64, timeout: Duration) -> BulkReport {
+    let mut report = BulkReport::default();
+    for _ in 0..connections {
+        match one(target, transfer, timeout, &mut report) {
+            Ok(()) => report.completed += 1,
+            Err(error) => report.errors.push(error.to_string()),
+        }
+    }
+    report
+}
+
+fn one(target: SocketAddr, transfer: Transfer, timeout: Duration, report: &mut BulkReport) -> io::Result<()> {
+    let mut stream = TcpStream::connect_timeout(&target, timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.write_all(&transfer.receive.to_be_bytes())?;
+    report.sent += HEADER;
+    write_zeros(&mut stream, transfer.send, transfer.hold)?;
+    report.sent += transfer.send;
+    stream.shutdown(Shutdown::Write)?;
+    report.received += io::copy(&mut stream, &mut io::sink())?;
+    Ok(())
+}
+
+/// A bulk server process in a host's namespace, on one port of both its addresses.
+#[derive(Debug)]
+pub struct BulkServer {
+    _process: crate::sandbox::ProcessGuard,
+}
+
+impl BulkServer {
+    /// Starts one on `port` of `host` and waits until it listens.
+    pub fn start(host: &crate::net::Host, port: u16) -> Self {
+        use std::io::BufRead as _;
+        let mut command = std::process::Command::new(crate::net::probe_binary());
+        command.args(["--netns", host.netns.name(), "serve-bulk"]);
+        for addr in [SocketAddr::from((host.v4, port)), SocketAddr::from((host.v6, port))] {
+            command.args(["--tcp", &addr.to_string()]);
+        }
+        let child = command.stdout(std::process::Stdio::piped()).spawn().expect("spawn bulk server");
+        let mut process = crate::sandbox::ProcessGuard::new(child);
+        let stdout = process.child().stdout.take().expect("piped stdout");
+        let mut line = String::new();
+        io::BufReader::new(stdout).read_line(&mut line).expect("bulk server readiness line");
+        assert_eq!(line.trim(), "ready", "the bulk server did not start");
+        Self { _process: process }
+    }
+}
+
+/// A bulk client running at `place`: `connections` transfers to `target`, in a process of its own.
+pub fn spawn(
+    place: &crate::net::ClientPlace,
+    target: SocketAddr,
+    transfer: Transfer,
+    connections: u64,
+) -> crate::sandbox::ProcessGuard {
+    let mut command = place.command_spread(&[target]);
+    command.args(["bulk", "--count", &connections.to_string(), "--send", &transfer.send.to_string()]);
+    command.args(["--receive", &transfer.receive.to_string(), "--hold-ms", &transfer.hold.as_millis().to_string()]);
+    let child = command.stdout(std::process::Stdio::piped()).spawn().expect("spawn bulk client");
+    crate::sandbox::ProcessGuard::new(child)
+}
+
+/// What a spawned client moved, once it ends (at most `within`).
+pub fn finish(client: crate::sandbox::ProcessGuard, within: Duration) -> BulkReport {
+    let output = client.wait_output(within);
+    serde_json::from_slice(&output)
+        .unwrap_or_else(|e| panic!("bulk report {:?}: {e}", String::from_utf8_lossy(&output)))
+}

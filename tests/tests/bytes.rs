@@ -1,0 +1,153 @@
+//! Cross-zone accounting through the real kernel (root, the agent's default): the bytes of the
+//! TCP connections the hooks rewrote, per Service port, this node's zone and the backend's, as
+//! `topology_agent_bytes_total` shows them, against what the clients moved and what the client's
+//! interface carried; a connection held open is counted as it goes, not only when it ends.
+//!
+//! The kernel counts in TCP sequence space: a connection closed in order adds two bytes to
+//! `to_backend` beyond its payload (its SYN and its FIN) and one to `from_backend` (the
+//! backend's FIN), so the counts are checked to the byte against that.
+//! `--test-threads=1`.
+
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, SocketAddr},
+    time::{Duration, Instant},
+};
+
+use topology_tests::{
+    agent::{Agent, AgentOptions},
+    bulk::{self, BulkServer, Transfer},
+    cluster::{self, EndpointSpec},
+    fixture::Fixture,
+    require_root,
+};
+
+/// The bulk servers' port, behind both Services.
+const BULK_PORT: u16 = 9000;
+/// `near` (b0, on node-a in zone-a, this node) and `far` (b1, on node-b in zone-b).
+const NEAR: &str = "10.96.0.70:9000";
+const FAR: &str = "10.96.0.71:9000";
+const MIB: u64 = 1 << 20;
+
+/// An agent on node-a for `fx`'s two backends, each behind a Service of its own, with a bulk
+/// server on each.
+fn start(fx: &Fixture) -> (Agent, Vec<BulkServer>) {
+    let file = fx.scratch().join("cluster.yaml");
+    let mut objects = vec![cluster::node("node-a", "zone-a", None, "4"), cluster::node("node-b", "zone-b", None, "4")];
+    for ((name, vip), (backend, node)) in [("near", NEAR), ("far", FAR)].into_iter().zip([(0, "node-a"), (1, "node-b")])
+    {
+        let vip: SocketAddr = vip.parse().unwrap();
+        objects.push(cluster::service("default", name, vip.ip(), vip.port(), "TCP", "bulk"));
+        let endpoints = [EndpointSpec::new(IpAddr::V4(fx.backends[backend].host.v4), node)];
+        objects.push(cluster::slice("default", &format!("{name}-1"), name, "bulk", BULK_PORT, "TCP", &endpoints));
+    }
+    cluster::write(&file, &objects);
+    let servers = fx.backends.iter().map(|b| BulkServer::start(&b.host, BULK_PORT)).collect();
+    let mut agent = Agent::start(&AgentOptions::new(&file, "node-a", fx.cgroup.path(), fx.pins.path()));
+    agent.wait_ready(Duration::from_secs(20));
+    (agent, servers)
+}
+
+/// `topology_agent_bytes_total` by (service, to_zone, direction), for this node's zone.
+fn counted(agent: &Agent) -> BTreeMap<(String, String, String), u64> {
+    let metrics = agent.get("/metrics").expect("metrics").1;
+    let label = |line: &str, name: &str| -> String {
+        let start = line.find(&format!("{name}=\"")).map(|at| at + name.len() + 2);
+        start.and_then(|at| line[at..].split('"').next()).unwrap_or_default().to_owned()
+    };
+    metrics
+        .lines()
+        .filter(|line| line.starts_with("topology_agent_bytes_total{"))
+        .map(|line| {
+            assert_eq!(label(line, "from_zone"), "zone-a", "{line}");
+            let value = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).expect("a value") as u64;
+            ((label(line, "service"), label(line, "to_zone"), label(line, "direction")), value)
+        })
+        .collect()
+}
+
+/// Waits (at most 30 s: a reading every 10 s) until the counts reach `expected`, and returns the
+/// last counts.
+fn counted_within(
+    agent: &Agent,
+    expected: &BTreeMap<(String, String, String), u64>,
+) -> BTreeMap<(String, String, String), u64> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = counted(agent);
+        if expected.iter().all(|(key, want)| now.get(key) == Some(want)) || Instant::now() > deadline {
+            return now;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+fn key(service: &str, zone: &str, direction: &str) -> (String, String, String) {
+    (format!("default/{service}:bulk"), zone.to_owned(), direction.to_owned())
+}
+
+/// Bytes the client namespace's interface sent, from its counters.
+fn interface_tx_bytes(netns: &str) -> u64 {
+    let output = std::process::Command::new("ip")
+        .args(["-n", netns, "-j", "-s", "link", "show", "eth0"])
+        .output()
+        .expect("ip link");
+    let links: serde_json::Value = serde_json::from_slice(&output.stdout).expect("ip -j output");
+    links[0]["stats64"]["tx"]["bytes"].as_u64().expect("tx bytes")
+}
+
+#[test]
+fn the_bytes_counted_are_the_bytes_sent_per_service_and_zone() {
+    require_root!();
+    let fx = Fixture::new(2);
+    let (agent, _servers) = start(&fx);
+    let place = fx.place();
+    let before = interface_tx_bytes(fx.client.netns.name());
+    // Short and bulk, both ways: many 1 MiB requests to the near Service, one 1 GiB upload and
+    // a 64 MiB download from the far one.
+    let small = Transfer { send: MIB, receive: 64 * 1024, hold: Duration::ZERO };
+    let near = bulk::finish(bulk::spawn(&place, NEAR.parse().unwrap(), small, 20), Duration::from_secs(60));
+    let large = Transfer { send: 1024 * MIB, receive: 64 * MIB, hold: Duration::ZERO };
+    let far = bulk::finish(bulk::spawn(&place, FAR.parse().unwrap(), large, 1), Duration::from_secs(120));
+    assert!(near.errors.is_empty() && far.errors.is_empty(), "{near:?} {far:?}");
+    assert_eq!((near.completed, far.completed), (20, 1));
+    let sent = interface_tx_bytes(fx.client.netns.name()) - before;
+
+    // Per connection: its SYN and FIN to the backend, the backend's FIN back (see the top).
+    let expected = BTreeMap::from([
+        (key("near", "zone-a", "to_backend"), near.sent + 2 * 20),
+        (key("near", "zone-a", "from_backend"), near.received + 20),
+        (key("far", "zone-b", "to_backend"), far.sent + 2),
+        (key("far", "zone-b", "from_backend"), far.received + 1),
+    ]);
+    let counted = counted_within(&agent, &expected);
+    assert_eq!(counted, expected, "counted (left) against moved (right)");
+    // What the interface carried out: the payloads, their headers and the ACKs of what came back.
+    let to_backends: u64 = counted.iter().filter(|((_, _, d), _)| d == "to_backend").map(|(_, v)| v).sum();
+    let error = sent.abs_diff(to_backends) as f64 / sent as f64;
+    assert!(error <= 0.02, "the interface sent {sent} bytes, the counts say {to_backends} ({:.2} %)", error * 100.0);
+}
+
+#[test]
+fn a_connection_held_open_is_counted_as_it_goes() {
+    require_root!();
+    let fx = Fixture::new(2);
+    let (agent, _servers) = start(&fx);
+    // One connection sending 40 MiB over 25 s: the sweeps (every 10 s) count it while it is open.
+    let held = Transfer { send: 40 * MIB, receive: 0, hold: Duration::from_secs(25) };
+    let client = bulk::spawn(&fx.place(), FAR.parse().unwrap(), held, 1);
+    let deadline = Instant::now() + Duration::from_secs(22);
+    let mut seen = 0;
+    while Instant::now() < deadline && seen == 0 {
+        std::thread::sleep(Duration::from_millis(500));
+        seen = counted(&agent).get(&key("far", "zone-b", "to_backend")).copied().unwrap_or(0);
+    }
+    let report = bulk::finish(client, Duration::from_secs(60));
+    assert!(report.errors.is_empty() && report.completed == 1, "{report:?}");
+    assert!(seen > 0 && seen < report.sent, "counted while open: {seen} of {} bytes", report.sent);
+    let total = BTreeMap::from([
+        (key("far", "zone-b", "to_backend"), report.sent + 2),
+        (key("far", "zone-b", "from_backend"), 1),
+    ]);
+    assert_eq!(counted_within(&agent, &total), total, "counted (left) against moved (right)");
+}

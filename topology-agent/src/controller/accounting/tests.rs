@@ -1,0 +1,151 @@
+use super::*;
+use crate::cluster::yaml;
+
+/// Node a in zone-a; `web` (port 80) with one backend in each of zone-a and zone-b, `db` (port
+/// 5432) with one in zone-b.
+const CLUSTER: &str = r#"
+apiVersion: v1
+kind: List
+items:
+- {apiVersion: v1, kind: Node, metadata: {name: node-a, labels: {topology.kubernetes.io/zone: zone-a}}}
+- {apiVersion: v1, kind: Node, metadata: {name: node-b, labels: {topology.kubernetes.io/zone: zone-b}}}
+- apiVersion: v1
+  kind: Service
+  metadata: {name: web, namespace: default}
+  spec: {clusterIP: 10.96.0.10, ports: [{name: http, port: 80}]}
+- apiVersion: v1
+  kind: Service
+  metadata: {name: db, namespace: default}
+  spec: {clusterIP: 10.96.0.20, ports: [{name: pg, port: 5432}]}
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}
+  addressType: IPv4
+  ports: [{name: http, port: 8080}]
+  endpoints:
+  - {addresses: [10.0.0.1], nodeName: node-a, conditions: {ready: true}}
+  - {addresses: [10.0.0.2], nodeName: node-b, conditions: {ready: true}}
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {name: db-1, namespace: default, labels: {kubernetes.io/service-name: db}}
+  addressType: IPv4
+  ports: [{name: pg, port: 5432}]
+  endpoints:
+  - {addresses: [10.0.0.3], nodeName: node-b, conditions: {ready: true}}
+"#;
+
+fn plan() -> NodePlan {
+    NodePlan::build(&yaml::parse(CLUSTER, "test").unwrap(), "node-a", None).unwrap()
+}
+
+fn count(service: &str, backend: &str, to_backend: u64, from_backend: u64) -> CountedBytes {
+    CountedBytes {
+        service: service.parse().unwrap(),
+        protocol: 6,
+        backend: backend.parse().unwrap(),
+        bytes: ByteCount { to_backend, from_backend },
+    }
+}
+
+fn labels(service: &str, to_zone: &str, direction: &'static str) -> BytesLabels {
+    BytesLabels { service: service.into(), from_zone: "zone-a".into(), to_zone: to_zone.into(), direction }
+}
+
+#[test]
+fn each_reading_adds_what_each_count_gained_under_its_port_and_zones() {
+    let (plan, mut accounting) = (plan(), Accounting::default());
+    let first = accounting.update(
+        vec![
+            count("10.96.0.10:80", "10.0.0.1:8080", 100, 1000),
+            count("10.96.0.10:80", "10.0.0.2:8080", 50, 500),
+            count("10.96.0.20:5432", "10.0.0.3:5432", 7, 0),
+        ],
+        &plan,
+        "zone-a",
+        10,
+    );
+    assert_eq!(
+        first,
+        BTreeMap::from([
+            (labels("default/db:pg", "zone-b", "to_backend"), 7),
+            (labels("default/web:http", "zone-a", "from_backend"), 1000),
+            (labels("default/web:http", "zone-a", "to_backend"), 100),
+            (labels("default/web:http", "zone-b", "from_backend"), 500),
+            (labels("default/web:http", "zone-b", "to_backend"), 50),
+        ])
+    );
+    // The next reading: the web backend in zone-b moved 10 more bytes each way; the others nothing.
+    let second = accounting.update(
+        vec![
+            count("10.96.0.10:80", "10.0.0.1:8080", 100, 1000),
+            count("10.96.0.10:80", "10.0.0.2:8080", 60, 510),
+            count("10.96.0.20:5432", "10.0.0.3:5432", 7, 0),
+        ],
+        &plan,
+        "zone-a",
+        10,
+    );
+    assert_eq!(
+        second,
+        BTreeMap::from([
+            (labels("default/web:http", "zone-b", "from_backend"), 10),
+            (labels("default/web:http", "zone-b", "to_backend"), 10),
+        ])
+    );
+}
+
+#[test]
+fn a_count_the_map_forgot_and_made_again_counts_whole() {
+    let (plan, mut accounting) = (plan(), Accounting::default());
+    accounting.update(vec![count("10.96.0.20:5432", "10.0.0.3:5432", 500, 0)], &plan, "zone-a", 10);
+    // Gone from one reading (forgotten), then back, lower: every byte of it is new.
+    assert!(accounting.update(vec![], &plan, "zone-a", 10).is_empty());
+    let again = accounting.update(vec![count("10.96.0.20:5432", "10.0.0.3:5432", 30, 0)], &plan, "zone-a", 10);
+    assert_eq!(again, BTreeMap::from([(labels("default/db:pg", "zone-b", "to_backend"), 30)]));
+}
+
+#[test]
+fn ports_beyond_the_cap_are_summed_as_other_and_named_ports_keep_their_series() {
+    let (plan, mut accounting) = (plan(), Accounting::default());
+    let first = accounting.update(vec![count("10.96.0.20:5432", "10.0.0.3:5432", 5, 0)], &plan, "zone-a", 1);
+    assert_eq!(first, BTreeMap::from([(labels("default/db:pg", "zone-b", "to_backend"), 5)]));
+    let second = accounting.update(
+        vec![count("10.96.0.20:5432", "10.0.0.3:5432", 8, 0), count("10.96.0.10:80", "10.0.0.1:8080", 4, 0)],
+        &plan,
+        "zone-a",
+        1,
+    );
+    assert_eq!(
+        second,
+        BTreeMap::from([
+            (labels("default/db:pg", "zone-b", "to_backend"), 3),
+            (labels("other", "zone-a", "to_backend"), 4),
+        ])
+    );
+}
+
+#[test]
+fn names_and_zones_outlive_the_plan_and_unknown_ports_go_by_address() {
+    let mut accounting = Accounting::default();
+    accounting.update(vec![count("10.96.0.20:5432", "10.0.0.3:5432", 1, 0)], &plan(), "zone-a", 10);
+    // The Service is gone from the plan; its last connection's bytes still count under its name.
+    let empty = NodePlan::build(
+        &yaml::parse(&CLUSTER[..CLUSTER.find("- apiVersion: v1\n  kind: Service").unwrap()], "t").unwrap(),
+        "node-a",
+        None,
+    )
+    .unwrap();
+    let later = accounting.update(
+        vec![count("10.96.0.20:5432", "10.0.0.3:5432", 9, 0), count("10.96.0.99:53", "10.0.0.9:53", 2, 0)],
+        &empty,
+        "zone-a",
+        10,
+    );
+    assert_eq!(
+        later,
+        BTreeMap::from([
+            (labels("10.96.0.99:53/TCP", "", "to_backend"), 2),
+            (labels("default/db:pg", "zone-b", "to_backend"), 8),
+        ])
+    );
+}
