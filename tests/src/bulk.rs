@@ -16,9 +16,23 @@ use serde::{Deserialize, Serialize};
 pub const HEADER: u64 = 8;
 
 /// Serves bulk transfers on every address until the process ends; calls `ready` once bound.
-pub fn serve(addrs: &[SocketAddr], ready: impl FnOnce()) -> io::Result<()> {
+/// With `hold`, accepts connections and only holds them (many idle connections, one thread per
+/// address).
+pub fn serve(addrs: &[SocketAddr], hold: bool, ready: impl FnOnce()) -> io::Result<()> {
     let listeners = addrs.iter().map(TcpListener::bind).collect::<io::Result<Vec<_>>>()?;
     ready();
+    if hold {
+        // Never accepted: each connection completes its handshake and waits in the accept queue
+        // (as deep as `net.core.somaxconn` of the namespace allows), holding no descriptor here.
+        for listener in &listeners {
+            use std::os::fd::AsRawFd as _;
+            // SAFETY: listen() again on a listening socket only sets its backlog.
+            unsafe { libc::listen(listener.as_raw_fd(), 65_535) };
+        }
+        loop {
+            thread::sleep(Duration::from_secs(3600));
+        }
+    }
     let threads: Vec<_> = listeners
         .into_iter()
         .map(|listener| {
@@ -120,11 +134,15 @@ pub struct BulkServer {
 }
 
 impl BulkServer {
-    /// Starts one on `port` of `host` and waits until it listens.
-    pub fn start(host: &crate::net::Host, port: u16) -> Self {
+    /// Starts one on `port` of `host` and waits until it listens; with `hold`, it only holds the
+    /// connections it accepts.
+    pub fn start(host: &crate::net::Host, port: u16, hold: bool) -> Self {
         use std::io::BufRead as _;
         let mut command = std::process::Command::new(crate::net::probe_binary());
         command.args(["--netns", host.netns.name(), "serve-bulk"]);
+        if hold {
+            command.arg("--hold");
+        }
         for addr in [SocketAddr::from((host.v4, port)), SocketAddr::from((host.v6, port))] {
             command.args(["--tcp", &addr.to_string()]);
         }
@@ -157,4 +175,87 @@ pub fn finish(client: crate::sandbox::ProcessGuard, within: Duration) -> BulkRep
     let output = client.wait_output(within);
     serde_json::from_slice(&output)
         .unwrap_or_else(|e| panic!("bulk report {:?}: {e}", String::from_utf8_lossy(&output)))
+}
+
+/// Many idle connections held open by client processes at `place` (as many as their open-file
+/// limit needs), until dropped.
+pub struct HeldConnections {
+    processes: Vec<crate::sandbox::ProcessGuard>,
+    /// Connections open.
+    pub open: u64,
+}
+
+/// Connections one holding process opens at the most (below a common open-file hard limit).
+const PER_PROCESS: u64 = 15_000;
+
+impl HeldConnections {
+    /// Opens `count` connections, each to one of `targets` at random, and waits until they are.
+    pub fn open(place: &crate::net::ClientPlace, targets: &[SocketAddr], count: u64) -> Self {
+        use std::io::BufRead as _;
+        let mut held = Self { processes: Vec::new(), open: 0 };
+        let mut left = count;
+        while left > 0 {
+            let here = left.min(PER_PROCESS);
+            left -= here;
+            let mut command = place.command_spread(targets);
+            command.args(["open", "--count", &here.to_string()]);
+            let child = command
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn a holding client");
+            let mut process = crate::sandbox::ProcessGuard::new(child);
+            let stdout = process.child().stdout.take().expect("piped stdout");
+            let mut line = String::new();
+            io::BufReader::new(stdout).read_line(&mut line).expect("the holding client's line");
+            held.open += line.trim().strip_prefix("open ").and_then(|n| n.parse::<u64>().ok()).unwrap_or(0);
+            held.processes.push(process);
+        }
+        held
+    }
+}
+
+impl Drop for HeldConnections {
+    fn drop(&mut self) {
+        // Closing its stdin ends a client, and its connections with it.
+        for process in &mut self.processes {
+            drop(process.child().stdin.take());
+        }
+    }
+}
+
+/// Opens `count` connections to `targets` (at random), prints `open N`, and holds them until a
+/// line (or the end) comes on stdin. The open-file limit is raised as far as it goes.
+pub fn hold_open(targets: &[SocketAddr], count: u64, timeout: Duration) -> io::Result<()> {
+    raise_file_limit()?;
+    let mut held = Vec::with_capacity(count as usize);
+    let mut pick = 0u64;
+    for _ in 0..count {
+        pick = pick.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let target = targets[(pick >> 33) as usize % targets.len()];
+        if let Ok(stream) = TcpStream::connect_timeout(&target, timeout) {
+            held.push(stream);
+        }
+    }
+    println!("open {}", held.len());
+    io::stdout().flush()?;
+    let mut line = String::new();
+    let _ = io::stdin().read_line(&mut line);
+    Ok(())
+}
+
+/// Raises this process's open-file limit to its hard limit.
+fn raise_file_limit() -> io::Result<()> {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: valid rlimit structures passed by reference.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        limit.rlim_cur = limit.rlim_max;
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }

@@ -42,7 +42,7 @@ fn start(fx: &Fixture) -> (Agent, Vec<BulkServer>) {
         objects.push(cluster::slice("default", &format!("{name}-1"), name, "bulk", BULK_PORT, "TCP", &endpoints));
     }
     cluster::write(&file, &objects);
-    let servers = fx.backends.iter().map(|b| BulkServer::start(&b.host, BULK_PORT)).collect();
+    let servers = fx.backends.iter().map(|b| BulkServer::start(&b.host, BULK_PORT, false)).collect();
     let mut agent = Agent::start(&AgentOptions::new(&file, "node-a", fx.cgroup.path(), fx.pins.path()));
     agent.wait_ready(Duration::from_secs(20));
     (agent, servers)

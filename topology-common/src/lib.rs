@@ -258,6 +258,8 @@ pub const SKC_STATE_OFFSET_GLOBAL: &str = "SKC_STATE_OFFSET";
 /// `tcp_sock.bytes_received` in this kernel, from its BTF (cross-zone accounting).
 pub const BYTES_ACKED_OFFSET_GLOBAL: &str = "BYTES_ACKED_OFFSET";
 pub const BYTES_RECEIVED_OFFSET_GLOBAL: &str = "BYTES_RECEIVED_OFFSET";
+/// Global (`.rodata`) variable the agent sets to the byte offset of `sock.sk_cookie`.
+pub const SK_COOKIE_OFFSET_GLOBAL: &str = "SK_COOKIE_OFFSET";
 /// Global (`.rodata`) variable: 1 when the programs may probe the service index, 0 when they
 /// must ask the hash maps (a weakly ordered CPU whose kernel has no BPF load-acquire; see
 /// [`index`]).

@@ -14,8 +14,7 @@ use aya::{
     programs::Iter,
 };
 use topology_common::{
-    AF_INET, AF_INET6, BYTES_ACKED_OFFSET_GLOBAL, BYTES_RECEIVED_OFFSET_GLOBAL, ByteCount, SockTranslation,
-    TCP_CONNECTIONS_MASK_GLOBAL, map_names, program_names,
+    AF_INET, AF_INET6, ByteCount, SockTranslation, TCP_CONNECTIONS_MASK_GLOBAL, map_names, program_names,
 };
 
 use super::{DataplaneError, IterError, PROGRAMS, PinLayout, loader};
@@ -73,7 +72,7 @@ impl BytesSweep {
     /// Loads the iterator against the pinned maps under `layout`, reading a TCP socket's byte
     /// counters where this kernel's BTF says they are.
     pub fn load(layout: &PinLayout) -> Result<Self, IterError> {
-        let (acked, received) = loader::tcp_byte_offsets().map_err(|e| IterError::Io(std::io::Error::other(e)))?;
+        let offsets = loader::tcp_byte_offsets().map_err(|e| IterError::Io(std::io::Error::other(e)))?;
         let name = map_names::TCP_CONNECTIONS;
         let connections = MapData::from_pin(layout.map(name)).map_err(|e| IterError::Io(std::io::Error::other(e)))?;
         let positions = connections.info().map_err(|e| IterError::Io(std::io::Error::other(e)))?.max_entries();
@@ -82,8 +81,7 @@ impl BytesSweep {
         for name in map_names::PINNED {
             loader.map_pin_path(name, layout.map(name));
         }
-        loader.override_global(BYTES_ACKED_OFFSET_GLOBAL, &acked, true);
-        loader.override_global(BYTES_RECEIVED_OFFSET_GLOBAL, &received, true);
+        offsets.set(&mut loader);
         loader.override_global(TCP_CONNECTIONS_MASK_GLOBAL, &mask, true);
         let mut ebpf = loader.load(PROGRAMS)?;
         let btf = Btf::from_sys_fs()?;

@@ -15,8 +15,8 @@ use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 use topology_common::{
     BYTES_ACKED_OFFSET_GLOBAL, BYTES_RECEIVED_OFFSET_GLOBAL, INDEX_ENABLED_GLOBAL, INDEX_V4_MASK_GLOBAL,
-    INDEX_V6_MASK_GLOBAL, LOG_LEVEL_GLOBAL, SKC_STATE_OFFSET_GLOBAL, TCP_CONNECTIONS_MASK_GLOBAL, map_names,
-    program_names,
+    INDEX_V6_MASK_GLOBAL, LOG_LEVEL_GLOBAL, SK_COOKIE_OFFSET_GLOBAL, SKC_STATE_OFFSET_GLOBAL,
+    TCP_CONNECTIONS_MASK_GLOBAL, map_names, program_names,
 };
 
 use super::{
@@ -204,9 +204,8 @@ fn load_flavour(layout: &PinLayout, options: &LoadOptions, flavour: Flavour) -> 
         }
         None => None,
     };
-    if let Some((acked, received)) = &byte_offsets {
-        loader.override_global(BYTES_ACKED_OFFSET_GLOBAL, acked, true);
-        loader.override_global(BYTES_RECEIVED_OFFSET_GLOBAL, received, true);
+    if let Some(offsets) = &byte_offsets {
+        offsets.set(&mut loader);
     }
     let enabled = u32::from(flavour.index);
     loader.override_global(INDEX_ENABLED_GLOBAL, &enabled, true);
@@ -267,14 +266,34 @@ fn skc_state_offset() -> Result<u32, btf_offsets::BtfOffsetError> {
     Ok(common + btf_offsets::member_offset_in(path, "sock_common", "skc_state")?)
 }
 
-/// The byte offsets of `bytes_acked` and `bytes_received` in this kernel's `struct tcp_sock`,
-/// from its BTF; the accounting programs are not loaded without them.
-pub fn tcp_byte_offsets() -> Result<(u32, u32), btf_offsets::BtfOffsetError> {
+/// Where the accounting programs read a TCP socket's counters and cookie in this kernel.
+#[derive(Clone, Copy, Debug)]
+pub struct ByteOffsets {
+    acked: u32,
+    received: u32,
+    cookie: u32,
+}
+
+impl ByteOffsets {
+    /// Sets them as the programs' globals.
+    pub fn set<'a>(&'a self, loader: &mut EbpfLoader<'a>) {
+        loader.override_global(BYTES_ACKED_OFFSET_GLOBAL, &self.acked, true);
+        loader.override_global(BYTES_RECEIVED_OFFSET_GLOBAL, &self.received, true);
+        loader.override_global(SK_COOKIE_OFFSET_GLOBAL, &self.cookie, true);
+    }
+}
+
+/// The byte offsets of `bytes_acked` and `bytes_received` in this kernel's `struct tcp_sock` and
+/// of the cookie in its `struct sock` (`sk_cookie`, `__sk_common.skc_cookie`), from its BTF; the accounting programs are not loaded
+/// without them.
+pub fn tcp_byte_offsets() -> Result<ByteOffsets, btf_offsets::BtfOffsetError> {
     let path = Path::new(btf_offsets::VMLINUX);
-    Ok((
-        btf_offsets::member_offset_in(path, "tcp_sock", "bytes_acked")?,
-        btf_offsets::member_offset_in(path, "tcp_sock", "bytes_received")?,
-    ))
+    Ok(ByteOffsets {
+        acked: btf_offsets::member_offset_in(path, "tcp_sock", "bytes_acked")?,
+        received: btf_offsets::member_offset_in(path, "tcp_sock", "bytes_received")?,
+        cookie: btf_offsets::member_offset_in(path, "sock", "__sk_common")?
+            + btf_offsets::member_offset_in(path, "sock_common", "skc_cookie")?,
+    })
 }
 
 /// A loaded object's program by name, as its type.

@@ -15,12 +15,7 @@ use core::{ffi::c_void, ptr};
 use aya_ebpf::{
     Global,
     bindings::{BPF_NOEXIST, BPF_SK_STORAGE_GET_F_CREATE},
-    helpers::{
-        bpf_probe_read_kernel,
-        generated::{
-            bpf_get_socket_cookie, bpf_map_lookup_elem, bpf_map_update_elem, bpf_sk_storage_get, bpf_skc_to_tcp_sock,
-        },
-    },
+    helpers::generated::{bpf_map_lookup_elem, bpf_map_update_elem, bpf_sk_storage_get, bpf_skc_to_tcp_sock},
     macros::btf_tracepoint,
     programs::BtfTracePointContext,
 };
@@ -32,27 +27,31 @@ use crate::{
     maps::{self, BYTES, SOCK_BYTES},
 };
 
-/// Byte offsets of `bytes_acked` and `bytes_received` in this kernel's `struct tcp_sock`, set by
-/// the agent at load (0: not found, the programs are not loaded).
+/// Byte offsets of `bytes_acked` and `bytes_received` in this kernel's `struct tcp_sock`, and of
+/// `sk_cookie` in its `struct sock`, set by the agent at load (0: not found, the programs are not
+/// loaded).
 #[unsafe(no_mangle)]
 static BYTES_ACKED_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static BYTES_RECEIVED_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static SK_COOKIE_OFFSET: Global<u32> = Global::new(0);
 
 /// A TCP socket is destroyed (every one ends here, after its last byte is acknowledged or the
 /// connection reset): one of ours counts what it moved since its last sweep.
 #[btf_tracepoint(function = "tcp_destroy_sock")]
 pub fn bytes_closed(ctx: BtfTracePointContext) -> i32 {
-    let sk: *mut c_void = ctx.arg(0);
-    let stored = storage(sk, ptr::null_mut(), 0);
-    let (key, counted) = if stored.is_null() {
-        match ours(sk) {
-            Some(key) => (key, ByteCount::default()),
-            None => return 0,
-        }
-    } else {
+    // Typed as the TCP socket it is, so its counters are read with plain loads.
+    // SAFETY: the helper takes the traced socket as the kernel passed it; NULL if not TCP.
+    let sk = unsafe { bpf_skc_to_tcp_sock(ctx.arg(0)) }.cast::<c_void>();
+    if sk.is_null() {
+        return 0;
+    }
+    let (key, counted) = match find(sk) {
+        None => return 0,
+        Some(Found::New(key)) => (key, ByteCount::default()),
         // SAFETY: this socket's storage, valid while the program runs; copied out at once.
-        unsafe { ((*stored).key, (*stored).counted) }
+        Some(Found::Swept(stored)) => unsafe { ((*stored).key, (*stored).counted) },
     };
     if let Some(now) = totals(sk) {
         add(&key, &now.since(&counted));
@@ -85,17 +84,20 @@ pub extern "C" fn tcp_bytes(ctx: *mut IterTcp) -> i32 {
     if sk.is_null() {
         return 0;
     }
+    let stored = match find(sk) {
+        None => return 0,
+        Some(Found::Swept(stored)) => stored,
+        Some(Found::New(key)) => {
+            let Some(now) = totals(sk) else { return 0 };
+            // Counted from here on through its storage (if the kernel gives it some: otherwise
+            // its destroy finds the table entry, or, gone, leaves the rest uncounted).
+            let mut first = SockBytes { key, counted: now };
+            storage(sk, ptr::from_mut(&mut first).cast(), BPF_SK_STORAGE_GET_F_CREATE.into());
+            add(&key, &now);
+            return 0;
+        }
+    };
     let Some(now) = totals(sk) else { return 0 };
-    let stored = storage(sk, ptr::null_mut(), 0);
-    if stored.is_null() {
-        let Some(key) = ours(sk) else { return 0 };
-        // Counted from here on through its storage (if the kernel gives it some: otherwise its
-        // destroy finds the table entry, or, gone, leaves the rest uncounted).
-        let mut first = SockBytes { key, counted: now };
-        storage(sk, ptr::from_mut(&mut first).cast(), BPF_SK_STORAGE_GET_F_CREATE.into());
-        add(&key, &now);
-        return 0;
-    }
     // SAFETY: this socket's storage, valid while the program runs. The sweep holds the socket's
     // lock; its destroy reads `counted` after the sweep's write or before it (then both count
     // the bytes in between: at most one sweep's worth of one connection, once).
@@ -107,14 +109,34 @@ pub extern "C" fn tcp_bytes(ctx: *mut IterTcp) -> i32 {
     0
 }
 
-/// The key of the socket `sk`'s bytes if the connect hooks rewrote it (its table entry is still
-/// its own): its translation, flags cleared.
+/// A socket of ours, as the programs know it.
+enum Found {
+    /// A sweep counted it before: its storage, with its key and what was counted.
+    Swept(*mut SockBytes),
+    /// Not counted yet: its key (its translation, flags cleared), from its table entry.
+    New(SockTranslation),
+}
+
+/// What the programs know of the socket `sk`, if the connect hooks rewrote it. Its cookie is read
+/// first, not asked for: a socket that never had one (most of a node's: the connect hooks take
+/// the cookie of every socket they rewrite) is not ours, and leaves after that one read.
 #[inline(always)]
-fn ours(sk: *mut c_void) -> Option<SockTranslation> {
-    // SAFETY: the helper takes the socket pointer as the kernel passed it.
-    let cookie = unsafe { bpf_get_socket_cookie(sk) };
+fn find(sk: *mut c_void) -> Option<Found> {
+    let offset = SK_COOKIE_OFFSET.load() as usize;
+    if offset == 0 {
+        return None;
+    }
+    // SAFETY: the cookie of the TCP socket the kernel passed, at its offset.
+    let cookie: u64 = unsafe { field(sk, offset) };
+    if cookie == 0 {
+        return None;
+    }
+    let stored = storage(sk, ptr::null_mut(), 0);
+    if !stored.is_null() {
+        return Some(Found::Swept(stored));
+    }
     let (_, translation) = maps::tcp_connection(cookie)?;
-    (translation.proto == IPPROTO_TCP).then(|| translation.bytes_key())
+    (translation.proto == IPPROTO_TCP).then(|| Found::New(translation.bytes_key()))
 }
 
 /// The socket `sk`'s storage in [`SOCK_BYTES`], created from `init` with
@@ -133,11 +155,20 @@ fn totals(sk: *mut c_void) -> Option<ByteCount> {
     if acked == 0 || received == 0 {
         return None;
     }
-    let at = |offset: usize| sk.cast::<u8>().wrapping_add(offset).cast::<u64>();
-    // SAFETY: reads two u64 fields of the TCP socket the kernel passed, at their offsets.
-    let (to_backend, from_backend) =
-        unsafe { (bpf_probe_read_kernel(at(acked)).ok()?, bpf_probe_read_kernel(at(received)).ok()?) };
-    Some(ByteCount { to_backend, from_backend })
+    // SAFETY: two u64 fields of the TCP socket the kernel passed, at their offsets.
+    Some(unsafe { ByteCount { to_backend: field(sk, acked), from_backend: field(sk, received) } })
+}
+
+/// The field at `offset` of the kernel object `base` points to: a plain load, which the verifier
+/// checks against the object's BTF type (the offsets are constants of the frozen `.rodata`).
+///
+/// # Safety
+/// `base` is a pointer the kernel typed (a traced or iterated TCP socket) and `offset` the offset
+/// of a `T` field in its type.
+#[inline(always)]
+unsafe fn field<T: Copy>(base: *mut c_void, offset: usize) -> T {
+    // SAFETY: as the caller promises.
+    unsafe { ptr::read_volatile(base.cast::<u8>().add(offset).cast::<T>()) }
 }
 
 /// Adds `bytes` to `key`'s count, made if the map has none (an LRU: it always has room).

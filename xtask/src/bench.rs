@@ -1,4 +1,4 @@
-//! `cargo xtask bench [policy|datapath|control-plane|soak|dns]`: runs the benchmarks, prints their
+//! `cargo xtask bench [policy|datapath|control-plane|soak|dns|cost]`: runs the benchmarks, prints their
 //! tables and writes them to `docs/benchmarks.md` (see `bench_doc`).
 
 use std::{
@@ -37,10 +37,12 @@ enum Suite {
     Soak,
     /// The DNS responder under dnsperf, and the control loop beside it (root).
     Dns,
+    /// Cross-zone accounting: its accuracy, its cost to a connect and its sweep's CPU (root).
+    Cost,
 }
 
 /// Each suite's section key, title and bench source, in the order of the document.
-const SUITES: [(Suite, &str, &str, &str); 5] = [
+const SUITES: [(Suite, &str, &str, &str); 6] = [
     (Suite::Policy, "policy", "Policy computation", "topology-policy/benches/policy.rs"),
     (Suite::Datapath, "datapath", "Datapath: connect() overhead", "tests/benches/datapath.rs"),
     (
@@ -51,6 +53,7 @@ const SUITES: [(Suite, &str, &str, &str); 5] = [
     ),
     (Suite::Soak, "soak", "Crash soak", "tests/benches/soak.rs"),
     (Suite::Dns, "dns", "Node-local DNS responder", "tests/benches/dns.rs"),
+    (Suite::Cost, "cost", "Cross-zone accounting: accuracy and cost", "tests/benches/cost.rs"),
 ];
 
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
@@ -67,7 +70,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 cmd::run(cargo().args(["bench", "-p", "topology-policy", "--bench", "policy"]).current_dir(&root))?;
                 bench_doc::criterion_table(&root.join("target/criterion"), started)?
             }
-            Suite::Datapath => captured(cargo().args(["bench", "-p", "topology-tests", "--bench", "datapath"]))?,
+            Suite::Datapath | Suite::Cost => captured(cargo().args(["bench", "-p", "topology-tests", "--bench", key]))?,
             Suite::ControlPlane => {
                 // The scenarios that run the agent as a process (memory, Kubernetes' limits) run
                 // the binary the image ships: static, musl, with its allocator.

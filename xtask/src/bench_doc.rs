@@ -28,7 +28,7 @@ const HEADER: &str = "# Benchmarks
 Figures from `cargo xtask bench [SUITE…]` on the machine each section names; the command rewrites
 the sections of the suites it ran and keeps the others. Root is needed for every suite but
 `policy`. Rerun one suite with `cargo xtask bench <suite>` (`policy`, `datapath`, `control-plane`,
-`soak`, `dns`); the tables are printed as they are written here. Targets are checked here, never
+`soak`, `dns`, `cost`); the tables are printed as they are written here. Targets are checked here, never
 as timed assertions in tests.
 ";
 

@@ -58,6 +58,9 @@ enum Mode {
         /// TCP address to listen on (repeatable).
         #[arg(long, required = true)]
         tcp: Vec<SocketAddr>,
+        /// Only hold the connections accepted (many idle connections).
+        #[arg(long)]
+        hold: bool,
     },
     /// A stand-in DNS upstream: answers every UDP query with one A record, or never (`--silent`).
     DnsUpstream {
@@ -146,6 +149,11 @@ enum Traffic {
         /// Milliseconds each spreads its payload over (holding the connection open).
         #[arg(long, default_value_t = 0)]
         hold_ms: u64,
+    },
+    /// Open TCP connections and hold them: prints `open N`, ends at a line on stdin.
+    Open {
+        #[arg(long)]
+        count: u64,
     },
     /// UDP request/response exchanges.
     Udp {
@@ -248,8 +256,8 @@ fn main() -> anyhow::Result<()> {
             })
             .with_context(|| format!("serving {name}"))?;
         }
-        Mode::ServeBulk { tcp } => {
-            topology_tests::bulk::serve(&tcp, || {
+        Mode::ServeBulk { tcp, hold } => {
+            topology_tests::bulk::serve(&tcp, hold, || {
                 println!("ready");
                 let _ = std::io::stdout().flush();
             })
@@ -304,6 +312,10 @@ fn main() -> anyhow::Result<()> {
                         topology_tests::bulk::Transfer { send, receive, hold: Duration::from_millis(hold_ms) };
                     let report = topology_tests::bulk::run(target, transfer, count, client.timeout);
                     println!("{}", serde_json::to_string(&report)?);
+                    return Ok(());
+                }
+                Traffic::Open { count } => {
+                    topology_tests::bulk::hold_open(&client.targets, count, client.timeout)?;
                     return Ok(());
                 }
                 Traffic::Lookups { rate, seconds, name, threads } => {

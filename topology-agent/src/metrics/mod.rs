@@ -121,6 +121,8 @@ pub struct Metrics {
     pub bytes_sweep_seconds: Histogram,
     /// Namespaces a sweep could not count (gone, or not enterable).
     pub bytes_sweep_failures: Counter,
+    /// The time between sweeps now (longer than 10 s on a node where a sweep is costly).
+    pub bytes_sweep_interval: Gauge<f64, std::sync::atomic::AtomicU64>,
     /// The node-local DNS responder's metrics (`dns_*`).
     pub dns: Arc<DnsMetrics>,
     /// The feedback controller's decisions (`feedback_*`).
@@ -163,6 +165,13 @@ impl Default for Metrics {
         let bytes_sweep_seconds =
             Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(1e-3, 2.0, 15));
         let bytes_sweep_failures = Counter::default();
+        let bytes_sweep_interval = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register(
+            "bytes_sweep_interval_seconds",
+            "Time between two sweeps of the open connections' bytes: 10 s, or longer where one sweep would take \
+             more than 0.5 % of a core (their counts lag by as much)",
+            bytes_sweep_interval.clone(),
+        );
         registry.register(
             "bytes",
             "Bytes of the TCP connections the hooks rewrote, per Service port, this node's zone, the backend's zone \
@@ -262,6 +271,7 @@ impl Default for Metrics {
             bytes,
             bytes_sweep_seconds,
             bytes_sweep_failures,
+            bytes_sweep_interval,
             dns,
             feedback,
             kernel,
