@@ -27,18 +27,27 @@ const BULK_PORT: u16 = 9000;
 /// `near` (b0, on node-a in zone-a, this node) and `far` (b1, on node-b in zone-b).
 const NEAR: &str = "10.96.0.70:9000";
 const FAR: &str = "10.96.0.71:9000";
+/// `both` has b0 and b1, with `trafficDistribution: PreferClose`.
+const BOTH: &str = "10.96.0.72:9000";
 const MIB: u64 = 1 << 20;
 
-/// An agent on node-a for `fx`'s two backends, each behind a Service of its own, with a bulk
+/// An agent on node-a for `fx`'s two backends behind the three Services, with a bulk
 /// server on each.
 fn start(fx: &Fixture) -> (Agent, Vec<BulkServer>) {
     let file = fx.scratch().join("cluster.yaml");
     let mut objects = vec![cluster::node("node-a", "zone-a", None, "4"), cluster::node("node-b", "zone-b", None, "4")];
-    for ((name, vip), (backend, node)) in [("near", NEAR), ("far", FAR)].into_iter().zip([(0, "node-a"), (1, "node-b")])
-    {
+    let endpoint = |backend: usize, node| EndpointSpec::new(IpAddr::V4(fx.backends[backend].host.v4), node);
+    for (name, vip, endpoints) in [
+        ("near", NEAR, vec![endpoint(0, "node-a")]),
+        ("far", FAR, vec![endpoint(1, "node-b")]),
+        ("both", BOTH, vec![endpoint(0, "node-a"), endpoint(1, "node-b")]),
+    ] {
         let vip: SocketAddr = vip.parse().unwrap();
-        objects.push(cluster::service("default", name, vip.ip(), vip.port(), "TCP", "bulk"));
-        let endpoints = [EndpointSpec::new(IpAddr::V4(fx.backends[backend].host.v4), node)];
+        let mut service = cluster::service("default", name, vip.ip(), vip.port(), "TCP", "bulk");
+        if name == "both" {
+            service["spec"]["trafficDistribution"] = "PreferClose".into();
+        }
+        objects.push(service);
         objects.push(cluster::slice("default", &format!("{name}-1"), name, "bulk", BULK_PORT, "TCP", &endpoints));
     }
     cluster::write(&file, &objects);
@@ -58,6 +67,7 @@ fn counted(agent: &Agent) -> BTreeMap<(String, String, String), u64> {
     metrics
         .lines()
         .filter(|line| line.starts_with("topology_agent_bytes_total{"))
+        .filter(|line| !line.contains("default/both:"))
         .map(|line| {
             assert_eq!(label(line, "from_zone"), "zone-a", "{line}");
             let value = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).expect("a value") as u64;
@@ -150,4 +160,67 @@ fn a_connection_held_open_is_counted_as_it_goes() {
         (key("far", "zone-b", "from_backend"), 1),
     ]);
     assert_eq!(counted_within(&agent, &total), total, "counted (left) against moved (right)");
+}
+
+/// `name{service="…"} value` lines of /metrics, by service.
+fn per_service(agent: &Agent, name: &str) -> BTreeMap<String, f64> {
+    let metrics = agent.get("/metrics").expect("metrics").1;
+    let prefix = format!("{name}{{service=\"");
+    metrics
+        .lines()
+        .filter_map(|line| line.strip_prefix(&prefix))
+        .filter_map(|rest| {
+            let (service, value) = rest.split_once("\"} ")?;
+            Some((service.to_owned(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+#[test]
+fn what_crossed_zones_and_what_the_routing_saved_per_service() {
+    require_root!();
+    let fx = Fixture::new(2);
+    let (agent, _servers) = start(&fx);
+    let place = fx.place();
+    // 8 MiB up each to far (another zone) and to both (PreferClose: this zone's endpoint only).
+    let upload = Transfer { send: 8 * MIB, receive: 0, hold: Duration::ZERO };
+    let far = bulk::finish(bulk::spawn(&place, FAR.parse().unwrap(), upload, 1), Duration::from_secs(60));
+    let both = bulk::finish(bulk::spawn(&place, BOTH.parse().unwrap(), upload, 1), Duration::from_secs(60));
+    // Sequence space, both directions: SYN and FIN up, FIN back.
+    let (far_bytes, both_bytes) = (far.sent + 3, both.sent + 3);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (mut crossed, mut baseline) = (BTreeMap::new(), BTreeMap::new());
+    while Instant::now() < deadline {
+        crossed = per_service(&agent, "topology_agent_cross_zone_bytes_total");
+        baseline = per_service(&agent, "topology_agent_cross_zone_bytes_baseline_total");
+        if baseline.get("default/both:bulk").is_some_and(|&b| b > 0.0) && crossed.contains_key("default/far:bulk") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // far crossed all it moved, as the default would have; both crossed nothing, where the
+    // default (one endpoint in each zone) would have sent half across.
+    assert_eq!(crossed.get("default/far:bulk"), Some(&(far_bytes as f64)), "{crossed:?}");
+    assert_eq!(baseline.get("default/far:bulk"), Some(&(far_bytes as f64)), "{baseline:?}");
+    assert_eq!(crossed.get("default/both:bulk"), Some(&0.0), "{crossed:?}");
+    assert_eq!(baseline.get("default/both:bulk"), Some(&(both_bytes as f64 / 2.0)), "{baseline:?}");
+    // The same, as `status --cost` prints it from the agent's /debug/cost.
+    let status = |args: &[&str]| {
+        let output = std::process::Command::new(topology_tests::net::agent_binary())
+            .args(["status", "--cost", "--agent", &agent.http.to_string()])
+            .args(args)
+            .output()
+            .expect("status --cost");
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let report: serde_json::Value = serde_json::from_str(&status(&["--output", "json"])).expect("a JSON report");
+    let row = |service: &str| {
+        let rows = report["services"].as_array().expect("services");
+        rows.iter().find(|r| r["service"] == service).cloned().unwrap_or_default()
+    };
+    assert_eq!(row("default/both:bulk")["total"]["inZone"], both_bytes, "{report}");
+    assert_eq!(row("default/far:bulk")["total"]["crossZone"], far_bytes, "{report}");
+    let table = status(&["--cost-per-gb", "0.02"]);
+    assert!(table.contains("at $0.02/GB") && table.contains("default/far:bulk"), "{table}");
 }

@@ -11,6 +11,7 @@ pub use topology_policy::{cluster, desired, feedback, plan, policy};
 pub mod agent;
 pub mod caps;
 pub mod controller;
+pub mod cost;
 pub mod events;
 pub mod explain;
 #[cfg(any(test, feature = "fuzzing"))]

@@ -79,9 +79,18 @@ enum Command {
         /// With `--plan`: only this Service (NAMESPACE/NAME).
         #[arg(long, requires = "plan")]
         service: Option<ObjectKey>,
-        /// With `--plan`: the agent's HTTP address on loopback, where it serves its plan (run it
-        /// in the agent's pod, `kubectl exec`, or through `kubectl port-forward`).
-        #[arg(long, requires = "plan", value_name = "ADDR", default_value = "127.0.0.1:9464", value_parser = listen::parse_listen)]
+        /// What crossing zones costs per Service port, from the running agent's byte counts (its
+        /// `/debug/cost`): GB kept in zone and sent across since it started, and dollars a day
+        /// spent and saved (against the default policy) at the last hour's rates.
+        #[arg(long, conflicts_with_all = ["plan", "verify"])]
+        cost: bool,
+        /// With `--cost`: the price of a GB crossing zones (each way; about $0.01 on the large
+        /// clouds).
+        #[arg(long, requires = "cost", default_value_t = 0.01, value_name = "DOLLARS")]
+        cost_per_gb: f64,
+        /// With `--plan` or `--cost`: the agent's HTTP address on loopback, where it serves them
+        /// (run it in the agent's pod, `kubectl exec`, or through `kubectl port-forward`).
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9464", value_parser = listen::parse_listen)]
         agent: SocketAddr,
     },
     /// Detach every program and remove every pin the agent owns. Connections to ClusterIPs are no
@@ -169,9 +178,17 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Command::Status { plan: true, service, agent, output, .. } => {
-            let report = fetch_plan(agent, service.as_ref())?;
+            let path = service.map_or_else(|| "/debug/plan".to_owned(), |key| format!("/debug/plan?service={key}"));
+            let report: explain::ExplainReport = fetch(agent, &path, "its plan")?;
             match output {
                 Output::Table => print!("{}", report.table()),
+                Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+            }
+        }
+        Command::Status { cost: true, cost_per_gb, agent, output, .. } => {
+            let report: topology_agent::cost::CostReport = fetch(agent, "/debug/cost", "its byte counts")?;
+            match output {
+                Output::Table => print!("{}", report.table(cost_per_gb)),
                 Output::Json => println!("{}", serde_json::to_string_pretty(&report)?),
             }
         }
@@ -219,11 +236,11 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The running agent's plan, from its `/debug/plan` at `addr`.
-fn fetch_plan(addr: SocketAddr, service: Option<&ObjectKey>) -> anyhow::Result<explain::ExplainReport> {
+/// What the running agent at `addr` answers at `path` (its `/debug/…`), decoded; `what` names it
+/// in errors.
+fn fetch<T: serde::de::DeserializeOwned>(addr: SocketAddr, path: &str, what: &str) -> anyhow::Result<T> {
     use std::io::{Read as _, Write as _};
-    let path = service.map_or_else(|| "/debug/plan".to_owned(), |key| format!("/debug/plan?service={key}"));
-    let failed = || format!("asking the agent at {addr} for its plan (is it running? --agent names its address)");
+    let failed = || format!("asking the agent at {addr} for {what} (is it running? --agent names its address)");
     let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).with_context(failed)?;
     stream.set_read_timeout(Some(Duration::from_secs(10))).with_context(failed)?;
     write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").with_context(failed)?;
@@ -234,7 +251,7 @@ fn fetch_plan(addr: SocketAddr, service: Option<&ObjectKey>) -> anyhow::Result<e
     if status != "200" {
         bail!("the agent at {addr} answered {status}: {}", body.trim());
     }
-    serde_json::from_str(body).with_context(|| format!("the plan the agent at {addr} sent"))
+    serde_json::from_str(body).with_context(|| format!("{what} the agent at {addr} sent"))
 }
 
 fn init_logging(format: LogFormat) {

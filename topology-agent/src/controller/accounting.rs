@@ -14,7 +14,13 @@ use std::{
 use topology_common::ByteCount;
 
 use super::{Controller, Programmer};
-use crate::{dataplane::CountedBytes, desired::Protocol, metrics::BytesLabels, plan::NodePlan};
+use crate::{
+    cost::ServiceBytes,
+    dataplane::CountedBytes,
+    desired::{Protocol, ServicePort},
+    metrics::BytesLabels,
+    plan::NodePlan,
+};
 
 /// How often the counts are read: as often as the open connections are swept.
 pub(super) const INTERVAL: Duration = crate::sockets::sweep::INTERVAL;
@@ -37,6 +43,19 @@ pub(super) struct Accounting {
     zones: HashMap<IpAddr, Option<Arc<str>>>,
     /// Service ports with series of their own, in the order they first moved bytes.
     named: BTreeSet<Arc<str>>,
+    /// The share of each Service port's bytes the default policy keeps in this node's zone, as
+    /// last planned.
+    baselines: HashMap<(SocketAddr, u8), f64>,
+}
+
+/// What a reading gained.
+#[derive(Debug, Default, PartialEq)]
+pub(super) struct Gained {
+    /// Per label set of `topology_agent_bytes_total`.
+    pub labels: BTreeMap<BytesLabels, u64>,
+    /// Per Service port (label), both directions: in zone, across, and what the default policy
+    /// would have sent across.
+    pub services: BTreeMap<String, ServiceBytes>,
 }
 
 impl Accounting {
@@ -45,15 +64,16 @@ impl Accounting {
         self.read_at.is_none_or(|at| at.elapsed() >= INTERVAL)
     }
 
-    /// Takes a reading: the bytes each label set gained since the last one. A count lower than
-    /// last time is a new entry (the map forgot the old one): all of it is new.
+    /// Takes a reading: the bytes each label set and Service port gained since the last one. A
+    /// count lower than last time is a new entry (the map forgot the old one): all of it is new.
+    /// Bytes cross zones when both zones are known and differ.
     pub(super) fn update(
         &mut self,
         counted: Vec<CountedBytes>,
         plan: &NodePlan,
         from_zone: &str,
         cap: usize,
-    ) -> BTreeMap<BytesLabels, u64> {
+    ) -> Gained {
         self.read_at = Some(Instant::now());
         let missing = counted
             .iter()
@@ -61,7 +81,7 @@ impl Accounting {
         if missing {
             self.learn(plan);
         }
-        let mut gained = BTreeMap::new();
+        let mut gained = Gained::default();
         let mut last = HashMap::with_capacity(counted.len());
         for count in counted {
             let key = (count.service, count.protocol, count.backend);
@@ -92,6 +112,24 @@ impl Accounting {
                 }
             };
             let to_zone = self.zones.get(&count.backend.ip()).and_then(Option::as_deref).unwrap_or_default().to_owned();
+            let moved = new.to_backend + new.from_backend;
+            let crossed = !from_zone.is_empty() && !to_zone.is_empty() && from_zone != to_zone;
+            let port_key = (count.service, count.protocol);
+            if let Some(protocol) = Protocol::from_number(count.protocol) {
+                let port = ServicePort { vip: count.service.ip(), port: count.service.port(), protocol };
+                if let Some(baseline) = plan.entry(&port).and(plan.baseline_in_zone(&port)) {
+                    self.baselines.insert(port_key, baseline);
+                }
+            }
+            let baseline_cross = match self.baselines.get(&port_key) {
+                Some(in_zone) => moved as f64 * (1.0 - in_zone),
+                // Never planned with a known zone: what crossed is all that can be said.
+                None if crossed => moved as f64,
+                None => 0.0,
+            };
+            let totals = gained.services.entry(service.clone()).or_default();
+            *(if crossed { &mut totals.cross_zone } else { &mut totals.in_zone }) += moved;
+            totals.baseline_cross_zone += baseline_cross;
             for (direction, bytes) in [("to_backend", new.to_backend), ("from_backend", new.from_backend)] {
                 let labels = BytesLabels {
                     service: service.clone(),
@@ -99,11 +137,11 @@ impl Accounting {
                     to_zone: to_zone.clone(),
                     direction,
                 };
-                *gained.entry(labels).or_default() += bytes;
+                *gained.labels.entry(labels).or_default() += bytes;
             }
         }
         self.last = last;
-        gained.retain(|_, bytes| *bytes > 0);
+        gained.labels.retain(|_, bytes| *bytes > 0);
         gained
     }
 
@@ -131,9 +169,8 @@ impl<P: Programmer> Controller<P> {
         match self.programmer.bytes() {
             Ok(counted) => {
                 let (zone, cap) = (self.ctx.node_zone().to_owned(), self.ctx.metrics.max_ports());
-                for (labels, bytes) in self.accounting.update(counted, &self.plan, &zone, cap) {
-                    self.ctx.metrics.bytes.get_or_create(&labels).inc_by(bytes);
-                }
+                let gained = self.accounting.update(counted, &self.plan, &zone, cap);
+                self.ctx.metrics.add_bytes(&gained.labels, &gained.services);
             }
             Err(error) => tracing::warn!(%error, "the bytes counted could not be read; retrying"),
         }

@@ -1,6 +1,8 @@
 //! `/healthz` (the control loop is alive), `/readyz` (the kernel holds the policy of a complete,
-//! current view), `/metrics` (Prometheus text) and `/debug/plan[?service=NS/NAME]` (what this node
-//! programs now and why: the `explain --output json` report of the running agent's own plan).
+//! current view), `/metrics` (Prometheus text), `/debug/cost` (the bytes per Service port in and
+//! across zones, with rates: what `status --cost` prints) and `/debug/plan[?service=NS/NAME]` (what
+//! this node programs now and why: the `explain --output json` report of the running agent's own
+//! plan).
 //!
 //! Any pod can reach the pod address, so each listener bounds its connections in total and per
 //! client address ([`crate::connections`]), a response the client does not read ends its connection
@@ -142,6 +144,21 @@ async fn respond<B>(request: &Request<B>, endpoints: &Endpoints, encoding: &Sema
                 .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static(METRICS_CONTENT_TYPE));
             response
         }
+        "/debug/cost" => {
+            let Some(metrics) = &endpoints.metrics else {
+                return text(StatusCode::NOT_FOUND, "/debug/cost is served on --metrics-addr\n".into());
+            };
+            let report = metrics
+                .cost
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .report(std::time::Instant::now());
+            let mut response = text(StatusCode::OK, serde_json::to_string_pretty(&report).unwrap_or_default() + "\n");
+            response
+                .headers_mut()
+                .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/json"));
+            response
+        }
         "/debug/plan" => {
             let Some(plans) = &endpoints.plans else {
                 return text(
@@ -167,7 +184,10 @@ async fn respond<B>(request: &Request<B>, endpoints: &Endpoints, encoding: &Sema
                 Err(error) => text(StatusCode::SERVICE_UNAVAILABLE, format!("{error}\n")),
             }
         }
-        _ => text(StatusCode::NOT_FOUND, "not found; try /healthz, /readyz, /metrics or /debug/plan\n".into()),
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "not found; try /healthz, /readyz, /metrics, /debug/cost or /debug/plan\n".into(),
+        ),
     }
 }
 

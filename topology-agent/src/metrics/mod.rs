@@ -74,6 +74,13 @@ pub struct BytesLabels {
     pub direction: &'static str,
 }
 
+/// Labels of a Service port.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ServiceLabels {
+    /// `namespace/name:port`, or `other` beyond the series cap.
+    pub service: String,
+}
+
 /// Labels of a failure.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
@@ -121,6 +128,12 @@ pub struct Metrics {
     pub bytes_sweep_seconds: Histogram,
     /// Namespaces a sweep could not count (gone, or not enterable).
     pub bytes_sweep_failures: Counter,
+    /// Bytes that crossed zones, per Service port, both directions.
+    pub cross_zone_bytes: Family<ServiceLabels, Counter>,
+    /// Bytes that would have crossed zones under the default policy, per Service port.
+    pub cross_zone_bytes_baseline: Family<ServiceLabels, Counter<f64, std::sync::atomic::AtomicU64>>,
+    /// The same bytes summed per Service port, with rates, for `/debug/cost`.
+    pub cost: std::sync::Mutex<crate::cost::CostBook>,
     /// The time between sweeps now (longer than 10 s on a node where a sweep is costly).
     pub bytes_sweep_interval: Gauge<f64, std::sync::atomic::AtomicU64>,
     /// The node-local DNS responder's metrics (`dns_*`).
@@ -166,6 +179,20 @@ impl Default for Metrics {
             Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(1e-3, 2.0, 15));
         let bytes_sweep_failures = Counter::default();
         let bytes_sweep_interval = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        let cross_zone_bytes = Family::<ServiceLabels, Counter>::default();
+        let cross_zone_bytes_baseline = Family::<ServiceLabels, Counter<f64, std::sync::atomic::AtomicU64>>::default();
+        registry.register(
+            "cross_zone_bytes",
+            "Bytes of the TCP connections the hooks rewrote that crossed from this node's zone to another, both \
+             directions, per Service port",
+            cross_zone_bytes.clone(),
+        );
+        registry.register(
+            "cross_zone_bytes_baseline",
+            "Bytes the same connections would have sent across zones under the default policy (every endpoint of \
+             the port equally likely): the baseline minus cross_zone_bytes is what the routing saved",
+            cross_zone_bytes_baseline.clone(),
+        );
         registry.register(
             "bytes_sweep_interval_seconds",
             "Time between two sweeps of the open connections' bytes: 10 s, or longer where one sweep would take \
@@ -272,6 +299,9 @@ impl Default for Metrics {
             bytes_sweep_seconds,
             bytes_sweep_failures,
             bytes_sweep_interval,
+            cross_zone_bytes,
+            cross_zone_bytes_baseline,
+            cost: Default::default(),
             dns,
             feedback,
             kernel,
@@ -311,6 +341,24 @@ impl Metrics {
     pub fn set_caps(&self, caps: SeriesCaps) {
         self.kernel.max_ports.store(caps.ports, std::sync::atomic::Ordering::Relaxed);
         self.kernel.max_backends.store(caps.backends, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Adds a reading of the bytes counted: per label set, and per Service port.
+    pub fn add_bytes(
+        &self,
+        labels: &std::collections::BTreeMap<BytesLabels, u64>,
+        services: &std::collections::BTreeMap<String, crate::cost::ServiceBytes>,
+    ) {
+        for (labels, bytes) in labels {
+            self.bytes.get_or_create(labels).inc_by(*bytes);
+        }
+        for (service, bytes) in services {
+            let labels = ServiceLabels { service: service.clone() };
+            self.cross_zone_bytes.get_or_create(&labels).inc_by(bytes.cross_zone);
+            self.cross_zone_bytes_baseline.get_or_create(&labels).inc_by(bytes.baseline_cross_zone);
+        }
+        let mut cost = self.cost.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        cost.add(services, std::time::Instant::now());
     }
 
     /// Service ports with series of their own (`--metrics-max-ports`).

@@ -65,7 +65,7 @@ fn each_reading_adds_what_each_count_gained_under_its_port_and_zones() {
         10,
     );
     assert_eq!(
-        first,
+        first.labels,
         BTreeMap::from([
             (labels("default/db:pg", "zone-b", "to_backend"), 7),
             (labels("default/web:http", "zone-a", "from_backend"), 1000),
@@ -86,7 +86,7 @@ fn each_reading_adds_what_each_count_gained_under_its_port_and_zones() {
         10,
     );
     assert_eq!(
-        second,
+        second.labels,
         BTreeMap::from([
             (labels("default/web:http", "zone-b", "from_backend"), 10),
             (labels("default/web:http", "zone-b", "to_backend"), 10),
@@ -99,16 +99,16 @@ fn a_count_the_map_forgot_and_made_again_counts_whole() {
     let (plan, mut accounting) = (plan(), Accounting::default());
     accounting.update(vec![count("10.96.0.20:5432", "10.0.0.3:5432", 500, 0)], &plan, "zone-a", 10);
     // Gone from one reading (forgotten), then back, lower: every byte of it is new.
-    assert!(accounting.update(vec![], &plan, "zone-a", 10).is_empty());
+    assert!(accounting.update(vec![], &plan, "zone-a", 10).labels.is_empty());
     let again = accounting.update(vec![count("10.96.0.20:5432", "10.0.0.3:5432", 30, 0)], &plan, "zone-a", 10);
-    assert_eq!(again, BTreeMap::from([(labels("default/db:pg", "zone-b", "to_backend"), 30)]));
+    assert_eq!(again.labels, BTreeMap::from([(labels("default/db:pg", "zone-b", "to_backend"), 30)]));
 }
 
 #[test]
 fn ports_beyond_the_cap_are_summed_as_other_and_named_ports_keep_their_series() {
     let (plan, mut accounting) = (plan(), Accounting::default());
     let first = accounting.update(vec![count("10.96.0.20:5432", "10.0.0.3:5432", 5, 0)], &plan, "zone-a", 1);
-    assert_eq!(first, BTreeMap::from([(labels("default/db:pg", "zone-b", "to_backend"), 5)]));
+    assert_eq!(first.labels, BTreeMap::from([(labels("default/db:pg", "zone-b", "to_backend"), 5)]));
     let second = accounting.update(
         vec![count("10.96.0.20:5432", "10.0.0.3:5432", 8, 0), count("10.96.0.10:80", "10.0.0.1:8080", 4, 0)],
         &plan,
@@ -116,7 +116,7 @@ fn ports_beyond_the_cap_are_summed_as_other_and_named_ports_keep_their_series() 
         1,
     );
     assert_eq!(
-        second,
+        second.labels,
         BTreeMap::from([
             (labels("default/db:pg", "zone-b", "to_backend"), 3),
             (labels("other", "zone-a", "to_backend"), 4),
@@ -142,10 +142,33 @@ fn names_and_zones_outlive_the_plan_and_unknown_ports_go_by_address() {
         10,
     );
     assert_eq!(
-        later,
+        later.labels,
         BTreeMap::from([
             (labels("10.96.0.99:53/TCP", "", "to_backend"), 2),
             (labels("default/db:pg", "zone-b", "to_backend"), 8),
         ])
     );
+}
+
+#[test]
+fn each_port_counts_its_bytes_in_zone_across_and_what_the_default_would_have_sent_across() {
+    let (plan, mut accounting) = (plan(), Accounting::default());
+    // web: one endpoint in each zone, so the default keeps half in zone-a; db: none in zone-a.
+    let gained = accounting.update(
+        vec![
+            count("10.96.0.10:80", "10.0.0.1:8080", 900, 100),
+            count("10.96.0.10:80", "10.0.0.2:8080", 0, 0),
+            count("10.96.0.20:5432", "10.0.0.3:5432", 40, 10),
+        ],
+        &plan,
+        "zone-a",
+        10,
+    );
+    let web = ServiceBytes { in_zone: 1000, cross_zone: 0, baseline_cross_zone: 500.0 };
+    let db = ServiceBytes { in_zone: 0, cross_zone: 50, baseline_cross_zone: 50.0 };
+    assert_eq!(gained.services, BTreeMap::from([("default/db:pg".into(), db), ("default/web:http".into(), web)]));
+    // A node without a zone crosses nothing it can tell.
+    let (plan, mut accounting) = (super::tests::plan(), Accounting::default());
+    let unzoned = accounting.update(vec![count("10.96.0.20:5432", "10.0.0.3:5432", 40, 10)], &plan, "", 10);
+    assert_eq!(unzoned.services["default/db:pg"].cross_zone, 0);
 }
