@@ -37,7 +37,8 @@ fn expressions() -> Vec<(String, String)> {
             let expr = target["expr"].as_str().expect("target expr");
             out.push((
                 format!("dashboard panel {:?}", panel["title"].as_str().unwrap_or_default()),
-                expr.replace("$__rate_interval", "5m"),
+                // Grafana's variables, as it fills them in.
+                expr.replace("$__rate_interval", "5m").replace("$price", "0.01"),
             ));
         }
     }
@@ -186,8 +187,16 @@ fn every_metric_and_label_the_dashboard_and_alerts_use_is_exported() {
     assert_eq!(code, 200);
     assert!(!text.contains("topology_agent_kernel_rewrites_total{"), "no series for an unused port:\n{text}");
     assert_eq!(fx.place().tcp(SocketAddr::new(vip, 80), 4).failures(), 0);
-    // The kernel counters and the baseline are read at each scrape; the gauges once programmed.
-    let (code, text) = agent.get("/metrics").expect("GET /metrics");
+    // The kernel counters and the baseline are read at each scrape; the gauges once programmed;
+    // the bytes of those connections at the next reading of the byte counts (every 10 s).
+    let deadline = std::time::Instant::now() + Duration::from_secs(25);
+    let (code, text) = loop {
+        let (code, text) = agent.get("/metrics").expect("GET /metrics");
+        if text.contains("topology_agent_cross_zone_bytes_total{") || std::time::Instant::now() > deadline {
+            break (code, text);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
     assert_eq!(code, 200);
     let exported = exported(&text);
     assert_eq!(
