@@ -222,5 +222,5 @@ fn what_crossed_zones_and_what_the_routing_saved_per_service() {
     assert_eq!(row("default/both:bulk")["total"]["inZone"], both_bytes, "{report}");
     assert_eq!(row("default/far:bulk")["total"]["crossZone"], far_bytes, "{report}");
     let table = status(&["--cost-per-gb", "0.02"]);
-    assert!(table.contains("at $0.02/GB") && table.contains("default/far:bulk"), "{table}");
+    assert!(table.contains("at $0.02/GB each way") && table.contains("default/far:bulk"), "{table}");
 }

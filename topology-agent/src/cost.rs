@@ -111,15 +111,15 @@ const GB: f64 = 1e9;
 const DAY: f64 = 86_400.0;
 
 impl CostReport {
-    /// The table `status --cost` prints, at `price` dollars per GB crossing zones (each way),
-    /// the costliest Service first.
+    /// The table `status --cost` prints, at `price` dollars per GB each way (a byte crossing
+    /// zones is billed leaving one and entering the other: twice), the costliest Service first.
     pub fn table(&self, price: f64) -> String {
         use std::fmt::Write as _;
         let mut rows: Vec<&CostRow> = self.services.iter().collect();
         rows.sort_by(|a, b| b.cross_zone_per_second.total_cmp(&a.cross_zone_per_second));
-        let day = |bytes_per_second: f64| bytes_per_second * DAY / GB * price;
+        let day = |bytes_per_second: f64| bytes_per_second * DAY / GB * 2.0 * price;
         let mut out = format!(
-            "cross-zone traffic at ${price}/GB, rates over the last {:.0} min\n{:<44} {:>12} {:>14} {:>10} {:>14}\n",
+            "cross-zone traffic at ${price}/GB each way, rates over the last {:.0} min\n{:<44} {:>12} {:>14} {:>10} {:>14}\n",
             self.window_seconds / 60.0,
             "SERVICE",
             "GB IN ZONE",
@@ -167,8 +167,9 @@ mod tests {
         assert_eq!((row.total.in_zone, row.total.cross_zone), (9_000_000_000, 1_000_000_000));
         assert!((row.cross_zone_per_second - 1e9 / 600.0).abs() < 1e-3);
         let table = report.table(0.01);
-        // 1 GB per 10 min is 144 GB a day: $1.44; the default would have cost 6 times that.
-        assert!(table.contains("1.44") && table.contains("7.20"), "{table}");
+        // 1 GB per 10 min is 144 GB a day, $2.88 at $0.01 each way; the default would have cost
+        // 6 times that.
+        assert!(table.contains("2.88") && table.contains("14.40"), "{table}");
     }
 
     #[test]

@@ -84,8 +84,8 @@ enum Command {
         /// spent and saved (against the default policy) at the last hour's rates.
         #[arg(long, conflicts_with_all = ["plan", "verify"])]
         cost: bool,
-        /// With `--cost`: the price of a GB crossing zones (each way; about $0.01 on the large
-        /// clouds).
+        /// With `--cost`: the price of a GB crossing zones in each direction (about $0.01 on the
+        /// large clouds; a GB that crosses is billed leaving one zone and entering the other).
         #[arg(long, requires = "cost", default_value_t = 0.01, value_name = "DOLLARS")]
         cost_per_gb: f64,
         /// With `--plan` or `--cost`: the agent's HTTP address on loopback, where it serves them

@@ -59,6 +59,14 @@ pub(super) struct Gained {
 }
 
 impl Accounting {
+    /// Starts from what the kernel counted before this agent: a restarted agent counts from
+    /// here, so nothing an earlier one reported is reported again (what the kernel counted since
+    /// that one's last reading goes unreported).
+    pub(super) fn starting_from(counted: Vec<CountedBytes>) -> Self {
+        let last = counted.into_iter().map(|c| ((c.service, c.protocol, c.backend), c.bytes)).collect();
+        Self { last, ..Self::default() }
+    }
+
     /// Whether a reading is due.
     pub(super) fn due(&self) -> bool {
         self.read_at.is_none_or(|at| at.elapsed() >= INTERVAL)

@@ -147,6 +147,7 @@ impl<P: Programmer> Controller<P> {
         sink: Box<dyn ProblemSink>,
     ) -> Self {
         let plan = NodePlan::new(config.node.clone(), None).measure_all(config.measure_all);
+        let accounting = accounting::Accounting::starting_from(programmer.bytes().unwrap_or_default());
         Self {
             config,
             programmer,
@@ -156,7 +157,7 @@ impl<P: Programmer> Controller<P> {
             upkeep: Upkeep::default(),
             feedback: feedback::FeedbackLoop::new(Default::default()),
             ejections: ejections::Ejections::default(),
-            accounting: accounting::Accounting::default(),
+            accounting,
             outlets: Outlets::default(),
             ctx: Context::new(health, metrics, sink),
         }

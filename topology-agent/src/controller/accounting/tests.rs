@@ -172,3 +172,11 @@ fn each_port_counts_its_bytes_in_zone_across_and_what_the_default_would_have_sen
     let unzoned = accounting.update(vec![count("10.96.0.20:5432", "10.0.0.3:5432", 40, 10)], &plan, "", 10);
     assert_eq!(unzoned.services["default/db:pg"].cross_zone, 0);
 }
+
+#[test]
+fn a_restarted_agent_counts_from_what_the_kernel_held_when_it_started() {
+    let plan = plan();
+    let mut accounting = Accounting::starting_from(vec![count("10.96.0.20:5432", "10.0.0.3:5432", 500, 20)]);
+    let gained = accounting.update(vec![count("10.96.0.20:5432", "10.0.0.3:5432", 530, 20)], &plan, "zone-a", 10);
+    assert_eq!(gained.labels, BTreeMap::from([(labels("default/db:pg", "zone-b", "to_backend"), 30)]));
+}
