@@ -137,9 +137,18 @@ impl BulkServer {
     /// Starts one on `port` of `host` and waits until it listens; with `hold`, it only holds the
     /// connections it accepts.
     pub fn start(host: &crate::net::Host, port: u16, hold: bool) -> Self {
+        Self::start_in(host, port, hold, None)
+    }
+
+    /// Like [`BulkServer::start`], in cgroup `home` if given (not one with the programs).
+    pub fn start_in(host: &crate::net::Host, port: u16, hold: bool, home: Option<&std::path::Path>) -> Self {
         use std::io::BufRead as _;
         let mut command = std::process::Command::new(crate::net::probe_binary());
-        command.args(["--netns", host.netns.name(), "serve-bulk"]);
+        command.args(["--netns", host.netns.name()]);
+        if let Some(home) = home {
+            command.arg("--cgroup").arg(home);
+        }
+        command.arg("serve-bulk");
         if hold {
             command.arg("--hold");
         }

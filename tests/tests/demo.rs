@@ -110,6 +110,19 @@ fn the_reduced_demo_lands_every_policy_where_it_should() {
         assert_eq!(planned, held, "node {node}: explain and status disagree");
     }
 
+    // Bytes: the agents' kernel counts hold what the clients moved (plus TCP's SYN and FINs:
+    // 3 bytes a connection), `bytes` (PreferClose) crossing no zone, its twin about two thirds.
+    let bytes = demo::bytes::measure(&cluster);
+    eprintln!("{}", demo::bytes::line(&bytes));
+    for b in &bytes {
+        let connections = 6 * 40;
+        assert_eq!(b.counted(), b.moved + 3 * connections, "{b:?}");
+    }
+    assert_eq!(bytes[0].cross_zone, 0, "{:?}", bytes[0]);
+    assert!((0.5..0.85).contains(&bytes[1].cross_share()), "{:?}", bytes[1]);
+    let expected = bytes[0].baseline_cross_zone / bytes[0].counted() as f64;
+    assert!((expected - 2.0 / 3.0).abs() < 0.01, "the default would cross two thirds: {expected}");
+
     let failover = demo::failover(&mut cluster);
     eprintln!("{failover:?}");
     assert!(failover.killed > 0, "{failover:?}");
@@ -124,13 +137,16 @@ fn the_reduced_demo_lands_every_policy_where_it_should() {
     let pod = demo::pod_failover(&mut cluster);
     eprintln!("{}", demo::pod_failover_line(&pod));
     assert!(pod.attempts > 1000, "{pod:?}");
-    assert!(pod.most_failed_per_node() <= u64::from(pod.threshold), "{pod:?}");
+    // Two failures of one backend counted on both CPUs at once may count as one (the failure
+    // count is not atomic; see `outlier::fail`): the ejection may then come one failure later.
+    assert!(pod.most_failed_per_node() <= u64::from(pod.threshold) + 1, "{pod:?}");
     assert!(pod.failed_before_update.iter().any(|(_, failed)| *failed > 0), "the pod was really killed: {pod:?}");
     assert_eq!(pod.failed_after, 0, "{pod:?}");
 
-    demo::report::write(&dir, &config, &results, &failover, &pod).expect("report");
+    demo::report::write(&dir, &config, &results, &failover, &pod, &bytes).expect("report");
     let report = std::fs::read_to_string(dir.join("report.md")).expect("report.md");
     assert!(report.contains("| `prefer-close` | PreferClose | 100.0% |"), "{report}");
+    assert!(report.contains("## Cross-zone bytes, as the agents counted them"), "{report}");
     assert!(std::fs::read_to_string(dir.join("in-zone.svg")).expect("svg").starts_with("<svg"));
     drop(cluster);
     let _ = std::fs::remove_dir_all(&dir);

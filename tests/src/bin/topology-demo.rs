@@ -134,6 +134,9 @@ fn main() -> anyhow::Result<()> {
         progress.set_position(done as u64);
     });
     progress.finish_and_clear();
+    eprintln!("bytes: short requests and bulk downloads from every node to `bytes` and its twin...");
+    let bytes = demo::bytes::measure(&cluster);
+    check_interrupt();
 
     eprintln!("failover: killing zone {}'s servers, then removing them from the file...", cluster.plan.nodes[0].zone);
     let failover = demo::failover(&mut cluster);
@@ -171,7 +174,8 @@ fn main() -> anyhow::Result<()> {
             report::DOLLARS_PER_GB_EACH_WAY
         );
     }
-    report::write(&args.out, &config, &results, &failover, &pod)?;
+    println!("{}", demo::bytes::line(&bytes));
+    report::write(&args.out, &config, &results, &failover, &pod, &bytes)?;
     println!("\nreport: {} (chart: {})", args.out.join("report.md").display(), args.out.join("in-zone.svg").display());
     println!("done in {:.1} s", started.elapsed().as_secs_f64());
 

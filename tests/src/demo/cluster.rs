@@ -8,7 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::plan::{BACKEND_PORT, DemoConfig, KUBE_DNS, Plan, Removed, SERVICE_PORT, Transport};
+use super::plan::{BACKEND_PORT, BYTES_PORT, DemoConfig, KUBE_DNS, Plan, Removed, SERVICE_PORT, Transport};
 use crate::{
     agent::{Agent, AgentOptions},
     cluster,
@@ -29,10 +29,12 @@ pub struct DemoCluster {
     pub id: String,
     addresses: Vec<Ipv4Addr>,
     coredns: Ipv4Addr,
-    _agents: Vec<Agent>,
+    agents: Vec<Agent>,
     _coredns: (Host, ProcessGuard),
     /// Per backend of the plan, its server (`None` while killed).
     servers: Vec<Option<Server>>,
+    /// Per backend, its bulk server (`demo::bytes`).
+    _bulk_servers: Vec<crate::bulk::BulkServer>,
     pins: Vec<PinGuard>,
     node_cgroups: Vec<CgroupGuard>,
     infra: CgroupGuard,
@@ -57,6 +59,10 @@ impl DemoCluster {
             .iter()
             .zip(&backend_hosts)
             .map(|(backend, host)| Some(start_server(dir, &infra, host, &backend.name)))
+            .collect();
+        let bulk_servers = backend_hosts
+            .iter()
+            .map(|host| crate::bulk::BulkServer::start_in(host, BYTES_PORT, false, Some(infra.path())))
             .collect();
         let addresses: Vec<Ipv4Addr> = backend_hosts.iter().map(|h| h.v4).collect();
         // The cluster DNS every name outside the demo's Services goes to.
@@ -100,9 +106,10 @@ impl DemoCluster {
             id,
             addresses,
             coredns: coredns.0.v4,
-            _agents: agents,
+            agents,
             _coredns: coredns,
             servers,
+            _bulk_servers: bulk_servers,
             pins,
             node_cgroups,
             infra,
@@ -186,6 +193,11 @@ impl DemoCluster {
         let pins = self.pins[index].path().to_string_lossy().into_owned();
         let json = run(&agent_binary().to_string_lossy(), &["status", "--pin-path", &pins, "--output", "json"]);
         serde_json::from_str(&json).expect("status JSON")
+    }
+
+    /// Every agent's `/metrics`, in node order.
+    pub fn agent_metrics(&self) -> Vec<String> {
+        self.agents.iter().map(|agent| agent.get("/metrics").map(|(_, text)| text).unwrap_or_default()).collect()
     }
 
     /// Number of nodes.

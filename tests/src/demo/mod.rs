@@ -1,6 +1,7 @@
 //! `cargo xtask demo`: a multi-zone cluster simulated on one machine, with a real agent per
 //! simulated node and real connections, compared with twins that have no topology policy.
 
+pub mod bytes;
 pub mod cluster;
 pub mod measure;
 pub mod overload;

@@ -123,6 +123,15 @@ pub const KUBE_DNS: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 250);
 /// The cluster domain.
 pub const DOMAIN: &str = "cluster.local";
 
+/// The Services the demo moves known volumes of bytes to (`demo::bytes`): `PreferClose`, and its
+/// twin with no topology policy, on [`BYTES_PORT`] of every backend (a bulk server).
+pub const BYTES_SERVICES: [(&str, Ipv4Addr, Policy); 2] = [
+    ("bytes", Ipv4Addr::new(10, 96, 0, 240), Policy::PreferClose),
+    ("bytes-baseline", Ipv4Addr::new(10, 96, 0, 241), Policy::Default),
+];
+/// The port of the bytes Services and of the backends' bulk servers.
+pub const BYTES_PORT: u16 = 9000;
+
 /// The label key of the hard-keys Service, carried by no node.
 pub const HARD_KEY: &str = "example.com/rack";
 
@@ -232,6 +241,28 @@ impl Plan {
             })
             .collect();
         let zones_with_endpoints: Vec<&str> = present.iter().map(|(_, b)| self.nodes[b.node].zone.as_str()).collect();
+        // Endpoints as the EndpointSlice controller writes them for `policy`: for a preference,
+        // hints of each endpoint's own zone; for Auto, only while every zone has endpoints (its
+        // allocation would otherwise move endpoints between zones).
+        let endpoints = |policy: Policy| -> Vec<EndpointSpec> {
+            let hinted = match policy {
+                Policy::PreferClose | Policy::PreferSameNode => true,
+                Policy::AutoHints => self.nodes.iter().all(|n| zones_with_endpoints.contains(&n.zone.as_str())),
+                _ => false,
+            };
+            present
+                .iter()
+                .map(|(i, backend)| {
+                    let node = &self.nodes[backend.node];
+                    let mut spec = EndpointSpec::new(IpAddr::V4(addresses[*i]), &node.name);
+                    spec.zone = Some(node.zone.clone());
+                    if hinted {
+                        spec.hint_zones = vec![node.zone.clone()];
+                    }
+                    spec
+                })
+                .collect()
+        };
         for service in &self.services {
             let protocol = match service.transport {
                 Transport::Tcp | Transport::Dns => "TCP",
@@ -257,27 +288,8 @@ impl Plan {
                 Policy::AutoHints => cluster::annotate(&mut object, "service.kubernetes.io/topology-mode", "Auto"),
             }
             objects.push(object);
-            let endpoints: Vec<EndpointSpec> = present
-                .iter()
-                .map(|(i, backend)| {
-                    let node = &self.nodes[backend.node];
-                    let mut spec = EndpointSpec::new(IpAddr::V4(addresses[*i]), &node.name);
-                    spec.zone = Some(node.zone.clone());
-                    // Hints as the EndpointSlice controller writes them: for a preference, each
-                    // endpoint's own zone; for Auto, only while every zone has endpoints (its
-                    // allocation would otherwise move endpoints between zones).
-                    let hinted = match service.policy {
-                        Policy::PreferClose | Policy::PreferSameNode => true,
-                        Policy::AutoHints => self.nodes.iter().all(|n| zones_with_endpoints.contains(&n.zone.as_str())),
-                        _ => false,
-                    };
-                    if hinted {
-                        spec.hint_zones = vec![node.zone.clone()];
-                    }
-                    spec
-                })
-                .collect();
             let slice_name = format!("{}-1", service.name);
+            let endpoints = endpoints(service.policy);
             objects.push(cluster::slice(
                 "demo",
                 &slice_name,
@@ -287,6 +299,15 @@ impl Plan {
                 protocol,
                 &endpoints,
             ));
+        }
+        for (name, vip, policy) in BYTES_SERVICES {
+            let mut object = cluster::service("demo", name, IpAddr::V4(vip), BYTES_PORT, "TCP", "bulk");
+            if policy == Policy::PreferClose {
+                object["spec"]["trafficDistribution"] = "PreferClose".into();
+            }
+            objects.push(object);
+            let endpoints = endpoints(policy);
+            objects.push(cluster::slice("demo", &format!("{name}-1"), name, "bulk", BYTES_PORT, "TCP", &endpoints));
         }
         objects
     }

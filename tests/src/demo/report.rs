@@ -115,9 +115,12 @@ pub fn write(
     results: &[ServiceResult],
     failover: &Failover,
     pod: &super::PodFailover,
+    bytes: &[super::bytes::BytesResult],
 ) -> std::io::Result<()> {
     std::fs::write(dir.join("in-zone.svg"), svg(results))?;
-    std::fs::write(dir.join("report.md"), markdown(config, results, failover, pod))
+    let mut markdown = markdown(config, results, failover, pod);
+    markdown.push_str(&super::bytes::section(bytes));
+    std::fs::write(dir.join("report.md"), markdown)
 }
 
 fn markdown(config: &DemoConfig, results: &[ServiceResult], failover: &Failover, pod: &super::PodFailover) -> String {
