@@ -153,12 +153,6 @@ impl RunConfig {
                 "needed to enter pods' network namespaces and end sockets whose backend left (or run with \
                  --terminate-sockets off)",
             ));
-        } else if self.byte_accounting {
-            needed.push((
-                Capability::SysAdmin,
-                "needed to enter pods' network namespaces and count the bytes of their open connections (or run \
-                 with --byte-accounting off)",
-            ));
         }
         if self.dns.as_ref().is_some_and(|dns| (1..unprivileged_port_start()).contains(&dns.listen.port())) {
             needed.push((

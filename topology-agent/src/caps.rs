@@ -71,6 +71,11 @@ pub fn effective_in(status: &str) -> Option<u64> {
     u64::from_str_radix(hex, 16).ok()
 }
 
+/// Whether `effective` holds `capability`.
+pub fn holds(effective: u64, capability: Capability) -> bool {
+    effective & (1 << capability.bit()) != 0
+}
+
 /// Checks `effective` holds every `(capability, why)` of `needed`; the first missing one is the
 /// error.
 pub fn check(effective: u64, needed: &[(Capability, &'static str)]) -> Result<(), CapabilityError> {

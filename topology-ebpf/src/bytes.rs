@@ -89,11 +89,12 @@ pub extern "C" fn tcp_bytes(ctx: *mut IterTcp) -> i32 {
         Some(Found::Swept(stored)) => stored,
         Some(Found::New(key)) => {
             let Some(now) = totals(sk) else { return 0 };
-            // Counted from here on through its storage (if the kernel gives it some: otherwise
-            // its destroy finds the table entry, or, gone, leaves the rest uncounted).
+            // Counted from here on through its storage. If the kernel has no room for it, nothing
+            // is counted now: its destroy counts it whole if its table entry is still its own.
             let mut first = SockBytes { key, counted: now };
-            storage(sk, ptr::from_mut(&mut first).cast(), BPF_SK_STORAGE_GET_F_CREATE.into());
-            add(&key, &now);
+            if !storage(sk, ptr::from_mut(&mut first).cast(), BPF_SK_STORAGE_GET_F_CREATE.into()).is_null() {
+                add(&key, &now);
+            }
             return 0;
         }
     };

@@ -16,11 +16,24 @@ use crate::{
 
 /// Starts sweeping the open connections' bytes in every namespace under `netns_dirs`; `None`
 /// (said once) when the sweep cannot load: connections are then counted only when they end.
+/// Without `CAP_SYS_ADMIN` (`--terminate-sockets off` runs without it) only the agent's own
+/// namespace is swept, as said once: the others' connections are counted when they end.
 pub(super) fn start_sweeper(dataplane: &Dataplane, netns_dirs: &[PathBuf], metrics: &Arc<Metrics>) -> Option<Sweeper> {
+    let can_enter =
+        crate::caps::effective().is_ok_and(|caps| crate::caps::holds(caps, crate::caps::Capability::SysAdmin));
+    let dirs = if can_enter {
+        netns_dirs.to_vec()
+    } else {
+        tracing::warn!(
+            "without CAP_SYS_ADMIN the sweep of open connections' bytes stays in the agent's own network \
+             namespace: the pods' connections are counted when they end"
+        );
+        Vec::new()
+    };
     let started = dataplane
         .bytes_sweep()
         .map_err(|error| error.to_string())
-        .and_then(|sweep| Sweeper::start(sweep, netns_dirs.to_vec(), Arc::clone(metrics)).map_err(|e| e.to_string()));
+        .and_then(|sweep| Sweeper::start(sweep, dirs, Arc::clone(metrics)).map_err(|e| e.to_string()));
     started
         .inspect_err(|error| {
             tracing::warn!(%error, "the open connections' bytes cannot be swept: each is counted when it ends");
