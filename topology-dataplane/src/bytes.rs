@@ -89,8 +89,8 @@ impl BytesSweep {
         Ok(Self { ebpf })
     }
 
-    /// Counts the open connections of the calling thread's network namespace; returns how many
-    /// TCP sockets it holds.
+    /// Counts the open connections of the calling thread's network namespace (the namespace an
+    /// iterator walks is the one its reader is created in).
     pub fn run_here(&mut self) -> Result<(), IterError> {
         let program = program(&mut self.ebpf)?;
         let link = program.attach()?;
