@@ -30,7 +30,7 @@ use aya::{
 use topology_agent::{
     dataplane::{BytesSweep, CountedBytes, Dataplane, DataplaneConfig},
     desired::{DesiredService, DesiredState, Locality, PortOptions, Protocol, ServicePort, WeightedBackend},
-    sockets::sweep::next_wait,
+    sockets::sweep::{next_wait, thread_cpu},
 };
 use topology_common::ByteCount;
 use topology_tests::{
@@ -91,13 +91,6 @@ fn sweep_in(sweep: BytesSweep, name: Option<&str>) -> (BytesSweep, Duration) {
         Some(name) => netns::run_in(name, run),
         None => run(),
     }
-}
-
-fn thread_cpu() -> Duration {
-    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: a valid timespec for the call to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
-    Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
 }
 
 fn p50_us(mut ns: Vec<u64>) -> f64 {

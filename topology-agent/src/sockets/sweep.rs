@@ -27,7 +27,7 @@ pub fn next_wait(cpu: Duration) -> Duration {
 }
 
 /// The calling thread's CPU time.
-fn thread_cpu() -> Duration {
+pub fn thread_cpu() -> Duration {
     let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: a valid timespec for the call to fill.
     unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
