@@ -154,7 +154,7 @@ fn step_port(
     state.last_look_ms = Some(now_ms);
     let offered_per_s = (near.connects + far.connects) as f64 / seconds;
     let near_done_per_s = near.closed as f64 / seconds;
-    let saturated = near_us.zip(state.baseline_us).is_some_and(|(near, base)| near / base > t.band_high);
+    let saturated = near_us.zip(state.baseline_us).is_some_and(|(near, base)| t.overloaded(near, base));
     // What the zone completed is its capacity only while a queue stood through the interval: at
     // its end more connections were in flight than the zone serves at once (Little's law). A
     // backlog that emptied partway through (the end of a surge) completes less, and says nothing.
@@ -219,7 +219,7 @@ fn avoid_loaded(
     let Some(baseline) = state.baseline_us else { return };
     for (zone, backends) in &ports.far {
         match window(backends).mean_lifetime_us(t.min_samples) {
-            Some(us) if us / baseline > t.band_high => {
+            Some(us) if t.overloaded(us, baseline) => {
                 state.avoid.insert(zone.clone(), now_ms + AVOID_MS);
             }
             Some(_) => {
@@ -263,8 +263,15 @@ fn decide(shift: f64, m: &Measured, has_far: bool, t: &Tuning) -> (f64, String) 
         }
         return (shift, format!("{few}: holding {}", pct(shift)));
     };
-    let zone = format!("zone at {near:.1}× its unloaded latency ({band})");
+    let over = |us: Option<f64>| us.zip(m.baseline_us).is_some_and(|(us, base)| t.overloaded(us, base));
+    let absolute =
+        m.near_us.zip(m.baseline_us).map_or(String::new(), |(us, base)| format!("{us:.0} µs over {base:.0} µs, "));
+    let zone = format!("zone at {near:.1}× its unloaded latency ({absolute}{band})");
     let far = m.far_ratio();
+    if near > t.band_high && !over(m.near_us) {
+        let rise = format!("a rise under {:.0} µs, less than another zone's round trip", t.min_excess_us);
+        return (shift, format!("{zone}, but {rise}: holding {}", pct(shift)));
+    }
     if near > t.band_high {
         if let Some(far) = far.filter(|&far| far >= near) {
             return (shift, format!("{zone}, other zones at {far:.1}×: holding {}", pct(shift)));
@@ -291,7 +298,7 @@ fn decide(shift: f64, m: &Measured, has_far: bool, t: &Tuning) -> (f64, String) 
             }
         };
     }
-    if let Some(far) = far.filter(|&far| far > t.band_high && far > near && shift > 0.0) {
+    if let Some(far) = far.filter(|&far| over(m.far_us) && far > near && shift > 0.0) {
         let next = (shift - t.step_back).max(floor.unwrap_or(0.0)).min(shift);
         return (
             next,

@@ -35,8 +35,12 @@ pub struct Tuning {
     pub interval_ms: u64,
     /// Below this latency ratio (to the unloaded latency) the zone has room: move traffic back.
     pub band_low: f64,
-    /// Above this ratio the zone is overloaded: move traffic out.
+    /// Above this ratio the zone is overloaded: move traffic out ...
     pub band_high: f64,
+    /// ... if its connections also live at least this much longer than unloaded, microseconds. A
+    /// smaller rise is noise at sub-millisecond latencies (a new pod's first requests, a busy
+    /// node), and less than a round trip to another zone adds: moving out would not help.
+    pub min_excess_us: f64,
     /// The most of the traffic one interval moves out.
     pub step_out: f64,
     /// The share of the traffic one interval moves back.
@@ -78,6 +82,7 @@ impl Default for Tuning {
             interval_ms: 1000,
             band_low: 1.3,
             band_high: 2.0,
+            min_excess_us: 1000.0,
             step_out: 0.5,
             step_back: 0.1,
             max_shift: 0.9,
@@ -94,6 +99,13 @@ impl Default for Tuning {
             eject_max_ms: 60_000,
             panic_ratio: 0.5,
         }
+    }
+}
+
+impl Tuning {
+    /// Whether connections living `us` against an unloaded `baseline_us` are over the band.
+    pub fn overloaded(&self, us: f64, baseline_us: f64) -> bool {
+        us / baseline_us > self.band_high && us - baseline_us >= self.min_excess_us
     }
 }
 

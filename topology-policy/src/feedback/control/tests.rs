@@ -206,6 +206,26 @@ fn other_zones_as_loaded_hold_the_shift_and_more_loaded_ones_get_traffic_back() 
 }
 
 #[test]
+fn a_rise_under_a_zone_round_trip_is_noise_whatever_its_ratio() {
+    // (unloaded µs, loaded µs, moves out): the ratio must pass the band and the rise 1 ms.
+    let cases = [(150, 350, false), (150, 1100, false), (150, 1200, true), (400, 900, false), (1000, 2100, true)];
+    for (unloaded, loaded, moves) in cases {
+        let mut h = Harness::new(&NEAR, &FAR);
+        h.zones(unloaded, unloaded);
+        let input = h.zones(loaded, unloaded);
+        assert_eq!(input.shift > 0.0, moves, "{unloaded} → {loaded} µs: {}", input.reason);
+        if !moves {
+            assert!(input.reason.contains("holding 0%"), "{}", input.reason);
+        }
+    }
+    // The same gate for another zone: its sub-millisecond rise does not bring traffic back.
+    let mut h = Harness::new(&NEAR, &FAR);
+    h.zones(150, 150);
+    let moved = h.zones(5000, 150).shift;
+    assert_eq!(h.zones(240, 900).shift, moved, "{}", h.input().reason);
+}
+
+#[test]
 fn too_few_samples_or_no_other_zone_hold_or_stay_home() {
     let mut h = Harness::new(&NEAR, &FAR);
     h.zones(1000, 1000);
