@@ -14,6 +14,10 @@
 //!   (10 s, longer past 0.5 % of a core) and its share of one core.
 //! - `udp_nohook_us`: the bare UDP `connect()` p50 (no programs) in the same run, the unit the
 //!   connect's delta is also given in.
+//! - UDP (`--byte-accounting all`): datagrams of connected and unconnected sockets through a
+//!   Service, counted against what moved; the tracepoints' own run time per datagram through a
+//!   Service and per send or receive of another socket (a TCP transfer's), and what the send
+//!   hook adds to leave each datagram for them (BPF statistics, UDP accounting on against off).
 //!
 //! Root only; everything lives in a sandbox removed at the end. `TOPOLOGY_BENCH_QUICK=1` holds
 //! 10,000 connections for the sweep, not 100,000.
@@ -28,13 +32,14 @@ use aya::{
     sys::{Stats, enable_stats},
 };
 use topology_agent::{
-    dataplane::{BytesSweep, CountedBytes, Dataplane, DataplaneConfig},
+    dataplane::{ByteAccounting, BytesSweep, CountedBytes, Dataplane, DataplaneConfig},
     desired::{DesiredService, DesiredState, Locality, PortOptions, Protocol, ServicePort, WeightedBackend},
     sockets::sweep::{next_wait, thread_cpu},
 };
 use topology_common::ByteCount;
 use topology_tests::{
     bulk::{self, BulkServer, HeldConnections, Transfer},
+    datagrams::{self, DatagramServer, Exchange},
     fixture::{BACKEND_PORT, Fixture},
     net::ClientPlace,
     netns,
@@ -43,6 +48,7 @@ use topology_tests::{
 
 const BULK_PORT: u16 = 9000;
 const HOLD_PORT: u16 = 9001;
+const DATAGRAM_PORT: u16 = 9002;
 const MIB: u64 = 1 << 20;
 /// Connections held open for the sweep (`TOPOLOGY_BENCH_QUICK`: the second).
 const SOCKETS: [u64; 2] = [100_000, 10_000];
@@ -56,13 +62,18 @@ fn vip(port: u16) -> SocketAddr {
 
 fn desired(fx: &Fixture) -> DesiredState {
     let mut desired = DesiredState::default();
-    for (port, target) in [(80, BACKEND_PORT), (BULK_PORT, BULK_PORT), (HOLD_PORT, HOLD_PORT)] {
+    for (port, target, protocol) in [
+        (80, BACKEND_PORT, Protocol::Tcp),
+        (BULK_PORT, BULK_PORT, Protocol::Tcp),
+        (HOLD_PORT, HOLD_PORT, Protocol::Tcp),
+        (DATAGRAM_PORT, DATAGRAM_PORT, Protocol::Udp),
+    ] {
         let backends = fx
             .backends
             .iter()
             .map(|b| WeightedBackend { addr: IpAddr::V4(b.host.v4), port: target, weight: 1, locality: Locality::Zone })
             .collect();
-        let key = ServicePort { vip: vip(port).ip(), port, protocol: Protocol::Tcp };
+        let key = ServicePort { vip: vip(port).ip(), port, protocol };
         let name = format!("default/cost:{port}");
         desired.services.insert(key, DesiredService { name, backends, options: PortOptions::default() });
     }
@@ -98,13 +109,25 @@ fn p50_us(mut ns: Vec<u64>) -> f64 {
     ns[ns.len() / 2] as f64 / 1000.0
 }
 
-/// The accounting program's run time and runs so far (statistics must be on).
-fn destroy_runs() -> (Duration, u64) {
+/// The run time and runs so far of the programs named `names` (statistics must be on).
+fn runs_of(names: &[&str]) -> (Duration, u64) {
     loaded_programs()
         .filter_map(Result::ok)
-        .filter(|p| p.name_as_str() == Some(topology_common::program_names::BYTES_CLOSED))
+        .filter(|p| p.name_as_str().is_some_and(|name| names.contains(&name)))
         .fold((Duration::ZERO, 0), |(time, runs), p| (time + p.run_time(), runs + p.run_count()))
 }
+
+/// Nanoseconds per run of the programs named `names` while `work` runs.
+fn ns_per_run(names: &[&str], work: impl FnOnce()) -> f64 {
+    let before = runs_of(names);
+    work();
+    let after = runs_of(names);
+    (after.0 - before.0).as_nanos() as f64 / (after.1 - before.1).max(1) as f64
+}
+
+/// The UDP accounting programs.
+const UDP_PROGRAMS: [&str; 2] =
+    [topology_common::program_names::BYTES_SENT, topology_common::program_names::BYTES_RECEIVED];
 
 fn main() {
     if !is_root() {
@@ -126,9 +149,10 @@ fn main() {
         .iter()
         .flat_map(|b| [BulkServer::start(&b.host, BULK_PORT, false), BulkServer::start(&b.host, HOLD_PORT, true)])
         .collect();
-    let config =
-        |accounting: bool| DataplaneConfig { byte_accounting: accounting, outlier_ejection: true, ..fx.config() };
-    let mut dp = Dataplane::open(&config(true)).expect("open the dataplane");
+    let _datagram_servers: Vec<DatagramServer> =
+        fx.backends.iter().map(|b| DatagramServer::start(&b.host, &[DATAGRAM_PORT])).collect();
+    let config = |byte_accounting| DataplaneConfig { byte_accounting, outlier_ejection: true, ..fx.config() };
+    let mut dp = Dataplane::open(&config(ByteAccounting::All)).expect("open the dataplane");
     assert!(dp.apply(&desired(&fx)).failed.is_empty());
     let place = ClientPlace { cpu: Some(0), ..fx.place() };
 
@@ -169,6 +193,38 @@ fn main() {
             counted.from_backend,
         );
     }
+    // UDP: connected sockets in bulk, and one unconnected socket as a resolver uses it.
+    for (what, exchange) in [
+        (
+            "UDP connected, 32 KiB datagrams",
+            Exchange { count: 32, size: 32 * 1024, reply: 64, connected: true, peek: false },
+        ),
+        (
+            "UDP connected, 32 KiB datagrams",
+            Exchange { count: 32 * 1024, size: 32 * 1024, reply: 64, connected: true, peek: false },
+        ),
+        (
+            "UDP unconnected, 512-byte queries",
+            Exchange { count: 16 * 1024, size: 512, reply: 1024, connected: false, peek: false },
+        ),
+    ] {
+        let before = total(&dp.bytes().expect("read the counts"));
+        let moved =
+            datagrams::finish(datagrams::spawn(&place, &[vip(DATAGRAM_PORT)], exchange), Duration::from_secs(300));
+        let counted = total(&dp.bytes().expect("read the counts")).since(&before);
+        let (sent, received) = (moved[0].sent, moved[0].received);
+        let error = |counted: u64, moved: u64| 100.0 * counted.abs_diff(moved) as f64 / moved.max(1) as f64;
+        let (up, down) = (error(counted.to_backend, sent), error(counted.from_backend, received));
+        error_pct = error_pct.max(up).max(down);
+        println!(
+            "| {what}: {} KiB up, {} KiB down | {} datagrams | {sent} | {} | {up:.5} % | {received} | {} | {down:.5} % |",
+            sent / 1024,
+            received / 1024,
+            exchange.count,
+            counted.to_backend,
+            counted.from_backend,
+        );
+    }
 
     // The connect, attached and detached by turns; the program's own time per socket destroyed.
     let _stats = enable_stats(Stats::RunTime).expect("enable BPF run-time statistics");
@@ -179,12 +235,13 @@ fn main() {
     for round in 0..ROUNDS {
         let mut p50 = [0.0; 2];
         for accounting in if round % 2 == 0 { [true, false] } else { [false, true] } {
-            let dp = Dataplane::open(&config(accounting)).expect("reopen the dataplane");
-            let before = destroy_runs();
+            let mode = if accounting { ByteAccounting::Tcp } else { ByteAccounting::Off };
+            let dp = Dataplane::open(&config(mode)).expect("reopen the dataplane");
+            let before = runs_of(&[topology_common::program_names::BYTES_CLOSED]);
             let report = place.timed_tcp(&targets, CONNECTS);
             assert!(report.errors.is_empty(), "{report:?}");
             if accounting {
-                let after = destroy_runs();
+                let after = runs_of(&[topology_common::program_names::BYTES_CLOSED]);
                 destroyed = (destroyed.0 + (after.0 - before.0), destroyed.1 + (after.1 - before.1));
             }
             p50[usize::from(accounting)] = p50_us(report.connect_ns);
@@ -202,7 +259,29 @@ fn main() {
     let on_spread = spread(&on);
     let (on, off, connect_delta) = (median(on), median(off), median(deltas));
     let close_ns = destroyed.0.as_nanos() as f64 / destroyed.1.max(1) as f64;
-    let dp = Dataplane::open(&config(true)).expect("reopen the dataplane");
+
+    // UDP's tracepoints: per datagram of ours, per send or receive of any other socket; the send
+    // hook with and without leaving each datagram for them.
+    let queries = Exchange { count: 20_000, size: 512, reply: 512, connected: false, peek: false };
+    let resolve = || {
+        let moved =
+            datagrams::finish(datagrams::spawn(&place, &[vip(DATAGRAM_PORT)], queries), Duration::from_secs(120));
+        assert_eq!(moved[0].lost, 0, "{moved:?}");
+    };
+    let sendmsg = [topology_common::program_names::SENDMSG4];
+    let mut send_hook_ns = [0.0; 2];
+    for (n, mode) in [ByteAccounting::Tcp, ByteAccounting::All].into_iter().enumerate() {
+        let _dp = Dataplane::open(&config(mode)).expect("reopen the dataplane");
+        send_hook_ns[n] = ns_per_run(&sendmsg, resolve);
+    }
+    let dp = Dataplane::open(&config(ByteAccounting::All)).expect("reopen the dataplane");
+    let udp_datagram_ns = ns_per_run(&UDP_PROGRAMS, resolve);
+    let upload = Transfer { send: 256 * MIB, receive: 16 * MIB, hold: Duration::ZERO };
+    let udp_other_ns = ns_per_run(&UDP_PROGRAMS, || {
+        let report = bulk::finish(bulk::spawn(&place, vip(BULK_PORT), upload, 1), Duration::from_secs(120));
+        assert!(report.errors.is_empty(), "{report:?}");
+    });
+    let send_hook_delta_ns = send_hook_ns[1] - send_hook_ns[0];
 
     // The sweep over 100,000 open connections.
     run("ip", &["netns", "exec", fx.client.netns.name(), "sysctl", "-qw", "net.ipv4.ip_local_port_range=1024 65535"]);
@@ -247,6 +326,12 @@ fn main() {
     println!("| the rounds' p50s spread over (attached) | {on_spread:.2} µs |");
     println!("| median of the rounds' differences, attached minus detached | {connect_delta:+.2} µs |");
     println!("| the accounting program per TCP socket destroyed (its own run time) | {close_ns:.0} ns |");
+    println!("| UDP: the tracepoints per send or receive of a datagram through a Service | {udp_datagram_ns:.0} ns |");
+    println!("| UDP: the tracepoints per send or receive of another socket (a TCP upload's) | {udp_other_ns:.0} ns |");
+    println!(
+        "| UDP: the send hook per datagram, UDP accounting on against off ({:.0} against {:.0} ns) | {send_hook_delta_ns:+.0} ns |",
+        send_hook_ns[1], send_hook_ns[0]
+    );
     println!("| connections open for the sweep (opened in {:.1} s) | {} |", opened_in.as_secs_f64(), sockets);
     println!(
         "| one sweep of every namespace, CPU, first (makes each socket's storage) | {:.1} ms |",
@@ -259,7 +344,8 @@ fn main() {
     println!();
     println!(
         "cost: error_pct={error_pct:.5} connect_delta_us={:.2} iterator_cpu_pct={iterator_cpu_pct:.2} sockets={sockets} \
-         udp_nohook_us={udp_nohook_us:.2} close_ns={close_ns:.0}",
+         udp_nohook_us={udp_nohook_us:.2} close_ns={close_ns:.0} udp_datagram_ns={udp_datagram_ns:.0} \
+         udp_other_ns={udp_other_ns:.0} udp_send_hook_ns={send_hook_delta_ns:.0}",
         connect_delta,
     );
 }

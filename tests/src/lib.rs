@@ -4,6 +4,7 @@
 pub mod agent;
 pub mod bulk;
 pub mod cluster;
+pub mod datagrams;
 pub mod demo;
 pub mod dns;
 pub mod dnsperf;

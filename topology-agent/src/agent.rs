@@ -12,7 +12,9 @@ use chores::{leave_the_api_service, read_kernel_log, release_memory_after_sync, 
 use crate::{
     caps::{self, Capability, CapabilityError},
     controller::{Controller, ControllerConfig, ControllerError, Health, PlanClient},
-    dataplane::{Capacities, Dataplane, DataplaneConfig, DataplaneError, IndexOrdering, KernelLogLevel},
+    dataplane::{
+        ByteAccounting, Capacities, Dataplane, DataplaneConfig, DataplaneError, IndexOrdering, KernelLogLevel,
+    },
     dns::{self, DnsConfig, DnsError, DnsPublisher, steer::Steering},
     events::{KubeEvents, LogOnly, ProblemSink},
     http,
@@ -68,7 +70,7 @@ pub struct RunConfig {
     pub outlier_ejection: bool,
     /// Count the bytes of the connections the hooks rewrite, per Service port and zone pair
     /// (`--byte-accounting`).
-    pub byte_accounting: bool,
+    pub byte_accounting: ByteAccounting,
     /// Measure every port's connections, not only those under feedback (`--load-signal all`).
     pub measure_all: bool,
     /// Service ports and backends with /metrics series of their own (`--metrics-max-*`).
@@ -255,7 +257,8 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
         },
         Arc::clone(&metrics),
     );
-    let _sweeper = config.byte_accounting.then(|| start_sweeper(&dataplane, &config.netns_dirs, &metrics)).flatten();
+    let _sweeper =
+        config.byte_accounting.tcp().then(|| start_sweeper(&dataplane, &config.netns_dirs, &metrics)).flatten();
     let controller = Controller::new(
         ControllerConfig {
             one_publisher_per_service: true,
@@ -397,7 +400,7 @@ mod tests {
             fail_open_after: None,
             load_signal: true,
             outlier_ejection: false,
-            byte_accounting: false,
+            byte_accounting: ByteAccounting::Off,
             measure_all: false,
             metrics_caps: crate::metrics::SeriesCaps::default(),
             terminate: TerminateSockets::Off,

@@ -7,7 +7,7 @@ use clap::{Args, ValueEnum};
 use topology_agent::{
     agent::{RunConfig, SourceConfig},
     cluster::ObjectKey,
-    dataplane::{self, Capacities, IndexOrdering, KernelLogLevel},
+    dataplane::{self, ByteAccounting, Capacities, IndexOrdering, KernelLogLevel},
     dns::{self, DnsConfig},
     listen,
     metrics::SeriesCaps,
@@ -75,11 +75,13 @@ pub struct RunArgs {
     /// with each ejection up to 5 min (its programs run only where a handshake fails).
     #[arg(long, value_enum, default_value_t = Switch::On)]
     outlier_ejection: Switch,
-    /// Count the bytes of the TCP connections the hooks rewrite, per Service port and zone pair
-    /// (`topology_agent_bytes_total`): read from each socket when it ends, and every 10 s from
-    /// the open ones; nothing is added to a connect.
-    #[arg(long, value_enum, default_value_t = Switch::On)]
-    byte_accounting: Switch,
+    /// Count the bytes of the connections the hooks rewrite, per Service port and zone pair
+    /// (`topology_agent_bytes_total`). `tcp`: TCP connections, read from each socket when it ends
+    /// and every 10 s from the open ones; nothing is added to a connect or a send. `all`: UDP
+    /// datagrams too, counted one by one, which adds a program run to every socket send and
+    /// receive of the node. `off`: nothing.
+    #[arg(long, value_enum, default_value_t = ByteAccounting::Tcp)]
+    byte_accounting: ByteAccounting,
     /// Which sockets are destroyed when the backend they reached through a service leaves its
     /// set: `udp` (connected UDP sockets), `all` (TCP too) or `off` (no CAP_SYS_ADMIN needed).
     #[arg(long, value_enum, default_value_t = TerminateSockets::Udp)]
@@ -177,7 +179,7 @@ pub fn run_config(args: RunArgs) -> anyhow::Result<RunConfig> {
         fail_open_after: (!args.fail_open_after.is_zero()).then_some(args.fail_open_after),
         load_signal: args.load_signal != LoadSignal::Off,
         outlier_ejection: args.outlier_ejection == Switch::On,
-        byte_accounting: args.byte_accounting == Switch::On,
+        byte_accounting: args.byte_accounting,
         measure_all: args.load_signal == LoadSignal::All,
         metrics_caps: SeriesCaps { ports: args.metrics_max_ports, backends: args.metrics_max_backends },
         terminate: args.terminate_sockets,

@@ -5,6 +5,12 @@
 //! of the connections still open, so a connection of hours shows as it goes. What was counted
 //! of an open connection is kept in its socket storage ([`SockBytes`], made by its first sweep),
 //! so each byte is counted once.
+//!
+//! UDP sockets keep no byte counters: with `--byte-accounting all` their datagrams are counted one
+//! by one where the kernel reports each send and receive of a socket (`tp_btf/sock_send_length`,
+//! `sock_recv_length`, node-wide). A connected socket's datagrams count against its translation;
+//! an unconnected socket's against the backend the send or receive hook translated just before,
+//! left for the tracepoint in a per-CPU [`DatagramBytes`] of the thread and socket.
 
 use crate::SockTranslation;
 
@@ -43,6 +49,30 @@ pub struct SockBytes {
     pub counted: ByteCount,
 }
 const _: () = assert!(size_of::<SockBytes>() == 56);
+
+/// The datagram an unconnected UDP socket is sending or receiving through a Service: written by
+/// the send or receive hook that translated it, read (and cleared) by the tracepoint that sees
+/// its length, on the same CPU in the same system call (per-CPU entry
+/// [`DatagramBytes::SENT`] or [`DatagramBytes::RECEIVED`] of
+/// [`map_names::UDP_LAST`](crate::map_names::UDP_LAST)).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DatagramBytes {
+    /// The socket's cookie; 0: nothing pending.
+    pub cookie: u64,
+    /// The thread (`bpf_get_current_pid_tgid`) that sends or receives it.
+    pub thread: u64,
+    /// Where its bytes count ([`SockTranslation::bytes_key`]).
+    pub key: SockTranslation,
+}
+const _: () = assert!(size_of::<DatagramBytes>() == 56);
+
+impl DatagramBytes {
+    /// The entry of a datagram being sent.
+    pub const SENT: u32 = 0;
+    /// The entry of a datagram being received.
+    pub const RECEIVED: u32 = 1;
+}
 
 impl SockTranslation {
     /// The key of the bytes of connections with this translation

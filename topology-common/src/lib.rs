@@ -21,7 +21,7 @@ pub mod index;
 pub mod load;
 pub mod outlier;
 pub mod socket;
-pub use bytes::{ByteCount, SockBytes};
+pub use bytes::{ByteCount, DatagramBytes, SockBytes};
 pub use control::{
     ClientAffinityKey, ClientAffinityValue, DnsSteer, Heartbeat, NodeCounters, ServiceOptions, service_flags,
 };
@@ -135,6 +135,10 @@ pub mod map_names {
     /// pinned: scratch space, meaningless between two runs.
     pub const OUTLIER_SCAN: &str = "topo_outlier_scan";
 
+    /// The datagram an unconnected UDP socket's hook just translated, per CPU, for the tracepoint
+    /// that counts its bytes ([`DatagramBytes`](crate::DatagramBytes)); not pinned: scratch space.
+    pub const UDP_LAST: &str = "topo_udp_last";
+
     /// Maps earlier versions pinned and this one no longer uses: their pins are removed at start
     /// (programs still attached keep their own reference until their links are replaced).
     /// `topo_dns_beat` held a deadline only, which steered to whatever address an entry named;
@@ -185,6 +189,14 @@ pub mod program_names {
     pub const BYTES_CLOSED: &str = "bytes_closed";
     /// The accounting programs with the tracepoints they attach to.
     pub const ACCOUNTING: [(&str, &str); 1] = [(BYTES_CLOSED, "tcp_destroy_sock")];
+    /// Cross-zone accounting of UDP (`--byte-accounting all`): a socket's send
+    /// (`tp_btf/sock_send_length`, node-wide), counted if its datagram went through a Service.
+    pub const BYTES_SENT: &str = "bytes_sent";
+    /// The same, a socket's receive (`tp_btf/sock_recv_length`).
+    pub const BYTES_RECEIVED: &str = "bytes_received";
+    /// The UDP accounting programs with the tracepoints they attach to.
+    pub const UDP_ACCOUNTING: [(&str, &str); 2] =
+        [(BYTES_SENT, "sock_send_length"), (BYTES_RECEIVED, "sock_recv_length")];
     /// The sweep of open TCP connections (`iter/tcp`), loaded by the agent's sweeper only.
     pub const TCP_BYTES: &str = "tcp_bytes";
     /// The one outlier program of 0.x agents before these (`tp_btf/inet_sock_set_state`): its
@@ -260,6 +272,11 @@ pub const BYTES_ACKED_OFFSET_GLOBAL: &str = "BYTES_ACKED_OFFSET";
 pub const BYTES_RECEIVED_OFFSET_GLOBAL: &str = "BYTES_RECEIVED_OFFSET";
 /// Global (`.rodata`) variable the agent sets to the byte offset of `sock.sk_cookie`.
 pub const SK_COOKIE_OFFSET_GLOBAL: &str = "SK_COOKIE_OFFSET";
+/// Global (`.rodata`) variable the agent sets to the byte offset of `sock.sk_protocol`.
+pub const SK_PROTOCOL_OFFSET_GLOBAL: &str = "SK_PROTOCOL_OFFSET";
+/// Global (`.rodata`) variable: 1 when the UDP hooks leave each translated datagram for the
+/// accounting tracepoints (`--byte-accounting all`).
+pub const UDP_BYTES_GLOBAL: &str = "UDP_BYTES";
 /// Global (`.rodata`) variable: 1 when the programs may probe the service index, 0 when they
 /// must ask the hash maps (a weakly ordered CPU whose kernel has no BPF load-acquire; see
 /// [`index`]).

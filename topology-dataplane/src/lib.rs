@@ -61,7 +61,7 @@ pub use diff::Departure;
 pub use error::DataplaneError;
 pub use heartbeat::{DnsBeat, FailOpen, HeartbeatReading};
 pub use layout::PinLayout;
-pub use loader::{Flavour, IndexOrdering, KernelLogLevel};
+pub use loader::{ByteAccounting, Flavour, IndexOrdering, KernelLogLevel};
 pub use maps::Capacities;
 pub(crate) use objects::PROGRAMS;
 pub use outliers::Outlier;
@@ -116,10 +116,12 @@ pub struct DataplaneConfig {
     /// (the library's default; the agent's is on), or refused by the kernel: no backend is
     /// ejected.
     pub outlier_ejection: bool,
-    /// Load and attach the accounting program (`tp_btf/tcp_destroy_sock`: once per TCP socket of
-    /// the node, at its end) that counts the bytes of the connections the hooks rewrote. Off (the
-    /// library's default), or refused by the kernel: no bytes are counted.
-    pub byte_accounting: bool,
+    /// What the accounting programs count: the bytes of the TCP connections the hooks rewrote
+    /// (`tp_btf/tcp_destroy_sock`: once per TCP socket of the node, at its end), and with
+    /// [`ByteAccounting::All`] the UDP datagrams through a Service (`tp_btf/sock_send_length`,
+    /// `sock_recv_length`: every socket send and receive of the node). Off (the library's
+    /// default), or refused by the kernel: no bytes are counted.
+    pub byte_accounting: ByteAccounting,
 }
 
 impl DataplaneConfig {
@@ -135,7 +137,7 @@ impl DataplaneConfig {
             fail_open_after: None,
             load_signal: true,
             outlier_ejection: false,
-            byte_accounting: false,
+            byte_accounting: ByteAccounting::Off,
         }
     }
 }

@@ -15,8 +15,8 @@ use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 use topology_common::{
     BYTES_ACKED_OFFSET_GLOBAL, BYTES_RECEIVED_OFFSET_GLOBAL, INDEX_ENABLED_GLOBAL, INDEX_V4_MASK_GLOBAL,
-    INDEX_V6_MASK_GLOBAL, LOG_LEVEL_GLOBAL, SK_COOKIE_OFFSET_GLOBAL, SKC_STATE_OFFSET_GLOBAL,
-    TCP_CONNECTIONS_MASK_GLOBAL, map_names, program_names,
+    INDEX_V6_MASK_GLOBAL, LOG_LEVEL_GLOBAL, SK_COOKIE_OFFSET_GLOBAL, SK_PROTOCOL_OFFSET_GLOBAL,
+    SKC_STATE_OFFSET_GLOBAL, TCP_CONNECTIONS_MASK_GLOBAL, UDP_BYTES_GLOBAL, map_names, program_names,
 };
 
 use super::{
@@ -137,8 +137,34 @@ pub struct LoadOptions {
     pub load_signal: bool,
     /// Load the outlier ejection program.
     pub outlier_ejection: bool,
-    /// Load the cross-zone accounting program (bytes per Service port and backend).
-    pub byte_accounting: bool,
+    /// What cross-zone accounting counts (bytes per Service port and backend).
+    pub byte_accounting: ByteAccounting,
+}
+
+/// What cross-zone accounting counts (`--byte-accounting`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, ValueEnum)]
+pub enum ByteAccounting {
+    /// Nothing: no program loaded.
+    #[default]
+    Off,
+    /// The TCP connections the hooks rewrite: read from each socket when it ends and by the
+    /// sweeps, nothing on any connect or send.
+    Tcp,
+    /// Those, and every UDP datagram through a Service, counted where the kernel reports each
+    /// send and receive of a socket of the node.
+    All,
+}
+
+impl ByteAccounting {
+    /// Whether TCP connections are counted.
+    pub fn tcp(self) -> bool {
+        self != Self::Off
+    }
+
+    /// Whether UDP datagrams are counted.
+    pub fn udp(self) -> bool {
+        self == Self::All
+    }
 }
 
 /// Loads the object with its maps opened from, or created and pinned under, `layout`, and its
@@ -196,7 +222,7 @@ fn load_flavour(layout: &PinLayout, options: &LoadOptions, flavour: Flavour) -> 
         loader.override_global(SKC_STATE_OFFSET_GLOBAL, offset, true);
     }
     // So does accounting, at the offsets of a TCP socket's byte counters.
-    let byte_offsets = match options.byte_accounting.then(tcp_byte_offsets) {
+    let byte_offsets = match options.byte_accounting.tcp().then(tcp_byte_offsets) {
         Some(Ok(offsets)) => Some(offsets),
         Some(Err(error)) => {
             tracing::warn!(%error, "no TCP byte counters in the kernel's BTF; no bytes are counted");
@@ -207,6 +233,8 @@ fn load_flavour(layout: &PinLayout, options: &LoadOptions, flavour: Flavour) -> 
     if let Some(offsets) = &byte_offsets {
         offsets.set(&mut loader);
     }
+    let udp_bytes = u32::from(byte_offsets.is_some() && options.byte_accounting.udp());
+    loader.override_global(UDP_BYTES_GLOBAL, &udp_bytes, true);
     let enabled = u32::from(flavour.index);
     loader.override_global(INDEX_ENABLED_GLOBAL, &enabled, true);
     let mut ebpf = loader.load(flavour.bytes())?;
@@ -225,6 +253,12 @@ fn load_flavour(layout: &PinLayout, options: &LoadOptions, flavour: Flavour) -> 
         && let Err(error) = load_tracing(&mut ebpf, &program_names::ACCOUNTING)
     {
         tracing::warn!(%error, "the kernel refused the accounting program; no bytes are counted");
+    }
+    // UDP's tracepoints came with Linux 6.3.
+    if udp_bytes == 1
+        && let Err(error) = load_tracing(&mut ebpf, &program_names::UDP_ACCOUNTING)
+    {
+        tracing::warn!(%error, "the kernel refused the UDP accounting programs; no datagram is counted");
     }
     if options.load_signal {
         // The measurement is an addition: a kernel that refuses it leaves the rewrites running.
@@ -272,6 +306,7 @@ pub struct ByteOffsets {
     acked: u32,
     received: u32,
     cookie: u32,
+    protocol: u32,
 }
 
 impl ByteOffsets {
@@ -280,12 +315,13 @@ impl ByteOffsets {
         loader.override_global(BYTES_ACKED_OFFSET_GLOBAL, &self.acked, true);
         loader.override_global(BYTES_RECEIVED_OFFSET_GLOBAL, &self.received, true);
         loader.override_global(SK_COOKIE_OFFSET_GLOBAL, &self.cookie, true);
+        loader.override_global(SK_PROTOCOL_OFFSET_GLOBAL, &self.protocol, true);
     }
 }
 
 /// The byte offsets of `bytes_acked` and `bytes_received` in this kernel's `struct tcp_sock` and
-/// of the cookie in its `struct sock` (`sk_cookie`, `__sk_common.skc_cookie`), from its BTF; the accounting programs are not loaded
-/// without them.
+/// of the cookie and protocol in its `struct sock` (`sk_cookie`, `__sk_common.skc_cookie`;
+/// `sk_protocol`), from its BTF; the accounting programs are not loaded without them.
 pub fn tcp_byte_offsets() -> Result<ByteOffsets, btf_offsets::BtfOffsetError> {
     let path = Path::new(btf_offsets::VMLINUX);
     Ok(ByteOffsets {
@@ -293,6 +329,7 @@ pub fn tcp_byte_offsets() -> Result<ByteOffsets, btf_offsets::BtfOffsetError> {
         received: btf_offsets::member_offset_in(path, "tcp_sock", "bytes_received")?,
         cookie: btf_offsets::member_offset_in(path, "sock", "__sk_common")?
             + btf_offsets::member_offset_in(path, "sock_common", "skc_cookie")?,
+        protocol: btf_offsets::member_offset_in(path, "sock", "sk_protocol")?,
     })
 }
 
@@ -361,7 +398,8 @@ pub fn attach_all(ebpf: &mut Ebpf, layout: &PinLayout, cgroup: &Path) -> Result<
         links::detach_pinned(&before)?;
     }
     attach_tracing(ebpf, layout, &program_names::OUTLIER)?;
-    attach_tracing(ebpf, layout, &program_names::ACCOUNTING)
+    attach_tracing(ebpf, layout, &program_names::ACCOUNTING)?;
+    attach_tracing(ebpf, layout, &program_names::UDP_ACCOUNTING)
 }
 
 /// Attaches tracing programs (outlier ejection, accounting), if they were loaded, and pins their

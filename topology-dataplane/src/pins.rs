@@ -124,6 +124,7 @@ mod tests {
         let mut expected: BTreeSet<&str> = map_names::PINNED.into_iter().collect();
         expected.insert(map_names::RNG);
         expected.insert(map_names::OUTLIER_SCAN);
+        expected.insert(map_names::UDP_LAST);
         for (object, bytes) in [("topology", PROGRAMS), ("topology-acquire", PROGRAMS_ACQUIRE)] {
             let parsed = aya_obj::Object::parse(bytes).unwrap_or_else(|error| panic!("{object}: {error}"));
             let declared: BTreeSet<&str> =

@@ -86,7 +86,8 @@ pub fn find(layout: &PinLayout, options: &LoadOptions, cgroup: &Path) -> Option<
     }
     let tracing_links = |programs: &[(&str, &str)]| programs.iter().all(|(name, _)| layout.link(name).exists());
     if (options.outlier_ejection && !tracing_links(&program_names::OUTLIER))
-        || (options.byte_accounting && !tracing_links(&program_names::ACCOUNTING))
+        || (options.byte_accounting.tcp() && !tracing_links(&program_names::ACCOUNTING))
+        || (options.byte_accounting.udp() && !tracing_links(&program_names::UDP_ACCOUNTING))
     {
         // Detached, or refused by this kernel before: loading tries again.
         return None;
@@ -149,7 +150,7 @@ pub fn record(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataplane::{Capacities, IndexOrdering};
+    use crate::dataplane::{ByteAccounting, Capacities, IndexOrdering};
 
     fn options() -> LoadOptions {
         LoadOptions {
@@ -158,7 +159,7 @@ mod tests {
             index: IndexOrdering::Auto,
             load_signal: true,
             outlier_ejection: true,
-            byte_accounting: true,
+            byte_accounting: ByteAccounting::All,
         }
     }
 
@@ -174,8 +175,10 @@ mod tests {
         let mut ejection = options();
         ejection.outlier_ejection = false;
         let mut accounting = options();
-        accounting.byte_accounting = false;
-        for other in [capacities, signal, ejection, accounting] {
+        accounting.byte_accounting = ByteAccounting::Tcp;
+        let mut no_accounting = options();
+        no_accounting.byte_accounting = ByteAccounting::Off;
+        for other in [capacities, signal, ejection, accounting, no_accounting] {
             assert_ne!(base, fingerprint(&other, cgroup), "{other:?}");
         }
         assert_ne!(base, fingerprint(&options(), Path::new("/sys/fs/cgroup/b")));

@@ -35,7 +35,7 @@ static BYTES_ACKED_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 static BYTES_RECEIVED_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
-static SK_COOKIE_OFFSET: Global<u32> = Global::new(0);
+pub(crate) static SK_COOKIE_OFFSET: Global<u32> = Global::new(0);
 
 /// A TCP socket is destroyed (every one ends here, after its last byte is acknowledged or the
 /// connection reset): one of ours counts what it moved since its last sweep.
@@ -167,14 +167,14 @@ fn totals(sk: *mut c_void) -> Option<ByteCount> {
 /// `base` is a pointer the kernel typed (a traced or iterated TCP socket) and `offset` the offset
 /// of a `T` field in its type.
 #[inline(always)]
-unsafe fn field<T: Copy>(base: *mut c_void, offset: usize) -> T {
+pub(crate) unsafe fn field<T: Copy>(base: *mut c_void, offset: usize) -> T {
     // SAFETY: as the caller promises.
     unsafe { ptr::read_volatile(base.cast::<u8>().add(offset).cast::<T>()) }
 }
 
 /// Adds `bytes` to `key`'s count, made if the map has none (an LRU: it always has room).
 #[inline(always)]
-fn add(key: &SockTranslation, bytes: &ByteCount) {
+pub(crate) fn add(key: &SockTranslation, bytes: &ByteCount) {
     if bytes.to_backend == 0 && bytes.from_backend == 0 {
         return;
     }

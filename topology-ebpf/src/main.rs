@@ -11,6 +11,7 @@
 mod bytes;
 mod choose;
 mod count;
+mod datagrams;
 mod gate;
 mod iter;
 mod load;
@@ -28,7 +29,9 @@ use choose::{Error, Pick};
 use gate::{Clock, Gate};
 use record::Addressed;
 use sockaddr::{ALLOW, Words};
-use topology_common::{AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP, NodeCounters, ServiceValue, service_flags};
+use topology_common::{
+    AF_INET, AF_INET6, DatagramBytes, IPPROTO_TCP, IPPROTO_UDP, NodeCounters, ServiceValue, service_flags,
+};
 
 /// A destination as the maps see it: the family of the service (an IPv4-mapped address on an
 /// AF_INET6 socket is an IPv4 service) and its address in the maps' 16-byte form.
@@ -40,6 +43,20 @@ struct Dest {
 }
 
 impl Dest {
+    /// An unconnected socket's datagram to this Service goes to `choice`'s backend: its bytes
+    /// count there (with `--byte-accounting all`).
+    #[inline(always)]
+    fn sent_through(&self, ctx: &SockAddrContext, choice: &Pick) {
+        datagrams::translated(
+            ctx,
+            DatagramBytes::SENT,
+            self.family,
+            sockaddr::bytes(self.addr),
+            self.port,
+            &choice.backend,
+        );
+    }
+
     /// The destination of an AF_INET context.
     #[inline(always)]
     fn of4(ctx: &SockAddrContext) -> Self {
@@ -104,6 +121,7 @@ pub fn connect6(ctx: SockAddrContext) -> i32 {
     let outcome = connect(&ctx, dest);
     if let Ok(Some(choice)) = &outcome {
         Dest::write6(&ctx, dest.family, choice.addr(), choice.backend.port);
+        dest.sent_through(&ctx, choice);
     }
     finish(&ctx, &outcome)
 }
@@ -147,9 +165,11 @@ fn log_connect(ctx: &SockAddrContext, service_id: u32, port: u16, backend: &topo
 
 #[cgroup_sock_addr(sendmsg4)]
 pub fn sendmsg4(ctx: SockAddrContext) -> i32 {
-    let outcome = send(&ctx, Dest::of4(&ctx));
+    let dest = Dest::of4(&ctx);
+    let outcome = send(&ctx, dest);
     if let Ok(Some(choice)) = &outcome {
         Dest::write4(&ctx, choice.addr(), choice.backend.port);
+        dest.sent_through(&ctx, choice);
     }
     finish(&ctx, &outcome)
 }
@@ -160,6 +180,7 @@ pub fn sendmsg6(ctx: SockAddrContext) -> i32 {
     let outcome = send(&ctx, dest);
     if let Ok(Some(choice)) = &outcome {
         Dest::write6(&ctx, dest.family, choice.addr(), choice.backend.port);
+        dest.sent_through(&ctx, choice);
     }
     finish(&ctx, &outcome)
 }
@@ -254,7 +275,11 @@ fn original(ctx: &SockAddrContext, source: Dest) -> Option<(Words, u16)> {
     let peer = record::datagram_peer(ctx, source.family, source.addr, source.port)?;
     let vip = Dest { family: peer.family, addr: sockaddr::words(&peer.vip), port: peer.vip_port };
     let service = vip.service(IPPROTO_UDP)?;
-    (service.set_id == peer.set_id || choose::in_set(&service, &peer.backend)).then_some((vip.addr, vip.port))
+    if service.set_id != peer.set_id && !choose::in_set(&service, &peer.backend) {
+        return None;
+    }
+    datagrams::translated(ctx, DatagramBytes::RECEIVED, peer.family, peer.vip, peer.vip_port, &peer.backend);
+    Some((vip.addr, vip.port))
 }
 
 /// Counts a rewrite or a failure, and turns it into the program's return value. Every outcome

@@ -13,10 +13,10 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use topology_common::{
-    BackendKey, BackendLoad, ByteCount, COUNTER_CHUNK, ClientAffinityKey, ClientAffinityValue, DatagramPeers, DnsSteer,
-    Heartbeat, IndexEntry4, IndexEntry6, NodeCounters, OutlierEntry, OutlierScan, OutlierState, ServiceCounters,
-    ServiceKey4, ServiceKey6, ServiceMeta, ServiceOptions, ServiceValue, Slot, SockBytes, SockTranslation,
-    TcpTranslation, capacity,
+    BackendKey, BackendLoad, ByteCount, COUNTER_CHUNK, ClientAffinityKey, ClientAffinityValue, DatagramBytes,
+    DatagramPeers, DnsSteer, Heartbeat, IndexEntry4, IndexEntry6, NodeCounters, OutlierEntry, OutlierScan,
+    OutlierState, ServiceCounters, ServiceKey4, ServiceKey6, ServiceMeta, ServiceOptions, ServiceValue, Slot,
+    SockBytes, SockTranslation, TcpTranslation, capacity,
 };
 
 /// Maps only userspace writes are allocated on write, so an idle capacity costs no kernel memory.
@@ -176,6 +176,11 @@ pub static BYTES: LruHashMap<SockTranslation, ByteCount, { capacity::BYTES as us
 /// socket.
 #[btf_map(name = "topo_sock_bytes")]
 pub static SOCK_BYTES: SkStorage<SockBytes> = SkStorage::new();
+
+/// The datagram an unconnected UDP socket's hook just translated, per CPU, sent and received
+/// (see `datagrams`); not pinned.
+#[btf_map(name = "topo_udp_last")]
+pub static UDP_LAST: PerCpuArray<DatagramBytes, 2> = PerCpuArray::new();
 
 /// Per-CPU state of the programs' random number generator (see `rng`); not pinned: a new state
 /// per load is as good as the old one.

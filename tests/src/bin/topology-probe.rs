@@ -62,6 +62,12 @@ enum Mode {
         #[arg(long)]
         hold: bool,
     },
+    /// Serve datagrams of known sizes (see `topology_tests::datagrams`).
+    ServeDatagrams {
+        /// UDP address to listen on (repeatable).
+        #[arg(long, required = true)]
+        udp: Vec<SocketAddr>,
+    },
     /// A stand-in DNS upstream: answers every UDP query with one A record, or never (`--silent`).
     DnsUpstream {
         /// UDP address to listen on.
@@ -149,6 +155,24 @@ enum Traffic {
         /// Milliseconds each spreads its payload over (holding the connection open).
         #[arg(long, default_value_t = 0)]
         hold_ms: u64,
+    },
+    /// Datagrams of known sizes to each target in turn, each answered; prints what moved.
+    Datagrams {
+        /// Datagrams to each target.
+        #[arg(long)]
+        count: u64,
+        /// Bytes of each.
+        #[arg(long)]
+        size: usize,
+        /// Bytes each asks back.
+        #[arg(long, default_value_t = 0)]
+        reply: u32,
+        /// One connected socket per target, else one unconnected socket for all.
+        #[arg(long)]
+        connected: bool,
+        /// Peek at each answer before receiving it.
+        #[arg(long)]
+        peek: bool,
     },
     /// Open TCP connections and hold them: prints `open N`, ends at a line on stdin.
     Open {
@@ -263,6 +287,13 @@ fn main() -> anyhow::Result<()> {
             })
             .context("serving bulk transfers")?;
         }
+        Mode::ServeDatagrams { udp } => {
+            topology_tests::datagrams::serve(&udp, || {
+                println!("ready");
+                let _ = std::io::stdout().flush();
+            })
+            .context("serving datagrams")?;
+        }
         Mode::DnsUpstream { listen, answer, silent, delay_ms } => {
             topology_tests::dns::serve_upstream(listen, answer, silent, Duration::from_millis(delay_ms), || {
                 println!("ready");
@@ -312,6 +343,13 @@ fn main() -> anyhow::Result<()> {
                         topology_tests::bulk::Transfer { send, receive, hold: Duration::from_millis(hold_ms) };
                     let report = topology_tests::bulk::run(target, transfer, count, client.timeout);
                     println!("{}", serde_json::to_string(&report)?);
+                    return Ok(());
+                }
+                Traffic::Datagrams { count, size, reply, connected, peek } => {
+                    let exchange = topology_tests::datagrams::Exchange { count, size, reply, connected, peek };
+                    let moved = topology_tests::datagrams::run(&client.targets, exchange, client.timeout)
+                        .context("datagrams")?;
+                    println!("{}", serde_json::to_string(&moved)?);
                     return Ok(());
                 }
                 Traffic::Open { count } => {
