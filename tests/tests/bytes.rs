@@ -29,6 +29,9 @@ const NEAR: &str = "10.96.0.70:9000";
 const FAR: &str = "10.96.0.71:9000";
 /// `both` has b0 and b1, with `trafficDistribution: PreferClose`.
 const BOTH: &str = "10.96.0.72:9000";
+/// `refused` has b0 on a port nothing listens on.
+const REFUSED: &str = "10.96.0.75:9000";
+const CLOSED_PORT: u16 = 9009;
 const MIB: u64 = 1 << 20;
 
 /// An agent on node-a for `fx`'s two backends behind the three Services, with a bulk
@@ -37,10 +40,11 @@ fn start(fx: &Fixture) -> (Agent, Vec<BulkServer>) {
     let file = fx.scratch().join("cluster.yaml");
     let mut objects = vec![cluster::node("node-a", "zone-a", None, "4"), cluster::node("node-b", "zone-b", None, "4")];
     let endpoint = |backend: usize, node| EndpointSpec::new(IpAddr::V4(fx.backends[backend].host.v4), node);
-    for (name, vip, endpoints) in [
-        ("near", NEAR, vec![endpoint(0, "node-a")]),
-        ("far", FAR, vec![endpoint(1, "node-b")]),
-        ("both", BOTH, vec![endpoint(0, "node-a"), endpoint(1, "node-b")]),
+    for (name, vip, endpoints, port) in [
+        ("near", NEAR, vec![endpoint(0, "node-a")], BULK_PORT),
+        ("far", FAR, vec![endpoint(1, "node-b")], BULK_PORT),
+        ("both", BOTH, vec![endpoint(0, "node-a"), endpoint(1, "node-b")], BULK_PORT),
+        ("refused", REFUSED, vec![endpoint(0, "node-a")], CLOSED_PORT),
     ] {
         let vip: SocketAddr = vip.parse().unwrap();
         let mut service = cluster::service("default", name, vip.ip(), vip.port(), "TCP", "bulk");
@@ -48,7 +52,7 @@ fn start(fx: &Fixture) -> (Agent, Vec<BulkServer>) {
             service["spec"]["trafficDistribution"] = "PreferClose".into();
         }
         objects.push(service);
-        objects.push(cluster::slice("default", &format!("{name}-1"), name, "bulk", BULK_PORT, "TCP", &endpoints));
+        objects.push(cluster::slice("default", &format!("{name}-1"), name, "bulk", port, "TCP", &endpoints));
     }
     cluster::write(&file, &objects);
     let servers = fx.backends.iter().map(|b| BulkServer::start(&b.host, BULK_PORT, false)).collect();
@@ -223,4 +227,27 @@ fn what_crossed_zones_and_what_the_routing_saved_per_service() {
     assert_eq!(row("default/far:bulk")["total"]["crossZone"], far_bytes, "{report}");
     let table = status(&["--cost-per-gb", "0.02"]);
     assert!(table.contains("at $0.02/GB each way") && table.contains("default/far:bulk"), "{table}");
+}
+
+#[test]
+fn a_socket_that_connects_elsewhere_after_a_refused_connect_counts_nothing_for_the_service() {
+    require_root!();
+    let fx = Fixture::new(2);
+    let (agent, _servers) = start(&fx);
+    let place = fx.place();
+    // Refused through the Service, then connected on the same socket to b1's own address: the
+    // socket keeps its entry in the connections table, but its peer is not that backend.
+    let direct = SocketAddr::from((fx.backends[1].host.v4, topology_tests::fixture::BACKEND_PORT));
+    let report = place.reconnect(REFUSED.parse().unwrap(), direct);
+    assert_eq!(report.errors.get("ECONNREFUSED"), Some(&1), "{report:?}");
+    assert_eq!(report.landed.values().sum::<u64>(), 1, "{report:?}");
+    // A transfer through another Service after it, counted in the same reading or a later one.
+    let upload = Transfer { send: MIB, receive: 0, hold: Duration::ZERO };
+    let near = bulk::finish(bulk::spawn(&place, NEAR.parse().unwrap(), upload, 1), Duration::from_secs(60));
+    let expected = BTreeMap::from([
+        (key("near", "zone-a", "to_backend"), near.sent + 2),
+        (key("near", "zone-a", "from_backend"), 1),
+    ]);
+    let counted = counted_within(&agent, &expected);
+    assert_eq!(counted, expected, "nothing counted for default/refused");
 }

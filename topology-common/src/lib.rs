@@ -272,6 +272,11 @@ pub const BYTES_ACKED_OFFSET_GLOBAL: &str = "BYTES_ACKED_OFFSET";
 pub const BYTES_RECEIVED_OFFSET_GLOBAL: &str = "BYTES_RECEIVED_OFFSET";
 /// Global (`.rodata`) variable the agent sets to the byte offset of `sock.sk_cookie`.
 pub const SK_COOKIE_OFFSET_GLOBAL: &str = "SK_COOKIE_OFFSET";
+/// Global (`.rodata`) variables the agent sets to the byte offsets of a socket's peer in the
+/// kernel's `struct sock`: `skc_daddr`, `skc_v6_daddr`, `skc_dport` (in `__sk_common`).
+pub const SKC_DADDR_OFFSET_GLOBAL: &str = "SKC_DADDR_OFFSET";
+pub const SKC_V6_DADDR_OFFSET_GLOBAL: &str = "SKC_V6_DADDR_OFFSET";
+pub const SKC_DPORT_OFFSET_GLOBAL: &str = "SKC_DPORT_OFFSET";
 /// Global (`.rodata`) variable the agent sets to the byte offset of `sock.sk_protocol`.
 pub const SK_PROTOCOL_OFFSET_GLOBAL: &str = "SK_PROTOCOL_OFFSET";
 /// Global (`.rodata`) variable: 1 when the UDP hooks leave each translated datagram for the

@@ -61,55 +61,126 @@ const DATASEC: u32 = 15;
 const DECL_TAG: u32 = 17;
 const ENUM64: u32 = 19;
 
-/// The byte offset of `member` in the first struct named `name` of the BTF blob `data`.
+/// The byte offset of `member` in the first struct named `name` of the BTF blob `data`, looked
+/// for in the struct's anonymous unions and structs too (`sock_common.skc_daddr` is in one).
 pub fn member_offset(data: &[u8], name: &str, member: &str) -> Result<u32, BtfOffsetError> {
-    let word = |at: usize| -> Result<u32, BtfOffsetError> {
-        let bytes = data.get(at..at + 4).ok_or(BtfOffsetError::Malformed("cut short"))?;
-        Ok(u32::from_ne_bytes(bytes.try_into().expect("four bytes")))
-    };
-    if data.get(0..2) != Some(&0xeb9f_u16.to_ne_bytes()[..]) {
-        return Err(BtfOffsetError::Malformed("no BTF magic in this byte order"));
+    let types = Types::parse(data)?;
+    let not_found = || BtfOffsetError::NotFound { name: name.into(), member: member.into() };
+    let id = types.named_struct(name)?.ok_or_else(not_found)?;
+    match types.member_bits(id, member, 0)? {
+        Some(Bits::Whole(bits)) if bits.is_multiple_of(8) => Ok(bits / 8),
+        Some(_) => Err(BtfOffsetError::Bitfield { name: name.into(), member: member.into() }),
+        None => Err(not_found()),
     }
-    let header_len = word(4)? as usize;
-    let (type_off, type_len, str_off, str_len) = (word(8)?, word(12)?, word(16)?, word(20)?);
-    let types = header_len + type_off as usize..header_len + (type_off + type_len) as usize;
-    let strings = data
-        .get(header_len + str_off as usize..header_len + (str_off + str_len) as usize)
-        .ok_or(BtfOffsetError::Malformed("string section out of bounds"))?;
-    let string = |offset: u32| -> &[u8] {
-        let rest = strings.get(offset as usize..).unwrap_or_default();
+}
+
+/// A member's offset in bits: a whole field, or a bitfield.
+enum Bits {
+    Whole(u32),
+    Field,
+}
+
+/// How deep anonymous members are looked into.
+const MAX_NESTING: usize = 8;
+
+/// The type section of a BTF blob, with where each type's entry starts (type id `n` at `n - 1`).
+struct Types<'a> {
+    data: &'a [u8],
+    strings: &'a [u8],
+    starts: Vec<usize>,
+}
+
+impl<'a> Types<'a> {
+    fn parse(data: &'a [u8]) -> Result<Self, BtfOffsetError> {
+        let word = |at: usize| word_at(data, at);
+        if data.get(0..2) != Some(&0xeb9f_u16.to_ne_bytes()[..]) {
+            return Err(BtfOffsetError::Malformed("no BTF magic in this byte order"));
+        }
+        let header_len = word(4)? as usize;
+        let (type_off, type_len, str_off, str_len) = (word(8)?, word(12)?, word(16)?, word(20)?);
+        let end = header_len + (type_off + type_len) as usize;
+        let strings = data
+            .get(header_len + str_off as usize..header_len + (str_off + str_len) as usize)
+            .ok_or(BtfOffsetError::Malformed("string section out of bounds"))?;
+        let mut starts = Vec::new();
+        let mut at = header_len + type_off as usize;
+        while at < end {
+            starts.push(at);
+            let info = word(at + 4)?;
+            let (vlen, kind) = ((info & 0xffff) as usize, (info >> 24) & 0x1f);
+            at += 12
+                + match kind {
+                    INT | VAR | DECL_TAG => 4,
+                    ARRAY => 12,
+                    STRUCT | UNION | DATASEC | ENUM64 => 12 * vlen,
+                    ENUM | FUNC_PROTO => 8 * vlen,
+                    _ => 0,
+                };
+        }
+        Ok(Self { data, strings, starts })
+    }
+
+    fn word(&self, at: usize) -> Result<u32, BtfOffsetError> {
+        word_at(self.data, at)
+    }
+
+    fn string(&self, offset: u32) -> &[u8] {
+        let rest = self.strings.get(offset as usize..).unwrap_or_default();
         &rest[..rest.iter().position(|&b| b == 0).unwrap_or(rest.len())]
-    };
-    let mut at = types.start;
-    while at < types.end {
-        let (name_off, info) = (word(at)?, word(at + 4)?);
-        let (vlen, kind, kind_flag) = ((info & 0xffff) as usize, (info >> 24) & 0x1f, info >> 31 != 0);
-        let body = at + 12;
-        if kind == STRUCT && string(name_off) == name.as_bytes() {
-            for m in 0..vlen {
-                let entry = body + 12 * m;
-                if string(word(entry)?) != member.as_bytes() {
-                    continue;
-                }
-                let offset = word(entry + 8)?;
-                let (bits, bitfield) =
-                    if kind_flag { (offset & 0xff_ffff, offset >> 24 != 0) } else { (offset, false) };
-                if bitfield || !bits.is_multiple_of(8) {
-                    return Err(BtfOffsetError::Bitfield { name: name.into(), member: member.into() });
-                }
-                return Ok(bits / 8);
+    }
+
+    /// Type `id`'s entry: where it starts, its name, kind, member count and kind flag.
+    fn entry(&self, id: u32) -> Result<(usize, u32, u32, usize, bool), BtfOffsetError> {
+        let at = *id
+            .checked_sub(1)
+            .and_then(|index| self.starts.get(index as usize))
+            .ok_or(BtfOffsetError::Malformed("a member of a type that does not exist"))?;
+        let (name_off, info) = (self.word(at)?, self.word(at + 4)?);
+        Ok((at, name_off, (info >> 24) & 0x1f, (info & 0xffff) as usize, info >> 31 != 0))
+    }
+
+    /// The id of the first struct named `name`.
+    fn named_struct(&self, name: &str) -> Result<Option<u32>, BtfOffsetError> {
+        for id in 1..=self.starts.len() as u32 {
+            let (_, name_off, kind, _, _) = self.entry(id)?;
+            if kind == STRUCT && self.string(name_off) == name.as_bytes() {
+                return Ok(Some(id));
             }
         }
-        at = body
-            + match kind {
-                INT | VAR | DECL_TAG => 4,
-                ARRAY => 12,
-                STRUCT | UNION | DATASEC | ENUM64 => 12 * vlen,
-                ENUM | FUNC_PROTO => 8 * vlen,
-                _ => 0,
-            };
+        Ok(None)
     }
-    Err(BtfOffsetError::NotFound { name: name.into(), member: member.into() })
+
+    /// Where `member` is in struct or union `id`, directly or in an anonymous member.
+    fn member_bits(&self, id: u32, member: &str, depth: usize) -> Result<Option<Bits>, BtfOffsetError> {
+        let (at, _, _, vlen, kind_flag) = self.entry(id)?;
+        for m in 0..vlen {
+            let entry = at + 12 + 12 * m;
+            let (name, member_type, offset) = (self.word(entry)?, self.word(entry + 4)?, self.word(entry + 8)?);
+            let (bits, bitfield) = if kind_flag { (offset & 0xff_ffff, offset >> 24 != 0) } else { (offset, false) };
+            if self.string(name) == member.as_bytes() {
+                return Ok(Some(if bitfield { Bits::Field } else { Bits::Whole(bits) }));
+            }
+            if name != 0 && !self.string(name).is_empty() || depth >= MAX_NESTING {
+                continue;
+            }
+            let (_, _, inner_kind, _, _) = self.entry(member_type)?;
+            if inner_kind != STRUCT && inner_kind != UNION {
+                continue;
+            }
+            match self.member_bits(member_type, member, depth + 1)? {
+                Some(Bits::Whole(inner)) => return Ok(Some(Bits::Whole(bits + inner))),
+                Some(Bits::Field) => return Ok(Some(Bits::Field)),
+                None => {}
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// The native-endian u32 at `at` of `data`.
+fn word_at(data: &[u8], at: usize) -> Result<u32, BtfOffsetError> {
+    let bytes = data.get(at..at + 4).ok_or(BtfOffsetError::Malformed("cut short"))?;
+    Ok(u32::from_ne_bytes(bytes.try_into().expect("four bytes")))
 }
 
 #[cfg(test)]
@@ -149,6 +220,40 @@ mod tests {
         assert!(matches!(member_offset(b"not btf at all", "pair", "b"), Err(BtfOffsetError::Malformed(_))));
     }
 
+    /// `struct outer { int x; union { int a; struct { int b; int c; }; }; }`: `c` at byte 8.
+    fn nested() -> Vec<u8> {
+        let strings = b"\0int\0outer\0x\0a\0b\0c\0";
+        let mut types = Vec::new();
+        let mut push = |words: &[u32]| words.iter().for_each(|w| types.extend_from_slice(&w.to_ne_bytes()));
+        push(&[1, INT << 24, 4, 32]); // 1: int
+        push(&[0, STRUCT << 24 | 2, 8]); // 2: struct { b; c; }
+        push(&[15, 1, 0]);
+        push(&[17, 1, 32]);
+        push(&[0, UNION << 24 | 2, 8]); // 3: union { a; struct 2; }
+        push(&[13, 1, 0]);
+        push(&[0, 2, 0]);
+        push(&[5, STRUCT << 24 | 2, 12]); // 4: outer { x; union 3 at 32; }
+        push(&[11, 1, 0]);
+        push(&[0, 3, 32]);
+        let mut data = Vec::new();
+        for word in [0x0001_eb9f_u32, 24, 0, types.len() as u32, types.len() as u32, strings.len() as u32] {
+            data.extend_from_slice(&word.to_ne_bytes());
+        }
+        data[0..4].copy_from_slice(&[0x9f, 0xeb, 1, 0]);
+        data.extend_from_slice(&types);
+        data.extend_from_slice(strings);
+        data
+    }
+
+    #[test]
+    fn finds_members_of_anonymous_unions_and_structs() {
+        let data = nested();
+        let offsets: Vec<u32> =
+            ["x", "a", "b", "c"].iter().map(|m| member_offset(&data, "outer", m).unwrap()).collect();
+        assert_eq!(offsets, [0, 4, 4, 8]);
+        assert!(matches!(member_offset(&data, "outer", "d"), Err(BtfOffsetError::NotFound { .. })));
+    }
+
     #[test]
     fn finds_the_socket_state_in_this_kernel() {
         let path = Path::new(VMLINUX);
@@ -159,5 +264,8 @@ mod tests {
         let offset = member_offset_in(path, "sock_common", "skc_state").expect("skc_state");
         // 64-bit kernels since 2.6: after the address and port pairs, the hash and the family.
         assert_eq!(offset, 18);
+        // In anonymous structs of anonymous unions: the peer's address first, its port at 12.
+        assert_eq!(member_offset_in(path, "sock_common", "skc_daddr").expect("skc_daddr"), 0);
+        assert_eq!(member_offset_in(path, "sock_common", "skc_dport").expect("skc_dport"), 12);
     }
 }

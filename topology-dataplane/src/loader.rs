@@ -16,7 +16,8 @@ use serde::{Deserialize, Serialize};
 use topology_common::{
     BYTES_ACKED_OFFSET_GLOBAL, BYTES_RECEIVED_OFFSET_GLOBAL, INDEX_ENABLED_GLOBAL, INDEX_V4_MASK_GLOBAL,
     INDEX_V6_MASK_GLOBAL, LOG_LEVEL_GLOBAL, SK_COOKIE_OFFSET_GLOBAL, SK_PROTOCOL_OFFSET_GLOBAL,
-    SKC_STATE_OFFSET_GLOBAL, TCP_CONNECTIONS_MASK_GLOBAL, UDP_BYTES_GLOBAL, map_names, program_names,
+    SKC_DADDR_OFFSET_GLOBAL, SKC_DPORT_OFFSET_GLOBAL, SKC_STATE_OFFSET_GLOBAL, SKC_V6_DADDR_OFFSET_GLOBAL,
+    TCP_CONNECTIONS_MASK_GLOBAL, UDP_BYTES_GLOBAL, map_names, program_names,
 };
 
 use super::{
@@ -307,6 +308,8 @@ pub struct ByteOffsets {
     received: u32,
     cookie: u32,
     protocol: u32,
+    /// The peer's IPv4 address, IPv6 address and port.
+    peer: [u32; 3],
 }
 
 impl ByteOffsets {
@@ -316,20 +319,26 @@ impl ByteOffsets {
         loader.override_global(BYTES_RECEIVED_OFFSET_GLOBAL, &self.received, true);
         loader.override_global(SK_COOKIE_OFFSET_GLOBAL, &self.cookie, true);
         loader.override_global(SK_PROTOCOL_OFFSET_GLOBAL, &self.protocol, true);
+        loader.override_global(SKC_DADDR_OFFSET_GLOBAL, &self.peer[0], true);
+        loader.override_global(SKC_V6_DADDR_OFFSET_GLOBAL, &self.peer[1], true);
+        loader.override_global(SKC_DPORT_OFFSET_GLOBAL, &self.peer[2], true);
     }
 }
 
 /// The byte offsets of `bytes_acked` and `bytes_received` in this kernel's `struct tcp_sock` and
-/// of the cookie and protocol in its `struct sock` (`sk_cookie`, `__sk_common.skc_cookie`;
-/// `sk_protocol`), from its BTF; the accounting programs are not loaded without them.
+/// of the cookie, protocol and peer in its `struct sock` (`__sk_common.skc_cookie`, `sk_protocol`,
+/// `__sk_common.skc_daddr`, `skc_v6_daddr`, `skc_dport`), from its BTF; the accounting programs
+/// are not loaded without them.
 pub fn tcp_byte_offsets() -> Result<ByteOffsets, btf_offsets::BtfOffsetError> {
     let path = Path::new(btf_offsets::VMLINUX);
+    let common = btf_offsets::member_offset_in(path, "sock", "__sk_common")?;
+    let in_common = |member| btf_offsets::member_offset_in(path, "sock_common", member).map(|at| common + at);
     Ok(ByteOffsets {
         acked: btf_offsets::member_offset_in(path, "tcp_sock", "bytes_acked")?,
         received: btf_offsets::member_offset_in(path, "tcp_sock", "bytes_received")?,
-        cookie: btf_offsets::member_offset_in(path, "sock", "__sk_common")?
-            + btf_offsets::member_offset_in(path, "sock_common", "skc_cookie")?,
+        cookie: in_common("skc_cookie")?,
         protocol: btf_offsets::member_offset_in(path, "sock", "sk_protocol")?,
+        peer: [in_common("skc_daddr")?, in_common("skc_v6_daddr")?, in_common("skc_dport")?],
     })
 }
 

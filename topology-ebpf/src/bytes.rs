@@ -25,6 +25,7 @@ use crate::{
     count::atomic_add,
     iter::IterMeta,
     maps::{self, BYTES, SOCK_BYTES},
+    peer,
 };
 
 /// Byte offsets of `bytes_acked` and `bytes_received` in this kernel's `struct tcp_sock`, and of
@@ -137,7 +138,9 @@ fn find(sk: *mut c_void) -> Option<Found> {
         return Some(Found::Swept(stored));
     }
     let (_, translation) = maps::tcp_connection(cookie)?;
-    (translation.proto == IPPROTO_TCP).then(|| Found::New(translation.bytes_key()))
+    // A socket whose rewritten connect failed and that connected elsewhere keeps its entry.
+    (translation.proto == IPPROTO_TCP && peer::is_backend(sk, &translation))
+        .then(|| Found::New(translation.bytes_key()))
 }
 
 /// The socket `sk`'s storage in [`SOCK_BYTES`], created from `init` with

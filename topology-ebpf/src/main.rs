@@ -19,6 +19,7 @@ mod lookup;
 mod maps;
 mod order;
 mod outlier;
+mod peer;
 mod record;
 mod rng;
 mod sockaddr;

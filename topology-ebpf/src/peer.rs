@@ -1,0 +1,48 @@
+//! Whether a traced TCP socket is still connected where the connect hooks sent it: a socket whose
+//! rewritten connect failed may connect again, to anything, and keeps its cookie and so its entry
+//! in the TCP connections table. The socket's own peer (`skc_daddr` or `skc_v6_daddr`, and
+//! `skc_dport`, at the offsets the agent found in the kernel's BTF) must be the entry's backend.
+
+use core::ffi::c_void;
+
+use aya_ebpf::Global;
+use topology_common::{AF_INET, SockTranslation};
+
+use crate::{bytes::field, sockaddr};
+
+/// Byte offsets in this kernel's `struct sock` of the peer's IPv4 address, IPv6 address and port
+/// (`__sk_common.skc_daddr`, `skc_v6_daddr`, `skc_dport`), set by the agent at load. A zero port
+/// offset: not found, and no socket is checked.
+#[unsafe(no_mangle)]
+static SKC_DADDR_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static SKC_V6_DADDR_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static SKC_DPORT_OFFSET: Global<u32> = Global::new(0);
+
+/// Whether the socket `sk` (a pointer the kernel typed as a socket) is connected to the backend
+/// of `translation`; true when the offsets are unknown.
+#[inline(always)]
+pub fn is_backend(sk: *mut c_void, translation: &SockTranslation) -> bool {
+    let port = SKC_DPORT_OFFSET.load() as usize;
+    if port == 0 {
+        return true;
+    }
+    // SAFETY: a u16 field (network order) of the socket the kernel passed, at its offset.
+    if u16::from_be(unsafe { field::<u16>(sk, port) }) != translation.backend_port {
+        return false;
+    }
+    let backend = sockaddr::words(&translation.backend);
+    if translation.family == AF_INET {
+        // SAFETY: as above, the u32 IPv4 address (IPv4-mapped peers of IPv6 sockets too).
+        return unsafe { field::<u32>(sk, SKC_DADDR_OFFSET.load() as usize) } == backend[0];
+    }
+    let v6 = SKC_V6_DADDR_OFFSET.load() as usize;
+    // SAFETY: as above, the four u32 words of the IPv6 address.
+    unsafe {
+        field::<u32>(sk, v6) == backend[0]
+            && field::<u32>(sk, v6 + 4) == backend[1]
+            && field::<u32>(sk, v6 + 8) == backend[2]
+            && field::<u32>(sk, v6 + 12) == backend[3]
+    }
+}
