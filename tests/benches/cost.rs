@@ -52,8 +52,9 @@ const DATAGRAM_PORT: u16 = 9002;
 const MIB: u64 = 1 << 20;
 /// Connections held open for the sweep (`TOPOLOGY_BENCH_QUICK`: the second).
 const SOCKETS: [u64; 2] = [100_000, 10_000];
-/// Rounds of the connect comparison, each with the program attached and detached.
-const ROUNDS: usize = 12;
+/// Rounds of the connect comparison, each with the program attached and detached (and of the
+/// send hook's, with UDP accounting on and off).
+const ROUNDS: usize = 24;
 const CONNECTS: u64 = 5_000;
 
 fn vip(port: u16) -> SocketAddr {
@@ -107,6 +108,16 @@ fn sweep_in(sweep: BytesSweep, name: Option<&str>) -> (BytesSweep, Duration) {
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
+}
+
+/// A distribution-free 95 % confidence interval of the median of `values` (order statistics,
+/// the sign test's normal approximation).
+fn median_interval(values: &[f64]) -> (f64, f64) {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len() as f64;
+    let k = ((n - 1.96 * n.sqrt()) / 2.0).floor().max(0.0) as usize;
+    (sorted[k], sorted[sorted.len() - 1 - k])
 }
 
 fn p50_us(mut ns: Vec<u64>) -> f64 {
@@ -258,6 +269,7 @@ fn main() {
     }
     let spread = |v: &[f64]| v.iter().copied().fold(f64::MIN, f64::max) - v.iter().copied().fold(f64::MAX, f64::min);
     let on_spread = spread(&on);
+    let delta_interval = median_interval(&deltas);
     let (on, off, connect_delta) = (median(on), median(off), median(deltas));
     let close_ns = destroyed.0.as_nanos() as f64 / destroyed.1.max(1) as f64;
 
@@ -330,7 +342,11 @@ fn main() {
     println!("| TCP connect p50 through the hook, accounting attached (median of {ROUNDS} rounds) | {on:.2} µs |");
     println!("| the same, accounting detached | {off:.2} µs |");
     println!("| the rounds' p50s spread over (attached) | {on_spread:.2} µs |");
-    println!("| median of the rounds' differences, attached minus detached | {connect_delta:+.2} µs |");
+    println!(
+        "| median of the rounds' differences, attached minus detached [95 % interval] | {connect_delta:+.2} µs \
+         [{:+.2}, {:+.2}] |",
+        delta_interval.0, delta_interval.1
+    );
     println!("| the accounting program per TCP socket destroyed (its own run time) | {close_ns:.0} ns |");
     println!("| UDP: the tracepoints per send or receive of a datagram through a Service | {udp_datagram_ns:.0} ns |");
     println!("| UDP: the tracepoints per send or receive of another socket (a TCP upload's) | {udp_other_ns:.0} ns |");

@@ -142,7 +142,6 @@ impl BulkServer {
 
     /// Like [`BulkServer::start`], in cgroup `home` if given (not one with the programs).
     pub fn start_in(host: &crate::net::Host, port: u16, hold: bool, home: Option<&std::path::Path>) -> Self {
-        use std::io::BufRead as _;
         let mut command = std::process::Command::new(crate::net::probe_binary());
         command.args(["--netns", host.netns.name()]);
         if let Some(home) = home {
@@ -155,13 +154,7 @@ impl BulkServer {
         for addr in [SocketAddr::from((host.v4, port)), SocketAddr::from((host.v6, port))] {
             command.args(["--tcp", &addr.to_string()]);
         }
-        let child = command.stdout(std::process::Stdio::piped()).spawn().expect("spawn bulk server");
-        let mut process = crate::sandbox::ProcessGuard::new(child);
-        let stdout = process.child().stdout.take().expect("piped stdout");
-        let mut line = String::new();
-        io::BufReader::new(stdout).read_line(&mut line).expect("bulk server readiness line");
-        assert_eq!(line.trim(), "ready", "the bulk server did not start");
-        Self { _process: process }
+        Self { _process: crate::sandbox::ProcessGuard::spawn_ready(&mut command, "the bulk server") }
     }
 }
 

@@ -3,7 +3,7 @@
 //! at a time to each of its targets in turn and waits for each answer.
 
 use std::{
-    io::{self, BufRead as _},
+    io,
     net::{Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket},
     thread,
     time::Duration,
@@ -122,13 +122,7 @@ impl DatagramServer {
                 command.args(["--udp", &addr.to_string()]);
             }
         }
-        let child = command.stdout(std::process::Stdio::piped()).spawn().expect("spawn datagram server");
-        let mut process = crate::sandbox::ProcessGuard::new(child);
-        let stdout = process.child().stdout.take().expect("piped stdout");
-        let mut line = String::new();
-        io::BufReader::new(stdout).read_line(&mut line).expect("datagram server readiness line");
-        assert_eq!(line.trim(), "ready", "the datagram server did not start");
-        Self { _process: process }
+        Self { _process: crate::sandbox::ProcessGuard::spawn_ready(&mut command, "the datagram server") }
     }
 }
 

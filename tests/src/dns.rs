@@ -2,9 +2,8 @@
 //! and `dig` run inside a test namespace.
 
 use std::{
-    io::{BufRead as _, BufReader},
     net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket},
-    process::{Command, Stdio},
+    process::Command,
     time::{Duration, Instant},
 };
 
@@ -102,11 +101,7 @@ pub fn start_upstream_after(
     if let Some(home) = home {
         crate::sandbox::join_cgroup_on_spawn(&mut command, home);
     }
-    let mut process = ProcessGuard::new(command.stdout(Stdio::piped()).spawn().expect("spawn upstream"));
-    let mut line = String::new();
-    BufReader::new(process.child().stdout.take().expect("stdout")).read_line(&mut line).expect("ready line");
-    assert_eq!(line.trim(), "ready");
-    (host, process)
+    (host, ProcessGuard::spawn_ready(&mut command, "the upstream"))
 }
 
 /// The agent serving DNS on port 53 of `host` (a pod of the node, steering the cluster DNS to

@@ -1,6 +1,7 @@
 //! Test support: sandboxes that always clean up, an isolated network of namespaces, and the
 //! traffic probe (backends that answer with their name, clients that record where they landed).
 
+pub mod accounting;
 pub mod agent;
 pub mod bulk;
 pub mod cluster;

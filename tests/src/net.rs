@@ -154,12 +154,7 @@ impl Server {
                 command.args(["--tcp", &addr.to_string(), "--udp", &addr.to_string()]);
             }
         }
-        let mut process = ProcessGuard::new(command.stdout(Stdio::piped()).spawn().expect("spawn probe server"));
-        let stdout = process.child().stdout.take().expect("piped stdout");
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).expect("server readiness line");
-        assert_eq!(line.trim(), "ready", "server {name} did not start");
-        Self { _process: process }
+        Self { _process: ProcessGuard::spawn_ready(&mut command, &format!("server {name}")) }
     }
 }
 

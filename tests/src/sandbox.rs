@@ -167,6 +167,19 @@ impl ProcessGuard {
         Self { child }
     }
 
+    /// Spawns `command` with its stdout piped and waits for its first line, which must be
+    /// `ready` (a server bound and listening); `what` names it in the failure.
+    pub fn spawn_ready(command: &mut Command, what: &str) -> Self {
+        use std::io::BufRead as _;
+        let child = command.stdout(std::process::Stdio::piped()).spawn();
+        let mut process = Self::new(child.unwrap_or_else(|e| panic!("spawning {what}: {e}")));
+        let stdout = process.child.stdout.take().expect("piped stdout");
+        let mut line = String::new();
+        std::io::BufReader::new(stdout).read_line(&mut line).unwrap_or_else(|e| panic!("{what}'s first line: {e}"));
+        assert_eq!(line.trim(), "ready", "{what} did not start");
+        process
+    }
+
     /// The guarded process.
     pub fn child(&mut self) -> &mut Child {
         &mut self.child

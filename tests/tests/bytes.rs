@@ -15,6 +15,7 @@ use std::{
 };
 
 use topology_tests::{
+    accounting::{self, Key},
     agent::{Agent, AgentOptions},
     bulk::{self, BulkServer, Transfer},
     cluster::{self, EndpointSpec},
@@ -61,53 +62,18 @@ fn start(fx: &Fixture) -> (Agent, Vec<BulkServer>) {
     (agent, servers)
 }
 
-/// `topology_agent_bytes_total` by (service, to_zone, direction), for this node's zone.
-fn counted(agent: &Agent) -> BTreeMap<(String, String, String), u64> {
-    let metrics = agent.get("/metrics").expect("metrics").1;
-    let label = |line: &str, name: &str| -> String {
-        let start = line.find(&format!("{name}=\"")).map(|at| at + name.len() + 2);
-        start.and_then(|at| line[at..].split('"').next()).unwrap_or_default().to_owned()
-    };
-    metrics
-        .lines()
-        .filter(|line| line.starts_with("topology_agent_bytes_total{"))
-        .filter(|line| !line.contains("default/both:"))
-        .map(|line| {
-            assert_eq!(label(line, "from_zone"), "zone-a", "{line}");
-            let value = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).expect("a value") as u64;
-            ((label(line, "service"), label(line, "to_zone"), label(line, "direction")), value)
-        })
-        .collect()
+/// `topology_agent_bytes_total` from this node's zone, but the `both` Service's.
+fn counted(agent: &Agent) -> BTreeMap<Key, u64> {
+    accounting::counted(agent, "zone-a", Some("default/both:"))
 }
 
-/// Waits (at most 30 s: a reading every 10 s) until the counts reach `expected`, and returns the
-/// last counts.
-fn counted_within(
-    agent: &Agent,
-    expected: &BTreeMap<(String, String, String), u64>,
-) -> BTreeMap<(String, String, String), u64> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let now = counted(agent);
-        if expected.iter().all(|(key, want)| now.get(key) == Some(want)) || Instant::now() > deadline {
-            return now;
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
+/// Waits until the counts reach `expected`; the last counts.
+fn counted_within(agent: &Agent, expected: &BTreeMap<Key, u64>) -> BTreeMap<Key, u64> {
+    accounting::counted_within(agent, "zone-a", Some("default/both:"), expected)
 }
 
-fn key(service: &str, zone: &str, direction: &str) -> (String, String, String) {
-    (format!("default/{service}:bulk"), zone.to_owned(), direction.to_owned())
-}
-
-/// Bytes the client namespace's interface sent, from its counters.
-fn interface_tx_bytes(netns: &str) -> u64 {
-    let output = std::process::Command::new("ip")
-        .args(["-n", netns, "-j", "-s", "link", "show", "eth0"])
-        .output()
-        .expect("ip link");
-    let links: serde_json::Value = serde_json::from_slice(&output.stdout).expect("ip -j output");
-    links[0]["stats64"]["tx"]["bytes"].as_u64().expect("tx bytes")
+fn key(service: &str, zone: &str, direction: &str) -> Key {
+    accounting::key(&format!("default/{service}:bulk"), zone, direction)
 }
 
 #[test]
@@ -116,7 +82,7 @@ fn the_bytes_counted_are_the_bytes_sent_per_service_and_zone() {
     let fx = Fixture::new(2);
     let (agent, _servers) = start(&fx);
     let place = fx.place();
-    let before = interface_tx_bytes(fx.client.netns.name());
+    let before = accounting::interface_tx(fx.client.netns.name()).0;
     // Short and bulk, both ways: many 1 MiB requests to the near Service, one 1 GiB upload and
     // a 64 MiB download from the far one.
     let small = Transfer { send: MIB, receive: 64 * 1024, hold: Duration::ZERO };
@@ -125,7 +91,7 @@ fn the_bytes_counted_are_the_bytes_sent_per_service_and_zone() {
     let far = bulk::finish(bulk::spawn(&place, FAR.parse().unwrap(), large, 1), Duration::from_secs(120));
     assert!(near.errors.is_empty() && far.errors.is_empty(), "{near:?} {far:?}");
     assert_eq!((near.completed, far.completed), (20, 1));
-    let sent = interface_tx_bytes(fx.client.netns.name()) - before;
+    let sent = accounting::interface_tx(fx.client.netns.name()).0 - before;
 
     // Per connection: its SYN and FIN to the backend, the backend's FIN back (see the top).
     let expected = BTreeMap::from([

@@ -7,10 +7,11 @@
 use std::{
     collections::BTreeMap,
     net::{IpAddr, SocketAddr},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use topology_tests::{
+    accounting::{self, Key},
     agent::{Agent, AgentOptions},
     cluster::{self, EndpointSpec},
     datagrams::{self, DatagramServer, Exchange},
@@ -46,51 +47,13 @@ fn start(fx: &Fixture) -> (Agent, Vec<DatagramServer>) {
     (agent, servers)
 }
 
-type Key = (String, String, String);
-
 fn key(service: &str, zone: &str, direction: &str) -> Key {
-    (format!("default/{service}:dgram"), zone.to_owned(), direction.to_owned())
+    accounting::key(&format!("default/{service}:dgram"), zone, direction)
 }
 
-/// `topology_agent_bytes_total` by (service, to_zone, direction), for this node's zone.
-fn counted(agent: &Agent) -> BTreeMap<Key, u64> {
-    let metrics = agent.get("/metrics").expect("metrics").1;
-    let label = |line: &str, name: &str| -> String {
-        let start = line.find(&format!("{name}=\"")).map(|at| at + name.len() + 2);
-        start.and_then(|at| line[at..].split('"').next()).unwrap_or_default().to_owned()
-    };
-    metrics
-        .lines()
-        .filter(|line| line.starts_with("topology_agent_bytes_total{"))
-        .map(|line| {
-            assert_eq!(label(line, "from_zone"), "zone-a", "{line}");
-            let value = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).expect("a value") as u64;
-            ((label(line, "service"), label(line, "to_zone"), label(line, "direction")), value)
-        })
-        .collect()
-}
-
-/// Waits (at most 30 s: a reading every 10 s) until the counts are `expected`; the last counts.
+/// Waits until the counts reach `expected`; the last counts.
 fn counted_within(agent: &Agent, expected: &BTreeMap<Key, u64>) -> BTreeMap<Key, u64> {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let now = counted(agent);
-        if &now == expected || Instant::now() > deadline {
-            return now;
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
-}
-
-/// The client namespace's interface: bytes and packets sent.
-fn interface_tx(netns: &str) -> (u64, u64) {
-    let output = std::process::Command::new("ip")
-        .args(["-n", netns, "-j", "-s", "link", "show", "eth0"])
-        .output()
-        .expect("ip link");
-    let links: serde_json::Value = serde_json::from_slice(&output.stdout).expect("ip -j output");
-    let tx = &links[0]["stats64"]["tx"];
-    (tx["bytes"].as_u64().expect("tx bytes"), tx["packets"].as_u64().expect("tx packets"))
+    accounting::counted_within(agent, "zone-a", None, expected)
 }
 
 #[test]
@@ -100,7 +63,7 @@ fn the_datagrams_counted_are_the_datagrams_moved_per_service_and_zone() {
     let (agent, _servers) = start(&fx);
     let place = fx.place();
     let direct = SocketAddr::from((fx.backends[1].host.v4, DIRECT_PORT));
-    let before = interface_tx(fx.client.netns.name());
+    let before = accounting::interface_tx(fx.client.netns.name());
     // Bulk, connected: 1 GiB up to the far Service in 32 KiB datagrams, 64 bytes back for each.
     let bulk = Exchange { count: 32 * KIB as u64, size: 32 * KIB, reply: 64, connected: true, peek: false };
     let far = datagrams::finish(datagrams::spawn(&place, &[FAR.parse().unwrap()], bulk), Duration::from_secs(120));
@@ -109,7 +72,7 @@ fn the_datagrams_counted_are_the_datagrams_moved_per_service_and_zone() {
     let queries = Exchange { count: 2 * KIB as u64, size: 512, reply: 1024, connected: false, peek: true };
     let targets = [NEAR.parse().unwrap(), FAR.parse().unwrap(), direct];
     let mixed = datagrams::finish(datagrams::spawn(&place, &targets, queries), Duration::from_secs(60));
-    let (after, packets) = interface_tx(fx.client.netns.name());
+    let (after, packets) = accounting::interface_tx(fx.client.netns.name());
     let (after, packets) = (after - before.0, packets - before.1);
     assert!(far.iter().chain(&mixed).all(|m| m.lost == 0), "{far:?} {mixed:?}");
     assert_eq!(far[0].sent, 1 << 30);

@@ -198,13 +198,18 @@ mod tests {
         push(&[5, flag | STRUCT << 24 | 2, 8]);
         push(&[10, 1, 0]);
         push(&[12, 1, if bitfield { 3 << 24 | 32 } else { 32 }]);
+        assemble(&types, strings)
+    }
+
+    /// A BTF blob of the type section `types` and the string section `strings`.
+    fn assemble(types: &[u8], strings: &[u8]) -> Vec<u8> {
         let mut data = Vec::new();
         for word in [0x0001_eb9f_u32, 24, 0, types.len() as u32, types.len() as u32, strings.len() as u32] {
             data.extend_from_slice(&word.to_ne_bytes());
         }
         // The magic is a u16 followed by version 1 and flags 0.
         data[0..4].copy_from_slice(&[0x9f, 0xeb, 1, 0]);
-        data.extend_from_slice(&types);
+        data.extend_from_slice(types);
         data.extend_from_slice(strings);
         data
     }
@@ -235,14 +240,7 @@ mod tests {
         push(&[5, STRUCT << 24 | 2, 12]); // 4: outer { x; union 3 at 32; }
         push(&[11, 1, 0]);
         push(&[0, 3, 32]);
-        let mut data = Vec::new();
-        for word in [0x0001_eb9f_u32, 24, 0, types.len() as u32, types.len() as u32, strings.len() as u32] {
-            data.extend_from_slice(&word.to_ne_bytes());
-        }
-        data[0..4].copy_from_slice(&[0x9f, 0xeb, 1, 0]);
-        data.extend_from_slice(&types);
-        data.extend_from_slice(strings);
-        data
+        assemble(&types, strings)
     }
 
     #[test]
