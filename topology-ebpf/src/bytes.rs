@@ -24,6 +24,7 @@ use topology_common::{ByteCount, IPPROTO_TCP, SockBytes, SockTranslation};
 use crate::{
     count::atomic_add,
     iter::IterMeta,
+    kernel::field,
     maps::{self, BYTES, SOCK_BYTES},
     peer,
 };
@@ -161,18 +162,6 @@ fn totals(sk: *mut c_void) -> Option<ByteCount> {
     }
     // SAFETY: two u64 fields of the TCP socket the kernel passed, at their offsets.
     Some(unsafe { ByteCount { to_backend: field(sk, acked), from_backend: field(sk, received) } })
-}
-
-/// The field at `offset` of the kernel object `base` points to: a plain load, which the verifier
-/// checks against the object's BTF type (the offsets are constants of the frozen `.rodata`).
-///
-/// # Safety
-/// `base` is a pointer the kernel typed (a traced or iterated TCP socket) and `offset` the offset
-/// of a `T` field in its type.
-#[inline(always)]
-pub(crate) unsafe fn field<T: Copy>(base: *mut c_void, offset: usize) -> T {
-    // SAFETY: as the caller promises.
-    unsafe { ptr::read_volatile(base.cast::<u8>().add(offset).cast::<T>()) }
 }
 
 /// Adds `bytes` to `key`'s count, made if the map has none (an LRU: it always has room).

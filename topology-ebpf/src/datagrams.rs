@@ -24,6 +24,7 @@ use topology_common::{Backend, ByteCount, DatagramBytes, IPPROTO_UDP, SockTransl
 
 use crate::{
     bytes::{self, SK_COOKIE_OFFSET},
+    kernel,
     maps::{SOCK_CONNECTIONS, UDP_LAST},
 };
 
@@ -95,12 +96,12 @@ fn count(sk: *mut c_void, direction: u32, length: i32) {
         return;
     }
     // SAFETY: a u16 field of the socket the kernel passed, at its offset.
-    if unsafe { bytes::field::<u16>(sk, protocol) } != u16::from(IPPROTO_UDP) {
+    if unsafe { kernel::field::<u16>(sk, protocol) } != u16::from(IPPROTO_UDP) {
         return;
     }
     // SAFETY: as above, its u64 cookie, read rather than asked for (asking makes one). A socket
     // without one has no datagram pending (the hooks take the cookie of those they translate).
-    let cookie: u64 = unsafe { bytes::field(sk, cookie) };
+    let cookie: u64 = unsafe { kernel::field(sk, cookie) };
     let pending = if cookie == 0 { None } else { pending(direction, cookie) };
     let Some(key) = pending.or_else(|| connected(sk)) else {
         return;

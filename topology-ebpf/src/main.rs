@@ -14,6 +14,7 @@ mod count;
 mod datagrams;
 mod gate;
 mod iter;
+mod kernel;
 mod load;
 mod lookup;
 mod maps;

@@ -8,7 +8,7 @@ use core::ffi::c_void;
 use aya_ebpf::Global;
 use topology_common::{AF_INET, SockTranslation};
 
-use crate::{bytes::field, sockaddr};
+use crate::{kernel::field, sockaddr};
 
 /// Byte offsets in this kernel's `struct sock` of the peer's IPv4 address, IPv6 address and port
 /// (`__sk_common.skc_daddr`, `skc_v6_daddr`, `skc_dport`), set by the agent at load. A zero port
