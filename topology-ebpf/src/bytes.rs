@@ -15,7 +15,9 @@ use core::{ffi::c_void, ptr};
 use aya_ebpf::{
     Global,
     bindings::{BPF_NOEXIST, BPF_SK_STORAGE_GET_F_CREATE},
-    helpers::generated::{bpf_map_lookup_elem, bpf_map_update_elem, bpf_sk_storage_get, bpf_skc_to_tcp_sock},
+    helpers::generated::{
+        bpf_map_lookup_elem, bpf_map_update_elem, bpf_seq_write, bpf_sk_storage_get, bpf_skc_to_tcp_sock,
+    },
     macros::btf_tracepoint,
     programs::BtfTracePointContext,
 };
@@ -70,7 +72,8 @@ pub struct IterTcp {
 }
 
 /// One TCP socket of the namespace the sweep runs in: one of ours counts what it moved since
-/// it was last counted. Writes nothing: the sweep reads the counts from the map.
+/// it was last counted, and writes one byte, so the sweep learns how many of ours the namespace
+/// holds (it reads the counts from the map).
 #[unsafe(no_mangle)]
 #[unsafe(link_section = "iter/tcp")]
 pub extern "C" fn tcp_bytes(ctx: *mut IterTcp) -> i32 {
@@ -86,10 +89,20 @@ pub extern "C" fn tcp_bytes(ctx: *mut IterTcp) -> i32 {
     if sk.is_null() {
         return 0;
     }
-    let stored = match find(sk) {
-        None => return 0,
-        Some(Found::Swept(stored)) => stored,
-        Some(Found::New(key)) => {
+    let Some(found) = find(sk) else {
+        return 0;
+    };
+    // SAFETY: the context's meta is a typed pointer the verifier checks; one byte of the stack.
+    unsafe {
+        let meta = (*ctx).meta;
+        if !meta.is_null() {
+            let mut one = 1u8;
+            bpf_seq_write(IterMeta::seq(meta).cast(), ptr::from_mut(&mut one).cast(), 1);
+        }
+    }
+    let stored = match found {
+        Found::Swept(stored) => stored,
+        Found::New(key) => {
             let Some(now) = totals(sk) else { return 0 };
             // Counted from here on through its storage. If the kernel has no room for it, nothing
             // is counted now: its destroy counts it whole if its table entry is still its own.

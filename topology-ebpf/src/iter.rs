@@ -18,6 +18,18 @@ pub struct IterMeta {
     seq_num: u64,
 }
 
+impl IterMeta {
+    /// The seq_file of the iteration `meta` describes.
+    ///
+    /// # Safety
+    /// `meta` is the non-null meta pointer of an iterator program's context.
+    #[inline(always)]
+    pub unsafe fn seq(meta: *mut IterMeta) -> *mut c_void {
+        // SAFETY: as the caller promises.
+        unsafe { (*meta).seq }
+    }
+}
+
 /// `struct bpf_iter__udp`: each pointer occupies 8 bytes (`__bpf_md_ptr`).
 #[repr(C)]
 pub struct IterUdp {
