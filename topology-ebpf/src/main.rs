@@ -45,20 +45,6 @@ struct Dest {
 }
 
 impl Dest {
-    /// An unconnected socket's datagram to this Service goes to `choice`'s backend: its bytes
-    /// count there (with `--byte-accounting all`).
-    #[inline(always)]
-    fn sent_through(&self, ctx: &SockAddrContext, choice: &Pick) {
-        datagrams::translated(
-            ctx,
-            DatagramBytes::SENT,
-            self.family,
-            sockaddr::bytes(self.addr),
-            self.port,
-            &choice.backend,
-        );
-    }
-
     /// The destination of an AF_INET context.
     #[inline(always)]
     fn of4(ctx: &SockAddrContext) -> Self {
@@ -123,7 +109,6 @@ pub fn connect6(ctx: SockAddrContext) -> i32 {
     let outcome = connect(&ctx, dest);
     if let Ok(Some(choice)) = &outcome {
         Dest::write6(&ctx, dest.family, choice.addr(), choice.backend.port);
-        dest.sent_through(&ctx, choice);
     }
     finish(&ctx, &outcome)
 }
@@ -167,11 +152,9 @@ fn log_connect(ctx: &SockAddrContext, service_id: u32, port: u16, backend: &topo
 
 #[cgroup_sock_addr(sendmsg4)]
 pub fn sendmsg4(ctx: SockAddrContext) -> i32 {
-    let dest = Dest::of4(&ctx);
-    let outcome = send(&ctx, dest);
+    let outcome = send(&ctx, Dest::of4(&ctx));
     if let Ok(Some(choice)) = &outcome {
         Dest::write4(&ctx, choice.addr(), choice.backend.port);
-        dest.sent_through(&ctx, choice);
     }
     finish(&ctx, &outcome)
 }
@@ -182,7 +165,6 @@ pub fn sendmsg6(ctx: SockAddrContext) -> i32 {
     let outcome = send(&ctx, dest);
     if let Ok(Some(choice)) = &outcome {
         Dest::write6(&ctx, dest.family, choice.addr(), choice.backend.port);
-        dest.sent_through(&ctx, choice);
     }
     finish(&ctx, &outcome)
 }
@@ -205,24 +187,40 @@ fn send(ctx: &SockAddrContext, dest: Dest) -> Result<Option<Pick>, Error> {
         return Err(Error::EmptySet { service_id: service.service_id });
     }
     let to = dest.addressed(proto);
+    let choice = datagram_choice(ctx, service, &options, &mut clock, &to)?;
+    // Its bytes count there (with `--byte-accounting all`).
+    datagrams::translated(ctx, DatagramBytes::SENT, to.family, sockaddr::bytes(to.vip), to.port, &choice.backend);
+    Ok(Some(choice))
+}
+
+/// The backend of an unconnected socket's datagram to the service at `to`: the one the socket
+/// keeps for it while its set is unchanged, else a new choice, kept.
+#[inline(always)]
+fn datagram_choice(
+    ctx: &SockAddrContext,
+    service: ServiceValue,
+    options: &topology_common::ServiceOptions,
+    clock: &mut Clock,
+    to: &Addressed,
+) -> Result<Pick, Error> {
     let peers = record::datagram_peers(ctx, true);
     if peers.is_null() {
         count::count_node(NodeCounters::NO_STORAGE);
-        return choose::choose(ctx, service, &options, &mut clock).map(Some);
+        return choose::choose(ctx, service, options, clock);
     }
     // SAFETY: non-null storage of this socket, valid for the program's lifetime; only this
     // socket's own system calls touch it.
     let peers = unsafe { &mut *peers };
-    let entry = record::find_service(peers, &to);
+    let entry = record::find_service(peers, to);
     if let Some(index) = entry
         && let Some(peer) = peers.peers.get(index)
         && peer.set_id == service.set_id
     {
-        return Ok(Some(Pick { service, backend: peer.backend }));
+        return Ok(Pick { service, backend: peer.backend });
     }
-    let choice = choose::choose(ctx, service, &options, &mut clock)?;
-    record::keep_datagram_peer(peers, entry, &to, &choice);
-    Ok(Some(choice))
+    let choice = choose::choose(ctx, service, options, clock)?;
+    record::keep_datagram_peer(peers, entry, to, &choice);
+    Ok(choice)
 }
 
 #[cgroup_sock_addr(recvmsg4)]
