@@ -216,6 +216,17 @@ impl OutlierEntry {
     /// or after a quiet window, else one more in the run; an ejection at `tuning`'s failures.
     #[inline(always)]
     pub fn fail(&mut self, now: u64, tuning: Tuning) -> Failure {
+        self.fail_adding(now, tuning, |failures| {
+            *failures = failures.saturating_add(1);
+            *failures
+        })
+    }
+
+    /// [`fail`](Self::fail), the run's count raised by `add_one`, which returns the count after
+    /// it: in the programs an atomic add read back, so that failures of one backend counted on
+    /// two CPUs at once both count (the second sees both, and ejects).
+    #[inline(always)]
+    pub fn fail_adding(&mut self, now: u64, tuning: Tuning, add_one: impl FnOnce(&mut u32) -> u32) -> Failure {
         let quiet_since =
             if self.ejected_until_ns > self.last_failure_ns { self.ejected_until_ns } else { self.last_failure_ns };
         let quiet = now.saturating_sub(quiet_since) > FAILING_WINDOW_NS;
@@ -229,8 +240,13 @@ impl OutlierEntry {
         if quiet {
             self.ejections = 0;
         }
-        self.failures = if quiet || succeeded { 1 } else { self.failures.saturating_add(1) };
-        if self.failures < tuning.failures {
+        let failures = if quiet || succeeded {
+            self.failures = 1;
+            1
+        } else {
+            add_one(&mut self.failures)
+        };
+        if failures < tuning.failures {
             return Failure::Counted;
         }
         self.ejections = self.ejections.saturating_add(1);
@@ -317,6 +333,23 @@ mod tests {
         // Failures of connections sent before the ejection count nothing more.
         let (_, failures) = run(&[refused(5, 0, 10), vec![('f', 60)]].concat());
         assert_eq!(failures[5], Failure::WhileEjected);
+    }
+
+    #[test]
+    fn a_failure_counted_on_another_cpu_at_once_still_ejects() {
+        // Four failures; the fifth's add reads back six (another CPU's failure landed between its
+        // add and its read, and that CPU read six too): both eject, none is lost.
+        let mut entry = OutlierEntry::default();
+        for ms in 0..4 {
+            assert_eq!(entry.fail(100 * S + ms * MS, Tuning::DEFAULT), Failure::Counted);
+        }
+        let at = 100 * S + 5 * MS;
+        let raced = entry.fail_adding(at, Tuning::DEFAULT, |failures| {
+            *failures += 2;
+            *failures
+        });
+        assert_eq!(raced, Failure::Ejected(at + 10 * S));
+        assert_eq!((entry.failures, entry.ejections), (0, 1));
     }
 
     #[test]

@@ -50,3 +50,23 @@ pub fn atomic_add(counter: *mut u64, value: u64) {
         core::sync::atomic::AtomicU64::from_ptr(counter).fetch_add(value, core::sync::atomic::Ordering::Relaxed)
     };
 }
+
+/// Adds one to the u32 at `counter` atomically and reads it back: the count after this CPU's
+/// add and any other's that landed before the read.
+#[inline(always)]
+pub fn atomic_increment(counter: *mut u32) -> u32 {
+    // As in `atomic_add`: the BPF v1 target's `lock xadd` (32-bit), its result unused, then a read.
+    // SAFETY: the caller passes a 4-byte aligned u32 of a map value, valid while the program runs,
+    // that every writer adds to atomically (or sets, where a race loses nothing it needs).
+    #[cfg(target_arch = "bpf")]
+    unsafe {
+        core::intrinsics::atomic_xadd::<u32, u32, { core::intrinsics::AtomicOrdering::Relaxed }>(counter, 1)
+    };
+    // SAFETY: as above (the host build only type-checks the programs).
+    #[cfg(not(target_arch = "bpf"))]
+    unsafe {
+        core::sync::atomic::AtomicU32::from_ptr(counter).fetch_add(1, core::sync::atomic::Ordering::Relaxed)
+    };
+    // SAFETY: as above.
+    unsafe { core::ptr::read_volatile(counter) }
+}

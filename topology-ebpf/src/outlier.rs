@@ -31,7 +31,7 @@ use topology_common::{
 
 use crate::{
     choose::{self, Pick},
-    lookup,
+    count, lookup,
     maps::{self, OUTLIER_SCAN, OUTLIER_STATE, OUTLIERS, SERVICE_OPTIONS, SLOTS},
     sockaddr,
 };
@@ -120,9 +120,11 @@ fn fail(key: &BackendKey, flags: u32) {
     let Some(entry) = lookup(key).or_else(|| create(key)) else {
         return;
     };
-    // SAFETY: a map value of this type, valid while the program runs. Two CPUs failing the same
-    // backend at once may count one failure less: the ejection comes a failure later.
-    let _ = unsafe { (*entry).fail(now, Tuning::of(flags)) };
+    // SAFETY: a map value of this type, valid while the program runs. The run's count is added to
+    // atomically: failures of one backend on two CPUs at once both count.
+    let _ = unsafe {
+        (*entry).fail_adding(now, Tuning::of(flags), |failures| count::atomic_increment(ptr::from_mut(failures)))
+    };
     if let Some(state) = OUTLIER_STATE.get_ptr_mut(0) {
         // SAFETY: the element of a one-entry array, valid while the program runs. Not atomic: a
         // bit another CPU sets in the same word at the same moment may be lost, and set again by

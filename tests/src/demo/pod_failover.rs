@@ -35,8 +35,12 @@ pub struct PodFailover {
     pub detection: Duration,
     /// Connections the clients made, over all nodes.
     pub attempts: u64,
-    /// Per node: connections failed before the endpoint update.
+    /// Per node: connections whose handshake failed before the endpoint update (what outlier
+    /// ejection bounds).
     pub failed_before_update: Vec<(String, u64)>,
+    /// Connections established before the kill and cut by it, over all nodes (at most one per
+    /// node: each node's client holds one connection at a time).
+    pub cut_by_the_kill: u64,
     /// Failed after the update, over all nodes (should be none).
     pub failed_after: u64,
     /// The ejection threshold: failed handshakes in a row from one node.
@@ -78,6 +82,7 @@ pub fn pod_failover(demo: &mut DemoCluster) -> PodFailover {
         detection: DETECTION,
         attempts: 0,
         failed_before_update: Vec::new(),
+        cut_by_the_kill: 0,
         failed_after: 0,
         threshold: CONSECUTIVE_FAILURES,
     };
@@ -85,7 +90,9 @@ pub fn pod_failover(demo: &mut DemoCluster) -> PodFailover {
         let report = client.finish();
         failover.attempts += report.attempts;
         let before = report.failed_at.iter().filter(|&&at| at < updated_at).count() as u64;
-        failover.failed_before_update.push((demo.plan.nodes[node].name.clone(), before));
+        let cut = report.broken_at.iter().filter(|&&at| at < updated_at).count() as u64;
+        failover.failed_before_update.push((demo.plan.nodes[node].name.clone(), before - cut));
+        failover.cut_by_the_kill += cut;
         failover.failed_after += report.failed_at.len() as u64 - before;
     }
     failover
@@ -97,7 +104,7 @@ pub fn pod_failover_line(f: &PodFailover) -> String {
     format!(
         "failover: one pod ({}) killed, its endpoint removed {:.0} s later (the readiness probes' delay); {} \
          connections from {} nodes to `{}`, {failed} failed before the update (per node ≤ {}: at most {} — \
-         outlier ejection), {} after",
+         outlier ejection) and {} established before the kill were cut by it, {} after",
         f.backend,
         f.detection.as_secs_f64(),
         f.attempts,
@@ -105,6 +112,7 @@ pub fn pod_failover_line(f: &PodFailover) -> String {
         f.service,
         f.threshold,
         f.most_failed_per_node(),
+        f.cut_by_the_kill,
         f.failed_after
     )
 }
