@@ -254,11 +254,11 @@ fn main() {
         for accounting in if round % 2 == 0 { [true, false] } else { [false, true] } {
             let mode = if accounting { ByteAccounting::Tcp } else { ByteAccounting::Off };
             let dp = Dataplane::open(&config(mode)).expect("reopen the dataplane");
-            let before = runs_of(&[topology_common::program_names::BYTES_CLOSED]);
+            let before = runs_of(&[topology_common::program_names::TCP_CLOSED]);
             let report = place.timed_tcp(&targets, CONNECTS);
             assert!(report.errors.is_empty(), "{report:?}");
             if accounting {
-                let after = runs_of(&[topology_common::program_names::BYTES_CLOSED]);
+                let after = runs_of(&[topology_common::program_names::TCP_CLOSED]);
                 destroyed = (destroyed.0 + (after.0 - before.0), destroyed.1 + (after.1 - before.1));
             }
             p50[usize::from(accounting)] = p50_us(report.connect_ns);

@@ -26,10 +26,10 @@
 //!
 //! Every scenario exists at once (each hooked one has its own cgroup and pinned maps) and the
 //! rounds run them in a new random order each time, so drift of the machine spreads evenly.
-//! Every hooked node but one also has a TCP port under feedback, so the load signal is attached
-//! there and every TCP connection runs its `sock_ops` callbacks, as on a node that uses feedback
-//! anywhere; the row without it shows what a node that measures nothing pays. A Service under
-//! feedback has its own row. The rulesets compared are kube-proxy's iptables and nftables modes.
+//! Every hooked node but one also has a TCP port under feedback, so the load signal measures
+//! there, as on a node that uses feedback anywhere (its connections are counted by the connect
+//! hook and where their socket ends; nothing runs on any other connect); the row without it shows
+//! what a node that measures nothing pays. A Service under feedback has its own row. The rulesets compared are kube-proxy's iptables and nftables modes.
 //!
 //! Root only; everything lives in a sandbox removed at the end. `TOPOLOGY_BENCH_QUICK=1` runs only
 //! the 10-service rows.
@@ -108,8 +108,9 @@ struct Scenario {
     hook: Option<PathBuf>,
     /// The hook's own run time and runs over the run-time rounds, as the kernel counts them.
     hook_run: (Duration, u64),
-    /// The load signal's `sock_ops` program behind the same cgroup, and its run time over
-    /// `hook_connects` connects.
+    /// The program at a TCP socket's end (`tcp_destroy_sock`: accounting, the load signal) of the
+    /// same dataplane, and its run time over `hook_connects` connects (each ends a client's
+    /// socket and a server's).
     load: Option<PathBuf>,
     load_run: Duration,
     hook_connects: u64,
@@ -118,7 +119,7 @@ struct Scenario {
 const NO_HOOK: &str = "no hook, direct to the backends";
 const HOOK: &str = "topology-agent hook";
 const HOOK_FEEDBACK: &str = "topology-agent hook, a Service under feedback (measured)";
-const HOOK_UNMEASURED_NODE: &str = "topology-agent hook, no port measured on the node (load signal detached)";
+const HOOK_UNMEASURED_NODE: &str = "topology-agent hook, no port measured on the node";
 const NOT_A_SERVICE: &str = "hook attached, not a service (direct to the backends)";
 const HOOK_PEER_FAILING: &str = "topology-agent hook, another backend of the node failing (outlier ejection)";
 const HOOK_CHOSEN_FAILING: &str = "topology-agent hook, its backends failing (outlier ejection)";
@@ -198,7 +199,8 @@ impl Scenario {
         }
     }
 
-    /// Run time of the `sock_ops` program per connect (all its callbacks of one connection).
+    /// Run time of the program at a socket's end per connect (the client's socket and the
+    /// server's).
     fn load_ns(&self) -> Option<f64> {
         (self.kind == Timed::Tcp && self.hook_connects > 0)
             .then(|| self.load_run.as_nanos() as f64 / self.hook_connects as f64)
@@ -280,12 +282,11 @@ fn main() {
         let mut dp = Dataplane::open(&config).expect("open dataplane");
         let report = dp.apply(&services(count, &backends, feedback));
         assert!(report.failed.is_empty(), "{:?}", report.failed);
-        assert_eq!(dp.load_signal_attached(), feedback, "the load signal runs while a port is measured");
         // Links are pinned: the programs stay attached after the handle is dropped.
         drop(dp);
         let layout = PinLayout::new(pins.path());
         let link = layout.link("connect4");
-        let load = layout.link("backend_load");
+        let load = layout.link(topology_common::program_names::TCP_CLOSED);
         let load = load.exists().then_some(load);
         let mut hooked_row = |kind: Timed, name: &'static str, targets: Vec<SocketAddr>| {
             let mut row = Scenario::new(kind, name, Some(count), place(&client, &cgroup), targets);

@@ -124,7 +124,7 @@ fn status_and_metrics_show_what_was_programmed() {
     let status = run(&topology_tests::net::agent_binary().to_string_lossy(), &["status", "--pin-path", &pins]);
     assert!(
         status.contains(
-            "8 of 8 socket-address programs attached, 1 service ports; load signal detached (no TCP port is measured)"
+            "8 of 8 socket-address programs attached, 1 service ports; load signal idle (no TCP port is measured)"
         ),
         "{status}"
     );

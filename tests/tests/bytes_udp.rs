@@ -129,5 +129,5 @@ fn the_udp_programs_come_and_go_with_the_flag_across_restarts() {
     let mut agent = Agent::start(&AgentOptions::new(&file, "node-a", fx.cgroup.path(), fx.pins.path()));
     agent.wait_ready(Duration::from_secs(20));
     assert_eq!(udp_links(), 0, "`tcp` leaves no UDP program attached");
-    assert!(links.join(topology_common::program_names::BYTES_CLOSED).exists());
+    assert!(links.join(topology_common::program_names::TCP_CLOSED).exists());
 }

@@ -302,7 +302,8 @@ fn cleanup_leaves_no_attachment_pin_cgroup_or_namespace() {
         }
         drop(dp);
         let report = dataplane::cleanup(fx.pins.path()).expect("cleanup");
-        assert_eq!(report.links.len(), program_names::ALL.len());
+        // The socket-address programs, and the program at a TCP socket's end (the load signal).
+        assert_eq!(report.links.len(), program_names::ALL.len() + program_names::CLOSED.len(), "{:?}", report.links);
         let chunks = report.maps.iter().filter(|p| p.to_string_lossy().contains(map_names::COUNTER_CHUNK)).count();
         assert_eq!((report.maps.len() - chunks, chunks), (map_names::PINNED.len(), 1), "{:?}", report.maps);
         let attached = run("bpftool", &["cgroup", "show", &cgroup.to_string_lossy()]);
@@ -380,11 +381,11 @@ fn status_prints_what_the_kernel_holds() {
     let table = run(&agent.to_string_lossy(), &["status", "--pin-path", &pins]);
     assert!(
         table.contains(
-            "8 of 8 socket-address programs attached, 3 service ports; load signal attached (a TCP port is measured)"
+            "8 of 8 socket-address programs attached, 3 service ports; load signal measuring (a TCP port is measured)"
         ),
         "{table}"
     );
-    // The ten connections, each closed: measured per backend by the sock_ops program.
+    // The ten connections, each closed: measured per backend by the load signal.
     let measured = status["backendLoad"].as_array().expect("backendLoad");
     let connects: u64 = measured.iter().map(|m| m["connects"].as_u64().unwrap_or(0)).sum();
     assert_eq!(connects, 10, "{status}");

@@ -1,5 +1,6 @@
-//! Root test of the load signal: the `sock_ops` program's per-backend counters against known
-//! connection counts, through the real kernel. Run single-threaded (`--test-threads=1`).
+//! Root test of the load signal: the per-backend counters the connect hooks and the program at a
+//! TCP socket's end keep, against known connection counts, through the real kernel. Run
+//! single-threaded (`--test-threads=1`).
 
 use std::{
     net::SocketAddr,
@@ -31,7 +32,6 @@ fn load_of(dp: &Dataplane, backend: SocketAddr) -> MeasuredBackend {
     measured.into_iter().find(|m| m.backend == backend).unwrap_or(MeasuredBackend {
         backend,
         in_flight: 0,
-        connecting: 0,
         load: Default::default(),
     })
 }
@@ -53,13 +53,12 @@ fn settle(dp: &Dataplane, backends: &[SocketAddr], what: &str, done: impl Fn(&Su
 #[derive(Debug, Default)]
 struct Sum {
     connects: u64,
-    established: u64,
     closed: u64,
     refused: u64,
     timed_out: u64,
     reset: u64,
     in_flight: u64,
-    handshake_us: u64,
+    rtt_us: u64,
     lifetime_us: u64,
 }
 
@@ -67,13 +66,12 @@ impl Sum {
     fn of(measured: impl Iterator<Item = MeasuredBackend>) -> Self {
         measured.fold(Self::default(), |mut s, m| {
             s.connects += m.load.connects;
-            s.established += m.load.established;
             s.closed += m.load.closed;
             s.refused += m.load.refused;
             s.timed_out += m.load.timed_out;
             s.reset += m.load.reset;
             s.in_flight += m.in_flight;
-            s.handshake_us += m.load.handshake_us;
+            s.rtt_us += m.load.rtt_us;
             s.lifetime_us += m.load.lifetime_us;
             s
         })
@@ -85,7 +83,7 @@ fn one_backend(fx: &Fixture, index: usize, port: u16) -> WeightedBackend {
 }
 
 #[test]
-fn the_sock_ops_counters_match_the_connections_made() {
+fn the_counters_match_the_connections_made() {
     require_root!();
     let fx = Fixture::new(2);
     let both = [fx.backends[0].socket(false), fx.backends[1].socket(false)];
@@ -122,13 +120,13 @@ fn the_sock_ops_counters_match_the_connections_made() {
     let report = dp.apply(&desired);
     assert!(report.failed.is_empty(), "{:?}", report.failed);
 
-    // 200 request-per-connection exchanges: each handshake, each orderly close, nothing left.
+    // 200 request-per-connection exchanges: each start, each orderly end, nothing left.
     let result = fx.place().tcp(addr("10.96.0.10:80"), 200);
     assert_eq!(result.successes(), 200, "{result:?}");
     let sum = settle(&dp, &both, "200 connections closed", |s| s.closed == 200);
-    assert_eq!((sum.connects, sum.established, sum.in_flight), (200, 200, 0), "{sum:?}");
+    assert_eq!((sum.connects, sum.in_flight), (200, 0), "{sum:?}");
     assert_eq!((sum.refused, sum.timed_out, sum.reset), (0, 0, 0), "{sum:?}");
-    assert!(sum.handshake_us > 0 && sum.lifetime_us > 0, "{sum:?}");
+    assert!(sum.rtt_us > 0 && sum.lifetime_us > 0, "{sum:?}");
     for backend in both {
         let measured = load_of(&dp, backend).load.connects;
         assert!(measured > 50, "{backend}: {measured} of 200 connects");
@@ -137,7 +135,7 @@ fn the_sock_ops_counters_match_the_connections_made() {
     // Connections held open are in flight until they close; UDP is not measured.
     let held: Vec<_> = (0..5).map(|_| fx.place().hold(addr("10.96.0.10:80"))).collect();
     let sum = settle(&dp, &both, "5 connections in flight", |s| s.in_flight == 5);
-    assert_eq!(sum.established, 205, "{sum:?}");
+    assert_eq!((sum.connects, sum.closed), (205, 200), "{sum:?}");
     for holder in held {
         let report = holder.check();
         assert_eq!(report.failures(), 0, "{report:?}");
@@ -158,13 +156,13 @@ fn the_sock_ops_counters_match_the_connections_made() {
     let result = fx.place().tcp(addr("10.96.0.11:80"), 7);
     assert_eq!(result.errno("ECONNREFUSED"), 7, "{result:?}");
     let sum = settle(&dp, &[refusing], "7 refused handshakes", |s| s.refused == 7);
-    assert_eq!((sum.connects, sum.established, sum.timed_out, sum.in_flight), (7, 0, 0, 0), "{sum:?}");
+    assert_eq!((sum.connects, sum.closed, sum.timed_out, sum.in_flight), (7, 0, 0, 0), "{sum:?}");
 
     // A backend that drops SYNs: the client gives up after the first retransmission (2 s).
     let result = fx.place().tcp(addr("10.96.0.12:80"), 1);
     assert_eq!(result.failures(), 1, "{result:?}");
     let sum = settle(&dp, &[silent], "a timed-out handshake", |s| s.timed_out == 1);
-    assert_eq!((sum.connects, sum.refused, sum.established), (1, 0, 0), "{sum:?}");
+    assert_eq!((sum.connects, sum.refused, sum.closed, sum.in_flight), (1, 0, 0, 0), "{sum:?}");
 
     // A socket refused through a measured port that then connects straight to a backend (not a
     // Service) on the same socket: the refusal counts; the second connect counts nowhere, not
@@ -174,8 +172,18 @@ fn the_sock_ops_counters_match_the_connections_made() {
     let result = fx.place().reconnect(addr("10.96.0.11:80"), direct);
     assert_eq!((result.errno("ECONNREFUSED"), result.successes()), (1, 1), "{result:?}");
     let sum = settle(&dp, &[refusing], "8 refused handshakes", |s| s.refused == 8);
-    assert_eq!((sum.connects, sum.established, sum.in_flight), (8, 0, 0), "{sum:?}");
+    assert_eq!((sum.connects, sum.closed, sum.in_flight), (8, 0, 0), "{sum:?}");
     assert_eq!(load_of(&dp, direct).load.connects, before.connects, "the direct connect is not measured");
+
+    // Refused, then the same socket through a measured port again: the first start ends refused
+    // when the connect hook sees the socket connect again.
+    let before = Sum::of(both.iter().map(|b| load_of(&dp, *b)));
+    let result = fx.place().reconnect(addr("10.96.0.11:80"), addr("10.96.0.10:80"));
+    assert_eq!((result.errno("ECONNREFUSED"), result.successes()), (1, 1), "{result:?}");
+    let sum = settle(&dp, &[refusing], "9 refused handshakes", |s| s.refused == 9);
+    assert_eq!((sum.connects, sum.in_flight), (9, 0), "{sum:?}");
+    let sum = settle(&dp, &both, "the second connect ended", |s| s.closed == before.closed + 1);
+    assert_eq!((sum.connects, sum.in_flight), (before.connects + 1, 0), "{sum:?}");
 
     // Backends no set holds any more, with nothing in flight, are forgotten; live ones are kept.
     desired.services.retain(|port, _| port.vip == "10.96.0.10".parse::<std::net::IpAddr>().unwrap());
@@ -187,7 +195,7 @@ fn the_sock_ops_counters_match_the_connections_made() {
 }
 
 #[test]
-fn the_load_signal_runs_only_while_a_port_is_measured_and_can_be_turned_off() {
+fn the_load_signal_costs_other_sockets_nothing_and_survives_reloads_and_a_small_table() {
     require_root!();
     let fx = Fixture::new(1);
     let attached = || {
@@ -202,109 +210,52 @@ fn the_load_signal_runs_only_while_a_port_is_measured_and_can_be_turned_off() {
     let vip = addr("10.96.0.10:80");
     let backend = fx.backends[0].socket(false);
     let mut desired = Fixture::one_service(port, vec![fx.backends[0].weighted(false, 1)]);
+    desired.services.get_mut(&port).expect("the port").options.measured = true;
     // The holder below also holds UDP sockets to the same port (never measured: TCP only).
     let udp = service("10.96.0.10", 80, Protocol::Udp);
     desired.services.insert(udp, DesiredService { name: "test/udp".into(), ..desired.services[&port].clone() });
-    let measure = |desired: &mut DesiredState, on: bool| {
-        desired.services.get_mut(&port).expect("the port").options.measured = on;
+    // Sixteen positions in the TCP connections table: a connection outlives its entry after
+    // sixteen newer ones through the hooks.
+    let config = |load_signal: bool, kernel_log| {
+        let mut config = topology_agent::dataplane::DataplaneConfig { load_signal, kernel_log, ..fx.config() };
+        config.capacities.tcp_connections = 16;
+        config
     };
     let open = |load_signal: bool| {
-        Dataplane::open(&topology_agent::dataplane::DataplaneConfig { load_signal, ..fx.config() })
-            .expect("open dataplane")
+        Dataplane::open(&config(load_signal, topology_agent::dataplane::KernelLogLevel::Off)).expect("open dataplane")
     };
 
-    // No port measured: the program is loaded but every TCP connection is spared its callbacks.
+    // Nothing on the cgroup but the socket-address hooks: no other socket pays for the signal.
     let mut dp = open(true);
     assert!(dp.apply(&desired).failed.is_empty());
-    assert!(!attached().contains("backend_load") && !dp.load_signal_attached(), "{}", attached());
-    // A measured port attaches it; its connections are counted.
-    measure(&mut desired, true);
-    assert!(dp.apply(&desired).failed.is_empty());
-    assert!(attached().contains("backend_load") && dp.load_signal_attached(), "{}", attached());
+    let programs = attached();
+    assert!(!programs.contains("sock_ops") && programs.contains("connect4"), "{programs}");
+    assert!(fx.pins.path().join("links").join(topology_common::program_names::TCP_CLOSED).exists());
+
+    // A connection held open while 64 newer ones take every position of the table: its end is
+    // still counted (the mark on its socket), and nothing stays in flight.
     let held = fx.place().hold(vip);
-    let result = fx.place().tcp(vip, 10);
-    assert_eq!(result.successes(), 10, "{result:?}");
-    let sum = settle(&dp, &[backend], "11 connections, one open", |s| s.connects == 11 && s.in_flight == 1);
-    assert_eq!(sum.established, 11, "{sum:?}");
+    let result = fx.place().tcp(vip, 64);
+    assert_eq!(result.successes(), 64, "{result:?}");
+    let sum = settle(&dp, &[backend], "64 closed, one open", |s| s.closed == 64 && s.in_flight == 1);
+    assert_eq!(sum.connects, 65, "{sum:?}");
 
-    // Reloaded (another fingerprint: a kernel log level) with a connection open: the program is
-    // swapped inside the pinned link, which never runs twice or not at all; the count goes on.
-    let link_id = || link_of(&fx.pins.path().join("links").join("backend_load"));
-    let before = link_id();
+    // Reloaded (another fingerprint: a kernel log level) with it still open: the new programs
+    // count its end.
     drop(dp);
-    let mut dp = Dataplane::open(&topology_agent::dataplane::DataplaneConfig {
-        kernel_log: topology_agent::dataplane::KernelLogLevel::Error,
-        ..fx.config()
-    })
-    .expect("reopen dataplane");
+    let mut dp =
+        Dataplane::open(&config(true, topology_agent::dataplane::KernelLogLevel::Error)).expect("reopen dataplane");
     assert!(dp.apply(&desired).failed.is_empty());
-    let after = link_id();
-    assert_eq!(before.0, after.0, "the same link");
-    assert_ne!(before.1, after.1, "running the new program");
-    let report = held.check();
-    assert_eq!((report.failures(), report.peer_mismatch), (0, 0), "no translation erased: {report:?}");
+    drop(held);
     let sum = settle(&dp, &[backend], "the held connection closed", |s| s.in_flight == 0);
-    assert_eq!((sum.connects, sum.established, sum.closed), (11, 11, 11), "{sum:?}");
-
-    // The last measured port goes: detached, and its measurements with it.
-    measure(&mut desired, false);
-    assert!(dp.apply(&desired).failed.is_empty());
-    assert!(!attached().contains("backend_load") && !dp.load_signal_attached(), "{}", attached());
-    assert!(dp.backend_load().expect("read").is_empty());
-    measure(&mut desired, true);
-    assert!(dp.apply(&desired).failed.is_empty());
-    assert!(dp.load_signal_attached());
+    assert_eq!((sum.connects, sum.closed, sum.refused), (65, 65, 0), "{sum:?}");
     drop(dp);
 
-    // Restarted with it off: the earlier agent's link goes, the rewrites stay, nothing is measured.
+    // Restarted with it off: the rewrites stay, nothing is measured.
     let mut dp = open(false);
     assert!(dp.apply(&desired).failed.is_empty());
-    let programs = attached();
-    assert!(!programs.contains("backend_load") && programs.contains("connect4"), "{programs}");
     let result = fx.place().tcp(vip, 10);
     assert_eq!(result.successes(), 10, "{result:?}");
     std::thread::sleep(Duration::from_millis(200));
-    assert_eq!(load_of(&dp, backend).load.connects, 0);
-    assert!(!fx.pins.path().join("links").join("backend_load").exists());
-}
-
-/// The link id and program id of the link pinned at `path`, as bpftool reports them.
-fn link_of(path: &std::path::Path) -> (u64, u64) {
-    let out = Command::new("bpftool").args(["-j", "link", "show", "pinned"]).arg(path).output().expect("bpftool");
-    let link: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bpftool JSON");
-    (link["id"].as_u64().expect("link id"), link["prog_id"].as_u64().expect("program id"))
-}
-
-#[test]
-fn a_connection_older_than_its_table_entry_still_closes_in_the_counts() {
-    require_root!();
-    let fx = Fixture::new(2);
-    let mut config = fx.config();
-    // Two batches of socket cookies: newer sockets take the held connection's entry soon.
-    config.capacities.tcp_connections = 8192;
-    let mut dp = Dataplane::open(&config).expect("open dataplane");
-    let measured = PortOptions { measured: true, ..PortOptions::default() };
-    let mut desired = DesiredState::default();
-    for (vip, backend, options) in [("10.96.0.20", 0, measured), ("10.96.0.21", 1, PortOptions::default())] {
-        for protocol in [Protocol::Tcp, Protocol::Udp] {
-            let backends = vec![fx.backends[backend].weighted(false, 1)];
-            let options = if protocol == Protocol::Tcp { options } else { PortOptions::default() };
-            let name = format!("test/{vip}:{protocol}");
-            desired.services.insert(service(vip, 80, protocol), DesiredService { name, backends, options });
-        }
-    }
-    assert!(dp.apply(&desired).failed.is_empty());
-    let backend = fx.backends[0].socket(false);
-    let place = topology_tests::net::ClientPlace { cpu: Some(0), ..fx.place() };
-
-    let held = place.hold(addr("10.96.0.20:80"));
-    settle(&dp, &[backend], "the held connection", |s| s.in_flight == 1);
-    // 20,000 newer connections through the unmeasured port: the held one's entry is taken.
-    let others = place.tcp(addr("10.96.0.21:80"), 20_000);
-    assert_eq!(others.failures(), 0, "{:?}", others.errors);
-    let report = held.check();
-    assert_eq!(report.failures(), 0, "{report:?}");
-    // Its close still counts (the flag marks it counted); only its lifetime is unknown.
-    let sum = settle(&dp, &[backend], "the held connection closed", |s| s.closed == 1);
-    assert_eq!((sum.connects, sum.established, sum.in_flight), (1, 1, 0), "{sum:?}");
+    assert_eq!(load_of(&dp, backend).load.connects, 65);
 }

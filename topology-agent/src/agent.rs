@@ -20,6 +20,7 @@ use crate::{
     http,
     metrics::Metrics,
     mounts::{self, MountError},
+    plan::Measured,
     sockets::{TerminateConfig, TerminateSockets, Terminator},
     source::{
         EventSender,
@@ -71,8 +72,8 @@ pub struct RunConfig {
     /// Count the bytes of the connections the hooks rewrite, per Service port and zone pair
     /// (`--byte-accounting`).
     pub byte_accounting: ByteAccounting,
-    /// Measure every port's connections, not only those under feedback (`--load-signal all`).
-    pub measure_all: bool,
+    /// Which ports' connections the load signal measures (`--load-signal`).
+    pub measured: Measured,
     /// Service ports and backends with /metrics series of their own (`--metrics-max-*`).
     pub metrics_caps: crate::metrics::SeriesCaps,
     /// Which sockets are destroyed when their backend leaves a set.
@@ -262,7 +263,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
     let controller = Controller::new(
         ControllerConfig {
             one_publisher_per_service: true,
-            measure_all: config.measure_all,
+            measured: config.measured,
             ..ControllerConfig::new(config.node.clone())
         },
         dataplane,
@@ -401,7 +402,7 @@ mod tests {
             load_signal: true,
             outlier_ejection: false,
             byte_accounting: ByteAccounting::Off,
-            measure_all: false,
+            measured: Measured::Feedback,
             metrics_caps: crate::metrics::SeriesCaps::default(),
             terminate: TerminateSockets::Off,
             netns_dirs: Vec::new(),

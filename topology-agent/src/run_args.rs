@@ -11,6 +11,7 @@ use topology_agent::{
     dns::{self, DnsConfig},
     listen,
     metrics::SeriesCaps,
+    plan::Measured,
     sockets::TerminateSockets,
 };
 
@@ -66,9 +67,10 @@ pub struct RunArgs {
     /// How the programs read the service index: `auto` picks what this CPU and kernel need.
     #[arg(long, value_enum, default_value_t = IndexOrdering::Auto)]
     index_ordering: IndexOrdering,
-    /// The load signal: a `sock_ops` program measuring, per backend, the TCP connections the hooks
-    /// rewrite for ports under feedback (`on`; every other socket costs it a flag test), or for
-    /// every port (`all`). `off`: nothing is measured, feedback keeps the static plan.
+    /// The load signal: per backend, the TCP connections the hooks rewrite for ports under
+    /// feedback (`on`: counted by the connect hook and where the socket ends; no other socket
+    /// pays anything), or for every port (`all`). `off`: nothing is measured, feedback keeps the
+    /// static plan.
     #[arg(long, value_enum, default_value_t = LoadSignal::On)]
     load_signal: LoadSignal,
     /// Avoid a backend whose handshakes from this node failed 5 times in a row, for 10 s doubling
@@ -180,7 +182,11 @@ pub fn run_config(args: RunArgs) -> anyhow::Result<RunConfig> {
         load_signal: args.load_signal != LoadSignal::Off,
         outlier_ejection: args.outlier_ejection == Switch::On,
         byte_accounting: args.byte_accounting,
-        measure_all: args.load_signal == LoadSignal::All,
+        measured: match args.load_signal {
+            LoadSignal::Off => Measured::Off,
+            LoadSignal::On => Measured::Feedback,
+            LoadSignal::All => Measured::All,
+        },
         metrics_caps: SeriesCaps { ports: args.metrics_max_ports, backends: args.metrics_max_backends },
         terminate: args.terminate_sockets,
         netns_dirs: args.netns_dirs.into_iter().chain([args.host_netns]).collect(),

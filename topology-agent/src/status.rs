@@ -18,8 +18,8 @@ pub struct StatusReport {
     pub pin_path: String,
     /// Programs with an attached link.
     pub attached: Vec<String>,
-    /// The load signal: `off` (not loaded), `detached` (loaded; no TCP port is measured) or
-    /// `attached`.
+    /// The load signal: `off` (the program at a connection's end is not attached), `idle` (no TCP
+    /// port is measured) or `measuring`.
     pub load_signal: &'static str,
     /// The agent's heartbeat: whether the programs rewrite or fail open.
     pub heartbeat: HeartbeatReading,
@@ -27,7 +27,7 @@ pub struct StatusReport {
     pub node: NodeStatus,
     /// Service ports, sorted by name then ClusterIP.
     pub services: Vec<ServiceStatus>,
-    /// The load signal: what the `sock_ops` program measured of each backend this node sent TCP
+    /// The load signal: what the programs measured of each backend this node sent TCP
     /// connections to, by address.
     pub backend_load: Vec<MeasuredBackend>,
     /// Outlier ejection: backends whose handshakes from this node failed in a row, ejected or
@@ -116,6 +116,10 @@ pub struct PortCounters {
 impl StatusReport {
     /// Builds the report from what the pins hold.
     pub fn new(pin_path: &std::path::Path, pinned: &PinnedState) -> Self {
+        let measured =
+            pinned.kernel.services.iter().any(|(port, programmed)| {
+                port.protocol == crate::desired::Protocol::Tcp && programmed.options.measured
+            });
         let mut services: Vec<ServiceStatus> = pinned
             .kernel
             .services
@@ -156,10 +160,10 @@ impl StatusReport {
         Self {
             pin_path: pin_path.display().to_string(),
             attached: pinned.attached.iter().map(|s| (*s).to_owned()).collect(),
-            load_signal: match (pinned.signal_loaded, pinned.attached.contains(&program_names::BACKEND_LOAD)) {
-                (_, true) => "attached",
-                (true, false) => "detached",
-                (false, false) => "off",
+            load_signal: match (pinned.attached.contains(&program_names::TCP_CLOSED), measured) {
+                (false, _) => "off",
+                (true, false) => "idle",
+                (true, true) => "measuring",
             },
             heartbeat: pinned.heartbeat,
             node: NodeStatus { fail_open: pinned.node_counters.fail_open, no_storage: pinned.node_counters.no_storage },
@@ -189,8 +193,8 @@ impl StatusReport {
             program_names::SOCK_ADDR.len(),
             self.services.len(),
             match self.load_signal {
-                "attached" => "attached (a TCP port is measured)",
-                "detached" => "detached (no TCP port is measured)",
+                "measuring" => "measuring (a TCP port is measured)",
+                "idle" => "idle (no TCP port is measured)",
                 other => other,
             }
         );

@@ -74,9 +74,10 @@ pub mod service_flags {
     /// else passed to the ClusterIP untouched, where kube-proxy sends it to the cluster DNS as if
     /// the agent were not there.
     pub const LOCAL_DNS: u32 = 1 << 1;
-    /// Under feedback: the port's TCP connections are measured by the `sock_ops` program (the
-    /// connect hooks mark their sockets, [`SockTranslation::MEASURED`](crate::SockTranslation)),
-    /// and only theirs: every other socket costs the load signal one flag test.
+    /// Under feedback: the port's TCP connections are measured by the load signal (the connect
+    /// hooks count their start and mark their sockets,
+    /// [`SockTranslation::MEASURED`](crate::SockTranslation); their end is counted where the
+    /// socket is destroyed): no other socket pays anything for it.
     pub const MEASURED: u32 = 1 << 2;
     /// Outlier ejection off for the port (`topology-agent.io/outlier-ejection: "off"`): the
     /// connect hooks draw its backends whatever their failures.

@@ -87,7 +87,7 @@ pub mod map_names {
     /// ports steered to it (`service_flags::LOCAL_DNS`) are rewritten only while it is fresh, and
     /// only to the responder it names.
     pub const DNS_STEER: &str = "topo_dns_steer";
-    /// What the `sock_ops` program measured per backend: [`BackendKey`](crate::BackendKey) ->
+    /// What the load signal measured per backend: [`BackendKey`](crate::BackendKey) ->
     /// [`BackendLoad`](crate::BackendLoad).
     pub const BACKEND_LOAD: &str = "topo_backend_load";
     /// Failures and ejections per backend (passive outlier ejection, [`crate::outlier`]):
@@ -169,8 +169,9 @@ pub mod program_names {
     /// `getpeername()` on AF_INET6 sockets.
     pub const GETPEERNAME6: &str = "getpeername6";
 
-    /// TCP state changes of the sockets the connect hooks rewrote (`sock_ops`): the load signal.
-    pub const BACKEND_LOAD: &str = "backend_load";
+    /// The load signal of 0.x agents before these (`sock_ops`, on the cgroup): its pinned
+    /// program and link are removed when found.
+    pub const BACKEND_LOAD_BEFORE: &str = "backend_load";
     /// Passive outlier ejection of the backends the connect hooks chose: a reset received
     /// (`tp_btf/tcp_receive_reset`, node-wide, not a cgroup hook).
     pub const OUTLIER_RESET: &str = "outlier_reset";
@@ -184,11 +185,15 @@ pub mod program_names {
         (OUTLIER_RETRANSMIT, "tcp_retransmit_skb"),
         (OUTLIER_ERROR, "inet_sk_error_report"),
     ];
-    /// Cross-zone accounting: a TCP socket destroyed (`tp_btf/tcp_destroy_sock`, node-wide): the
-    /// bytes of a connection the connect hooks rewrote, since its last sweep.
-    pub const BYTES_CLOSED: &str = "bytes_closed";
-    /// The accounting programs with the tracepoints they attach to.
-    pub const ACCOUNTING: [(&str, &str); 1] = [(BYTES_CLOSED, "tcp_destroy_sock")];
+    /// A TCP socket destroyed (`tp_btf/tcp_destroy_sock`, node-wide): the end of a connection
+    /// the connect hooks rewrote — its bytes since its last sweep (cross-zone accounting), and
+    /// its end for the load signal.
+    pub const TCP_CLOSED: &str = "tcp_closed";
+    /// The programs at a TCP socket's end with the tracepoints they attach to.
+    pub const CLOSED: [(&str, &str); 1] = [(TCP_CLOSED, "tcp_destroy_sock")];
+    /// The accounting program of 0.x agents before these, at the same tracepoint: its pinned link
+    /// is detached when found.
+    pub const BYTES_CLOSED_BEFORE: &str = "bytes_closed";
     /// Cross-zone accounting of UDP (`--byte-accounting all`): a socket's send
     /// (`tp_btf/sock_send_length`, node-wide), counted if its datagram went through a Service.
     pub const BYTES_SENT: &str = "bytes_sent";
@@ -207,10 +212,8 @@ pub mod program_names {
     pub const SOCK_ADDR: [&str; 8] =
         [CONNECT4, CONNECT6, SENDMSG4, SENDMSG6, RECVMSG4, RECVMSG6, GETPEERNAME4, GETPEERNAME6];
 
-    /// Every program attached to the cgroup, in attach order: the measurement first, so every
-    /// connection the hooks rewrite from then on is measured.
-    pub const ALL: [&str; 9] =
-        [BACKEND_LOAD, CONNECT4, CONNECT6, SENDMSG4, SENDMSG6, RECVMSG4, RECVMSG6, GETPEERNAME4, GETPEERNAME6];
+    /// Every program attached to the cgroup, in attach order.
+    pub const ALL: [&str; 8] = SOCK_ADDR;
 
     /// The UDP socket iterator socket termination reads (`iter/udp`), loaded only by it.
     pub const UDP_TRANSLATIONS: &str = "udp_translations";
@@ -236,7 +239,7 @@ pub mod capacity {
     /// its `getpeername()` then shows its backend's address, and `--terminate-sockets all`
     /// cannot find it.
     pub const TCP_CONNECTIONS: u32 = 131_072;
-    /// Backends measured by the `sock_ops` program (allocated on use: 20-byte keys, 64-byte
+    /// Backends measured by the load signal (allocated on use: 20-byte keys, 64-byte
     /// values). A backend beyond it is not measured: its connections are still rewritten.
     pub const BACKEND_LOAD: u32 = 65_536;
     /// Backends whose handshakes failed, remembered for outlier ejection (LRU, 60 bytes each):
@@ -279,6 +282,16 @@ pub const SKC_V6_DADDR_OFFSET_GLOBAL: &str = "SKC_V6_DADDR_OFFSET";
 pub const SKC_DPORT_OFFSET_GLOBAL: &str = "SKC_DPORT_OFFSET";
 /// Global (`.rodata`) variable the agent sets to the byte offset of `sock.sk_protocol`.
 pub const SK_PROTOCOL_OFFSET_GLOBAL: &str = "SK_PROTOCOL_OFFSET";
+/// Global (`.rodata`) variables the agent sets to the byte offsets of `tcp_sock.srtt_us`,
+/// `tcp_sock.total_retrans` and `tcp_sock.bpf_sock_ops_cb_flags` (the load signal, at a
+/// connection's end).
+pub const SRTT_US_OFFSET_GLOBAL: &str = "SRTT_US_OFFSET";
+pub const TOTAL_RETRANS_OFFSET_GLOBAL: &str = "TOTAL_RETRANS_OFFSET";
+pub const CB_FLAGS_OFFSET_GLOBAL: &str = "CB_FLAGS_OFFSET";
+/// Global (`.rodata`) variables: 1 when a TCP connection's end counts its bytes (accounting) and
+/// its end (the load signal).
+pub const TCP_BYTES_GLOBAL: &str = "TCP_BYTES";
+pub const LOAD_SIGNAL_GLOBAL: &str = "LOAD_SIGNAL";
 /// Global (`.rodata`) variable: 1 when the UDP hooks leave each translated datagram for the
 /// accounting tracepoints (`--byte-accounting all`).
 pub const UDP_BYTES_GLOBAL: &str = "UDP_BYTES";

@@ -1,5 +1,5 @@
-//! The load signal: what the `sock_ops` program measures of the TCP connections the connect hooks
-//! rewrote, per backend, on this node. For request-per-connection traffic the connections in
+//! The load signal: what the programs measure of the TCP connections the connect hooks rewrote,
+//! per backend, on this node. For request-per-connection traffic the connections in
 //! flight to a backend are its throughput times its latency (Little's law): the load a
 //! latency-aware proxy would measure, here without a proxy and without any per-packet cost.
 
@@ -20,36 +20,36 @@ pub struct BackendKey {
 }
 const _: () = assert!(size_of::<BackendKey>() == 20);
 
-/// Cumulative counters of the TCP connections this node's hooks sent to one backend. The program
-/// adds to them atomically; readers take differences between two readings.
+/// Cumulative counters of the TCP connections this node's hooks sent to one backend, counted where
+/// a connection starts (the connect hook) and where its socket ends (`tcp_destroy_sock`). The
+/// programs add to them atomically; readers take differences between two readings.
 ///
-/// Derived figures: connections in flight = `established - closed`; handshakes pending =
-/// `connects - established - refused - timed_out`; mean lifetime = `lifetime_us / closed`.
+/// Derived figures: connections in flight (connecting or open) = `connects - closed - refused -
+/// timed_out`; mean lifetime = `lifetime_us / closed`; mean round-trip time = `rtt_us / closed`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct BackendLoad {
-    /// `connect()`s rewritten to this backend whose handshake started.
+    /// `connect()`s rewritten to this backend.
     pub connects: u64,
-    /// Handshakes completed.
-    pub established: u64,
-    /// Established connections that ended (any way).
+    /// Connections that completed their handshake and ended (any way).
     pub closed: u64,
-    /// Handshakes that ended without a retransmitted SYN: the backend refused (RST) or the
-    /// application gave up within the first retransmission timeout.
+    /// Handshakes that failed without a retransmitted SYN: the backend refused (RST), or the
+    /// application gave up within the first retransmission timeout or connected again.
     pub refused: u64,
-    /// Handshakes that ended after at least one SYN retransmission: nobody answered in time.
+    /// Handshakes that failed after at least one SYN retransmission: nobody answered in time.
     pub timed_out: u64,
-    /// Established connections that went straight to closed: reset by either side, without the
-    /// orderly FIN exchange.
+    /// Ended connections the backend reset (a RST received after the handshake; counted while
+    /// the outlier ejection programs run, which see it).
     pub reset: u64,
-    /// Sum of the handshake times of established connections, microseconds.
-    pub handshake_us: u64,
-    /// Sum of the lifetimes (established to closed) of closed connections, microseconds.
+    /// Sum of the smoothed round-trip times of the ended connections, microseconds.
+    pub rtt_us: u64,
+    /// Sum of the lifetimes (connect to end) of the ended connections whose start the node still
+    /// knew at their end (nearly all: see `TcpTranslation`), microseconds.
     pub lifetime_us: u64,
-    /// `CLOCK_MONOTONIC` when the program created the entry, nanoseconds; not a counter. A socket
-    /// whose handshake started before it was counted in an earlier entry (one the agent pruned,
-    /// or cleared when it detached the program) and adds nothing here: no close is ever counted
-    /// without its start, so nothing stays in flight that is not.
+    /// `CLOCK_MONOTONIC` when the program created the entry, nanoseconds; not a counter. A
+    /// connection that started before it was counted in an earlier entry (one the agent pruned or
+    /// cleared) and adds nothing here: no end is counted without its start, so nothing stays in
+    /// flight that is not.
     pub created_ns: u64,
 }
 const _: () = assert!(size_of::<BackendLoad>() == (BackendLoad::FIELDS + 1) * size_of::<u64>());
@@ -58,32 +58,25 @@ const _: () = assert!(core::mem::offset_of!(BackendLoad, created_ns) == BackendL
 impl BackendLoad {
     /// Number of counters; the program addresses them as `[u64; FIELDS]` in field order, before
     /// [`BackendLoad::created_ns`].
-    pub const FIELDS: usize = 8;
+    pub const FIELDS: usize = 7;
     /// Index of [`BackendLoad::connects`].
     pub const CONNECTS: usize = 0;
-    /// Index of [`BackendLoad::established`].
-    pub const ESTABLISHED: usize = 1;
     /// Index of [`BackendLoad::closed`].
-    pub const CLOSED: usize = 2;
+    pub const CLOSED: usize = 1;
     /// Index of [`BackendLoad::refused`].
-    pub const REFUSED: usize = 3;
+    pub const REFUSED: usize = 2;
     /// Index of [`BackendLoad::timed_out`].
-    pub const TIMED_OUT: usize = 4;
+    pub const TIMED_OUT: usize = 3;
     /// Index of [`BackendLoad::reset`].
-    pub const RESET: usize = 5;
-    /// Index of [`BackendLoad::handshake_us`].
-    pub const HANDSHAKE_US: usize = 6;
+    pub const RESET: usize = 4;
+    /// Index of [`BackendLoad::rtt_us`].
+    pub const RTT_US: usize = 5;
     /// Index of [`BackendLoad::lifetime_us`].
-    pub const LIFETIME_US: usize = 7;
+    pub const LIFETIME_US: usize = 6;
 
-    /// Connections established and not closed yet (0 if a reading raced a close).
+    /// Connections started and not ended yet, connecting or open (0 if a reading raced an end).
     pub fn in_flight(&self) -> u64 {
-        self.established.saturating_sub(self.closed)
-    }
-
-    /// Handshakes started and not finished yet.
-    pub fn connecting(&self) -> u64 {
-        self.connects.saturating_sub(self.established + self.refused + self.timed_out)
+        self.connects.saturating_sub(self.closed + self.refused + self.timed_out)
     }
 
     /// Handshakes that failed.
@@ -93,3 +86,4 @@ impl BackendLoad {
 }
 const _: () = assert!(core::mem::offset_of!(BackendLoad, lifetime_us) == BackendLoad::LIFETIME_US * size_of::<u64>());
 const _: () = assert!(core::mem::offset_of!(BackendLoad, reset) == BackendLoad::RESET * size_of::<u64>());
+const _: () = assert!(core::mem::offset_of!(BackendLoad, rtt_us) == BackendLoad::RTT_US * size_of::<u64>());

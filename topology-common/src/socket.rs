@@ -37,8 +37,8 @@ impl SockTranslation {
 /// A TCP connection's translation in the direct-mapped table of TCP connections
 /// (`map_names::TCP_CONNECTIONS`), at position `cookie & mask`: the socket's cookie and a seal
 /// over both, so a reader takes it only if it is this socket's and whole; for a connection the
-/// load signal measures, also when its handshake started and completed (written by the
-/// `sock_ops` program, outside the seal).
+/// load signal measures, also when the connect hook started it and what the tracing programs
+/// saw of it (outside the seal).
 ///
 /// Socket cookies are handed out in increasing order, so a position is overwritten only after
 /// about as many newer cookies as the table has positions: the oldest entries go first, as in an
@@ -54,24 +54,26 @@ pub struct TcpTranslation {
     pub translation: SockTranslation,
     /// [`TcpTranslation::seal_of`] the two fields above.
     pub seal: u64,
-    /// `CLOCK_MONOTONIC` when a measured connection's handshake started (and was counted),
-    /// nanoseconds; 0 otherwise.
+    /// `CLOCK_MONOTONIC` when a measured connection was started (and counted) by the connect
+    /// hook, nanoseconds; 0 otherwise, and once its end was counted.
     pub connect_ns: u64,
-    /// When its handshake completed; 0 before; [`TcpTranslation::HANDSHAKE_FAILED`] once a
-    /// failure of its handshake was counted for outlier ejection.
-    pub established_ns: u64,
+    /// What the tracing programs saw of the connection: [`TcpTranslation::HANDSHAKE_FAILED`],
+    /// [`TcpTranslation::RESET`].
+    pub marks: u64,
 }
 const _: () = assert!(size_of::<TcpTranslation>() == 72);
 
 impl TcpTranslation {
-    /// `established_ns` of a connection whose handshake failure was counted (`outlier`): a
-    /// socket's later failures (another unanswered SYN, then a reset) count nothing more.
-    pub const HANDSHAKE_FAILED: u64 = u64::MAX;
+    /// A mark: a failure of its handshake was counted (`outlier`), so the socket's later failures
+    /// (another unanswered SYN, then a reset) count nothing more.
+    pub const HANDSHAKE_FAILED: u64 = 1;
+    /// A mark: the backend reset the connection after its handshake.
+    pub const RESET: u64 = 2;
 
     /// The entry of `translation` for the socket `cookie`.
     #[inline(always)]
     pub fn new(cookie: u64, translation: SockTranslation) -> Self {
-        Self { cookie, translation, seal: Self::seal_of(cookie, &translation), connect_ns: 0, established_ns: 0 }
+        Self { cookie, translation, seal: Self::seal_of(cookie, &translation), connect_ns: 0, marks: 0 }
     }
 
     /// A mix of the cookie and every byte of the translation (FNV-style over 32-bit words), never 0.

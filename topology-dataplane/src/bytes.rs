@@ -72,7 +72,7 @@ impl BytesSweep {
     /// Loads the iterator against the pinned maps under `layout`, reading a TCP socket's byte
     /// counters where this kernel's BTF says they are.
     pub fn load(layout: &PinLayout) -> Result<Self, IterError> {
-        let offsets = loader::tcp_byte_offsets().map_err(|e| IterError::Io(std::io::Error::other(e)))?;
+        let offsets = loader::tcp_socket_offsets().map_err(|e| IterError::Io(std::io::Error::other(e)))?;
         let name = map_names::TCP_CONNECTIONS;
         let connections = MapData::from_pin(layout.map(name)).map_err(|e| IterError::Io(std::io::Error::other(e)))?;
         let positions = connections.info().map_err(|e| IterError::Io(std::io::Error::other(e)))?.max_entries();

@@ -39,7 +39,6 @@ mod pins;
 #[cfg(test)]
 mod refusals;
 mod reuse;
-mod signal;
 mod slot_space;
 mod socket_maps;
 mod state;
@@ -108,9 +107,10 @@ pub struct DataplaneConfig {
     /// How long the programs keep rewriting after the last [`Dataplane::heartbeat`]; `None`:
     /// forever (they never fail open).
     pub fail_open_after: Option<Duration>,
-    /// Attach the load signal's `sock_ops` program (it runs on every TCP connection in the
-    /// cgroup). Off, or refused by the kernel: no backend is measured and feedback keeps the
-    /// static plan.
+    /// Measure the TCP connections of ports under feedback: their starts counted by the connect
+    /// hooks, their ends where the kernel destroys their socket (`tp_btf/tcp_destroy_sock`, once
+    /// per TCP socket of the node). Off, or refused by the kernel: no backend is measured and
+    /// feedback keeps the static plan.
     pub load_signal: bool,
     /// Load and attach the outlier ejection programs (tracepoints where a handshake fails). Off
     /// (the library's default; the agent's is on), or refused by the kernel: no backend is
@@ -149,7 +149,6 @@ pub struct Dataplane {
     layout: PinLayout,
     flavour: Flavour,
     fail_open: FailOpen,
-    signal: signal::Signal,
     cgroup: PathBuf,
     // Holds the object's other maps (the log ring buffer) for as long as the programs run;
     // none when a restart kept the programs already attached.
@@ -201,9 +200,8 @@ impl Dataplane {
         stop_dns_steering(&layout)?;
         loader::attach_all(&mut ebpf, &layout, &config.cgroup)?;
         reuse::record(&layout, &options, &config.cgroup, flavour)?;
-        let signal = signal::Signal::new(layout.clone(), config.cgroup.clone());
         let cgroup = config.cgroup.clone();
-        Ok(Self { writer, logger, layout, flavour, fail_open, signal, cgroup, _ebpf: Some(ebpf) })
+        Ok(Self { writer, logger, layout, flavour, fail_open, cgroup, _ebpf: Some(ebpf) })
     }
 
     /// A restart that keeps the programs a previous agent attached (the same objects, options
@@ -228,9 +226,8 @@ impl Dataplane {
             object = previous.flavour.object,
             "the attached programs kept (the same objects and options); pinned state adopted"
         );
-        let signal = signal::Signal::new(layout.clone(), cgroup.to_path_buf());
         let cgroup = cgroup.to_path_buf();
-        Ok(Self { writer, logger: None, layout, flavour: previous.flavour, fail_open, signal, cgroup, _ebpf: None })
+        Ok(Self { writer, logger: None, layout, flavour: previous.flavour, fail_open, cgroup, _ebpf: None })
     }
 
     /// The DNS steering heartbeat, on a descriptor of its own for the responder's prober.
@@ -268,28 +265,7 @@ impl Dataplane {
 
     /// Makes the kernel hold `desired`, rewriting only the service ports that differ.
     pub fn apply(&mut self, desired: &DesiredState) -> ApplyReport {
-        if desired.services.iter().any(|(port, service)| measured_tcp(port, service.options)) {
-            self.set_signal(true);
-        }
-        let report = self.writer.apply(desired);
-        self.follow_signal();
-        report
-    }
-
-    /// Attaches the load signal while some TCP port the kernel holds is measured, and only then
-    /// (see [`signal`]).
-    fn follow_signal(&mut self) {
-        let wanted = self.writer.kernel().services.iter().any(|(port, service)| measured_tcp(port, service.options));
-        self.set_signal(wanted);
-    }
-
-    /// Attaches or detaches the load signal. It is attached before the first measured port is
-    /// written, so every connection the connect hook marks is seen starting. A failure leaves the
-    /// rewrites as they are: it is logged, and the next apply tries again.
-    fn set_signal(&mut self, wanted: bool) {
-        if let Err(error) = self.signal.set(wanted, &mut self.writer.maps_mut().backend_load) {
-            tracing::warn!(%error, wanted, "the load signal could not be attached or detached");
-        }
+        self.writer.apply(desired)
     }
 
     /// The socket-address programs not attached to this dataplane's cgroup any more: their pinned
@@ -308,11 +284,6 @@ impl Dataplane {
             .collect()
     }
 
-    /// Whether the load signal's program runs now (attached while some TCP port is measured).
-    pub fn load_signal_attached(&self) -> bool {
-        self.signal.attached()
-    }
-
     /// Prepares for about `ports` new service ports coming in several applies
     /// ([`writer::Writer::reserve`]).
     pub fn reserve(&mut self, ports: usize) -> Result<(), DataplaneError> {
@@ -325,13 +296,7 @@ impl Dataplane {
         &mut self,
         changes: impl IntoIterator<Item = (crate::desired::ServicePort, Option<&'a crate::desired::DesiredService>)>,
     ) -> ApplyReport {
-        let changes: Vec<_> = changes.into_iter().collect();
-        if changes.iter().any(|(port, service)| service.is_some_and(|service| measured_tcp(port, service.options))) {
-            self.set_signal(true);
-        }
-        let report = self.writer.apply_changes(changes);
-        self.follow_signal();
-        report
+        self.writer.apply_changes(changes)
     }
 
     /// What the kernel holds, as last written or adopted.
@@ -360,7 +325,7 @@ impl Dataplane {
         state::read_counters(self.writer.maps())
     }
 
-    /// What the `sock_ops` program measured of each backend this node sent TCP connections to.
+    /// What the load signal measured of each backend this node sent TCP connections to.
     pub fn backend_load(&self) -> Result<Vec<MeasuredBackend>, DataplaneError> {
         backend_load::read(&self.writer.maps().backend_load)
     }
@@ -436,13 +401,8 @@ pub struct KernelReading {
     pub node: NodeCounters,
     /// The agent's heartbeat as the programs see it.
     pub heartbeat: Option<HeartbeatReading>,
-    /// What the `sock_ops` program measured per backend.
+    /// What the load signal measured per backend.
     pub backends: Vec<MeasuredBackend>,
     /// Backends failing or ejected (outlier ejection).
     pub outliers: Vec<Outlier>,
-}
-
-/// A TCP port the load signal measures.
-fn measured_tcp(port: &desired::ServicePort, options: desired::PortOptions) -> bool {
-    port.protocol == desired::Protocol::Tcp && options.measured
 }

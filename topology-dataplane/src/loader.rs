@@ -9,15 +9,16 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    programs::{BtfTracePoint, CgroupAttachMode, CgroupSockAddr, SockOps, links::FdLink},
+    programs::{BtfTracePoint, CgroupAttachMode, CgroupSockAddr, links::FdLink},
 };
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 use topology_common::{
-    BYTES_ACKED_OFFSET_GLOBAL, BYTES_RECEIVED_OFFSET_GLOBAL, INDEX_ENABLED_GLOBAL, INDEX_V4_MASK_GLOBAL,
-    INDEX_V6_MASK_GLOBAL, LOG_LEVEL_GLOBAL, SK_COOKIE_OFFSET_GLOBAL, SK_PROTOCOL_OFFSET_GLOBAL,
-    SKC_DADDR_OFFSET_GLOBAL, SKC_DPORT_OFFSET_GLOBAL, SKC_STATE_OFFSET_GLOBAL, SKC_V6_DADDR_OFFSET_GLOBAL,
-    TCP_CONNECTIONS_MASK_GLOBAL, UDP_BYTES_GLOBAL, map_names, program_names,
+    BYTES_ACKED_OFFSET_GLOBAL, BYTES_RECEIVED_OFFSET_GLOBAL, CB_FLAGS_OFFSET_GLOBAL, INDEX_ENABLED_GLOBAL,
+    INDEX_V4_MASK_GLOBAL, INDEX_V6_MASK_GLOBAL, LOAD_SIGNAL_GLOBAL, LOG_LEVEL_GLOBAL, SK_COOKIE_OFFSET_GLOBAL,
+    SK_PROTOCOL_OFFSET_GLOBAL, SKC_DADDR_OFFSET_GLOBAL, SKC_DPORT_OFFSET_GLOBAL, SKC_STATE_OFFSET_GLOBAL,
+    SKC_V6_DADDR_OFFSET_GLOBAL, SRTT_US_OFFSET_GLOBAL, TCP_BYTES_GLOBAL, TCP_CONNECTIONS_MASK_GLOBAL,
+    TOTAL_RETRANS_OFFSET_GLOBAL, UDP_BYTES_GLOBAL, map_names, program_names,
 };
 
 use super::{
@@ -134,7 +135,7 @@ pub struct LoadOptions {
     pub log_level: KernelLogLevel,
     /// How the programs read the service index.
     pub index: IndexOrdering,
-    /// Load the load signal's `sock_ops` program.
+    /// Count measured connections' starts and ends (the load signal).
     pub load_signal: bool,
     /// Load the outlier ejection program.
     pub outlier_ejection: bool,
@@ -222,19 +223,26 @@ fn load_flavour(layout: &PinLayout, options: &LoadOptions, flavour: Flavour) -> 
     if let Some(offset) = &outlier_offset {
         loader.override_global(SKC_STATE_OFFSET_GLOBAL, offset, true);
     }
-    // So does accounting, at the offsets of a TCP socket's byte counters.
-    let byte_offsets = match options.byte_accounting.tcp().then(tcp_byte_offsets) {
+    // So do accounting and the load signal at a connection's end, at the offsets of a TCP
+    // socket's counters.
+    let wanted = options.byte_accounting.tcp() || options.load_signal;
+    let socket_offsets = match wanted.then(tcp_socket_offsets) {
         Some(Ok(offsets)) => Some(offsets),
         Some(Err(error)) => {
-            tracing::warn!(%error, "no TCP byte counters in the kernel's BTF; no bytes are counted");
+            tracing::warn!(%error, "no TCP socket counters in the kernel's BTF; no bytes are counted, no backend \
+                            measured");
             None
         }
         None => None,
     };
-    if let Some(offsets) = &byte_offsets {
+    if let Some(offsets) = &socket_offsets {
         offsets.set(&mut loader);
     }
-    let udp_bytes = u32::from(byte_offsets.is_some() && options.byte_accounting.udp());
+    let tcp_bytes = u32::from(socket_offsets.is_some() && options.byte_accounting.tcp());
+    loader.override_global(TCP_BYTES_GLOBAL, &tcp_bytes, true);
+    let load_signal = u32::from(socket_offsets.is_some() && options.load_signal);
+    loader.override_global(LOAD_SIGNAL_GLOBAL, &load_signal, true);
+    let udp_bytes = u32::from(socket_offsets.is_some() && options.byte_accounting.udp());
     loader.override_global(UDP_BYTES_GLOBAL, &udp_bytes, true);
     let enabled = u32::from(flavour.index);
     loader.override_global(INDEX_ENABLED_GLOBAL, &enabled, true);
@@ -250,24 +258,17 @@ fn load_flavour(layout: &PinLayout, options: &LoadOptions, flavour: Flavour) -> 
     {
         tracing::warn!(%error, "the kernel refused the outlier ejection programs; no backend is ejected");
     }
-    if byte_offsets.is_some()
-        && let Err(error) = load_tracing(&mut ebpf, &program_names::ACCOUNTING)
+    if socket_offsets.is_some()
+        && let Err(error) = load_tracing(&mut ebpf, &program_names::CLOSED)
     {
-        tracing::warn!(%error, "the kernel refused the accounting program; no bytes are counted");
+        tracing::warn!(%error, "the kernel refused the program at a connection's end; no bytes are counted, no \
+                        backend measured");
     }
     // UDP's tracepoints came with Linux 6.3.
     if udp_bytes == 1
         && let Err(error) = load_tracing(&mut ebpf, &program_names::UDP_ACCOUNTING)
     {
         tracing::warn!(%error, "the kernel refused the UDP accounting programs; no datagram is counted");
-    }
-    if options.load_signal {
-        // The measurement is an addition: a kernel that refuses it leaves the rewrites running.
-        let name = program_names::BACKEND_LOAD;
-        if let Err(error) = program::<SockOps>(&mut ebpf, name)?.load() {
-            tracing::warn!(%error, "the kernel refused the load signal (sock_ops); no backend is measured and \
-                            feedback keeps the static plan");
-        }
     }
     Ok(ebpf)
 }
@@ -301,18 +302,21 @@ fn skc_state_offset() -> Result<u32, btf_offsets::BtfOffsetError> {
     Ok(common + btf_offsets::member_offset_in(path, "sock_common", "skc_state")?)
 }
 
-/// Where the accounting programs read a TCP socket's counters and cookie in this kernel.
+/// Where the programs at a connection's end (accounting, the load signal) and the sweep read a
+/// TCP socket's counters, cookie and peer in this kernel.
 #[derive(Clone, Copy, Debug)]
-pub struct ByteOffsets {
+pub struct SocketOffsets {
     acked: u32,
     received: u32,
     cookie: u32,
     protocol: u32,
     /// The peer's IPv4 address, IPv6 address and port.
     peer: [u32; 3],
+    /// `srtt_us`, `total_retrans`, `bpf_sock_ops_cb_flags`.
+    load: [u32; 3],
 }
 
-impl ByteOffsets {
+impl SocketOffsets {
     /// Sets them as the programs' globals.
     pub fn set<'a>(&'a self, loader: &mut EbpfLoader<'a>) {
         loader.override_global(BYTES_ACKED_OFFSET_GLOBAL, &self.acked, true);
@@ -322,23 +326,29 @@ impl ByteOffsets {
         loader.override_global(SKC_DADDR_OFFSET_GLOBAL, &self.peer[0], true);
         loader.override_global(SKC_V6_DADDR_OFFSET_GLOBAL, &self.peer[1], true);
         loader.override_global(SKC_DPORT_OFFSET_GLOBAL, &self.peer[2], true);
+        loader.override_global(SRTT_US_OFFSET_GLOBAL, &self.load[0], true);
+        loader.override_global(TOTAL_RETRANS_OFFSET_GLOBAL, &self.load[1], true);
+        loader.override_global(CB_FLAGS_OFFSET_GLOBAL, &self.load[2], true);
     }
 }
 
-/// The byte offsets of `bytes_acked` and `bytes_received` in this kernel's `struct tcp_sock` and
-/// of the cookie, protocol and peer in its `struct sock` (`__sk_common.skc_cookie`, `sk_protocol`,
-/// `__sk_common.skc_daddr`, `skc_v6_daddr`, `skc_dport`), from its BTF; the accounting programs
-/// are not loaded without them.
-pub fn tcp_byte_offsets() -> Result<ByteOffsets, btf_offsets::BtfOffsetError> {
+/// The byte offsets of `bytes_acked`, `bytes_received`, `srtt_us`, `total_retrans` and
+/// `bpf_sock_ops_cb_flags` in this kernel's `struct tcp_sock` and of the cookie, protocol and peer
+/// in its `struct sock` (`__sk_common.skc_cookie`, `sk_protocol`, `__sk_common.skc_daddr`,
+/// `skc_v6_daddr`, `skc_dport`), from its BTF; the programs at a connection's end are not loaded
+/// without them.
+pub fn tcp_socket_offsets() -> Result<SocketOffsets, btf_offsets::BtfOffsetError> {
     let path = Path::new(btf_offsets::VMLINUX);
     let common = btf_offsets::member_offset_in(path, "sock", "__sk_common")?;
     let in_common = |member| btf_offsets::member_offset_in(path, "sock_common", member).map(|at| common + at);
-    Ok(ByteOffsets {
+    let in_tcp = |member| btf_offsets::member_offset_in(path, "tcp_sock", member);
+    Ok(SocketOffsets {
         acked: btf_offsets::member_offset_in(path, "tcp_sock", "bytes_acked")?,
         received: btf_offsets::member_offset_in(path, "tcp_sock", "bytes_received")?,
         cookie: in_common("skc_cookie")?,
         protocol: btf_offsets::member_offset_in(path, "sock", "sk_protocol")?,
         peer: [in_common("skc_daddr")?, in_common("skc_v6_daddr")?, in_common("skc_dport")?],
+        load: [in_tcp("srtt_us")?, in_tcp("total_retrans")?, in_tcp("bpf_sock_ops_cb_flags")?],
     })
 }
 
@@ -354,9 +364,9 @@ where
 }
 
 /// Attaches every (loaded) program to `cgroup`. A link a previous agent pinned here gets the new
-/// program in place (`BPF_LINK_UPDATE`); one pinned for another cgroup is replaced. The load
-/// signal's program is only pinned: [`crate::signal::Signal`] attaches it while some port is
-/// measured (a link a previous agent left gets the new program, until the first apply decides).
+/// program in place (`BPF_LINK_UPDATE`); one pinned for another cgroup is replaced. What agents
+/// before these attached and these do not (the load signal's `sock_ops` program, the accounting
+/// program of another name) is detached.
 pub fn attach_all(ebpf: &mut Ebpf, layout: &PinLayout, cgroup: &Path) -> Result<(), DataplaneError> {
     let cgroup_error = |source| DataplaneError::Cgroup { path: cgroup.to_path_buf(), source };
     if !mounts::is_cgroup2(cgroup).map_err(cgroup_error)? {
@@ -371,44 +381,27 @@ pub fn attach_all(ebpf: &mut Ebpf, layout: &PinLayout, cgroup: &Path) -> Result<
     // kernel rejects any attach flag on them, so the mode must be the flag-less one.
     for name in program_names::ALL {
         let path = layout.link(name);
-        let link: FdLink = if name == program_names::BACKEND_LOAD {
-            let program = program::<SockOps>(ebpf, name)?;
-            if program.fd().is_err() {
-                // Not loaded (off, or refused): a link an earlier agent pinned goes too.
-                remove_program_pin(layout, name)?;
-                if path.exists() {
-                    links::detach_pinned(&path)?;
-                }
-                continue;
-            }
-            remove_program_pin(layout, name)?;
-            program.pin(layout.program(name)).map_err(|error| DataplaneError::Link {
-                path: layout.program(name),
-                source: std::io::Error::other(error),
-            })?;
-            let fd = program.fd().map_err(DataplaneError::program(name))?;
-            if !path.exists() || links::update_pinned(&path, fd.as_fd(), cgroup_id)? {
-                continue;
-            }
-            let id = program.attach(&cgroup_fd, CgroupAttachMode::Single).map_err(DataplaneError::program(name))?;
-            program.take_link(id).map_err(DataplaneError::program(name))?.try_into().map_err(link_error(name))?
-        } else {
-            let program = program::<CgroupSockAddr>(ebpf, name)?;
-            if links::update_pinned(&path, program.fd().map_err(DataplaneError::program(name))?.as_fd(), cgroup_id)? {
-                continue;
-            }
-            let id = program.attach(&cgroup_fd, CgroupAttachMode::Single).map_err(DataplaneError::program(name))?;
-            program.take_link(id).map_err(DataplaneError::program(name))?.try_into().map_err(link_error(name))?
-        };
+        let program = program::<CgroupSockAddr>(ebpf, name)?;
+        if links::update_pinned(&path, program.fd().map_err(DataplaneError::program(name))?.as_fd(), cgroup_id)? {
+            continue;
+        }
+        let id = program.attach(&cgroup_fd, CgroupAttachMode::Single).map_err(DataplaneError::program(name))?;
+        let link: FdLink =
+            program.take_link(id).map_err(DataplaneError::program(name))?.try_into().map_err(link_error(name))?;
         links::replace_pinned(link, &path)?;
     }
-    let before = layout.link(program_names::OUTLIER_BEFORE);
-    if before.exists() {
-        links::detach_pinned(&before)?;
-    }
     attach_tracing(ebpf, layout, &program_names::OUTLIER)?;
-    attach_tracing(ebpf, layout, &program_names::ACCOUNTING)?;
-    attach_tracing(ebpf, layout, &program_names::UDP_ACCOUNTING)
+    attach_tracing(ebpf, layout, &program_names::CLOSED)?;
+    attach_tracing(ebpf, layout, &program_names::UDP_ACCOUNTING)?;
+    for before in
+        [program_names::OUTLIER_BEFORE, program_names::BYTES_CLOSED_BEFORE, program_names::BACKEND_LOAD_BEFORE]
+    {
+        let link = layout.link(before);
+        if link.exists() {
+            links::detach_pinned(&link)?;
+        }
+    }
+    remove_program_pin(layout, program_names::BACKEND_LOAD_BEFORE)
 }
 
 /// Attaches tracing programs (outlier ejection, accounting), if they were loaded, and pins their
@@ -436,7 +429,7 @@ fn attach_tracing(
     Ok(())
 }
 
-/// Removes the pin of a program attached only while needed, if any.
+/// Removes the pin of a program agents before these attached only while needed, if any.
 fn remove_program_pin(layout: &PinLayout, name: &str) -> Result<(), DataplaneError> {
     let path = layout.program(name);
     match std::fs::remove_file(&path) {

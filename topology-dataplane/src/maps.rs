@@ -130,7 +130,7 @@ pub struct MapSet {
     pub heartbeat: Array<MapData, Heartbeat>,
     /// Counters of the whole node.
     pub node_counters: PerCpuArray<MapData, NodeCounters>,
-    /// What the `sock_ops` program measured per backend.
+    /// What the load signal measured per backend.
     pub backend_load: super::backend_load::LoadMap,
     /// Capacities as the kernel reports them.
     pub capacities: Capacities,
@@ -255,7 +255,7 @@ pub struct CounterMaps {
     pub heartbeat: Array<MapData, Heartbeat>,
     /// Counters of the whole node.
     pub node_counters: PerCpuArray<MapData, NodeCounters>,
-    /// What the `sock_ops` program measured per backend.
+    /// What the load signal measured per backend.
     pub backend_load: super::backend_load::LoadMap,
     /// Failures and ejections per backend.
     pub outliers: super::outliers::OutlierMap,

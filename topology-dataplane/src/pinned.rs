@@ -23,10 +23,7 @@ pub struct PinnedState {
     pub heartbeat: HeartbeatReading,
     /// Programs with a pinned (attached) link.
     pub attached: Vec<&'static str>,
-    /// Whether the load signal's program is loaded (pinned, attached only while some TCP port is
-    /// measured).
-    pub signal_loaded: bool,
-    /// What the `sock_ops` program measured per backend.
+    /// What the load signal measured per backend.
     pub backend_load: Vec<MeasuredBackend>,
     /// Backends failing or ejected (outlier ejection).
     pub outliers: Vec<Outlier>,
@@ -42,17 +39,19 @@ pub fn read_pins(pin_path: &Path) -> Result<PinnedState, DataplaneError> {
     let counters = state::read_counters(&maps)?;
     let node_counters = heartbeat::read_node_counters(&maps.node_counters)?;
     let heartbeat = heartbeat::read(&maps.heartbeat)?;
-    let attached = program_names::ALL.into_iter().filter(|name| layout.link(name).exists()).collect();
+    let attached = program_names::ALL
+        .into_iter()
+        .chain(program_names::CLOSED.map(|(name, _)| name))
+        .filter(|name| layout.link(name).exists())
+        .collect();
     let backend_load = backend_load::read(&maps.backend_load)?;
     let outliers = maps::CounterMaps::from_pins(&layout).and_then(|counters| outliers::read(&counters.outliers))?;
-    let signal_loaded = layout.program(program_names::BACKEND_LOAD).exists();
     Ok(PinnedState {
         kernel,
         counters,
         node_counters,
         heartbeat,
         attached,
-        signal_loaded,
         backend_load,
         outliers,
         capacities: maps.capacities,

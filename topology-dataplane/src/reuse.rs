@@ -4,7 +4,7 @@
 //! attached to the same cgroup — a restart keeps them and only opens the pinned maps.
 //!
 //! What was loaded is named by a marker directory (bpffs holds no plain files) under the pin path:
-//! `programs/p<fingerprint>_f<flavour>_s<load signal>`. It is removed before a load starts and
+//! `programs/p<fingerprint>_f<flavour>`. It is removed before a load starts and
 //! written once every link is attached, so a marker always names the programs the links hold.
 //! Anything that does not match — an upgrade, another flag, a link detached or on another
 //! cgroup, a marker missing — loads as before.
@@ -30,8 +30,6 @@ use super::{
 pub struct Previous {
     /// The object and index mode.
     pub flavour: Flavour,
-    /// Whether the load signal's `sock_ops` program is loaded (pinned, attached while needed).
-    pub signal: bool,
 }
 
 /// The directory of the marker.
@@ -53,19 +51,13 @@ pub fn fingerprint(options: &LoadOptions, cgroup: &Path) -> String {
 
 fn marker_name(fingerprint: &str, previous: Previous) -> Option<String> {
     let flavour = loader::FLAVOURS.iter().position(|f| *f == previous.flavour)?;
-    Some(format!("p{fingerprint}_f{flavour}_s{}", u8::from(previous.signal)))
+    Some(format!("p{fingerprint}_f{flavour}"))
 }
 
 fn parse_marker(name: &str, fingerprint: &str) -> Option<Previous> {
-    let rest = name.strip_prefix('p')?.strip_prefix(fingerprint)?.strip_prefix("_f")?;
-    let (flavour, signal) = rest.split_once("_s")?;
+    let flavour = name.strip_prefix('p')?.strip_prefix(fingerprint)?.strip_prefix("_f")?;
     let flavour = *loader::FLAVOURS.get(flavour.parse::<usize>().ok()?)?;
-    let signal = match signal {
-        "0" => false,
-        "1" => true,
-        _ => return None,
-    };
-    Some(Previous { flavour, signal })
+    Some(Previous { flavour })
 }
 
 /// The programs a previous agent left attached, if a restart with `options` may keep them: the
@@ -81,32 +73,20 @@ pub fn find(layout: &PinLayout, options: &LoadOptions, cgroup: &Path) -> Option<
         .filter_map(Result::ok)
         .find_map(|entry| parse_marker(&entry.file_name().to_string_lossy(), &fingerprint))?;
     let cgroup_id = std::fs::metadata(cgroup).ok()?.ino();
-    if layout.program(program_names::BACKEND_LOAD).exists() != previous.signal {
-        return None;
-    }
     let tracing_links = |programs: &[(&str, &str)]| programs.iter().all(|(name, _)| layout.link(name).exists());
     if (options.outlier_ejection && !tracing_links(&program_names::OUTLIER))
-        || (options.byte_accounting.tcp() && !tracing_links(&program_names::ACCOUNTING))
+        || ((options.byte_accounting.tcp() || options.load_signal) && !tracing_links(&program_names::CLOSED))
         || (options.byte_accounting.udp() && !tracing_links(&program_names::UDP_ACCOUNTING))
     {
         // Detached, or refused by this kernel before: loading tries again.
         return None;
     }
     for name in program_names::ALL {
-        // The load signal's link exists only while a port is measured; if it does, it must be here.
-        let expected = name != program_names::BACKEND_LOAD || (previous.signal && layout.link(name).exists());
         let path = layout.link(name);
-        match (expected, path.exists()) {
-            (true, true) => {
-                let attached =
-                    links::cgroup_of(&path).is_ok_and(|(program, cgroup)| program != 0 && cgroup == cgroup_id);
-                if !attached {
-                    tracing::info!(link = %path.display(), "a pinned link is no longer attached here; loading the programs");
-                    return None;
-                }
-            }
-            (false, false) => {}
-            _ => return None,
+        let attached = links::cgroup_of(&path).is_ok_and(|(program, cgroup)| program != 0 && cgroup == cgroup_id);
+        if !attached {
+            tracing::info!(link = %path.display(), "a pinned link is no longer attached here; loading the programs");
+            return None;
         }
     }
     Some(previous)
@@ -141,8 +121,7 @@ pub fn record(
     if options.log_level != KernelLogLevel::Off {
         return Ok(());
     }
-    let signal = layout.program(program_names::BACKEND_LOAD).exists();
-    let Some(name) = marker_name(&fingerprint(options, cgroup), Previous { flavour, signal }) else { return Ok(()) };
+    let Some(name) = marker_name(&fingerprint(options, cgroup), Previous { flavour }) else { return Ok(()) };
     let path = markers_dir(layout).join(name);
     std::fs::create_dir_all(&path).map_err(|source| DataplaneError::PinDir { path, source })
 }
@@ -187,14 +166,12 @@ mod tests {
     #[test]
     fn markers_round_trip_and_other_fingerprints_do_not_match() {
         for flavour in loader::FLAVOURS {
-            for signal in [false, true] {
-                let previous = Previous { flavour, signal };
-                let name = marker_name("00ff", previous).unwrap();
-                assert_eq!(parse_marker(&name, "00ff"), Some(previous));
-                assert_eq!(parse_marker(&name, "00fe"), None);
-            }
+            let previous = Previous { flavour };
+            let name = marker_name("00ff", previous).unwrap();
+            assert_eq!(parse_marker(&name, "00ff"), Some(previous));
+            assert_eq!(parse_marker(&name, "00fe"), None);
         }
-        assert_eq!(parse_marker("p00ff_f9_s1", "00ff"), None, "no such flavour");
-        assert_eq!(parse_marker("p00ff_f0_s2", "00ff"), None);
+        assert_eq!(parse_marker("p00ff_f9", "00ff"), None, "no such flavour");
+        assert_eq!(parse_marker("p00ff_f0_s1", "00ff"), None, "an earlier agent's marker");
     }
 }

@@ -1,7 +1,7 @@
 //! Cross-zone accounting (see `topology_common::bytes`): the bytes of every TCP connection the
 //! connect hooks rewrote, per Service port and backend, read from the client's socket — when it
-//! is destroyed (`tp_btf/tcp_destroy_sock`, node-wide: once per TCP socket, never on the connect
-//! path) and, for the connections still open, at each sweep of the agent (`iter/tcp`, run in
+//! is destroyed (`tp_btf/tcp_destroy_sock`, [`crate::closed`]: once per TCP socket, never on the
+//! connect path) and, for the connections still open, at each sweep of the agent (`iter/tcp`, run in
 //! every network namespace). A connection is one of ours by its cookie's entry in the TCP
 //! connections table; the first sweep that finds it copies its key into its socket storage,
 //! with what it counted, since the table entry goes after about a table of newer sockets.
@@ -18,8 +18,6 @@ use aya_ebpf::{
     helpers::generated::{
         bpf_map_lookup_elem, bpf_map_update_elem, bpf_seq_write, bpf_sk_storage_get, bpf_skc_to_tcp_sock,
     },
-    macros::btf_tracepoint,
-    programs::BtfTracePointContext,
 };
 use topology_common::{ByteCount, IPPROTO_TCP, SockBytes, SockTranslation};
 
@@ -41,18 +39,23 @@ static BYTES_RECEIVED_OFFSET: Global<u32> = Global::new(0);
 #[unsafe(no_mangle)]
 pub(crate) static SK_COOKIE_OFFSET: Global<u32> = Global::new(0);
 
-/// A TCP socket is destroyed (every one ends here, after its last byte is acknowledged or the
-/// connection reset): one of ours counts what it moved since its last sweep.
-#[btf_tracepoint(function = "tcp_destroy_sock")]
-pub fn bytes_closed(ctx: BtfTracePointContext) -> i32 {
-    // Typed as the TCP socket it is, so its counters are read with plain loads.
-    // SAFETY: the helper takes the traced socket as the kernel passed it; NULL if not TCP.
-    let sk = unsafe { bpf_skc_to_tcp_sock(ctx.arg(0)) }.cast::<c_void>();
-    if sk.is_null() {
-        return 0;
-    }
-    let (key, counted) = match find(sk) {
-        None => return 0,
+/// 1 when TCP connections' bytes are counted (`--byte-accounting tcp` or `all`), set at load.
+#[unsafe(no_mangle)]
+static TCP_BYTES: Global<u32> = Global::new(0);
+
+/// Whether TCP connections' bytes are counted.
+#[inline(always)]
+pub fn on() -> bool {
+    TCP_BYTES.load() != 0
+}
+
+/// The TCP socket `sk` (cookie `cookie`) is destroyed (every one ends there, after its last byte
+/// is acknowledged or the connection reset): one of ours counts what it moved since its last
+/// sweep.
+#[inline(never)]
+pub fn closed(sk: *mut c_void, cookie: u64) {
+    let (key, counted) = match find(sk, cookie) {
+        None => return,
         Some(Found::New(key)) => (key, ByteCount::default()),
         // SAFETY: this socket's storage, valid while the program runs; copied out at once.
         Some(Found::Swept(stored)) => unsafe { ((*stored).key, (*stored).counted) },
@@ -60,7 +63,20 @@ pub fn bytes_closed(ctx: BtfTracePointContext) -> i32 {
     if let Some(now) = totals(sk) {
         add(&key, &now.since(&counted));
     }
-    0
+}
+
+/// The cookie of the TCP socket `sk`, read, not asked for: a socket that never had one (most of a
+/// node's: the connect hooks take the cookie of every socket they rewrite) is not ours, and
+/// leaves after that one read.
+#[inline(always)]
+pub fn cookie(sk: *mut c_void) -> Option<u64> {
+    let offset = SK_COOKIE_OFFSET.load() as usize;
+    if offset == 0 {
+        return None;
+    }
+    // SAFETY: the cookie of the TCP socket the kernel passed, at its offset.
+    let cookie: u64 = unsafe { field(sk, offset) };
+    (cookie != 0).then_some(cookie)
 }
 
 /// `struct bpf_iter__tcp`: each pointer occupies 8 bytes (`__bpf_md_ptr`).
@@ -89,7 +105,7 @@ pub extern "C" fn tcp_bytes(ctx: *mut IterTcp) -> i32 {
     if sk.is_null() {
         return 0;
     }
-    let Some(found) = find(sk) else {
+    let Some(found) = cookie(sk).and_then(|cookie| find(sk, cookie)) else {
         return 0;
     };
     // SAFETY: the context's meta is a typed pointer the verifier checks; one byte of the stack.
@@ -133,20 +149,9 @@ enum Found {
     New(SockTranslation),
 }
 
-/// What the programs know of the socket `sk`, if the connect hooks rewrote it. Its cookie is read
-/// first, not asked for: a socket that never had one (most of a node's: the connect hooks take
-/// the cookie of every socket they rewrite) is not ours, and leaves after that one read.
+/// What the programs know of the socket `sk` (cookie `cookie`), if the connect hooks rewrote it.
 #[inline(always)]
-fn find(sk: *mut c_void) -> Option<Found> {
-    let offset = SK_COOKIE_OFFSET.load() as usize;
-    if offset == 0 {
-        return None;
-    }
-    // SAFETY: the cookie of the TCP socket the kernel passed, at its offset.
-    let cookie: u64 = unsafe { field(sk, offset) };
-    if cookie == 0 {
-        return None;
-    }
+fn find(sk: *mut c_void, cookie: u64) -> Option<Found> {
     let stored = storage(sk, ptr::null_mut(), 0);
     if !stored.is_null() {
         return Some(Found::Swept(stored));
@@ -168,7 +173,7 @@ fn storage(sk: *mut c_void, init: *mut c_void, flags: u64) -> *mut SockBytes {
 
 /// The socket `sk`'s totals: bytes acknowledged by the peer, bytes received.
 #[inline(always)]
-fn totals(sk: *mut c_void) -> Option<ByteCount> {
+pub(crate) fn totals(sk: *mut c_void) -> Option<ByteCount> {
     let (acked, received) = (BYTES_ACKED_OFFSET.load() as usize, BYTES_RECEIVED_OFFSET.load() as usize);
     if acked == 0 || received == 0 {
         return None;

@@ -1,270 +1,188 @@
-//! The load signal (`sock_ops`): for every TCP connection the connect hooks rewrote for a port
-//! under feedback, the backend's counters of handshakes started, completed and failed,
-//! connections closed and reset, and the time spent in each. Only a socket's state changes run
-//! it, never its packets.
+//! The load signal: for every TCP connection the connect hooks rewrote for a port under feedback,
+//! the backend's counters of connections started, ended and failed, and the time each lived.
+//! Counted where a connection starts (the connect hook, [`started`]) and where its socket ends
+//! (`tcp_destroy_sock`, [`ended`]): no program runs on a connection's packets or state changes,
+//! so no other socket pays anything for it.
 //!
-//! A socket counts only if the connect hook left its translation marked measured (so it went to a
-//! backend this node chose, for a port under feedback) and it connects to that backend. The
-//! connect hook asks for a measured socket's state callbacks itself, so every other socket leaves
-//! on a flag test (on kernels before 6.12, which do not let it, after a socket storage read that
-//! finds nothing, and the flag is set here). The flag is the mark of a counted connection: it is
-//! cleared from any socket whose handshake is not counted, so a close counts only after its start.
-//! When the handshake started and completed is kept in the connection's entry of the TCP
-//! connections table, beside its translation: no allocation per connection. Counters are keyed
-//! by the socket's real peer.
+//! A measured connection's start time is kept in its entry of the TCP connections table, beside
+//! its translation, and cleared once its end is counted (so two copies of the program, for the
+//! moment an upgrade runs both, count it once). A connection that outlives its entry (about a
+//! table of newer connections through the hooks) is known at its end by a mark the connect hook
+//! put on the socket itself — a `sock_ops` callback flag no program of ours answers
+//! ([`crate::sockaddr::mark_measured`]), or on kernels before 6.12 its translation in socket storage —
+//! and counted against its real peer, without a lifetime. Counters are keyed by the socket's
+//! real peer.
 
-use core::{
-    ffi::c_void,
-    ptr::{self, addr_of, read_volatile},
-};
+use core::{ffi::c_void, ptr};
 
 use aya_ebpf::{
-    EbpfContext as _,
+    Global,
     bindings::BPF_NOEXIST,
-    helpers::generated::{
-        bpf_get_socket_cookie, bpf_ktime_get_ns, bpf_map_lookup_elem, bpf_map_update_elem, bpf_sk_storage_get,
-    },
-    macros::sock_ops,
-    programs::SockOpsContext,
+    helpers::generated::{bpf_ktime_get_ns, bpf_map_lookup_elem, bpf_map_update_elem, bpf_sk_storage_get},
 };
-use topology_common::{AF_INET, AF_INET6, BackendKey, BackendLoad, IPPROTO_TCP, SockTranslation, TcpTranslation};
+use topology_common::{BackendKey, BackendLoad, IPPROTO_TCP, SockTranslation, TcpTranslation};
 
 use crate::{
+    kernel::field,
     maps::{self, BACKEND_LOAD, SOCK_CONNECTIONS},
-    sockaddr::STATE_CB_FLAG,
+    peer,
+    sockaddr::MEASURED_MARK,
 };
 
-/// `BPF_SOCK_OPS_TCP_CONNECT_CB`: an active handshake starts (after the connect hooks).
-const TCP_CONNECT: u32 = 3;
-/// `BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB`: an active handshake completed.
-const ACTIVE_ESTABLISHED: u32 = 4;
-/// `BPF_SOCK_OPS_STATE_CB`: the socket changed TCP state (`args[0]` old, `args[1]` new).
-const STATE: u32 = 10;
-/// `AF_INET` and `AF_INET6` as the context's `family` holds them.
-const AF_INET_SOCKET: u32 = 2;
-const AF_INET6_SOCKET: u32 = 10;
-/// TCP states (`BPF_TCP_*`).
-const TCP_ESTABLISHED: u32 = 1;
-const TCP_SYN_SENT: u32 = 2;
-const TCP_CLOSE: u32 = 7;
+/// 1 when the load signal runs (the agent's `--load-signal`), set at load.
+#[unsafe(no_mangle)]
+static LOAD_SIGNAL: Global<u32> = Global::new(0);
+/// Byte offsets in this kernel's `struct tcp_sock` of `srtt_us`, `total_retrans` and
+/// `bpf_sock_ops_cb_flags`, set by the agent at load from its BTF.
+#[unsafe(no_mangle)]
+static SRTT_US_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static TOTAL_RETRANS_OFFSET: Global<u32> = Global::new(0);
+#[unsafe(no_mangle)]
+static CB_FLAGS_OFFSET: Global<u32> = Global::new(0);
 
-/// The program's return value: sock_ops programs return 1; the reply stays 0, so every
-/// tunable callback (initial RTO, receive window, ECN) keeps the kernel's default.
-const DONE: u32 = 1;
-
-#[sock_ops]
-pub fn backend_load(ctx: SockOpsContext) -> u32 {
-    match ctx.op() {
-        TCP_CONNECT => connect(&ctx),
-        ACTIVE_ESTABLISHED => established(&ctx),
-        STATE => state(&ctx),
-        _ => {}
-    }
-    DONE
+/// Whether the load signal runs.
+#[inline(always)]
+pub fn on() -> bool {
+    LOAD_SIGNAL.load() != 0
 }
 
-/// A handshake starts: counted, timed and followed if the connect hooks rewrote this socket for a
-/// port under feedback, to the peer it is connecting to now.
-#[inline(always)]
-fn connect(ctx: &SockOpsContext) {
-    // Asked for by the connect hook (see `record::remember_connection`), else, on a kernel that
-    // does not let it ask, marked in the socket's storage: every other socket leaves here.
-    let flagged = ctx.cb_flags() & STATE_CB_FLAG as u32 != 0;
-    if !flagged && stored(socket(ctx)).is_none_or(|t| t.flags & SockTranslation::MEASURED == 0) {
-        return;
-    }
-    match (flagged, start(ctx)) {
-        // Not counted: no state callbacks, so its close is not counted either.
-        (true, false) => {
-            let _ = ctx.set_cb_flags(ctx.cb_flags() as i32 & !STATE_CB_FLAG);
-        }
-        // Counted: the state callbacks report how the handshake or the connection ends. A socket
-        // whose flag cannot be set (never a full TCP socket here) stays connecting in the counts.
-        (false, true) => {
-            let _ = ctx.set_cb_flags(ctx.cb_flags() as i32 | STATE_CB_FLAG);
-        }
-        _ => {}
-    }
-}
-
-/// Counts and times the start of a measured connection; false when it is not one (its
-/// translation is gone, not measured, or names another peer) or cannot be counted.
-#[inline(always)]
-fn start(ctx: &SockOpsContext) -> bool {
-    let Some(entry) = entry(ctx) else { return false };
-    // SAFETY: an element of the array, valid while the program runs; copied out at once.
-    let translation = unsafe { (*entry).translation };
-    let Some(key) = peer(ctx) else { return false };
-    // A socket whose earlier connect was measured and that now connects elsewhere is not.
-    let names_peer =
-        translation.family == key.family && translation.backend == key.addr && translation.backend_port == key.port;
-    if translation.flags & SockTranslation::MEASURED == 0 || translation.proto != IPPROTO_TCP || !names_peer {
-        return false;
-    }
-    let Some(load) = counters(&key, true) else { return false };
-    // SAFETY: as above; only this socket's callbacks write its entry's times (another socket
-    // taking the position rewrites the whole entry, and its cookie tells).
-    unsafe {
-        (*entry).connect_ns = now();
-        (*entry).established_ns = 0;
-    }
+/// The connect hook wrote `entry` for a measured connection of `translation`: its start counted
+/// and timed. A subprogram: its key and zero counters take no room in the connect hook's frame.
+#[inline(never)]
+pub fn started(entry: *mut TcpTranslation, translation: &SockTranslation) {
+    let Some(load) = counters(&key_of(translation), true) else { return };
+    // SAFETY: an element of the array, valid for the program's lifetime; this socket's own.
+    unsafe { (*entry).connect_ns = now() };
     add(load, BackendLoad::CONNECTS, 1);
-    true
 }
 
-/// A counted handshake completed.
+/// The connect hook is about to rewrite `entry`, the socket `cookie`'s position: if it holds this
+/// socket's measured connection not yet ended, that one's handshake failed (the kernel runs the
+/// connect hooks again only on a socket whose connect failed), and it is counted refused.
 #[inline(always)]
-fn established(ctx: &SockOpsContext) {
-    if ctx.cb_flags() & STATE_CB_FLAG as u32 == 0 {
+pub fn connecting_again(entry: *mut TcpTranslation, cookie: u64) {
+    if !on() {
         return;
     }
-    let Some(load) = peer(ctx).and_then(|key| counters(&key, false)) else { return };
-    let now = now();
-    let handshake_us = match entry(ctx) {
-        Some(entry) => {
-            // SAFETY: as in `start`.
-            let started = unsafe { (*entry).connect_ns };
-            if started == 0 || before_entry(started, load) {
-                return;
-            }
-            // SAFETY: as in `start`.
-            unsafe { (*entry).established_ns = now };
-            now.saturating_sub(started) / 1000
-        }
-        // Its entry was taken by a newer socket (not within a handshake, in practice): the
-        // smoothed RTT's first sample is the handshake's (`srtt_us` holds eight times it).
-        // SAFETY: the kernel passes a valid context; `srtt_us` is readable for a full socket.
-        None => u64::from(unsafe { (*ctx.ops).srtt_us } >> 3),
-    };
-    add(load, BackendLoad::ESTABLISHED, 1);
-    add(load, BackendLoad::HANDSHAKE_US, handshake_us);
+    // SAFETY: as in `started`; read at once.
+    let (own, started) = unsafe { ((*entry).cookie == cookie, (*entry).connect_ns) };
+    if own && started != 0 {
+        failed_again(entry, cookie);
+    }
 }
 
-/// A state change of a counted socket: only the move to `CLOSE` counts, by where it came from.
-#[inline(always)]
-fn state(ctx: &SockOpsContext) {
-    if ctx.arg(1) != TCP_CLOSE {
+/// The rare half of [`connecting_again`], a subprogram: the entry checked whole, then counted.
+/// Read in place, not copied: its frame stacks on the connect hook's.
+#[inline(never)]
+fn failed_again(entry: *mut TcpTranslation, cookie: u64) {
+    // SAFETY: as in `started`.
+    let entry = unsafe { &*entry };
+    let Some(translation) = entry.of(cookie) else { return };
+    if translation.flags & SockTranslation::MEASURED == 0 {
         return;
     }
-    let old = ctx.arg(0);
-    let Some(load) = peer(ctx).and_then(|key| counters(&key, false)) else { return };
-    let entry = entry(ctx);
-    // SAFETY: as in `start`; copied out at once.
-    let times = entry.map(|entry| unsafe { ((*entry).connect_ns, (*entry).established_ns) });
-    let counted = match times {
-        // A start this program counted, into this entry of the backend's counters.
-        Some((started, _)) => started != 0 && !before_entry(started, load),
-        // Taken by a newer socket: a long-lived connection, counted when it started (the flag
-        // says so); a failed handshake never lives that long.
-        None => old != TCP_SYN_SENT,
+    if let Some(load) = counters(&key_of(&translation), false)
+        && !before_entry(entry.connect_ns, load)
+    {
+        add(load, BackendLoad::REFUSED, 1);
+    }
+}
+
+/// The TCP socket `sk` (cookie `cookie`, one the connect hooks took) is destroyed: a measured
+/// connection's end counted — a failed handshake (refused, or timed out after a retransmitted
+/// SYN), or an ended connection with its lifetime, round-trip time and whether it was reset.
+#[inline(never)]
+pub fn ended(sk: *mut c_void, cookie: u64) {
+    let Some((key, started, marks)) = measured(sk, cookie) else { return };
+    let Some(load) = counters(&key, false) else { return };
+    if started != 0 && before_entry(started, load) {
+        return;
+    }
+    if !established(sk) {
+        // SAFETY: a u32 field of the TCP socket the kernel passed, at its offset.
+        let retransmitted = unsafe { field::<u32>(sk, TOTAL_RETRANS_OFFSET.load() as usize) } > 0;
+        add(load, if retransmitted { BackendLoad::TIMED_OUT } else { BackendLoad::REFUSED }, 1);
+        return;
+    }
+    add(load, BackendLoad::CLOSED, 1);
+    // SAFETY: as above; `srtt_us` holds eight times the smoothed round-trip time.
+    add(load, BackendLoad::RTT_US, u64::from(unsafe { field::<u32>(sk, SRTT_US_OFFSET.load() as usize) } >> 3));
+    if started != 0 {
+        add(load, BackendLoad::LIFETIME_US, now().saturating_sub(started) / 1000);
+    }
+    if marks & TcpTranslation::RESET != 0 {
+        add(load, BackendLoad::RESET, 1);
+    }
+}
+
+/// The measured connection of `sk` whose end is to be counted, if it is one: its backend, its
+/// start time (0 when its entry is gone) and its marks. A socket connected elsewhere since (its
+/// connect through the Service failed) has that failure counted here and gives none.
+#[inline(always)]
+fn measured(sk: *mut c_void, cookie: u64) -> Option<(BackendKey, u64, u64)> {
+    let Some((entry, translation)) = maps::tcp_connection(cookie) else {
+        return marked(sk).then(|| peer::key(sk)).flatten().map(|key| (key, 0, 0));
     };
-    if counted {
-        if old == TCP_SYN_SENT {
-            // SAFETY: `ops` is the context the kernel passed; `total_retrans` is readable for a
-            // full socket, and a state callback only runs for one.
-            let retransmitted = unsafe { (*ctx.ops).total_retrans } > 0;
-            add(load, if retransmitted { BackendLoad::TIMED_OUT } else { BackendLoad::REFUSED }, 1);
-        } else {
-            add(load, BackendLoad::CLOSED, 1);
-            if let Some((_, established @ 1..)) = times {
-                add(load, BackendLoad::LIFETIME_US, now().saturating_sub(established) / 1000);
-            }
-            if old == TCP_ESTABLISHED {
-                add(load, BackendLoad::RESET, 1);
-            }
-        }
+    if translation.flags & SockTranslation::MEASURED == 0 || translation.proto != IPPROTO_TCP {
+        return None;
     }
-    // A socket may connect again after a failed handshake: it starts over then.
-    if let Some(entry) = entry {
-        // SAFETY: as in `start`.
-        unsafe {
-            (*entry).connect_ns = 0;
-            (*entry).established_ns = 0;
-        }
+    // SAFETY: an element of the array, valid while the program runs; only this socket's programs
+    // write its times and marks. Cleared: counted once.
+    let (started, marks) = unsafe { ((*entry).connect_ns, (*entry).marks) };
+    if started == 0 {
+        return None;
     }
-    let _ = ctx.set_cb_flags(ctx.cb_flags() as i32 & !STATE_CB_FLAG);
+    // SAFETY: as above.
+    unsafe { (*entry).connect_ns = 0 };
+    let key = key_of(&translation);
+    if !peer::is_backend(sk, &translation) {
+        if let Some(load) = counters(&key, false)
+            && !before_entry(started, load)
+        {
+            add(load, BackendLoad::REFUSED, 1);
+        }
+        return None;
+    }
+    Some((key, started, marks))
+}
+
+/// Whether the connect hook marked `sk` measured: the callback flag, or (kernels before 6.12) its
+/// translation in socket storage.
+#[inline(always)]
+fn marked(sk: *mut c_void) -> bool {
+    // SAFETY: a u8 field of the TCP socket the kernel passed, at its offset.
+    if unsafe { field::<u8>(sk, CB_FLAGS_OFFSET.load() as usize) } & MEASURED_MARK as u8 != 0 {
+        return true;
+    }
+    let map = ptr::from_ref(&SOCK_CONNECTIONS).cast_mut().cast::<c_void>();
+    // SAFETY: `map` is a socket storage map of this object, `sk` a full socket.
+    let stored = unsafe { bpf_sk_storage_get(map, sk, ptr::null_mut(), 0) }.cast::<SockTranslation>();
+    // SAFETY: non-null storage of this socket, valid while the program runs; read at once.
+    !stored.is_null() && unsafe { (*stored).flags } & SockTranslation::MEASURED != 0
+}
+
+/// Whether `sk`'s handshake completed: a round-trip time was sampled (the SYN-ACK's, or a
+/// later segment's), or bytes moved.
+#[inline(always)]
+fn established(sk: *mut c_void) -> bool {
+    // SAFETY: a u32 field of the TCP socket the kernel passed, at its offset.
+    let sampled = unsafe { field::<u32>(sk, SRTT_US_OFFSET.load() as usize) } != 0;
+    sampled || crate::bytes::totals(sk).is_some_and(|moved| moved.to_backend != 0 || moved.from_backend != 0)
+}
+
+/// The load map's key of `translation`'s backend.
+#[inline(always)]
+fn key_of(translation: &SockTranslation) -> BackendKey {
+    BackendKey { addr: translation.backend, port: translation.backend_port, family: translation.family, _pad: 0 }
 }
 
 /// Whether a connection that started at `started` began before `load`'s entry was created (it
-/// was counted in an earlier entry, since pruned or cleared at a detach).
+/// was counted in an earlier entry, since pruned or cleared).
 #[inline(always)]
 fn before_entry(started: u64, load: *mut BackendLoad) -> bool {
     // SAFETY: a map value, valid while the program runs.
     started < unsafe { (*load).created_ns }
-}
-
-/// The socket of the context; null for a request socket (never one of these callbacks).
-#[inline(always)]
-fn socket(ctx: &SockOpsContext) -> *mut c_void {
-    // SAFETY: the kernel passes a valid context; `sk` reads as a full socket or null.
-    unsafe { (*ctx.ops).__bindgen_anon_2.sk.cast() }
-}
-
-/// A socket's storage in `map`; null when it has none (and `flags` does not create it), or for a
-/// null socket.
-#[inline(always)]
-fn storage<M>(map: &M, sk: *mut c_void, flags: u64) -> *mut c_void {
-    if sk.is_null() {
-        return ptr::null_mut();
-    }
-    let map = ptr::from_ref(map).cast_mut().cast::<c_void>();
-    // SAFETY: `map` is a socket storage map of this object, `sk` a non-null full socket.
-    unsafe { bpf_sk_storage_get(map, sk, ptr::null_mut(), flags) }
-}
-
-/// This socket's entry in the TCP connections table, if it is still its own and whole.
-#[inline(always)]
-fn entry(ctx: &SockOpsContext) -> Option<*mut TcpTranslation> {
-    // SAFETY: the helper accepts the sock_ops context.
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    maps::tcp_connection(cookie).map(|(entry, _)| entry)
-}
-
-/// The translation the connect hook left in this socket's storage (a kernel whose connect hook
-/// cannot ask for the state callbacks).
-#[inline(always)]
-fn stored(sk: *mut c_void) -> Option<SockTranslation> {
-    let translation = storage(&SOCK_CONNECTIONS, sk, 0).cast::<SockTranslation>();
-    // SAFETY: non-null storage of this socket, valid while the program runs; copied out at once.
-    (!translation.is_null()).then(|| unsafe { *translation })
-}
-
-/// The peer this socket is connected (or connecting) to, as the load map keys it: its real
-/// peer, whatever a record says. An IPv4-mapped peer of an AF_INET6 socket is IPv4.
-#[inline(always)]
-fn peer(ctx: &SockOpsContext) -> Option<BackendKey> {
-    // SAFETY: the kernel passes a valid context; each field is read as the 4-byte load the
-    // verifier requires (`remote_port` holds the network-order port in its upper 16 bits).
-    let (family, port) =
-        unsafe { (read_volatile(addr_of!((*ctx.ops).family)), read_volatile(addr_of!((*ctx.ops).remote_port))) };
-    let port = u16::from_be((port >> 16) as u16);
-    let mut addr = [0u8; 16];
-    let family = match family {
-        AF_INET_SOCKET => {
-            // SAFETY: as above.
-            let ip = unsafe { read_volatile(addr_of!((*ctx.ops).remote_ip4)) };
-            addr[..4].copy_from_slice(&ip.to_ne_bytes());
-            AF_INET
-        }
-        AF_INET6_SOCKET => {
-            // SAFETY: as above, one word at a time.
-            let words = unsafe {
-                let ip6 = addr_of!((*ctx.ops).remote_ip6).cast::<u32>();
-                [read_volatile(ip6), read_volatile(ip6.add(1)), read_volatile(ip6.add(2)), read_volatile(ip6.add(3))]
-            };
-            if words[0] == 0 && words[1] == 0 && words[2] == 0xffff_u32.to_be() {
-                addr[..4].copy_from_slice(&words[3].to_ne_bytes());
-                AF_INET
-            } else {
-                for (i, word) in words.iter().enumerate() {
-                    addr[4 * i..4 * i + 4].copy_from_slice(&word.to_ne_bytes());
-                }
-                AF_INET6
-            }
-        }
-        _ => return None,
-    };
-    Some(BackendKey { addr, port, family, _pad: 0 })
 }
 
 /// The counters of `key`, created (zero) when `create` and the map has room.

@@ -10,6 +10,7 @@
 
 mod bytes;
 mod choose;
+mod closed;
 mod count;
 mod datagrams;
 mod gate;

@@ -148,7 +148,7 @@ pub static DNS_STEER: Array<DnsSteer, 1> = Array::new();
 #[btf_map(name = "topo_node_cnt")]
 pub static NODE_COUNTERS: PerCpuArray<NodeCounters, 1> = PerCpuArray::new();
 
-/// What the `sock_ops` program measured per backend (see `load`); created by the program on a
+/// What the load signal measured per backend (see `load`); created by the connect hook on a
 /// backend's first connection, removed by the agent once the backend is gone and idle.
 #[btf_map(name = "topo_backend_load")]
 pub static BACKEND_LOAD: HashMap<BackendKey, BackendLoad, { capacity::BACKEND_LOAD as usize }, NO_PREALLOC> =

@@ -44,17 +44,21 @@ const TCP_SYN_SENT: u8 = 2;
 #[unsafe(no_mangle)]
 static SKC_STATE_OFFSET: Global<u32> = Global::new(18);
 
-/// A reset received: in `SYN_SENT`, the handshake was refused.
+/// A reset received: in `SYN_SENT`, the handshake was refused; after it, a measured connection
+/// is marked reset for the load signal.
 #[btf_tracepoint(function = "tcp_receive_reset")]
 pub fn outlier_reset(ctx: BtfTracePointContext) -> i32 {
-    handshake_failed(ctx.arg(0));
+    let sk = ctx.arg(0);
+    if !handshake_failed(sk) {
+        reset(sk);
+    }
     0
 }
 
 /// A segment retransmitted: in `SYN_SENT`, the SYN went unanswered for a retransmission timeout.
 #[btf_tracepoint(function = "tcp_retransmit_skb")]
 pub fn outlier_retransmit(ctx: BtfTracePointContext) -> i32 {
-    handshake_failed(ctx.arg(0));
+    let _ = handshake_failed(ctx.arg(0));
     0
 }
 
@@ -62,36 +66,58 @@ pub fn outlier_retransmit(ctx: BtfTracePointContext) -> i32 {
 /// moves the socket to `CLOSE` before it reports, and was counted by [`outlier_reset`]).
 #[btf_tracepoint(function = "inet_sk_error_report")]
 pub fn outlier_error(ctx: BtfTracePointContext) -> i32 {
-    handshake_failed(ctx.arg(0));
+    let _ = handshake_failed(ctx.arg(0));
     0
 }
 
-/// The traced socket `sk`'s handshake failed, if it is in one: counted against its backend,
-/// once per socket, if the connect hooks rewrote it.
+/// The traced socket `sk`'s handshake failed, if it is in one (then true): counted against its
+/// backend, once per socket, if the connect hooks rewrote it.
 #[inline(always)]
-fn handshake_failed(sk: *const c_void) {
+fn handshake_failed(sk: *const c_void) -> bool {
     let offset = SKC_STATE_OFFSET.load() as usize;
     // SAFETY: reads one byte of the socket the kernel passed, at the offset of its state.
     let state = unsafe { bpf_probe_read_kernel(sk.cast::<u8>().wrapping_add(offset)) };
     if state != Ok(TCP_SYN_SENT) {
-        return;
+        return false;
     }
-    // SAFETY: the helper takes the traced socket argument as it is.
-    let cookie = unsafe { bpf_get_socket_cookie(sk.cast_mut()) };
-    let Some((entry, translation)) = maps::tcp_connection(cookie) else {
-        return;
+    let Some((entry, translation)) = ours(sk) else {
+        return true;
     };
-    // SAFETY: as above; only this socket's programs write its entry's times.
-    let counted = unsafe { &raw mut (*entry).established_ns };
+    // SAFETY: as above; only this socket's programs write its entry's marks.
+    let marks = unsafe { &raw mut (*entry).marks };
     // SAFETY: as above.
-    if translation.proto != IPPROTO_TCP || unsafe { read_volatile(counted) } == TcpTranslation::HANDSHAKE_FAILED {
-        return;
+    let seen = unsafe { read_volatile(marks) };
+    if translation.proto != IPPROTO_TCP || seen & TcpTranslation::HANDSHAKE_FAILED != 0 {
+        return true;
     }
     // SAFETY: as above.
-    unsafe { write_volatile(counted, TcpTranslation::HANDSHAKE_FAILED) };
+    unsafe { write_volatile(marks, seen | TcpTranslation::HANDSHAKE_FAILED) };
     let key =
         BackendKey { addr: translation.backend, port: translation.backend_port, family: translation.family, _pad: 0 };
     fail(&key, port_flags(&translation));
+    true
+}
+
+/// The traced socket `sk`, past its handshake, was reset by its peer: marked, if the connect
+/// hooks rewrote it for a measured port, for the load signal to count at its end.
+#[inline(never)]
+fn reset(sk: *const c_void) {
+    let Some((entry, translation)) = ours(sk) else { return };
+    if translation.flags & SockTranslation::MEASURED != 0 {
+        // SAFETY: as in `handshake_failed`.
+        unsafe {
+            let marks = &raw mut (*entry).marks;
+            write_volatile(marks, read_volatile(marks) | TcpTranslation::RESET);
+        }
+    }
+}
+
+/// The traced socket `sk`'s entry in the TCP connections table, if the connect hooks rewrote it.
+#[inline(always)]
+fn ours(sk: *const c_void) -> Option<(*mut TcpTranslation, SockTranslation)> {
+    // SAFETY: the helper takes the traced socket argument as it is.
+    let cookie = unsafe { bpf_get_socket_cookie(sk.cast_mut()) };
+    maps::tcp_connection(cookie)
 }
 
 /// The options' flags of the Service port `translation` was rewritten from (its ejection

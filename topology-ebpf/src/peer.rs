@@ -6,7 +6,7 @@
 use core::ffi::c_void;
 
 use aya_ebpf::Global;
-use topology_common::{AF_INET, SockTranslation};
+use topology_common::{AF_INET, AF_INET6, BackendKey, SockTranslation};
 
 use crate::{kernel::field, sockaddr};
 
@@ -45,4 +45,37 @@ pub fn is_backend(sk: *mut c_void, translation: &SockTranslation) -> bool {
             && field::<u32>(sk, v6 + 8) == backend[2]
             && field::<u32>(sk, v6 + 12) == backend[3]
     }
+}
+
+/// The peer the socket `sk` (a pointer the kernel typed as a socket) is connected to, as the load
+/// map keys it: an IPv4 peer, also of an IPv6 socket (IPv4-mapped), in the first four bytes. None
+/// when the offsets are unknown.
+#[inline(always)]
+pub fn key(sk: *mut c_void) -> Option<BackendKey> {
+    let port = SKC_DPORT_OFFSET.load() as usize;
+    if port == 0 {
+        return None;
+    }
+    let v6 = SKC_V6_DADDR_OFFSET.load() as usize;
+    // SAFETY: fields of the socket the kernel passed, at their offsets: the port (network order)
+    // and the four u32 words of the IPv6 address (zero on an IPv4 socket).
+    let (port, words) = unsafe {
+        (
+            u16::from_be(field::<u16>(sk, port)),
+            [field::<u32>(sk, v6), field::<u32>(sk, v6 + 4), field::<u32>(sk, v6 + 8), field::<u32>(sk, v6 + 12)],
+        )
+    };
+    let mut addr = [0u8; 16];
+    let family = if words[0] == 0 && words[1] == 0 && (words[2] == 0 || words[2] == sockaddr::MAPPED_MARKER) {
+        // SAFETY: as above, the u32 IPv4 address.
+        let v4 = unsafe { field::<u32>(sk, SKC_DADDR_OFFSET.load() as usize) };
+        addr[..4].copy_from_slice(&v4.to_ne_bytes());
+        AF_INET
+    } else {
+        for (i, word) in words.iter().enumerate() {
+            addr[4 * i..4 * i + 4].copy_from_slice(&word.to_ne_bytes());
+        }
+        AF_INET6
+    };
+    Some(BackendKey { addr, port, family, _pad: 0 })
 }

@@ -2,13 +2,12 @@
 //! translation (`getpeername()`, replies), an unconnected UDP socket's services and the backend
 //! it keeps for each.
 //!
-//! UDP sockets and measured TCP connections keep theirs in socket storage, freed with the socket:
-//! a UDP socket's every datagram is translated (a storage read is a pointer test on the sockets
-//! that have none), and the load signal matches a measured connection's close to its start. Every
-//! other TCP connection keeps its translation in a direct-mapped array by socket cookie
-//! (`TcpTranslation`), read only by `getpeername()`: allocating socket storage costs a connect
-//! about 0.7 µs on our bench machine, an LRU hash insert 0.5–0.9 µs, an array store next to
-//! nothing.
+//! UDP sockets keep theirs in socket storage, freed with the socket: a UDP socket's every datagram
+//! is translated (a storage read is a pointer test on the sockets that have none). TCP
+//! connections keep their translation in a direct-mapped array by socket cookie
+//! (`TcpTranslation`), read by `getpeername()` and at the connection's end: allocating socket
+//! storage costs a connect about 0.7 µs on our bench machine, an LRU hash insert 0.5–0.9 µs, an
+//! array store next to nothing.
 
 use aya_ebpf::{EbpfContext as _, helpers::generated::bpf_get_socket_cookie, programs::SockAddrContext};
 use topology_common::{
@@ -17,6 +16,7 @@ use topology_common::{
 
 use crate::{
     choose::Pick,
+    load,
     maps::{SOCK_CONNECTIONS, SOCK_DATAGRAMS, TCP_CONNECTIONS, tcp_connection_position},
     sockaddr::{self, Words},
 };
@@ -38,10 +38,10 @@ pub struct Addressed {
 /// load signal measures it (`measured`: its port is under feedback); false when the kernel could
 /// not store it.
 ///
-/// A TCP connection keeps its translation in the table by cookie. A measured one also asks for
-/// the load signal's state callbacks here, one `setsockopt` on the socket the hook already holds,
-/// so the `sock_ops` program knows it by a flag test; a kernel that does not allow that (before
-/// 6.12) gets the translation in socket storage as well, marked measured, where the program looks.
+/// A TCP connection keeps its translation in the table by cookie. A measured one has its start
+/// counted there, and its socket marked, one `setsockopt` on the socket the hook already holds
+/// (`crate::load`); a kernel that does not allow that (before 6.12) gets the translation in
+/// socket storage as well, marked measured.
 #[inline(always)]
 pub fn remember_connection(ctx: &SockAddrContext, to: &Addressed, choice: &Pick, measured: bool) -> bool {
     let translation = SockTranslation {
@@ -59,10 +59,16 @@ pub fn remember_connection(ctx: &SockAddrContext, to: &Addressed, choice: &Pick,
         let Some(entry) = TCP_CONNECTIONS.get_ptr_mut(tcp_connection_position(cookie)) else {
             return false;
         };
+        // A socket whose earlier connect through a measured port failed connects again.
+        load::connecting_again(entry, cookie);
         // SAFETY: an element of the array, valid for the program's lifetime. Another CPU writing
         // the same position at once leaves a torn entry, whose seal no reader accepts.
         unsafe { *entry = TcpTranslation::new(cookie, translation) };
-        if !measured || sockaddr::measure_state_changes(ctx) {
+        if !measured || !load::on() {
+            return true;
+        }
+        load::started(entry, &translation);
+        if sockaddr::mark_measured(ctx) {
             return true;
         }
     }

@@ -101,14 +101,16 @@ const SOL_TCP: i32 = 6;
 /// `TCP_BPF_SOCK_OPS_CB_FLAGS`: the socket's `sock_ops` callback flags (settable by
 /// `bpf_setsockopt` since Linux 6.12).
 const TCP_BPF_SOCK_OPS_CB_FLAGS: i32 = 1008;
-/// `BPF_SOCK_OPS_STATE_CB_FLAG`.
-pub const STATE_CB_FLAG: i32 = 4;
+/// The mark of a measured socket: `BPF_SOCK_OPS_RTO_CB_FLAG`, the callback flag whose callback
+/// is rarest (a retransmission timeout), for sockets no `sock_ops` program of ours answers.
+pub const MEASURED_MARK: i32 = 1;
 
-/// Asks for the `sock_ops` state callbacks on this TCP socket (it is being connected, so it has
-/// none yet); false when the kernel does not allow it here.
+/// Marks this TCP socket (it is being connected, so it has no callback flags yet) measured, for
+/// the load signal to know it at its end (`crate::load`); false when the kernel does not allow it
+/// here (before 6.12).
 #[inline(always)]
-pub fn measure_state_changes(ctx: &SockAddrContext) -> bool {
-    let mut flags = STATE_CB_FLAG;
+pub fn mark_measured(ctx: &SockAddrContext) -> bool {
+    let mut flags = MEASURED_MARK;
     // SAFETY: the helper accepts the sock_addr context of a connect hook; `flags` is a valid
     // int for the length given and outlives the call.
     let ret = unsafe {
@@ -133,7 +135,7 @@ pub fn fail_with(errno: i32) -> i32 {
 }
 
 /// The second-to-last word of an IPv4-mapped address: bytes `00 00 ff ff`.
-const MAPPED_MARKER: u32 = u32::from_ne_bytes([0, 0, 0xff, 0xff]);
+pub const MAPPED_MARKER: u32 = u32::from_ne_bytes([0, 0, 0xff, 0xff]);
 
 /// The IPv4 address inside an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`).
 #[inline(always)]

@@ -45,14 +45,16 @@ pub fn print_table(scenarios: &[Scenario], outlier_runs: (u64, u64)) {
     println!(
         "\nconnect() latency: {ROUNDS} rounds, scenarios in a new random order each round; client pinned to CPU 0, the \
          two backends to CPU 1, each in its own namespace on a bridge; the ClusterIP dialled is the middle service of \
-         the list. Every hooked node but one also has a TCP port under feedback, so the load signal (`sock_ops`) is \
-         attached there, as on a node that uses feedback anywhere. Hooked rows are interleaved: each client process \
+         the list. Every hooked node but one also has a TCP port under feedback, so the load signal measures there \
+         (the connect hook counts a measured connection's start, the program at a TCP socket's end its end), as on a \
+         node that uses feedback anywhere. Hooked rows are interleaved: each client process \
          alternates, pair by pair in a random order, between the hooked cgroup and a cgroup without programs dialling \
          the backends directly; \"over no hook\" compares the two sides of those pairs (pooled p50s, and the median \
          [quartiles] of the per-round p50 differences). Other rows are compared with the no-hook row's own processes, \
          round by round. The hook's run time per call is the kernel's own count (BPF run-time statistics, \
-         {HOOK_ROUNDS} extra rounds, includes two clock reads); so is the load signal's (`sock_ops`: every callback of \
-         a TCP connection, summed, per connect)\n"
+         {HOOK_ROUNDS} extra rounds, includes two clock reads); so is the program's at a TCP socket's end \
+         (`tcp_destroy_sock`, node-wide: accounting and the load signal; per connect, the client's socket and the \
+         server's, after the connect returned)\n"
     );
     for (kind, title) in [
         (Timed::Tcp, "TCP connect() (handshake through the bridge)"),
@@ -63,7 +65,7 @@ pub fn print_table(scenarios: &[Scenario], outlier_runs: (u64, u64)) {
         println!(
             "| scenario | services | samples | p50 (µs) | p99 (µs) | no-hook p50 beside it (µs) | p50 over no hook (µs) \
              | per round: median [quartiles] (µs) | iptables p50 / this p50 | nftables p50 / this p50 | hook run time \
-             (ns/call) | sock_ops run time (ns/connect) |"
+             (ns/call) | at the socket's end (ns/connect) |"
         );
         println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
         for scenario in scenarios.iter().filter(|s| s.kind == kind) {

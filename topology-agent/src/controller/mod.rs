@@ -41,7 +41,7 @@ use crate::{
     events::ProblemSink,
     explain,
     metrics::Metrics,
-    plan::NodePlan,
+    plan::{Measured, NodePlan},
     sockets::Terminator,
     source::{EventReceiver, ObjectId, SourceEvent},
 };
@@ -57,8 +57,8 @@ pub struct ControllerConfig {
     /// node, are published by the one agent its name picks, not by each. Off, this agent
     /// publishes every problem it sees.
     pub one_publisher_per_service: bool,
-    /// The load signal measures every port's connections, not only those under feedback.
-    pub measure_all: bool,
+    /// Which ports' connections the load signal measures.
+    pub measured: Measured,
 }
 
 impl ControllerConfig {
@@ -68,7 +68,7 @@ impl ControllerConfig {
             node: node.into(),
             reconcile_interval: Duration::from_secs(60),
             one_publisher_per_service: false,
-            measure_all: false,
+            measured: Measured::Feedback,
         }
     }
 }
@@ -146,7 +146,7 @@ impl<P: Programmer> Controller<P> {
         metrics: Arc<Metrics>,
         sink: Box<dyn ProblemSink>,
     ) -> Self {
-        let plan = NodePlan::new(config.node.clone(), None).measure_all(config.measure_all);
+        let plan = NodePlan::new(config.node.clone(), None).measured(config.measured);
         let accounting = accounting::Accounting::starting_from(programmer.bytes().unwrap_or_default());
         Self {
             config,
@@ -184,7 +184,7 @@ impl<P: Programmer> Controller<P> {
 
     /// Steers the cluster DNS Service's port 53 to this node's responder.
     pub fn with_steering(mut self, steering: Option<Steering>) -> Self {
-        self.plan = NodePlan::new(self.config.node.clone(), steering).measure_all(self.config.measure_all);
+        self.plan = NodePlan::new(self.config.node.clone(), steering).measured(self.config.measured);
         self
     }
 

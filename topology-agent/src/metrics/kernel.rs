@@ -185,7 +185,7 @@ impl Collector for KernelCounters {
     }
 }
 
-/// The load signal, per backend (`backend="ip:port"`, or `other`): what the `sock_ops` program
+/// The load signal, per backend (`backend="ip:port"`, or `other`): what the programs
 /// measured of the TCP connections this node's hooks sent there.
 fn encode_backend_load(
     encoder: &mut DescriptorEncoder,
@@ -196,11 +196,11 @@ fn encode_backend_load(
     let families: [(&str, &str, _, Field); 8] = [
         (
             "backend_connections_in_flight",
-            "TCP connections from this node to the backend, established and open",
+            "TCP connections from this node to the backend, connecting or open",
             Gauge,
             |m| m.in_flight as f64,
         ),
-        ("backend_connects", "TCP handshakes this node's hooks started to the backend", Counter, |m| {
+        ("backend_connects", "TCP connections this node's hooks sent to the backend", Counter, |m| {
             m.load.connects as f64
         }),
         (
@@ -221,17 +221,20 @@ fn encode_backend_load(
             Counter,
             |m| m.load.reset as f64,
         ),
-        ("backend_connections_closed", "Established connections to the backend that ended", Counter, |m| {
-            m.load.closed as f64
-        }),
+        (
+            "backend_connections_closed",
+            "Connections to the backend that completed their handshake and ended",
+            Counter,
+            |m| m.load.closed as f64,
+        ),
         ("backend_connection_seconds", "Summed lifetime of the ended connections to the backend", Counter, |m| {
             m.load.lifetime_us as f64 / 1e6
         }),
         (
-            "backend_handshake_seconds",
-            "Summed handshake time of the established connections to the backend",
+            "backend_rtt_seconds",
+            "Summed smoothed round-trip time of the ended connections to the backend",
             Counter,
-            |m| m.load.handshake_us as f64 / 1e6,
+            |m| m.load.rtt_us as f64 / 1e6,
         ),
     ];
     for (name, help, kind, field) in families {
@@ -346,7 +349,7 @@ mod tests {
     #[test]
     fn backends_past_the_cap_are_summed_as_other() {
         let backend = |last: u8, connects: u64| {
-            let load = topology_common::BackendLoad { connects, established: connects / 2, ..Default::default() };
+            let load = topology_common::BackendLoad { connects, closed: connects / 2, ..Default::default() };
             MeasuredBackend::new(format!("10.1.0.{last}:8080").parse().unwrap(), load)
         };
         let metrics = Metrics::default();

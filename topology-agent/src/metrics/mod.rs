@@ -399,7 +399,6 @@ mod tests {
             backends: vec![MeasuredBackend {
                 backend: "10.0.1.5:8080".parse().unwrap(),
                 in_flight: 4,
-                connecting: 0,
                 load: crate::dataplane::LoadCounters {
                     connects: 9,
                     closed: 5,

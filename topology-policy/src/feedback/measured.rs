@@ -1,6 +1,6 @@
 //! What the kernel measured of each backend, as the feedback control reads it: the load signal's
-//! cumulative counters per backend of the TCP connections this node's hooks sent there (the
-//! `sock_ops` program's `topology_common::BackendLoad`, read by the dataplane).
+//! cumulative counters per backend of the TCP connections this node's hooks sent there
+//! (`topology_common::BackendLoad`, read by the dataplane).
 
 use std::net::SocketAddr;
 
@@ -13,10 +13,8 @@ use topology_common::BackendLoad;
 pub struct MeasuredBackend {
     /// The backend's address and port.
     pub backend: SocketAddr,
-    /// Connections in flight (established, not closed).
+    /// Connections in flight (started, not ended: connecting or open).
     pub in_flight: u64,
-    /// Handshakes under way.
-    pub connecting: u64,
     /// Cumulative counters.
     #[serde(flatten)]
     pub load: LoadCounters,
@@ -28,8 +26,6 @@ pub struct MeasuredBackend {
 pub struct LoadCounters {
     /// Handshakes started.
     pub connects: u64,
-    /// Handshakes completed.
-    pub established: u64,
     /// Connections ended.
     pub closed: u64,
     /// Handshakes refused (or abandoned before a SYN retransmission).
@@ -38,8 +34,8 @@ pub struct LoadCounters {
     pub timed_out: u64,
     /// Connections reset.
     pub reset: u64,
-    /// Sum of handshake times, microseconds.
-    pub handshake_us: u64,
+    /// Sum of the ended connections' smoothed round-trip times, microseconds.
+    pub rtt_us: u64,
     /// Sum of connection lifetimes, microseconds.
     pub lifetime_us: u64,
 }
@@ -48,12 +44,11 @@ impl From<BackendLoad> for LoadCounters {
     fn from(load: BackendLoad) -> Self {
         Self {
             connects: load.connects,
-            established: load.established,
             closed: load.closed,
             refused: load.refused,
             timed_out: load.timed_out,
             reset: load.reset,
-            handshake_us: load.handshake_us,
+            rtt_us: load.rtt_us,
             lifetime_us: load.lifetime_us,
         }
     }
@@ -62,21 +57,19 @@ impl From<BackendLoad> for LoadCounters {
 impl MeasuredBackend {
     /// The counters the kernel keeps for `backend`.
     pub fn new(backend: SocketAddr, load: BackendLoad) -> Self {
-        Self { backend, in_flight: load.in_flight(), connecting: load.connecting(), load: load.into() }
+        Self { backend, in_flight: load.in_flight(), load: load.into() }
     }
 
     /// Adds `other`'s counts to these: a sum of backends (its address stays this one's).
     pub fn add(&mut self, other: &Self) {
         let (sum, more) = (&mut self.load, &other.load);
         self.in_flight += other.in_flight;
-        self.connecting += other.connecting;
         sum.connects += more.connects;
-        sum.established += more.established;
         sum.closed += more.closed;
         sum.refused += more.refused;
         sum.timed_out += more.timed_out;
         sum.reset += more.reset;
-        sum.handshake_us += more.handshake_us;
+        sum.rtt_us += more.rtt_us;
         sum.lifetime_us += more.lifetime_us;
     }
 }

@@ -2,7 +2,7 @@
 //! spillover) moved between zones by the load this node measures in the kernel, with no API write
 //! and no state shared between agents.
 //!
-//! The data flows one way, as everywhere else: the `sock_ops` counters ([`crate::dataplane`]) →
+//! The data flows one way, as everywhere else: the load signal's counters ([`crate::dataplane`]) →
 //! windows per backend ([`signal`]) → one controller per Service port ([`control`]) → a
 //! [`PortInput`] per port → the pure policy, which reweights the static plan with it
 //! ([`crate::policy::feedback`]) → the plan → the kernel. `explain` prints the input beside the

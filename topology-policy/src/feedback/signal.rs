@@ -94,15 +94,7 @@ mod tests {
         MeasuredBackend {
             backend: backend.parse().unwrap(),
             in_flight: connects - closed - refused,
-            connecting: 0,
-            load: LoadCounters {
-                connects,
-                established: connects - refused,
-                closed,
-                refused,
-                lifetime_us,
-                ..Default::default()
-            },
+            load: LoadCounters { connects, closed, refused, lifetime_us, ..Default::default() },
         }
     }
 

@@ -45,8 +45,20 @@ pub struct NodePlan {
     under_feedback: BTreeSet<ObjectKey>,
     ownership: Ownership,
     feedback: feedback::Inputs,
-    /// The load signal measures every port, not only those under feedback (`--load-signal all`).
-    measure_all: bool,
+    /// Which ports the load signal measures.
+    measured: Measured,
+}
+
+/// Which ports the load signal measures (`--load-signal`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Measured {
+    /// None: the load signal is off.
+    Off,
+    /// Ports under feedback, which need it.
+    #[default]
+    Feedback,
+    /// Every port.
+    All,
 }
 
 impl NodePlan {
@@ -60,13 +72,13 @@ impl NodePlan {
             under_feedback: BTreeSet::new(),
             ownership: Ownership::default(),
             feedback: feedback::Inputs::new(),
-            measure_all: false,
+            measured: Measured::Feedback,
         }
     }
 
-    /// Has the load signal measure every port's connections, not only those under feedback.
-    pub fn measure_all(mut self, all: bool) -> Self {
-        self.measure_all = all;
+    /// Has the load signal measure `measured` ports' connections.
+    pub fn measured(mut self, measured: Measured) -> Self {
+        self.measured = measured;
         self
     }
 
@@ -102,9 +114,9 @@ impl NodePlan {
         if let Some(steering) = &self.steering {
             steering.apply(&this.name, &mut selections);
         }
-        if self.measure_all {
+        if self.measured != Measured::Feedback {
             for selected in &mut selections {
-                selected.options.measured = true;
+                selected.options.measured = self.measured == Measured::All;
             }
         }
         let update = self.ownership.set(key, weights::desired_state(&selections).services);

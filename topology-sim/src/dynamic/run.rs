@@ -99,7 +99,6 @@ pub fn run(config: &Config, algorithm: Algorithm) -> anyhow::Result<Row> {
                         figures.failed += 1;
                         continue;
                     }
-                    counters.established += 1;
                     let finish = start + shape.service_ms;
                     workers[endpoint][worker] = finish;
                     let lifetime_us = ((finish - arrival) * 1000.0) as u64;
@@ -158,8 +157,7 @@ fn look(cluster: &Cluster, nodes: &mut [SimNode], t: f64, interval_ms: f64) {
             .zip(&cluster.endpoints)
             .map(|(load, backend)| MeasuredBackend {
                 backend: *backend,
-                in_flight: load.established.saturating_sub(load.closed),
-                connecting: 0,
+                in_flight: load.connects.saturating_sub(load.closed + load.refused + load.timed_out),
                 load: *load,
             })
             .collect();

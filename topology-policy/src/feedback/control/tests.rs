@@ -54,7 +54,6 @@ impl Harness {
         for (backend, connects, closed, us) in traffic {
             let c = self.counters.get_mut(&backend.parse().unwrap()).unwrap();
             c.connects += connects;
-            c.established += connects;
             c.closed += closed;
             c.lifetime_us += closed * us;
         }
@@ -68,8 +67,7 @@ impl Harness {
             .iter()
             .map(|(backend, load)| MeasuredBackend {
                 backend: *backend,
-                in_flight: load.established - load.closed,
-                connecting: 0,
+                in_flight: load.connects - load.closed - load.refused - load.timed_out,
                 load: *load,
             })
             .collect();
