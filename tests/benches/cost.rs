@@ -168,7 +168,13 @@ fn main() {
         .collect();
     let _datagram_servers: Vec<DatagramServer> =
         fx.backends.iter().map(|b| DatagramServer::start(&b.host, &[DATAGRAM_PORT])).collect();
-    let config = |byte_accounting| DataplaneConfig { byte_accounting, outlier_ejection: true, ..fx.config() };
+    // The load signal off: `tcp_closed` then runs for accounting alone, and is detached with it.
+    let config = |byte_accounting| DataplaneConfig {
+        byte_accounting,
+        outlier_ejection: true,
+        load_signal: false,
+        ..fx.config()
+    };
     let mut dp = Dataplane::open(&config(ByteAccounting::All)).expect("open the dataplane");
     assert!(dp.apply(&desired(&fx)).failed.is_empty());
     let place = ClientPlace { cpu: Some(0), ..fx.place() };
