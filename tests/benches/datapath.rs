@@ -436,7 +436,9 @@ fn services(count: usize, backends: &[SocketAddr], feedback: bool) -> DesiredSta
             DesiredService {
                 name: "bench/feedback:TCP".into(),
                 backends: weighted,
-                options: PortOptions { measured: true, ..PortOptions::default() },
+                // Under feedback: measured, and with the per-connection limit, so each connect
+                // also reads the drawn backend's connections in flight.
+                options: PortOptions { measured: true, spill_at: 4, ..PortOptions::default() },
             },
         );
     }

@@ -82,6 +82,12 @@ pub mod service_flags {
     /// Outlier ejection off for the port (`topology-agent.io/outlier-ejection: "off"`): the
     /// connect hooks draw its backends whatever their failures.
     pub const OUTLIER_OFF: u32 = 1 << 3;
+    /// Overload answered per connection (a port under feedback): in bits 4–15, the connections in
+    /// flight from this node to the backend drawn at which the connect hook compares it with a
+    /// second backend of the set ([`spill`](crate::load::spill)); 0: off.
+    pub const SPILL_SHIFT: u32 = 4;
+    /// Its mask, after the shift.
+    pub const SPILL_MASK: u32 = 0xfff;
     /// Outlier ejection's failed handshakes in a row for the port
     /// (`topology-agent.io/outlier-ejection: "failures=N"`), in bits 16–19; 0: the default.
     pub const OUTLIER_FAILURES_SHIFT: u32 = 16;

@@ -26,7 +26,7 @@ pub use control::{
     ClientAffinityKey, ClientAffinityValue, DnsSteer, Heartbeat, NodeCounters, ServiceOptions, service_flags,
 };
 pub use index::{IndexEntry4, IndexEntry6};
-pub use load::{BackendKey, BackendLoad};
+pub use load::{BackendKey, BackendLoad, spill};
 pub use outlier::{OutlierEntry, OutlierScan, OutlierState};
 pub use socket::{DATAGRAM_PEERS, DatagramPeer, DatagramPeers, IterRecord, SockTranslation, TcpTranslation};
 

@@ -84,6 +84,33 @@ impl BackendLoad {
         self.refused + self.timed_out
     }
 }
+
 const _: () = assert!(core::mem::offset_of!(BackendLoad, lifetime_us) == BackendLoad::LIFETIME_US * size_of::<u64>());
 const _: () = assert!(core::mem::offset_of!(BackendLoad, reset) == BackendLoad::RESET * size_of::<u64>());
 const _: () = assert!(core::mem::offset_of!(BackendLoad, rtt_us) == BackendLoad::RTT_US * size_of::<u64>());
+
+/// Overload answered per connection, on a port under feedback: the connect hook drew a backend by
+/// weight with `drawn` connections in flight from this node; when that is at least the port's
+/// `limit` (0: off), it looks at one more backend of the set drawn uniformly, `other` in flight,
+/// and moves the connection there if it carries fewer than half as many. Below the limit the
+/// weighted draw stands, so the plan's locality holds; above it the connection goes to the
+/// lighter of two (power of two choices), biased to the one the plan drew.
+#[inline(always)]
+pub fn spill(drawn: u64, other: u64, limit: u32) -> bool {
+    limit != 0 && drawn >= u64::from(limit) && other.saturating_mul(2) < drawn
+}
+
+#[cfg(test)]
+mod tests {
+    use super::spill;
+
+    #[test]
+    fn a_connection_spills_only_past_the_limit_and_only_to_a_backend_half_as_loaded() {
+        assert!(!spill(100, 0, 0), "no limit: never");
+        assert!(!spill(3, 0, 4), "under the limit the weighted draw stands");
+        assert!(spill(4, 1, 4), "at the limit, to one with fewer than half");
+        assert!(!spill(4, 2, 4), "half as many is not fewer than half");
+        assert!(!spill(9, 9, 4), "as loaded: stay");
+        assert!(spill(u64::MAX, u64::MAX / 2 - 1, 4), "no overflow");
+    }
+}

@@ -118,6 +118,18 @@ pub fn draw(service: &ServiceValue) -> Result<Backend, Error> {
     Ok(if ((draw as u32) >> 1) < slot.threshold { slot.primary } else { slot.alias })
 }
 
+/// A backend of a non-empty set drawn uniformly, whatever the weights: a slot's primary (every
+/// backend is the primary of exactly one slot of an alias table), for the second look of
+/// [`crate::load::spill`]; `None` for a foreign slot.
+#[inline(always)]
+pub fn uniform(service: &ServiceValue) -> Option<Backend> {
+    let offset = (((random() >> 32) * u64::from(service.count)) >> 32) as u32;
+    let slot = SLOTS.get_ptr(service.base.wrapping_add(offset))?;
+    // SAFETY: as in `draw`.
+    let slot = unsafe { &*slot };
+    (slot.set_id == service.set_id && slot.set_id != 0).then_some(slot.primary)
+}
+
 /// `sessionAffinity: ClientIP`: the backend this client (its network namespace) got last, if it
 /// used it within `timeout_s` seconds and it is still in the set; else a fresh draw, remembered.
 #[inline(always)]

@@ -20,9 +20,10 @@ use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::generated::{bpf_ktime_get_ns, bpf_map_lookup_elem, bpf_map_update_elem, bpf_sk_storage_get},
 };
-use topology_common::{BackendKey, BackendLoad, IPPROTO_TCP, SockTranslation, TcpTranslation};
+use topology_common::{Backend, BackendKey, BackendLoad, IPPROTO_TCP, SockTranslation, TcpTranslation};
 
 use crate::{
+    choose::Pick,
     kernel::field,
     maps::{self, BACKEND_LOAD, SOCK_CONNECTIONS},
     peer,
@@ -55,6 +56,31 @@ pub fn started(entry: *mut TcpTranslation, translation: &SockTranslation) {
     // SAFETY: an element of the array, valid for the program's lifetime; this socket's own.
     unsafe { (*entry).connect_ns = now() };
     add(load, BackendLoad::CONNECTS, 1);
+}
+
+/// Overload answered per connection on a port under feedback: when the backend drawn has `limit`
+/// or more connections in flight from this node, one more backend of the set is drawn uniformly,
+/// and the connection goes there if it carries fewer than half as many
+/// ([`topology_common::spill`]). A subprogram: two keys, read in place, off the hook's frame.
+#[inline(never)]
+pub fn spill(pick: &mut Pick, family: u8, limit: u32) {
+    let drawn = in_flight(&pick.backend, family);
+    if drawn < u64::from(limit) {
+        return;
+    }
+    let Some(other) = crate::choose::uniform(&pick.service) else { return };
+    if topology_common::spill(drawn, in_flight(&other, family), limit) {
+        pick.backend = other;
+    }
+}
+
+/// Connections in flight from this node to `backend` (0 when not measured yet).
+#[inline(always)]
+fn in_flight(backend: &Backend, family: u8) -> u64 {
+    let key = BackendKey { addr: backend.addr, port: backend.port, family, _pad: 0 };
+    // SAFETY: a map value, valid while the program runs; other CPUs add to it, so a reading may
+    // be a moment old, never invalid.
+    counters(&key, false).map_or(0, |load| unsafe { (*load).in_flight() })
 }
 
 /// The connect hook is about to rewrite `entry`, the socket `cookie`'s position: if it holds this

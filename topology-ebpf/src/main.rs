@@ -132,9 +132,16 @@ fn connect(ctx: &SockAddrContext, dest: Dest) -> Result<Option<Pick>, Error> {
         return Ok(None);
     };
     let mut choice = choose::choose(ctx, service, &options, &mut clock)?;
-    // A client kept on its backend (session affinity) keeps it; a port may turn ejection off.
-    if proto == IPPROTO_TCP && options.affinity_timeout_s == 0 && options.flags & service_flags::OUTLIER_OFF == 0 {
-        outlier::avoid(&mut choice, dest.family);
+    // A client kept on its backend (session affinity) keeps it.
+    if proto == IPPROTO_TCP && options.affinity_timeout_s == 0 {
+        let spill_at = options.flags >> service_flags::SPILL_SHIFT & service_flags::SPILL_MASK;
+        if spill_at != 0 {
+            load::spill(&mut choice, dest.family, spill_at);
+        }
+        // A port may turn ejection off.
+        if options.flags & service_flags::OUTLIER_OFF == 0 {
+            outlier::avoid(&mut choice, dest.family);
+        }
     }
     let measured = options.flags & service_flags::MEASURED != 0;
     if !record::remember_connection(ctx, &dest.addressed(proto), &choice, measured) {

@@ -167,6 +167,10 @@ pub struct PortOptions {
     /// measures every port, `--load-signal all`). Other ports' connections cost it nothing.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub measured: bool,
+    /// Overload answered per connection (a port under feedback): connections in flight from this
+    /// node to the backend drawn at which the connect hook compares it with a second one; 0: off.
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub spill_at: u32,
     /// Outlier ejection is off for the port: its backends are drawn whatever their failures.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub outlier_off: bool,
@@ -183,6 +187,10 @@ fn is_zero(value: &u8) -> bool {
     *value == 0
 }
 
+fn is_zero_u32(value: &u32) -> bool {
+    *value == 0
+}
+
 impl PortOptions {
     /// The options as the programs read them.
     pub fn to_kernel(self) -> ServiceOptions {
@@ -192,6 +200,7 @@ impl PortOptions {
             flags: flag(self.local_dns, service_flags::LOCAL_DNS)
                 | flag(self.measured, service_flags::MEASURED)
                 | flag(self.outlier_off, service_flags::OUTLIER_OFF)
+                | (self.spill_at.min(service_flags::SPILL_MASK) << service_flags::SPILL_SHIFT)
                 | (u32::from(self.outlier_failures) & service_flags::OUTLIER_FAILURES_MASK)
                     << service_flags::OUTLIER_FAILURES_SHIFT
                 | u32::from(self.outlier_base_s) << service_flags::OUTLIER_BASE_SHIFT,
@@ -205,6 +214,7 @@ impl PortOptions {
             local_dns: options.flags & service_flags::LOCAL_DNS != 0,
             measured: options.flags & service_flags::MEASURED != 0,
             outlier_off: options.flags & service_flags::OUTLIER_OFF != 0,
+            spill_at: options.flags >> service_flags::SPILL_SHIFT & service_flags::SPILL_MASK,
             outlier_failures: (options.flags >> service_flags::OUTLIER_FAILURES_SHIFT
                 & service_flags::OUTLIER_FAILURES_MASK) as u8,
             outlier_base_s: (options.flags >> service_flags::OUTLIER_BASE_SHIFT & service_flags::OUTLIER_BASE_MASK)
@@ -274,9 +284,11 @@ mod tests {
                 affinity_timeout_s: Some(1),
                 measured: false,
                 outlier_off: true,
+                spill_at: 4095,
                 outlier_failures: 3,
                 outlier_base_s: 255,
             },
+            PortOptions { measured: true, spill_at: 4, ..PortOptions::default() },
         ] {
             assert_eq!(PortOptions::from_kernel(&options.to_kernel()), options);
         }

@@ -37,6 +37,10 @@ pub struct PhaseFigures {
     pub feedback: Figures,
 }
 
+/// The feedback Service's surge p99 target, milliseconds: the connect hook answers overload per
+/// connection, before the controller's first look.
+pub const SURGE_P99_MS: f64 = 300.0;
+
 /// One of the targets.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Target {
@@ -182,9 +186,9 @@ fn targets(r: &OverloadReport) -> Vec<Target> {
     let seconds = |s: Option<f64>| s.map_or("never".to_owned(), |s| format!("{s:.1} s"));
     vec![
         Target {
-            what: "surge: feedback p99 ≤ half of the static p99".into(),
+            what: "surge: feedback p99 ≤ 300 ms, answered per connection (the static plan queues)".into(),
             measured: format!("{:.0} ms vs {:.0} ms", surge.feedback.p99_ms, surge.static_plan.p99_ms),
-            met: surge.feedback.p99_ms <= surge.static_plan.p99_ms / 2.0,
+            met: surge.feedback.p99_ms <= SURGE_P99_MS && surge.feedback.p99_ms <= surge.static_plan.p99_ms / 2.0,
         },
         Target {
             what: "surge: feedback fails no connection".into(),

@@ -11,6 +11,7 @@ use super::{
     Inputs, Measured, PortInput, PortKey, Tuning,
     measured::MeasuredBackend,
     signal::{Window, Windows},
+    spill,
 };
 
 /// A port's usable endpoints, by where they are from this node.
@@ -51,6 +52,9 @@ struct PortState {
     baseline_us: Option<f64>,
     last_change_ms: Option<u64>,
     ejections: BTreeMap<SocketAddr, Ejection>,
+    /// The most connections in flight to one of this zone's backends while it was calm
+    /// ([`spill::usual`]).
+    usual_in_flight: Option<f64>,
     input: PortInput,
 }
 
@@ -92,6 +96,7 @@ impl Regulator {
             if state.input.shift != before.shift
                 || state.input.ejected != before.ejected
                 || state.input.panic != before.panic
+                || state.input.spill_at != before.spill_at
             {
                 changed.insert(key.clone());
             }
@@ -155,6 +160,11 @@ fn step_port(
     let offered_per_s = (near.connects + far.connects) as f64 / seconds;
     let near_done_per_s = near.closed as f64 / seconds;
     let saturated = near_us.zip(state.baseline_us).is_some_and(|(near, base)| t.overloaded(near, base));
+    let measured_near = ports.near.iter().filter(|b| !ejected.contains(*b) && windows.contains_key(*b)).count();
+    let per_backend = (measured_near > 0).then(|| near.in_flight as f64 / measured_near as f64);
+    let calm = !saturated && near_us.zip(state.baseline_us).is_none_or(|(near, base)| near / base < t.band_low);
+    state.usual_in_flight = spill::usual(state.usual_in_flight, per_backend, calm);
+    let spill_at = spill::limit(state.usual_in_flight, t);
     // What the zone completed is its capacity only while a queue stood through the interval: at
     // its end more connections were in flight than the zone serves at once (Little's law). A
     // backlog that emptied partway through (the end of a surge) completes less, and says nothing.
@@ -196,6 +206,7 @@ fn step_port(
     if moves && !may_change {
         // At most one change of the set per interval: keep the last input's decision.
         state.input.measured = measured;
+        state.input.spill_at = spill_at;
         return;
     }
     if moves {
@@ -203,7 +214,8 @@ fn step_port(
     }
     state.shift = target;
     let avoid = state.avoid.keys().cloned().collect();
-    state.input = PortInput { shift: target, ejected: ejected_list, avoid, panic: false, measured, reason: why };
+    state.input =
+        PortInput { shift: target, ejected: ejected_list, avoid, panic: false, spill_at, measured, reason: why };
 }
 
 /// Marks the other zones whose latency is above the band: moved traffic skips them for a while

@@ -19,6 +19,7 @@ pub mod control;
 pub mod measured;
 pub mod metrics;
 pub mod signal;
+pub mod spill;
 
 use std::{collections::BTreeMap, net::SocketAddr};
 
@@ -74,6 +75,13 @@ pub struct Tuning {
     pub eject_max_ms: u64,
     /// When more than this share of a port's endpoints fail, every endpoint is used (panic).
     pub panic_ratio: f64,
+    /// Overload answered per connection ([`spill`]): the least number of connections in flight
+    /// from this node to one backend at which the connect hook compares it with a second one;
+    /// 0: never.
+    pub spill_min: u32,
+    /// ... and the limit's multiple of the most in flight to one of this zone's backends while
+    /// the zone was calm (its usual load: a pool of long-lived connections is not an overload).
+    pub spill_factor: f64,
 }
 
 impl Default for Tuning {
@@ -98,6 +106,8 @@ impl Default for Tuning {
             eject_base_ms: 5000,
             eject_max_ms: 60_000,
             panic_ratio: 0.5,
+            spill_min: 4,
+            spill_factor: 2.0,
         }
     }
 }
@@ -134,10 +144,19 @@ pub struct PortInput {
     pub avoid: Vec<String>,
     /// Most endpoints fail: every usable endpoint is used, equally.
     pub panic: bool,
+    /// Connections in flight from this node to the backend drawn at which the connect hook
+    /// compares it with a second one, and takes the second if it carries fewer than half as many
+    /// ([`spill`]); 0: off (no measurement yet).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub spill_at: u32,
     /// The measurement behind the decision.
     pub measured: Measured,
     /// One line: what was measured and what it made the controller do.
     pub reason: String,
+}
+
+fn is_zero(value: &u32) -> bool {
+    *value == 0
 }
 
 /// The load as the controller read it in its last interval.

@@ -64,10 +64,21 @@ pub fn reweight(
     }
     let receiving: Vec<Candidate<'_>> =
         left.iter().filter(|c| !input.avoid.iter().any(|z| Some(z.as_str()) == c.zone())).cloned().collect();
-    shift(this, &mut backends, if receiving.is_empty() { &left } else { &receiving }, input.shift);
+    let receiving = if receiving.is_empty() { &left } else { &receiving };
+    shift(this, &mut backends, receiving, input.shift);
+    let mut reason = heading(&input.reason);
+    if input.spill_at > 0 {
+        let held = reserve(this, &mut backends, receiving);
+        if held > 0 {
+            reason.push_str(&format!(
+                "; {held} other-zone endpoints held in reserve for connections moved off a backend with {}+ in flight",
+                input.spill_at
+            ));
+        }
+    }
     Selection {
         policy: PolicyKind::Feedback,
-        reason: heading(&input.reason),
+        reason,
         reject: backends.is_empty(),
         backends,
         feedback: Some(Box::new(report)),
@@ -116,6 +127,40 @@ fn shift(this: &Node, backends: &mut Vec<Choice>, left: &[Candidate<'_>], share:
         backends.sort_by_key(|b| (b.address, b.port));
     }
     backends.retain(|b| b.weight > 0.0);
+}
+
+/// A reserve endpoint's weight, as a share of the set's total: below the kernel's resolution, so
+/// its weighted draw picks one in about a million connections; the connect hook's second draw,
+/// uniform over the set, finds it ([`crate::feedback::spill`]).
+pub const RESERVE_SHARE: f64 = 1e-9;
+
+/// Adds the endpoints of `receiving` in other zones (this region's, if it has any, as a shift
+/// moves traffic) that `backends` lacks, at the reserve weight; returns how many.
+fn reserve(this: &Node, backends: &mut Vec<Choice>, receiving: &[Candidate<'_>]) -> usize {
+    let total: f64 = backends.iter().map(|b| b.weight).sum();
+    let others: Vec<&Candidate<'_>> =
+        receiving.iter().filter(|c| !matches!(locality(this, c), Locality::Node | Locality::Zone)).collect();
+    let region: Vec<&Candidate<'_>> =
+        others.iter().copied().filter(|c| locality(this, c) == Locality::Region).collect();
+    let targets = if region.is_empty() { others } else { region };
+    let missing: Vec<Choice> = targets
+        .into_iter()
+        .filter(|c| !backends.iter().any(|b| b.address == c.address && b.port == c.port))
+        .map(|c| Choice {
+            address: c.address,
+            port: c.port,
+            node: c.node_name.cloned(),
+            zone: c.zone.cloned(),
+            locality: locality(this, c),
+            weight: total * RESERVE_SHARE,
+        })
+        .collect();
+    let held = missing.len();
+    if held > 0 && total > 0.0 {
+        backends.extend(missing);
+        backends.sort_by_key(|b| (b.address, b.port));
+    }
+    held
 }
 
 fn addr(candidate: &Candidate<'_>) -> SocketAddr {

@@ -232,8 +232,13 @@ pub fn compute_service_with(
                 port: port.clone(),
                 family,
                 cluster_ips: service.cluster_ips.iter().filter(|ip| Family::of(ip) == family).copied().collect(),
-                // The load signal measures a port under feedback, and only such ports.
-                options: PortOptions { measured: selection.feedback.is_some(), ..options },
+                // The load signal measures a port under feedback, and only such ports; the
+                // connect hook answers overload per connection on them.
+                options: PortOptions {
+                    measured: selection.feedback.is_some(),
+                    spill_at: inputs.get(&key).filter(|_| selection.feedback.is_some()).map_or(0, |i| i.spill_at),
+                    ..options
+                },
                 selection,
             });
         }

@@ -119,9 +119,9 @@ impl Cluster {
         PortKey { service: self.service.clone(), port: 80, family: Family::V4 }
     }
 
-    /// Node `node`'s weights over the endpoints (index = endpoint number, summing to 1) and its
-    /// feedback ports, with the controller's `inputs`.
-    pub fn decide(&self, node: usize, inputs: &Inputs) -> (Vec<f64>, BTreeMap<PortKey, ControlPorts>) {
+    /// Node `node`'s set, with the controller's `inputs`: what its kernel would hold and its
+    /// feedback ports.
+    pub fn decide(&self, node: usize, inputs: &Inputs) -> Decision {
         let this = self.state.node(&self.nodes[node]).expect("simulated node");
         let service = self.state.service(&self.service).expect("simulated Service");
         let selections = policy::compute_service_with(&self.state, this, service, inputs);
@@ -139,8 +139,19 @@ impl Cluster {
             let backends = ControlPorts { near: report.near.clone(), far: report.far.clone() };
             ports.insert(self.port_key(), backends);
         }
-        (weights, ports)
+        Decision { weights, spill_at: selections[0].options.spill_at, ports }
     }
+}
+
+/// One node's set for the Service.
+#[derive(Clone, Debug)]
+pub struct Decision {
+    /// Weights over the endpoints (index = endpoint number, summing to 1; 0: not in the set).
+    pub weights: Vec<f64>,
+    /// The connect hook's per-connection limit ([`topology_common::spill`]); 0: off.
+    pub spill_at: u32,
+    /// The feedback ports, as the controller takes them.
+    pub ports: BTreeMap<PortKey, ControlPorts>,
 }
 
 /// A port's near and far endpoints, as the controller takes them.

@@ -2,19 +2,16 @@
 //! of workers and a fixed service time, each node's own agent (the agent's controller and policy)
 //! looking once a second at its own kernel counters, with the nodes' clocks staggered.
 
-use std::{
-    cmp::Reverse,
-    collections::{BTreeMap, BinaryHeap},
-};
+use std::{cmp::Reverse, collections::BinaryHeap};
 
 use topology_policy::feedback::{
-    Inputs, PortKey, Tuning,
+    Inputs, Tuning,
     control::Regulator,
     measured::{LoadCounters, MeasuredBackend},
 };
 
 use super::{
-    cluster::{Algorithm, Cluster, ControlPorts, Phase, Shape},
+    cluster::{Algorithm, Cluster, Decision, Phase, Shape},
     report::{PhaseFigures, Row},
 };
 
@@ -38,8 +35,7 @@ pub struct Config {
 /// One client node and its agent.
 struct SimNode {
     zone: usize,
-    weights: Vec<f64>,
-    ports: BTreeMap<PortKey, ControlPorts>,
+    set: Decision,
     regulator: Regulator,
     counters: Vec<LoadCounters>,
     next_look_ms: f64,
@@ -57,11 +53,9 @@ pub fn run(config: &Config, algorithm: Algorithm) -> anyhow::Result<Row> {
     let node_count = cluster.nodes.len();
     let mut nodes: Vec<SimNode> = (0..node_count)
         .map(|n| {
-            let (weights, ports) = cluster.decide(n, &Inputs::new());
             SimNode {
                 zone: n / shape.nodes_per_zone,
-                weights,
-                ports,
+                set: cluster.decide(n, &Inputs::new()),
                 regulator: Regulator::new(config.tuning),
                 counters: vec![LoadCounters::default(); cluster.endpoints.len()],
                 // Independent agents: each looks on its own second.
@@ -87,7 +81,7 @@ pub fn run(config: &Config, algorithm: Algorithm) -> anyhow::Result<Row> {
                 let rate = phase.demand[node.zone] * shape.zone_capacity() / shape.nodes_per_zone as f64;
                 for _ in 0..rng.poisson(rate * config.step_ms / 1000.0) {
                     let arrival = t + rng.unit() * config.step_ms;
-                    let endpoint = rng.pick(&node.weights);
+                    let endpoint = connect(node, &mut rng);
                     arrivals_this_second[endpoint] += 1;
                     let worker = earliest(&workers[endpoint]);
                     let start = workers[endpoint][worker].max(arrival);
@@ -155,23 +149,40 @@ fn look(cluster: &Cluster, nodes: &mut [SimNode], t: f64, interval_ms: f64) {
             .counters
             .iter()
             .zip(&cluster.endpoints)
-            .map(|(load, backend)| MeasuredBackend {
-                backend: *backend,
-                in_flight: load.connects.saturating_sub(load.closed + load.refused + load.timed_out),
-                load: *load,
-            })
+            .map(|(load, backend)| MeasuredBackend { backend: *backend, in_flight: in_flight(load), load: *load })
             .collect();
-        let changed = node.regulator.step(t as u64, &reading, &node.ports);
+        let changed = node.regulator.step(t as u64, &reading, &node.set.ports);
         if changed.is_empty() {
             continue;
         }
-        let (weights, ports) = cluster.decide(index, &node.regulator.inputs());
-        if weights.iter().zip(&node.weights).any(|(a, b)| (a - b).abs() > 1e-9) {
+        let set = cluster.decide(index, &node.regulator.inputs());
+        if set.weights.iter().zip(&node.set.weights).any(|(a, b)| (a - b).abs() > 1e-9) {
             node.changes.push(t);
         }
-        node.weights = weights;
-        node.ports = ports;
+        node.set = set;
     }
+}
+
+/// The endpoint a connection of `node` goes to, as its connect hook chooses: a draw by weight,
+/// then, past the port's per-connection limit, the lighter of it and one drawn uniformly from the
+/// set ([`topology_common::spill`]), by this node's own counters.
+fn connect(node: &SimNode, rng: &mut Rng) -> usize {
+    let drawn = rng.pick(&node.set.weights);
+    if node.set.spill_at == 0 {
+        return drawn;
+    }
+    let members: Vec<usize> = (0..node.set.weights.len()).filter(|&e| node.set.weights[e] > 0.0).collect();
+    let other = members[((rng.unit() * members.len() as f64) as usize).min(members.len() - 1)];
+    if topology_common::spill(in_flight(&node.counters[drawn]), in_flight(&node.counters[other]), node.set.spill_at) {
+        other
+    } else {
+        drawn
+    }
+}
+
+/// Connections started and not ended, as the kernel derives it.
+fn in_flight(load: &LoadCounters) -> u64 {
+    load.connects.saturating_sub(load.closed + load.refused + load.timed_out)
 }
 
 /// Seconds from the phase's start until the nodes' mean shift stays within [`SETTLED`] of where

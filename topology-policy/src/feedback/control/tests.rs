@@ -280,3 +280,28 @@ fn forgotten_ports_are_dropped() {
     assert!(changed.is_empty());
     assert!(h.controller.inputs().is_empty());
 }
+
+#[test]
+fn the_per_connection_limit_follows_the_calm_load_and_holds_through_an_overload() {
+    let mut h = Harness::new(&NEAR, &FAR);
+    let calm = h.zones(1000, 1000);
+    assert_eq!(calm.spill_at, 4, "nothing in flight when calm: the floor: {calm:?}");
+    // Overloaded: 10 of 20 left in flight per backend each second; the limit holds.
+    for _ in 0..2 {
+        assert_eq!(h.zones_with(4000, 1000, 20, 10, 20).spill_at, 4);
+    }
+    // A port whose connections stay open (a pool): 30 in flight per near backend at calm latency
+    // set the limit at twice that; a steady pool keeps it; a smaller one lowers it a tenth a look;
+    // a higher reading raises it a quarter of the way.
+    let mut pool = Harness::new(&NEAR, &FAR);
+    assert_eq!(pool.zones_with(1000, 1000, 50, 20, 20).spill_at, 60, "first reading: twice 30");
+    assert_eq!(pool.zones(1000, 1000).spill_at, 60, "steady");
+    assert_eq!(pool.zones_with(1000, 1000, 20, 30, 20).spill_at, 54, "20 in flight: 27 usual");
+    assert_eq!(pool.zones_with(1000, 1000, 60, 20, 20).spill_at, 71, "60 in flight: 27 + 33 / 4");
+    // Only the limit changes (the shift stays 0): still a change of the input, which the next
+    // sync writes to the port's options.
+    let closing: Vec<(&str, u64, u64, u64)> =
+        vec![(NEAR[0], 0, 40, 1000), (NEAR[1], 0, 40, 1000), (FAR[0], 20, 20, 1000), (FAR[1], 20, 20, 1000)];
+    assert!(pool.traffic(&closing, &[]), "the limit fell: the input changed");
+    assert_eq!((pool.input().spill_at, pool.input().shift), (64, 0.0));
+}

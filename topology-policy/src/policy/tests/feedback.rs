@@ -68,6 +68,27 @@ fn a_shift_moves_that_share_to_this_region_first() {
 }
 
 #[test]
+fn a_limit_holds_this_regions_other_zones_in_reserve_for_the_connect_hook() {
+    let plain = decide_with(Some(PortInput { reason: "zone at 1.0×".into(), ..Default::default() }));
+    assert_eq!(chosen(&plain), addrs(&["10.0.1.1", "10.0.1.2"]), "no limit, no reserve");
+    let input = PortInput { spill_at: 4, reason: "zone at 1.0×".into(), ..Default::default() };
+    let state = state("feedback");
+    let svc = state.service(&ObjectKey::new("ns", "web")).unwrap();
+    let key = PortKey { service: svc.key.clone(), port: 80, family: Family::V4 };
+    let inputs: Inputs = [(key, input)].into_iter().collect();
+    let selected = policy::compute_service_with(&state, state.node("a1").unwrap(), svc, &inputs);
+    let selection = &selected[0].selection;
+    assert_eq!(chosen(selection), addrs(&["10.0.1.1", "10.0.1.2", "10.0.2.1"]), "b shares the region; c does not");
+    let shares = shares(selection);
+    assert!(close(shares["10.0.1.1"], 0.5) && shares["10.0.2.1"] < 1e-8, "{shares:?}");
+    assert!(selection.reason.contains("1 other-zone endpoints held in reserve"), "{}", selection.reason);
+    assert_eq!(selected[0].options.spill_at, 4, "the kernel gets the limit");
+    let kernel = crate::plan::weights::integer_weights(&selected[0]);
+    let weights: Vec<u32> = kernel.iter().map(|b| b.weight).collect();
+    assert_eq!(weights, [1_000_000, 1_000_000, 1], "the least weight the kernel holds");
+}
+
+#[test]
 fn ejected_backends_are_left_out_and_a_plan_with_none_left_uses_the_rest() {
     let one = PortInput { ejected: vec!["10.0.1.1:8080".parse().unwrap()], ..Default::default() };
     assert_eq!(chosen(&decide_with(Some(one))), addrs(&["10.0.1.2"]));
