@@ -37,6 +37,44 @@ pub struct DnsSteer {
 }
 const _: () = assert!(size_of::<DnsSteer>() == 32);
 
+/// Where the service ports are: a destination outside these prefixes is no service port, and
+/// the connect and send hooks pass it without looking it up (the index's first probe is a cache
+/// miss on a large node: most of what a non-Service connection pays the hook). Words in the
+/// programs' form (network byte order, as `user_ip4` and `user_ip6` read): a destination `addr`
+/// may be a service port when `addr & mask == net`, word by word. All zero (a map no agent wrote
+/// yet) matches every address. The agent widens a prefix before it writes a service port outside
+/// it, and narrows it after the last one left.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct ServiceRanges {
+    /// IPv4 prefix (the IPv4-mapped addresses of IPv6 sockets included).
+    pub v4_net: u32,
+    /// Its mask.
+    pub v4_mask: u32,
+    /// IPv6 prefix.
+    pub v6_net: [u32; 4],
+    /// Its mask.
+    pub v6_mask: [u32; 4],
+}
+const _: () = assert!(size_of::<ServiceRanges>() == 40);
+
+impl ServiceRanges {
+    /// Whether an IPv4 destination (a network-byte-order word) may be a service port.
+    #[inline(always)]
+    pub fn may_hold_v4(&self, addr: u32) -> bool {
+        addr & self.v4_mask == self.v4_net
+    }
+
+    /// Whether an IPv6 destination (network-byte-order words) may be a service port.
+    #[inline(always)]
+    pub fn may_hold_v6(&self, addr: &[u32; 4]) -> bool {
+        (addr[0] & self.v6_mask[0]) == self.v6_net[0]
+            && (addr[1] & self.v6_mask[1]) == self.v6_net[1]
+            && (addr[2] & self.v6_mask[2]) == self.v6_net[2]
+            && (addr[3] & self.v6_mask[3]) == self.v6_net[3]
+    }
+}
+
 /// Per-CPU counters of the whole node, for what has no service to count under.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

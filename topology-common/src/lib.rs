@@ -23,7 +23,8 @@ pub mod outlier;
 pub mod socket;
 pub use bytes::{ByteCount, DatagramBytes, SockBytes};
 pub use control::{
-    ClientAffinityKey, ClientAffinityValue, DnsSteer, Heartbeat, NodeCounters, ServiceOptions, service_flags,
+    ClientAffinityKey, ClientAffinityValue, DnsSteer, Heartbeat, NodeCounters, ServiceOptions, ServiceRanges,
+    service_flags,
 };
 pub use index::{IndexEntry4, IndexEntry6};
 pub use load::{BackendKey, BackendLoad, spill};
@@ -104,8 +105,11 @@ pub mod map_names {
     /// What has been counted of each open connection a sweep found (socket storage):
     /// [`SockBytes`](crate::SockBytes).
     pub const SOCK_BYTES: &str = "topo_sock_bytes";
+    /// Where the service ports are, one [`ServiceRanges`](crate::ServiceRanges): destinations
+    /// outside are passed without a lookup.
+    pub const SERVICE_RANGES: &str = "topo_svc_range";
     /// Every map the agent pins and keeps across restarts, in a stable order.
-    pub const PINNED: [&str; 20] = [
+    pub const PINNED: [&str; 21] = [
         SERVICES_V4,
         SERVICES_V6,
         SLOTS,
@@ -126,6 +130,7 @@ pub mod map_names {
         OUTLIER_STATE,
         BYTES,
         SOCK_BYTES,
+        SERVICE_RANGES,
     ];
 
     /// State of the programs' random number generator; not pinned (a new state per load is as
@@ -463,6 +468,7 @@ mod pod {
     unsafe impl aya::Pod for super::DnsSteer {}
     unsafe impl aya::Pod for super::NodeCounters {}
     unsafe impl aya::Pod for super::ServiceOptions {}
+    unsafe impl aya::Pod for super::ServiceRanges {}
     unsafe impl aya::Pod for super::ClientAffinityKey {}
     unsafe impl aya::Pod for super::ClientAffinityValue {}
     unsafe impl aya::Pod for super::IndexEntry4 {}

@@ -77,7 +77,7 @@ pub fn apply(data: &[u8]) {
     const FAILING: [Option<&str>; 8] = [
         None,
         None,
-        None,
+        Some(topology_common::map_names::SERVICE_RANGES),
         Some(topology_common::map_names::SLOTS),
         Some(topology_common::map_names::SERVICES_V4),
         Some(topology_common::map_names::SERVICES_V6),
@@ -146,10 +146,15 @@ pub fn apply(data: &[u8]) {
                 );
             }
         }
+        let ranges = writer.maps().ranges;
         for port in writer.kernel().services.keys() {
             assert!(
                 desired.services.contains_key(port) || report.stranded.contains(port),
                 "{port} left behind without being reported stranded"
+            );
+            assert!(
+                super::ranges::covers(&ranges, port.vip),
+                "{port} is held but outside the service ranges {ranges:?}: the programs would pass it"
             );
         }
     }

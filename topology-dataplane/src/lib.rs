@@ -36,6 +36,7 @@ mod ops;
 mod outliers;
 mod pinned;
 mod pins;
+mod ranges;
 #[cfg(test)]
 mod refusals;
 mod reuse;

@@ -10,7 +10,7 @@ use aya::{
 use serde::{Deserialize, Serialize};
 use topology_common::{
     Heartbeat, IndexEntry4, IndexEntry6, NodeCounters, ServiceKey4, ServiceKey6, ServiceMeta, ServiceOptions,
-    ServiceValue, Slot, capacity, map_names,
+    ServiceRanges, ServiceValue, Slot, capacity, map_names,
 };
 
 use super::{counters::CounterChunks, error::DataplaneError, index::positions_for, mmap::MappedArray};
@@ -128,6 +128,8 @@ pub struct MapSet {
     pub options: Array<MapData, ServiceOptions>,
     /// The agent's heartbeat.
     pub heartbeat: Array<MapData, Heartbeat>,
+    /// Where the service ports are.
+    pub ranges: Array<MapData, ServiceRanges>,
     /// Counters of the whole node.
     pub node_counters: PerCpuArray<MapData, NodeCounters>,
     /// What the load signal measured per backend.
@@ -140,7 +142,7 @@ pub struct MapSet {
 }
 
 /// The maps of a [`MapSet`], in the order `MapSet::from_maps` takes them.
-const SET: [&str; 13] = [
+const SET: [&str; 14] = [
     map_names::SERVICES_V4,
     map_names::SERVICES_V6,
     map_names::SLOTS,
@@ -154,6 +156,7 @@ const SET: [&str; 13] = [
     map_names::CLIENT_AFFINITY,
     map_names::BACKEND_LOAD,
     map_names::TCP_CONNECTIONS,
+    map_names::SERVICE_RANGES,
 ];
 
 impl MapSet {
@@ -190,7 +193,8 @@ impl MapSet {
             affinity,
             load,
             tcp,
-        ]: [Map; 13] =
+            ranges,
+        ]: [Map; 14] =
             maps.try_into().map_err(|_| DataplaneError::MapMissing { map: "?", location: "the map set".into() })?;
         let services4: HashMap<_, ServiceKey4, ServiceValue> =
             services4.try_into().map_err(DataplaneError::map(map_names::SERVICES_V4))?;
@@ -205,6 +209,8 @@ impl MapSet {
         let options: Array<_, ServiceOptions> =
             options.try_into().map_err(DataplaneError::map(map_names::SERVICE_OPTIONS))?;
         let heartbeat: Array<_, Heartbeat> = heartbeat.try_into().map_err(DataplaneError::map(map_names::HEARTBEAT))?;
+        let ranges: Array<_, ServiceRanges> =
+            ranges.try_into().map_err(DataplaneError::map(map_names::SERVICE_RANGES))?;
         let node_counters: PerCpuArray<_, NodeCounters> =
             node.try_into().map_err(DataplaneError::map(map_names::NODE_COUNTERS))?;
         let max_entries = |data: &MapData, name: &'static str| -> Result<u32, DataplaneError> {
@@ -231,6 +237,7 @@ impl MapSet {
             meta,
             options,
             heartbeat,
+            ranges,
             node_counters,
             backend_load,
             capacities,

@@ -12,8 +12,8 @@ use std::{
 
 use aya::maps::MapError;
 use topology_common::{
-    Backend, IndexEntry4, IndexEntry6, ServiceKey4, ServiceKey6, ServiceMeta, ServiceOptions, ServiceValue, Slot,
-    THRESHOLD_ONE, index::USED, map_names,
+    Backend, IndexEntry4, IndexEntry6, ServiceKey4, ServiceKey6, ServiceMeta, ServiceOptions, ServiceRanges,
+    ServiceValue, Slot, THRESHOLD_ONE, index::USED, map_names,
 };
 
 use super::{
@@ -97,6 +97,8 @@ pub struct MemoryMaps {
     pub names: BTreeMap<u32, ServiceMeta>,
     /// `topo_svc_opts`.
     pub options: Vec<ServiceOptions>,
+    /// `topo_svc_range`.
+    pub ranges: ServiceRanges,
     /// How often each service id's counters were zeroed.
     pub counter_resets: BTreeMap<u32, u32>,
     /// `topo_svc4_idx`.
@@ -119,6 +121,7 @@ impl MemoryMaps {
             slots: vec![Slot::default(); capacities.slots as usize],
             names: BTreeMap::new(),
             options: vec![ServiceOptions::default(); capacities.service_ids as usize],
+            ranges: ServiceRanges::default(),
             counter_resets: BTreeMap::new(),
             index4: MemoryIndex::new(positions_for(capacities.services_v4)),
             index6: MemoryIndex::new(positions_for(capacities.services_v6)),
@@ -297,6 +300,12 @@ impl MapOps for MemoryMaps {
             source: MapError::OutOfBounds { index: service_id, max_entries },
         })?;
         *entry = options;
+        Ok(())
+    }
+
+    fn put_ranges(&mut self, ranges: ServiceRanges) -> Result<(), DataplaneError> {
+        self.check(map_names::SERVICE_RANGES)?;
+        self.ranges = ranges;
         Ok(())
     }
 

@@ -6,7 +6,8 @@ use std::{io, net::IpAddr, sync::atomic::Ordering};
 
 use aya::maps::{IterableMap as _, MapError};
 use topology_common::{
-    IndexEntry4, IndexEntry6, ServiceKey4, ServiceKey6, ServiceMeta, ServiceOptions, ServiceValue, Slot, map_names,
+    IndexEntry4, IndexEntry6, ServiceKey4, ServiceKey6, ServiceMeta, ServiceOptions, ServiceRanges, ServiceValue, Slot,
+    map_names,
 };
 
 use super::{
@@ -149,6 +150,8 @@ pub trait MapOps {
     fn delete_name(&mut self, service_id: u32) -> Result<(), DataplaneError>;
     /// Sets a service id's options.
     fn put_options(&mut self, service_id: u32, options: ServiceOptions) -> Result<(), DataplaneError>;
+    /// Writes where the service ports are.
+    fn put_ranges(&mut self, ranges: ServiceRanges) -> Result<(), DataplaneError>;
     /// The IPv4 index and the means to wait for a grace period, borrowed together.
     fn index4(&mut self) -> (&mut dyn IndexStore<IndexEntry4>, &mut dyn Grace);
     /// The IPv6 index and the means to wait for a grace period, borrowed together.
@@ -222,6 +225,10 @@ impl MapOps for MapSet {
 
     fn put_options(&mut self, service_id: u32, options: ServiceOptions) -> Result<(), DataplaneError> {
         self.options.set(service_id, options, 0).map_err(DataplaneError::map(map_names::SERVICE_OPTIONS))
+    }
+
+    fn put_ranges(&mut self, ranges: ServiceRanges) -> Result<(), DataplaneError> {
+        self.ranges.set(0, ranges, 0).map_err(DataplaneError::map(map_names::SERVICE_RANGES))
     }
 
     fn index4(&mut self) -> (&mut dyn IndexStore<IndexEntry4>, &mut dyn Grace) {

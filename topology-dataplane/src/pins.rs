@@ -86,13 +86,14 @@ pub fn prepare(layout: &PinLayout, capacities: &Capacities) -> Result<(), Datapl
 }
 
 /// What a map holds, if it may be created anew when its pin does not match: the service index
-/// (derived from the service maps at adoption), the load signal's measurements (a socket counted
+/// and ranges (derived from the service maps at adoption), the load signal's measurements (a socket counted
 /// in the old map adds nothing to the new one, see `BackendLoad::created_ns`), and the TCP
 /// connections' translations (a connection open across the change shows its backend to
 /// `getpeername()`). Every other map's state cannot be carried over, so its mismatch is refused.
 fn rebuilt(name: &str) -> Option<&'static str> {
     match name {
         map_names::INDEX_V4 | map_names::INDEX_V6 => Some("the service index"),
+        map_names::SERVICE_RANGES => Some("the service ranges"),
         map_names::BACKEND_LOAD => Some("the load signal's measurements"),
         map_names::TCP_CONNECTIONS => Some("the TCP connections' translations"),
         map_names::OUTLIERS | map_names::OUTLIER_STATE => Some("the outlier ejections"),

@@ -50,6 +50,7 @@ use crate::{
 };
 
 mod add;
+mod ranges;
 mod remove;
 mod room;
 mod share;
@@ -121,6 +122,8 @@ pub struct Writer<M: MapOps = MapSet> {
     /// The service indexes the programs probe before the hash maps.
     index4: ServiceIndex<ServiceKey4>,
     index6: ServiceIndex<ServiceKey6>,
+    /// Where the service ports are, for the programs to pass other destinations unlooked.
+    ranges: ranges::Ranges,
 }
 
 /// Entries in use in the maps with a capacity, as the writer counts them.
@@ -164,7 +167,8 @@ impl<M: MapOps> Writer<M> {
         let index4 = ServiceIndex::adopt(map, &services4, grace)?;
         let (map, grace) = maps.index6();
         let index6 = ServiceIndex::adopt(map, &services6, grace)?;
-        Ok(Self { maps, kernel, service_ids, set_ids, slots, foreign, entries, index4, index6 })
+        let ranges = ranges::Ranges::adopt(kernel.services.keys().map(|port| port.vip));
+        Ok(Self { maps, kernel, service_ids, set_ids, slots, foreign, entries, index4, index6, ranges })
     }
 
     /// What the kernel holds, as last written or adopted.
@@ -210,6 +214,9 @@ impl<M: MapOps> Writer<M> {
         let mut report = ApplyReport::default();
         self.remove_orphan_ids();
         self.repair_index();
+        let mut changes: Vec<_> = changes.into_iter().collect();
+        self.widen_ranges(&mut changes, &mut report);
+        let removes = changes.iter().any(|(_, service)| service.is_none());
         let diff = diff::diff(changes, &self.kernel, &self.foreign);
         report.unchanged = diff.unchanged;
         for (port, _) in &diff.invalid {
@@ -217,7 +224,7 @@ impl<M: MapOps> Writer<M> {
             let kept = self.kernel.services.get(port).map(|held| held.slots.clone()).unwrap_or_default();
             self.withdraw(port, &kept, &mut report);
         }
-        report.failed = diff.invalid;
+        report.failed.extend(diff.invalid);
         // New ports are written together after every other change, a few batched system calls
         // for all of them (a full sync, a restart onto empty maps, a large update).
         let mut new = Vec::new();
@@ -233,6 +240,9 @@ impl<M: MapOps> Writer<M> {
             }
         }
         self.add_many(new, &mut report);
+        if removes || !report.failed.is_empty() {
+            self.narrow_ranges(&mut report);
+        }
         report.housekeeping.extend(self.index4.take_errors());
         report.housekeeping.extend(self.index6.take_errors());
         report

@@ -1,5 +1,6 @@
-//! Finding the service at a destination: the service index first, the hash maps when the index
-//! is unsure or turned off (see `topology_common::index`).
+//! Finding the service at a destination: none outside the service ranges (no lookup at all), else
+//! the service index first, the hash maps when the index is unsure or turned off (see
+//! `topology_common::index`).
 
 use core::ptr::addr_of;
 
@@ -9,7 +10,10 @@ use topology_common::{
 };
 
 use crate::{
-    maps::{INDEX_V4, INDEX_V6, SERVICES_V4, SERVICES_V6, index_enabled, index_v4_position, index_v6_position},
+    maps::{
+        INDEX_V4, INDEX_V6, SERVICES_V4, SERVICES_V6, index_enabled, index_v4_position, index_v6_position,
+        may_be_service4, may_be_service6,
+    },
     order::{load_u8, load_u32, load_u64},
     sockaddr::{self, Words},
 };
@@ -28,6 +32,9 @@ enum Indexed {
 /// The IPv4 service at `addr:port/proto`, if any: from the index, else the hash map.
 #[inline(always)]
 pub fn service4(addr: u32, port: u16, proto: u8) -> Option<ServiceValue> {
+    if !may_be_service4(addr) {
+        return None;
+    }
     if index_enabled() {
         match probe4(index::key_bits4(addr, port, proto)) {
             Indexed::Found(value) => return Some(value),
@@ -45,6 +52,9 @@ pub fn service4(addr: u32, port: u16, proto: u8) -> Option<ServiceValue> {
 /// The IPv6 service at `addr:port/proto`, if any: from the index, else the hash map.
 #[inline(always)]
 pub fn service6(addr: Words, port: u16, proto: u8) -> Option<ServiceValue> {
+    if !may_be_service6(&addr) {
+        return None;
+    }
     if index_enabled() {
         match probe6(addr, port, proto) {
             Indexed::Found(value) => return Some(value),

@@ -15,8 +15,8 @@ use aya_ebpf::{
 use topology_common::{
     BackendKey, BackendLoad, ByteCount, COUNTER_CHUNK, ClientAffinityKey, ClientAffinityValue, DatagramBytes,
     DatagramPeers, DnsSteer, Heartbeat, IndexEntry4, IndexEntry6, NodeCounters, OutlierEntry, OutlierScan,
-    OutlierState, ServiceCounters, ServiceKey4, ServiceKey6, ServiceMeta, ServiceOptions, ServiceValue, Slot,
-    SockBytes, SockTranslation, TcpTranslation, capacity,
+    OutlierState, ServiceCounters, ServiceKey4, ServiceKey6, ServiceMeta, ServiceOptions, ServiceRanges, ServiceValue,
+    Slot, SockBytes, SockTranslation, TcpTranslation, capacity,
 };
 
 /// Maps only userspace writes are allocated on write, so an idle capacity costs no kernel memory.
@@ -72,6 +72,26 @@ pub fn index_v4_position(hash: u32, i: u32) -> u32 {
 #[inline(always)]
 pub fn index_v6_position(hash: u32, i: u32) -> u32 {
     hash.wrapping_add(i) & INDEX_V6_MASK.load()
+}
+
+/// Where the service ports are (see `ServiceRanges`): read before every lookup, one cache line.
+#[btf_map(name = "topo_svc_range")]
+pub static SERVICE_RANGES: Array<ServiceRanges, 1> = Array::new();
+
+/// Whether the IPv4 destination `addr` may be a service port; true when the map cannot say.
+#[inline(always)]
+pub fn may_be_service4(addr: u32) -> bool {
+    // SAFETY: the element of a one-entry array, valid for the program's lifetime; the agent
+    // rewrites it whole while programs read it, and either version is a valid answer for the
+    // moment (see `ServiceRanges`).
+    SERVICE_RANGES.get_ptr(0).is_none_or(|ranges| unsafe { (*ranges).may_hold_v4(addr) })
+}
+
+/// Whether the IPv6 destination `addr` may be a service port; true when the map cannot say.
+#[inline(always)]
+pub fn may_be_service6(addr: &[u32; 4]) -> bool {
+    // SAFETY: as in `may_be_service4`.
+    SERVICE_RANGES.get_ptr(0).is_none_or(|ranges| unsafe { (*ranges).may_hold_v6(addr) })
 }
 
 /// Backend slots of every live backend set, one contiguous run per set. An array, so a lookup is
