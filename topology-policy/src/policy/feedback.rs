@@ -109,20 +109,10 @@ fn shift(this: &Node, backends: &mut Vec<Choice>, left: &[Candidate<'_>], share:
             backend.weight *= (far_receiving + moved) / far_receiving;
         }
     } else {
-        let others: Vec<&Candidate<'_>> = left.iter().filter(|c| !is_near(locality(this, c))).collect();
-        let region: Vec<&Candidate<'_>> =
-            others.iter().copied().filter(|c| locality(this, c) == Locality::Region).collect();
-        let targets = if region.is_empty() { others } else { region };
+        let targets = far_targets(this, left);
         let each = moved / targets.len().max(1) as f64;
         for c in targets {
-            backends.push(Choice {
-                address: c.address,
-                port: c.port,
-                node: c.node_name.cloned(),
-                zone: c.zone.cloned(),
-                locality: locality(this, c),
-                weight: each,
-            });
+            backends.push(Choice::of(this, c, each));
         }
         backends.sort_by_key(|b| (b.address, b.port));
     }
@@ -138,22 +128,10 @@ pub const RESERVE_SHARE: f64 = 1e-9;
 /// moves traffic) that `backends` lacks, at the reserve weight; returns how many.
 fn reserve(this: &Node, backends: &mut Vec<Choice>, receiving: &[Candidate<'_>]) -> usize {
     let total: f64 = backends.iter().map(|b| b.weight).sum();
-    let others: Vec<&Candidate<'_>> =
-        receiving.iter().filter(|c| !matches!(locality(this, c), Locality::Node | Locality::Zone)).collect();
-    let region: Vec<&Candidate<'_>> =
-        others.iter().copied().filter(|c| locality(this, c) == Locality::Region).collect();
-    let targets = if region.is_empty() { others } else { region };
-    let missing: Vec<Choice> = targets
+    let missing: Vec<Choice> = far_targets(this, receiving)
         .into_iter()
         .filter(|c| !backends.iter().any(|b| b.address == c.address && b.port == c.port))
-        .map(|c| Choice {
-            address: c.address,
-            port: c.port,
-            node: c.node_name.cloned(),
-            zone: c.zone.cloned(),
-            locality: locality(this, c),
-            weight: total * RESERVE_SHARE,
-        })
+        .map(|c| Choice::of(this, c, total * RESERVE_SHARE))
         .collect();
     let held = missing.len();
     if held > 0 && total > 0.0 {
@@ -161,6 +139,16 @@ fn reserve(this: &Node, backends: &mut Vec<Choice>, receiving: &[Candidate<'_>])
         backends.sort_by_key(|b| (b.address, b.port));
     }
     held
+}
+
+/// The endpoints of `candidates` in other zones, this region's if it has any: where traffic
+/// leaving the zone goes.
+fn far_targets<'a, 'b>(this: &Node, candidates: &'a [Candidate<'b>]) -> Vec<&'a Candidate<'b>> {
+    let others: Vec<&Candidate<'_>> =
+        candidates.iter().filter(|c| !matches!(locality(this, c), Locality::Node | Locality::Zone)).collect();
+    let region: Vec<&Candidate<'_>> =
+        others.iter().copied().filter(|c| locality(this, c) == Locality::Region).collect();
+    if region.is_empty() { others } else { region }
 }
 
 fn addr(candidate: &Candidate<'_>) -> SocketAddr {

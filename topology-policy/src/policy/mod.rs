@@ -105,6 +105,20 @@ pub struct Choice {
     pub weight: f64,
 }
 
+impl Choice {
+    /// `candidate` at `weight`, placed from `this` node.
+    pub fn of(this: &Node, candidate: &Candidate<'_>, weight: f64) -> Self {
+        Self {
+            address: candidate.address,
+            port: candidate.port,
+            node: candidate.node_name.cloned(),
+            zone: candidate.zone.cloned(),
+            locality: locality(this, candidate),
+            weight,
+        }
+    }
+}
+
 /// The decision for one Service port and family.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Selection {
@@ -133,17 +147,7 @@ pub struct Selection {
 impl Selection {
     /// A selection of `chosen` with equal weights; empty means refuse.
     pub fn equal(policy: PolicyKind, reason: String, this: &Node, chosen: &[Candidate<'_>]) -> Self {
-        let backends: Vec<Choice> = chosen
-            .iter()
-            .map(|c| Choice {
-                address: c.address,
-                port: c.port,
-                node: c.node_name.cloned(),
-                zone: c.zone.cloned(),
-                locality: locality(this, c),
-                weight: 1.0,
-            })
-            .collect();
+        let backends: Vec<Choice> = chosen.iter().map(|c| Choice::of(this, c, 1.0)).collect();
         Self {
             policy,
             reason,
