@@ -30,7 +30,7 @@ use super::{
     limit::SourceLimiter,
     relay,
     relayed::CacheSettings,
-    upstream::Upstream,
+    upstream::{Lookup, Upstream},
     view::DnsView,
 };
 use crate::{
@@ -237,9 +237,18 @@ pub async fn serve_udp(socket: Arc<UdpSocket>, responder: Arc<Responder>, shutdo
                 let _ = socket.send_to(&bytes, source).await;
             }
             Handled::Forward { request, raw } => {
+                // A kept answer goes back at once; only a miss waits for the upstream, in a task.
+                let limit = relay::limit(&request, false);
+                let key = match responder.upstream.cached(&request, &raw, limit) {
+                    Lookup::Answered(reply) => {
+                        let _ = socket.send_to(&reply, source).await;
+                        continue;
+                    }
+                    Lookup::Missed(key) => key,
+                };
                 let (socket, responder) = (Arc::clone(&socket), Arc::clone(&responder));
                 tokio::spawn(async move {
-                    let reply = responder.forward(&request, &raw, false).await;
+                    let reply = responder.upstream.ask_for(key, &request, &raw, limit).await;
                     let _ = socket.send_to(&reply, source).await;
                 });
             }

@@ -128,7 +128,8 @@ impl Entry {
 
 #[derive(Default)]
 struct Shard {
-    entries: HashMap<Key, Entry>,
+    /// Hashed with a seed of the process's own: names are the clients' choice.
+    entries: HashMap<Key, Entry, foldhash::fast::RandomState>,
     /// Keys in the order the CLOCK hand visits them.
     ring: VecDeque<Key>,
     bytes: usize,

@@ -37,6 +37,14 @@ const SERVFAIL: u8 = 2;
 /// A reply shared by the queries that waited for it (`None`: the upstreams failed).
 type Shared = Option<Arc<[u8]>>;
 
+/// What the cache holds for a relayed query.
+pub enum Lookup {
+    /// The reply, sized for the client.
+    Answered(Vec<u8>),
+    /// Nothing fresh: ask the upstreams, keeping the answer under this key (`None`: not kept).
+    Missed(Option<Key>),
+}
+
 /// The relaying half of the responder.
 pub struct Upstream {
     view: watch::Receiver<Arc<DnsView>>,
@@ -44,7 +52,7 @@ pub struct Upstream {
     forwards: Semaphore,
     cache: RelayCache,
     /// Questions asked of the upstream now, and who else waits for each.
-    in_flight: Mutex<HashMap<Key, Vec<oneshot::Sender<Shared>>>>,
+    in_flight: Mutex<HashMap<Key, Vec<oneshot::Sender<Shared>>, foldhash::fast::RandomState>>,
     pools: [SocketPool; 2],
     tcp: TcpPool,
 }
@@ -58,7 +66,7 @@ impl Upstream {
             metrics,
             forwards: Semaphore::new(MAX_FORWARDS),
             cache,
-            in_flight: Mutex::new(HashMap::new()),
+            in_flight: Mutex::new(HashMap::default()),
             pools: [
                 SocketPool::for_family_of(SocketAddr::from(([0, 0, 0, 0], 0))),
                 SocketPool::for_family_of(SocketAddr::from(([0u16; 8], 0))),
@@ -70,24 +78,56 @@ impl Upstream {
     /// The reply to `request` (its bytes `raw`), within `limit` bytes: from the cache, or the
     /// upstreams, or stale, or SERVFAIL.
     pub async fn forward(self: &Arc<Self>, request: &Message, raw: &[u8], limit: u16) -> Vec<u8> {
-        let (reply, outcome) = self.resolve(request, raw).await;
-        self.finish(request, reply.as_deref(), limit, request.queries.first().map(Query::query_type), outcome)
+        match self.cached(request, raw, limit) {
+            Lookup::Answered(reply) => reply,
+            Lookup::Missed(key) => self.ask_for(key, request, raw, limit).await,
+        }
+    }
+
+    /// The cache's reply to `request` (its bytes `raw`) within `limit` bytes, answered on the
+    /// spot without a task (a popular answer about to expire is fetched again in the background);
+    /// else what [`Upstream::ask_for`] needs.
+    pub fn cached(self: &Arc<Self>, request: &Message, raw: &[u8], limit: u16) -> Lookup {
+        let key = Key::of(raw, Asked::of(request)).filter(|_| self.cache.enabled());
+        match key.as_ref().and_then(|key| self.fresh(key, raw)) {
+            Some(reply) => Lookup::Answered(self.finish(request, Some(reply), limit, "cached")),
+            None => Lookup::Missed(key),
+        }
+    }
+
+    /// The reply to `request` (its bytes `raw`) that the cache did not hold (under `key`, when it
+    /// may keep one), within `limit` bytes: from the upstreams, or stale, or SERVFAIL.
+    pub async fn ask_for(self: &Arc<Self>, key: Option<Key>, request: &Message, raw: &[u8], limit: u16) -> Vec<u8> {
+        let (reply, outcome) = self.missed(key, request, raw).await;
+        self.finish(request, reply, limit, outcome)
+    }
+
+    /// The fresh answer kept for `key`, for the request `raw`.
+    fn fresh(self: &Arc<Self>, key: &Key, raw: &[u8]) -> Option<Vec<u8>> {
+        let Found::Fresh { reply, refresh } = self.cache.get(key, raw, Instant::now()) else { return None };
+        if refresh {
+            let (this, key, raw) = (Arc::clone(self), key.clone(), raw.to_vec());
+            tokio::spawn(async move { this.refresh(key, &raw).await });
+        }
+        Some(reply)
     }
 
     /// The whole reply to `request` (its bytes `raw`, its id), and how it was found.
     async fn resolve(self: &Arc<Self>, request: &Message, raw: &[u8]) -> (Option<Vec<u8>>, &'static str) {
-        let Some(key) = Key::of(raw, Asked::of(request)).filter(|_| self.cache.enabled()) else {
+        let key = Key::of(raw, Asked::of(request)).filter(|_| self.cache.enabled());
+        if let Some(reply) = key.as_ref().and_then(|key| self.fresh(key, raw)) {
+            return (Some(reply), "cached");
+        }
+        self.missed(key, request, raw).await
+    }
+
+    /// [`Upstream::resolve`] past the cache.
+    async fn missed(&self, key: Option<Key>, request: &Message, raw: &[u8]) -> (Option<Vec<u8>>, &'static str) {
+        let Some(key) = key else {
             let reply = self.ask(request, raw).await;
             let outcome = if reply.is_some() { "forwarded" } else { "upstream_failed" };
             return (reply, outcome);
         };
-        if let Found::Fresh { reply, refresh } = self.cache.get(&key, raw, Instant::now()) {
-            if refresh {
-                let (this, key, raw) = (Arc::clone(self), key.clone(), raw.to_vec());
-                tokio::spawn(async move { this.refresh(key, &raw).await });
-            }
-            return (Some(reply), "cached");
-        }
         let shared = self.shared(&key, request, raw).await;
         let reply = shared.as_deref().and_then(|reply| {
             let mut reply = reply.to_vec();
@@ -148,23 +188,16 @@ impl Upstream {
     }
 
     /// Counts and sizes a reply to `request`; SERVFAIL when there is none.
-    fn finish(
-        &self,
-        request: &Message,
-        reply: Option<&[u8]>,
-        limit: u16,
-        qtype: Option<hickory_proto::rr::RecordType>,
-        outcome: &'static str,
-    ) -> Vec<u8> {
-        self.metrics.query(qtype, outcome);
+    fn finish(&self, request: &Message, reply: Option<Vec<u8>>, limit: u16, outcome: &'static str) -> Vec<u8> {
+        self.metrics.query(request.queries.first().map(Query::query_type), outcome);
         let Some(reply) = reply else {
             return encode(&answer::error(request, ResponseCode::ServFail), limit);
         };
         if reply.len() <= usize::from(limit) {
-            return reply.to_vec();
+            return reply;
         }
         // Too large for the client: the header and question, flagged truncated.
-        relay::incoming(request, request.metadata.id, reply, limit)
+        relay::incoming(request, request.metadata.id, &reply, limit)
             .unwrap_or_else(|_| encode(&answer::error(request, ResponseCode::ServFail), limit))
     }
 
@@ -216,10 +249,11 @@ impl Upstream {
             let budget = left / u32::try_from(upstreams.len() - i).unwrap_or(1);
             let pool = &self.pools[usize::from(upstream.is_ipv6())];
             let exchange = async {
-                let (reply, id) = pool.exchange(upstream, raw).await?;
-                let reply = relay::incoming(request, id, &reply, u16::MAX)
-                    .map_err(|why| std::io::Error::other(format!("not the reply: {why:?}")))?;
-                if reply.get(2).is_some_and(|flags| flags & 0x02 != 0) {
+                // The pool takes a datagram only as the reply to this very question: give it
+                // the client's id back.
+                let (mut reply, _) = pool.exchange(upstream, raw).await?;
+                reply[..2].copy_from_slice(&request.metadata.id.to_be_bytes());
+                if reply[2] & 0x02 != 0 {
                     // Truncated: the whole answer over TCP.
                     let id = rand::random();
                     let reply = self.tcp.exchange(upstream, &relay::outgoing(raw, id)).await?;

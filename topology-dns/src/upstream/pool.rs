@@ -41,7 +41,7 @@ struct Pending {
 /// One socket and the queries waiting on it.
 struct Pooled {
     socket: UdpSocket,
-    pending: Mutex<HashMap<u16, Pending>>,
+    pending: Mutex<HashMap<u16, Pending, foldhash::fast::RandomState>>,
     uses: AtomicU32,
     opened: Instant,
     closing: CancellationToken,
@@ -65,7 +65,8 @@ impl Pooled {
                 },
             };
             let datagram = &buffer[..len];
-            if len < 12 || datagram[2] & 0x80 == 0 {
+            // A response (QR) to one question: the only replies a relayed query gets.
+            if len < 12 || datagram[2] & 0x80 == 0 || datagram[4..6] != [0, 1] {
                 continue;
             }
             let id = u16::from_be_bytes([datagram[0], datagram[1]]);
@@ -120,7 +121,7 @@ impl SocketPool {
         }
         let fresh = Arc::new(Pooled {
             socket: UdpSocket::bind(self.local).await?,
-            pending: Mutex::new(HashMap::new()),
+            pending: Mutex::new(HashMap::default()),
             uses: AtomicU32::new(0),
             opened: Instant::now(),
             closing: CancellationToken::new(),
@@ -142,7 +143,8 @@ impl SocketPool {
     }
 
     /// Sends `query` (a DNS query of one question) to `upstream` under an id of the pool's and
-    /// waits for its reply, whose id is then the pool's: the caller checks the rest.
+    /// waits for its reply: a response from `upstream` to that id, of one question, the very
+    /// question asked (names compared without case). The reply carries the pool's id.
     pub async fn exchange(&self, upstream: SocketAddr, query: &[u8]) -> std::io::Result<(Vec<u8>, u16)> {
         let question_end = wire::question_end(query).ok_or_else(|| std::io::Error::other("no question"))?;
         let question: Box<[u8]> = query[12..question_end].to_ascii_lowercase().into();

@@ -24,7 +24,8 @@ use tokio::{
 use super::*;
 
 /// A stand-in upstream on loopback: answers every A query with `answers` records (TTL 60) after
-/// `delay`, first sending a spoofed datagram (the right id, another question) when `spoof`;
+/// `delay`, first sending spoofed datagrams (the right id, another question; the right id and
+/// question bytes under a count of no questions) when `spoof`;
 /// over UDP truncated (TC, no records) when `answers` is over 40; silent while `silent` is set.
 struct StandIn {
     addr: SocketAddr,
@@ -72,6 +73,10 @@ async fn stand_in(answers: usize, delay: Duration, spoof: bool) -> StandIn {
                     let mut other = request.clone();
                     other.queries[0] = Query::query(Name::from_ascii("evil.example.").unwrap(), RecordType::A);
                     socket.send_to(&answer(&other, 1).to_vec().unwrap(), from).await.unwrap();
+                    // The right id and question bytes, but not one question: not a reply.
+                    let mut headless = answer(&request, 1).to_vec().unwrap();
+                    headless[4..6].copy_from_slice(&[0, 0]);
+                    socket.send_to(&headless, from).await.unwrap();
                 }
                 let mut reply = answer(&request, if failing { 0 } else { answers });
                 if failing {
