@@ -9,7 +9,8 @@
 //! Every connect dials one of the two backends at random, directly (no hook) or through a
 //! ClusterIP the hook balances over them, so each scenario reaches the same servers in the same
 //! mix and differs only in how the destination is chosen. A fourth kind of row, the hook attached
-//! but the destination not a service, shows the hook's fixed cost apart from the rewrite.
+//! but the destination not a service, shows the hook's fixed cost apart from the rewrite; a fifth,
+//! an empty program attached, the kernel's own cost of running a cgroup hook at all.
 //!
 //! The hook's cost is measured interleaved: one client process alternates, connect by connect in
 //! a random order per pair, between the hooked cgroup (dialling the ClusterIP) and a cgroup with
@@ -34,6 +35,8 @@
 //! Root only; everything lives in a sandbox removed at the end. `TOPOLOGY_BENCH_QUICK=1` runs only
 //! the 10-service rows.
 
+#[path = "datapath/empty.rs"]
+mod empty;
 #[path = "datapath/outlier.rs"]
 mod outlier;
 #[path = "datapath/report.rs"]
@@ -121,6 +124,7 @@ const HOOK: &str = "topology-agent hook";
 const HOOK_FEEDBACK: &str = "topology-agent hook, a Service under feedback (measured)";
 const HOOK_UNMEASURED_NODE: &str = "topology-agent hook, no port measured on the node";
 const NOT_A_SERVICE: &str = "hook attached, not a service (direct to the backends)";
+const EMPTY_PROGRAM: &str = "an empty connect4 program attached (the kernel's hook alone; direct to the backends)";
 const HOOK_PEER_FAILING: &str = "topology-agent hook, another backend of the node failing (outlier ejection)";
 const HOOK_CHOSEN_FAILING: &str = "topology-agent hook, its backends failing (outlier ejection)";
 const IPTABLES: &str = "iptables, kube-proxy shaped";
@@ -320,6 +324,13 @@ fn main() {
         }
         hooked.push((pins, cgroup));
     }
+    // What the kernel's cgroup hook costs before any program work: an empty program.
+    let empty = empty::EmptyHook::attach(&format!("{}-empty", fx.id));
+    for kind in [Timed::Tcp, Timed::UdpConnect] {
+        let mut row = Scenario::new(kind, EMPTY_PROGRAM, None, place(&client, &empty.cgroup), backends.clone());
+        row.baseline = no_hook();
+        scenarios.push(row);
+    }
     assert_eq!(tracing_links.len(), 3, "the outlier ejection programs are loaded");
     let tracing_runs = || tracing_links.iter().map(|link| run_stats(link).1).sum::<u64>();
     let tracing_before = tracing_runs();
@@ -378,6 +389,7 @@ fn main() {
     let outlier_runs = (tracing_runs() - tracing_before, connects);
     drop(rule_hosts);
     drop(hooked);
+    drop(empty);
     drop(plain);
     drop(servers);
     print_table(&scenarios, outlier_runs);

@@ -3,8 +3,8 @@
 use topology_tests::traffic::Timed;
 
 use super::{
-    HOOK, HOOK_FEEDBACK, HOOK_PEER_FAILING, HOOK_ROUNDS, HOOK_UNMEASURED_NODE, IPTABLES, NFTABLES, NO_HOOK,
-    NOT_A_SERVICE, ROUNDS, Scenario,
+    EMPTY_PROGRAM, HOOK, HOOK_FEEDBACK, HOOK_PEER_FAILING, HOOK_ROUNDS, HOOK_UNMEASURED_NODE, IPTABLES, NFTABLES,
+    NO_HOOK, NOT_A_SERVICE, ROUNDS, Scenario,
 };
 
 fn percentile(sorted: &[u64], q: f64) -> f64 {
@@ -116,14 +116,15 @@ pub fn print_table(scenarios: &[Scenario], outlier_runs: (u64, u64)) {
 
 /// `datapath: …`: each figure the p50 over no hook at the largest service count (µs); iptables
 /// and nftables at 10,000 services (or the largest count run); the bare UDP connect's own p50 as
-/// the in-run unit of CPU speed.
+/// the in-run unit of CPU speed; an empty program's TCP connect (the kernel's hook alone).
 fn summary_line(scenarios: &[Scenario]) -> String {
     let largest = scenarios.iter().filter_map(|s| s.services).max().unwrap_or(0);
-    let at = |kind: Timed, name: &str, services: usize| {
+    let at_count = |kind: Timed, name: &str, services: Option<usize>| {
         let no_hook = scenarios.iter().find(|s| s.kind == kind && s.name == NO_HOOK)?;
-        let scenario = scenarios.iter().find(|s| s.kind == kind && s.name == name && s.services == Some(services))?;
+        let scenario = scenarios.iter().find(|s| s.kind == kind && s.name == name && s.services == services)?;
         Some(over_no_hook(scenario, no_hook))
     };
+    let at = |kind: Timed, name: &str, services: usize| at_count(kind, name, Some(services));
     let rules_at = scenarios
         .iter()
         .filter(|s| s.name == IPTABLES)
@@ -136,7 +137,7 @@ fn summary_line(scenarios: &[Scenario]) -> String {
         scenarios.iter().find(|s| s.kind == Timed::UdpConnect && s.name == NO_HOOK).map(|s| summary(&s.samples_ns).0);
     format!(
         "datapath: tcp_us={} tcp_feedback_us={} tcp_unmeasured_node_us={} udp_us={} not_service_us={} nft_us_10k={} \
-         iptables_us_10k={} udp_nohook_us={} outlier_us={} services={largest}",
+         iptables_us_10k={} udp_nohook_us={} outlier_us={} empty_program_us={} services={largest}",
         figure(at(Timed::Tcp, HOOK, largest)),
         figure(at(Timed::Tcp, HOOK_FEEDBACK, largest)),
         figure(at(Timed::Tcp, HOOK_UNMEASURED_NODE, largest)),
@@ -146,5 +147,6 @@ fn summary_line(scenarios: &[Scenario]) -> String {
         figure(at(Timed::Tcp, IPTABLES, rules_at)),
         figure(udp_nohook),
         figure(at(Timed::Tcp, HOOK_PEER_FAILING, largest).zip(at(Timed::Tcp, HOOK, largest)).map(|(f, h)| f - h)),
+        figure(at_count(Timed::Tcp, EMPTY_PROGRAM, None)),
     )
 }
