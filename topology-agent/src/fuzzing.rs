@@ -138,7 +138,7 @@ pub fn dns_packet(data: &[u8]) {
 
     use hickory_proto::op::Message;
 
-    use crate::dns::{DnsView, answer, parse_domain, server};
+    use crate::dns::{DnsView, answer, glance, parse_domain, relayed, server};
 
     static VIEW: OnceLock<(DnsView, answer::Zone)> = OnceLock::new();
     let (view, zone) = VIEW.get_or_init(|| {
@@ -153,7 +153,16 @@ pub fn dns_packet(data: &[u8]) {
         at = (at + 0.618_034) % 1.0;
         at
     };
-    if let server::Handled::Reply { bytes, .. } = server::respond(view, zone, packet, tcp, &mut draw) {
+    let glanced = glance::glance(packet, &glance::Domain::of(&zone.domain));
+    let handled = server::respond(view, zone, packet, tcp, &mut draw);
+    if let Some(glanced) = glanced {
+        // Read from the wire alone, a query must be one the whole path relays, asked the same.
+        let server::Handled::Forward { request, .. } = &handled else { panic!("glanced at as relayed: {glanced:?}") };
+        assert_eq!(relayed::Asked::of(request), glanced.asked);
+        assert_eq!(answer::udp_limit(request), glanced.udp_limit);
+        assert_eq!(request.queries.first().map(|q| u16::from(q.query_type())), Some(glanced.qtype));
+    }
+    if let server::Handled::Reply { bytes, .. } = handled {
         let reply = Message::from_vec(&bytes).expect("every reply parses");
         if !tcp {
             let request_limit = Message::from_vec(packet).map_or(512, |request| answer::udp_limit(&request));

@@ -9,6 +9,7 @@
 pub mod answer;
 mod cache;
 pub mod connections;
+pub mod glance;
 mod limit;
 pub mod names;
 pub mod relay;

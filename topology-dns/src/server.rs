@@ -27,9 +27,10 @@ use super::{
     DnsMetrics,
     answer::{self, Outcome, Zone, encode},
     cache::{AnswerCache, Cached},
+    glance::{Domain, glance},
     limit::SourceLimiter,
     relay,
-    relayed::CacheSettings,
+    relayed::{CacheSettings, Key},
     upstream::{Lookup, Upstream},
     view::DnsView,
 };
@@ -49,6 +50,7 @@ const TCP_LIFETIME: Duration = Duration::from_secs(60);
 /// The shared state of both sockets.
 pub struct Responder {
     zone: Zone,
+    domain: Domain,
     view: watch::Receiver<Arc<DnsView>>,
     metrics: Arc<DnsMetrics>,
     upstream: Arc<Upstream>,
@@ -61,8 +63,11 @@ pub enum Handled {
     /// Send these bytes back; the query type and outcome, and the localities answered, for the
     /// metrics.
     Reply { bytes: Vec<u8>, qtype: Option<RecordType>, outcome: &'static str, localities: Vec<Locality> },
-    /// Relay `raw` to the upstream.
+    /// Relay `raw` to the upstream (the cache of relayed answers not asked yet).
     Forward { request: Message, raw: Vec<u8> },
+    /// Ask the upstreams: the cache of relayed answers holds nothing fresh (under `key`, where it
+    /// keeps the answer).
+    Missed { request: Message, raw: Vec<u8>, key: Option<Key> },
     /// Complete an answer with the upstream's records.
     Chase(Box<Chase>),
     /// Not a query: no reply.
@@ -119,6 +124,7 @@ impl Responder {
     ) -> Self {
         let upstream = Arc::new(Upstream::new(view.clone(), Arc::clone(&metrics), cache));
         Self {
+            domain: Domain::of(&zone.domain),
             zone,
             view,
             metrics,
@@ -128,8 +134,46 @@ impl Responder {
         }
     }
 
-    /// Answers `bytes`, counting the outcome; `cache`: answers this socket already built.
-    fn handle(&self, bytes: &[u8], tcp: bool, mut cache: Option<&mut AnswerCache>) -> Handled {
+    /// Answers `bytes`, counting the outcome; `cache`: answers this socket already built. A
+    /// relayed name is answered from the cache of relayed answers when it holds one, read from
+    /// the query's wire form when that suffices ([`glance`]).
+    fn handle(&self, bytes: &[u8], tcp: bool, cache: Option<&mut AnswerCache>) -> Handled {
+        if let Some(glance) = glance(bytes, &self.domain) {
+            let limit = if tcp { u16::MAX } else { glance.udp_limit.min(relay::MAX_UDP_REPLY) };
+            match self.upstream.cached_raw(bytes, glance, limit) {
+                Lookup::Answered(reply) => return cached_reply(reply, Some(glance.qtype.into())),
+                // Read beyond doubt, so it parses (the fuzz target `dns_packet` holds it to that).
+                lookup => {
+                    if let Ok(request) = Message::from_vec(bytes) {
+                        return self.relayed(request, bytes.to_vec(), lookup, limit);
+                    }
+                }
+            }
+        }
+        match self.answer(bytes, tcp, cache) {
+            Handled::Forward { request, raw } => {
+                let limit = relay::limit(&request, tcp);
+                let lookup = self.upstream.cached(&request, &raw, limit);
+                self.relayed(request, raw, lookup, limit)
+            }
+            handled => handled,
+        }
+    }
+
+    /// What the cache of relayed answers said for `request` (its bytes `raw`), as a reply within
+    /// `limit` bytes or a question for the upstreams.
+    fn relayed(&self, request: Message, raw: Vec<u8>, lookup: Lookup, limit: u16) -> Handled {
+        let qtype = request.queries.first().map(Query::query_type);
+        match lookup {
+            Lookup::Answered(reply) => cached_reply(reply, qtype),
+            Lookup::Oversized(reply) => cached_reply(self.upstream.cut(&request, reply, limit), qtype),
+            Lookup::Missed(key) => Handled::Missed { request, raw, key },
+        }
+    }
+
+    /// [`respond`] from the latest view, counting the outcome; `cache`: answers this socket
+    /// already built.
+    fn answer(&self, bytes: &[u8], tcp: bool, mut cache: Option<&mut AnswerCache>) -> Handled {
         let view = Arc::clone(&self.view.borrow());
         if let Some(cache) = cache.as_deref_mut()
             && let Some((reply, hit)) = cache.get(&view, bytes)
@@ -195,6 +239,11 @@ impl Responder {
     }
 }
 
+/// A reply from the cache of relayed answers (counted there).
+fn cached_reply(bytes: Vec<u8>, qtype: Option<RecordType>) -> Handled {
+    Handled::Reply { bytes, qtype, outcome: "cached", localities: Vec::new() }
+}
+
 /// FORMERR for a message whose header is readable and is a query; nothing otherwise.
 fn formerr(bytes: &[u8]) -> Option<Vec<u8>> {
     if bytes.len() < 12 || bytes[2] & 0x80 != 0 {
@@ -237,17 +286,16 @@ pub async fn serve_udp(socket: Arc<UdpSocket>, responder: Arc<Responder>, shutdo
                 let _ = socket.send_to(&bytes, source).await;
             }
             Handled::Forward { request, raw } => {
-                // A kept answer goes back at once; only a miss waits for the upstream, in a task.
-                let limit = relay::limit(&request, false);
-                let key = match responder.upstream.cached(&request, &raw, limit) {
-                    Lookup::Answered(reply) => {
-                        let _ = socket.send_to(&reply, source).await;
-                        continue;
-                    }
-                    Lookup::Missed(key) => key,
-                };
                 let (socket, responder) = (Arc::clone(&socket), Arc::clone(&responder));
                 tokio::spawn(async move {
+                    let reply = responder.forward(&request, &raw, false).await;
+                    let _ = socket.send_to(&reply, source).await;
+                });
+            }
+            Handled::Missed { request, raw, key } => {
+                let (socket, responder) = (Arc::clone(&socket), Arc::clone(&responder));
+                tokio::spawn(async move {
+                    let limit = relay::limit(&request, false);
                     let reply = responder.upstream.ask_for(key, &request, &raw, limit).await;
                     let _ = socket.send_to(&reply, source).await;
                 });
@@ -304,6 +352,9 @@ async fn connection(mut stream: TcpStream, source: IpAddr, responder: &Responder
         let reply = match responder.handle(&bytes, true, None) {
             Handled::Reply { bytes, .. } => bytes,
             Handled::Forward { request, raw } => responder.forward(&request, &raw, true).await,
+            Handled::Missed { request, raw, key } => {
+                responder.upstream.ask_for(key, &request, &raw, relay::limit(&request, true)).await
+            }
             Handled::Chase(chase) => responder.chase(*chase, true).await,
             Handled::Drop => return,
         };

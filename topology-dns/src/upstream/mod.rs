@@ -14,7 +14,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use hickory_proto::op::{Message, Query, ResponseCode};
+use hickory_proto::{
+    op::{Message, Query, ResponseCode},
+    rr::RecordType,
+};
 use pool::SocketPool;
 use tcp::TcpPool;
 use tokio::sync::{Semaphore, oneshot, watch};
@@ -22,6 +25,7 @@ use tokio::sync::{Semaphore, oneshot, watch};
 use super::{
     DnsMetrics,
     answer::{self, encode},
+    glance::Glance,
     relay,
     relayed::{Asked, CacheSettings, Found, Key, RelayCache, wire},
     view::DnsView,
@@ -38,9 +42,12 @@ const SERVFAIL: u8 = 2;
 type Shared = Option<Arc<[u8]>>;
 
 /// What the cache holds for a relayed query.
+#[derive(Debug)]
 pub enum Lookup {
     /// The reply, sized for the client.
     Answered(Vec<u8>),
+    /// A reply larger than the client takes ([`Upstream::cut`] cuts it).
+    Oversized(Vec<u8>),
     /// Nothing fresh: ask the upstreams, keeping the answer under this key (`None`: not kept).
     Missed(Option<Key>),
 }
@@ -80,19 +87,39 @@ impl Upstream {
     pub async fn forward(self: &Arc<Self>, request: &Message, raw: &[u8], limit: u16) -> Vec<u8> {
         match self.cached(request, raw, limit) {
             Lookup::Answered(reply) => reply,
+            Lookup::Oversized(reply) => self.cut(request, reply, limit),
             Lookup::Missed(key) => self.ask_for(key, request, raw, limit).await,
         }
     }
 
-    /// The cache's reply to `request` (its bytes `raw`) within `limit` bytes, answered on the
-    /// spot without a task (a popular answer about to expire is fetched again in the background);
-    /// else what [`Upstream::ask_for`] needs.
+    /// What the cache holds for `request` (its bytes `raw`) and a client taking `limit` bytes;
+    /// a fresh answer is served on the spot, without a task (a popular answer about to expire
+    /// is fetched again in the background).
     pub fn cached(self: &Arc<Self>, request: &Message, raw: &[u8], limit: u16) -> Lookup {
-        let key = Key::of(raw, Asked::of(request)).filter(|_| self.cache.enabled());
+        self.lookup(raw, Asked::of(request), request.queries.first().map(Query::query_type), limit)
+    }
+
+    /// [`Upstream::cached`] for a query read from its wire form alone.
+    pub fn cached_raw(self: &Arc<Self>, raw: &[u8], glance: Glance, limit: u16) -> Lookup {
+        self.lookup(raw, glance.asked, Some(glance.qtype.into()), limit)
+    }
+
+    fn lookup(self: &Arc<Self>, raw: &[u8], asked: Asked, qtype: Option<RecordType>, limit: u16) -> Lookup {
+        let key = Key::of(raw, asked).filter(|_| self.cache.enabled());
         match key.as_ref().and_then(|key| self.fresh(key, raw)) {
-            Some(reply) => Lookup::Answered(self.finish(request, Some(reply), limit, "cached")),
+            Some(reply) if reply.len() <= usize::from(limit) => {
+                self.metrics.query(qtype, "cached");
+                Lookup::Answered(reply)
+            }
+            Some(reply) => Lookup::Oversized(reply),
             None => Lookup::Missed(key),
         }
+    }
+
+    /// `reply`, kept for `request` but larger than the client takes: the header and question,
+    /// flagged truncated.
+    pub fn cut(&self, request: &Message, reply: Vec<u8>, limit: u16) -> Vec<u8> {
+        self.finish(request, Some(reply), limit, "cached")
     }
 
     /// The reply to `request` (its bytes `raw`) that the cache did not hold (under `key`, when it
