@@ -203,6 +203,14 @@ impl ClientPlace {
         run_report(command)
     }
 
+    /// One UDP socket connected to `target`, then to `then`, a datagram exchanged after each
+    /// (see `Client::udp_reconnect`).
+    pub fn udp_reconnect(&self, target: SocketAddr, then: SocketAddr) -> Report {
+        let mut command = self.command(target);
+        command.args(["reconnect", "--udp", "--then", &then.to_string()]);
+        run_report(command)
+    }
+
     /// `count` times: resolve `name` through the DNS server `dns`, connect to an answer on `port`.
     pub fn resolve_tcp(&self, dns: SocketAddr, name: &str, port: u16, count: u64) -> Report {
         let mut command = self.command(dns);

@@ -118,3 +118,18 @@ fn a_late_reply_from_a_departed_backend_shows_its_own_address() {
     let report = held.check();
     assert_eq!((report.failures(), report.peer_mismatch), (0, 0), "{report:?}");
 }
+
+#[test]
+fn a_udp_socket_connected_again_outside_the_services_shows_its_new_peer() {
+    require_root!();
+    let fx = Fixture::new(1);
+    let mut dp = Dataplane::open(&fx.config()).expect("open dataplane");
+    let backend = fx.backends[0].weighted(false, 1);
+    assert!(dp.apply(&tcp_and_udp("10.96.0.63", "again", vec![backend])).failed.is_empty());
+    // Connected to the ClusterIP (rewritten to b0), then to b0 itself: an address outside the
+    // service ranges, which the connect hook passes at its first check. The socket's translation
+    // must go with it, or getpeername() and b0's reply would still name the ClusterIP.
+    let report = fx.place().udp_reconnect(addr("10.96.0.63:80"), fx.backends[0].socket(false));
+    assert_eq!(report.successes(), 2, "{report:?}");
+    assert_eq!(report.peer_mismatch, 0, "each connect's peer and reply source name what it dialled: {report:?}");
+}

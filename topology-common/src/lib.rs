@@ -387,6 +387,18 @@ pub struct Backend {
     pub _pad: u8,
 }
 const _: () = assert!(size_of::<Backend>() == 20);
+const _: () = assert!(core::mem::offset_of!(Backend, addr) == 0);
+
+impl Backend {
+    /// The address as four native-endian words, read as words: the struct is 4-aligned and the
+    /// address its first field.
+    #[inline(always)]
+    pub fn addr_words(&self) -> [u32; 4] {
+        // SAFETY: `addr` is 16 bytes at offset 0 of a 4-aligned struct (asserted above), so a
+        // 4-aligned `[u32; 4]`; every bit pattern is a valid one.
+        unsafe { core::ptr::from_ref(&self.addr).cast::<[u32; 4]>().read() }
+    }
+}
 
 /// One slot of a backend set, laid out for Walker's alias method: choose a slot uniformly, then its
 /// primary with probability `threshold / THRESHOLD_ONE`, else its alias. Any weights cost one lookup.

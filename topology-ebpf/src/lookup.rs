@@ -35,6 +35,12 @@ pub fn service4(addr: u32, port: u16, proto: u8) -> Option<ServiceValue> {
     if !may_be_service4(addr) {
         return None;
     }
+    service4_in_ranges(addr, port, proto)
+}
+
+/// [`service4`] of a destination already found in the service ranges.
+#[inline(always)]
+pub fn service4_in_ranges(addr: u32, port: u16, proto: u8) -> Option<ServiceValue> {
     if index_enabled() {
         match probe4(index::key_bits4(addr, port, proto)) {
             Indexed::Found(value) => return Some(value),
@@ -55,6 +61,12 @@ pub fn service6(addr: Words, port: u16, proto: u8) -> Option<ServiceValue> {
     if !may_be_service6(&addr) {
         return None;
     }
+    service6_in_ranges(addr, port, proto)
+}
+
+/// [`service6`] of a destination already found in the service ranges.
+#[inline(always)]
+pub fn service6_in_ranges(addr: Words, port: u16, proto: u8) -> Option<ServiceValue> {
     if index_enabled() {
         match probe6(addr, port, proto) {
             Indexed::Found(value) => return Some(value),

@@ -26,14 +26,15 @@ mod record;
 mod rng;
 mod sockaddr;
 
-use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
+use aya_ebpf::{bindings::bpf_sock_addr, macros::cgroup_sock_addr, programs::SockAddrContext};
 use aya_log_ebpf::{debug, warn};
 use choose::{Error, Pick};
 use gate::{Clock, Gate};
 use record::Addressed;
 use sockaddr::{ALLOW, Words};
 use topology_common::{
-    AF_INET, AF_INET6, DatagramBytes, IPPROTO_TCP, IPPROTO_UDP, NodeCounters, ServiceValue, service_flags,
+    AF_INET, AF_INET6, DatagramBytes, IPPROTO_TCP, IPPROTO_UDP, NodeCounters, ServiceRanges, ServiceValue,
+    service_flags,
 };
 
 /// A destination as the maps see it: the family of the service (an IPv4-mapped address on an
@@ -73,6 +74,16 @@ impl Dest {
         }
     }
 
+    /// The service at this destination, already found in the service ranges, if any.
+    #[inline(always)]
+    fn service_in_ranges(&self, proto: u8) -> Option<ServiceValue> {
+        if self.family == AF_INET {
+            lookup::service4_in_ranges(self.addr[0], self.port, proto)
+        } else {
+            lookup::service6_in_ranges(self.addr, self.port, proto)
+        }
+    }
+
     /// This destination as a socket's records name it.
     #[inline(always)]
     fn addressed(&self, proto: u8) -> Addressed {
@@ -97,30 +108,76 @@ impl Dest {
 
 #[cgroup_sock_addr(connect4)]
 pub fn connect4(ctx: SockAddrContext) -> i32 {
-    let outcome = connect(&ctx, Dest::of4(&ctx));
-    if let Ok(Some(choice)) = &outcome {
-        Dest::write4(&ctx, choice.addr(), choice.backend.port);
+    if maps::in_service_ranges(|ranges| ranges.may_hold_v4(sockaddr::ip4(&ctx))) {
+        connect4_service(ctx.sock_addr)
+    } else {
+        not_a_service(&ctx)
     }
-    finish(&ctx, &outcome)
 }
 
 #[cgroup_sock_addr(connect6)]
 pub fn connect6(ctx: SockAddrContext) -> i32 {
-    let dest = Dest::of6(&ctx);
-    let outcome = connect(&ctx, dest);
-    if let Ok(Some(choice)) = &outcome {
-        Dest::write6(&ctx, dest.family, choice.addr(), choice.backend.port);
+    if maps::in_service_ranges(|ranges| may_hold6(ranges, &sockaddr::ip6(&ctx))) {
+        connect6_service(ctx.sock_addr)
+    } else {
+        not_a_service(&ctx)
     }
-    finish(&ctx, &outcome)
 }
 
-/// TCP and connected UDP: choose, and record the translation for `getpeername()` and replies.
+/// `connect4` to a destination in the service ranges: a BPF subprogram of its own, so the far
+/// more common connect elsewhere runs a few contiguous instructions (`not_a_service`) and not
+/// this one's cache lines, cold after a handshake. It takes the context's pointer, not a
+/// reference to it: the caller's frame stays empty, and the stack of the calls under it is near
+/// the verifier's limit.
+#[inline(never)]
+fn connect4_service(ctx: *mut bpf_sock_addr) -> i32 {
+    let ctx = &SockAddrContext::new(ctx);
+    let outcome = connect(ctx, Dest::of4(ctx));
+    if let Ok(Some(choice)) = &outcome {
+        Dest::write4(ctx, choice.addr(), choice.backend.port);
+    }
+    finish(ctx, &outcome)
+}
+
+/// `connect6` to a destination in the service ranges, as `connect4_service`.
+#[inline(never)]
+fn connect6_service(ctx: *mut bpf_sock_addr) -> i32 {
+    let ctx = &SockAddrContext::new(ctx);
+    let dest = Dest::of6(ctx);
+    let outcome = connect(ctx, dest);
+    if let Ok(Some(choice)) = &outcome {
+        Dest::write6(ctx, dest.family, choice.addr(), choice.backend.port);
+    }
+    finish(ctx, &outcome)
+}
+
+/// Whether `ranges` may hold an AF_INET6 destination, an IPv4-mapped one as IPv4.
+#[inline(always)]
+fn may_hold6(ranges: &ServiceRanges, addr: &Words) -> bool {
+    match sockaddr::unmap_v4(addr) {
+        Some(v4) => ranges.may_hold_v4(v4),
+        None => ranges.may_hold_v6(addr),
+    }
+}
+
+/// A connect outside the service ranges passes; a UDP socket may connect again, and what it
+/// connected to before is no longer its peer.
+#[inline(always)]
+fn not_a_service(ctx: &SockAddrContext) -> i32 {
+    if sockaddr::protocol(ctx) == Some(IPPROTO_UDP) {
+        record::forget_connection(ctx);
+    }
+    ALLOW
+}
+
+/// TCP and connected UDP to a destination in the service ranges: choose, and record the
+/// translation for `getpeername()` and replies.
 #[inline(always)]
 fn connect(ctx: &SockAddrContext, dest: Dest) -> Result<Option<Pick>, Error> {
     let Some(proto) = sockaddr::protocol(ctx) else {
         return Ok(None);
     };
-    let Some(service) = dest.service(proto) else {
+    let Some(service) = dest.service_in_ranges(proto) else {
         if proto == IPPROTO_UDP {
             // A UDP socket may connect again; what it connected to before is no longer its peer.
             record::forget_connection(ctx);
@@ -160,31 +217,54 @@ fn log_connect(ctx: &SockAddrContext, service_id: u32, port: u16, backend: &topo
 
 #[cgroup_sock_addr(sendmsg4)]
 pub fn sendmsg4(ctx: SockAddrContext) -> i32 {
-    let outcome = send(&ctx, Dest::of4(&ctx));
-    if let Ok(Some(choice)) = &outcome {
-        Dest::write4(&ctx, choice.addr(), choice.backend.port);
+    if maps::in_service_ranges(|ranges| ranges.may_hold_v4(sockaddr::ip4(&ctx))) {
+        sendmsg4_service(ctx.sock_addr)
+    } else {
+        ALLOW
     }
-    finish(&ctx, &outcome)
 }
 
 #[cgroup_sock_addr(sendmsg6)]
 pub fn sendmsg6(ctx: SockAddrContext) -> i32 {
-    let dest = Dest::of6(&ctx);
-    let outcome = send(&ctx, dest);
-    if let Ok(Some(choice)) = &outcome {
-        Dest::write6(&ctx, dest.family, choice.addr(), choice.backend.port);
+    if maps::in_service_ranges(|ranges| may_hold6(ranges, &sockaddr::ip6(&ctx))) {
+        sendmsg6_service(ctx.sock_addr)
+    } else {
+        ALLOW
     }
-    finish(&ctx, &outcome)
 }
 
-/// Unconnected UDP: the backend this socket keeps for the service while its set is unchanged,
-/// else a new choice; the socket's record also translates the replies.
+/// `sendmsg4` to a destination in the service ranges, a subprogram as `connect4_service`.
+#[inline(never)]
+fn sendmsg4_service(ctx: *mut bpf_sock_addr) -> i32 {
+    let ctx = &SockAddrContext::new(ctx);
+    let outcome = send(ctx, Dest::of4(ctx));
+    if let Ok(Some(choice)) = &outcome {
+        Dest::write4(ctx, choice.addr(), choice.backend.port);
+    }
+    finish(ctx, &outcome)
+}
+
+/// `sendmsg6` to a destination in the service ranges, as `sendmsg4_service`.
+#[inline(never)]
+fn sendmsg6_service(ctx: *mut bpf_sock_addr) -> i32 {
+    let ctx = &SockAddrContext::new(ctx);
+    let dest = Dest::of6(ctx);
+    let outcome = send(ctx, dest);
+    if let Ok(Some(choice)) = &outcome {
+        Dest::write6(ctx, dest.family, choice.addr(), choice.backend.port);
+    }
+    finish(ctx, &outcome)
+}
+
+/// Unconnected UDP to a destination in the service ranges: the backend this socket keeps for the
+/// service while its set is unchanged, else a new choice; the socket's record also translates
+/// the replies.
 #[inline(always)]
 fn send(ctx: &SockAddrContext, dest: Dest) -> Result<Option<Pick>, Error> {
     let Some(proto) = sockaddr::protocol(ctx) else {
         return Ok(None);
     };
-    let Some(service) = dest.service(proto) else {
+    let Some(service) = dest.service_in_ranges(proto) else {
         return Ok(None);
     };
     let mut clock = Clock::new();

@@ -26,7 +26,7 @@ use aya_ebpf::{
 };
 use topology_common::{
     AF_INET, Backend, BackendKey, IPPROTO_TCP, OutlierEntry, OutlierScan, SockTranslation, TcpTranslation,
-    outlier::{REDRAWS, Tuning, bucket_of},
+    outlier::{REDRAWS, Tuning, bucket_of, bucket_of_words},
 };
 
 use crate::{
@@ -212,7 +212,7 @@ pub fn avoid(pick: &mut Pick, family: u8) {
 /// Whether `backend` may be failing or ejected, by its bucket's bit.
 #[inline(always)]
 fn flagged(backend: &Backend) -> bool {
-    let bucket = bucket_of(&backend.addr, backend.port);
+    let bucket = bucket_of_words(backend.addr_words(), backend.port);
     // SAFETY: the element of a one-entry array, read at once.
     OUTLIER_STATE.get_ptr(0).is_some_and(|state| unsafe { (*state).flagged(bucket) })
 }

@@ -113,6 +113,9 @@ enum Traffic {
     Reconnect {
         #[arg(long)]
         then: SocketAddr,
+        /// A UDP socket instead, exchanging a datagram after each connect.
+        #[arg(long)]
+        udp: bool,
     },
     /// Resolve a name through the target (a DNS server), then connect over TCP to one of the
     /// addresses answered, at random, as a client-side balancer does.
@@ -363,7 +366,8 @@ fn main() -> anyhow::Result<()> {
                     return Ok(());
                 }
                 Traffic::Tcp { count } => client.tcp(count),
-                Traffic::Reconnect { then } => client.reconnect(then).context("reconnecting")?,
+                Traffic::Reconnect { then, udp: false } => client.reconnect(then).context("reconnecting")?,
+                Traffic::Reconnect { then, udp: true } => client.udp_reconnect(then).context("reconnecting")?,
                 Traffic::Resolve { count, name, port } => {
                     let [server] = client.targets[..] else { bail!("resolve: one --target, the DNS server") };
                     topology_tests::dns::resolve_and_connect(&client, server, &name, port, count)

@@ -239,6 +239,32 @@ impl Client {
         Ok(report)
     }
 
+    /// One UDP socket: connects to the target and exchanges a datagram, then connects to `then`
+    /// and exchanges another; each exchange's `getpeername()` and reply source must name the
+    /// address connected to (a mismatch is counted), so a rewrite the socket had is undone once it
+    /// connects elsewhere.
+    pub fn udp_reconnect(&self, then: SocketAddr) -> io::Result<Report> {
+        let target = self.targets[0];
+        let socket = self.udp_socket(target)?;
+        let mut report = Report::default();
+        for to in [target, then] {
+            let outcome = socket.connect(to).and_then(|()| {
+                if socket.peer_addr()? != to {
+                    report.peer_mismatch += 1;
+                }
+                socket.send(b"who")?;
+                let mut buf = [0u8; 256];
+                let (len, from) = socket.recv_from(&mut buf)?;
+                if from != to {
+                    report.peer_mismatch += 1;
+                }
+                Ok(String::from_utf8_lossy(&buf[..len]).trim().to_owned())
+            });
+            report.record(outcome);
+        }
+        Ok(report)
+    }
+
     /// Opens a TCP connection and a connected UDP socket to the first target, and sends one
     /// datagram from an unconnected UDP socket without reading the reply; calls `ready`, and once
     /// it returns checks that the connected sockets still show the target as their peer, that
