@@ -26,7 +26,7 @@ mod record;
 mod rng;
 mod sockaddr;
 
-use aya_ebpf::{bindings::bpf_sock_addr, macros::cgroup_sock_addr, programs::SockAddrContext};
+use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
 use aya_log_ebpf::{debug, warn};
 use choose::{Error, Pick};
 use gate::{Clock, Gate};
@@ -109,29 +109,27 @@ impl Dest {
 #[cgroup_sock_addr(connect4)]
 pub fn connect4(ctx: SockAddrContext) -> i32 {
     if maps::in_service_ranges(|ranges| ranges.may_hold_v4(sockaddr::ip4(&ctx))) {
-        connect4_service(ctx.sock_addr)
-    } else {
-        not_a_service(&ctx)
+        core::hint::cold_path();
+        return connect4_service(&ctx);
     }
+    not_a_service(&ctx)
 }
 
 #[cgroup_sock_addr(connect6)]
 pub fn connect6(ctx: SockAddrContext) -> i32 {
     if maps::in_service_ranges(|ranges| may_hold6(ranges, &sockaddr::ip6(&ctx))) {
-        connect6_service(ctx.sock_addr)
-    } else {
-        not_a_service(&ctx)
+        core::hint::cold_path();
+        return connect6_service(&ctx);
     }
+    not_a_service(&ctx)
 }
 
-/// `connect4` to a destination in the service ranges: a BPF subprogram of its own, so the far
-/// more common connect elsewhere runs a few contiguous instructions (`not_a_service`) and not
-/// this one's cache lines, cold after a handshake. It takes the context's pointer, not a
-/// reference to it: the caller's frame stays empty, and the stack of the calls under it is near
-/// the verifier's limit.
-#[inline(never)]
-fn connect4_service(ctx: *mut bpf_sock_addr) -> i32 {
-    let ctx = &SockAddrContext::new(ctx);
+/// `connect4` to a destination in the service ranges. Laid out after the connect elsewhere
+/// (`cold_path` at the branch: a layout hint, not a claim about which is more common), so that
+/// one runs a few contiguous instructions and not across this one's cache lines, cold after a
+/// handshake; inline, not a subprogram, whose call and separate image would cost this path.
+#[inline(always)]
+fn connect4_service(ctx: &SockAddrContext) -> i32 {
     let outcome = connect(ctx, Dest::of4(ctx));
     if let Ok(Some(choice)) = &outcome {
         Dest::write4(ctx, choice.addr(), choice.backend.port);
@@ -140,9 +138,8 @@ fn connect4_service(ctx: *mut bpf_sock_addr) -> i32 {
 }
 
 /// `connect6` to a destination in the service ranges, as `connect4_service`.
-#[inline(never)]
-fn connect6_service(ctx: *mut bpf_sock_addr) -> i32 {
-    let ctx = &SockAddrContext::new(ctx);
+#[inline(always)]
+fn connect6_service(ctx: &SockAddrContext) -> i32 {
     let dest = Dest::of6(ctx);
     let outcome = connect(ctx, dest);
     if let Ok(Some(choice)) = &outcome {
@@ -218,25 +215,24 @@ fn log_connect(ctx: &SockAddrContext, service_id: u32, port: u16, backend: &topo
 #[cgroup_sock_addr(sendmsg4)]
 pub fn sendmsg4(ctx: SockAddrContext) -> i32 {
     if maps::in_service_ranges(|ranges| ranges.may_hold_v4(sockaddr::ip4(&ctx))) {
-        sendmsg4_service(ctx.sock_addr)
-    } else {
-        ALLOW
+        core::hint::cold_path();
+        return sendmsg4_service(&ctx);
     }
+    ALLOW
 }
 
 #[cgroup_sock_addr(sendmsg6)]
 pub fn sendmsg6(ctx: SockAddrContext) -> i32 {
     if maps::in_service_ranges(|ranges| may_hold6(ranges, &sockaddr::ip6(&ctx))) {
-        sendmsg6_service(ctx.sock_addr)
-    } else {
-        ALLOW
+        core::hint::cold_path();
+        return sendmsg6_service(&ctx);
     }
+    ALLOW
 }
 
-/// `sendmsg4` to a destination in the service ranges, a subprogram as `connect4_service`.
-#[inline(never)]
-fn sendmsg4_service(ctx: *mut bpf_sock_addr) -> i32 {
-    let ctx = &SockAddrContext::new(ctx);
+/// `sendmsg4` to a destination in the service ranges, laid out as `connect4_service`.
+#[inline(always)]
+fn sendmsg4_service(ctx: &SockAddrContext) -> i32 {
     let outcome = send(ctx, Dest::of4(ctx));
     if let Ok(Some(choice)) = &outcome {
         Dest::write4(ctx, choice.addr(), choice.backend.port);
@@ -245,9 +241,8 @@ fn sendmsg4_service(ctx: *mut bpf_sock_addr) -> i32 {
 }
 
 /// `sendmsg6` to a destination in the service ranges, as `sendmsg4_service`.
-#[inline(never)]
-fn sendmsg6_service(ctx: *mut bpf_sock_addr) -> i32 {
-    let ctx = &SockAddrContext::new(ctx);
+#[inline(always)]
+fn sendmsg6_service(ctx: &SockAddrContext) -> i32 {
     let dest = Dest::of6(ctx);
     let outcome = send(ctx, dest);
     if let Ok(Some(choice)) = &outcome {

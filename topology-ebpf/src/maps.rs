@@ -10,7 +10,6 @@ use aya_ebpf::{
     Global,
     bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC},
     btf_maps::{Array, ArrayOfMaps, HashMap, LruHashMap, PerCpuArray, SkStorage},
-    helpers::generated::bpf_map_lookup_elem,
     macros::btf_map,
 };
 use topology_common::{
@@ -79,28 +78,14 @@ pub fn index_v6_position(hash: u32, i: u32) -> u32 {
 #[btf_map(name = "topo_svc_range")]
 pub static SERVICE_RANGES: Array<ServiceRanges, 1> = Array::new();
 
-/// The key of [`SERVICE_RANGES`]' one element, read-only data: a key on the stack would give the
-/// connect hooks' entry a stack frame, and the calls under it are at the verifier's limit.
-static RANGES_KEY: Global<u32> = Global::new(0);
-
 /// Whether `holds` says that the service ranges may hold a destination; true when the map cannot
 /// say. `holds` runs after the map lookup, so what it reads from the context stays in registers.
 #[inline(always)]
 pub fn in_service_ranges(holds: impl FnOnce(&ServiceRanges) -> bool) -> bool {
-    // SAFETY: the map is an array of one element keyed by a u32, `RANGES_KEY` a u32 that lives
-    // for the program's lifetime; the lookup only reads it.
-    let ranges: *const ServiceRanges = unsafe {
-        bpf_map_lookup_elem(
-            core::ptr::from_ref(&SERVICE_RANGES).cast_mut().cast(),
-            core::ptr::from_ref(&RANGES_KEY).cast(),
-        )
-    }
-    .cast_const()
-    .cast();
     // SAFETY: the element of a one-entry array, valid for the program's lifetime; the agent
     // rewrites it whole while programs read it, and either version is a valid answer for the
     // moment (see `ServiceRanges`).
-    ranges.is_null() || holds(unsafe { &*ranges })
+    SERVICE_RANGES.get_ptr(0).is_none_or(|ranges| holds(unsafe { &*ranges }))
 }
 
 /// Whether the IPv4 destination `addr` may be a service port; true when the map cannot say.
