@@ -10,7 +10,8 @@
 //! ClusterIP the hook balances over them, so each scenario reaches the same servers in the same
 //! mix and differs only in how the destination is chosen. A fourth kind of row, the hook attached
 //! but the destination not a service, shows the hook's fixed cost apart from the rewrite; a fifth,
-//! an empty program attached, the kernel's own cost of running a cgroup hook at all.
+//! an empty program attached, the kernel's own cost of running a cgroup hook at all; a sixth, the
+//! fourth interleaved with the fifth, what the program adds to the kernel's hook.
 //!
 //! The hook's cost is measured interleaved: one client process alternates, connect by connect in
 //! a random order per pair, between the hooked cgroup (dialling the ClusterIP) and a cgroup with
@@ -33,7 +34,8 @@
 //! what a node that measures nothing pays. A Service under feedback has its own row. The rulesets compared are kube-proxy's iptables and nftables modes.
 //!
 //! Root only; everything lives in a sandbox removed at the end. `TOPOLOGY_BENCH_QUICK=1` runs only
-//! the 10-service rows.
+//! the 10-service rows; `TOPOLOGY_BENCH_COUNTS=50000` (a comma-separated list) runs those counts,
+//! and `TOPOLOGY_BENCH_RULES=0` leaves the iptables and nftables rows out.
 
 #[path = "datapath/empty.rs"]
 mod empty;
@@ -79,6 +81,10 @@ const QUICK_COUNTS: [usize; 1] = [10];
 const WARMUP: u64 = 300;
 const ROUNDS: u64 = 40;
 const PER_ROUND: u64 = 550;
+/// Connects per round, in units of `PER_ROUND`, of the TCP rows the summary line's hook figures
+/// come from: a tenth of a microsecond in a 23 µs handshake needs the samples (the standard
+/// error of a pooled p50 difference falls with their square root).
+const HEADLINE_BATCHES: u64 = 3;
 /// Rounds of every hooked scenario with the kernel's BPF run-time statistics on.
 const HOOK_ROUNDS: u64 = 4;
 /// Connects at the start of each client process that are not counted (cold caches).
@@ -100,6 +106,8 @@ struct Scenario {
     /// Interleaved with connects from this cgroup (no programs) to these addresses.
     baseline: Option<(PathBuf, Vec<SocketAddr>)>,
     samples_ns: Vec<u64>,
+    /// Connects per round, in units of `PER_ROUND`.
+    batches: u64,
     /// The interleaved baseline's samples.
     baseline_ns: Vec<u64>,
     /// The median of each measured round, in round order (rounds run every scenario once).
@@ -125,6 +133,7 @@ const HOOK_FEEDBACK: &str = "topology-agent hook, a Service under feedback (meas
 const HOOK_UNMEASURED_NODE: &str = "topology-agent hook, no port measured on the node";
 const NOT_A_SERVICE: &str = "hook attached, not a service (direct to the backends)";
 const EMPTY_PROGRAM: &str = "an empty connect4 program attached (the kernel's hook alone; direct to the backends)";
+const OVER_EMPTY: &str = "hook attached, not a service, beside the empty program (\"over no hook\": over the empty program; the program's own part)";
 const HOOK_PEER_FAILING: &str = "topology-agent hook, another backend of the node failing (outlier ejection)";
 const HOOK_CHOSEN_FAILING: &str = "topology-agent hook, its backends failing (outlier ejection)";
 const IPTABLES: &str = "iptables, kube-proxy shaped";
@@ -146,6 +155,7 @@ impl Scenario {
             targets,
             baseline: None,
             samples_ns: Vec::new(),
+            batches: 1,
             baseline_ns: Vec::new(),
             round_p50_ns: Vec::new(),
             round_delta_ns: Vec::new(),
@@ -236,7 +246,15 @@ fn main() {
     // SAFETY: single-threaded here; the probe path is read by every client spawned below.
     unsafe { std::env::set_var("TOPOLOGY_PROBE", env!("CARGO_BIN_EXE_topology-probe")) };
     let quick = std::env::var_os("TOPOLOGY_BENCH_QUICK").is_some();
-    let counts: &[usize] = if quick { &QUICK_COUNTS } else { &COUNTS };
+    let chosen: Option<Vec<usize>> = std::env::var("TOPOLOGY_BENCH_COUNTS").ok().map(|list| {
+        list.split(',').map(|count| count.trim().parse().expect("TOPOLOGY_BENCH_COUNTS: numbers")).collect()
+    });
+    let counts: &[usize] = match &chosen {
+        Some(counts) => counts,
+        None if quick => &QUICK_COUNTS,
+        None => &COUNTS,
+    };
+    let rules = std::env::var("TOPOLOGY_BENCH_RULES").map_or(true, |value| value != "0");
 
     let mut fx = Fixture::new(0);
     // Two backends pinned to one CPU and every client pinned to the other: the scheduler cannot
@@ -263,6 +281,7 @@ fn main() {
         scenarios.push(Scenario::new(kind, NO_HOOK, None, place(&client, &plain), backends.clone()));
     }
     let mut hooked = Vec::new();
+    let mut largest_feedback = None;
     let mut tracing_links = Vec::new();
     let largest = *counts.last().expect("counts");
     // Every count with a port under feedback on the node; the largest once more without, and
@@ -297,6 +316,9 @@ fn main() {
             row.baseline = no_hook();
             row.hook = Some(link.clone());
             row.load = load.clone();
+            if kind == Timed::Tcp && count == largest && matches!(name, HOOK | HOOK_FEEDBACK | NOT_A_SERVICE) {
+                row.batches = HEADLINE_BATCHES;
+            }
             scenarios.push(row);
         };
         match node {
@@ -322,6 +344,9 @@ fn main() {
                 }
             }
         }
+        if node == Node::Feedback && count == largest {
+            largest_feedback = Some((cgroup.path().to_path_buf(), link.clone()));
+        }
         hooked.push((pins, cgroup));
     }
     // What the kernel's cgroup hook costs before any program work: an empty program.
@@ -329,16 +354,27 @@ fn main() {
     for kind in [Timed::Tcp, Timed::UdpConnect] {
         let mut row = Scenario::new(kind, EMPTY_PROGRAM, None, place(&client, &empty.cgroup), backends.clone());
         row.baseline = no_hook();
+        row.batches = if kind == Timed::Tcp { HEADLINE_BATCHES } else { 1 };
         scenarios.push(row);
     }
+    // The hook's own part of a connect elsewhere: the not-a-service cgroup interleaved with the
+    // empty program's, both dialling the backends.
+    let (cgroup, link) = largest_feedback.expect("the largest node under feedback");
+    let place_hooked = ClientPlace { netns: client.clone(), cgroup, cpu: Some(CLIENT_CPU) };
+    let mut row = Scenario::new(Timed::Tcp, OVER_EMPTY, Some(largest), place_hooked, backends.clone());
+    row.baseline = Some((empty.cgroup.path().to_path_buf(), backends.clone()));
+    row.hook = Some(link);
+    row.batches = HEADLINE_BATCHES;
+    scenarios.push(row);
     assert_eq!(tracing_links.len(), 3, "the outlier ejection programs are loaded");
     let tracing_runs = || tracing_links.iter().map(|link| run_stats(link).1).sum::<u64>();
     let tracing_before = tracing_runs();
     let mut rule_hosts = Vec::new();
-    for (name, max, load) in [
+    let rulesets = [
         (IPTABLES, IPTABLES_MAX, load_iptables as fn(&str, usize, &[SocketAddr])),
         (NFTABLES, usize::MAX, load_nftables),
-    ] {
+    ];
+    for (name, max, load) in rulesets.into_iter().filter(|_| rules) {
         for &count in counts.iter().filter(|&&count| count <= max) {
             let host = fx.network.host("rules");
             // kube-proxy nodes have a route to the service range (their default route); DNAT in
@@ -367,7 +403,8 @@ fn main() {
             order.swap(i, (seed % (i as u64 + 1)) as usize);
         }
         for &index in &order {
-            scenarios[index].round(PER_ROUND, DISCARD);
+            let scenario = &mut scenarios[index];
+            scenario.round(PER_ROUND * scenario.batches, DISCARD);
         }
         if round % 10 == 0 {
             eprintln!("round {round}/{ROUNDS} done");

@@ -3,8 +3,8 @@
 use topology_tests::traffic::Timed;
 
 use super::{
-    EMPTY_PROGRAM, HOOK, HOOK_FEEDBACK, HOOK_PEER_FAILING, HOOK_ROUNDS, HOOK_UNMEASURED_NODE, IPTABLES, NFTABLES,
-    NO_HOOK, NOT_A_SERVICE, ROUNDS, Scenario,
+    EMPTY_PROGRAM, HEADLINE_BATCHES, HOOK, HOOK_FEEDBACK, HOOK_PEER_FAILING, HOOK_ROUNDS, HOOK_UNMEASURED_NODE,
+    IPTABLES, NFTABLES, NO_HOOK, NOT_A_SERVICE, OVER_EMPTY, PER_ROUND, ROUNDS, Scenario,
 };
 
 fn percentile(sorted: &[u64], q: f64) -> f64 {
@@ -51,7 +51,8 @@ pub fn print_table(scenarios: &[Scenario], outlier_runs: (u64, u64)) {
          alternates, pair by pair in a random order, between the hooked cgroup and a cgroup without programs dialling \
          the backends directly; \"over no hook\" compares the two sides of those pairs (pooled p50s, and the median \
          [quartiles] of the per-round p50 differences). Other rows are compared with the no-hook row's own processes, \
-         round by round. The hook's run time per call is the kernel's own count (BPF run-time statistics, \
+         round by round. The TCP rows of the summary line's hook figures (at the largest count) run \
+         {HEADLINE_BATCHES} × {PER_ROUND} connects a round, the others {PER_ROUND}. The hook's run time per call is the kernel's own count (BPF run-time statistics, \
          {HOOK_ROUNDS} extra rounds, includes two clock reads); so is the program's at a TCP socket's end \
          (`tcp_destroy_sock`, node-wide: accounting and the load signal; per connect, the client's socket and the \
          server's, after the connect returned)\n"
@@ -116,7 +117,8 @@ pub fn print_table(scenarios: &[Scenario], outlier_runs: (u64, u64)) {
 
 /// `datapath: …`: each figure the p50 over no hook at the largest service count (µs); iptables
 /// and nftables at 10,000 services (or the largest count run); the bare UDP connect's own p50 as
-/// the in-run unit of CPU speed; an empty program's TCP connect (the kernel's hook alone).
+/// the in-run unit of CPU speed; an empty program's TCP connect (the kernel's hook alone), and the
+/// not-a-service connect over it (the program's own part).
 fn summary_line(scenarios: &[Scenario]) -> String {
     let largest = scenarios.iter().filter_map(|s| s.services).max().unwrap_or(0);
     let at_count = |kind: Timed, name: &str, services: Option<usize>| {
@@ -137,7 +139,8 @@ fn summary_line(scenarios: &[Scenario]) -> String {
         scenarios.iter().find(|s| s.kind == Timed::UdpConnect && s.name == NO_HOOK).map(|s| summary(&s.samples_ns).0);
     format!(
         "datapath: tcp_us={} tcp_feedback_us={} tcp_unmeasured_node_us={} udp_us={} not_service_us={} nft_us_10k={} \
-         iptables_us_10k={} udp_nohook_us={} outlier_us={} empty_program_us={} services={largest}",
+         iptables_us_10k={} udp_nohook_us={} outlier_us={} empty_program_us={} not_service_over_empty_us={} \
+         services={largest}",
         figure(at(Timed::Tcp, HOOK, largest)),
         figure(at(Timed::Tcp, HOOK_FEEDBACK, largest)),
         figure(at(Timed::Tcp, HOOK_UNMEASURED_NODE, largest)),
@@ -148,5 +151,6 @@ fn summary_line(scenarios: &[Scenario]) -> String {
         figure(udp_nohook),
         figure(at(Timed::Tcp, HOOK_PEER_FAILING, largest).zip(at(Timed::Tcp, HOOK, largest)).map(|(f, h)| f - h)),
         figure(at_count(Timed::Tcp, EMPTY_PROGRAM, None)),
+        figure(at(Timed::Tcp, OVER_EMPTY, largest)),
     )
 }
