@@ -43,8 +43,9 @@ pub fn print_table(scenarios: &[Scenario], outlier_runs: (u64, u64)) {
         scenarios.iter().find(|s| s.kind == kind && s.name == name && s.services == services)
     };
     println!(
-        "\nconnect() latency: {ROUNDS} rounds, scenarios in a new random order each round; client pinned to CPU 0, the \
-         two backends to CPU 1, each in its own namespace on a bridge; the ClusterIP dialled is the middle service of \
+        "\nconnect() latency: one phase per hooked node (its dataplane alone installed, as on a node: the programs at \
+         a socket's end trace the whole machine) and one without our programs (no hook, the rulesets); in each, \
+         {ROUNDS} rounds of its rows in a new random order each round; client pinned to CPU 0, the two backends to CPU 1, each in its own namespace on a bridge; the ClusterIP dialled is the middle service of \
          the list. Every hooked node but one also has a TCP port under feedback, so the load signal measures there \
          (the connect hook counts a measured connection's start, the program at a TCP socket's end its end), as on a \
          node that uses feedback anywhere. Hooked rows are interleaved: each client process \
@@ -54,8 +55,9 @@ pub fn print_table(scenarios: &[Scenario], outlier_runs: (u64, u64)) {
          round by round. The TCP rows of the summary line's hook figures (at the largest count) run \
          {HEADLINE_BATCHES} × {PER_ROUND} connects a round, the others {PER_ROUND}. The hook's run time per call is the kernel's own count (BPF run-time statistics, \
          {HOOK_ROUNDS} extra rounds, includes two clock reads); so is the program's at a TCP socket's end \
-         (`tcp_destroy_sock`, node-wide: accounting and the load signal; per connect, the client's socket and the \
-         server's, after the connect returned)\n"
+         (`tcp_destroy_sock`, node-wide: accounting and the load signal; per run, i.e. per TCP socket, the mean over \
+         every socket of those rounds, the row's and its baseline's, clients' and servers', each after its connect \
+         returned)\n"
     );
     for (kind, title) in [
         (Timed::Tcp, "TCP connect() (handshake through the bridge)"),
@@ -66,7 +68,7 @@ pub fn print_table(scenarios: &[Scenario], outlier_runs: (u64, u64)) {
         println!(
             "| scenario | services | samples | p50 (µs) | p99 (µs) | no-hook p50 beside it (µs) | p50 over no hook (µs) \
              | per round: median [quartiles] (µs) | iptables p50 / this p50 | nftables p50 / this p50 | hook run time \
-             (ns/call) | at the socket's end (ns/connect) |"
+             (ns/call) | at a socket's end (ns/socket) |"
         );
         println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
         for scenario in scenarios.iter().filter(|s| s.kind == kind) {
@@ -107,7 +109,7 @@ pub fn print_table(scenarios: &[Scenario], outlier_runs: (u64, u64)) {
     }
     let (runs, connects) = outlier_runs;
     println!(
-        "Passive outlier ejection: its tracing programs ran {runs} times over the run's {connects} connects (they run \
+        "Passive outlier ejection: its tracing programs ran {runs} times over the {connects} connects of the hooked nodes' phases (they run \
          only where a handshake fails); the rows \"another backend of the node failing\" (one bit test more per \
          connect) and \"its backends failing\" (a lookup, the connection counted) show what the connect hook adds \
          while some backend of the node is failing.\n"
