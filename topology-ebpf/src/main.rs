@@ -110,7 +110,7 @@ impl Dest {
 pub fn connect4(ctx: SockAddrContext) -> i32 {
     if maps::in_service_ranges(|ranges| ranges.may_hold_v4(sockaddr::ip4(&ctx))) {
         core::hint::cold_path();
-        return connect4_service(&ctx);
+        return rewrite4(&ctx, connect(&ctx, Dest::of4(&ctx)));
     }
     not_a_service(&ctx)
 }
@@ -119,31 +119,35 @@ pub fn connect4(ctx: SockAddrContext) -> i32 {
 pub fn connect6(ctx: SockAddrContext) -> i32 {
     if maps::in_service_ranges(|ranges| may_hold6(ranges, &sockaddr::ip6(&ctx))) {
         core::hint::cold_path();
-        return connect6_service(&ctx);
+        let dest = Dest::of6(&ctx);
+        return rewrite6(&ctx, dest.family, connect(&ctx, dest));
     }
     not_a_service(&ctx)
 }
 
-/// `connect4` to a destination in the service ranges. Laid out after the connect elsewhere
-/// (`cold_path` at the branch: a layout hint, not a claim about which is more common), so that
-/// one runs a few contiguous instructions and not across this one's cache lines, cold after a
-/// handshake; inline, not a subprogram, whose call and separate image would cost this path.
+/// What a hook decided for a destination in the service ranges: a backend to write over it,
+/// nothing (pass it untouched), or an error (fail open, counted).
+type Outcome = Result<Option<Pick>, Error>;
+
+/// An AF_INET hook's destination in the service ranges, once connect or send decided: the
+/// choice is written over it. This path is laid out after the destination elsewhere (`cold_path`
+/// at the branch: a layout hint, not a claim about which is more common), so that one runs a
+/// few contiguous instructions and not across this one's cache lines, cold after a handshake;
+/// inline, not a subprogram, whose call and separate image would cost this path.
 #[inline(always)]
-fn connect4_service(ctx: &SockAddrContext) -> i32 {
-    let outcome = connect(ctx, Dest::of4(ctx));
+fn rewrite4(ctx: &SockAddrContext, outcome: Outcome) -> i32 {
     if let Ok(Some(choice)) = &outcome {
         Dest::write4(ctx, choice.addr(), choice.backend.port);
     }
     finish(ctx, &outcome)
 }
 
-/// `connect6` to a destination in the service ranges, as `connect4_service`.
+/// An AF_INET6 hook's destination in the service ranges, of `family` (IPv4 is written back
+/// IPv4-mapped), as [`rewrite4`].
 #[inline(always)]
-fn connect6_service(ctx: &SockAddrContext) -> i32 {
-    let dest = Dest::of6(ctx);
-    let outcome = connect(ctx, dest);
+fn rewrite6(ctx: &SockAddrContext, family: u8, outcome: Outcome) -> i32 {
     if let Ok(Some(choice)) = &outcome {
-        Dest::write6(ctx, dest.family, choice.addr(), choice.backend.port);
+        Dest::write6(ctx, family, choice.addr(), choice.backend.port);
     }
     finish(ctx, &outcome)
 }
@@ -170,7 +174,7 @@ fn not_a_service(ctx: &SockAddrContext) -> i32 {
 /// TCP and connected UDP to a destination in the service ranges: choose, and record the
 /// translation for `getpeername()` and replies.
 #[inline(always)]
-fn connect(ctx: &SockAddrContext, dest: Dest) -> Result<Option<Pick>, Error> {
+fn connect(ctx: &SockAddrContext, dest: Dest) -> Outcome {
     let Some(proto) = sockaddr::protocol(ctx) else {
         return Ok(None);
     };
@@ -216,7 +220,7 @@ fn log_connect(ctx: &SockAddrContext, service_id: u32, port: u16, backend: &topo
 pub fn sendmsg4(ctx: SockAddrContext) -> i32 {
     if maps::in_service_ranges(|ranges| ranges.may_hold_v4(sockaddr::ip4(&ctx))) {
         core::hint::cold_path();
-        return sendmsg4_service(&ctx);
+        return rewrite4(&ctx, send(&ctx, Dest::of4(&ctx)));
     }
     ALLOW
 }
@@ -225,37 +229,17 @@ pub fn sendmsg4(ctx: SockAddrContext) -> i32 {
 pub fn sendmsg6(ctx: SockAddrContext) -> i32 {
     if maps::in_service_ranges(|ranges| may_hold6(ranges, &sockaddr::ip6(&ctx))) {
         core::hint::cold_path();
-        return sendmsg6_service(&ctx);
+        let dest = Dest::of6(&ctx);
+        return rewrite6(&ctx, dest.family, send(&ctx, dest));
     }
     ALLOW
-}
-
-/// `sendmsg4` to a destination in the service ranges, laid out as `connect4_service`.
-#[inline(always)]
-fn sendmsg4_service(ctx: &SockAddrContext) -> i32 {
-    let outcome = send(ctx, Dest::of4(ctx));
-    if let Ok(Some(choice)) = &outcome {
-        Dest::write4(ctx, choice.addr(), choice.backend.port);
-    }
-    finish(ctx, &outcome)
-}
-
-/// `sendmsg6` to a destination in the service ranges, as `sendmsg4_service`.
-#[inline(always)]
-fn sendmsg6_service(ctx: &SockAddrContext) -> i32 {
-    let dest = Dest::of6(ctx);
-    let outcome = send(ctx, dest);
-    if let Ok(Some(choice)) = &outcome {
-        Dest::write6(ctx, dest.family, choice.addr(), choice.backend.port);
-    }
-    finish(ctx, &outcome)
 }
 
 /// Unconnected UDP to a destination in the service ranges: the backend this socket keeps for the
 /// service while its set is unchanged, else a new choice; the socket's record also translates
 /// the replies.
 #[inline(always)]
-fn send(ctx: &SockAddrContext, dest: Dest) -> Result<Option<Pick>, Error> {
+fn send(ctx: &SockAddrContext, dest: Dest) -> Outcome {
     let Some(proto) = sockaddr::protocol(ctx) else {
         return Ok(None);
     };
@@ -368,7 +352,7 @@ fn original(ctx: &SockAddrContext, source: Dest) -> Option<(Words, u16)> {
 /// Counts a rewrite or a failure, and turns it into the program's return value. Every outcome
 /// goes through the one counter update here, so each program carries a single copy of it.
 #[inline(always)]
-fn finish(ctx: &SockAddrContext, outcome: &Result<Option<Pick>, Error>) -> i32 {
+fn finish(ctx: &SockAddrContext, outcome: &Outcome) -> i32 {
     let (counter, verdict) = match outcome {
         Ok(None) => return ALLOW,
         Ok(Some(choice)) => (choice.counter(), ALLOW),
