@@ -1,5 +1,5 @@
-//! Builds the kernel programs (`topology-ebpf`) for bpfel-unknown-none with the nightly toolchain,
-//! twice, and leaves the objects in `OUT_DIR`, where `dataplane::loader` embeds them:
+//! Builds the kernel programs (`topology-ebpf`) for bpfel-unknown-none with the dated nightly that
+//! `topology-ebpf/rust-toolchain` pins (the one bpf-linker is built against), twice, and leaves the objects in `OUT_DIR`, where `dataplane::loader` embeds them:
 //! - `topology`: BPF ISA of the default CPU, index loads in program order (x86-64 on any kernel);
 //! - `topology-acquire`: ISA v4, index loads as load-acquire (kernels with BPF load-acquire, which
 //!   weakly ordered CPUs need for the service index; see `topology_common::index`).
@@ -48,9 +48,12 @@ fn main() -> anyhow::Result<()> {
     if env::var("CARGO_CFG_TARGET_ENDIAN").as_deref() != Ok("little") {
         bail!("only little-endian hosts are supported (bpfel-unknown-none)");
     }
+    // One line, the toolchain's name: the same file rustup reads in that directory.
+    let toolchain_file = root_dir.join("rust-toolchain");
+    let toolchain = std::fs::read_to_string(&toolchain_file).with_context(|| format!("reading {toolchain_file}"))?;
     for variant in &VARIANTS {
-        let object =
-            build(variant, &arch, &out_dir).with_context(|| format!("building eBPF object {}", variant.name))?;
+        let object = build(variant, toolchain.trim(), &arch, &out_dir)
+            .with_context(|| format!("building eBPF object {}", variant.name))?;
         std::fs::copy(&object, out_dir.join(variant.name))
             .with_context(|| format!("copying {} to {}", object.display(), out_dir.display()))?;
     }
@@ -58,7 +61,7 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// Builds the `topology` binary of topology-ebpf for one variant; returns the object's path.
-fn build(variant: &Variant, arch: &str, out_dir: &std::path::Path) -> anyhow::Result<PathBuf> {
+fn build(variant: &Variant, toolchain: &str, arch: &str, out_dir: &std::path::Path) -> anyhow::Result<PathBuf> {
     let mut flags =
         vec![format!("--cfg=bpf_target_arch=\"{arch}\""), "-Cdebuginfo=2".into(), "-Clink-arg=--btf".into()];
     if let Some(cpu) = variant.cpu {
@@ -66,7 +69,7 @@ fn build(variant: &Variant, arch: &str, out_dir: &std::path::Path) -> anyhow::Re
     }
     let mut command = Command::new("rustup");
     command
-        .args(["run", "nightly", "cargo", "build", "--package", "topology-ebpf", "--bins", "--release"])
+        .args(["run", toolchain, "cargo", "build", "--package", "topology-ebpf", "--bins", "--release"])
         .args(["--message-format=json", "--target", "bpfel-unknown-none", "-Z", "build-std=core"])
         .args(["--features", variant.features])
         .arg("--target-dir")
@@ -78,7 +81,7 @@ fn build(variant: &Variant, arch: &str, out_dir: &std::path::Path) -> anyhow::Re
         .env_remove("RUSTFLAGS")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = command.spawn().context("running `rustup run nightly cargo build` (is rustup installed?)")?;
+    let mut child = command.spawn().with_context(|| format!("running `rustup run {toolchain} cargo build` (is rustup installed? `cargo xtask setup` installs the toolchain)"))?;
     let mut stderr = child.stderr.take().context("stderr")?;
     // Kept, and shown only if the build fails: a successful build's progress is noise.
     let collect = std::thread::spawn(move || {

@@ -38,7 +38,7 @@ pub fn run_for(seconds: u64, targets: &[String]) -> anyhow::Result<()> {
         std::fs::create_dir_all(&corpus)?;
         cmd::run(
             Command::new("rustup")
-                .args(["run", "nightly", "cargo", "fuzz", "run", target])
+                .args(["run", &crate::setup::nightly()?, "cargo", "fuzz", "run", target])
                 .arg(&corpus)
                 .arg(&seeds)
                 .arg("--")

@@ -7,6 +7,7 @@ mod cmd;
 mod demo;
 mod fuzz;
 mod image;
+mod kubernetes;
 mod setup;
 mod test;
 
@@ -21,7 +22,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Install what is missing: rust-src for nightly, bpf-linker, bpftool/iproute2/iptables, bpffs.
+    /// Install what is missing: the pinned nightly with rust-src, bpf-linker, cargo-fuzz, the
+    /// Debian packages, bpffs, and the real Kubernetes components built from their Go modules.
     Setup,
     /// Set up, then run formatting and lint checks, unit tests, root integration tests and the
     /// kind end-to-end suite, each where this machine can run it.

@@ -12,7 +12,7 @@ use anyhow::{Context as _, bail};
 
 use crate::cmd::{self, is_root, on_path, succeeds};
 
-/// The bpf-linker release known to build against nightly's LLVM here.
+/// The bpf-linker release known to build against the pinned nightly's LLVM.
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Debian packages the tests and benchmarks call, with a command each provides.
 const PACKAGES: [(&str, &str); 12] = [
@@ -43,18 +43,41 @@ pub fn run() -> anyhow::Result<()> {
     ensure_musl_target()?;
     ensure_packages()?;
     ensure_bpffs()?;
-    eprintln!("setup: everything is in place");
+    let components = crate::kubernetes::ensure()?;
+    eprintln!("setup: everything is in place (the real Kubernetes components in {})", components.display());
     Ok(())
 }
 
+/// The dated nightly of the kernel programs, rustfmt's options and cargo-fuzz: the one whose LLVM
+/// bpf-linker builds against, pinned once in `topology-ebpf/rust-toolchain` (which rustup reads too).
+pub fn nightly() -> anyhow::Result<String> {
+    let file = cmd::workspace_root().join("topology-ebpf/rust-toolchain");
+    let text = fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+    Ok(text.trim().to_owned())
+}
+
 fn nightly_sysroot() -> anyhow::Result<PathBuf> {
-    let sysroot = cmd::output(Command::new("rustup").args(["run", "nightly", "rustc", "--print", "sysroot"]))
-        .context("the nightly toolchain is required to build the eBPF programs (`rustup toolchain install nightly`)")?;
+    let toolchain = nightly()?;
+    let sysroot = cmd::output(Command::new("rustup").args(["run", &toolchain, "rustc", "--print", "sysroot"]))
+        .with_context(|| {
+            format!("the {toolchain} toolchain builds the eBPF programs; `cargo xtask setup` installs it")
+        })?;
     Ok(PathBuf::from(sysroot))
 }
 
+/// Installs the pinned nightly with what the build needs of it, where it is missing.
 fn ensure_nightly() -> anyhow::Result<()> {
-    nightly_sysroot().map(|_| ())
+    let toolchain = nightly()?;
+    if succeeds(Command::new("rustup").args(["run", &toolchain, "rustc", "--version"])) {
+        return Ok(());
+    }
+    eprintln!("setup: installing the {toolchain} toolchain (the eBPF programs, rustfmt, cargo-fuzz)");
+    cmd::run(Command::new("rustup").args(["toolchain", "install", &toolchain, "--profile", "minimal"]).args([
+        "--component",
+        "rust-src",
+        "--component",
+        "rustfmt",
+    ]))
 }
 
 fn ensure_rust_src() -> anyhow::Result<()> {
@@ -62,7 +85,7 @@ fn ensure_rust_src() -> anyhow::Result<()> {
     if core.exists() {
         return Ok(());
     }
-    cmd::run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
+    cmd::run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", &nightly()?]))
 }
 
 /// The standard library for the static agent of `cargo xtask image`.
@@ -83,7 +106,7 @@ fn ensure_bpf_linker() -> anyhow::Result<()> {
         return Ok(());
     }
     let major = llvm_major(&llvm).with_context(|| format!("LLVM version of {}", llvm.display()))?;
-    eprintln!("setup: building bpf-linker {BPF_LINKER_VERSION} against nightly's LLVM {major} (about a minute)");
+    eprintln!("setup: building bpf-linker {BPF_LINKER_VERSION} against {}'s LLVM {major} (about a minute)", nightly()?);
     cmd::run(
         cmd::cargo()
             .args(["install", "bpf-linker", "--version", BPF_LINKER_VERSION, "--no-default-features"])
@@ -107,7 +130,7 @@ fn ensure_cargo_fuzz() -> anyhow::Result<()> {
     cmd::run(cmd::cargo().args(["install", "cargo-fuzz", "--locked", "--version", CARGO_FUZZ_VERSION]))
 }
 
-/// The shared LLVM library of the nightly toolchain (`libLLVM.so.<major>.<minor>-rust-...`).
+/// The shared LLVM library of the pinned nightly (`libLLVM.so.<major>.<minor>-rust-...`).
 fn llvm_library() -> anyhow::Result<PathBuf> {
     let lib = nightly_sysroot()?.join("lib");
     let mut candidates: Vec<PathBuf> = fs::read_dir(&lib)

@@ -38,7 +38,16 @@ fn build_ebpf_for(arch: &str, features: &str, cpu: Option<&str>) -> anyhow::Resu
     flags.extend(cpu.map(|cpu| format!("-Ctarget-cpu={cpu}")));
     cmd::run(
         Command::new("rustup")
-            .args(["run", "nightly", "cargo", "build", "--package", "topology-ebpf", "--bins", "--release"])
+            .args([
+                "run",
+                &crate::setup::nightly()?,
+                "cargo",
+                "build",
+                "--package",
+                "topology-ebpf",
+                "--bins",
+                "--release",
+            ])
             .args(["--target", "bpfel-unknown-none", "-Z", "build-std=core", "--features", features])
             .arg("--target-dir")
             .arg(
@@ -61,7 +70,7 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     if wants(Tier::Lint) {
         cmd::run(
             Command::new("rustup")
-                .args(["run", "nightly", "cargo", "fmt", "--all", "--", "--check"])
+                .args(["run", &crate::setup::nightly()?, "cargo", "fmt", "--all", "--", "--check"])
                 .current_dir(&root),
         )?;
         cmd::run(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]).current_dir(&root))?;
@@ -95,7 +104,15 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
         let mut tests = vec!["test".to_owned(), "-p".into(), "topology-tests".into(), "--bins".into()];
         tests.extend(kernel.into_iter().flat_map(|name| ["--test".to_owned(), name]));
         tests.extend(["--".to_owned(), "--test-threads=1".into()]);
-        cmd::run(cargo().args(&tests).env("TOPOLOGY_IMAGE", &image.archive).current_dir(&root))?;
+        // The e2e tier starts the real control plane from the components setup built.
+        let components = crate::kubernetes::ensure()?;
+        cmd::run(
+            cargo()
+                .args(&tests)
+                .env("TOPOLOGY_IMAGE", &image.archive)
+                .env(crate::kubernetes::BIN_ENV, components)
+                .current_dir(&root),
+        )?;
     }
     if wants(Tier::Fuzz) {
         crate::fuzz::run_for(FUZZ_SECONDS, &[])?;
