@@ -68,7 +68,8 @@ impl Asked {
     }
 }
 
-/// A question as the cache knows it: its wire form in lowercase, and how it was asked.
+/// A question as the cache knows it: its wire form with the name in lowercase, how it was asked,
+/// and its CD bit.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Key(Box<[u8]>);
 
@@ -90,8 +91,16 @@ impl Key {
             end += 1 + len;
         }
         let question = request.get(12..end + 5)?;
-        let mut key: Vec<u8> = question.to_ascii_lowercase();
+        let (name, type_and_class) = question.split_at(question.len() - 4);
+        let mut key = Vec::with_capacity(question.len() + 2);
+        // Names compare without case (RFC 4343); the type and class are numbers, never folded
+        // (TYPE97 is not HTTPS).
+        key.extend(name.iter().map(u8::to_ascii_lowercase));
+        key.extend_from_slice(type_and_class);
         key.push(asked as u8);
+        // Checking Disabled (RFC 4035 §3.2.2): an answer fetched without validation is not one
+        // for a client that wants it validated.
+        key.push(request[3] & wire::CHECKING_DISABLED);
         Some(Self(key.into()))
     }
 }

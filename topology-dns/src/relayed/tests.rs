@@ -134,6 +134,48 @@ fn the_cache_stays_within_its_bytes_and_keeps_what_is_used() {
     assert!(matches!(cache.get(&key(used), &request(used, 1), start), Found::Fresh { .. }), "a second chance");
 }
 
+/// A query for `name` of the type numbered `qtype`, its CD bit as given.
+fn typed_request(name: &str, qtype: u16, checking_disabled: bool) -> Vec<u8> {
+    let mut message = Message::new(1, MessageType::Query, OpCode::Query);
+    message.metadata.checking_disabled = checking_disabled;
+    message.add_query(Query::query(Name::from_ascii(name).unwrap(), RecordType::from(qtype)));
+    message.to_vec().unwrap()
+}
+
+#[test]
+fn keys_fold_the_names_case_never_the_type_or_class() {
+    // HTTPS is type 65 (0x0041) and TYPE97 0x0061: folding the type's bytes made them one entry,
+    // so a pod asking TYPE97 decided what every pod got for HTTPS.
+    let https = Key::of(&typed_request("a.example.", 65, false), Asked::Plain);
+    let type97 = Key::of(&typed_request("a.example.", 97, false), Asked::Plain);
+    assert!(https.is_some() && https != type97);
+    assert_eq!(https, Key::of(&typed_request("A.Example.", 65, false), Asked::Plain), "names fold");
+    // The class, likewise: CH (3) against a class whose low byte folds onto it would be one key.
+    let mut class_a = typed_request("a.example.", 1, false);
+    let mut class_b = class_a.clone();
+    let at = class_a.len() - 1;
+    (class_a[at], class_b[at]) = (0x43, 0x63);
+    assert_ne!(Key::of(&class_a, Asked::Plain), Key::of(&class_b, Asked::Plain));
+}
+
+#[test]
+fn keys_tell_checking_disabled_apart() {
+    // An answer fetched with CD=1 is unvalidated: never the answer for a client asking with CD=0.
+    let validated = Key::of(&typed_request("a.example.", 1, false), Asked::Dnssec);
+    let unvalidated = Key::of(&typed_request("a.example.", 1, true), Asked::Dnssec);
+    assert!(validated.is_some() && validated != unvalidated);
+}
+
+#[test]
+fn a_reply_is_to_the_same_question_only_with_the_same_type_and_class() {
+    let question = |request: &[u8]| request[12..].to_vec();
+    let https = question(&typed_request("a.example.", 65, false));
+    assert!(wire::same_question(&https, &question(&typed_request("A.EXAMPLE.", 65, false))));
+    assert!(!wire::same_question(&https, &question(&typed_request("a.example.", 97, false))));
+    assert!(!wire::same_question(&https, &question(&typed_request("b.example.", 65, false))));
+    assert!(!wire::same_question(&https[..3], &https[..3]), "too short to be a question");
+}
+
 #[test]
 fn keys_are_one_question_and_tell_edns_and_dnssec_apart() {
     assert_eq!(Key::of(&request("a.example.", 1), Asked::Plain), Key::of(&request("A.EXAMPLE.", 9), Asked::Plain));

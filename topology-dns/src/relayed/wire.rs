@@ -49,6 +49,19 @@ fn skip_name(bytes: &[u8], mut at: usize) -> Option<usize> {
     None
 }
 
+/// The CD (checking disabled) bit of a header's fourth byte.
+pub const CHECKING_DISABLED: u8 = 0x10;
+
+/// Whether two questions in wire form (an uncompressed name, then type and class) are one
+/// question: names compared without case (RFC 4343), type and class byte for byte.
+pub fn same_question(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() || a.len() < 5 {
+        return false;
+    }
+    let name = a.len() - 4;
+    a[..name].eq_ignore_ascii_case(&b[..name]) && a[name..] == b[name..]
+}
+
 /// The end of the question section of `message`, a message of one question.
 pub fn question_end(message: &[u8]) -> Option<usize> {
     if message.len() < HEADER || u16_at(message, 4)? != 1 {

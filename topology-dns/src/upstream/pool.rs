@@ -33,7 +33,7 @@ const DRAIN: Duration = Duration::from_secs(3);
 /// A query waiting for its reply.
 struct Pending {
     upstream: SocketAddr,
-    /// The question as asked, lowercase.
+    /// The question as asked.
     question: Box<[u8]>,
     reply: oneshot::Sender<Vec<u8>>,
 }
@@ -75,7 +75,7 @@ impl Pooled {
                 waiting.upstream == from
                     && datagram
                         .get(12..12 + waiting.question.len())
-                        .is_some_and(|question| question.eq_ignore_ascii_case(&waiting.question))
+                        .is_some_and(|question| wire::same_question(question, &waiting.question))
             });
             if answers && let Some(waiting) = pending.remove(&id) {
                 // The query may have given up meanwhile.
@@ -147,7 +147,7 @@ impl SocketPool {
     /// question asked (names compared without case). The reply carries the pool's id.
     pub async fn exchange(&self, upstream: SocketAddr, query: &[u8]) -> std::io::Result<(Vec<u8>, u16)> {
         let question_end = wire::question_end(query).ok_or_else(|| std::io::Error::other("no question"))?;
-        let question: Box<[u8]> = query[12..question_end].to_ascii_lowercase().into();
+        let question: Box<[u8]> = query[12..question_end].into();
         let pooled = self.socket().await?;
         pooled.uses.fetch_add(1, Ordering::Relaxed);
         let (sender, receiver) = oneshot::channel();
