@@ -203,6 +203,14 @@ impl ClientPlace {
         run_report(command)
     }
 
+    /// One TCP socket, `rounds` times: connected to `target`, dissolved (`connect(AF_UNSPEC)`),
+    /// connected to `then`.
+    pub fn reconnect_elsewhere(&self, target: SocketAddr, then: SocketAddr, rounds: u32) -> Report {
+        let mut command = self.command(target);
+        command.args(["reconnect", "--disconnect", "--rounds", &rounds.to_string(), "--then", &then.to_string()]);
+        run_report(command)
+    }
+
     /// One UDP socket connected to `target`, then to `then`, a datagram exchanged after each
     /// (see `Client::udp_reconnect`).
     pub fn udp_reconnect(&self, target: SocketAddr, then: SocketAddr) -> Report {

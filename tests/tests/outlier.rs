@@ -2,7 +2,7 @@
 //! handshakes from this node fail five times in a row — refused, unanswered, or answered by an
 //! ICMP error — is avoided by this node's connect hooks for 10 s, then tried again, and ejected
 //! for twice as long when it fails again; a set more than half ejected is used whole; a Service
-//! may turn it off.
+//! may turn it off; a socket connected elsewhere charges its failures to no backend.
 //! `--test-threads=1`.
 
 use std::{
@@ -193,4 +193,29 @@ fn a_service_may_turn_ejection_off() {
     let outage = fx.place().tcp(VIP.parse().unwrap(), 300);
     let refused = outage.errors.get("ECONNREFUSED").copied().unwrap_or(0);
     assert!(refused > 100, "without ejection about half keep failing: {outage:?}");
+}
+
+#[test]
+fn a_socket_reconnected_elsewhere_charges_its_failures_to_no_backend() {
+    require_root!();
+    let fx = Fixture::new(2);
+    let agent = start(&fx, None);
+    let vip: SocketAddr = VIP.parse().unwrap();
+    // One socket, twelve times: through the Service to a healthy backend, the connection
+    // dissolved (`connect(AF_UNSPEC)`), then a refused connect to a closed port of the client's
+    // own namespace. The socket keeps its cookie and its entry in the connections table: the
+    // refusals were once charged to the backend the entry names, ejecting a healthy pod for every
+    // client of the node.
+    let closed: SocketAddr = (fx.client.v4, 1).into();
+    let attack = fx.place().reconnect_elsewhere(vip, closed, 12);
+    assert_eq!(attack.successes(), 12, "{attack:?}");
+    assert_eq!(attack.errors.get("ECONNREFUSED").copied(), Some(12), "{attack:?}");
+    assert_eq!(ejected_gauge(&agent), "topology_agent_backends_ejected 0");
+    let status = status(&fx);
+    for backend in &fx.backends {
+        assert!(!status.contains(&format!("ejected {}:{BACKEND_PORT}", backend.host.v4)), "{status}");
+    }
+    // Every other connection still reaches both backends.
+    let victim = fx.place().tcp(vip, 200);
+    assert!(victim.errors.is_empty() && victim.landed.len() == 2, "{victim:?}");
 }

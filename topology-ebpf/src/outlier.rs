@@ -5,7 +5,8 @@
 //! The tracing programs run where a handshake can fail, never on one that succeeds: a reset
 //! received, a segment retransmitted, an error reported on a socket, node-wide. Each leaves at
 //! once unless the socket is in `SYN_SENT` (read at the offset the agent found in the kernel's
-//! BTF) and the connect hooks rewrote it (its cookie's entry in the TCP connections table).
+//! BTF), the connect hooks rewrote it (its cookie's entry in the TCP connections table), and it
+//! is still connecting to the backend they chose.
 
 use core::{
     ffi::c_void,
@@ -33,7 +34,7 @@ use crate::{
     choose::{self, Pick},
     count, lookup,
     maps::{self, OUTLIER_SCAN, OUTLIER_STATE, OUTLIERS, SERVICE_OPTIONS, SLOTS},
-    sockaddr,
+    peer, sockaddr,
 };
 
 /// `TCP_SYN_SENT`, as `sock_common.skc_state` holds it.
@@ -83,6 +84,12 @@ fn handshake_failed(sk: *const c_void) -> bool {
     let Some((entry, translation)) = ours(sk) else {
         return true;
     };
+    // The socket may have connected elsewhere since the hooks rewrote it (its cookie, and so its
+    // entry, outlive `connect(AF_UNSPEC)`): only a handshake to the entry's backend is charged to
+    // that backend.
+    if !peer::is_backend(sk.cast_mut(), &translation) {
+        return true;
+    }
     // SAFETY: as above; only this socket's programs write its entry's marks.
     let marks = unsafe { &raw mut (*entry).marks };
     // SAFETY: as above.

@@ -116,6 +116,12 @@ enum Traffic {
         /// A UDP socket instead, exchanging a datagram after each connect.
         #[arg(long)]
         udp: bool,
+        /// TCP: dissolve the first connection with `connect(AF_UNSPEC)` before the second.
+        #[arg(long)]
+        disconnect: bool,
+        /// TCP: this many rounds of both connects on the one socket.
+        #[arg(long, default_value_t = 1)]
+        rounds: u32,
     },
     /// Resolve a name through the target (a DNS server), then connect over TCP to one of the
     /// addresses answered, at random, as a client-side balancer does.
@@ -366,8 +372,10 @@ fn main() -> anyhow::Result<()> {
                     return Ok(());
                 }
                 Traffic::Tcp { count } => client.tcp(count),
-                Traffic::Reconnect { then, udp: false } => client.reconnect(then).context("reconnecting")?,
-                Traffic::Reconnect { then, udp: true } => client.udp_reconnect(then).context("reconnecting")?,
+                Traffic::Reconnect { then, udp: false, disconnect, rounds } => {
+                    client.reconnect(then, disconnect, rounds).context("reconnecting")?
+                }
+                Traffic::Reconnect { then, udp: true, .. } => client.udp_reconnect(then).context("reconnecting")?,
                 Traffic::Resolve { count, name, port } => {
                     let [server] = client.targets[..] else { bail!("resolve: one --target, the DNS server") };
                     topology_tests::dns::resolve_and_connect(&client, server, &name, port, count)

@@ -218,23 +218,31 @@ impl Client {
     }
 
     /// One TCP socket connecting to the first target and then, on the same socket (as a client
-    /// retrying after a refused connect does), to `then`: one report entry per connect.
-    pub fn reconnect(&self, then: SocketAddr) -> io::Result<Report> {
+    /// retrying after a refused connect does), to `then`, `rounds` times: one report entry per
+    /// connect. With `disconnect`, a connection made is dissolved with `connect(AF_UNSPEC)`
+    /// before the next connect (what a client reusing its socket elsewhere does).
+    pub fn reconnect(&self, then: SocketAddr, disconnect: bool, rounds: u32) -> io::Result<Report> {
         let target = self.targets[0];
         let domain = socket2::Domain::for_address(target);
         let socket = socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP))?;
         // A blocking connect, bounded by the send timeout.
         socket.set_write_timeout(Some(self.timeout))?;
         let mut report = Report::default();
-        for to in [target, then] {
-            let outcome = socket.connect(&to.into()).and_then(|()| {
-                let mut stream: TcpStream = socket.try_clone()?.into();
-                stream.set_read_timeout(Some(self.timeout))?;
-                let mut name = String::new();
-                stream.read_to_string(&mut name)?;
-                Ok(name.trim().to_owned())
-            });
-            report.record(outcome);
+        for _ in 0..rounds {
+            for to in [target, then] {
+                let outcome = socket.connect(&to.into()).and_then(|()| {
+                    let mut stream: TcpStream = socket.try_clone()?.into();
+                    stream.set_read_timeout(Some(self.timeout))?;
+                    let mut name = String::new();
+                    stream.read_to_string(&mut name)?;
+                    Ok(name.trim().to_owned())
+                });
+                let connected = outcome.is_ok();
+                report.record(outcome);
+                if connected && disconnect {
+                    dissolve(&socket)?;
+                }
+            }
         }
         Ok(report)
     }
@@ -404,5 +412,19 @@ fn unspecified(target: &SocketAddr) -> SocketAddr {
     match target {
         SocketAddr::V4(_) => SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
         SocketAddr::V6(_) => SocketAddr::from((Ipv6Addr::UNSPECIFIED, 0)),
+    }
+}
+
+/// `connect(AF_UNSPEC)`: dissolves the socket's association (RFC-less but POSIX: a TCP socket
+/// returns to CLOSE and may connect again).
+fn dissolve(socket: &socket2::Socket) -> io::Result<()> {
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: a zeroed sockaddr whose family is AF_UNSPEC, passed with its own size.
+    let unspec = libc::sockaddr { sa_family: libc::AF_UNSPEC as libc::sa_family_t, sa_data: [0; 14] };
+    let size = std::mem::size_of::<libc::sockaddr>() as libc::socklen_t;
+    // SAFETY: a valid descriptor and a sockaddr of `size` bytes.
+    match unsafe { libc::connect(socket.as_raw_fd(), &raw const unspec, size) } {
+        0 => Ok(()),
+        _ => Err(io::Error::last_os_error()),
     }
 }
