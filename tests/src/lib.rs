@@ -12,6 +12,7 @@ pub mod dnsperf;
 pub mod fake_api;
 pub mod fixture;
 pub mod kind;
+pub mod kubernetes;
 pub mod net;
 pub mod netns;
 pub mod openloop;

@@ -48,19 +48,25 @@ impl Network {
 
     /// Adds a host namespace `<prefix>-<role><n>` with a veth on the bridge.
     pub fn host(&mut self, role: &str) -> Host {
-        self.hosts += 1;
-        let n = self.hosts;
+        let n = self.hosts + 1;
         assert!(n < 65_000, "too many hosts");
-        let netns = NetnsGuard::new(&format!("{}-{role}{n}", self.prefix));
-        let fab = self.fabric.name();
-        let port = format!("h{n}");
-        run("ip", &["-n", fab, "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", netns.name()]);
-        run("ip", &["-n", fab, "link", "set", &port, "master", "br0", "up"]);
         let v4 = Ipv4Addr::new(10, 244, (n >> 8) as u8, (n & 0xff) as u8);
         let v6 = Ipv6Addr::new(0xfd00, 0x244, 0, 0, 0, 0, 0, n as u16);
+        self.host_at(&format!("{role}{n}"), (v4, 16), (v6, 64))
+    }
+
+    /// Adds a host namespace `<prefix>-<name>` with a veth on the bridge and these addresses and
+    /// on-link prefixes (the caller keeps them apart from every other host's).
+    pub fn host_at(&mut self, name: &str, (v4, len4): (Ipv4Addr, u8), (v6, len6): (Ipv6Addr, u8)) -> Host {
+        self.hosts += 1;
+        let netns = NetnsGuard::new(&format!("{}-{name}", self.prefix));
+        let fab = self.fabric.name();
+        let port = format!("h{}", self.hosts);
+        run("ip", &["-n", fab, "link", "add", &port, "type", "veth", "peer", "name", "eth0", "netns", netns.name()]);
+        run("ip", &["-n", fab, "link", "set", &port, "master", "br0", "up"]);
         let ns = netns.name();
-        run("ip", &["-n", ns, "addr", "add", &format!("{v4}/16"), "dev", "eth0"]);
-        run("ip", &["-n", ns, "addr", "add", &format!("{v6}/64"), "dev", "eth0", "nodad"]);
+        run("ip", &["-n", ns, "addr", "add", &format!("{v4}/{len4}"), "dev", "eth0"]);
+        run("ip", &["-n", ns, "addr", "add", &format!("{v6}/{len6}"), "dev", "eth0", "nodad"]);
         run("ip", &["-n", ns, "link", "set", "eth0", "up"]);
         Host { netns, v4, v6 }
     }

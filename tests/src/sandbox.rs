@@ -255,8 +255,8 @@ fn sweep_stale_once() {
     });
 }
 
-/// Removes namespaces, cgroups (and the processes in them) and pin directories left by runs
-/// whose process is gone; returns how many objects it removed.
+/// Removes namespaces, cgroups (and the processes in them), pin directories and scratch
+/// directories left by runs whose process is gone; returns how many objects it removed.
 pub fn sweep_stale() -> usize {
     let mut removed = 0;
     let dead = |name: &str| -> bool {
@@ -283,6 +283,15 @@ pub fn sweep_stale() -> usize {
         for entry in entries.flatten() {
             if dead(&entry.file_name().to_string_lossy()) {
                 remove_cgroup(&entry.path());
+                removed += 1;
+            }
+        }
+    }
+    // Scratch directories (a cluster's etcd data, certificates and logs among them).
+    if let Ok(entries) = fs::read_dir(std::env::temp_dir()) {
+        for entry in entries.flatten() {
+            if dead(&entry.file_name().to_string_lossy()) && entry.path().is_dir() {
+                let _ = fs::remove_dir_all(entry.path());
                 removed += 1;
             }
         }

@@ -3,6 +3,7 @@
 
 mod bench;
 mod bench_doc;
+mod cluster;
 mod cmd;
 mod demo;
 mod fuzz;
@@ -38,6 +39,9 @@ enum Task {
     /// Set up, then simulate a multi-zone cluster on this machine with real agents and real
     /// connections, and report where they landed (root).
     Demo(demo::DemoArgs),
+    /// Set up, then start, stop or describe the e2e tier's real control plane on this machine
+    /// (`up [--agents]`, `down`, `status`; root).
+    Cluster(cluster::ClusterArgs),
     /// Set up, then run the routing simulator (`topology-sim`, release build) with these
     /// arguments, e.g. `cargo xtask simulate --sample-every 1 --svg chart.svg`.
     Simulate {
@@ -69,6 +73,10 @@ fn main() -> anyhow::Result<()> {
         Task::Demo(args) => {
             setup::run()?;
             demo::run(&args)
+        }
+        Task::Cluster(args) => {
+            setup::run()?;
+            cluster::run(&args)
         }
         Task::Simulate { args } => {
             setup::run()?;

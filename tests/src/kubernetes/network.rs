@@ -1,0 +1,84 @@
+//! The cluster's network, routed the way a simple CNI plugin (ptp, Calico) routes it, inside
+//! namespaces the test made: the control plane and every node on one bridge (10.244.0.0/24, the
+//! "underlay"); each pod in a namespace of its own behind a veth into its node's namespace, with a
+//! /32 address from the node's pod CIDR (10.244.<node>.0/24) and a route for the cluster's pod
+//! range through the node — so a pod's packets cross its node's namespace, where kube-proxy's
+//! rules would apply. Nothing has a default route: nothing can leave, and a connection to a
+//! ClusterIP nobody rewrote fails with ENETUNREACH.
+
+use std::net::Ipv4Addr;
+
+use crate::sandbox::{NetnsGuard, run};
+
+/// The whole cluster range: nodes, the control plane and every pod CIDR.
+pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
+/// The gateway address every pod's routes point at: the node end of its veth, as Calico does.
+const GATEWAY: &str = "169.254.1.1";
+
+/// A node's address on the underlay (node `index` counts from 1).
+pub fn node_address(index: u8) -> Ipv4Addr {
+    Ipv4Addr::new(10, 244, 0, index)
+}
+
+/// The control plane's address on the underlay.
+pub fn control_plane_address() -> Ipv4Addr {
+    Ipv4Addr::new(10, 244, 0, 254)
+}
+
+/// A node's pod CIDR.
+pub fn pod_cidr(index: u8) -> String {
+    format!("10.244.{index}.0/24")
+}
+
+/// Pod `n` of node `index` (`n` from 2: .1 is left unused, as IPAM plugins leave the gateway's).
+pub fn pod_address(index: u8, n: u8) -> Ipv4Addr {
+    Ipv4Addr::new(10, 244, index, n)
+}
+
+/// Routes from a namespace on the underlay (the control plane, a node) to every other node's pod
+/// CIDR, through that node: the routes a cloud's VPC or a CNI's BGP would carry.
+pub fn route_pod_cidrs(netns: &str, nodes: &[u8], except: Option<u8>) {
+    for &index in nodes.iter().filter(|&&index| Some(index) != except) {
+        run("ip", &["-n", netns, "route", "replace", &pod_cidr(index), "via", &node_address(index).to_string()]);
+    }
+}
+
+/// Makes a node's namespace forward between its pods and the underlay.
+pub fn enable_forwarding(node_netns: &str) {
+    run("ip", &["netns", "exec", node_netns, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1"]);
+}
+
+/// Creates the pod namespace `pod_netns` with `address` on its `eth0`, a veth whose other end,
+/// `link` in the node's namespace, holds the gateway address and the route to the pod.
+pub fn attach_pod(node_netns: &str, link: &str, address: Ipv4Addr) -> NetnsGuard {
+    // A name of the node's and the link's: unique per pod, and swept with the node's prefix.
+    let pod = NetnsGuard::new(&format!("{node_netns}-{link}"));
+    run("ip", &["-n", node_netns, "link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", pod.name()]);
+    run("ip", &["-n", node_netns, "addr", "add", &format!("{GATEWAY}/32"), "dev", link]);
+    run("ip", &["-n", node_netns, "link", "set", link, "up"]);
+    run("ip", &["-n", node_netns, "route", "add", &format!("{address}/32"), "dev", link]);
+    let ns = pod.name();
+    run("ip", &["-n", ns, "addr", "add", &format!("{address}/32"), "dev", "eth0"]);
+    run("ip", &["-n", ns, "link", "set", "eth0", "up"]);
+    run("ip", &["-n", ns, "route", "add", GATEWAY, "dev", "eth0", "scope", "link"]);
+    run("ip", &["-n", ns, "route", "add", CLUSTER_CIDR, "via", GATEWAY, "dev", "eth0"]);
+    pod
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_of_nodes_pods_and_the_control_plane_never_meet() {
+        let mut seen = std::collections::BTreeSet::new();
+        assert!(seen.insert(control_plane_address()));
+        for node in 1..=20u8 {
+            assert!(seen.insert(node_address(node)));
+            for n in 2..=254u8 {
+                assert!(seen.insert(pod_address(node, n)), "node {node} pod {n}");
+            }
+        }
+        assert_eq!(pod_cidr(3), "10.244.3.0/24");
+    }
+}

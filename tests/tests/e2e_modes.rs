@@ -1,0 +1,162 @@
+//! Every mode end to end on the real control plane (root, real kernel): four nodes in three zones,
+//! the agent deployed from `deploy/` on each with its ServiceAccount's token, one echo pod per
+//! node, and a Service per mode selecting them. The real EndpointSlice controller writes the
+//! slices and hints; for every mode and every node, connections land exactly where the
+//! controller's hints (or the mode's rule) say, where `explain` says, and where the node's kernel
+//! holds. `--test-threads=1`.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{IpAddr, SocketAddr},
+    time::Duration,
+};
+
+use serde_json::{Value, json};
+use topology_tests::{
+    kubernetes::{
+        Binaries, Cluster, eventually,
+        nodes::NodeSpec,
+        observe::{Endpoint, explained_backends, kernel_backends, kernel_status},
+        pods::PodSpec,
+    },
+    require_root,
+};
+
+const NS: &str = "modes";
+const CONNECTIONS: u64 = 200;
+
+/// A Service per mode: its name, what it adds to a plain Service, and whether the controller
+/// hints its slices.
+fn modes() -> Vec<(&'static str, Value, bool)> {
+    vec![
+        ("default", json!({}), false),
+        ("auto", json!({"metadata": {"annotations": {"service.kubernetes.io/topology-mode": "Auto"}}}), true),
+        ("prefer-close", json!({"spec": {"trafficDistribution": "PreferClose"}}), true),
+        ("prefer-same-zone", json!({"spec": {"trafficDistribution": "PreferSameZone"}}), true),
+        ("prefer-same-node", json!({"spec": {"trafficDistribution": "PreferSameNode"}}), true),
+        ("local", json!({"spec": {"internalTrafficPolicy": "Local"}}), false),
+        (
+            "keys",
+            json!({"metadata": {"annotations": {
+                "topology-agent.io/topology-keys": "kubernetes.io/hostname,topology.kubernetes.io/zone,*"}}}),
+            false,
+        ),
+    ]
+}
+
+/// A Service `name` selecting the echo pods, with `extra` merged in.
+fn service(name: &str, extra: &Value) -> Value {
+    let mut service = json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": NS, "annotations": {}},
+        "spec": {"selector": {"app": "echo"}, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]},
+    });
+    merge(&mut service, extra);
+    service
+}
+
+fn merge(into: &mut Value, from: &Value) {
+    match (into, from) {
+        (Value::Object(into), Value::Object(from)) => {
+            for (key, value) in from {
+                merge(into.entry(key.clone()).or_insert(Value::Null), value);
+            }
+        }
+        (into, from) => *into = from.clone(),
+    }
+}
+
+/// Where a client on `node` (in `zone`) must land for Service `mode`, from the controller's
+/// slices: the hints it wrote for the hinted modes, the mode's own rule otherwise.
+fn expected(mode: &str, node: &str, zone: &str, endpoints: &[Endpoint]) -> BTreeSet<IpAddr> {
+    let pick = |keep: &dyn Fn(&Endpoint) -> bool| endpoints.iter().filter(|e| keep(e)).map(|e| e.address).collect();
+    match mode {
+        "default" => pick(&|_| true),
+        "local" | "keys" => pick(&|e| e.node.as_deref() == Some(node)),
+        "prefer-same-node" => {
+            let own: BTreeSet<IpAddr> = pick(&|e| e.for_nodes.as_ref().is_some_and(|nodes| nodes.contains(node)));
+            match own.is_empty() {
+                false => own,
+                true => pick(&|e| e.for_zones.as_ref().is_some_and(|zones| zones.contains(zone))),
+            }
+        }
+        _ => pick(&|e| e.for_zones.as_ref().is_some_and(|zones| zones.contains(zone))),
+    }
+}
+
+#[test]
+fn every_mode_lands_where_the_controllers_hints_explain_and_the_kernel_say() {
+    require_root!();
+    let Some(binaries) = Binaries::or_skip(module_path!()) else { return };
+    let nodes = [
+        NodeSpec::new("node-a1", "zone-a"),
+        NodeSpec::new("node-a2", "zone-a"),
+        NodeSpec::new("node-b1", "zone-b"),
+        NodeSpec::new("node-c1", "zone-c"),
+    ];
+    let cluster = Cluster::start(binaries, &nodes);
+    cluster.deploy();
+    cluster.namespace(NS);
+    for (name, extra, _) in modes() {
+        cluster.apply(&service(name, &extra));
+    }
+    let pods: Vec<_> = nodes
+        .iter()
+        .map(|node| {
+            cluster.run_pod(&node.name, PodSpec::new(NS, &format!("echo-{}", &node.name[5..]), "echo", &[8080]))
+        })
+        .collect();
+    let pod_of: BTreeMap<IpAddr, String> = pods.iter().map(|pod| (IpAddr::V4(pod.ip), pod.spec.name.clone())).collect();
+
+    // The controller's slices: every pod ready in every Service's, hinted where the mode asks.
+    let endpoints: BTreeMap<&str, Vec<Endpoint>> = modes()
+        .into_iter()
+        .map(|(name, _, hinted)| {
+            let endpoints = eventually(&format!("{name}'s slices"), Duration::from_secs(60), || {
+                let endpoints = cluster.endpoints(NS, name);
+                let ready = endpoints.iter().filter(|e| e.ready && (!hinted || e.for_zones.is_some())).count();
+                match ready == pods.len() {
+                    true => Ok(endpoints),
+                    false => Err(format!("{endpoints:?}")),
+                }
+            });
+            (name, endpoints)
+        })
+        .collect();
+
+    let agents: Vec<_> = nodes.iter().map(|node| cluster.start_agent(&node.name, &[])).collect();
+    let mut table = Vec::new();
+    for (node, agent) in nodes.iter().zip(&agents) {
+        let client = cluster.client_on(&node.name);
+        let pins = cluster.node(&node.name).pins().to_path_buf();
+        for (mode, _, _) in modes() {
+            let want = expected(mode, &node.name, &node.zone, &endpoints[mode]);
+            assert!(!want.is_empty(), "{mode} from {}: nothing expected of {:?}", node.name, endpoints[mode]);
+            let key = format!("{NS}/{mode}");
+            // What explain says and what the kernel holds: the controller's choice, exactly.
+            let explained = explained_backends(&agent.explain(&key));
+            assert_eq!(explained, want, "explain {mode} on {}", node.name);
+            let cluster_ip =
+                eventually(&format!("{mode} programmed on {}", node.name), Duration::from_secs(30), || {
+                    let status = kernel_status(&pins);
+                    match kernel_backends(&status, &format!("{key}:")) == want {
+                        true => Ok(status),
+                        false => Err(format!("{status}")),
+                    }
+                });
+            let cluster_ip: IpAddr = cluster_ip["services"]
+                .as_array()
+                .and_then(|ports| ports.iter().find(|p| p["service"].as_str().is_some_and(|s| s.starts_with(&key))))
+                .and_then(|port| port["clusterIp"].as_str()?.parse().ok())
+                .expect("the port's ClusterIP");
+            // Where connections land.
+            let report = client.place.tcp(SocketAddr::new(cluster_ip, 80), CONNECTIONS);
+            assert_eq!(report.failures(), 0, "{mode} from {}: {report:?}", node.name);
+            let reached: BTreeSet<&str> = report.landed.keys().map(String::as_str).collect();
+            let wanted: BTreeSet<&str> = want.iter().map(|ip| pod_of[ip].as_str()).collect();
+            assert_eq!(reached, wanted, "{mode} from {}: {report:?}", node.name);
+            table.push(format!("{:<18} {:<8} {}", mode, node.name, wanted.into_iter().collect::<Vec<_>>().join(",")));
+        }
+    }
+    eprintln!("e2e modes on {}:\n{}", cluster.binaries().kubernetes_version(), table.join("\n"));
+}
