@@ -14,6 +14,7 @@ mod api;
 pub mod binaries;
 pub mod control_plane;
 mod kubeconfig;
+pub mod load;
 pub mod network;
 pub mod nodes;
 pub mod observe;
