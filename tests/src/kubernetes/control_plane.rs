@@ -48,6 +48,17 @@ const CONTROLLERS: [&str; 8] = [
     "resourcequota-controller",
 ];
 
+/// The API server's audit policy: the agents' requests at `Metadata` (who, what, the URI with its
+/// resourceVersion, the answer's code), nothing else.
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    userGroups: [\"system:serviceaccounts:topology-agent\"]
+  - level: None
+";
+
 /// A control-plane component.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Component {
@@ -108,6 +119,7 @@ impl ControlPlane {
             &Credentials::Certificate(manager),
         );
         fs::create_dir_all(dir.join("logs")).expect("logs directory");
+        fs::write(dir.join("audit-policy.yaml"), AUDIT_POLICY).expect("audit policy");
         Self {
             binaries,
             dir: dir.to_path_buf(),
@@ -133,6 +145,12 @@ impl ControlPlane {
     /// The namespace the control plane runs in.
     pub fn netns(&self) -> &str {
         &self.netns
+    }
+
+    /// The API server's audit log: every request of the agents' ServiceAccount, one JSON line
+    /// per stage (what the agent asks of the API server, in the API server's own words).
+    pub fn audit_log(&self) -> PathBuf {
+        self.dir.join("logs").join("audit.jsonl")
     }
 
     /// The log file of a component.
@@ -175,15 +193,18 @@ impl ControlPlane {
         self.slot(component).as_mut().is_some_and(|process| process.child().try_wait().ok().flatten().is_none())
     }
 
-    /// Compacts etcd's history up to its current revision (what the API server does every five
-    /// minutes), so a watch from an older resourceVersion can only get 410 Gone; returns the
-    /// revision.
+    /// Moves etcd's revision past every resourceVersion a client has seen (a write to a key
+    /// outside `/registry/`, which the API server never reads), then compacts its history up to
+    /// it (what the API server does every five minutes): a watch from any resourceVersion handed
+    /// out before can only get 410 Gone. Returns the revision.
     pub fn compact_etcd(&self) -> u64 {
-        let range = etcd_post(&self.netns, "/v3/kv/range", r#"{"key":"Lw==","limit":1}"#);
+        // Key and value in base64: `/topology-e2e/revision`, `1`.
+        let put = r#"{"key":"L3RvcG9sb2d5LWUyZS9yZXZpc2lvbg==","value":"MQ=="}"#;
+        let range = etcd_post(&self.netns, "/v3/kv/put", put);
         let revision: u64 = range["header"]["revision"]
             .as_str()
             .and_then(|text| text.parse().ok())
-            .unwrap_or_else(|| panic!("etcd's range answer has no revision: {range}"));
+            .unwrap_or_else(|| panic!("etcd's put answer has no revision: {range}"));
         etcd_post(&self.netns, "/v3/kv/compaction", &format!(r#"{{"revision":"{revision}","physical":true}}"#));
         revision
     }
@@ -246,6 +267,9 @@ impl ControlPlane {
             &format!("--service-cluster-ip-range={SERVICE_CIDR}"),
             "--allow-privileged=true",
             &format!("--cert-dir={}", self.dir.join("apiserver").display()),
+            &format!("--audit-policy-file={}", self.dir.join("audit-policy.yaml").display()),
+            &format!("--audit-log-path={}", self.audit_log().display()),
+            "--audit-log-format=json",
             "--profiling=false",
             "--v=1",
         ])

@@ -14,7 +14,10 @@ use std::{
 use crate::{net::ClientPlace, traffic::Report};
 
 /// Connections in each probe run.
-const BATCH: u64 = 50;
+const BATCH: u64 = 25;
+/// The pause between runs: a few hundred connections a second from each client, evidence enough
+/// without taking the CPUs the control plane restarts on.
+const PAUSE: Duration = Duration::from_millis(50);
 
 /// A background client.
 pub struct Load {
@@ -32,6 +35,7 @@ impl Load {
             let mut batches = Vec::new();
             while !stopping.load(Ordering::SeqCst) && Instant::now() < deadline {
                 batches.push(place.tcp(target, BATCH));
+                std::thread::sleep(PAUSE);
             }
             batches
         });

@@ -126,3 +126,51 @@ pub fn kernel_backends(status: &Value, prefix: &str) -> BTreeSet<IpAddr> {
         .filter_map(|backend| backend["address"].as_str()?.parse().ok())
         .collect()
 }
+
+/// One request of the agents, as the API server audited it (stage `ResponseComplete`, or
+/// `ResponseStarted` for a watch still open).
+#[derive(Clone, Debug)]
+pub struct Audited {
+    /// `list`, `watch`, `get`, `create`, `patch`, ...
+    pub verb: String,
+    /// `services`, `endpointslices`, `nodes`, `events`, ...
+    pub resource: String,
+    /// The request's URI (its query names the resourceVersion asked from).
+    pub uri: String,
+    /// The answer's code.
+    pub code: u16,
+    /// The agent pod whose bound token made it.
+    pub pod: String,
+    /// The audit stage.
+    pub stage: String,
+}
+
+impl Audited {
+    /// The `resourceVersion` the request asked from, if any.
+    pub fn resource_version(&self) -> Option<&str> {
+        let query = self.uri.split_once('?')?.1;
+        query.split('&').find_map(|pair| pair.strip_prefix("resourceVersion="))
+    }
+}
+
+impl Cluster {
+    /// Every request of the agents the API server audited so far (across its restarts).
+    pub fn audited(&mut self) -> Vec<Audited> {
+        let text = std::fs::read_to_string(self.control_plane().audit_log()).unwrap_or_default();
+        text.lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .filter(|event| matches!(event["stage"].as_str(), Some("ResponseComplete" | "ResponseStarted")))
+            .map(|event| Audited {
+                verb: event["verb"].as_str().unwrap_or_default().to_owned(),
+                resource: event["objectRef"]["resource"].as_str().unwrap_or_default().to_owned(),
+                uri: event["requestURI"].as_str().unwrap_or_default().to_owned(),
+                code: event["responseStatus"]["code"].as_u64().unwrap_or_default() as u16,
+                pod: event["user"]["extra"]["authentication.kubernetes.io/pod-name"][0]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                stage: event["stage"].as_str().unwrap_or_default().to_owned(),
+            })
+            .collect()
+    }
+}
