@@ -168,9 +168,28 @@ impl Cluster {
         applied
     }
 
-    /// Starts the DaemonSet's pod on `node` and waits until its readiness probe passes; `extra`
-    /// arguments go after the DaemonSet's own.
+    /// Starts the DaemonSet's pod on `node` and waits until its readiness probe passes, then
+    /// reports it Ready; `extra` arguments go after the DaemonSet's own.
     pub fn start_agent(&self, node: &str, extra: &[&str]) -> AgentPod {
+        let mut agent = self.launch_agent(node, extra);
+        let log = agent.log.clone();
+        eventually(&format!("agent on {node} ready (log {})", log.display()), Duration::from_secs(60), || {
+            if !agent.running() {
+                panic!("the agent on {node} exited: {}", std::fs::read_to_string(&log).unwrap_or_default());
+            }
+            match agent.probe("/readyz") {
+                Ok((200, _)) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        });
+        let node = self.node(node);
+        let (node_client, name) = (node.client.clone(), agent.name.clone());
+        self.api.block(pods::report(node_client, NAMESPACE.to_owned(), name, agent.ip, node.address(), true));
+        agent
+    }
+
+    /// Creates the DaemonSet's pod on `node` and starts its process, without waiting for it.
+    pub fn launch_agent(&self, node: &str, extra: &[&str]) -> AgentPod {
         let node = self.node(node);
         let admin = self.admin();
         let daemonset: DaemonSet = self
@@ -214,28 +233,28 @@ impl Cluster {
         command.stderr(std::fs::File::create(&log).expect("agent log"));
         netns::enter_on_spawn(&mut command, pod_netns.name());
         let process = ProcessGuard::new(command.spawn().expect("spawn topology-agent"));
-        let mut agent = AgentPod {
+        AgentPod {
             node: node.spec.name.clone(),
-            name: name.clone(),
+            name,
             ip,
             kubeconfig,
-            log: log.clone(),
+            log,
             args,
             netns: pod_netns,
             process: Some(process),
-        };
-        eventually(&format!("agent on {} ready (log {})", agent.node, log.display()), Duration::from_secs(60), || {
-            if !agent.running() {
-                panic!("the agent on {} exited: {}", agent.node, std::fs::read_to_string(&log).unwrap_or_default());
-            }
-            match agent.probe("/readyz") {
-                Ok((200, _)) => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
+        }
+    }
+
+    /// Deletes an agent's pod for good (its process stopped first), as a rollout replaces it.
+    pub fn remove_agent(&self, mut agent: AgentPod) {
+        agent.stop();
+        let (admin, name) = (self.admin(), agent.name.clone());
+        self.api.block(async move {
+            use kube::api::DeleteParams;
+            let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(admin, NAMESPACE);
+            let params = DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() };
+            pods.delete(&name, &params).await.unwrap_or_else(|e| panic!("deleting Pod {NAMESPACE}/{name}: {e}"));
         });
-        let node_client = node.client.clone();
-        self.api.block(pods::report(node_client, NAMESPACE.to_owned(), name, ip, node.address(), true));
-        agent
     }
 
     /// A token of the deploy's ServiceAccount bound to the pod `name` (as kubelet requests one

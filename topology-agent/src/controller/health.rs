@@ -38,6 +38,8 @@ struct State {
     heartbeat: Instant,
     waiting_for: BTreeSet<Kind>,
     stale: BTreeMap<String, Stale>,
+    /// Sources whose view has been current at least once.
+    current_once: BTreeSet<String>,
     programmed: bool,
     blocked: Option<String>,
     failing: Option<String>,
@@ -52,6 +54,7 @@ impl Default for Health {
                 heartbeat: Instant::now(),
                 waiting_for: Kind::ALL.into(),
                 stale: BTreeMap::new(),
+                current_once: BTreeSet::new(),
                 programmed: false,
                 blocked: None,
                 failing: None,
@@ -98,6 +101,7 @@ impl Health {
             }
             None => {
                 s.stale.remove(source);
+                s.current_once.insert(source.to_owned());
             }
         });
     }
@@ -111,10 +115,20 @@ impl Health {
         });
     }
 
-    /// The sources whose loss of view counts now, with why.
+    /// The sources whose loss of view counts now, with why. The grace is for a watch that ran
+    /// and broke (an API server restarting under a fleet): before every kind is listed, or for a
+    /// source that never had a current view, the agent is not ready anyway, and the grace would
+    /// only hide why (a ServiceAccount without `watch`, an API server out of reach).
     fn stale_now<'a>(&self, state: &'a State) -> impl Iterator<Item = (&'a String, &'a String)> {
         let grace = self.stale_grace;
-        state.stale.iter().filter(move |(_, s)| !s.transient || s.since.elapsed() >= grace).map(|(k, s)| (k, &s.reason))
+        let listed = state.waiting_for.is_empty();
+        state
+            .stale
+            .iter()
+            .filter(move |(source, s)| {
+                !s.transient || !listed || !state.current_once.contains(*source) || s.since.elapsed() >= grace
+            })
+            .map(|(k, s)| (k, &s.reason))
     }
 
     /// The kernel holds the desired state of a complete view.
@@ -259,6 +273,8 @@ mod tests {
         let health = Health::with_stale_grace(Duration::from_millis(200));
         Kind::ALL.iter().for_each(|kind| health.listed(*kind));
         health.programmed();
+        // The watch ran (its view current), then broke.
+        health.set_stale("Node watch", None);
         health.set_watch_failing("Node watch", "connection refused".into());
         assert!(health.readiness().is_ok() && health.view_current(), "an API server restarting");
         std::thread::sleep(Duration::from_millis(120));
@@ -274,5 +290,30 @@ mod tests {
         assert!(health.readiness().is_ok());
         health.set_stale("cluster file", Some("spec.clusterIP: bad".into()));
         assert!(health.readiness().is_err(), "a source that is not a watch has no grace");
+    }
+
+    #[test]
+    fn a_watch_that_never_ran_is_named_at_once() {
+        let health = Health::with_stale_grace(Duration::from_secs(30));
+        Kind::ALL.iter().for_each(|kind| health.listed(*kind));
+        health.programmed();
+        health.set_watch_failing("Service watch", "forbidden (HTTP 403): cannot watch services".into());
+        assert_eq!(
+            health.readiness().unwrap_err().to_string(),
+            "view is stale: Service watch: forbidden (HTTP 403): cannot watch services",
+            "listed, never watched: no restart to ride out"
+        );
+    }
+
+    #[test]
+    fn before_the_first_lists_a_failing_watch_is_named_at_once() {
+        let health = Health::with_stale_grace(Duration::from_secs(30));
+        health.set_watch_failing("Node watch", "forbidden (HTTP 403): cannot list nodes".into());
+        assert_eq!(
+            health.readiness().unwrap_err().to_string(),
+            "waiting for the initial list of Node, Service, EndpointSlice; \
+             view is stale: Node watch: forbidden (HTTP 403): cannot list nodes",
+            "not ready either way: the reason is said, not held back for the grace"
+        );
     }
 }

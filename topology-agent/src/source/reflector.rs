@@ -465,7 +465,7 @@ fn describe_status(kind: Kind, status: &kube::core::Status) -> String {
     match status.code {
         429 => format!("throttled by the API server (HTTP 429 {}): {}; backing off", status.reason, status.message),
         403 => format!(
-            "forbidden (HTTP 403): {}; the agent's ServiceAccount needs get, list and watch on {kind}",
+            "forbidden (HTTP 403): {}; the agent's ServiceAccount needs list and watch on {kind}",
             status.message
         ),
         code => format!("HTTP {code} {}: {}", status.reason, status.message),
