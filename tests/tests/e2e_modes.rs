@@ -1,9 +1,10 @@
 //! Every mode end to end on the real control plane (root, real kernel): four nodes in three zones,
 //! the agent deployed from `deploy/` on each with its ServiceAccount's token, one echo pod per
-//! node, and a Service per mode selecting them. The real EndpointSlice controller writes the
+//! node (and one pod of another app in zone-a alone), and a Service per mode selecting them. The real EndpointSlice controller writes the
 //! slices and hints; for every mode and every node, connections land exactly where the
 //! controller's hints (or the mode's rule) say, where `explain` says, and where the node's kernel
-//! holds. `--test-threads=1`.
+//! holds; a hard key refuses where it matches nothing; the node's DNS answers a headless
+//! Service by the same hints and an ExternalName Service with its CNAME. `--test-threads=1`.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -13,6 +14,7 @@ use std::{
 
 use serde_json::{Value, json};
 use topology_tests::{
+    dns::dig,
     kubernetes::{
         Binaries, Cluster, eventually,
         nodes::NodeSpec,
@@ -30,6 +32,15 @@ const CONNECTIONS: u64 = 200;
 fn modes() -> Vec<(&'static str, Value, bool)> {
     vec![
         ("default", json!({}), false),
+        // A hard key (no `*`): only zone-a has a pod; elsewhere connections are refused.
+        (
+            "hard-keys",
+            json!({"metadata": {"annotations": {"topology-agent.io/topology-keys": "topology.kubernetes.io/zone"}},
+                   "spec": {"selector": {"app": "only-a"}}}),
+            false,
+        ),
+        // Capacity spillover decides from the Nodes' CPUs and the endpoints per zone: explain says.
+        ("spill", json!({"metadata": {"annotations": {"topology-agent.io/spillover": "capacity"}}}), false),
         ("auto", json!({"metadata": {"annotations": {"service.kubernetes.io/topology-mode": "Auto"}}}), true),
         ("prefer-close", json!({"spec": {"trafficDistribution": "PreferClose"}}), true),
         ("prefer-same-zone", json!({"spec": {"trafficDistribution": "PreferSameZone"}}), true),
@@ -72,6 +83,7 @@ fn expected(mode: &str, node: &str, zone: &str, endpoints: &[Endpoint]) -> BTree
     let pick = |keep: &dyn Fn(&Endpoint) -> bool| endpoints.iter().filter(|e| keep(e)).map(|e| e.address).collect();
     match mode {
         "default" => pick(&|_| true),
+        "hard-keys" => pick(&|e| e.zone.as_deref() == Some(zone)),
         "local" | "keys" => pick(&|e| e.node.as_deref() == Some(node)),
         "prefer-same-node" => {
             let own: BTreeSet<IpAddr> = pick(&|e| e.for_nodes.as_ref().is_some_and(|nodes| nodes.contains(node)));
@@ -100,13 +112,18 @@ fn every_mode_lands_where_the_controllers_hints_explain_and_the_kernel_say() {
     for (name, extra, _) in modes() {
         cluster.apply(&service(name, &extra));
     }
-    let pods: Vec<_> = nodes
+    let mut pods: Vec<_> = nodes
         .iter()
         .map(|node| {
             cluster.run_pod(&node.name, PodSpec::new(NS, &format!("echo-{}", &node.name[5..]), "echo", &[8080]))
         })
         .collect();
+    let echo_pods = pods.len();
+    pods.push(cluster.run_pod("node-a1", PodSpec::new(NS, "only-a1", "only-a", &[8080])));
     let pod_of: BTreeMap<IpAddr, String> = pods.iter().map(|pod| (IpAddr::V4(pod.ip), pod.spec.name.clone())).collect();
+    for extra in [headless(), external_name()] {
+        cluster.apply(&extra);
+    }
 
     // The controller's slices: every pod ready in every Service's, hinted where the mode asks.
     let endpoints: BTreeMap<&str, Vec<Endpoint>> = modes()
@@ -115,7 +132,8 @@ fn every_mode_lands_where_the_controllers_hints_explain_and_the_kernel_say() {
             let endpoints = eventually(&format!("{name}'s slices"), Duration::from_secs(60), || {
                 let endpoints = cluster.endpoints(NS, name);
                 let ready = endpoints.iter().filter(|e| e.ready && (!hinted || e.for_zones.is_some())).count();
-                match ready == pods.len() {
+                let selected = if name == "hard-keys" { 1 } else { echo_pods };
+                match ready == selected {
                     true => Ok(endpoints),
                     false => Err(format!("{endpoints:?}")),
                 }
@@ -130,11 +148,35 @@ fn every_mode_lands_where_the_controllers_hints_explain_and_the_kernel_say() {
         let client = cluster.client_on(&node.name);
         let pins = cluster.node(&node.name).pins().to_path_buf();
         for (mode, _, _) in modes() {
-            let want = expected(mode, &node.name, &node.zone, &endpoints[mode]);
-            assert!(!want.is_empty(), "{mode} from {}: nothing expected of {:?}", node.name, endpoints[mode]);
             let key = format!("{NS}/{mode}");
+            let plan = agent.explain(&key);
+            let explained = explained_backends(&plan);
+            let want = match mode {
+                // Spillover's shares come from the whole cluster's capacity: explain's are checked
+                // against the kernel and the connections below.
+                "spill" => {
+                    assert!(plan["services"][0].get("spillover").is_some(), "spill on {}: {plan}", node.name);
+                    explained.clone()
+                }
+                _ => expected(mode, &node.name, &node.zone, &endpoints[mode]),
+            };
+            if want.is_empty() {
+                // Nothing this node may use: refused at connect.
+                assert_eq!(plan["services"][0]["reject"], true, "{mode} on {}: {plan}", node.name);
+                let ip: IpAddr =
+                    plan["services"][0]["clusterIPs"][0].as_str().and_then(|ip| ip.parse().ok()).expect("a ClusterIP");
+                let refused = eventually("refused", Duration::from_secs(30), || {
+                    let report = client.place.tcp(SocketAddr::new(ip, 80), 20);
+                    match report.errno("ECONNREFUSED") {
+                        20 => Ok(report),
+                        _ => Err(format!("{report:?}")),
+                    }
+                });
+                assert!(refused.landed.is_empty());
+                table.push(format!("{:<18} {:<8} refused", mode, node.name));
+                continue;
+            }
             // What explain says and what the kernel holds: the controller's choice, exactly.
-            let explained = explained_backends(&agent.explain(&key));
             assert_eq!(explained, want, "explain {mode} on {}", node.name);
             let cluster_ip =
                 eventually(&format!("{mode} programmed on {}", node.name), Duration::from_secs(30), || {
@@ -158,5 +200,53 @@ fn every_mode_lands_where_the_controllers_hints_explain_and_the_kernel_say() {
             table.push(format!("{:<18} {:<8} {}", mode, node.name, wanted.into_iter().collect::<Vec<_>>().join(",")));
         }
     }
+    // The node's DNS: a headless Service answered by the same hints, from each node's agent;
+    // an ExternalName Service as its CNAME.
+    let hinted = eventually("the headless Service's hints", Duration::from_secs(30), || {
+        let endpoints = cluster.endpoints(NS, "echo-dns");
+        match endpoints.iter().filter(|e| e.for_zones.is_some()).count() == echo_pods {
+            true => Ok(endpoints),
+            false => Err(format!("{endpoints:?}")),
+        }
+    });
+    for (node, agent) in nodes.iter().zip(&agents) {
+        let client = cluster.client_on(&node.name);
+        let dns = SocketAddr::new(IpAddr::V4(agent.ip), 5353);
+        let want: Vec<String> =
+            expected("prefer-close", &node.name, &node.zone, &hinted).iter().map(ToString::to_string).collect();
+        let name = format!("echo-dns.{NS}.svc.cluster.local");
+        let answered = eventually(&format!("{name} from {}", node.name), Duration::from_secs(30), || {
+            let answer = dig(Some(&client.place.netns), dns, &name, "A", &[]);
+            match answer.data == want {
+                true => Ok(answer),
+                false => Err(format!("{answer:?}, want {want:?}")),
+            }
+        });
+        table.push(format!("{:<18} {:<8} {}", "headless DNS", node.name, answered.data.join(",")));
+        let outside = dig(Some(&client.place.netns), dns, &format!("outside.{NS}.svc.cluster.local"), "A", &[]);
+        assert!(outside.answers.iter().any(|a| a.contains("CNAME") && a.contains(EXTERNAL)), "{outside:?}");
+    }
     eprintln!("e2e modes on {}:\n{}", cluster.binaries().kubernetes_version(), table.join("\n"));
+}
+
+/// Where the ExternalName Service points.
+const EXTERNAL: &str = "example.org.";
+
+/// A headless Service of the echo pods, PreferClose: the node's DNS answers by the hints.
+fn headless() -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "echo-dns", "namespace": NS},
+        "spec": {"clusterIP": "None", "selector": {"app": "echo"}, "trafficDistribution": "PreferClose",
+                 "ports": [{"name": "http", "port": 8080}]},
+    })
+}
+
+/// An ExternalName Service: a CNAME in the cluster domain.
+fn external_name() -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "outside", "namespace": NS},
+        "spec": {"type": "ExternalName", "externalName": EXTERNAL.trim_end_matches('.')},
+    })
 }
