@@ -30,7 +30,7 @@ const KINDS: [&str; 3] = ["services", "endpointslices", "nodes"];
 /// Per agent pod and kind: (lists, watches) among `requests`.
 fn requests_by_pod(requests: &[Audited]) -> BTreeMap<(String, String), (usize, usize)> {
     let mut counts: BTreeMap<(String, String), (usize, usize)> = BTreeMap::new();
-    for request in requests.iter().filter(|r| KINDS.contains(&r.resource.as_str())) {
+    for request in requests.iter().filter(|r| r.by_the_agent() && KINDS.contains(&r.resource.as_str())) {
         let entry = counts.entry((request.pod.clone(), request.resource.clone())).or_default();
         match request.verb.as_str() {
             "list" if request.stage == "ResponseComplete" => entry.0 += 1,

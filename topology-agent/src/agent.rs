@@ -242,7 +242,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
             Box::new(LogOnly)
         }
         SourceConfig::Kubernetes { kubeconfig } => {
-            let client = crate::source::kube::client(kubeconfig.as_deref()).await?;
+            let client = crate::source::kube::client(kubeconfig.as_deref(), crate::source::kube::Role::Run).await?;
             kube_source = Some(KubeSource::start(&client, Some(&config.node), &events, &shutdown));
             let (sink, _task) = KubeEvents::start(client, &config.node);
             Box::new(sink)

@@ -127,7 +127,7 @@ const LIST_TIMEOUT: Duration = Duration::from_secs(60);
 fn live_cluster(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<topology_agent::cluster::ClusterState> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let (state, skipped) = runtime.block_on(async {
-        let client = kube_source::client(kubeconfig).await?;
+        let client = kube_source::client(kubeconfig, kube_source::Role::Explain).await?;
         anyhow::Ok(kube_source::snapshot(&client, LIST_TIMEOUT).await.context("listing the cluster")?)
     })?;
     for invalid in skipped {

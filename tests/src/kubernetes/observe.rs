@@ -143,9 +143,17 @@ pub struct Audited {
     pub pod: String,
     /// The audit stage.
     pub stage: String,
+    /// Its User-Agent: `topology-agent/v… (linux/amd64) run` for the agent's own requests,
+    /// `… explain` for `explain` in its pod.
+    pub user_agent: String,
 }
 
 impl Audited {
+    /// Whether the running agent made it (not `explain` with the same token).
+    pub fn by_the_agent(&self) -> bool {
+        self.user_agent.starts_with("topology-agent/") && self.user_agent.ends_with(" run")
+    }
+
     /// The `resourceVersion` the request asked from, if any.
     pub fn resource_version(&self) -> Option<&str> {
         let query = self.uri.split_once('?')?.1;
@@ -170,6 +178,7 @@ impl Cluster {
                     .unwrap_or_default()
                     .to_owned(),
                 stage: event["stage"].as_str().unwrap_or_default().to_owned(),
+                user_agent: event["userAgent"].as_str().unwrap_or_default().to_owned(),
             })
             .collect()
     }

@@ -49,9 +49,34 @@ pub enum KubeSourceError {
     Client(#[from] kube::Error),
 }
 
+/// What a client is for, as its User-Agent says: the API server's audit log and its
+/// per-agent flow accounting tell the agent's watches from an operator's `explain` by it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// `topology-agent run`.
+    Run,
+    /// `topology-agent explain`.
+    Explain,
+}
+
+/// The User-Agent of `role`'s requests, shaped as Kubernetes' own components shape theirs
+/// (`kube-proxy/v1.35.4 (linux/amd64) kubernetes/…`).
+pub fn user_agent(role: Role) -> String {
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    let role = match role {
+        Role::Run => "run",
+        Role::Explain => "explain",
+    };
+    format!("topology-agent/v{} ({}/{arch}) {role}", env!("CARGO_PKG_VERSION"), std::env::consts::OS)
+}
+
 /// A client from `--kubeconfig`, else `$KUBECONFIG`, else `~/.kube/config`, else the in-cluster
-/// configuration (kube-rs's `Config::infer`).
-pub async fn client(kubeconfig: Option<&Path>) -> Result<Client, KubeSourceError> {
+/// configuration (kube-rs's `Config::infer`), naming itself as `role`.
+pub async fn client(kubeconfig: Option<&Path>, role: Role) -> Result<Client, KubeSourceError> {
     let config = match kubeconfig {
         Some(path) => {
             let error = |source| KubeSourceError::Kubeconfig { path: path.display().to_string(), source };
@@ -60,6 +85,11 @@ pub async fn client(kubeconfig: Option<&Path>) -> Result<Client, KubeSourceError
         }
         None => kube::Config::infer().await?,
     };
+    let mut config = config;
+    // Always ASCII (a version, an OS and an architecture name).
+    if let Ok(agent) = hyper::http::HeaderValue::from_str(&user_agent(role)) {
+        config.headers.push((hyper::http::header::USER_AGENT, agent));
+    }
     client_for(config)
 }
 
