@@ -48,6 +48,11 @@ impl Fields {
         Ok(Self { terms })
     }
 
+    /// Whether it selects every object (no term).
+    pub(super) fn everything(&self) -> bool {
+        self.terms.is_empty()
+    }
+
     /// Whether the object `name` of `namespace` is selected. Both fields are immutable, so an
     /// object is selected before and after any change alike: a watch filters its events one by
     /// one, with no ADDED or DELETED made up for objects moving in or out.

@@ -95,6 +95,9 @@ impl Server {
         if let Some((namespace, name)) = page.next {
             metadata["continue"] = format!("{version}~{namespace}~{name}").into();
         }
+        if let Some(remaining) = page.remaining {
+            metadata["remainingItemCount"] = remaining.into();
+        }
         let head = json!({"apiVersion": api_version, "kind": kind, "metadata": metadata});
         let mut body = serde_json::to_vec(&head).expect("JSON");
         body.pop();

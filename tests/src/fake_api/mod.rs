@@ -176,6 +176,17 @@ impl FakeApi {
         self.with(Store::compact);
     }
 
+    /// Moves the store's revision past every resourceVersion handed out (an unrelated write, as
+    /// etcd's revision moves with every key of the cluster), then compacts: nothing read before
+    /// can be resumed. What the harness's `compact_etcd` does to the real one.
+    pub fn compact_past_everything(&self) {
+        self.with(|store| {
+            store.resource_version += 1;
+            store.compact();
+        });
+        self.changes.send_modify(|_| {});
+    }
+
     /// Ends every open watch with an in-stream ERROR event of `code` (410 Expired, 500 …), as the
     /// API server does when its watch of etcd fails.
     pub fn error_watches(&self, code: u16) {

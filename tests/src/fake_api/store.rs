@@ -101,6 +101,8 @@ pub(super) struct Page {
     pub(super) items: Vec<Bytes>,
     /// The last object's name when more follow.
     pub(super) next: Option<Name>,
+    /// How many objects follow (`remainingItemCount`), when no selector hides them.
+    pub(super) remaining: Option<usize>,
 }
 
 impl Store {
@@ -241,7 +243,9 @@ impl Store {
             last = Some(name);
         }
         let next = last.filter(|_| merged.peek().is_some()).map(|(namespace, name)| (namespace.clone(), name.clone()));
-        Some(Page { items, next })
+        // The etcd3 store counts what a page leaves out, but not through a selector.
+        let remaining = (next.is_some() && fields.everything()).then(|| merged.count());
+        Some(Page { items, next, remaining })
     }
 
     /// The bookmark cadence.

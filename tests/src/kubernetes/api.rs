@@ -162,8 +162,11 @@ pub fn describe(object: &Value) -> String {
 /// A client from a kubeconfig file.
 pub async fn client(kubeconfig: &Path) -> Client {
     let file = Kubeconfig::read_from(kubeconfig).unwrap_or_else(|e| panic!("reading {}: {e}", kubeconfig.display()));
-    let config = Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
+    let mut config = Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
         .await
         .unwrap_or_else(|e| panic!("{}: {e}", kubeconfig.display()));
+    // The harness sees every answer as the API server gives it: no retry of 429, 503 or 504
+    // behind its back (kube-rs would retry a 504 for minutes).
+    config.default_retry = false;
     Client::try_from(config).unwrap_or_else(|e| panic!("a client of {}: {e}", kubeconfig.display()))
 }

@@ -155,6 +155,11 @@ impl Cluster {
         }
     }
 
+    /// Compacts etcd past every resourceVersion handed out (see [`ControlPlane::compact_etcd`]).
+    pub fn compact_etcd(&self) -> u64 {
+        self.control_plane.compact_etcd()
+    }
+
     /// Waits until the API server's `/readyz` says ok.
     pub fn wait_api_ready(&mut self, timeout: Duration) {
         let control_plane = &mut self.control_plane;
