@@ -5,13 +5,9 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 use topology_tests::{
-    demo::{self, DemoCluster, DemoConfig, Policy, ServiceResult},
+    demo::{self, DemoCluster, DemoConfig, DemoNodes as _},
     require_root,
 };
-
-fn result<'a>(results: &'a [ServiceResult], name: &str) -> &'a ServiceResult {
-    results.iter().find(|r| r.name == name).unwrap_or_else(|| panic!("no result for {name}"))
-}
 
 /// (ClusterIP, port, protocol) -> (backend address, port) -> share of new connections.
 type Shares = BTreeMap<(String, u64, String), BTreeMap<(String, u64), f64>>;
@@ -69,38 +65,7 @@ fn the_reduced_demo_lands_every_policy_where_it_should() {
     let per_node_attempts = config.connections;
     eprintln!("{}", demo::report::table(&results));
 
-    // Close policies keep (almost) everything in the zone: every zone has backends.
-    for name in ["prefer-close", "topology-keys", "auto-hints", "udp", "dns", "prefer-same-node"] {
-        let r = result(&results, name);
-        assert_eq!(r.total.refused + r.total.failed, 0, "{name}: {:?}", r.total);
-        let in_zone = r.total.in_zone().unwrap();
-        assert!(in_zone >= 0.99, "{name}: {:.1}% in zone: {:?}", in_zone * 100.0, r.total);
-    }
-    // PreferSameNode: every node has a backend, so connections stay on the node.
-    assert_eq!(result(&results, "prefer-same-node").total.same_node, per_node_attempts * 6);
-    // Hard keys with no match refuse everything.
-    let hard = result(&results, "hard-keys");
-    assert_eq!(hard.total.refused, per_node_attempts * 6, "{:?}", hard.total);
-    assert_eq!(hard.expected_refusing_nodes, 6);
-    // Local stays on the node.
-    let local = result(&results, "local");
-    assert_eq!(local.total.same_node, local.total.attempts(), "{:?}", local.total);
-    // The default spreads within 5 points of uniform over the six backends.
-    let default = result(&results, "default");
-    let delivered = default.total.delivered() as f64;
-    for (backend, count) in &default.per_backend {
-        let share = *count as f64 / delivered;
-        assert!((share - 1.0 / 6.0).abs() <= 0.05, "default: {backend} got {:.1}%", share * 100.0);
-    }
-    assert_eq!(default.policy, Policy::Default);
-    // Baselines spread too: about a third in zone.
-    let baseline = result(&results, "prefer-close-baseline").total.in_zone().unwrap();
-    assert!((0.2..0.5).contains(&baseline), "baseline in zone {baseline}");
-    // What explain said matches what happened.
-    for r in results.iter().filter(|r| r.expected_in_zone.is_some()) {
-        let (said, got) = (r.expected_in_zone.unwrap(), r.total.in_zone().unwrap());
-        assert!((said - got).abs() < 0.1, "{}: explain said {said:.2}, measured {got:.2}", r.name);
-    }
+    demo::expect::landings(&results, cluster.nodes() as u64, per_node_attempts);
 
     // Explain is what the kernel holds: on every node, for every ClusterIP and port, the same
     // backends with the same shares, read back from the maps by `status`.
@@ -125,26 +90,19 @@ fn the_reduced_demo_lands_every_policy_where_it_should() {
 
     let failover = demo::failover(&mut cluster);
     eprintln!("{failover:?}");
-    assert!(failover.killed > 0, "{failover:?}");
-    // Connections to the dead servers fail until the kernel holds the new set; none after, and
-    // none while the servers come back (their endpoints return only once they listen).
-    assert!(failover.failed_while_reacting > 0, "the servers were really killed: {failover:?}");
-    assert_eq!(failover.failed_after, 0, "{failover:?}");
-    assert!(failover.attempts > 100, "{failover:?}");
-
-    // One pod dies and the cluster takes 5 s to notice: each node's kernel ejects it after its
-    // fifth failed handshake from there, every other connection goes to the live backends.
+    demo::expect::failover(&failover);
     let pod = demo::pod_failover(&mut cluster);
     eprintln!("{}", demo::pod_failover_line(&pod));
-    assert!(pod.attempts > 1000, "{pod:?}");
-    // No node sees more handshakes fail than the threshold; a connection established before the
-    // kill and cut by it is no router's to avoid (one at most per node: its client holds one).
-    assert!(pod.most_failed_per_node() <= u64::from(pod.threshold), "{pod:?}");
-    assert!(pod.cut_by_the_kill <= pod.failed_before_update.len() as u64, "{pod:?}");
-    assert!(pod.failed_before_update.iter().any(|(_, failed)| *failed > 0), "the pod was really killed: {pod:?}");
-    assert_eq!(pod.failed_after, 0, "{pod:?}");
+    demo::expect::pod_failover(&pod);
 
-    demo::report::write(&dir, &config, &results, &failover, &pod, &bytes).expect("report");
+    let measured = demo::report::Measured {
+        results: &results,
+        failover: &failover,
+        pod: &pod,
+        bytes: Some(&bytes),
+        control_plane: "the embedded one",
+    };
+    demo::report::write(&dir, &config, &measured).expect("report");
     let report = std::fs::read_to_string(dir.join("report.md")).expect("report.md");
     assert!(report.contains("| `prefer-close` | PreferClose | 100.0% |"), "{report}");
     assert!(report.contains("## Cross-zone bytes, as the agents counted them"), "{report}");

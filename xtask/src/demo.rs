@@ -11,8 +11,9 @@ use crate::cmd::{self, cargo, is_root};
 /// Options passed to the demo runner (`cargo xtask demo -- --help` lists them).
 #[derive(Args)]
 pub struct DemoArgs {
-    /// Demo options: --scenario zones|overload|rollout, --pods-per-zone, --zones, --nodes-per-zone, --backends-per-zone,
-    /// --regions, --connections, --surge-seconds, --calm-seconds, --keep, --clean.
+    /// Demo options: --scenario zones|overload|rollout, --control-plane embedded|real, --pods-per-zone, --zones,
+    /// --nodes-per-zone, --backends-per-zone, --regions, --connections, --surge-seconds, --calm-seconds, --keep,
+    /// --clean.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     options: Vec<String>,
 }
@@ -31,6 +32,8 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
             .args(&args.options)
             .env("TOPOLOGY_AGENT", root.join("target/debug/topology-agent"))
             .env("TOPOLOGY_PROBE", root.join("target/debug/topology-probe"))
+            // `--control-plane real` starts the real Kubernetes setup built.
+            .env(crate::kubernetes::BIN_ENV, crate::kubernetes::ensure()?)
             .current_dir(&root),
     )
 }

@@ -11,7 +11,11 @@ use anyhow::bail;
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use topology_tests::{
-    demo::{self, DemoCluster, DemoConfig, overload::OverloadConfig, overload_report, report, rollout::RolloutConfig},
+    demo::{
+        self, DemoCluster, DemoConfig, DemoNodes, Failover, PodFailover, ServiceResult, overload::OverloadConfig,
+        overload_report, real::RealDemo, report, rollout::RolloutConfig,
+    },
+    kubernetes::Binaries,
     sandbox::{is_root, sweep_stale},
 };
 
@@ -67,6 +71,20 @@ struct Args {
     /// Only remove what an earlier (kept or crashed) demo left behind.
     #[arg(long)]
     clean: bool,
+    /// What feeds the agents: the embedded one (a cluster file they re-read), or the real
+    /// Kubernetes of the e2e tier (`cargo xtask setup` builds it) with its EndpointSlice
+    /// controller writing the slices and hints (scenario `zones`).
+    #[arg(long, value_enum, default_value = "embedded")]
+    control_plane: ControlPlane,
+}
+
+/// Which control plane feeds the agents.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum ControlPlane {
+    /// A cluster file, written by the demo.
+    Embedded,
+    /// kube-apiserver, kube-controller-manager and etcd, built from their modules.
+    Real,
 }
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
@@ -118,37 +136,77 @@ fn main() -> anyhow::Result<()> {
         config.zones,
         config.zones * config.backends_per_zone
     );
+    if args.control_plane == ControlPlane::Real {
+        if args.keep {
+            bail!("--keep is for the embedded control plane; `cargo xtask cluster up --agents` keeps a real one");
+        }
+        let binaries = Binaries::locate().map_err(anyhow::Error::msg)?;
+        let mut demo = RealDemo::start(&config, &args.out, binaries);
+        check_interrupt();
+        let control_plane = format!(
+            "{}: kube-apiserver, kube-controller-manager and etcd built from their modules, the agents deployed \
+             from `deploy/`, every EndpointSlice and hint written by the EndpointSlice controller.",
+            demo.version
+        );
+        eprintln!("cluster ready in {:.1} s on {}", started.elapsed().as_secs_f64(), demo.version);
+        let (results, failover, pod) = zones(&mut demo, &config);
+        return finish(&args, &config, started, &results, &failover, &pod, None, &control_plane);
+    }
     let mut cluster = DemoCluster::start(&config, &args.out);
     check_interrupt();
     eprintln!("cluster ready in {:.1} s: {}", started.elapsed().as_secs_f64(), cluster.cluster_file.display());
+    let (results, failover, pod) = zones(&mut cluster, &config);
+    eprintln!("bytes: short requests and bulk downloads from every node to `bytes` and its twin...");
+    let bytes = demo::bytes::measure(&cluster);
+    check_interrupt();
+    let control_plane = "the embedded one: every agent re-reads `cluster.yaml`, which the demo writes.";
+    finish(&args, &config, started, &results, &failover, &pod, Some(&bytes), control_plane)?;
+    if args.keep {
+        println!("\nthe cluster is still running; explore it with:");
+        for command in cluster.explore_commands() {
+            println!("  {command}");
+        }
+        cluster.keep();
+    }
+    Ok(())
+}
 
-    let services = cluster.plan.services.len();
+/// Where connections land, Service by Service, then a zone and a pod failing over.
+fn zones(cluster: &mut impl DemoNodes, config: &DemoConfig) -> (Vec<ServiceResult>, Failover, PodFailover) {
+    let services = cluster.plan().services.len();
     let progress = ProgressBar::new(services as u64).with_style(
         ProgressStyle::with_template("{spinner} {msg:<28} [{bar:30}] {pos}/{len} Services")
             .expect("progress template")
             .progress_chars("=> "),
     );
     progress.set_message(format!("{} connections per node", config.connections));
-    let results = demo::measure(&cluster, config.connections, &mut |done, _| {
+    let results = demo::measure(cluster, config.connections, &mut |done, _| {
         check_interrupt();
         progress.set_position(done as u64);
     });
     progress.finish_and_clear();
-    eprintln!("bytes: short requests and bulk downloads from every node to `bytes` and its twin...");
-    let bytes = demo::bytes::measure(&cluster);
+    eprintln!("failover: killing zone {}'s servers, then removing their endpoints...", cluster.plan().nodes[0].zone);
+    let failover = demo::failover(cluster);
     check_interrupt();
+    eprintln!("failover: killing one pod; its endpoint leaves {} s later...", demo::pod_failover::DETECTION.as_secs());
+    let pod = demo::pod_failover(cluster);
+    check_interrupt();
+    (results, failover, pod)
+}
 
-    eprintln!("failover: killing zone {}'s servers, then removing them from the file...", cluster.plan.nodes[0].zone);
-    let failover = demo::failover(&mut cluster);
-    check_interrupt();
-    eprintln!(
-        "failover: killing one pod; its endpoint leaves the file {} s later...",
-        demo::pod_failover::DETECTION.as_secs()
-    );
-    let pod = demo::pod_failover(&mut cluster);
-    check_interrupt();
-
-    println!("\n{}", report::table(&results));
+/// Prints the table and the lines, and writes the report.
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    args: &Args,
+    config: &DemoConfig,
+    started: Instant,
+    results: &[ServiceResult],
+    failover: &Failover,
+    pod: &PodFailover,
+    bytes: Option<&[demo::bytes::BytesResult]>,
+    control_plane: &str,
+) -> anyhow::Result<()> {
+    println!("\n{}", report::table(results));
     println!(
         "failover: {} servers killed; new connections left {} {:.0} ms after the endpoint update and came back in {:.0} ms; \
          {} connections, {} failed before the update, {} while the agent reacted, {} after",
@@ -161,8 +219,8 @@ fn main() -> anyhow::Result<()> {
         failover.failed_while_reacting,
         failover.failed_after
     );
-    println!("{}", demo::pod_failover_line(&pod));
-    if let Some(close) = report::comparisons(&results).into_iter().find(|c| c.ours.name == "prefer-close") {
+    println!("{}", demo::pod_failover_line(pod));
+    if let Some(close) = report::comparisons(results).into_iter().find(|c| c.ours.name == "prefer-close") {
         let avoided = close.gb_avoided_per_gb().unwrap_or(0.0);
         println!(
             "PreferClose keeps {:.1}% in zone where its twin without topology policy keeps {:.1}%: {:.0} MB of every GB stays in zone, \
@@ -174,18 +232,14 @@ fn main() -> anyhow::Result<()> {
             report::DOLLARS_PER_GB_EACH_WAY
         );
     }
-    println!("{}", demo::bytes::line(&bytes));
-    report::write(&args.out, &config, &results, &failover, &pod, &bytes)?;
+    if let Some(bytes) = bytes {
+        println!("{}", demo::bytes::line(bytes));
+    }
+    println!("control plane: {control_plane}");
+    let measured = report::Measured { results, failover, pod, bytes, control_plane };
+    report::write(&args.out, config, &measured)?;
     println!("\nreport: {} (chart: {})", args.out.join("report.md").display(), args.out.join("in-zone.svg").display());
     println!("done in {:.1} s", started.elapsed().as_secs_f64());
-
-    if args.keep {
-        println!("\nthe cluster is still running; explore it with:");
-        for command in cluster.explore_commands() {
-            println!("  {command}");
-        }
-        cluster.keep();
-    }
     Ok(())
 }
 

@@ -13,7 +13,7 @@ use std::{
 use serde::Serialize;
 
 use super::{
-    DemoCluster,
+    DemoCluster, DemoNodes as _,
     plan::{BYTES_PORT, BYTES_SERVICES},
     report::DOLLARS_PER_GB_EACH_WAY,
 };

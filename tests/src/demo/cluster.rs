@@ -3,18 +3,18 @@
 //! `cluster.yaml`. Everything is removed on drop, or left running by [`DemoCluster::keep`].
 
 use std::{
-    net::{IpAddr, Ipv4Addr, SocketAddr},
+    net::Ipv4Addr,
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
-use super::plan::{BACKEND_PORT, BYTES_PORT, DemoConfig, KUBE_DNS, Plan, Removed, SERVICE_PORT, Transport};
+use super::plan::{BACKEND_PORT, BYTES_PORT, DemoConfig, Plan, Removed, SERVICE_PORT};
 use crate::{
     agent::{Agent, AgentOptions},
     cluster,
     net::{ClientPlace, Host, Network, Server, ServerOptions, agent_binary},
     sandbox::{CgroupGuard, PinGuard, ProcessGuard, run, unique_id},
-    traffic::{Report, UdpMode},
+    traffic::Report,
 };
 
 /// Everything the demo created, in drop order.
@@ -119,73 +119,10 @@ impl DemoCluster {
         }
     }
 
-    /// Kills the servers of `zone`'s backends (SIGKILL, as when a zone's pods die), leaving their
-    /// endpoints in the cluster file; returns how many.
-    pub fn kill_zone(&mut self, zone: &str) -> usize {
-        let in_zone = self.backends_in(zone);
-        for &i in &in_zone {
-            // Dropping the server kills its process and waits for it.
-            self.servers[i] = None;
-        }
-        in_zone.len()
-    }
-
-    /// Starts the killed servers of `zone` again; returns once they listen.
-    pub fn restart_zone(&mut self, zone: &str) {
-        for i in self.backends_in(zone) {
-            if self.servers[i].is_none() {
-                let name = &self.plan.backends[i].name;
-                self.servers[i] = Some(start_server(&self.dir, &self.infra, &self.backend_hosts[i], name));
-            }
-        }
-    }
-
     fn backends_in(&self, zone: &str) -> Vec<usize> {
         (0..self.plan.backends.len())
             .filter(|&i| self.plan.node_of(&self.plan.backends[i].name).is_some_and(|n| n.zone == zone))
             .collect()
-    }
-
-    /// Where clients of node `index` run.
-    pub fn place(&self, index: usize) -> ClientPlace {
-        ClientPlace {
-            netns: self.node_hosts[index].netns.name().to_owned(),
-            cgroup: self.node_cgroups[index].path().to_path_buf(),
-            cpu: None,
-        }
-    }
-
-    /// `count` connections (or exchanges) from node `node` to Service `service`.
-    pub fn traffic(&self, node: usize, service: usize, count: u64) -> Report {
-        let service = &self.plan.services[service];
-        let target = SocketAddr::new(IpAddr::V4(service.vip), SERVICE_PORT);
-        match service.transport {
-            Transport::Tcp => self.place(node).tcp(target, count),
-            Transport::Udp => self.place(node).udp(target, count, UdpMode::Unconnected),
-            Transport::Dns => {
-                let dns = SocketAddr::new(IpAddr::V4(KUBE_DNS), 53);
-                self.place(node).resolve_tcp(dns, &Plan::dns_name(service), BACKEND_PORT, count)
-            }
-        }
-    }
-
-    /// `topology-agent explain --output json` for node `index`, with the DNS steering its agent runs.
-    pub fn explain(&self, index: usize) -> serde_json::Value {
-        let json = run(
-            &agent_binary().to_string_lossy(),
-            &[
-                "explain",
-                "--cluster",
-                &self.cluster_file.to_string_lossy(),
-                "--node",
-                &self.plan.nodes[index].name,
-                "--dns-listen",
-                &format!("{}:53", self.node_hosts[index].v4),
-                "--output",
-                "json",
-            ],
-        );
-        serde_json::from_str(&json).expect("explain JSON")
     }
 
     /// `topology-agent status --output json` of node `index`'s pins: what its kernel holds.
@@ -198,30 +135,6 @@ impl DemoCluster {
     /// Every agent's `/metrics`, in node order.
     pub fn agent_metrics(&self) -> Vec<String> {
         self.agents.iter().map(|agent| agent.get("/metrics").map(|(_, text)| text).unwrap_or_default()).collect()
-    }
-
-    /// Number of nodes.
-    pub fn nodes(&self) -> usize {
-        self.plan.nodes.len()
-    }
-
-    /// Rewrites `cluster.yaml`, leaving out the backends `removed` names.
-    pub fn write_cluster(&self, removed: Removed<'_>) {
-        cluster::write(&self.cluster_file, &self.plan.objects(&self.addresses, self.coredns, removed));
-    }
-
-    /// Kills backend `index`'s server (SIGKILL, as when a pod dies), leaving its endpoint in the
-    /// cluster file.
-    pub fn kill_backend(&mut self, index: usize) {
-        self.servers[index] = None;
-    }
-
-    /// Starts backend `index`'s server again, if killed; returns once it listens.
-    pub fn restart_backend(&mut self, index: usize) {
-        if self.servers[index].is_none() {
-            let name = &self.plan.backends[index].name;
-            self.servers[index] = Some(start_server(&self.dir, &self.infra, &self.backend_hosts[index], name));
-        }
     }
 
     /// Commands to explore a kept demo, and to remove it.
@@ -257,6 +170,88 @@ impl DemoCluster {
     }
 }
 
+impl super::DemoNodes for DemoCluster {
+    fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Where clients of node `index` run.
+    fn place(&self, index: usize) -> ClientPlace {
+        ClientPlace {
+            netns: self.node_hosts[index].netns.name().to_owned(),
+            cgroup: self.node_cgroups[index].path().to_path_buf(),
+            cpu: None,
+        }
+    }
+
+    /// `topology-agent explain --output json` for node `index`, with the DNS steering its agent runs.
+    fn explain(&self, index: usize) -> serde_json::Value {
+        let json = run(
+            &agent_binary().to_string_lossy(),
+            &[
+                "explain",
+                "--cluster",
+                &self.cluster_file.to_string_lossy(),
+                "--node",
+                &self.plan.nodes[index].name,
+                "--dns-listen",
+                &format!("{}:53", self.node_hosts[index].v4),
+                "--output",
+                "json",
+            ],
+        );
+        serde_json::from_str(&json).expect("explain JSON")
+    }
+
+    /// Kills the servers of `zone`'s backends (SIGKILL, as when a zone's pods die), leaving their
+    /// endpoints in the cluster file; returns how many.
+    fn kill_zone(&mut self, zone: &str) -> usize {
+        let in_zone = self.backends_in(zone);
+        for &i in &in_zone {
+            // Dropping the server kills its process and waits for it.
+            self.servers[i] = None;
+        }
+        in_zone.len()
+    }
+
+    /// Starts the killed servers of `zone` again; returns once they listen.
+    fn restart_zone(&mut self, zone: &str) {
+        for i in self.backends_in(zone) {
+            if self.servers[i].is_none() {
+                let name = &self.plan.backends[i].name;
+                self.servers[i] = Some(start_server(&self.dir, &self.infra, &self.backend_hosts[i], name));
+            }
+        }
+    }
+
+    /// Kills backend `index`'s server (SIGKILL, as when a pod dies), leaving its endpoint in the
+    /// cluster file.
+    fn kill_backend(&mut self, index: usize) {
+        self.servers[index] = None;
+    }
+
+    /// Starts backend `index`'s server again, if killed; returns once it listens.
+    fn restart_backend(&mut self, index: usize) {
+        if self.servers[index].is_none() {
+            let name = &self.plan.backends[index].name;
+            self.servers[index] = Some(start_server(&self.dir, &self.infra, &self.backend_hosts[index], name));
+        }
+    }
+
+    /// Rewrites `cluster.yaml`, leaving out the backends `removed` names.
+    fn set_removed(&self, removed: Removed<'_>) {
+        cluster::write(&self.cluster_file, &self.plan.objects(&self.addresses, self.coredns, removed));
+    }
+
+    fn removal(&self) -> &'static str {
+        "left `cluster.yaml`"
+    }
+}
+
 /// A backend's echo server, in the demo's infrastructure cgroup, logging to `logs/`.
 fn start_server(dir: &Path, infra: &CgroupGuard, host: &Host, name: &str) -> Server {
     let log = dir.join("logs").join(format!("server-{name}.log"));
@@ -267,7 +262,7 @@ fn start_server(dir: &Path, infra: &CgroupGuard, host: &Host, name: &str) -> Ser
 /// Waits until connections from `node` to `service` satisfy `done` (checked on bursts of 20),
 /// and returns how long that took.
 pub fn wait_until(
-    demo: &DemoCluster,
+    demo: &impl super::DemoNodes,
     node: usize,
     service: usize,
     within: Duration,

@@ -10,7 +10,8 @@ use std::{
 use serde::Serialize;
 
 use super::{
-    cluster::{DemoCluster, wait_until},
+    DemoNodes,
+    cluster::wait_until,
     plan::{Policy, Removed, SERVICE_PORT, ServicePlan, Transport},
 };
 use crate::traffic::{Report, monotonic_ns};
@@ -89,8 +90,8 @@ pub struct ServiceResult {
 
 /// Runs `connections` attempts from every node to every Service (nodes in parallel), calling
 /// `progress(done, total)` after each Service.
-pub fn measure(demo: &DemoCluster, connections: u64, progress: &mut dyn FnMut(usize, usize)) -> Vec<ServiceResult> {
-    let plan = &demo.plan;
+pub fn measure(demo: &impl DemoNodes, connections: u64, progress: &mut dyn FnMut(usize, usize)) -> Vec<ServiceResult> {
+    let plan = demo.plan();
     let explains: Vec<serde_json::Value> = (0..plan.nodes.len()).map(|i| demo.explain(i)).collect();
     let mut results = Vec::new();
     for (s, service) in plan.services.iter().enumerate() {
@@ -129,11 +130,11 @@ pub fn measure(demo: &DemoCluster, connections: u64, progress: &mut dyn FnMut(us
 }
 
 /// Where one node's attempts landed.
-fn classify(demo: &DemoCluster, node: usize, report: &Report) -> Landing {
-    let client = &demo.plan.nodes[node];
+fn classify(demo: &impl DemoNodes, node: usize, report: &Report) -> Landing {
+    let client = &demo.plan().nodes[node];
     let mut landing = Landing::default();
     for (name, count) in &report.landed {
-        let backend = demo.plan.node_of(name).unwrap_or_else(|| panic!("unknown backend {name}"));
+        let backend = demo.plan().node_of(name).unwrap_or_else(|| panic!("unknown backend {name}"));
         let class = if backend.name == client.name {
             &mut landing.same_node
         } else if backend.zone == client.zone {
@@ -188,8 +189,9 @@ fn expected(explains: &[serde_json::Value], service: &ServicePlan) -> (Option<f6
     (share, refusing, reason)
 }
 
-/// A zone's servers killed under load, their endpoints then removed from the cluster file (as
-/// the endpoint controller does for dead pods), and later restarted and restored.
+/// A zone's servers killed under load, their endpoints then removed (from the cluster file, or by
+/// the EndpointSlice controller once the pods are reported not ready), and later restarted and
+/// restored.
 #[derive(Clone, Debug, Serialize)]
 pub struct Failover {
     /// Zone whose backends were killed.
@@ -200,6 +202,8 @@ pub struct Failover {
     pub service: String,
     /// Backend servers killed.
     pub killed: usize,
+    /// How the cluster learned of it (`left cluster.yaml`, ...).
+    pub removal: &'static str,
     /// From killing the servers to the cluster file without their endpoints being written: the
     /// cluster's detection, here immediate (on a real cluster, readiness probes' period ×
     /// failure threshold, or the pods' deletion).
@@ -226,35 +230,36 @@ impl Failover {
 }
 
 /// Kills the first zone's servers while a client on that zone's first node connects in a loop to
-/// the PreferClose Service, removes their endpoints from `cluster.yaml`, waits for new connections
+/// the PreferClose Service, removes their endpoints, waits for new connections
 /// to leave the zone; then restarts the servers, restores the endpoints, and waits for the return.
-pub fn failover(demo: &mut DemoCluster) -> Failover {
+pub fn failover<D: DemoNodes>(demo: &mut D) -> Failover {
     let node = 0;
-    let zone = demo.plan.nodes[node].zone.clone();
-    let service = demo.plan.services.iter().position(|s| s.name == "prefer-close").expect("prefer-close");
-    let target = SocketAddr::new(IpAddr::V4(demo.plan.services[service].vip), SERVICE_PORT);
-    let in_zone = |demo: &DemoCluster, name: &str| demo.plan.node_of(name).is_some_and(|n| n.zone == zone);
-    let client = demo.place(node).spawn_loop_with(target, &demo.dir, Duration::from_secs(120), false, PACE, true);
+    let zone = demo.plan().nodes[node].zone.clone();
+    let service = demo.plan().services.iter().position(|s| s.name == "prefer-close").expect("prefer-close");
+    let target = SocketAddr::new(IpAddr::V4(demo.plan().services[service].vip), SERVICE_PORT);
+    let in_zone = |demo: &D, name: &str| demo.plan().node_of(name).is_some_and(|n| n.zone == zone);
+    let client = demo.place(node).spawn_loop_with(target, demo.dir(), Duration::from_secs(120), false, PACE, true);
     std::thread::sleep(Duration::from_millis(200));
     let killed_at = monotonic_ns();
     let killed = demo.kill_zone(&zone);
-    demo.write_cluster(Removed::Zone(&zone));
+    demo.set_removed(Removed::Zone(&zone));
     let updated_at = monotonic_ns();
     let moved_after = wait_until(demo, node, service, Duration::from_secs(30), |r| {
         r.failures() == 0 && r.successes() > 0 && r.landed.keys().all(|name| !in_zone(demo, name))
     });
     let moved_at = updated_at + moved_after.as_nanos() as u64;
     demo.restart_zone(&zone);
-    demo.write_cluster(Removed::Nothing);
+    demo.set_removed(Removed::Nothing);
     let back_after = wait_until(demo, node, service, Duration::from_secs(30), |r| {
         r.failures() == 0 && r.successes() > 0 && r.landed.keys().all(|name| in_zone(demo, name))
     });
     let report = client.finish();
     let failed_in = |from: u64, to: u64| report.failed_at.iter().filter(|&&at| at >= from && at < to).count() as u64;
     Failover {
-        node: demo.plan.nodes[node].name.clone(),
-        service: demo.plan.services[service].name.clone(),
+        node: demo.plan().nodes[node].name.clone(),
+        service: demo.plan().services[service].name.clone(),
         killed,
+        removal: demo.removal(),
         detected_after: Duration::from_nanos(updated_at - killed_at),
         moved_after,
         back_after,

@@ -13,7 +13,8 @@ use serde::Serialize;
 use topology_common::outlier::CONSECUTIVE_FAILURES;
 
 use super::{
-    cluster::{DemoCluster, wait_until},
+    DemoNodes,
+    cluster::wait_until,
     plan::{Removed, SERVICE_PORT},
 };
 use crate::traffic::monotonic_ns;
@@ -56,29 +57,29 @@ impl PodFailover {
 
 /// Kills the first backend, waits [`DETECTION`], removes its endpoint, waits for every node to
 /// leave it; then restarts it and restores the endpoint.
-pub fn pod_failover(demo: &mut DemoCluster) -> PodFailover {
+pub fn pod_failover(demo: &mut impl DemoNodes) -> PodFailover {
     let victim = 0;
-    let backend = demo.plan.backends[victim].name.clone();
-    let service = demo.plan.services.iter().position(|s| s.name == "default").expect("default");
-    let target = SocketAddr::new(IpAddr::V4(demo.plan.services[service].vip), SERVICE_PORT);
+    let backend = demo.plan().backends[victim].name.clone();
+    let service = demo.plan().services.iter().position(|s| s.name == "default").expect("default");
+    let target = SocketAddr::new(IpAddr::V4(demo.plan().services[service].vip), SERVICE_PORT);
     let clients: Vec<_> = (0..demo.nodes())
-        .map(|node| demo.place(node).spawn_loop_with(target, &demo.dir, Duration::from_secs(60), false, PACE, true))
+        .map(|node| demo.place(node).spawn_loop_with(target, demo.dir(), Duration::from_secs(60), false, PACE, true))
         .collect();
     std::thread::sleep(Duration::from_millis(200));
     demo.kill_backend(victim);
     std::thread::sleep(DETECTION);
     let updated_at = monotonic_ns();
-    demo.write_cluster(Removed::Backend(&backend));
+    demo.set_removed(Removed::Backend(&backend));
     for node in 0..demo.nodes() {
         wait_until(demo, node, service, Duration::from_secs(30), |r| {
             r.failures() == 0 && r.successes() > 0 && !r.landed.contains_key(&backend)
         });
     }
     demo.restart_backend(victim);
-    demo.write_cluster(Removed::Nothing);
+    demo.set_removed(Removed::Nothing);
     let mut failover = PodFailover {
         backend: backend.clone(),
-        service: demo.plan.services[service].name.clone(),
+        service: demo.plan().services[service].name.clone(),
         detection: DETECTION,
         attempts: 0,
         failed_before_update: Vec::new(),
@@ -91,7 +92,7 @@ pub fn pod_failover(demo: &mut DemoCluster) -> PodFailover {
         failover.attempts += report.attempts;
         let before = report.failed_at.iter().filter(|&&at| at < updated_at).count() as u64;
         let cut = report.broken_at.iter().filter(|&&at| at < updated_at).count() as u64;
-        failover.failed_before_update.push((demo.plan.nodes[node].name.clone(), before - cut));
+        failover.failed_before_update.push((demo.plan().nodes[node].name.clone(), before - cut));
         failover.cut_by_the_kill += cut;
         failover.failed_after += report.failed_at.len() as u64 - before;
     }

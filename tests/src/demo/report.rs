@@ -108,24 +108,40 @@ pub fn table(results: &[ServiceResult]) -> String {
     out
 }
 
+/// What the demo measured, for [`write`].
+pub struct Measured<'a> {
+    /// Where connections landed, Service by Service.
+    pub results: &'a [ServiceResult],
+    /// A zone failing over.
+    pub failover: &'a Failover,
+    /// One pod failing over.
+    pub pod: &'a super::PodFailover,
+    /// The bytes section (the embedded control plane's bulk servers), if measured.
+    pub bytes: Option<&'a [super::bytes::BytesResult]>,
+    /// Which control plane fed the agents, in one sentence.
+    pub control_plane: &'a str,
+}
+
 /// Writes `report.md` and `in-zone.svg` into `dir`.
-pub fn write(
-    dir: &Path,
+pub fn write(dir: &Path, config: &DemoConfig, measured: &Measured<'_>) -> std::io::Result<()> {
+    std::fs::write(dir.join("in-zone.svg"), svg(measured.results))?;
+    let mut markdown = markdown(config, measured.results, measured.failover, measured.pod, measured.control_plane);
+    if let Some(bytes) = measured.bytes {
+        markdown.push_str(&super::bytes::section(bytes));
+    }
+    std::fs::write(dir.join("report.md"), markdown)
+}
+
+fn markdown(
     config: &DemoConfig,
     results: &[ServiceResult],
     failover: &Failover,
     pod: &super::PodFailover,
-    bytes: &[super::bytes::BytesResult],
-) -> std::io::Result<()> {
-    std::fs::write(dir.join("in-zone.svg"), svg(results))?;
-    let mut markdown = markdown(config, results, failover, pod);
-    markdown.push_str(&super::bytes::section(bytes));
-    std::fs::write(dir.join("report.md"), markdown)
-}
-
-fn markdown(config: &DemoConfig, results: &[ServiceResult], failover: &Failover, pod: &super::PodFailover) -> String {
+    control_plane: &str,
+) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "# topology-agent demo\n");
+    let _ = writeln!(out, "Control plane: {control_plane}\n");
     let _ = writeln!(
         out,
         "{} zones in {} region(s), {} nodes per zone, {} backends per zone; {} connections per node per Service, \
@@ -197,7 +213,7 @@ fn markdown(config: &DemoConfig, results: &[ServiceResult], failover: &Failover,
 pub fn failover_sentence(f: &Failover) -> String {
     format!(
         "The {} servers of `{}` were killed (SIGKILL) while a client on `{}` connected to `{}` about every millisecond; \
-         their endpoints left `cluster.yaml` {:.1} ms later (detection here is immediate; on a cluster it is the \
+         their endpoints {} {:.1} ms later (detection here is immediate; on a cluster it is the \
          readiness probe's period × failure threshold, or the pods' deletion). New connections left the zone {:.0} ms \
          after that, and came back {:.0} ms after the servers were restarted and the endpoints restored. Of {} \
          connections, {} failed before the endpoints were updated, {} while the agent reacted, {} after.",
@@ -205,6 +221,7 @@ pub fn failover_sentence(f: &Failover) -> String {
         f.zone,
         f.node,
         f.service,
+        f.removal,
         f.detected_after.as_secs_f64() * 1e3,
         f.moved_after.as_secs_f64() * 1e3,
         f.back_after.as_secs_f64() * 1e3,

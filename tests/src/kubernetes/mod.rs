@@ -280,6 +280,16 @@ impl Cluster {
         pod.server = Some(ProcessGuard::spawn_ready(&mut command, &format!("pod {}", pod.key())));
     }
 
+    /// Kills the pod's server (SIGKILL, as when its container dies), telling the cluster nothing.
+    pub fn kill_server(&self, pod: &mut Pod) {
+        pod.server.take();
+    }
+
+    /// Whether the pod's server runs.
+    pub fn serving(&self, pod: &Pod) -> bool {
+        pod.server.is_some()
+    }
+
     /// Reports the pod Running, Ready or not, as its node.
     pub fn report(&self, pod: &Pod, ready: bool) {
         let node = self.node(&pod.node);
