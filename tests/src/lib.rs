@@ -4,6 +4,7 @@
 pub mod accounting;
 pub mod agent;
 pub mod bulk;
+pub mod caps;
 pub mod cluster;
 pub mod datagrams;
 pub mod demo;

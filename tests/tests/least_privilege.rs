@@ -16,58 +16,6 @@ use topology_tests::{
 /// `topology-agent/tests/deploy_manifests.rs` pins.
 const DAEMONSET: [&str; 4] = ["cap_bpf", "cap_net_admin", "cap_sys_admin", "cap_perfmon"];
 
-/// Every capability the kernel knows (capability(7)), by `capsh`'s names.
-const ALL: [&str; 41] = [
-    "cap_chown",
-    "cap_dac_override",
-    "cap_dac_read_search",
-    "cap_fowner",
-    "cap_fsetid",
-    "cap_kill",
-    "cap_setgid",
-    "cap_setuid",
-    "cap_setpcap",
-    "cap_linux_immutable",
-    "cap_net_bind_service",
-    "cap_net_broadcast",
-    "cap_net_admin",
-    "cap_net_raw",
-    "cap_ipc_lock",
-    "cap_ipc_owner",
-    "cap_sys_module",
-    "cap_sys_rawio",
-    "cap_sys_chroot",
-    "cap_sys_ptrace",
-    "cap_sys_pacct",
-    "cap_sys_admin",
-    "cap_sys_boot",
-    "cap_sys_nice",
-    "cap_sys_resource",
-    "cap_sys_time",
-    "cap_sys_tty_config",
-    "cap_mknod",
-    "cap_lease",
-    "cap_audit_write",
-    "cap_audit_control",
-    "cap_setfcap",
-    "cap_mac_override",
-    "cap_mac_admin",
-    "cap_syslog",
-    "cap_wake_alarm",
-    "cap_block_suspend",
-    "cap_audit_read",
-    "cap_perfmon",
-    "cap_bpf",
-    "cap_checkpoint_restore",
-];
-
-/// `capsh` dropping every capability but `keep` from the bounding set, then running the agent
-/// (as root, so it gets exactly the bounding set, as a container's root does).
-fn under_capsh(keep: &[&str]) -> Vec<String> {
-    let drop: Vec<&str> = ALL.iter().copied().filter(|cap| !keep.contains(cap)).collect();
-    vec!["capsh".into(), format!("--drop={}", drop.join(",")), "--".into(), "-c".into(), "exec \"$0\" \"$@\"".into()]
-}
-
 #[test]
 fn the_agent_runs_with_exactly_the_daemonsets_capabilities_and_names_any_missing_one() {
     require_root!();
@@ -90,7 +38,7 @@ fn the_agent_runs_with_exactly_the_daemonsets_capabilities_and_names_any_missing
     // Without one capability: a clear error naming it, before anything is loaded.
     for missing in DAEMONSET {
         let keep: Vec<&str> = DAEMONSET.iter().copied().filter(|cap| *cap != missing).collect();
-        let wrapper = under_capsh(&keep);
+        let wrapper = topology_tests::caps::capsh_keeping(&keep);
         let output = Command::new(&wrapper[0])
             .args(&wrapper[1..])
             .arg(agent_binary())
@@ -111,7 +59,7 @@ fn the_agent_runs_with_exactly_the_daemonsets_capabilities_and_names_any_missing
 
     // With exactly the DaemonSet's: it loads, programs and serves, DNS included (on an
     // unprivileged port, as the DaemonSet's, with the steering heartbeat written).
-    let mut full = options(under_capsh(&DAEMONSET));
+    let mut full = options(topology_tests::caps::capsh_keeping(&DAEMONSET));
     let dns = format!("{}:0", fx.client.v4);
     full.netns = Some(fx.client.netns.name());
     full.extra = vec!["--dns-listen".into(), dns];
@@ -130,7 +78,7 @@ fn the_agent_runs_with_exactly_the_daemonsets_capabilities_and_names_any_missing
     agent.wait_exit(Duration::from_secs(10));
 
     // Without socket termination, SYS_ADMIN is not needed.
-    let mut lean = options(under_capsh(&["cap_bpf", "cap_net_admin", "cap_perfmon"]));
+    let mut lean = options(topology_tests::caps::capsh_keeping(&["cap_bpf", "cap_net_admin", "cap_perfmon"]));
     lean.extra = vec!["--terminate-sockets".into(), "off".into()];
     let mut agent = Agent::start(&lean);
     agent.wait_ready(Duration::from_secs(20));

@@ -23,16 +23,10 @@ pub struct ClusterArgs {
 #[derive(Subcommand)]
 enum Action {
     /// Start etcd, kube-apiserver, kube-controller-manager and Ready nodes; return once ready.
+    /// Options of `topology-cluster serve`: --zones N, --nodes-per-zone N, --agents.
     Up {
-        /// Zones (`zone-a`, `zone-b`, ...).
-        #[arg(long, default_value_t = 3)]
-        zones: usize,
-        /// Nodes per zone.
-        #[arg(long, default_value_t = 1)]
-        nodes_per_zone: usize,
-        /// Also apply `deploy/` and run the agent's pod on every node.
-        #[arg(long)]
-        agents: bool,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        options: Vec<String>,
     },
     /// Stop it, and remove what a crashed one left.
     Down,
@@ -60,8 +54,8 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
             .current_dir(&root);
         command
     };
-    match args.action {
-        Action::Up { zones, nodes_per_zone, agents } => {
+    match &args.action {
+        Action::Up { options } => {
             // A cluster already up is stopped first: one at a time, its leftovers swept.
             cmd::run(supervisor().arg("down"))?;
             let log = state.join("supervisor.log");
@@ -69,11 +63,7 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
             let program = supervisor();
             command.arg(program.get_program()).args(program.get_args());
             command.envs(program.get_envs().filter_map(|(key, value)| Some((key, value?))));
-            command.current_dir(&root).args(["serve", "--zones", &zones.to_string()]);
-            command.args(["--nodes-per-zone", &nodes_per_zone.to_string()]);
-            if agents {
-                command.arg("--agents");
-            }
+            command.current_dir(&root).arg("serve").args(options);
             let mut child = command
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
