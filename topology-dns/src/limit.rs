@@ -2,8 +2,15 @@
 //! client cannot take the responder (or the node's CPU) from the others. When the table is full of
 //! recently active sources, a new source shares one overflow bucket with every other untracked
 //! source: a flood from many (spoofed) addresses gets one source's rate, and resets nobody's.
+//! And relayed queries in flight per source ([`InFlight`]): one client asking unique names as
+//! fast as it may cannot hold every slot the responder has for its upstreams.
 
-use std::{collections::HashMap, net::IpAddr, time::Instant};
+use std::{
+    collections::HashMap,
+    net::IpAddr,
+    sync::{Arc, Mutex, PoisonError},
+    time::Instant,
+};
 
 /// Sources tracked at most; when full, idle ones are forgotten first.
 const MAX_SOURCES: usize = 16_384;
@@ -60,6 +67,58 @@ impl SourceLimiter {
     }
 }
 
+/// Relayed queries (names the upstreams answer) in flight, per source address, each source
+/// at most its share of the responder's slots.
+#[derive(Debug)]
+pub struct InFlight {
+    per_source: usize,
+    counts: Mutex<HashMap<IpAddr, usize>>,
+}
+
+/// One relayed query of a source in flight; its slot is free again when dropped.
+#[derive(Debug)]
+pub struct Relaying {
+    in_flight: Arc<InFlight>,
+    source: IpAddr,
+}
+
+impl InFlight {
+    /// At most `per_source` queries in flight from each source.
+    pub fn new(per_source: usize) -> Arc<Self> {
+        Arc::new(Self { per_source, counts: Mutex::new(HashMap::new()) })
+    }
+
+    /// A slot for one more query of `source`, if it has one left.
+    pub fn enter(self: &Arc<Self>, source: IpAddr) -> Option<Relaying> {
+        let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = counts.entry(source).or_default();
+        if *count >= self.per_source {
+            return None;
+        }
+        *count += 1;
+        Some(Relaying { in_flight: Arc::clone(self), source })
+    }
+
+    /// Queries of `source` in flight now.
+    #[cfg(test)]
+    pub fn of(&self, source: IpAddr) -> usize {
+        self.counts.lock().unwrap_or_else(PoisonError::into_inner).get(&source).copied().unwrap_or(0)
+    }
+}
+
+impl Drop for Relaying {
+    fn drop(&mut self) {
+        let mut counts = self.in_flight.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        // A source with nothing in flight takes no room: the table holds only the busy ones.
+        if let Some(count) = counts.get_mut(&self.source) {
+            *count -= 1;
+            if *count == 0 {
+                counts.remove(&self.source);
+            }
+        }
+    }
+}
+
 /// Refills `bucket` at `rate` up to `rate` tokens, then takes one if it can.
 fn take(bucket: &mut Bucket, rate: f64, now: Instant) -> bool {
     {
@@ -93,6 +152,19 @@ mod tests {
         assert!(limiter.admit(a, start + Duration::from_millis(20)), "refilled");
         let mut unlimited = SourceLimiter::new(0);
         assert!((0..10_000).all(|_| unlimited.admit(a, start)));
+    }
+
+    #[test]
+    fn a_source_relays_at_most_its_share_and_gets_its_slots_back() {
+        let in_flight = InFlight::new(3);
+        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let held: Vec<Relaying> = (0..10).filter_map(|_| in_flight.enter(a)).collect();
+        assert_eq!(held.len(), 3, "its share, no more");
+        assert!(in_flight.enter(b).is_some(), "another source has slots of its own");
+        drop(held);
+        assert_eq!(in_flight.of(a), 0);
+        assert!(in_flight.counts.lock().unwrap().is_empty(), "idle sources take no room");
+        assert!(in_flight.enter(a).is_some(), "slots come back");
     }
 
     #[test]

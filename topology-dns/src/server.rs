@@ -28,7 +28,7 @@ use super::{
     answer::{self, Outcome, Zone, encode},
     cache::{AnswerCache, Cached},
     glance::{Domain, glance},
-    limit::SourceLimiter,
+    limit::{InFlight, Relaying, SourceLimiter},
     relay,
     relayed::{CacheSettings, Key},
     upstream::{Lookup, Upstream},
@@ -56,6 +56,8 @@ pub struct Responder {
     upstream: Arc<Upstream>,
     limiter: Mutex<SourceLimiter>,
     unlimited: bool,
+    /// Relayed queries in flight, per source.
+    relaying: Arc<InFlight>,
 }
 
 /// What to do with one datagram or TCP message.
@@ -131,6 +133,7 @@ impl Responder {
             upstream,
             limiter: Mutex::new(SourceLimiter::new(per_source_qps)),
             unlimited: per_source_qps == 0,
+            relaying: InFlight::new(crate::upstream::MAX_FORWARDS_PER_SOURCE),
         }
     }
 
@@ -227,6 +230,16 @@ impl Responder {
         self.upstream.chase(&request, response, target, relay::limit(&request, tcp)).await
     }
 
+    /// A slot for one more relayed query of `source`; `Err` with the SERVFAIL it gets instead
+    /// when its share is in flight (counted as `source_overloaded`).
+    fn relay_slot(&self, source: IpAddr, request: &Message, tcp: bool) -> Result<Relaying, Vec<u8>> {
+        self.relaying.enter(source).ok_or_else(|| {
+            self.metrics.query(request.queries.first().map(Query::query_type), "source_overloaded");
+            let limit = if tcp { u16::MAX } else { answer::udp_limit(request) };
+            encode(&answer::error(request, hickory_proto::op::ResponseCode::ServFail), limit)
+        })
+    }
+
     fn admit(&self, source: IpAddr) -> bool {
         if self.unlimited {
             return true;
@@ -286,24 +299,48 @@ pub async fn serve_udp(socket: Arc<UdpSocket>, responder: Arc<Responder>, shutdo
                 let _ = socket.send_to(&bytes, source).await;
             }
             Handled::Forward { request, raw } => {
+                let slot = match responder.relay_slot(source.ip(), &request, false) {
+                    Ok(slot) => slot,
+                    Err(refusal) => {
+                        let _ = socket.send_to(&refusal, source).await;
+                        continue;
+                    }
+                };
                 let (socket, responder) = (Arc::clone(&socket), Arc::clone(&responder));
                 tokio::spawn(async move {
                     let reply = responder.forward(&request, &raw, false).await;
+                    drop(slot);
                     let _ = socket.send_to(&reply, source).await;
                 });
             }
             Handled::Missed { request, raw, key } => {
+                let slot = match responder.relay_slot(source.ip(), &request, false) {
+                    Ok(slot) => slot,
+                    Err(refusal) => {
+                        let _ = socket.send_to(&refusal, source).await;
+                        continue;
+                    }
+                };
                 let (socket, responder) = (Arc::clone(&socket), Arc::clone(&responder));
                 tokio::spawn(async move {
                     let limit = relay::limit(&request, false);
                     let reply = responder.upstream.ask_for(key, &request, &raw, limit).await;
+                    drop(slot);
                     let _ = socket.send_to(&reply, source).await;
                 });
             }
             Handled::Chase(chase) => {
+                let slot = match responder.relay_slot(source.ip(), &chase.request, false) {
+                    Ok(slot) => slot,
+                    Err(refusal) => {
+                        let _ = socket.send_to(&refusal, source).await;
+                        continue;
+                    }
+                };
                 let (socket, responder) = (Arc::clone(&socket), Arc::clone(&responder));
                 tokio::spawn(async move {
                     let reply = responder.chase(*chase, false).await;
+                    drop(slot);
                     let _ = socket.send_to(&reply, source).await;
                 });
             }
@@ -351,11 +388,18 @@ async fn connection(mut stream: TcpStream, source: IpAddr, responder: &Responder
         busy.store(true, Ordering::Relaxed);
         let reply = match responder.handle(&bytes, true, None) {
             Handled::Reply { bytes, .. } => bytes,
-            Handled::Forward { request, raw } => responder.forward(&request, &raw, true).await,
-            Handled::Missed { request, raw, key } => {
-                responder.upstream.ask_for(key, &request, &raw, relay::limit(&request, true)).await
-            }
-            Handled::Chase(chase) => responder.chase(*chase, true).await,
+            Handled::Forward { request, raw } => match responder.relay_slot(source, &request, true) {
+                Ok(_slot) => responder.forward(&request, &raw, true).await,
+                Err(refusal) => refusal,
+            },
+            Handled::Missed { request, raw, key } => match responder.relay_slot(source, &request, true) {
+                Ok(_slot) => responder.upstream.ask_for(key, &request, &raw, relay::limit(&request, true)).await,
+                Err(refusal) => refusal,
+            },
+            Handled::Chase(chase) => match responder.relay_slot(source, &chase.request, true) {
+                Ok(_slot) => responder.chase(*chase, true).await,
+                Err(refusal) => refusal,
+            },
             Handled::Drop => return,
         };
         let Ok(len) = u16::try_from(reply.len()) else { return };

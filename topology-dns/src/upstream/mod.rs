@@ -35,6 +35,10 @@ use super::{
 pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(2);
 /// Relayed queries in flight; beyond, SERVFAIL at once.
 const MAX_FORWARDS: usize = 1024;
+/// Relayed queries in flight from one source: a sixteenth of them, so a pod asking unique names
+/// as fast as its rate allows (1,100 in half a second, in the review) holds 64 slots and leaves
+/// 960 to every other pod of the node; more than any resolver asks at once (glibc sends two).
+pub const MAX_FORWARDS_PER_SOURCE: usize = MAX_FORWARDS / 16;
 /// The SERVFAIL response code.
 const SERVFAIL: u8 = 2;
 
