@@ -112,13 +112,16 @@ fn a_flooding_pod_keeps_neither_probes_nor_memory() {
     assert!(rss_during - rss_before < 64.0, "the flood grew the agent {rss_before:.0} -> {rss_during:.0} MiB");
     eprintln!("served {served} of {FLOOD}; RSS {rss_before:.1} -> {rss_during:.1} MiB during the scrape flood");
 
-    // The plan is not served on the pod address: it shows every Service to whoever asks.
-    let (status, body) = netns::run_in(fx.client.netns.name(), move || get(metrics, "/debug/plan")).expect("plan");
-    assert_eq!(status, 404, "{body}");
-    assert!(body.contains("loopback only"), "{body}");
-    let loopback = SocketAddr::from(([127, 0, 0, 1], 9464));
-    let (status, _) = netns::run_in(node.netns.name(), move || get(loopback, "/debug/plan")).expect("plan");
-    assert_eq!(status, 200, "port-forward reaches it on the loopback");
+    // The plan and the cost are not served on the pod address: they show every Service (and
+    // every tenant's volumes) to whoever asks.
+    for path in ["/debug/plan", "/debug/cost"] {
+        let (status, body) = netns::run_in(fx.client.netns.name(), move || get(metrics, path)).expect(path);
+        assert_eq!(status, 404, "{path}: {body}");
+        assert!(body.contains("loopback only"), "{body}");
+        let loopback = SocketAddr::from(([127, 0, 0, 1], 9464));
+        let (status, _) = netns::run_in(node.netns.name(), move || get(loopback, path)).expect(path);
+        assert_eq!(status, 200, "{path}: port-forward reaches it on the loopback");
+    }
 }
 
 /// Whether the agent still keeps `stream` open, once what it already sent is read.

@@ -107,6 +107,10 @@ pub struct CostReport {
     pub services: Vec<CostRow>,
 }
 
+/// The table's last line: what a UDP port's bytes mean.
+pub const UDP_NOTE: &str = "UDP ports count what their clients sent, delivered or not: an upper bound of what crossed \
+                            (TCP's bytes are acknowledged ones; see docs/cost.md)\n";
+
 const GB: f64 = 1e9;
 const DAY: f64 = 86_400.0;
 
@@ -139,6 +143,9 @@ impl CostReport {
                 day(saved),
             );
         }
+        // UDP (`--byte-accounting all`) is counted where the socket accepts a datagram: what
+        // the clients sent, delivered or not. TCP's counts are acknowledged bytes.
+        out.push_str(UDP_NOTE);
         out
     }
 }
@@ -170,6 +177,7 @@ mod tests {
         // 1 GB per 10 min is 144 GB a day, $2.88 at $0.01 each way; the default would have cost
         // 6 times that.
         assert!(table.contains("2.88") && table.contains("14.40"), "{table}");
+        assert!(table.ends_with(UDP_NOTE), "the table says what a UDP figure means: {table}");
     }
 
     #[test]

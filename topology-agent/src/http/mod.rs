@@ -6,9 +6,9 @@
 //!
 //! Any pod can reach the pod address, so each listener bounds its connections in total and per
 //! client address ([`crate::connections`]), a response the client does not read ends its connection
-//! ([`deadline`]), kubelet's probes can have a listener of their own (`--probe-addr`), and the plan,
-//! which shows every Service whatever the reader may see through the API, is served on loopback
-//! only.
+//! ([`deadline`]), kubelet's probes can have a listener of their own (`--probe-addr`), and the plan
+//! and the cost, which show every Service (every tenant's volumes) whatever the reader may see
+//! through the API, are served on loopback only.
 
 mod deadline;
 
@@ -65,8 +65,8 @@ pub struct Endpoints {
     pub health: Arc<Health>,
     /// `/metrics`, if served here.
     pub metrics: Option<Arc<Metrics>>,
-    /// `/debug/plan`, if served here: only on loopback, since it shows every Service, endpoint
-    /// and zone whatever the reader may see through the API.
+    /// `/debug/plan` and `/debug/cost`, if served here: only on loopback, since they show every
+    /// Service, endpoint, zone and volume whatever the reader may see through the API.
     pub plans: Option<PlanClient>,
 }
 
@@ -145,8 +145,12 @@ async fn respond<B>(request: &Request<B>, endpoints: &Endpoints, encoding: &Sema
             response
         }
         "/debug/cost" => {
-            let Some(metrics) = &endpoints.metrics else {
-                return text(StatusCode::NOT_FOUND, "/debug/cost is served on --metrics-addr\n".into());
+            // Every tenant's volumes per Service: on the loopback only, beside the plan.
+            let (Some(metrics), Some(_)) = (&endpoints.metrics, &endpoints.plans) else {
+                return text(
+                    StatusCode::NOT_FOUND,
+                    "/debug/cost is served on loopback only (status --cost in the agent's pod reaches it)\n".into(),
+                );
             };
             let report = metrics
                 .cost
