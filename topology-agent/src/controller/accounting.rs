@@ -1,6 +1,7 @@
 //! Cross-zone bytes as the loop sees them: every [`INTERVAL`] the kernel's counts per Service port
 //! and backend are read, and what each gained since the last reading is added to
-//! `topology_agent_bytes_total` under the port's name, this node's zone and the backend's zone.
+//! `topology_agent_bytes_total` under the port's name, this node's zone and the backend's zone
+//! (`other` for a zone no Node has: the slices that name it are a tenant's to write).
 //! Names and zones come from the plan, and are kept once seen: the bytes of a connection that
 //! outlived its backend's place in the plan still count under its zone.
 
@@ -79,7 +80,7 @@ impl Accounting {
         &mut self,
         counted: Vec<CountedBytes>,
         plan: &NodePlan,
-        from_zone: &str,
+        (from_zone, zones): (&str, &BTreeSet<&str>),
         cap: usize,
     ) -> Gained {
         self.read_at = Some(Instant::now());
@@ -119,9 +120,12 @@ impl Accounting {
                     format!("{}/{protocol}", count.service)
                 }
             };
-            let to_zone = self.zones.get(&count.backend.ip()).and_then(Option::as_deref).unwrap_or_default().to_owned();
+            let to_zone = self.zones.get(&count.backend.ip()).and_then(Option::as_deref).unwrap_or_default();
             let moved = new.to_backend + new.from_backend;
             let crossed = !from_zone.is_empty() && !to_zone.is_empty() && from_zone != to_zone;
+            // An endpoint's zone is its EndpointSlice's word, which a tenant writes: one no Node
+            // has is no place, and each would be a series of its own.
+            let to_zone = if to_zone.is_empty() || zones.contains(to_zone) { to_zone } else { OTHER }.to_owned();
             let port_key = (count.service, count.protocol);
             if let Some(protocol) = Protocol::from_number(count.protocol) {
                 let port = ServicePort { vip: count.service.ip(), port: count.service.port(), protocol };
@@ -177,7 +181,8 @@ impl<P: Programmer> Controller<P> {
         match self.programmer.bytes() {
             Ok(counted) => {
                 let (zone, cap) = (self.ctx.node_zone().to_owned(), self.ctx.metrics.max_ports());
-                let gained = self.accounting.update(counted, &self.plan, &zone, cap);
+                let zones = self.intake.state.zones();
+                let gained = self.accounting.update(counted, &self.plan, (&zone, &zones), cap);
                 self.ctx.metrics.add_bytes(&gained.labels, &gained.services);
             }
             Err(error) => tracing::warn!(%error, "the bytes counted could not be read; retrying"),

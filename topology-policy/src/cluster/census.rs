@@ -3,7 +3,7 @@
 //! rank among them — and the region of each zone, for the endpoints' locality and the region
 //! topology key (an EndpointSlice names an endpoint's zone, not its region).
 
-use std::collections::{BTreeMap, btree_map::Entry};
+use std::collections::{BTreeMap, BTreeSet, btree_map::Entry};
 
 /// The Nodes' names and the region of each zone, as of one list.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
@@ -12,6 +12,8 @@ pub struct Census {
     names: Vec<String>,
     /// The region of each zone whose Nodes agree on one.
     regions: BTreeMap<String, String>,
+    /// Every zone a Node is labelled with.
+    zones: BTreeSet<String>,
 }
 
 /// One Node as the census reads it.
@@ -31,8 +33,12 @@ impl Census {
     pub fn new(nodes: impl IntoIterator<Item = Counted>) -> Self {
         let mut names = Vec::new();
         let mut regions: BTreeMap<String, Option<String>> = BTreeMap::new();
+        let mut zones = BTreeSet::new();
         for Counted { name, zone, region } in nodes {
             names.push(name);
+            if let Some(zone) = &zone {
+                zones.insert(zone.clone());
+            }
             let (Some(zone), Some(region)) = (zone, region) else { continue };
             match regions.entry(zone) {
                 Entry::Vacant(entry) => {
@@ -48,7 +54,12 @@ impl Census {
         names.sort_unstable();
         names.dedup();
         let regions = regions.into_iter().filter_map(|(zone, region)| Some((zone, region?))).collect();
-        Self { names, regions }
+        Self { names, regions, zones }
+    }
+
+    /// Every zone a Node is labelled with.
+    pub fn zones(&self) -> &BTreeSet<String> {
+        &self.zones
     }
 
     /// Where `name` stands among the Nodes' names in order, and how many there are, counting
@@ -108,6 +119,8 @@ mod tests {
         assert_eq!(census.region("eu-1a"), Some("eu-1"));
         assert_eq!(census.region("us-2b"), Some("us-2"));
         assert_eq!(census.region("odd"), None, "two regions for one zone: neither is trusted");
+        let zones: Vec<&str> = census.zones().iter().map(String::as_str).collect();
+        assert_eq!(zones, ["eu-1a", "no-region", "odd", "us-2b"], "every zone a Node has, region or not");
         assert_eq!(census.region("no-region"), None);
         assert_eq!(census.regions().len(), 2);
     }

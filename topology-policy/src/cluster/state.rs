@@ -202,6 +202,14 @@ impl ClusterState {
         moved
     }
 
+    /// Every zone a Node carries (`topology.kubernetes.io/zone`): of the Nodes held, and of the
+    /// census's. A zone an EndpointSlice names that no Node has is a tenant's string, not a place.
+    pub fn zones(&self) -> std::collections::BTreeSet<&str> {
+        let held = self.nodes.values().filter_map(|node| node.labels.get(super::model::LABEL_ZONE));
+        let counted = self.census.iter().flat_map(|census| census.zones().iter());
+        held.chain(counted.map(String::as_str)).collect()
+    }
+
     /// The census, if the Nodes are known from one.
     pub fn census(&self) -> Option<&Census> {
         self.census.as_ref()

@@ -38,6 +38,11 @@ fn plan() -> NodePlan {
     NodePlan::build(&yaml::parse(CLUSTER, "test").unwrap(), "node-a", None).unwrap()
 }
 
+/// The zones the cluster's Nodes carry.
+fn zones() -> BTreeSet<&'static str> {
+    BTreeSet::from(["zone-a", "zone-b"])
+}
+
 fn count(service: &str, backend: &str, to_backend: u64, from_backend: u64) -> CountedBytes {
     CountedBytes {
         service: service.parse().unwrap(),
@@ -61,7 +66,7 @@ fn each_reading_adds_what_each_count_gained_under_its_port_and_zones() {
             count("10.96.0.20:5432", "10.0.0.3:5432", 7, 0),
         ],
         &plan,
-        "zone-a",
+        ("zone-a", &zones()),
         10,
     );
     assert_eq!(
@@ -82,7 +87,7 @@ fn each_reading_adds_what_each_count_gained_under_its_port_and_zones() {
             count("10.96.0.20:5432", "10.0.0.3:5432", 7, 0),
         ],
         &plan,
-        "zone-a",
+        ("zone-a", &zones()),
         10,
     );
     assert_eq!(
@@ -97,22 +102,24 @@ fn each_reading_adds_what_each_count_gained_under_its_port_and_zones() {
 #[test]
 fn a_count_the_map_forgot_and_made_again_counts_whole() {
     let (plan, mut accounting) = (plan(), Accounting::default());
-    accounting.update(vec![count("10.96.0.20:5432", "10.0.0.3:5432", 500, 0)], &plan, "zone-a", 10);
+    accounting.update(vec![count("10.96.0.20:5432", "10.0.0.3:5432", 500, 0)], &plan, ("zone-a", &zones()), 10);
     // Gone from one reading (forgotten), then back, lower: every byte of it is new.
-    assert!(accounting.update(vec![], &plan, "zone-a", 10).labels.is_empty());
-    let again = accounting.update(vec![count("10.96.0.20:5432", "10.0.0.3:5432", 30, 0)], &plan, "zone-a", 10);
+    assert!(accounting.update(vec![], &plan, ("zone-a", &zones()), 10).labels.is_empty());
+    let again =
+        accounting.update(vec![count("10.96.0.20:5432", "10.0.0.3:5432", 30, 0)], &plan, ("zone-a", &zones()), 10);
     assert_eq!(again.labels, BTreeMap::from([(labels("default/db:pg", "zone-b", "to_backend"), 30)]));
 }
 
 #[test]
 fn ports_beyond_the_cap_are_summed_as_other_and_named_ports_keep_their_series() {
     let (plan, mut accounting) = (plan(), Accounting::default());
-    let first = accounting.update(vec![count("10.96.0.20:5432", "10.0.0.3:5432", 5, 0)], &plan, "zone-a", 1);
+    let first =
+        accounting.update(vec![count("10.96.0.20:5432", "10.0.0.3:5432", 5, 0)], &plan, ("zone-a", &zones()), 1);
     assert_eq!(first.labels, BTreeMap::from([(labels("default/db:pg", "zone-b", "to_backend"), 5)]));
     let second = accounting.update(
         vec![count("10.96.0.20:5432", "10.0.0.3:5432", 8, 0), count("10.96.0.10:80", "10.0.0.1:8080", 4, 0)],
         &plan,
-        "zone-a",
+        ("zone-a", &zones()),
         1,
     );
     assert_eq!(
@@ -127,7 +134,7 @@ fn ports_beyond_the_cap_are_summed_as_other_and_named_ports_keep_their_series() 
 #[test]
 fn names_and_zones_outlive_the_plan_and_unknown_ports_go_by_address() {
     let mut accounting = Accounting::default();
-    accounting.update(vec![count("10.96.0.20:5432", "10.0.0.3:5432", 1, 0)], &plan(), "zone-a", 10);
+    accounting.update(vec![count("10.96.0.20:5432", "10.0.0.3:5432", 1, 0)], &plan(), ("zone-a", &zones()), 10);
     // The Service is gone from the plan; its last connection's bytes still count under its name.
     let empty = NodePlan::build(
         &yaml::parse(&CLUSTER[..CLUSTER.find("- apiVersion: v1\n  kind: Service").unwrap()], "t").unwrap(),
@@ -138,7 +145,7 @@ fn names_and_zones_outlive_the_plan_and_unknown_ports_go_by_address() {
     let later = accounting.update(
         vec![count("10.96.0.20:5432", "10.0.0.3:5432", 9, 0), count("10.96.0.99:53", "10.0.0.9:53", 2, 0)],
         &empty,
-        "zone-a",
+        ("zone-a", &zones()),
         10,
     );
     assert_eq!(
@@ -161,7 +168,7 @@ fn each_port_counts_its_bytes_in_zone_across_and_what_the_default_would_have_sen
             count("10.96.0.20:5432", "10.0.0.3:5432", 40, 10),
         ],
         &plan,
-        "zone-a",
+        ("zone-a", &zones()),
         10,
     );
     let web = ServiceBytes { in_zone: 1000, cross_zone: 0, baseline_cross_zone: 500.0 };
@@ -169,7 +176,7 @@ fn each_port_counts_its_bytes_in_zone_across_and_what_the_default_would_have_sen
     assert_eq!(gained.services, BTreeMap::from([("default/db:pg".into(), db), ("default/web:http".into(), web)]));
     // A node without a zone crosses nothing it can tell.
     let (plan, mut accounting) = (super::tests::plan(), Accounting::default());
-    let unzoned = accounting.update(vec![count("10.96.0.20:5432", "10.0.0.3:5432", 40, 10)], &plan, "", 10);
+    let unzoned = accounting.update(vec![count("10.96.0.20:5432", "10.0.0.3:5432", 40, 10)], &plan, ("", &zones()), 10);
     assert_eq!(unzoned.services["default/db:pg"].cross_zone, 0);
 }
 
@@ -177,6 +184,41 @@ fn each_port_counts_its_bytes_in_zone_across_and_what_the_default_would_have_sen
 fn a_restarted_agent_counts_from_what_the_kernel_held_when_it_started() {
     let plan = plan();
     let mut accounting = Accounting::starting_from(vec![count("10.96.0.20:5432", "10.0.0.3:5432", 500, 20)]);
-    let gained = accounting.update(vec![count("10.96.0.20:5432", "10.0.0.3:5432", 530, 20)], &plan, "zone-a", 10);
+    let gained =
+        accounting.update(vec![count("10.96.0.20:5432", "10.0.0.3:5432", 530, 20)], &plan, ("zone-a", &zones()), 10);
     assert_eq!(gained.labels, BTreeMap::from([(labels("default/db:pg", "zone-b", "to_backend"), 30)]));
+}
+
+#[test]
+fn a_zone_no_node_has_is_other() {
+    // A tenant's slice names zones of its own making: each would be a series.
+    let tenant = r#"
+- apiVersion: v1
+  kind: Service
+  metadata: {name: odd, namespace: tenant}
+  spec: {clusterIP: 10.96.0.30, ports: [{name: http, port: 80}]}
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {name: odd-1, namespace: tenant, labels: {kubernetes.io/service-name: odd}}
+  addressType: IPv4
+  ports: [{name: http, port: 8080}]
+  endpoints:
+  - {addresses: [10.0.0.7], zone: made-up-7, conditions: {ready: true}}
+"#;
+    let cluster = yaml::parse(&format!("{CLUSTER}{tenant}"), "test").unwrap();
+    let plan = NodePlan::build(&cluster, "node-a", None).unwrap();
+    let mut accounting = Accounting::default();
+    let gained = accounting.update(
+        vec![count("10.96.0.30:80", "10.0.0.7:8080", 70, 0), count("10.96.0.10:80", "10.0.0.2:8080", 5, 0)],
+        &plan,
+        ("zone-a", &cluster.zones()),
+        10,
+    );
+    assert_eq!(
+        gained.labels,
+        BTreeMap::from([
+            (labels("default/web:http", "zone-b", "to_backend"), 5),
+            (labels("tenant/odd:http", "other", "to_backend"), 70),
+        ])
+    );
 }
