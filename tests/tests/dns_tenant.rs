@@ -53,6 +53,6 @@ fn one_pods_flood_of_unique_names_leaves_the_relay_to_the_others() {
     eprintln!("the flood: {flooded:?}; the other pod's lookup: {asked:?}");
     // The tenant got its share relayed and answered; the rest of its burst SERVFAIL at once.
     let answered = flooded.answers.get(ANSWER).copied().unwrap_or(0);
-    assert!(answered >= 64, "its share relayed: {flooded:?}");
+    assert!(answered >= 256, "its share relayed: {flooded:?}");
     assert!(flooded.failed > 0, "beyond its share, refused: {flooded:?}");
 }
