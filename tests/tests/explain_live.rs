@@ -93,5 +93,5 @@ async fn a_refused_list_is_an_error_naming_the_reason() {
         .expect("explain runs");
     assert!(!refused.status.success());
     let stderr = String::from_utf8_lossy(&refused.stderr);
-    assert!(stderr.contains("forbidden (HTTP 403)") && stderr.contains("needs get, list and watch"), "{stderr}");
+    assert!(stderr.contains("forbidden (HTTP 403)") && stderr.contains("needs list and watch"), "{stderr}");
 }
