@@ -1,6 +1,6 @@
 //! One pod cannot take the node's DNS relay from the others (root, real kernel): a pod asking
 //! unique names outside the cluster as fast as its rate allows, of an upstream slow enough that
-//! they stay in flight, holds only its share of the relay's slots; another pod's lookup, asked
+//! they stay in flight, cannot take the slots kept for the others; another pod's lookup, asked
 //! meanwhile, is relayed and answered instead of getting SERVFAIL at once. `--test-threads=1`.
 
 use std::{
@@ -53,6 +53,6 @@ fn one_pods_flood_of_unique_names_leaves_the_relay_to_the_others() {
     eprintln!("the flood: {flooded:?}; the other pod's lookup: {asked:?}");
     // The tenant got its share relayed and answered; the rest of its burst SERVFAIL at once.
     let answered = flooded.answers.get(ANSWER).copied().unwrap_or(0);
-    assert!(answered >= 256, "its share relayed: {flooded:?}");
+    assert!(answered >= 64, "at least its share relayed: {flooded:?}");
     assert!(flooded.failed > 0, "beyond its share, refused: {flooded:?}");
 }

@@ -133,7 +133,11 @@ impl Responder {
             upstream,
             limiter: Mutex::new(SourceLimiter::new(per_source_qps)),
             unlimited: per_source_qps == 0,
-            relaying: InFlight::new(crate::upstream::MAX_FORWARDS_PER_SOURCE),
+            relaying: InFlight::new(
+                crate::upstream::FORWARDS_PER_SOURCE,
+                crate::upstream::MAX_FORWARDS,
+                crate::upstream::FORWARDS_RESERVED,
+            ),
         }
     }
 
@@ -231,7 +235,8 @@ impl Responder {
     }
 
     /// A slot for one more relayed query of `source`; `Err` with the SERVFAIL it gets instead
-    /// when its share is in flight (counted as `source_overloaded`).
+    /// when it has its share in flight and only the others' reserve is left (counted as
+    /// `source_overloaded`).
     fn relay_slot(&self, source: IpAddr, request: &Message, tcp: bool) -> Result<Relaying, Vec<u8>> {
         self.relaying.enter(source).ok_or_else(|| {
             self.metrics.query(request.queries.first().map(Query::query_type), "source_overloaded");

@@ -34,12 +34,15 @@ use super::{
 /// How long an upstream has to answer before the client gets SERVFAIL (or a stale answer).
 pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(2);
 /// Relayed queries in flight; beyond, SERVFAIL at once.
-const MAX_FORWARDS: usize = 1024;
-/// Relayed queries in flight from one source: a quarter of them, so a pod asking unique names as
-/// fast as its rate allows (1,100 in half a second, in the review) holds 256 slots and leaves 768
-/// to every other pod of the node, while one busy client — 50,000 unique names a second at 4 ms
-/// each, the DNS bench's mix (b), is 200 in flight — never meets it.
-pub const MAX_FORWARDS_PER_SOURCE: usize = MAX_FORWARDS / 4;
+pub const MAX_FORWARDS: usize = 1024;
+/// Relayed queries in flight granted to every source whatever the others do: more than any
+/// resolver asks at once (glibc asks two).
+pub const FORWARDS_PER_SOURCE: usize = 64;
+/// Slots no source may borrow beyond its own share: what a pod flooding unique names (1,100 in
+/// half a second, in the review) leaves to every other pod of the node. One busy client alone
+/// may still use the rest — the DNS bench's mix (b), 50,000 unique names a second from dnsperf's
+/// one address, keeps hundreds in flight.
+pub const FORWARDS_RESERVED: usize = MAX_FORWARDS / 4;
 /// The SERVFAIL response code.
 const SERVFAIL: u8 = 2;
 
