@@ -108,7 +108,13 @@ impl Fixture {
 
     /// Where clients run: the client namespace, inside the cgroup.
     pub fn place(&self) -> ClientPlace {
-        ClientPlace { netns: self.client.netns.name().to_owned(), cgroup: self.cgroup.path().to_path_buf(), cpu: None }
+        self.place_in(&self.client)
+    }
+
+    /// Where another pod's clients run: `host`'s namespace (made on this fixture's network),
+    /// inside the cgroup.
+    pub fn place_in(&self, host: &Host) -> ClientPlace {
+        ClientPlace { netns: host.netns.name().to_owned(), cgroup: self.cgroup.path().to_path_buf(), cpu: None }
     }
 
     /// A desired state with one service port.

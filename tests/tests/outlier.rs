@@ -1,9 +1,10 @@
 //! Passive outlier ejection through the real kernel (root, the agent's default): a backend whose
-//! handshakes from this node fail five times in a row — refused, unanswered, or answered by an
-//! ICMP error — is avoided by this node's connect hooks for 10 s, then tried again, and ejected
-//! for twice as long when it fails again; a set more than half ejected is used whole; a Service
-//! may turn it off; a socket connected elsewhere charges its failures to no backend.
-//! `--test-threads=1`.
+//! handshakes from this node's pods fail five times in a row — refused, unanswered, or answered by
+//! an ICMP error — is avoided by this node's connect hooks for 10 s, then tried again, and
+//! ejected for twice as long when it fails again. The evidence must come from two pods; a
+//! Service's ejections are its own; at most a tenth of a set is ejected; a Service may turn it
+//! off, and so may the agent, ending ejections in force; a socket connected elsewhere charges its
+//! failures to no backend. `--test-threads=1`.
 
 use std::{
     net::{IpAddr, SocketAddr},
@@ -15,12 +16,18 @@ use topology_tests::{
     agent::{Agent, AgentOptions},
     cluster::{self, EndpointSpec},
     fixture::{BACKEND_PORT, Fixture},
+    net::{ClientPlace, Host},
     require_root,
+    traffic::Report,
 };
 
 const VIP: &str = "10.96.0.90:80";
+/// The other tenant's Service, in its own namespace.
+const TENANT_VIP: &str = "10.96.0.91:80";
 
-fn write(fx: &Fixture, file: &Path, ejection: Option<&str>) {
+/// The cluster: Service `default/web` over `fx`'s backends at [`VIP`] (with its ejection
+/// annotation, if any), and each of `more`.
+fn write(fx: &Fixture, file: &Path, ejection: Option<&str>, more: Vec<serde_json::Value>) {
     let vip: SocketAddr = VIP.parse().expect("VIP");
     let endpoints: Vec<EndpointSpec> =
         fx.backends.iter().map(|b| EndpointSpec::new(IpAddr::V4(b.host.v4), "node-a")).collect();
@@ -29,25 +36,61 @@ fn write(fx: &Fixture, file: &Path, ejection: Option<&str>) {
         cluster::annotate(&mut service, "topology-agent.io/outlier-ejection", value);
     }
     let slice = cluster::slice("default", "web-1", "web", "http", BACKEND_PORT, "TCP", &endpoints);
-    cluster::write(file, &[cluster::node("node-a", "zone-a", None, "4"), service, slice]);
+    let mut objects = vec![cluster::node("node-a", "zone-a", None, "4"), service, slice];
+    objects.extend(more);
+    cluster::write(file, &objects);
 }
 
 /// An agent (with ejection, the default) for `fx`'s backends behind [`VIP`].
 fn start(fx: &Fixture, ejection: Option<&str>) -> Agent {
+    start_with(fx, ejection, Vec::new(), &[])
+}
+
+/// An agent for `fx`'s backends behind [`VIP`], and `more` objects, with `args` added.
+fn start_with(fx: &Fixture, ejection: Option<&str>, more: Vec<serde_json::Value>, args: &[&str]) -> Agent {
     let file = fx.scratch().join("cluster.yaml");
-    write(fx, &file, ejection);
-    let options = AgentOptions::new(&file, "node-a", fx.cgroup.path(), fx.pins.path());
+    write(fx, &file, ejection, more);
+    let mut options = AgentOptions::new(&file, "node-a", fx.cgroup.path(), fx.pins.path());
+    options.extra.extend(args.iter().map(|a| (*a).to_owned()));
     let mut agent = Agent::start(&options);
     agent.wait_ready(Duration::from_secs(20));
     agent
 }
 
+/// Two pods of the node: the fixture's client and another.
+struct Pods {
+    first: ClientPlace,
+    second: ClientPlace,
+    _second: Host,
+}
+
+impl Pods {
+    fn new(fx: &mut Fixture) -> Self {
+        let host = fx.network.host("c");
+        Self { first: fx.place(), second: fx.place_in(&host), _second: host }
+    }
+
+    /// `count` TCP connections to `target`, half from each pod, at the same time.
+    fn tcp(&self, target: SocketAddr, count: u64) -> Report {
+        let (first, second) = (self.first.clone(), self.second.clone());
+        let other = std::thread::spawn(move || second.tcp(target, count / 2));
+        let mut report = first.tcp(target, count - count / 2);
+        report.merge(&other.join().expect("the second pod's client"));
+        report
+    }
+}
+
 /// Runs `rule` (iptables arguments after `-A INPUT -p tcp --dport <backend port>`) in `backend`'s
 /// namespace.
 fn filter(backend: &topology_tests::fixture::Backend, rule: &[&str]) {
+    iptables(backend.host.netns.name(), "INPUT", rule);
+}
+
+/// Appends `-A <chain> -p tcp --dport <backend port>` and `rule` in namespace `netns`.
+fn iptables(netns: &str, chain: &str, rule: &[&str]) {
     let port = BACKEND_PORT.to_string();
     let output = std::process::Command::new("ip")
-        .args(["netns", "exec", backend.host.netns.name(), "iptables", "-A", "INPUT", "-p", "tcp", "--dport", &port])
+        .args(["netns", "exec", netns, "iptables", "-A", chain, "-p", "tcp", "--dport", &port])
         .args(rule)
         .output()
         .expect("run iptables");
@@ -90,97 +133,168 @@ fn ejected_gauge(agent: &Agent) -> String {
 fn a_refusing_backend_is_ejected_after_five_failures_tried_again_and_ejected_longer() {
     require_root!();
     let mut fx = Fixture::new(2);
+    let pods = Pods::new(&mut fx);
     let agent = start(&fx, None);
     let vip: SocketAddr = VIP.parse().unwrap();
     // Both serve: nothing fails, both are used.
-    let calm = fx.place().tcp(vip, 100);
+    let calm = pods.tcp(vip, 100);
     assert!(calm.errors.is_empty() && calm.landed.len() == 2, "{calm:?}");
 
-    // b0's process exits: its handshakes are refused. Five in a row eject it; after that every
-    // connection goes to b1.
+    // b0's process exits: its handshakes are refused. Five in a row, from both pods, eject it (a
+    // few more while the second pod's first failure comes); after that every connection goes to b1.
     fx.backends[0].stop();
-    let outage = fx.place().tcp(vip, 300);
-    assert_eq!(outage.errors.get("ECONNREFUSED").copied(), Some(5), "{outage:?}");
-    assert_eq!(outage.landed.get("b1").copied(), Some(295), "{outage:?}");
-    let ejected = fx.place().tcp(vip, 200);
+    let outage = pods.tcp(vip, 300);
+    let refused = outage.errors.get("ECONNREFUSED").copied().unwrap_or(0);
+    assert!((5..=10).contains(&refused), "{outage:?}");
+    assert_eq!(outage.landed.get("b1").copied(), Some(300 - refused), "{outage:?}");
+    let ejected = pods.tcp(vip, 200);
     assert_eq!((ejected.errors.len(), ejected.landed.get("b1").copied()), (0, Some(200)), "{ejected:?}");
     // What the kernel holds, as /metrics and `status` say it.
     assert_eq!(ejected_gauge(&agent), "topology_agent_backends_ejected 1");
     let status = status(&fx);
     let b0 = format!("ejected {}:{BACKEND_PORT} for", fx.backends[0].host.v4);
-    assert!(status.contains(&b0) && status.contains("(ejection 1)"), "{status}");
+    assert!(status.contains(&b0) && status.contains("(ejection 1) from 10.96.0.90:80/TCP"), "{status}");
 
     // 10 s later it is tried again, fails five times more and is ejected again, for 20 s.
     std::thread::sleep(Duration::from_millis(10_500));
-    let retried = fx.place().tcp(vip, 300);
-    assert_eq!(retried.errors.get("ECONNREFUSED").copied(), Some(5), "{retried:?}");
+    let retried = pods.tcp(vip, 300);
+    let refused = retried.errors.get("ECONNREFUSED").copied().unwrap_or(0);
+    assert!((5..=10).contains(&refused), "{retried:?}");
     std::thread::sleep(Duration::from_millis(10_500));
-    let still = fx.place().tcp(vip, 200);
+    let still = pods.tcp(vip, 200);
     assert!(still.errors.is_empty(), "the second ejection lasts 20 s: {still:?}");
 }
 
 #[test]
-fn unanswered_and_unreachable_handshakes_eject_too() {
+fn one_pods_failures_never_eject_and_a_second_pods_do() {
     require_root!();
-    let fx = Fixture::new(4);
+    let mut fx = Fixture::new(2);
+    let pods = Pods::new(&mut fx);
     let agent = start(&fx, None);
-    // b0 drops every SYN (a node gone: the first retransmission, after 1 s, is the failure); b1
-    // answers with an ICMP host unreachable. Half the set: both are avoided.
-    filter(&fx.backends[0], &["-j", "DROP"]);
-    filter(&fx.backends[1], &["-j", "REJECT", "--reject-with", "icmp-host-unreachable"]);
-    let retransmitted = syn_retransmits(&fx);
-    let outage = fx.place().tcp(VIP.parse().unwrap(), 200);
-    // A timeout counts only if its SYN was retransmitted before the client gave up (1 s of 2):
-    // when this fails, the kernel's count and the agent's view tell a late timer from a miss.
-    let retransmitted = syn_retransmits(&fx) - retransmitted;
-    assert_eq!(
-        outage.errors.get("timeout").copied(),
-        Some(5),
-        "{outage:?}; SYNs retransmitted: {retransmitted}; status:\n{}",
-        status(&fx)
-    );
-    assert_eq!(outage.errors.get("EHOSTUNREACH").copied(), Some(5), "{outage:?}");
-    let live = outage.landed.get("b2").copied().unwrap_or(0) + outage.landed.get("b3").copied().unwrap_or(0);
-    assert_eq!(live, 190, "{outage:?}");
-    assert_eq!(ejected_gauge(&agent), "topology_agent_backends_ejected 2");
+    let vip: SocketAddr = VIP.parse().unwrap();
+    fx.backends[0].stop();
+    // One pod alone (its own policy, its own TTL, or a backend only it cannot reach look the
+    // same): its failures never eject the backend for the node's other pods.
+    let alone = pods.first.tcp(vip, 200);
+    assert!(alone.errors.get("ECONNREFUSED").copied().unwrap_or(0) > 60, "{alone:?}");
+    assert_eq!(ejected_gauge(&agent), "topology_agent_backends_ejected 0");
+    // A second pod's first failure is the evidence: ejected at once.
+    let second = pods.second.tcp(vip, 40);
+    assert_eq!(second.errors.get("ECONNREFUSED").copied(), Some(1), "{second:?}");
+    let after = pods.first.tcp(vip, 100);
+    assert!(after.errors.is_empty(), "{after:?}");
 }
 
 #[test]
-fn a_set_more_than_half_ejected_is_used_whole() {
+fn unanswered_handshakes_eject_too() {
     require_root!();
-    let mut fx = Fixture::new(4);
+    let mut fx = Fixture::new(2);
+    let pods = Pods::new(&mut fx);
+    let agent = start(&fx, None);
+    // b0 drops every SYN (a node gone): the first retransmission, after 1 s, is the failure.
+    filter(&fx.backends[0], &["-j", "DROP"]);
+    let retransmitted = syn_retransmits(&fx);
+    let outage = pods.tcp(VIP.parse().unwrap(), 100);
+    // A timeout counts only if its SYN was retransmitted before the client gave up (1 s of 2):
+    // when this fails, the kernel's count and the agent's view tell a late timer from a miss.
+    let retransmitted = syn_retransmits(&fx) - retransmitted;
+    let timeouts = outage.errors.get("timeout").copied().unwrap_or(0);
+    assert!(
+        (5..=8).contains(&timeouts),
+        "{outage:?}; SYNs retransmitted by the first pod: {retransmitted}; status:\n{}",
+        status(&fx)
+    );
+    assert_eq!(outage.landed.get("b1").copied(), Some(100 - timeouts), "{outage:?}");
+    assert_eq!(ejected_gauge(&agent), "topology_agent_backends_ejected 1");
+}
+
+#[test]
+fn unreachable_handshakes_eject_too() {
+    require_root!();
+    let mut fx = Fixture::new(2);
+    let pods = Pods::new(&mut fx);
+    let agent = start(&fx, None);
+    // b0 answers with an ICMP host unreachable.
+    filter(&fx.backends[0], &["-j", "REJECT", "--reject-with", "icmp-host-unreachable"]);
+    let outage = pods.tcp(VIP.parse().unwrap(), 200);
+    let unreachable = outage.errors.get("EHOSTUNREACH").copied().unwrap_or(0);
+    assert!((5..=10).contains(&unreachable), "{outage:?}");
+    assert_eq!(outage.landed.get("b1").copied(), Some(200 - unreachable), "{outage:?}");
+    assert_eq!(ejected_gauge(&agent), "topology_agent_backends_ejected 1");
+}
+
+#[test]
+fn at_most_a_tenth_of_a_set_is_ejected() {
+    require_root!();
+    let mut fx = Fixture::new(10);
+    let pods = Pods::new(&mut fx);
     let agent = start(&fx, None);
     let vip: SocketAddr = VIP.parse().unwrap();
-    // Two of four refuse: ejected, half the set, avoided.
-    fx.backends[0].stop();
-    fx.backends[1].stop();
-    let half = fx.place().tcp(vip, 200);
-    assert_eq!(half.errors.get("ECONNREFUSED").copied(), Some(10), "{half:?}");
-    // A third: once it is ejected too, more than half the set is, and the whole set is used
-    // again (the panic threshold): about three connections in four fail.
-    fx.backends[2].stop();
-    let _ = fx.place().tcp(vip, 100);
-    assert_eq!(ejected_gauge(&agent), "topology_agent_backends_ejected 3");
-    let whole = fx.place().tcp(vip, 200);
-    let (refused, live) = (whole.errors.get("ECONNREFUSED").copied().unwrap_or(0), whole.landed.get("b3").copied());
-    assert!(refused > 100 && live.is_some_and(|n| (20..100).contains(&n)), "{whole:?}");
+    // Three of ten refuse. One may be ejected (a tenth): the other two keep their share, and
+    // their clients see their failures, as without ejection.
+    for backend in &mut fx.backends[..3] {
+        backend.stop();
+    }
+    let _ = pods.tcp(vip, 300);
+    assert_eq!(ejected_gauge(&agent), "topology_agent_backends_ejected 1");
+    let capped = pods.tcp(vip, 400);
+    let refused = capped.errors.get("ECONNREFUSED").copied().unwrap_or(0);
+    assert!((40..=140).contains(&refused), "two of ten still refuse: {capped:?}");
+    // The healthy seven share the rest.
+    let healthy: Vec<u64> = (3..10).map(|i| capped.landed.get(&format!("b{i}")).copied().unwrap_or(0)).collect();
+    assert!(healthy.iter().all(|&n| n >= 15), "{capped:?}");
+    let status = status(&fx);
+    assert_eq!(status.matches("ejected 10.").count(), 1, "{status}");
+}
+
+#[test]
+fn a_services_ejections_are_its_own() {
+    require_root!();
+    let mut fx = Fixture::new(2);
+    let pods = Pods::new(&mut fx);
+    // Another tenant's Service names the victim's pods as its endpoints, asks to eject at one
+    // failure for 255 s, and its two pods drop their own SYNs.
+    let tenant_vip: SocketAddr = TENANT_VIP.parse().unwrap();
+    let mut evil = cluster::service("tenant", "evil", tenant_vip.ip(), tenant_vip.port(), "TCP", "http");
+    cluster::annotate(&mut evil, "topology-agent.io/outlier-ejection", "failures=1,base=255s");
+    let victims: Vec<EndpointSpec> =
+        fx.backends.iter().map(|b| EndpointSpec::new(IpAddr::V4(b.host.v4), "node-a")).collect();
+    let slice = cluster::slice("tenant", "evil-1", "evil", "http", BACKEND_PORT, "TCP", &victims);
+    let agent = start_with(&fx, None, vec![evil, slice], &[]);
+    for place in [&pods.first, &pods.second] {
+        iptables(&place.netns, "OUTPUT", &["-j", "DROP"]);
+    }
+    let attack = pods.tcp(tenant_vip, 12);
+    assert_eq!(attack.errors.get("timeout").copied(), Some(12), "{attack:?}");
+    // Ejected from the tenant's own Service, by its own settings...
+    assert_eq!(ejected_gauge(&agent), "topology_agent_backends_ejected 1");
+    let status = status(&fx);
+    assert!(status.contains(&format!("from {TENANT_VIP}/TCP")), "{status}");
+    // ...and from no other: the victim's Service still sends each pod its share.
+    let other = fx.network.host("c");
+    let used = fx.place_in(&other).tcp(VIP.parse().unwrap(), 200);
+    let shares = (used.landed.get("b0").copied().unwrap_or(0), used.landed.get("b1").copied().unwrap_or(0));
+    assert!(used.errors.is_empty() && shares.0 > 50 && shares.1 > 50, "{used:?}");
 }
 
 #[test]
 fn a_service_may_tune_the_failures_that_eject_and_the_ejection_time() {
     require_root!();
     let mut fx = Fixture::new(2);
+    let pods = Pods::new(&mut fx);
     let _agent = start(&fx, Some("failures=2, base=2s"));
     let vip: SocketAddr = VIP.parse().unwrap();
     fx.backends[0].stop();
-    let outage = fx.place().tcp(vip, 100);
-    assert_eq!(outage.errors.get("ECONNREFUSED").copied(), Some(2), "{outage:?}");
+    let outage = pods.tcp(vip, 100);
+    let refused = outage.errors.get("ECONNREFUSED").copied().unwrap_or(0);
+    assert!((2..=6).contains(&refused), "{outage:?}");
     // Tried again after 2 s: two more failures, then 4 s.
     std::thread::sleep(Duration::from_millis(2_300));
-    let retried = fx.place().tcp(vip, 100);
-    assert_eq!(retried.errors.get("ECONNREFUSED").copied(), Some(2), "{retried:?}");
+    let retried = pods.tcp(vip, 100);
+    let refused = retried.errors.get("ECONNREFUSED").copied().unwrap_or(0);
+    assert!((2..=6).contains(&refused), "{retried:?}");
     std::thread::sleep(Duration::from_millis(2_300));
-    let still = fx.place().tcp(vip, 100);
+    let still = pods.tcp(vip, 100);
     assert!(still.errors.is_empty(), "the second ejection lasts 4 s: {still:?}");
 }
 
@@ -188,28 +302,50 @@ fn a_service_may_tune_the_failures_that_eject_and_the_ejection_time() {
 fn a_service_may_turn_ejection_off() {
     require_root!();
     let mut fx = Fixture::new(2);
+    let pods = Pods::new(&mut fx);
     let _agent = start(&fx, Some("off"));
     fx.backends[0].stop();
-    let outage = fx.place().tcp(VIP.parse().unwrap(), 300);
+    let outage = pods.tcp(VIP.parse().unwrap(), 300);
     let refused = outage.errors.get("ECONNREFUSED").copied().unwrap_or(0);
     assert!(refused > 100, "without ejection about half keep failing: {outage:?}");
 }
 
 #[test]
+fn an_agent_started_with_ejection_off_ends_the_ejections_in_force() {
+    require_root!();
+    let mut fx = Fixture::new(2);
+    let pods = Pods::new(&mut fx);
+    let vip: SocketAddr = VIP.parse().unwrap();
+    let agent = start(&fx, None);
+    fx.backends[0].stop();
+    let _ = pods.tcp(vip, 100);
+    assert_eq!(ejected_gauge(&agent), "topology_agent_backends_ejected 1");
+    drop(agent);
+    // The connect hooks read the pinned ejections whether or not the tracing programs run: an
+    // agent with ejection off must not leave the previous one's in force for 10 s.
+    let agent = start_with(&fx, None, Vec::new(), &["--outlier-ejection", "off"]);
+    let outage = pods.tcp(vip, 200);
+    assert!(outage.errors.get("ECONNREFUSED").copied().unwrap_or(0) > 50, "{outage:?}");
+    assert_eq!(ejected_gauge(&agent), "topology_agent_backends_ejected 0");
+}
+
+#[test]
 fn a_socket_reconnected_elsewhere_charges_its_failures_to_no_backend() {
     require_root!();
-    let fx = Fixture::new(2);
+    let mut fx = Fixture::new(2);
+    let second = fx.network.host("c");
     let agent = start(&fx, None);
     let vip: SocketAddr = VIP.parse().unwrap();
-    // One socket, twelve times: through the Service to a healthy backend, the connection
-    // dissolved (`connect(AF_UNSPEC)`), then a refused connect to a closed port of the client's
-    // own namespace. The socket keeps its cookie and its entry in the connections table: the
+    // One socket per pod, twelve times: through the Service to a healthy backend, the connection
+    // dissolved (`connect(AF_UNSPEC)`), then a refused connect to a closed port of the pod's own
+    // namespace. The socket keeps its cookie and its entry in the connections table: the
     // refusals were once charged to the backend the entry names, ejecting a healthy pod for every
     // client of the node.
-    let closed: SocketAddr = (fx.client.v4, 1).into();
-    let attack = fx.place().reconnect_elsewhere(vip, closed, 12);
-    assert_eq!(attack.successes(), 12, "{attack:?}");
-    assert_eq!(attack.errors.get("ECONNREFUSED").copied(), Some(12), "{attack:?}");
+    for (place, addr) in [(fx.place(), fx.client.v4), (fx.place_in(&second), second.v4)] {
+        let attack = place.reconnect_elsewhere(vip, (addr, 1).into(), 12);
+        assert_eq!(attack.successes(), 12, "{attack:?}");
+        assert_eq!(attack.errors.get("ECONNREFUSED").copied(), Some(12), "{attack:?}");
+    }
     assert_eq!(ejected_gauge(&agent), "topology_agent_backends_ejected 0");
     let status = status(&fx);
     for backend in &fx.backends {

@@ -39,6 +39,8 @@ pub struct StatusReport {
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct OutlierStatus {
+    /// The Service port whose set it is ejected from, `ClusterIP:port/protocol`.
+    pub service: String,
     /// `address:port`.
     pub backend: std::net::SocketAddr,
     /// Handshakes failed in a row since its last success or ejection.
@@ -173,6 +175,7 @@ impl StatusReport {
                 .outliers
                 .iter()
                 .map(|o| OutlierStatus {
+                    service: o.service.to_string(),
                     backend: o.backend,
                     failures: o.failures,
                     ejections: o.ejections,
@@ -209,10 +212,14 @@ impl StatusReport {
             let _ = match o.ejected_for_s > 0.0 {
                 true => writeln!(
                     out,
-                    "ejected {} for {:.0} s more (ejection {}): its handshakes failed in a row",
-                    o.backend, o.ejected_for_s, o.ejections
+                    "ejected {} for {:.0} s more (ejection {}) from {}: its handshakes failed in a row",
+                    o.backend, o.ejected_for_s, o.ejections, o.service
                 ),
-                false => writeln!(out, "failing {}: {} handshakes failed in a row", o.backend, o.failures),
+                false => writeln!(
+                    out,
+                    "failing {} through {}: {} handshakes failed in a row",
+                    o.backend, o.service, o.failures
+                ),
             };
         }
         let measured: std::collections::BTreeMap<_, _> = self.backend_load.iter().map(|m| (m.backend, m)).collect();

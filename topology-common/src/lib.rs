@@ -28,7 +28,7 @@ pub use control::{
 };
 pub use index::{IndexEntry4, IndexEntry6};
 pub use load::{BackendKey, BackendLoad, spill};
-pub use outlier::{OutlierEntry, OutlierScan, OutlierState};
+pub use outlier::{OutlierEntry, OutlierKey, OutlierLedger, OutlierScan, OutlierState};
 pub use socket::{DATAGRAM_PEERS, DatagramPeer, DatagramPeers, IterRecord, SockTranslation, TcpTranslation};
 
 /// `AF_INET`, as stored in the `family` fields.
@@ -91,9 +91,12 @@ pub mod map_names {
     /// What the load signal measured per backend: [`BackendKey`](crate::BackendKey) ->
     /// [`BackendLoad`](crate::BackendLoad).
     pub const BACKEND_LOAD: &str = "topo_backend_load";
-    /// Failures and ejections per backend (passive outlier ejection, [`crate::outlier`]):
-    /// [`BackendKey`](crate::BackendKey) -> [`OutlierEntry`](crate::OutlierEntry); LRU.
+    /// Failures and ejections per Service port and backend (passive outlier ejection,
+    /// [`crate::outlier`]): [`OutlierKey`](crate::OutlierKey) -> [`OutlierEntry`](crate::OutlierEntry); LRU.
     pub const OUTLIERS: &str = "topo_outlier";
+    /// The ejections in force per Service port, the cap's ledger: service id ->
+    /// [`OutlierLedger`](crate::OutlierLedger).
+    pub const OUTLIER_LEDGERS: &str = "topo_outlier_cap";
     /// Whether any backend is failing or ejected, and the buckets of those that may be: one
     /// [`OutlierState`](crate::OutlierState).
     pub const OUTLIER_STATE: &str = "topo_outlier_st";
@@ -109,7 +112,7 @@ pub mod map_names {
     /// outside are passed without a lookup.
     pub const SERVICE_RANGES: &str = "topo_svc_range";
     /// Every map the agent pins and keeps across restarts, in a stable order.
-    pub const PINNED: [&str; 21] = [
+    pub const PINNED: [&str; 22] = [
         SERVICES_V4,
         SERVICES_V6,
         SLOTS,
@@ -127,6 +130,7 @@ pub mod map_names {
         DNS_STEER,
         BACKEND_LOAD,
         OUTLIERS,
+        OUTLIER_LEDGERS,
         OUTLIER_STATE,
         BYTES,
         SOCK_BYTES,
@@ -239,17 +243,20 @@ pub mod capacity {
     /// Clients remembered for `sessionAffinity: ClientIP`, over all services (LRU: the least
     /// recently used client of a full map chooses again).
     pub const CLIENT_AFFINITY: u32 = 65_536;
-    /// Positions of the TCP connections table (a power of two; 72 bytes each, allocated at load:
-    /// 9 MiB). A connection's entry is overwritten after about this many newer socket cookies:
+    /// Positions of the TCP connections table (a power of two; 80 bytes each, allocated at load:
+    /// 10 MiB). A connection's entry is overwritten after about this many newer socket cookies:
     /// its `getpeername()` then shows its backend's address, and `--terminate-sockets all`
     /// cannot find it.
     pub const TCP_CONNECTIONS: u32 = 131_072;
     /// Backends measured by the load signal (allocated on use: 20-byte keys, 64-byte
     /// values). A backend beyond it is not measured: its connections are still rewritten.
     pub const BACKEND_LOAD: u32 = 65_536;
-    /// Backends whose handshakes failed, remembered for outlier ejection (LRU, 60 bytes each):
-    /// the least recently failing one of a full map is forgotten.
+    /// Service port and backend pairs whose handshakes failed, remembered for outlier ejection
+    /// (LRU, 72 bytes each): the least recently failing one of a full map is forgotten.
     pub const OUTLIERS: u32 = 16_384;
+    /// Service ports with ejections in force or recent, each with its ledger (preallocated, 140
+    /// bytes each, 560 KiB): an ejection of a port that finds the map full is refused.
+    pub const OUTLIER_LEDGERS: u32 = 4_096;
     /// Service port and backend pairs whose bytes are counted (LRU, preallocated: 40-byte keys,
     /// 16-byte values, about 3.5 MiB in all): the least recently counted pair of a full map is
     /// forgotten, with what it counted since the agent last read it.
@@ -461,34 +468,4 @@ impl Default for ServiceMeta {
 }
 
 #[cfg(feature = "user")]
-mod pod {
-    // SAFETY: every type is `repr(C)`, `Copy`, made only of integers and integer arrays, and has
-    // its padding spelled out as fields, so any byte pattern is a valid value.
-    unsafe impl aya::Pod for super::ServiceKey4 {}
-    unsafe impl aya::Pod for super::ServiceKey6 {}
-    unsafe impl aya::Pod for super::ServiceValue {}
-    unsafe impl aya::Pod for super::Backend {}
-    unsafe impl aya::Pod for super::Slot {}
-    unsafe impl aya::Pod for super::ServiceCounters {}
-    unsafe impl aya::Pod for super::ServiceMeta {}
-    unsafe impl aya::Pod for super::SockTranslation {}
-    unsafe impl aya::Pod for super::TcpTranslation {}
-    unsafe impl aya::Pod for super::IterRecord {}
-    unsafe impl aya::Pod for super::DatagramPeer {}
-    unsafe impl aya::Pod for super::DatagramPeers {}
-    unsafe impl aya::Pod for super::Heartbeat {}
-    unsafe impl aya::Pod for super::DnsSteer {}
-    unsafe impl aya::Pod for super::NodeCounters {}
-    unsafe impl aya::Pod for super::ServiceOptions {}
-    unsafe impl aya::Pod for super::ServiceRanges {}
-    unsafe impl aya::Pod for super::ClientAffinityKey {}
-    unsafe impl aya::Pod for super::ClientAffinityValue {}
-    unsafe impl aya::Pod for super::IndexEntry4 {}
-    unsafe impl aya::Pod for super::IndexEntry6 {}
-    unsafe impl aya::Pod for super::BackendKey {}
-    unsafe impl aya::Pod for super::BackendLoad {}
-    unsafe impl aya::Pod for super::OutlierEntry {}
-    unsafe impl aya::Pod for super::OutlierState {}
-    unsafe impl aya::Pod for super::ByteCount {}
-    unsafe impl aya::Pod for super::SockBytes {}
-}
+mod pod;

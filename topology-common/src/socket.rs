@@ -59,21 +59,38 @@ pub struct TcpTranslation {
     pub connect_ns: u64,
     /// What the tracing programs saw of the connection: [`TcpTranslation::HANDSHAKE_FAILED`],
     /// [`TcpTranslation::RESET`].
-    pub marks: u64,
+    pub marks: u32,
+    /// The client: the low word of its network namespace's cookie (outlier ejection counts a
+    /// run's failures by client).
+    pub client: u32,
+    /// The Service port's id (`ServiceValue::service_id`): the port a failed handshake is
+    /// charged through.
+    pub service_id: u32,
+    /// Slots of the port's set when the connection was made (the ejection cap's measure).
+    pub set_size: u32,
 }
-const _: () = assert!(size_of::<TcpTranslation>() == 72);
+const _: () = assert!(size_of::<TcpTranslation>() == 80);
 
 impl TcpTranslation {
     /// A mark: a failure of its handshake was counted (`outlier`), so the socket's later failures
     /// (another unanswered SYN, then a reset) count nothing more.
-    pub const HANDSHAKE_FAILED: u64 = 1;
+    pub const HANDSHAKE_FAILED: u32 = 1;
     /// A mark: the backend reset the connection after its handshake.
-    pub const RESET: u64 = 2;
+    pub const RESET: u32 = 2;
 
-    /// The entry of `translation` for the socket `cookie`.
+    /// The entry of `translation` for the socket `cookie` (of no client, through no port).
     #[inline(always)]
     pub fn new(cookie: u64, translation: SockTranslation) -> Self {
-        Self { cookie, translation, seal: Self::seal_of(cookie, &translation), connect_ns: 0, marks: 0 }
+        Self {
+            cookie,
+            translation,
+            seal: Self::seal_of(cookie, &translation),
+            connect_ns: 0,
+            marks: 0,
+            client: 0,
+            service_id: 0,
+            set_size: 0,
+        }
     }
 
     /// A mix of the cookie and every byte of the translation (FNV-style over 32-bit words), never 0.

@@ -79,6 +79,15 @@ pub use writer::{Writer, verify_index};
 use crate as dataplane;
 use crate::desired::DesiredState;
 
+/// Ends a previous run's ejections when ejection is off: the connect hooks read the pinned
+/// entries whether or not the tracing programs run, so ejections in force would outlive the switch.
+fn end_ejections_if_off(layout: &PinLayout, on: bool) -> Result<(), DataplaneError> {
+    if on {
+        return Ok(());
+    }
+    outliers::clear(layout)
+}
+
 /// Turns off the steering a previous agent left: the entries it programmed name its responder,
 /// which may be gone or answer from an empty view; this agent steers again only once its own
 /// responder answers from a current view (see `dns::steer`).
@@ -176,7 +185,10 @@ impl Dataplane {
         let fail_open = FailOpen::new(config.fail_open_after);
         if let Some(previous) = reuse::find(&layout, &options, &config.cgroup) {
             match Self::keep(layout.clone(), previous, fail_open, &config.cgroup) {
-                Ok(kept) => return Ok(kept),
+                Ok(kept) => {
+                    end_ejections_if_off(&layout, config.outlier_ejection)?;
+                    return Ok(kept);
+                }
                 Err(error) => tracing::warn!(%error, "the attached programs could not be kept; loading them"),
             }
         }
@@ -199,6 +211,7 @@ impl Dataplane {
             heartbeat::beat(&mut writer.maps_mut().heartbeat, &fail_open)?;
         }
         stop_dns_steering(&layout)?;
+        end_ejections_if_off(&layout, config.outlier_ejection)?;
         loader::attach_all(&mut ebpf, &layout, &config.cgroup)?;
         reuse::record(&layout, &options, &config.cgroup, flavour)?;
         let cgroup = config.cgroup.clone();
@@ -340,10 +353,11 @@ impl Dataplane {
         backend_load::remove(&mut self.writer.maps_mut().backend_load, idle, invalid)
     }
 
-    /// The backends failing or ejected on this node (outlier ejection), after forgetting those
-    /// quiet for a failing window.
+    /// The backends failing or ejected on this node (outlier ejection) per Service port, after
+    /// forgetting those quiet for a failing window.
     pub fn outliers(&self) -> Result<Vec<Outlier>, DataplaneError> {
-        outliers::read_and_prune(&self.layout)
+        let ports = self.writer.kernel().services.iter().map(|(port, service)| (service.service_id, *port)).collect();
+        outliers::read_and_prune(&self.layout, ports)
     }
 
     /// The bytes the accounting programs counted, per Service port and backend.
@@ -388,7 +402,7 @@ impl CounterReader {
             node: heartbeat::read_node_counters(&self.maps.node_counters)?,
             heartbeat: Some(heartbeat::read(&self.maps.heartbeat)?),
             backends: backend_load::read(&self.maps.backend_load)?,
-            outliers: outliers::read(&self.maps.outliers)?,
+            outliers: outliers::read(&self.maps.outliers, || state::service_ports_of(&self.maps))?,
         })
     }
 }

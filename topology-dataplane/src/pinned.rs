@@ -45,7 +45,8 @@ pub fn read_pins(pin_path: &Path) -> Result<PinnedState, DataplaneError> {
         .filter(|name| layout.link(name).exists())
         .collect();
     let backend_load = backend_load::read(&maps.backend_load)?;
-    let outliers = maps::CounterMaps::from_pins(&layout).and_then(|counters| outliers::read(&counters.outliers))?;
+    let outliers = maps::CounterMaps::from_pins(&layout)
+        .and_then(|counters| outliers::read(&counters.outliers, || state::service_ports_of(&counters)))?;
     Ok(PinnedState {
         kernel,
         counters,

@@ -96,7 +96,7 @@ fn rebuilt(name: &str) -> Option<&'static str> {
         map_names::SERVICE_RANGES => Some("the service ranges"),
         map_names::BACKEND_LOAD => Some("the load signal's measurements"),
         map_names::TCP_CONNECTIONS => Some("the TCP connections' translations"),
-        map_names::OUTLIERS | map_names::OUTLIER_STATE => Some("the outlier ejections"),
+        map_names::OUTLIERS | map_names::OUTLIER_LEDGERS | map_names::OUTLIER_STATE => Some("the outlier ejections"),
         map_names::BYTES => Some("the bytes counted since the agent last read them"),
         _ => None,
     }

@@ -271,6 +271,11 @@ pub fn read_counters(maps: &MapSet) -> Result<BTreeMap<u32, ServiceCounters>, Da
     maps.counters.read(service_ports(&maps.services4, &maps.services6)?.into_keys())
 }
 
+/// The service port of every service id in the service entries `maps` hold.
+pub fn service_ports_of(maps: &CounterMaps) -> Result<BTreeMap<u32, ServicePort>, DataplaneError> {
+    service_ports(&maps.services4, &maps.services6)
+}
+
 type Services<K> = aya::maps::HashMap<aya::maps::MapData, K, ServiceValue>;
 type ServiceNames = aya::maps::HashMap<aya::maps::MapData, u32, ServiceMeta>;
 

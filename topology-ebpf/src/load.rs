@@ -146,7 +146,7 @@ pub fn ended(sk: *mut c_void, cookie: u64) {
 /// start time (0 when its entry is gone) and its marks. A socket connected elsewhere since (its
 /// connect through the Service failed) has that failure counted here and gives none.
 #[inline(always)]
-fn measured(sk: *mut c_void, cookie: u64) -> Option<(BackendKey, u64, u64)> {
+fn measured(sk: *mut c_void, cookie: u64) -> Option<(BackendKey, u64, u32)> {
     let Some((entry, translation)) = maps::tcp_connection(cookie) else {
         return marked(sk).then(|| peer::key(sk)).flatten().map(|key| (key, 0, 0));
     };

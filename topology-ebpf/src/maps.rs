@@ -14,9 +14,9 @@ use aya_ebpf::{
 };
 use topology_common::{
     BackendKey, BackendLoad, ByteCount, COUNTER_CHUNK, ClientAffinityKey, ClientAffinityValue, DatagramBytes,
-    DatagramPeers, DnsSteer, Heartbeat, IndexEntry4, IndexEntry6, NodeCounters, OutlierEntry, OutlierScan,
-    OutlierState, ServiceCounters, ServiceKey4, ServiceKey6, ServiceMeta, ServiceOptions, ServiceRanges, ServiceValue,
-    Slot, SockBytes, SockTranslation, TcpTranslation, capacity,
+    DatagramPeers, DnsSteer, Heartbeat, IndexEntry4, IndexEntry6, NodeCounters, OutlierEntry, OutlierKey,
+    OutlierLedger, OutlierScan, OutlierState, ServiceCounters, ServiceKey4, ServiceKey6, ServiceMeta, ServiceOptions,
+    ServiceRanges, ServiceValue, Slot, SockBytes, SockTranslation, TcpTranslation, capacity,
 };
 
 /// Maps only userspace writes are allocated on write, so an idle capacity costs no kernel memory.
@@ -180,10 +180,16 @@ pub static NODE_COUNTERS: PerCpuArray<NodeCounters, 1> = PerCpuArray::new();
 pub static BACKEND_LOAD: HashMap<BackendKey, BackendLoad, { capacity::BACKEND_LOAD as usize }, NO_PREALLOC> =
     HashMap::new();
 
-/// Failures and ejections per backend (see `outlier`); entries made by the tracing program on a
-/// backend's first failed handshake, the least recently used forgotten when full.
+/// Failures and ejections per Service port and backend (see `outlier`); entries made by the
+/// tracing program on a pair's first failed handshake, the least recently used forgotten when
+/// full.
 #[btf_map(name = "topo_outlier")]
-pub static OUTLIERS: LruHashMap<BackendKey, OutlierEntry, { capacity::OUTLIERS as usize }> = LruHashMap::new();
+pub static OUTLIERS: LruHashMap<OutlierKey, OutlierEntry, { capacity::OUTLIERS as usize }> = LruHashMap::new();
+
+/// The ejections in force per Service port (see `outlier`): the cap's ledger, locked while an
+/// ejection takes a place; preallocated (a tracing program takes it).
+#[btf_map(name = "topo_outlier_cap")]
+pub static OUTLIER_LEDGERS: HashMap<u32, OutlierLedger, { capacity::OUTLIER_LEDGERS as usize }> = HashMap::new();
 
 /// Whether any backend is failing or ejected (see `outlier`).
 #[btf_map(name = "topo_outlier_st")]

@@ -6,7 +6,9 @@
 //! received, a segment retransmitted, an error reported on a socket, node-wide. Each leaves at
 //! once unless the socket is in `SYN_SENT` (read at the offset the agent found in the kernel's
 //! BTF), the connect hooks rewrote it (its cookie's entry in the TCP connections table), and it
-//! is still connecting to the backend they chose.
+//! is still connecting to the backend they chose. A failure is charged to the backend through
+//! the Service port the socket was rewritten from, by that port's settings, and ejects it from
+//! that port's set alone.
 
 use core::{
     ffi::c_void,
@@ -20,21 +22,27 @@ use aya_ebpf::{
         bpf_probe_read_kernel,
         generated::{
             bpf_get_socket_cookie, bpf_ktime_get_coarse_ns, bpf_ktime_get_ns, bpf_map_lookup_elem, bpf_map_update_elem,
+            bpf_spin_lock, bpf_spin_unlock,
         },
     },
     macros::btf_tracepoint,
     programs::BtfTracePointContext,
 };
 use topology_common::{
-    AF_INET, Backend, BackendKey, IPPROTO_TCP, OutlierEntry, OutlierScan, SockTranslation, TcpTranslation,
-    outlier::{REDRAWS, Tuning, bucket_of, bucket_of_words},
+    Backend, BackendKey, IPPROTO_TCP, OutlierEntry, OutlierKey, OutlierLedger, OutlierScan, SockTranslation,
+    TcpTranslation,
+    outlier::{
+        LEDGER_ENTRIES, REDRAWS, SCAN_SLOTS, Tuning, bucket_of, bucket_of_words, ejection_cap,
+        ledger::bpf_spin_lock as SpinLock,
+    },
+    service_flags,
 };
 
 use crate::{
     choose::{self, Pick},
-    count, lookup,
-    maps::{self, OUTLIER_SCAN, OUTLIER_STATE, OUTLIERS, SERVICE_OPTIONS, SLOTS},
-    peer, sockaddr,
+    count,
+    maps::{self, OUTLIER_LEDGERS, OUTLIER_SCAN, OUTLIER_STATE, OUTLIERS, SERVICE_OPTIONS, SLOTS},
+    peer, rng,
 };
 
 /// `TCP_SYN_SENT`, as `sock_common.skc_state` holds it.
@@ -99,9 +107,21 @@ fn handshake_failed(sk: *const c_void) -> bool {
     }
     // SAFETY: as above.
     unsafe { write_volatile(marks, seen | TcpTranslation::HANDSHAKE_FAILED) };
-    let key =
-        BackendKey { addr: translation.backend, port: translation.backend_port, family: translation.family, _pad: 0 };
-    fail(&key, port_flags(&translation));
+    // SAFETY: as above; written by the connect hook with the rest of the entry.
+    let (client, service_id, set_size) = unsafe { ((*entry).client, (*entry).service_id, (*entry).set_size) };
+    // Charged through the port the socket was rewritten from, by its settings (see `Tuning`);
+    // nothing while that port has ejection off.
+    // SAFETY: an array element, read at once.
+    let flags = SERVICE_OPTIONS.get_ptr(service_id).map_or(0, |options| unsafe { (*options).flags });
+    if flags & service_flags::OUTLIER_OFF == 0 {
+        let backend = BackendKey {
+            addr: translation.backend,
+            port: translation.backend_port,
+            family: translation.family,
+            _pad: 0,
+        };
+        fail(&OutlierKey { backend, service_id }, flags, set_size, client);
+    }
     true
 }
 
@@ -127,51 +147,75 @@ fn ours(sk: *const c_void) -> Option<(*mut TcpTranslation, SockTranslation)> {
     maps::tcp_connection(cookie)
 }
 
-/// The options' flags of the Service port `translation` was rewritten from (its ejection
-/// settings, see `Tuning`); 0 (the defaults) once the port is gone.
+/// A handshake of `client` to `key` failed now, through a port with options `flags` (its
+/// ejection settings) and a set of `backends` slots: counted in its entry (made if the map takes
+/// it); its bucket's bit and the node's state set. An ejection takes a place in the port's
+/// ledger, within the set's cap.
 #[inline(never)]
-fn port_flags(translation: &SockTranslation) -> u32 {
-    let vip = sockaddr::words(&translation.vip);
-    let service = if translation.family == AF_INET {
-        lookup::service4(vip[0], translation.vip_port, translation.proto)
-    } else {
-        lookup::service6(vip, translation.vip_port, translation.proto)
-    };
-    // SAFETY: an array element, read at once.
-    service
-        .and_then(|service| SERVICE_OPTIONS.get_ptr(service.service_id))
-        .map_or(0, |options| unsafe { (*options).flags })
-}
-
-/// A handshake to `key` failed now, through a port with options `flags` (its ejection
-/// settings): counted in its entry (made if the map takes it); its bucket's bit and the node's
-/// state set.
-#[inline(never)]
-fn fail(key: &BackendKey, flags: u32) {
+fn fail(key: &OutlierKey, flags: u32, backends: u32, client: u32) {
     // SAFETY: no arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     let Some(entry) = lookup(key).or_else(|| create(key)) else {
         return;
     };
+    let (service_id, cap) = (key.service_id, ejection_cap(backends));
     // SAFETY: a map value of this type, valid while the program runs. The run's count is added to
     // atomically: failures of one backend on two CPUs at once both count.
     let _ = unsafe {
-        (*entry).fail_adding(now, Tuning::of(flags), |failures| count::atomic_increment(ptr::from_mut(failures)))
+        (*entry).fail_adding(
+            now,
+            Tuning::of(flags),
+            client,
+            |failures| count::atomic_increment(ptr::from_mut(failures)),
+            |until| admit(service_id, now, until, cap),
+        )
     };
     if let Some(state) = OUTLIER_STATE.get_ptr_mut(0) {
         // SAFETY: the element of a one-entry array, valid while the program runs. Not atomic: a
         // bit another CPU sets in the same word at the same moment may be lost, and set again by
         // its backend's next failure.
         unsafe {
-            (*state).flag(bucket_of(&key.addr, key.port));
+            (*state).flag(bucket_of(&key.backend.addr, key.backend.port));
             write_volatile(&raw mut (*state).active, 1);
         }
     }
 }
 
+/// A ledger with no ejection in force.
+static EMPTY_LEDGER: OutlierLedger =
+    OutlierLedger { lock: SpinLock { val: 0 }, _pad: 0, until_ns: [0; LEDGER_ENTRIES] };
+
+/// A place in port `service_id`'s ledger for an ejection at `now` until `until`, if fewer than
+/// `cap` are in force (then true); the ledger made if the map takes it, else refused.
+#[inline(never)]
+fn admit(service_id: u32, now: u64, until: u64, cap: u32) -> bool {
+    let ledger = match OUTLIER_LEDGERS.get_ptr_mut(service_id) {
+        Some(ledger) => ledger,
+        None => {
+            // NOEXIST: a CPU that lost the race to make it finds the winner's. From a constant: a
+            // ledger on the stack would not fit beside the tracing program's frames.
+            #[expect(clippy::needless_borrows_for_generic_args, reason = "by value, it would be copied to the stack")]
+            let _ = OUTLIER_LEDGERS.insert(service_id, &EMPTY_LEDGER, BPF_NOEXIST.into());
+            let Some(ledger) = OUTLIER_LEDGERS.get_ptr_mut(service_id) else {
+                return false;
+            };
+            ledger
+        }
+    };
+    // SAFETY: a map value of this type whose lock is its first field; held around a search that
+    // makes no call, as the verifier requires.
+    unsafe {
+        let lock = (&raw mut (*ledger).lock).cast();
+        bpf_spin_lock(lock);
+        let admitted = (*ledger).admit(now, until, cap);
+        bpf_spin_unlock(lock);
+        admitted
+    }
+}
+
 /// `key`'s entry, if it has one.
 #[inline(always)]
-fn lookup(key: &BackendKey) -> Option<*mut OutlierEntry> {
+fn lookup(key: &OutlierKey) -> Option<*mut OutlierEntry> {
     let map = ptr::from_ref(&OUTLIERS).cast_mut().cast::<c_void>();
     // SAFETY: `map` is a hash map of this object whose key and value types these are.
     let found = unsafe { bpf_map_lookup_elem(map, ptr::from_ref(key).cast_mut().cast()) }.cast::<OutlierEntry>();
@@ -180,7 +224,7 @@ fn lookup(key: &BackendKey) -> Option<*mut OutlierEntry> {
 
 /// `key`'s entry, made (zero) if the map takes it.
 #[inline(always)]
-fn create(key: &BackendKey) -> Option<*mut OutlierEntry> {
+fn create(key: &OutlierKey) -> Option<*mut OutlierEntry> {
     let map = ptr::from_ref(&OUTLIERS).cast_mut().cast::<c_void>();
     let zero = OutlierEntry::default();
     // SAFETY: as in `lookup`. NOEXIST: a CPU that lost the race to make it finds the winner's.
@@ -228,8 +272,7 @@ fn flagged(backend: &Backend) -> bool {
 /// counted against it, and 0.
 #[inline(never)]
 fn probe(pick: &Pick, family: u8) -> u64 {
-    let key = BackendKey { addr: pick.backend.addr, port: pick.backend.port, family, _pad: 0 };
-    let Some(entry) = lookup(&key) else {
+    let Some(entry) = lookup(&key_of(&pick.backend, family, pick.service.service_id)) else {
         return 0;
     };
     // SAFETY: no arguments; the coarse monotonic clock, the connect hooks' own.
@@ -251,30 +294,37 @@ fn attempt(pick: &Pick, family: u8, now: u64) {
     if !flagged(&pick.backend) {
         return;
     }
-    let key = BackendKey { addr: pick.backend.addr, port: pick.backend.port, family, _pad: 0 };
-    if let Some(entry) = lookup(&key) {
+    if let Some(entry) = lookup(&key_of(&pick.backend, family, pick.service.service_id)) {
         // SAFETY: as in `probe`.
         unsafe { (*entry).attempt(now) };
     }
 }
 
 /// The search for a backend not ejected (a BPF subprogram, so its keys and loops take no room in
-/// the connect hooks' own stack frame). The drawn backend, ejected, is
-/// kept if more than half the set's first [`SCAN`] slots are (the panic threshold); else drawn
-/// again, up to [`REDRAWS`] times, then replaced by the first of those slots not ejected.
+/// the connect hooks' own stack frame). The drawn backend, ejected, is kept if more than half of
+/// [`SCAN_SLOTS`] slots from a random one are (the panic threshold: a set that shrank under its
+/// ejections); else drawn again, up to [`REDRAWS`] times, then replaced by the first of those
+/// slots not ejected — from a random slot, so the clients of a set with ejections spread over
+/// the rest of it, not onto its first backend.
 #[inline(never)]
 fn redraw(pick: &mut Pick, family: u8, now: u64) {
     let Some(scan) = OUTLIER_SCAN.get_ptr_mut(0) else {
         return;
     };
-    let (base, count, set_id) = (pick.service.base, pick.service.count, pick.service.set_id);
+    let (base, count, set_id, service_id) =
+        (pick.service.base, pick.service.count, pick.service.set_id, pick.service.service_id);
+    if count == 0 {
+        return;
+    }
+    let start = (rng::random() as u32) % count;
     // SAFETY: this CPU's element of a one-entry per-CPU array, valid while the program runs
     // (nothing else runs on this CPU meanwhile: the hooks do not nest).
     unsafe { write_volatile(scan, OutlierScan { searched: 0, out: 0, first_in: u32::MAX, _pad: 0 }) };
-    for offset in 0..SCAN {
-        if offset >= count {
+    for step in 0..SCAN_SLOTS {
+        if step >= count {
             break;
         }
+        let offset = if start + step >= count { start + step - count } else { start + step };
         let Some(slot) = SLOTS.get_ptr(base.wrapping_add(offset)) else {
             break;
         };
@@ -287,7 +337,7 @@ fn redraw(pick: &mut Pick, family: u8, now: u64) {
         // every combination of the slots' outcomes.
         unsafe {
             write_volatile(&raw mut (*scan).searched, read_volatile(&raw const (*scan).searched) + 1);
-            if ejected(&slot.primary, family, now) {
+            if ejected(&slot.primary, family, service_id, now) {
                 write_volatile(&raw mut (*scan).out, read_volatile(&raw const (*scan).out) + 1);
             } else if read_volatile(&raw const (*scan).first_in) == u32::MAX {
                 write_volatile(&raw mut (*scan).first_in, offset);
@@ -301,7 +351,7 @@ fn redraw(pick: &mut Pick, family: u8, now: u64) {
     }
     for _ in 0..REDRAWS {
         match choose::draw(&pick.service) {
-            Ok(backend) if !ejected(&backend, family, now) => {
+            Ok(backend) if !ejected(&backend, family, service_id, now) => {
                 pick.backend = backend;
                 return;
             }
@@ -315,14 +365,16 @@ fn redraw(pick: &mut Pick, family: u8, now: u64) {
     }
 }
 
-/// Whether `backend` is ejected at `now`.
+/// Whether `backend` is ejected from port `service_id`'s set at `now`.
 #[inline(never)]
-fn ejected(backend: &Backend, family: u8, now: u64) -> bool {
-    let key = BackendKey { addr: backend.addr, port: backend.port, family, _pad: 0 };
+fn ejected(backend: &Backend, family: u8, service_id: u32, now: u64) -> bool {
     // SAFETY: a map value of this type, read at once.
-    lookup(&key).is_some_and(|entry| now < unsafe { read_volatile(&raw const (*entry).ejected_until_ns) })
+    lookup(&key_of(backend, family, service_id))
+        .is_some_and(|entry| now < unsafe { read_volatile(&raw const (*entry).ejected_until_ns) })
 }
 
-/// Slots searched for a backend not ejected, and for the share ejected: a set of at most this
-/// many slots is judged whole.
-const SCAN: u32 = 16;
+/// `backend` of family `family` as port `service_id`'s ejections name it.
+#[inline(always)]
+fn key_of(backend: &Backend, family: u8, service_id: u32) -> OutlierKey {
+    OutlierKey { backend: BackendKey { addr: backend.addr, port: backend.port, family, _pad: 0 }, service_id }
+}

@@ -9,7 +9,11 @@
 //! storage costs a connect about 0.7 µs on our bench machine, an LRU hash insert 0.5–0.9 µs, an
 //! array store next to nothing.
 
-use aya_ebpf::{EbpfContext as _, helpers::generated::bpf_get_socket_cookie, programs::SockAddrContext};
+use aya_ebpf::{
+    EbpfContext as _,
+    helpers::generated::{bpf_get_netns_cookie, bpf_get_socket_cookie},
+    programs::SockAddrContext,
+};
 use topology_common::{
     Backend, DATAGRAM_PEERS, DatagramPeer, DatagramPeers, IPPROTO_TCP, SockTranslation, TcpTranslation,
 };
@@ -61,9 +65,19 @@ pub fn remember_connection(ctx: &SockAddrContext, to: &Addressed, choice: &Pick,
         };
         // A socket whose earlier connect through a measured port failed connects again.
         load::connecting_again(entry, cookie);
+        // SAFETY: the helper accepts the sock_addr context. The client's namespace, for outlier
+        // ejection's evidence; its low word (cookies count up from one).
+        let client = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) } as u32;
         // SAFETY: an element of the array, valid for the program's lifetime. Another CPU writing
         // the same position at once leaves a torn entry, whose seal no reader accepts.
-        unsafe { *entry = TcpTranslation::new(cookie, translation) };
+        unsafe {
+            *entry = TcpTranslation {
+                client,
+                service_id: choice.service.service_id,
+                set_size: choice.service.count,
+                ..TcpTranslation::new(cookie, translation)
+            }
+        };
         if !measured || !load::on() {
             return true;
         }

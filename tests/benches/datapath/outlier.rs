@@ -12,7 +12,7 @@ use std::{
 use aya::maps::{Array, HashMap, Map, MapData};
 use topology_agent::dataplane::PinLayout;
 use topology_common::{
-    BackendKey, OutlierEntry, OutlierState, map_names,
+    BackendKey, OutlierEntry, OutlierKey, OutlierState, ServiceKey4, ServiceValue, map_names,
     outlier::{BUCKETS, bucket_of},
 };
 
@@ -28,7 +28,9 @@ pub enum State {
 /// The outlier maps of one pin directory.
 pub struct Maps {
     state: Array<MapData, OutlierState>,
-    entries: HashMap<MapData, BackendKey, OutlierEntry>,
+    entries: HashMap<MapData, OutlierKey, OutlierEntry>,
+    /// The node's IPv4 service ports' ids: a backend fails through each.
+    service_ids: Vec<u32>,
 }
 
 impl Maps {
@@ -37,6 +39,11 @@ impl Maps {
         Self {
             state: Array::try_from(Map::Array(open(map_names::OUTLIER_STATE))).expect("state"),
             entries: HashMap::try_from(Map::LruHashMap(open(map_names::OUTLIERS))).expect("entries"),
+            service_ids: {
+                let services: HashMap<MapData, ServiceKey4, ServiceValue> =
+                    HashMap::try_from(Map::HashMap(open(map_names::SERVICES_V4))).expect("services");
+                services.iter().filter_map(Result::ok).map(|(_, value)| value.service_id).collect()
+            },
         }
     }
 
@@ -49,7 +56,9 @@ impl Maps {
                 assert!(bucket < BUCKETS);
                 flags.flag(bucket);
                 let entry = OutlierEntry { failures: 1, last_failure_ns: now_ns(), ..OutlierEntry::default() };
-                self.entries.insert(key, entry, 0).expect("entry");
+                for &service_id in &self.service_ids {
+                    self.entries.insert(OutlierKey { backend: key, service_id }, entry, 0).expect("entry");
+                }
             }
         } else {
             // Another backend's bucket: none of these.

@@ -40,6 +40,8 @@ pub struct DemoCluster {
     infra: CgroupGuard,
     backend_hosts: Vec<Host>,
     node_hosts: Vec<Host>,
+    /// Per node, another pod's namespace (its clients run in the node's cgroup too).
+    pod_hosts: Vec<Host>,
     _network: Network,
 }
 
@@ -53,6 +55,7 @@ impl DemoCluster {
         // Agents and servers run here: cleanup kills whatever is left in it.
         let infra = CgroupGuard::new(&format!("{id}-infra"));
         let node_hosts: Vec<Host> = plan.nodes.iter().map(|_| network.host("n")).collect();
+        let pod_hosts: Vec<Host> = plan.nodes.iter().map(|_| network.host("p")).collect();
         let backend_hosts: Vec<Host> = plan.backends.iter().map(|_| network.host("b")).collect();
         let servers = plan
             .backends
@@ -115,6 +118,7 @@ impl DemoCluster {
             infra,
             backend_hosts,
             node_hosts,
+            pod_hosts,
             _network: network,
         }
     }
@@ -183,6 +187,14 @@ impl super::DemoNodes for DemoCluster {
     fn place(&self, index: usize) -> ClientPlace {
         ClientPlace {
             netns: self.node_hosts[index].netns.name().to_owned(),
+            cgroup: self.node_cgroups[index].path().to_path_buf(),
+            cpu: None,
+        }
+    }
+
+    fn second_place(&self, index: usize) -> ClientPlace {
+        ClientPlace {
+            netns: self.pod_hosts[index].netns.name().to_owned(),
             cgroup: self.node_cgroups[index].path().to_path_buf(),
             cpu: None,
         }

@@ -35,6 +35,8 @@ pub trait DemoNodes: Sync {
     fn dir(&self) -> &Path;
     /// Where clients of node `index` run.
     fn place(&self, index: usize) -> ClientPlace;
+    /// Where another pod's clients of node `index` run (outlier ejection wants two pods' evidence).
+    fn second_place(&self, index: usize) -> ClientPlace;
     /// `topology-agent explain --output json` for node `index`, with the DNS its agent serves.
     fn explain(&self, index: usize) -> serde_json::Value;
     /// Kills the servers of `zone`'s backends (SIGKILL, as when a zone's pods die), telling the

@@ -1,8 +1,9 @@
-//! The failover of one pod: a backend dies (SIGKILL) while a client on every node connects in a
-//! loop to the `default` Service (every backend in every node's set), and the cluster takes
+//! The failover of one pod: a backend dies (SIGKILL) while two client pods on every node connect
+//! in a loop to the `default` Service (every backend in every node's set), and the cluster takes
 //! [`DETECTION`] to notice — the readiness probes' period × failure threshold on a real cluster —
-//! before its endpoint leaves `cluster.yaml`. Until then only passive outlier ejection can help:
-//! each node's kernel avoids the backend after its fifth failed handshake from that node.
+//! before its endpoint leaves the slices. Until then only passive outlier ejection can help: each
+//! node's kernel avoids the backend after its fifth failed handshake in a row from that node,
+//! once both pods have seen one fail.
 
 use std::{
     net::{IpAddr, SocketAddr},
@@ -46,6 +47,10 @@ pub struct PodFailover {
     pub failed_after: u64,
     /// The ejection threshold: failed handshakes in a row from one node.
     pub threshold: u32,
+    /// Per node, what ejection bounds its failures by: the threshold, or as many as had failed
+    /// when the second pod first failed if more, and one more that was in flight then from the
+    /// other pod; `u64::MAX` where only one pod failed (no evidence: nothing bounds it).
+    pub bounds: Vec<u64>,
 }
 
 impl PodFailover {
@@ -62,8 +67,12 @@ pub fn pod_failover(demo: &mut impl DemoNodes) -> PodFailover {
     let backend = demo.plan().backends[victim].name.clone();
     let service = demo.plan().services.iter().position(|s| s.name == "default").expect("default");
     let target = SocketAddr::new(IpAddr::V4(demo.plan().services[service].vip), SERVICE_PORT);
+    // Two pods per node: ejection takes two pods' evidence.
     let clients: Vec<_> = (0..demo.nodes())
-        .map(|node| demo.place(node).spawn_loop_with(target, demo.dir(), Duration::from_secs(60), false, PACE, true))
+        .map(|node| {
+            [demo.place(node), demo.second_place(node)]
+                .map(|place| place.spawn_loop_with(target, demo.dir(), Duration::from_secs(60), false, PACE, true))
+        })
         .collect();
     std::thread::sleep(Duration::from_millis(200));
     demo.kill_backend(victim);
@@ -86,26 +95,48 @@ pub fn pod_failover(demo: &mut impl DemoNodes) -> PodFailover {
         cut_by_the_kill: 0,
         failed_after: 0,
         threshold: CONSECUTIVE_FAILURES,
+        bounds: Vec::new(),
     };
-    for (node, client) in clients.into_iter().enumerate() {
-        let report = client.finish();
-        failover.attempts += report.attempts;
-        let before = report.failed_at.iter().filter(|&&at| at < updated_at).count() as u64;
-        let cut = report.broken_at.iter().filter(|&&at| at < updated_at).count() as u64;
-        failover.failed_before_update.push((demo.plan().nodes[node].name.clone(), before - cut));
-        failover.cut_by_the_kill += cut;
-        failover.failed_after += report.failed_at.len() as u64 - before;
+    for (node, pods) in clients.into_iter().enumerate() {
+        let reports = pods.map(|client| client.finish());
+        let mut failed_times = Vec::new();
+        let mut firsts = Vec::new();
+        for report in &reports {
+            failover.attempts += report.attempts;
+            let before: Vec<u64> = report.failed_at.iter().copied().filter(|&at| at < updated_at).collect();
+            let cut = report.broken_at.iter().filter(|&&at| at < updated_at).count() as u64;
+            failover.cut_by_the_kill += cut;
+            failover.failed_after += (report.failed_at.len() - before.len()) as u64;
+            let handshakes: Vec<u64> = before.into_iter().filter(|at| !report.broken_at.contains(at)).collect();
+            firsts.push(handshakes.iter().min().copied());
+            failed_times.extend(handshakes);
+        }
+        let name = demo.plan().nodes[node].name.clone();
+        failover.failed_before_update.push((name, failed_times.len() as u64));
+        failover.bounds.push(bound(&failed_times, &firsts, CONSECUTIVE_FAILURES));
     }
     failover
 }
 
 /// The pod failover in one line.
+/// What ejection bounds a node's handshake failures `failed` (both pods') by, the pods' first
+/// failures being `firsts` (see [`PodFailover::bounds`]).
+fn bound(failed: &[u64], firsts: &[Option<u64>], threshold: u32) -> u64 {
+    let (Some(Some(a)), Some(Some(b))) = (firsts.first(), firsts.get(1)) else {
+        return u64::MAX;
+    };
+    let second = (*a).max(*b);
+    let until_second = failed.iter().filter(|&&at| at <= second).count() as u64;
+    until_second.max(u64::from(threshold)) + 1
+}
+
 pub fn pod_failover_line(f: &PodFailover) -> String {
     let failed: u64 = f.failed_before_update.iter().map(|(_, failed)| failed).sum();
     format!(
         "failover: one pod ({}) killed, its endpoint removed {:.0} s later (the readiness probes' delay); {} \
-         connections from {} nodes to `{}`, {failed} failed before the update (per node ≤ {}: at most {} — \
-         outlier ejection) and {} established before the kill were cut by it, {} after",
+         connections from two pods on each of {} nodes to `{}`, {failed} failed before the update (per node ≤ \
+         {} once both pods had failed: at most {} — outlier ejection) and {} established before the kill were cut \
+         by it, {} after",
         f.backend,
         f.detection.as_secs_f64(),
         f.attempts,

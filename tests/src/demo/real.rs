@@ -36,6 +36,8 @@ pub struct RealDemo {
     /// `Kubernetes v1.35.4`, as kube-apiserver says.
     pub version: String,
     clients: Vec<ClientPod>,
+    /// Per node, a second client pod.
+    neighbours: Vec<ClientPod>,
     agents: Vec<AgentPod>,
     pods: Vec<Pod>,
     // Dropped last: its processes, namespaces and cgroups.
@@ -67,7 +69,8 @@ impl RealDemo {
             .collect();
         let agents = plan.nodes.iter().map(|node| cluster.start_agent(&node.name, &[])).collect();
         let clients = plan.nodes.iter().map(|node| cluster.client_on(&node.name)).collect();
-        Self { plan, dir: dir.to_path_buf(), version, clients, agents, pods, cluster }
+        let neighbours = plan.nodes.iter().map(|node| cluster.client_on(&node.name)).collect();
+        Self { plan, dir: dir.to_path_buf(), version, clients, neighbours, agents, pods, cluster }
     }
 
     fn backends_in(&self, zone: &str) -> Vec<usize> {
@@ -114,6 +117,10 @@ impl DemoNodes for RealDemo {
 
     fn place(&self, index: usize) -> ClientPlace {
         self.clients[index].place.clone()
+    }
+
+    fn second_place(&self, index: usize) -> ClientPlace {
+        self.neighbours[index].place.clone()
     }
 
     fn explain(&self, index: usize) -> Value {

@@ -29,8 +29,8 @@ pub(super) enum Topic {
     Kernel(ServicePort),
     /// An object of the Service (itself, or one of its EndpointSlices) was skipped as invalid.
     Object(ObjectId),
-    /// This node's kernel ejected a backend of the Service (outlier ejection).
-    Ejection(std::net::SocketAddr),
+    /// This node's kernel ejected a backend from a port of the Service (outlier ejection).
+    Ejection(ServicePort, std::net::SocketAddr),
 }
 
 /// Health, metrics and published problems.
@@ -77,7 +77,7 @@ impl Context {
     /// become one Event per node: it is published by the one agent the Service's name picks.
     fn publishes(&self, service: &ObjectKey, topic: &Topic) -> bool {
         let (rank, nodes) = self.rank;
-        matches!(topic, Topic::Kernel(_) | Topic::Ejection(_))
+        matches!(topic, Topic::Kernel(_) | Topic::Ejection(..))
             || nodes == 0
             || stable_hash(service) % nodes as u64 == rank as u64
     }

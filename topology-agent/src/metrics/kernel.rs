@@ -160,12 +160,12 @@ impl Collector for KernelCounters {
             ),
             (
                 "backends_ejected",
-                "Backends this node's hooks avoid now, their handshakes having failed in a row (outlier ejection)",
+                "Backends this node's hooks avoid now for a Service port, their handshakes through it having failed in a row (outlier ejection; one per port and backend)",
                 ejected,
             ),
             (
                 "backends_failing",
-                "Backends whose last handshakes from this node failed, not ejected",
+                "Backends whose last handshakes from this node through a Service port failed, not ejected (one per port and backend)",
                 reading.outliers.len() - ejected,
             ),
         ] {

@@ -408,12 +408,14 @@ mod tests {
             }],
             outliers: vec![
                 crate::dataplane::Outlier {
+                    service: ServicePort { vip: "10.96.0.10".parse().unwrap(), port: 80, protocol: Protocol::Tcp },
                     backend: "10.0.1.6:8080".parse().unwrap(),
                     failures: 0,
                     ejections: 1,
                     ejected_for: std::time::Duration::from_secs(7),
                 },
                 crate::dataplane::Outlier {
+                    service: ServicePort { vip: "10.96.0.10".parse().unwrap(), port: 80, protocol: Protocol::Tcp },
                     backend: "10.0.1.7:8080".parse().unwrap(),
                     failures: 2,
                     ejections: 0,

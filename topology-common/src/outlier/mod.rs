@@ -1,8 +1,9 @@
-//! Passive outlier ejection, per node: a backend whose TCP handshakes from this node fail
-//! [`CONSECUTIVE_FAILURES`] times in a row (refused, unanswered, unreachable) is avoided by this
-//! node's connect hooks for an ejection time that doubles with each ejection, from
+//! Passive outlier ejection, per node and per Service port: a backend whose TCP handshakes from
+//! this node's pods through one Service port fail [`CONSECUTIVE_FAILURES`] times in a row
+//! (refused, unanswered, unreachable), from two pods at least, is avoided by this node's connect
+//! hooks for that port for an ejection time that doubles with each ejection, from
 //! [`BASE_EJECTION_NS`] up to [`MAX_EJECTION_NS`] (Envoy's consecutive failures, base and
-//! maximum ejection time).
+//! maximum ejection time), while the port's cap allows ([`ledger`]).
 //!
 //! Nothing runs on a handshake that succeeds: tracing programs run only where one fails — a
 //! reset answering the SYN (`tcp_receive_reset`), a SYN retransmitted unanswered
@@ -14,17 +15,42 @@
 //! handshakes in flight between two of its failures) or one older than [`SETTLE_NS`] (every
 //! failure this sees shows within that time of its connect) knows one of them succeeded, and
 //! starts a new run ([`OutlierEntry::fail`]). Each socket's handshake counts once, however many
-//! of its SYNs go unanswered.
+//! of its SYNs go unanswered, and only while the socket still connects to the backend it was
+//! sent to.
+//!
+//! What one tenant can do to another: the evidence is the Service port's own — its failures, its
+//! settings (`topology-agent.io/outlier-ejection`), its ejections ([`OutlierKey`]) — so a Service
+//! naming another's pod as its endpoint ejects that pod from itself alone; a run ejects only
+//! with failures from two network namespaces (two pods; every host-network pod is one), so one
+//! pod's own trouble (its NetworkPolicy dropping its SYNs, a TTL it set) never ejects a backend
+//! for the node; and the cap bounds what many failing backends can take from a set.
 //!
 //! The connect hooks look a drawn backend up only while its bucket says it may be failing or
 //! ejected ([`BUCKETS`]; while no backend of the node is, they read one word,
 //! [`OutlierState::active`]); an ejected one they draw again, up to [`REDRAWS`] times, then take the
-//! first backend of the set's first slots that is not ejected. A set of which more than half the
-//! slots searched are ejected is used whole (Envoy's panic threshold and maximum ejected share,
-//! both at half): ejection never empties a set, and never leaves it less than half.
+//! first backend not ejected among [`SCAN_SLOTS`] slots from a random one. A set of which more
+//! than half the slots searched are ejected (one that shrank under its ejections) is used whole
+//! (Envoy's panic threshold): ejection never empties a set.
 
-/// One backend's failures and ejections (the value of `map_names::OUTLIERS`, keyed by
-/// [`BackendKey`](crate::BackendKey)).
+pub mod ledger;
+
+pub use ledger::{LEDGER_ENTRIES, OutlierLedger, ejection_cap};
+
+use crate::BackendKey;
+
+/// A backend as one Service port's ejections name it.
+#[repr(C, align(4))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct OutlierKey {
+    /// The backend.
+    pub backend: BackendKey,
+    /// The Service port's id (`ServiceValue::service_id`).
+    pub service_id: u32,
+}
+const _: () = assert!(size_of::<OutlierKey>() == 24);
+
+/// One backend's failures and ejections through one Service port (the value of
+/// `map_names::OUTLIERS`, keyed by [`OutlierKey`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct OutlierEntry {
@@ -39,12 +65,19 @@ pub struct OutlierEntry {
     /// Connections the connect hooks sent it since its last failure (counted while some backend
     /// is failing).
     pub attempts: u32,
-    /// Zero.
-    pub _pad: u32,
+    /// The client (network namespace cookie, low word) of the run's first failure.
+    pub run_client: u32,
     /// When the first of those connections was sent.
     pub first_attempt_ns: u64,
+    /// Whether a failure of the run came from another client than its first: 1 if so.
+    pub many_clients: u32,
+    /// Zero.
+    pub _pad: u32,
 }
-const _: () = assert!(size_of::<OutlierEntry>() == 40);
+const _: () = assert!(size_of::<OutlierEntry>() == 48);
+
+/// Slots searched, from a random one, for a backend not ejected and for the share ejected.
+pub const SCAN_SLOTS: u32 = 16;
 
 /// Whether any backend of the node is failing or ejected, and which buckets of backends may be
 /// (the one entry of `map_names::OUTLIER_STATE`): one cache line, which the connect hooks read
@@ -106,7 +139,7 @@ pub fn bucket_of_words(words: [u32; 4], port: u16) -> u32 {
     mixed.wrapping_mul(0x9e37_79b1) >> (32 - BUCKETS.trailing_zeros())
 }
 
-/// The connect hooks' count over a set's first slots while a drawn backend is ejected (the one
+/// The connect hooks' count over [`SCAN_SLOTS`] of a set's slots while a drawn backend is ejected (the one
 /// per-CPU entry of `map_names::OUTLIER_SCAN`): kept in a map, not on the stack, so the verifier
 /// sees each slot's outcome as unknown and does not walk every combination of them.
 #[repr(C)]
@@ -179,8 +212,12 @@ impl Tuning {
 pub enum Failure {
     /// One more in the run.
     Counted,
-    /// The run reached [`CONSECUTIVE_FAILURES`]: ejected until then (`CLOCK_MONOTONIC`, ns).
+    /// The run reached the port's failures: ejected until then (`CLOCK_MONOTONIC`, ns).
     Ejected(u64),
+    /// The run reached them, all from one client: not ejected (one pod's own trouble).
+    OneClient,
+    /// The run reached them from two clients, but the port's cap was reached: not ejected.
+    Capped,
     /// A connection made before its ejection: nothing more is counted.
     WhileEjected,
 }
@@ -218,22 +255,38 @@ impl OutlierEntry {
         self.attempts = self.attempts.saturating_add(1);
     }
 
-    /// A handshake to it failed at `now`: a new run if one of the connections sent since the last
-    /// failure succeeded ([`SUCCESS_EVIDENCE`] of them, or one that has had [`SETTLE_NS`] to fail)
-    /// or after a quiet window, else one more in the run; an ejection at `tuning`'s failures.
-    #[inline(always)]
-    pub fn fail(&mut self, now: u64, tuning: Tuning) -> Failure {
-        self.fail_adding(now, tuning, |failures| {
-            *failures = failures.saturating_add(1);
-            *failures
-        })
+    /// A handshake to it from `client` failed at `now`: a new run if one of the connections sent
+    /// since the last failure succeeded ([`SUCCESS_EVIDENCE`] of them, or one that has had
+    /// [`SETTLE_NS`] to fail) or after a quiet window, else one more in the run; an ejection at
+    /// `tuning`'s failures if two clients failed in the run and the cap admits it (see
+    /// [`fail_adding`](Self::fail_adding)).
+    pub fn fail(&mut self, now: u64, tuning: Tuning, client: u32, admit: impl FnOnce(u64) -> bool) -> Failure {
+        self.fail_adding(
+            now,
+            tuning,
+            client,
+            |failures| {
+                *failures = failures.saturating_add(1);
+                *failures
+            },
+            admit,
+        )
     }
 
     /// [`fail`](Self::fail), the run's count raised by `add_one`, which returns the count after
     /// it: in the programs an atomic add read back, so that failures of one backend counted on
-    /// two CPUs at once both count (the second sees both, and ejects).
+    /// two CPUs at once both count (the second sees both, and ejects). `admit(until)` takes a
+    /// place in the port's ledger for an ejection until then, or refuses (the cap): a refused run
+    /// keeps its count, and its next failure asks again.
     #[inline(always)]
-    pub fn fail_adding(&mut self, now: u64, tuning: Tuning, add_one: impl FnOnce(&mut u32) -> u32) -> Failure {
+    pub fn fail_adding(
+        &mut self,
+        now: u64,
+        tuning: Tuning,
+        client: u32,
+        add_one: impl FnOnce(&mut u32) -> u32,
+        admit: impl FnOnce(u64) -> bool,
+    ) -> Failure {
         let quiet_since =
             if self.ejected_until_ns > self.last_failure_ns { self.ejected_until_ns } else { self.last_failure_ns };
         let quiet = now.saturating_sub(quiet_since) > FAILING_WINDOW_NS;
@@ -249,178 +302,35 @@ impl OutlierEntry {
         }
         let failures = if quiet || succeeded {
             self.failures = 1;
+            self.run_client = client;
+            self.many_clients = 0;
             1
         } else {
+            if self.failures == 0 {
+                // The first failure after an ejection starts the run.
+                self.run_client = client;
+                self.many_clients = 0;
+            } else if self.run_client != client {
+                self.many_clients = 1;
+            }
             add_one(&mut self.failures)
         };
         if failures < tuning.failures {
             return Failure::Counted;
         }
+        if self.many_clients == 0 {
+            return Failure::OneClient;
+        }
+        let until = now + Self::ejection_ns_from(tuning.base_ns, self.ejections.saturating_add(1));
+        if !admit(until) {
+            return Failure::Capped;
+        }
         self.ejections = self.ejections.saturating_add(1);
-        self.ejected_until_ns = now + Self::ejection_ns_from(tuning.base_ns, self.ejections);
+        self.ejected_until_ns = until;
         self.failures = 0;
-        Failure::Ejected(self.ejected_until_ns)
+        Failure::Ejected(until)
     }
 }
 
 #[cfg(test)]
-mod tests {
-    extern crate std;
-    use std::{vec, vec::Vec};
-
-    use super::*;
-
-    const S: u64 = 1_000_000_000;
-    const MS: u64 = 1_000_000;
-
-    #[test]
-    fn buckets_spread_neighbouring_backends() {
-        let mut seen = std::collections::BTreeSet::new();
-        for host in 0..=255u8 {
-            for port in [80u16, 8080] {
-                let bucket = bucket_of(&[10, 244, 1, host, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], port);
-                assert!(bucket < BUCKETS);
-                seen.insert(bucket);
-            }
-        }
-        assert!(seen.len() > 200, "512 neighbouring backends in {} of 256 buckets", seen.len());
-    }
-
-    #[test]
-    fn a_backends_words_hash_to_the_bucket_of_its_bytes() {
-        // The connect hooks hash a backend's words, the agent and the tracing programs its bytes.
-        for addr in
-            [[10, 244, 1, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3]]
-        {
-            let backend = crate::Backend { addr, port: 8080, ..Default::default() };
-            assert_eq!(bucket_of_words(backend.addr_words(), backend.port), bucket_of(&addr, 8080), "{addr:?}");
-        }
-    }
-
-    #[test]
-    fn ejections_double_up_to_the_maximum() {
-        let seconds: [u64; 7] = core::array::from_fn(|n| OutlierEntry::ejection_ns(n as u32 + 1) / S);
-        assert_eq!(seconds, [10, 20, 40, 80, 160, 300, 300]);
-        assert_eq!(OutlierEntry::ejection_ns(u32::MAX), MAX_EJECTION_NS);
-        let one: [u64; 11] = core::array::from_fn(|n| OutlierEntry::ejection_ns_from(S, n as u32 + 1) / S);
-        assert_eq!(one, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);
-        assert_eq!(OutlierEntry::ejection_ns_from(255 * S, u32::MAX), MAX_EJECTION_NS);
-    }
-
-    #[test]
-    fn a_ports_flags_carry_its_tuning() {
-        use crate::service_flags::{OUTLIER_BASE_SHIFT, OUTLIER_FAILURES_SHIFT, OUTLIER_OFF};
-        assert_eq!(Tuning::of(0), Tuning::DEFAULT);
-        assert_eq!(Tuning::of(OUTLIER_OFF), Tuning::DEFAULT);
-        let tuned = Tuning::of(3 << OUTLIER_FAILURES_SHIFT | 30 << OUTLIER_BASE_SHIFT | OUTLIER_OFF);
-        assert_eq!(tuned, Tuning { failures: 3, base_ns: 30 * S });
-        // Three failures eject at the third, for 30 s.
-        let mut entry = OutlierEntry::default();
-        let now = 100 * S;
-        assert_eq!(entry.fail(now, tuned), Failure::Counted);
-        assert_eq!(entry.fail(now + MS, tuned), Failure::Counted);
-        assert_eq!(entry.fail(now + 2 * MS, tuned), Failure::Ejected(now + 2 * MS + 30 * S));
-    }
-
-    /// What happens to one backend, in order: `a` a connection sent, `f` a failure, at times (ms).
-    fn run(events: &[(char, u64)]) -> (OutlierEntry, Vec<Failure>) {
-        let mut entry = OutlierEntry::default();
-        let mut failures = Vec::new();
-        for &(event, at) in events {
-            let now = 100 * S + at * MS;
-            match event {
-                'a' => entry.attempt(now),
-                'f' => failures.push(entry.fail(now, Tuning::DEFAULT)),
-                _ => unreachable!(),
-            }
-        }
-        (entry, failures)
-    }
-
-    fn refused(count: u64, start: u64, every: u64) -> Vec<(char, u64)> {
-        (0..count).flat_map(|i| [('a', start + i * every), ('f', start + i * every + 1)]).collect()
-    }
-
-    #[test]
-    fn failures_in_a_row_eject() {
-        // A refusing backend: each connection fails a millisecond after it is sent.
-        let (entry, failures) = run(&refused(5, 0, 10));
-        assert_eq!(failures[..4], [Failure::Counted; 4]);
-        assert_eq!(failures[4], Failure::Ejected(100 * S + 41 * MS + 10 * S));
-        assert_eq!((entry.failures, entry.ejections), (0, 1));
-        // Failures of connections sent before the ejection count nothing more.
-        let (_, failures) = run(&[refused(5, 0, 10), vec![('f', 60)]].concat());
-        assert_eq!(failures[5], Failure::WhileEjected);
-    }
-
-    #[test]
-    fn a_failure_counted_on_another_cpu_at_once_still_ejects() {
-        // Four failures; the fifth's add reads back six (another CPU's failure landed between its
-        // add and its read, and that CPU read six too): both eject, none is lost.
-        let mut entry = OutlierEntry::default();
-        for ms in 0..4 {
-            assert_eq!(entry.fail(100 * S + ms * MS, Tuning::DEFAULT), Failure::Counted);
-        }
-        let at = 100 * S + 5 * MS;
-        let raced = entry.fail_adding(at, Tuning::DEFAULT, |failures| {
-            *failures += 2;
-            *failures
-        });
-        assert_eq!(raced, Failure::Ejected(at + 10 * S));
-        assert_eq!((entry.failures, entry.ejections), (0, 1));
-    }
-
-    #[test]
-    fn unanswered_handshakes_eject_though_failures_lag_a_second() {
-        // Ten connections sent 100 ms apart, each failing when its SYN is retransmitted 1 s later.
-        let mut events: Vec<(char, u64)> = (0..10).map(|i| ('a', i * 100)).collect();
-        events.extend((0..10).map(|i| ('f', 1000 + i * 100)));
-        events.sort_by_key(|&(_, at)| at);
-        let (_, failures) = run(&events);
-        assert!(matches!(failures[4], Failure::Ejected(_)), "{failures:?}");
-    }
-
-    #[test]
-    fn a_success_between_failures_starts_a_new_run() {
-        // Four failures; a connection that does not fail within the settle time; four more.
-        let mut events = refused(4, 0, 10);
-        events.push(('a', 100));
-        events.extend(refused(4, 100 + SETTLE_NS / MS + 1, 10));
-        let (entry, failures) = run(&events);
-        assert_eq!(failures, [Failure::Counted; 8]);
-        assert_eq!(entry.failures, 4);
-    }
-
-    #[test]
-    fn sparse_failures_of_a_busy_backend_never_eject() {
-        // One connection in a hundred refused, 1,000 connections a second, for a minute.
-        let mut events = Vec::new();
-        for ms in 0..60_000 {
-            events.push(('a', ms));
-            if ms % 100 == 99 {
-                events.push(('f', ms));
-            }
-        }
-        let (entry, failures) = run(&events);
-        assert!(
-            failures.iter().all(|f| *f == Failure::Counted),
-            "{:?}",
-            failures.iter().find(|f| **f != Failure::Counted)
-        );
-        assert_eq!(entry.ejections, 0);
-    }
-
-    #[test]
-    fn repeated_ejections_double_and_a_quiet_window_forgives_them() {
-        let mut events = refused(5, 0, 10);
-        // Tried again at the end of the 10 s ejection: five more failures, 20 s.
-        events.extend(refused(5, 10_100, 10));
-        let (entry, failures) = run(&events);
-        assert_eq!(failures[9], Failure::Ejected(100 * S + 10_141 * MS + 20 * S));
-        assert_eq!(entry.ejections, 2);
-        // A minute after the second ejection ends without a failure, the next ejection is 10 s.
-        events.extend(refused(5, 10_141 + 20_000 + 61_000, 10));
-        let (entry, _) = run(&events);
-        assert_eq!(entry.ejections, 1);
-    }
-}
+mod tests;
