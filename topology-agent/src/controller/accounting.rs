@@ -4,6 +4,11 @@
 //! (`other` for a zone no Node has: the slices that name it are a tenant's to write).
 //! Names and zones come from the plan, and are kept once seen: the bytes of a connection that
 //! outlived its backend's place in the plan still count under its zone.
+//!
+//! At most `--metrics-max-ports` Service ports have series of their own; the others are summed
+//! under `other`. Which ones is chosen again every [`ROTATE_EVERY`] by the bytes each moved in that
+//! time, not kept by arrival: a port that stopped moving bytes gives its place (its series are
+//! removed) to the busiest of the others.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -29,6 +34,9 @@ pub(super) const INTERVAL: Duration = crate::sockets::sweep::INTERVAL;
 /// The service label of ports beyond the series cap.
 const OTHER: &str = "other";
 
+/// How often the ports with series of their own are chosen again, by the bytes each moved since.
+pub(super) const ROTATE_EVERY: Duration = Duration::from_secs(600);
+
 /// A count's key: Service port (ClusterIP and port), protocol, backend.
 type Key = (SocketAddr, u8, SocketAddr);
 
@@ -42,8 +50,11 @@ pub(super) struct Accounting {
     names: HashMap<(SocketAddr, u8), Arc<str>>,
     /// The zone of each backend address seen in a plan.
     zones: HashMap<IpAddr, Option<Arc<str>>>,
-    /// Service ports with series of their own, in the order they first moved bytes.
-    named: BTreeSet<Arc<str>>,
+    /// Service ports with series of their own, and the (to zone, direction) of each series.
+    named: HashMap<Arc<str>, BTreeSet<(String, &'static str)>>,
+    /// Bytes each Service port moved since the ports with series were last chosen, and when.
+    window: HashMap<Arc<str>, u64>,
+    rotated_at: Option<Instant>,
     /// The share of each Service port's bytes the default policy keeps in this node's zone, as
     /// last planned.
     baselines: HashMap<(SocketAddr, u8), f64>,
@@ -57,6 +68,8 @@ pub(super) struct Gained {
     /// Per Service port (label), both directions: in zone, across, and what the default policy
     /// would have sent across.
     pub services: BTreeMap<String, ServiceBytes>,
+    /// Series of ports that lost their place to busier ones: to remove.
+    pub retired: Vec<BytesLabels>,
 }
 
 impl Accounting {
@@ -80,10 +93,23 @@ impl Accounting {
         &mut self,
         counted: Vec<CountedBytes>,
         plan: &NodePlan,
-        (from_zone, zones): (&str, &BTreeSet<&str>),
+        zones: (&str, &BTreeSet<&str>),
         cap: usize,
     ) -> Gained {
-        self.read_at = Some(Instant::now());
+        self.update_at(counted, plan, zones, cap, Instant::now())
+    }
+
+    /// [`update`](Self::update) at `now`; the ports with series chosen again if it is time.
+    pub(super) fn update_at(
+        &mut self,
+        counted: Vec<CountedBytes>,
+        plan: &NodePlan,
+        (from_zone, zones): (&str, &BTreeSet<&str>),
+        cap: usize,
+        now: Instant,
+    ) -> Gained {
+        self.read_at = Some(now);
+        let rotated_at = *self.rotated_at.get_or_insert(now);
         let missing = counted
             .iter()
             .any(|c| !self.names.contains_key(&(c.service, c.protocol)) || !self.zones.contains_key(&c.backend.ip()));
@@ -107,9 +133,14 @@ impl Accounting {
             if new == ByteCount::default() {
                 continue;
             }
-            let service = match self.names.get(&(count.service, count.protocol)) {
-                Some(name) if self.named.contains(name) || self.named.len() < cap => {
-                    self.named.insert(Arc::clone(name));
+            let moved = new.to_backend + new.from_backend;
+            let name = self.names.get(&(count.service, count.protocol)).cloned();
+            if let Some(name) = &name {
+                *self.window.entry(Arc::clone(name)).or_default() += moved;
+            }
+            let service = match name {
+                Some(name) if self.named.contains_key(&name) || self.named.len() < cap => {
+                    self.named.entry(Arc::clone(&name)).or_default();
                     name.to_string()
                 }
                 Some(_) => OTHER.to_owned(),
@@ -121,7 +152,6 @@ impl Accounting {
                 }
             };
             let to_zone = self.zones.get(&count.backend.ip()).and_then(Option::as_deref).unwrap_or_default();
-            let moved = new.to_backend + new.from_backend;
             let crossed = !from_zone.is_empty() && !to_zone.is_empty() && from_zone != to_zone;
             // An endpoint's zone is its EndpointSlice's word, which a tenant writes: one no Node
             // has is no place, and each would be a series of its own.
@@ -142,7 +172,12 @@ impl Accounting {
             let totals = gained.services.entry(service.clone()).or_default();
             *(if crossed { &mut totals.cross_zone } else { &mut totals.in_zone }) += moved;
             totals.baseline_cross_zone += baseline_cross;
-            for (direction, bytes) in [("to_backend", new.to_backend), ("from_backend", new.from_backend)] {
+            let series = self.named.get_mut(service.as_str());
+            let directions = [("to_backend", new.to_backend), ("from_backend", new.from_backend)];
+            if let Some(series) = series {
+                series.extend(directions.iter().filter(|(_, b)| *b > 0).map(|(d, _)| (to_zone.clone(), *d)));
+            }
+            for (direction, bytes) in directions {
                 let labels = BytesLabels {
                     service: service.clone(),
                     from_zone: from_zone.to_owned(),
@@ -154,7 +189,44 @@ impl Accounting {
         }
         self.last = last;
         gained.labels.retain(|_, bytes| *bytes > 0);
+        if now.duration_since(rotated_at) >= ROTATE_EVERY {
+            gained.retired = self.rotate(from_zone, cap);
+            self.rotated_at = Some(now);
+        }
         gained
+    }
+
+    /// Chooses the ports with series of their own again: the `cap` that moved the most bytes in
+    /// the window (a named one first among equals); returns the series of those that lost their
+    /// place, and starts a new window.
+    fn rotate(&mut self, from_zone: &str, cap: usize) -> Vec<BytesLabels> {
+        let window = std::mem::take(&mut self.window);
+        let mut ranked: Vec<(&Arc<str>, u64, bool)> =
+            window.iter().map(|(name, bytes)| (name, *bytes, self.named.contains_key(name))).collect();
+        ranked.sort_by(|a, b| b.1.cmp(&a.1).then(b.2.cmp(&a.2)).then(a.0.cmp(b.0)));
+        let keep: BTreeSet<Arc<str>> = ranked
+            .into_iter()
+            .filter(|(_, bytes, _)| *bytes > 0)
+            .take(cap)
+            .map(|(name, ..)| Arc::clone(name))
+            .collect();
+        let mut retired = Vec::new();
+        self.named.retain(|name, series| {
+            if keep.contains(name) {
+                return true;
+            }
+            retired.extend(series.iter().map(|(to_zone, direction)| BytesLabels {
+                service: name.to_string(),
+                from_zone: from_zone.to_owned(),
+                to_zone: to_zone.clone(),
+                direction,
+            }));
+            false
+        });
+        for name in keep {
+            self.named.entry(name).or_default();
+        }
+        retired
     }
 
     /// Learns the names of the plan's ports and the zones of its backends.
@@ -183,6 +255,7 @@ impl<P: Programmer> Controller<P> {
                 let (zone, cap) = (self.ctx.node_zone().to_owned(), self.ctx.metrics.max_ports());
                 let zones = self.intake.state.zones();
                 let gained = self.accounting.update(counted, &self.plan, (&zone, &zones), cap);
+                self.ctx.metrics.retire_bytes(&gained.retired);
                 self.ctx.metrics.add_bytes(&gained.labels, &gained.services);
             }
             Err(error) => tracing::warn!(%error, "the bytes counted could not be read; retrying"),

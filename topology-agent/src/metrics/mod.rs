@@ -361,6 +361,17 @@ impl Metrics {
         cost.add(services, std::time::Instant::now());
     }
 
+    /// Removes the byte series of ports that lost their place to busier ones (and their
+    /// cross-zone series: a port's `to_zone` series name it).
+    pub fn retire_bytes(&self, labels: &[BytesLabels]) {
+        for series in labels {
+            self.bytes.remove(series);
+            let service = ServiceLabels { service: series.service.clone() };
+            self.cross_zone_bytes.remove(&service);
+            self.cross_zone_bytes_baseline.remove(&service);
+        }
+    }
+
     /// Service ports with series of their own (`--metrics-max-ports`).
     pub fn max_ports(&self) -> usize {
         self.kernel.max_ports.load(std::sync::atomic::Ordering::Relaxed)

@@ -222,3 +222,39 @@ fn a_zone_no_node_has_is_other() {
         ])
     );
 }
+
+#[test]
+fn the_ports_with_series_are_chosen_again_by_volume_and_the_quiet_ones_lose_their_series() {
+    let (plan, mut accounting) = (plan(), Accounting::default());
+    let start = Instant::now();
+    let zones = zones();
+    let mut read = |counts: Vec<CountedBytes>, s: u64| {
+        accounting.update_at(counts, &plan, ("zone-a", &zones), 1, start + Duration::from_secs(s))
+    };
+    // db moves bytes first and takes the one place; web, ten times busier, is `other`.
+    let first = read(vec![count("10.96.0.20:5432", "10.0.0.3:5432", 10, 0)], 0);
+    assert_eq!(first.labels, BTreeMap::from([(labels("default/db:pg", "zone-b", "to_backend"), 10)]));
+    let busy = read(
+        vec![count("10.96.0.20:5432", "10.0.0.3:5432", 20, 0), count("10.96.0.10:80", "10.0.0.2:8080", 100, 0)],
+        60,
+    );
+    assert_eq!(busy.labels[&labels("other", "zone-b", "to_backend")], 100);
+    assert!(busy.retired.is_empty());
+    // Ten minutes on: web moved the most, so it takes the place and db's series go.
+    let rotated = read(
+        vec![count("10.96.0.20:5432", "10.0.0.3:5432", 21, 0), count("10.96.0.10:80", "10.0.0.2:8080", 200, 0)],
+        ROTATE_EVERY.as_secs(),
+    );
+    assert_eq!(rotated.retired, [labels("default/db:pg", "zone-b", "to_backend")]);
+    let after = read(
+        vec![count("10.96.0.20:5432", "10.0.0.3:5432", 25, 0), count("10.96.0.10:80", "10.0.0.2:8080", 250, 0)],
+        ROTATE_EVERY.as_secs() + 10,
+    );
+    assert_eq!(
+        after.labels,
+        BTreeMap::from([
+            (labels("default/web:http", "zone-b", "to_backend"), 50),
+            (labels("other", "zone-b", "to_backend"), 4),
+        ])
+    );
+}
