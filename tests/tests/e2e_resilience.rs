@@ -14,7 +14,9 @@ use std::{
 use serde_json::json;
 use topology_tests::{
     kubernetes::{
-        Binaries, Cluster, Component, eventually,
+        Binaries, Cluster, Component,
+        agents::AgentPod,
+        eventually,
         load::{Load, total},
         nodes::NodeSpec,
         observe::{Audited, kernel_backends, kernel_status},
@@ -39,6 +41,27 @@ fn requests_by_pod(requests: &[Audited]) -> BTreeMap<(String, String), (usize, u
         }
     }
     counts
+}
+
+/// Waits until every agent pod has listed every kind after `mark`; names the agents' 410 lines
+/// when one has not.
+fn relisted(cluster: &mut Cluster, pods: &[String], mark: usize, agents: &[AgentPod]) {
+    eventually("every agent relisted every kind after the compaction", Duration::from_secs(60), || {
+        let since: Vec<Audited> = cluster.audited().into_iter().skip(mark).collect();
+        let counts = requests_by_pod(&since);
+        for pod in pods {
+            for kind in KINDS {
+                if counts.get(&(pod.clone(), kind.to_owned())).is_none_or(|(lists, _)| *lists == 0) {
+                    let log = agents.iter().find(|agent| &agent.name == pod).map(|agent| {
+                        let text = std::fs::read_to_string(&agent.log).unwrap_or_default();
+                        text.lines().filter(|line| line.contains("410") || line.contains("relist")).count()
+                    });
+                    return Err(format!("{pod} has not listed {kind}: {counts:?}; 410/relist lines: {log:?}"));
+                }
+            }
+        }
+        Ok(())
+    });
 }
 
 /// Waits until every agent pod has a watch of every kind opened after `mark`.
@@ -119,6 +142,11 @@ fn the_control_plane_restarted_under_load_fails_no_connection_and_costs_no_relis
         // cache resumes from etcd), and then the agents have nothing to do.
         if step != "etcd restarted" {
             watches_back(&mut cluster, &pods, mark, &format!("every agent watching again after {step}"));
+        }
+        if step.starts_with("etcd compacted") {
+            // Every resume point was compacted away: each kind's 410 Gone is answered by one list,
+            // which may wait for the backoff the outage grew.
+            relisted(&mut cluster, &pods, mark, &agents);
         }
         // Give a storm, if there were one, the time to show.
         std::thread::sleep(Duration::from_secs(10));
