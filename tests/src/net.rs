@@ -195,6 +195,13 @@ impl ClientPlace {
         command
     }
 
+    /// `count` TCP connections to `target`, each from a socket that set `ttl` as its own.
+    pub fn tcp_with_ttl(&self, target: SocketAddr, count: u64, ttl: u32) -> Report {
+        let mut command = self.command(target);
+        command.args(["--ttl", &ttl.to_string(), "tcp", "--count", &count.to_string()]);
+        run_report(command)
+    }
+
     /// `count` TCP connections to `target`.
     pub fn tcp(&self, target: SocketAddr, count: u64) -> Report {
         let mut command = self.command(target);

@@ -281,6 +281,9 @@ pub const TCP_CONNECTIONS_MASK_GLOBAL: &str = "TCP_CONNECTIONS_MASK";
 /// Global (`.rodata`) variable the agent sets to the byte offset of `skc_state` in the kernel's
 /// `struct sock`, read from its BTF (the outlier ejection programs read a socket's state there).
 pub const SKC_STATE_OFFSET_GLOBAL: &str = "SKC_STATE_OFFSET";
+/// Globals the agent sets to the byte offsets of `inet_sock.uc_ttl`, `inet_sock.pinet6` and
+/// `ipv6_pinfo.hop_limit` (a socket's own TTL or hop limit: its failures are no evidence).
+pub const OWN_TTL_OFFSETS_GLOBAL: &str = "OWN_TTL_OFFSETS";
 /// Global (`.rodata`) variables the agent sets to the byte offsets of `tcp_sock.bytes_acked` and
 /// `tcp_sock.bytes_received` in this kernel, from its BTF (cross-zone accounting).
 pub const BYTES_ACKED_OFFSET_GLOBAL: &str = "BYTES_ACKED_OFFSET";

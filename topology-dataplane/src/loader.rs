@@ -15,10 +15,10 @@ use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 use topology_common::{
     BYTES_ACKED_OFFSET_GLOBAL, BYTES_RECEIVED_OFFSET_GLOBAL, CB_FLAGS_OFFSET_GLOBAL, INDEX_ENABLED_GLOBAL,
-    INDEX_V4_MASK_GLOBAL, INDEX_V6_MASK_GLOBAL, LOAD_SIGNAL_GLOBAL, LOG_LEVEL_GLOBAL, SK_COOKIE_OFFSET_GLOBAL,
-    SK_PROTOCOL_OFFSET_GLOBAL, SKC_DADDR_OFFSET_GLOBAL, SKC_DPORT_OFFSET_GLOBAL, SKC_STATE_OFFSET_GLOBAL,
-    SKC_V6_DADDR_OFFSET_GLOBAL, SRTT_US_OFFSET_GLOBAL, TCP_BYTES_GLOBAL, TCP_CONNECTIONS_MASK_GLOBAL,
-    TOTAL_RETRANS_OFFSET_GLOBAL, UDP_BYTES_GLOBAL, map_names, program_names,
+    INDEX_V4_MASK_GLOBAL, INDEX_V6_MASK_GLOBAL, LOAD_SIGNAL_GLOBAL, LOG_LEVEL_GLOBAL, OWN_TTL_OFFSETS_GLOBAL,
+    SK_COOKIE_OFFSET_GLOBAL, SK_PROTOCOL_OFFSET_GLOBAL, SKC_DADDR_OFFSET_GLOBAL, SKC_DPORT_OFFSET_GLOBAL,
+    SKC_STATE_OFFSET_GLOBAL, SKC_V6_DADDR_OFFSET_GLOBAL, SRTT_US_OFFSET_GLOBAL, TCP_BYTES_GLOBAL,
+    TCP_CONNECTIONS_MASK_GLOBAL, TOTAL_RETRANS_OFFSET_GLOBAL, UDP_BYTES_GLOBAL, map_names, program_names,
 };
 
 use super::{
@@ -212,7 +212,7 @@ fn load_flavour(layout: &PinLayout, options: &LoadOptions, flavour: Flavour) -> 
     let tcp_connections_mask = options.capacities.tcp_connections - 1;
     loader.override_global(TCP_CONNECTIONS_MASK_GLOBAL, &tcp_connections_mask, true);
     // The outlier programs read a socket's state where this kernel's BTF says it is, or do not run.
-    let outlier_offset = match options.outlier_ejection.then(skc_state_offset) {
+    let outlier_offset = match options.outlier_ejection.then(outlier_offsets) {
         Some(Ok(offset)) => Some(offset),
         Some(Err(error)) => {
             tracing::warn!(%error, "no socket state in the kernel's BTF; no backend is ejected");
@@ -220,8 +220,9 @@ fn load_flavour(layout: &PinLayout, options: &LoadOptions, flavour: Flavour) -> 
         }
         None => None,
     };
-    if let Some(offset) = &outlier_offset {
-        loader.override_global(SKC_STATE_OFFSET_GLOBAL, offset, true);
+    if let Some((state, own_ttl)) = &outlier_offset {
+        loader.override_global(SKC_STATE_OFFSET_GLOBAL, state, true);
+        loader.override_global(OWN_TTL_OFFSETS_GLOBAL, own_ttl, true);
     }
     // So do accounting and the load signal at a connection's end, at the offsets of a TCP
     // socket's counters.
@@ -294,12 +295,19 @@ fn load_tracing(ebpf: &mut Ebpf, programs: &[(&'static str, &'static str)]) -> R
     loaded
 }
 
-/// The byte offset of a socket's state in this kernel's `struct sock`, from its BTF; the outlier
-/// ejection programs are not loaded without it.
-fn skc_state_offset() -> Result<u32, btf_offsets::BtfOffsetError> {
+/// The byte offsets the outlier ejection programs read a socket at in this kernel, from its BTF:
+/// its state, and its own TTL and IPv6 hop limit; the programs are not loaded without them.
+fn outlier_offsets() -> Result<(u32, [u32; 3]), btf_offsets::BtfOffsetError> {
     let path = Path::new(btf_offsets::VMLINUX);
     let common = btf_offsets::member_offset_in(path, "sock", "__sk_common")?;
-    Ok(common + btf_offsets::member_offset_in(path, "sock_common", "skc_state")?)
+    let state = common + btf_offsets::member_offset_in(path, "sock_common", "skc_state")?;
+    // `struct inet_sock` begins with its `struct sock`: offsets in it are offsets from the socket.
+    let own_ttl = [
+        btf_offsets::member_offset_in(path, "inet_sock", "uc_ttl")?,
+        btf_offsets::member_offset_in(path, "inet_sock", "pinet6")?,
+        btf_offsets::member_offset_in(path, "ipv6_pinfo", "hop_limit")?,
+    ];
+    Ok((state, own_ttl))
 }
 
 /// Where the programs at a connection's end (accounting, the load signal) and the sweep read a

@@ -53,6 +53,11 @@ const TCP_SYN_SENT: u8 = 2;
 #[unsafe(no_mangle)]
 static SKC_STATE_OFFSET: Global<u32> = Global::new(18);
 
+/// Byte offsets of `inet_sock.uc_ttl`, `inet_sock.pinet6` and `ipv6_pinfo.hop_limit` in this
+/// kernel, set by the agent at load from its BTF.
+#[unsafe(no_mangle)]
+static OWN_TTL_OFFSETS: Global<[u32; 3]> = Global::new([u32::MAX; 3]);
+
 /// A reset received: in `SYN_SENT`, the handshake was refused; after it, a measured connection
 /// is marked reset for the load signal.
 #[btf_tracepoint(function = "tcp_receive_reset")]
@@ -107,6 +112,11 @@ fn handshake_failed(sk: *const c_void) -> bool {
     }
     // SAFETY: as above.
     unsafe { write_volatile(marks, seen | TcpTranslation::HANDSHAKE_FAILED) };
+    // A socket that set its own TTL or hop limit may have failed by it (too low for the path):
+    // what it says of the backend is no evidence.
+    if own_ttl(sk) {
+        return true;
+    }
     // SAFETY: as above; written by the connect hook with the rest of the entry.
     let (client, service_id, set_size) = unsafe { ((*entry).client, (*entry).service_id, (*entry).set_size) };
     // Charged through the port the socket was rewritten from, by its settings (see `Tuning`);
@@ -123,6 +133,26 @@ fn handshake_failed(sk: *const c_void) -> bool {
         fail(&OutlierKey { backend, service_id }, flags, set_size, client);
     }
     true
+}
+
+/// Whether the socket `sk` set a TTL (`IP_TTL`) or an IPv6 hop limit (`IPV6_UNICAST_HOPS`) of
+/// its own: the kernel keeps -1 in either while it has not.
+#[inline(never)]
+fn own_ttl(sk: *const c_void) -> bool {
+    let [uc_ttl, pinet6, hop_limit] = OWN_TTL_OFFSETS.load();
+    let base = sk.cast::<u8>();
+    // SAFETY: reads of the traced socket at offsets from this kernel's BTF; a failed read is
+    // taken as no TTL of its own.
+    unsafe {
+        if bpf_probe_read_kernel(base.wrapping_add(uc_ttl as usize).cast::<i16>()).is_ok_and(|ttl| ttl != -1) {
+            return true;
+        }
+        let Ok(v6) = bpf_probe_read_kernel(base.wrapping_add(pinet6 as usize).cast::<*const u8>()) else {
+            return false;
+        };
+        !v6.is_null()
+            && bpf_probe_read_kernel(v6.wrapping_add(hop_limit as usize).cast::<i16>()).is_ok_and(|hops| hops != -1)
+    }
 }
 
 /// The traced socket `sk`, past its handshake, was reset by its peer: marked, if the connect

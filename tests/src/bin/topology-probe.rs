@@ -97,6 +97,9 @@ enum Mode {
         /// Record when and where each attempt of a loop landed.
         #[arg(long)]
         record_landings: bool,
+        /// TCP: set this TTL (IP_TTL) on each socket before it connects.
+        #[arg(long)]
+        ttl: Option<u32>,
         #[command(subcommand)]
         traffic: Traffic,
     },
@@ -309,12 +312,17 @@ fn main() -> anyhow::Result<()> {
                 let _ = std::io::stdout().flush();
             })?;
         }
-        Mode::Client { target, timeout_ms, time_connects, record_landings, traffic } => {
+        Mode::Client { target, timeout_ms, time_connects, record_landings, ttl, traffic } => {
             if target.iter().any(|t| t.is_ipv4() != target[0].is_ipv4()) {
                 bail!("--target: every target must be of one address family");
             }
-            let client =
-                Client { targets: target, timeout: Duration::from_millis(timeout_ms), time_connects, record_landings };
+            let client = Client {
+                targets: target,
+                timeout: Duration::from_millis(timeout_ms),
+                time_connects,
+                record_landings,
+                ttl,
+            };
             let report = match traffic {
                 Traffic::Hold => client
                     .hold(|| {

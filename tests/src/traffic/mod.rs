@@ -85,6 +85,8 @@ pub struct Client {
     pub time_connects: bool,
     /// Record when and where each successful attempt landed (loops).
     pub record_landings: bool,
+    /// TCP: the TTL (`IP_TTL`) each socket sets before it connects.
+    pub ttl: Option<u32>,
 }
 
 impl Client {
@@ -358,7 +360,10 @@ impl Client {
 
     pub(crate) fn tcp_once(&self, target: SocketAddr, report: &mut Report, timed: bool) {
         let started = Instant::now();
-        let stream = TcpStream::connect_timeout(&target, self.timeout);
+        let stream = match self.ttl {
+            None => TcpStream::connect_timeout(&target, self.timeout),
+            Some(ttl) => connect_with_ttl(target, ttl, self.timeout),
+        };
         if timed {
             report.connect_ns.push(started.elapsed().as_nanos() as u64);
         }
@@ -405,6 +410,14 @@ impl Client {
         let len = socket.recv(&mut buf)?;
         Ok(String::from_utf8_lossy(&buf[..len]).trim().to_owned())
     }
+}
+
+/// A TCP connection to `target` from a socket that set `ttl` as its own first.
+fn connect_with_ttl(target: SocketAddr, ttl: u32, timeout: Duration) -> io::Result<TcpStream> {
+    let socket = socket2::Socket::new(socket2::Domain::for_address(target), socket2::Type::STREAM, None)?;
+    socket.set_ttl_v4(ttl)?;
+    socket.connect_timeout(&target.into(), timeout)?;
+    Ok(socket.into())
 }
 
 /// The wildcard address of the target's family.
