@@ -80,7 +80,7 @@ impl HookedNode {
             Node::Feedback | Node::Unmeasured => None,
         };
         if let Some(state) = state {
-            outlier::Maps::open(&hooked.layout()).enter(state, backends);
+            outlier::Maps::open(&hooked.layout(), target(count)).enter(state, backends);
         }
         hooked
     }

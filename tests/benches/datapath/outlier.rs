@@ -29,12 +29,13 @@ pub enum State {
 pub struct Maps {
     state: Array<MapData, OutlierState>,
     entries: HashMap<MapData, OutlierKey, OutlierEntry>,
-    /// The node's IPv4 service ports' ids: a backend fails through each.
+    /// The ids of the service ports at the dialled ClusterIP: its backends fail through them.
     service_ids: Vec<u32>,
 }
 
 impl Maps {
-    pub fn open(layout: &PinLayout) -> Self {
+    /// The maps of `layout`'s node, whose clients dial `target`.
+    pub fn open(layout: &PinLayout, target: SocketAddr) -> Self {
         let open = |name: &str| MapData::from_pin(layout.map(name)).unwrap_or_else(|e| panic!("open {name}: {e}"));
         Self {
             state: Array::try_from(Map::Array(open(map_names::OUTLIER_STATE))).expect("state"),
@@ -42,7 +43,13 @@ impl Maps {
             service_ids: {
                 let services: HashMap<MapData, ServiceKey4, ServiceValue> =
                     HashMap::try_from(Map::HashMap(open(map_names::SERVICES_V4))).expect("services");
-                services.iter().filter_map(Result::ok).map(|(_, value)| value.service_id).collect()
+                let IpAddr::V4(vip) = target.ip() else { panic!("an IPv4 target: {target}") };
+                services
+                    .iter()
+                    .filter_map(Result::ok)
+                    .filter(|(key, _)| key.addr == vip.octets() && key.port == target.port())
+                    .map(|(_, value)| value.service_id)
+                    .collect()
             },
         }
     }
