@@ -107,7 +107,7 @@ pub fn pod_failover(demo: &mut impl DemoNodes) -> PodFailover {
             let cut = report.broken_at.iter().filter(|&&at| at < updated_at).count() as u64;
             failover.cut_by_the_kill += cut;
             failover.failed_after += (report.failed_at.len() - before.len()) as u64;
-            let handshakes: Vec<u64> = before.into_iter().filter(|at| !report.broken_at.contains(at)).collect();
+            let handshakes = without_cut(before, &report.broken_at);
             firsts.push(handshakes.iter().min().copied());
             failed_times.extend(handshakes);
         }
@@ -119,6 +119,18 @@ pub fn pod_failover(demo: &mut impl DemoNodes) -> PodFailover {
 }
 
 /// The pod failover in one line.
+/// The failure times `failed` without those of connections cut after their handshake: each cut
+/// (stamped as it is seen) is the first failure at or after its stamp.
+fn without_cut(mut failed: Vec<u64>, cut: &[u64]) -> Vec<u64> {
+    failed.sort_unstable();
+    for at in cut {
+        if let Some(index) = failed.iter().position(|failure| failure >= at) {
+            failed.remove(index);
+        }
+    }
+    failed
+}
+
 /// What ejection bounds a node's handshake failures `failed` (both pods') by, the pods' first
 /// failures being `firsts` (see [`PodFailover::bounds`]).
 fn bound(failed: &[u64], firsts: &[Option<u64>], threshold: u32) -> u64 {
@@ -147,4 +159,25 @@ pub fn pod_failover_line(f: &PodFailover) -> String {
         f.cut_by_the_kill,
         f.failed_after
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cut_connection_is_the_first_failure_after_its_stamp() {
+        assert_eq!(without_cut(vec![30, 10, 21], &[20]), [10, 30]);
+        assert_eq!(without_cut(vec![10], &[20]), [10]);
+    }
+
+    #[test]
+    fn the_bound_is_the_threshold_or_the_failures_until_the_second_pods_first_and_one_in_flight() {
+        // Both pods failed early: the threshold, and one more in flight.
+        assert_eq!(bound(&[1, 2, 3, 4, 5], &[Some(1), Some(2)], 5), 6);
+        // The second pod failed first at 7, after six failures of the first: seven, and one more.
+        assert_eq!(bound(&[1, 2, 3, 4, 5, 6, 7], &[Some(1), Some(7)], 5), 8);
+        // One pod never failed: nothing bounds it.
+        assert_eq!(bound(&[1, 2], &[Some(1), None], 5), u64::MAX);
+    }
 }
