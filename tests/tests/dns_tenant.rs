@@ -1,7 +1,9 @@
 //! One pod cannot take the node's DNS relay from the others (root, real kernel): a pod asking
 //! unique names outside the cluster as fast as its rate allows, of an upstream slow enough that
 //! they stay in flight, cannot take the slots kept for the others; another pod's lookup, asked
-//! meanwhile, is relayed and answered instead of getting SERVFAIL at once. `--test-threads=1`.
+//! meanwhile, is relayed and answered instead of getting SERVFAIL at once. Nor can it push the
+//! others' answers out of the cache beyond its share; and with `--dns-clients node` a pod of
+//! another node gets REFUSED. `--test-threads=1`.
 
 use std::{
     net::SocketAddr,
@@ -10,8 +12,9 @@ use std::{
 };
 
 use topology_tests::{
+    agent::{Agent, AgentOptions},
     cluster,
-    dns::{Lookups, dig, start_dns_agent, start_upstream_after},
+    dns::{Lookups, dig, start_dns_agent, start_upstream, start_upstream_after},
     fixture::Fixture,
     net::probe_binary,
     require_root,
@@ -55,4 +58,98 @@ fn one_pods_flood_of_unique_names_leaves_the_relay_to_the_others() {
     let answered = flooded.answers.get(ANSWER).copied().unwrap_or(0);
     assert!(answered >= 64, "at least its share relayed: {flooded:?}");
     assert!(flooded.failed > 0, "beyond its share, refused: {flooded:?}");
+}
+
+/// The value of the unlabelled counter `name` in `agent`'s metrics.
+fn counter(agent: &Agent, name: &str) -> u64 {
+    let (_, metrics) = agent.get("/metrics").expect("metrics");
+    let prefix = format!("topology_agent_{name}_total ");
+    metrics.lines().find_map(|line| line.strip_prefix(&prefix)).map_or(0, |value| value.trim().parse().expect(name))
+}
+
+#[test]
+fn one_pods_unique_names_take_only_its_share_of_the_cache() {
+    require_root!();
+    let mut fx = Fixture::new(0);
+    let (upstream, _upstream) = start_upstream(&mut fx.network, false, None, None);
+    let upstream = SocketAddr::from((upstream.v4, 53));
+    let (dns_pod, tenant, victim) = (fx.network.host("pod"), fx.network.host("pod"), fx.network.host("pod"));
+    let file = fx.scratch().join("cluster.yaml");
+    cluster::write(&file, &[cluster::node("node-a", "zone-a", None, "4")]);
+    // 1 MiB of cache: one client's share (1/8) is about 400 answers.
+    let mut agent = Agent::start(&AgentOptions {
+        netns: Some(dns_pod.netns.name()),
+        extra: ["--dns-listen", &format!("{}:53", dns_pod.v4), "--dns-upstream", &upstream.to_string()]
+            .into_iter()
+            .chain(["--dns-cache-mib", "1"])
+            .map(String::from)
+            .collect(),
+        ..AgentOptions::new(&file, "node-a", fx.cgroup.path(), fx.pins.path())
+    });
+    agent.wait_ready(Duration::from_secs(30));
+    let server = SocketAddr::from((dns_pod.v4, 53));
+
+    // The victim's names, cached.
+    let names: Vec<String> = (0..150).map(|n| format!("p{n}.example.com")).collect();
+    for name in &names {
+        assert_eq!(dig(Some(victim.netns.name()), server, name, "A", &[]).status, "NOERROR", "{name}");
+    }
+    // The tenant: 12,000 unique names, about twice the cache's worth of answers.
+    let mut command = Command::new(probe_binary());
+    command.args(["--netns", tenant.netns.name(), "client", "--target", &server.to_string(), "--timeout-ms", "4000"]);
+    command.args(["lookups", "--rate", "3000", "--seconds", "4", "--threads", "64", "--name", "u{n}.example.com"]);
+    let flood = ProcessGuard::new(command.stdout(Stdio::piped()).spawn().expect("spawn the flood"));
+    let flooded: Lookups = serde_json::from_slice(&flood.wait_output(Duration::from_secs(60))).expect("report");
+    let over_share = counter(&agent, "dns_cache_over_share");
+    eprintln!("the flood: made {} failed {}; not kept over its share: {over_share}", flooded.made, flooded.failed);
+    assert!(flooded.answers.get(ANSWER).copied().unwrap_or(0) >= 11_000, "the flood was answered: {flooded:?}");
+
+    // The victim's answers are still there: each name again is a cache hit.
+    let hits = counter(&agent, "dns_cache_hits");
+    for name in &names {
+        assert_eq!(dig(Some(victim.netns.name()), server, name, "A", &[]).status, "NOERROR", "{name}");
+    }
+    let kept = counter(&agent, "dns_cache_hits") - hits;
+    assert!(kept >= 145, "{kept} of {} of the victim's answers survived the flood", names.len());
+    assert!(over_share >= 9_000, "most of the flood's answers were not kept: {over_share}");
+}
+
+#[test]
+fn with_dns_clients_node_a_pod_of_another_node_is_refused() {
+    require_root!();
+    let mut fx = Fixture::new(0);
+    let (upstream, _upstream) = start_upstream(&mut fx.network, false, None, None);
+    let upstream = SocketAddr::from((upstream.v4, 53));
+    let (dns_pod, own_pod) = (fx.network.host("pod"), fx.network.host("pod"));
+    // On the same wire, outside this node's pod CIDR: a pod of another node.
+    let stranger =
+        fx.network.host_at("stranger", ("10.244.9.9".parse().unwrap(), 16), ("fd00:244::909".parse().unwrap(), 64));
+    let file = fx.scratch().join("cluster.yaml");
+    let mut node = cluster::node("node-a", "zone-a", None, "4");
+    node["spec"] = serde_json::json!({"podCIDR": "10.244.0.0/24", "podCIDRs": ["10.244.0.0/24"]});
+    node["status"]["addresses"] = serde_json::json!([{"type": "InternalIP", "address": "10.244.200.1"}]);
+    cluster::write(&file, &[node]);
+    let mut agent = Agent::start(&AgentOptions {
+        netns: Some(dns_pod.netns.name()),
+        extra: ["--dns-listen", &format!("{}:53", dns_pod.v4), "--dns-upstream", &upstream.to_string()]
+            .into_iter()
+            .chain(["--dns-clients", "node"])
+            .map(String::from)
+            .collect(),
+        ..AgentOptions::new(&file, "node-a", fx.cgroup.path(), fx.pins.path())
+    });
+    agent.wait_ready(Duration::from_secs(30));
+    let server = SocketAddr::from((dns_pod.v4, 53));
+
+    for (name, rtype) in [("outside.example.com", "A"), ("kubernetes.default.svc.cluster.local", "A")] {
+        let own = dig(Some(own_pod.netns.name()), server, name, rtype, &[]);
+        assert_ne!(own.status, "REFUSED", "this node's pod is answered: {own:?}");
+        for extra in [&[][..], &["+tcp"][..]] {
+            let other = dig(Some(stranger.netns.name()), server, name, rtype, extra);
+            assert_eq!(other.status, "REFUSED", "{name} {extra:?}: {other:?}");
+            assert!(other.elapsed < Duration::from_secs(1), "refused at once: {other:?}");
+        }
+    }
+    let (_, metrics) = agent.get("/metrics").expect("metrics");
+    assert!(metrics.contains("outcome=\"refused_client\"} 4"), "{metrics}");
 }

@@ -225,6 +225,11 @@ fn every_mode_lands_where_the_controllers_hints_explain_and_the_kernel_say() {
         table.push(format!("{:<18} {:<8} {}", "headless DNS", node.name, answered.data.join(",")));
         let outside = dig(Some(&client.place.netns), dns, &format!("outside.{NS}.svc.cluster.local"), "A", &[]);
         assert!(outside.answers.iter().any(|a| a.contains("CNAME") && a.contains(EXTERNAL)), "{outside:?}");
+        // The DaemonSet's `--dns-clients=node`: a pod of another node reaches this agent's
+        // address too, and is refused by the Node's podCIDRs the real API server holds.
+        let other = nodes.iter().find(|n| n.name != node.name).expect("two nodes");
+        let stranger = dig(Some(&cluster.client_on(&other.name).place.netns), dns, &name, "A", &[]);
+        assert_eq!(stranger.status, "REFUSED", "{name} asked of {}'s agent from {}: {stranger:?}", node.name, other.name);
     }
     eprintln!("e2e modes on {}:\n{}", cluster.binaries().kubernetes_version(), table.join("\n"));
 }

@@ -414,6 +414,7 @@ mod tests {
                 per_source_qps: 0,
                 steer: steer.then(|| crate::cluster::ObjectKey::new("kube-system", "kube-dns")),
                 cache: dns::relayed::CacheSettings::default(),
+                clients: dns::clients::Clients::Any,
             }),
         }
     }

@@ -71,7 +71,14 @@ pub fn annotations(data: &[u8]) {
         }
     }
     let labels = [("topology.kubernetes.io/zone", "z")].into_iter().collect();
-    let node = Node { name: "n".into(), labels, allocatable_cpu_millis: 1000, ready: true };
+    let node = Node {
+        name: "n".into(),
+        labels,
+        allocatable_cpu_millis: 1000,
+        ready: true,
+        pod_cidrs: Vec::new(),
+        addresses: Vec::new(),
+    };
     let _ = policy::select(&node, &Default::default(), &service, &[]);
 }
 
@@ -213,7 +220,7 @@ fn relayed(query: &[u8], reply: &[u8]) {
     let Some(key) = Key::of(query, asked) else { return };
     let cache = RelayCache::new(CacheSettings::default(), std::sync::Arc::default());
     let now = Instant::now();
-    if !cache.put(key.clone(), reply, now) {
+    if !cache.put(key.clone(), reply, now, None) {
         return;
     }
     for at in [now, now + Duration::from_secs(1)] {

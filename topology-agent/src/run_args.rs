@@ -112,6 +112,11 @@ pub struct RunArgs {
     /// Queries per second one client address may send to the responder (0: no limit).
     #[arg(long, default_value_t = dns::DEFAULT_SOURCE_QPS)]
     dns_source_qps: u32,
+    /// Whose queries the responder answers: `node` (this node's pods and processes: its Node's pod
+    /// CIDRs and addresses; everyone where the Node lists no pod CIDRs) or `any`. Others get
+    /// REFUSED.
+    #[arg(long, default_value = "any", value_name = "node|any")]
+    dns_clients: dns::clients::Clients,
     /// Memory for relayed answers the responder keeps, MiB (0: none kept).
     #[arg(long, default_value_t = 16, value_name = "MIB")]
     dns_cache_mib: usize,
@@ -204,6 +209,7 @@ pub fn run_config(args: RunArgs) -> anyhow::Result<RunConfig> {
                     max_negative_ttl: args.dns_cache_max_negative_ttl,
                     ..Default::default()
                 },
+                clients: args.dns_clients,
             }),
             None => None,
         },

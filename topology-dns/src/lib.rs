@@ -8,6 +8,7 @@
 
 pub mod answer;
 mod cache;
+pub mod clients;
 pub mod connections;
 pub mod glance;
 mod limit;
@@ -114,6 +115,8 @@ pub struct DnsConfig {
     pub steer: Option<crate::cluster::ObjectKey>,
     /// How relayed answers are kept.
     pub cache: relayed::CacheSettings,
+    /// Whose queries are answered.
+    pub clients: clients::Clients,
 }
 
 /// The responder could not start.
@@ -396,7 +399,9 @@ pub fn start(
     tcp.set_nonblocking(true).map_err(tcp_error)?;
     let tcp = TcpListener::from_std(tcp).map_err(tcp_error)?;
     let zone = answer::Zone { domain: config.domain.clone(), ttl: config.ttl };
-    let responder = Arc::new(server::Responder::new(zone, view, metrics, config.per_source_qps, config.cache));
+    let admission = clients::Admission { clients: config.clients, own: bound.ip() };
+    let responder =
+        Arc::new(server::Responder::new(zone, view, metrics, config.per_source_qps, config.cache, admission));
     for socket in sockets {
         runtime.spawn(server::serve_udp(Arc::new(socket), Arc::clone(&responder), shutdown.clone()));
     }

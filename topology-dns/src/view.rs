@@ -10,7 +10,7 @@ use std::{
 
 pub use crate::plan::headless::{Chosen, Headless, NamedChoice, NamedPort};
 use crate::{
-    cluster::{ClusterState, Family, ObjectKey},
+    cluster::{ClusterState, Family, Node, ObjectKey, Prefix},
     desired::Protocol,
     plan::{
         NodePlan,
@@ -71,6 +71,17 @@ pub struct DnsView {
     /// Where other names go: the configured upstreams, else the ready endpoints of
     /// `kube-system/kube-dns` (pod addresses: never a ClusterIP this node rewrites).
     pub upstreams: Vec<SocketAddr>,
+    /// This node's pod CIDRs and addresses: who its own pods are ([`crate::clients`]).
+    node: OwnNode,
+}
+
+/// What tells this node's pods and processes from others.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OwnNode {
+    /// `spec.podCIDRs`.
+    pub pod_cidrs: Vec<Prefix>,
+    /// The Node's IP addresses.
+    pub addresses: Vec<IpAddr>,
 }
 
 impl DnsView {
@@ -82,6 +93,9 @@ impl DnsView {
     /// The whole view from `state` and the node's `plan` of it.
     pub fn build(state: &ClusterState, plan: &NodePlan, configured: Vec<SocketAddr>) -> Self {
         let mut view = Self::new(configured);
+        if let Some(node) = state.node(plan.node()) {
+            view.set_node(node);
+        }
         for service in state.services() {
             view.update(state, plan, &service.key);
         }
@@ -144,6 +158,20 @@ impl DnsView {
                 true
             }
         }
+    }
+
+    /// Takes who this node's pods are from its Node; whether that changed.
+    pub fn set_node(&mut self, node: &Node) -> bool {
+        if self.node.pod_cidrs == node.pod_cidrs && self.node.addresses == node.addresses {
+            return false;
+        }
+        self.node = OwnNode { pod_cidrs: node.pod_cidrs.clone(), addresses: node.addresses.clone() };
+        true
+    }
+
+    /// This node's pod CIDRs and addresses, as its Node last said.
+    pub fn node(&self) -> &OwnNode {
+        &self.node
     }
 
     /// The records of `namespace/name`.

@@ -33,6 +33,8 @@ fn cluster(services: usize, spill: bool) -> ClusterState {
             labels: labels.into(),
             allocatable_cpu_millis: 8000,
             ready: true,
+            pod_cidrs: Vec::new(),
+            addresses: Vec::new(),
         });
     }
     for s in 0..services {

@@ -21,7 +21,14 @@ pub fn node(name: &str, zone: &str, region: &str) -> Node {
     if !region.is_empty() {
         labels.insert(LABEL_REGION.into(), region.into());
     }
-    Node { name: name.into(), labels: labels.into(), allocatable_cpu_millis: 4000, ready: true }
+    Node {
+        name: name.into(),
+        labels: labels.into(),
+        allocatable_cpu_millis: 4000,
+        ready: true,
+        pod_cidrs: Vec::new(),
+        addresses: Vec::new(),
+    }
 }
 
 /// A Service `ns/<name>` with one TCP port `http` 80 and ClusterIP 10.96.0.10.

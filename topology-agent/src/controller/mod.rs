@@ -329,6 +329,11 @@ impl<P: Programmer> Controller<P> {
         };
         self.ctx.health.set_blocked(None);
         self.ctx.node_info(&this);
+        if let Some(dns) = &mut self.outlets.dns {
+            // Who this node's pods are, for `--dns-clients node`.
+            let changed = dns.view_mut().set_node(&this);
+            dns.touch(changed);
+        }
         if self.config.one_publisher_per_service {
             self.ctx.set_rank(self.intake.state.rank(&node));
         }

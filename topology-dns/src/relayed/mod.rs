@@ -3,13 +3,16 @@
 //! answers served when the upstream fails (RFC 8767, with a 30 s TTL); a popular answer fetched
 //! again shortly before it expires, so it never expires for its users. Bounded in bytes, evicting
 //! by CLOCK (a second chance for the recently used). Sharded, so the responder's threads seldom
-//! meet on a lock.
+//! meet on a lock. Each answer is charged to the client whose query brought it, and no client
+//! keeps more than [`SOURCE_SHARE`] of the cache: one pod asking unique names cannot push the
+//! node's popular answers out.
 
 pub mod wire;
 
 use std::{
     collections::{HashMap, VecDeque},
     hash::BuildHasher,
+    net::IpAddr,
     sync::{Arc, Mutex, PoisonError},
     time::{Duration, Instant},
 };
@@ -25,6 +28,10 @@ const SHARDS: usize = 32;
 const STALE_TTL: u32 = 30;
 /// What an entry costs beyond its bytes (key, map slot, ring slot), for the budget.
 const OVERHEAD: usize = 96;
+/// The part of the cache one client's answers may take at most: 1/8, so that it takes eight busy
+/// clients to fill it, and a flood of unique names from one pod evicts at most an eighth of what
+/// the others keep. Answers a popular name brings are charged once, to its first asker.
+pub const SOURCE_SHARE: usize = 8;
 
 /// How the cache keeps answers.
 #[derive(Clone, Copy, Debug)]
@@ -120,6 +127,8 @@ struct Entry {
     hits: u32,
     /// A refresh is under way.
     refreshing: bool,
+    /// The client it is charged to (`None`: the responder's own lookup).
+    owner: Option<IpAddr>,
 }
 
 impl Entry {
@@ -162,6 +171,7 @@ pub struct CacheMetrics {
     stale: Counter,
     refreshes: Counter,
     evictions: Counter,
+    over_share: Counter,
     bytes: Gauge,
 }
 
@@ -185,6 +195,11 @@ impl CacheMetrics {
             "Entries dropped to stay within the cache's size",
             self.evictions.clone(),
         );
+        registry.register(
+            "dns_cache_over_share",
+            "Answers not kept because their client already keeps its share of the cache",
+            self.over_share.clone(),
+        );
         registry.register("dns_cache_bytes", "Memory the kept answers take, bytes", self.bytes.clone());
     }
 }
@@ -195,6 +210,8 @@ pub struct RelayCache {
     shards: Box<[Mutex<Shard>]>,
     hasher: foldhash::fast::RandomState,
     metrics: Arc<CacheMetrics>,
+    /// Bytes kept per client; locked inside a shard's lock, never the other way.
+    owned: Mutex<HashMap<IpAddr, usize>>,
 }
 
 impl RelayCache {
@@ -205,6 +222,7 @@ impl RelayCache {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
             hasher: foldhash::fast::RandomState::default(),
             metrics,
+            owned: Mutex::default(),
         }
     }
 
@@ -267,9 +285,10 @@ impl RelayCache {
         Some(reply)
     }
 
-    /// Keeps `reply`, the upstream's answer to the question `key`, if it may be kept; whether it
-    /// was. A refresh under way for the key ends.
-    pub fn put(&self, key: Key, reply: &[u8], now: Instant) -> bool {
+    /// Keeps `reply`, the upstream's answer to the question `key` asked by `owner` (`None`: the
+    /// responder itself; a refresh stays charged to whom the entry was), if it may be kept and
+    /// `owner` keeps less than its share; whether it was. A refresh under way for the key ends.
+    pub fn put(&self, key: Key, reply: &[u8], now: Instant, owner: Option<IpAddr>) -> bool {
         if !self.enabled() {
             return false;
         }
@@ -293,6 +312,7 @@ impl RelayCache {
             referenced: false,
             hits: 0,
             refreshing: false,
+            owner,
         };
         let budget = self.settings.max_bytes / SHARDS;
         let cost = entry.cost();
@@ -301,7 +321,25 @@ impl RelayCache {
         }
         let mut shard = self.shard(&key);
         let shard = &mut *shard;
-        let replaced = shard.entries.get(&key).map(Entry::cost);
+        let old = shard.entries.get(&key).map(|old| (old.cost(), old.owner));
+        let replaced = old.map(|(cost, _)| cost);
+        let mut entry = entry;
+        if owner.is_none() {
+            entry.owner = old.and_then(|(_, owner)| owner);
+        }
+        let mut owned = self.owned.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(owner) = entry.owner {
+            let already = owned.get(&owner).copied().unwrap_or(0);
+            let own_replaced = old.filter(|(_, o)| *o == Some(owner)).map_or(0, |(cost, _)| cost);
+            if already.saturating_sub(own_replaced) + cost > self.settings.max_bytes / SOURCE_SHARE {
+                drop(owned);
+                self.metrics.over_share.inc();
+                if let Some(old) = shard.entries.get_mut(&key) {
+                    old.refreshing = false;
+                }
+                return false;
+            }
+        }
         if replaced.is_none() {
             shard.ring.push_back(key.clone());
         }
@@ -322,6 +360,7 @@ impl RelayCache {
                         bytes -= old.cost();
                         self.metrics.evictions.inc();
                         self.metrics.bytes.dec_by(old.cost() as i64);
+                        uncharge(&mut owned, old.owner, old.cost());
                     }
                 }
                 None => {}
@@ -332,8 +371,19 @@ impl RelayCache {
         }
         shard.bytes = bytes + cost;
         self.metrics.bytes.inc_by(cost as i64 - replaced.unwrap_or(0) as i64);
+        if let Some((cost, owner)) = old {
+            uncharge(&mut owned, owner, cost);
+        }
+        if let Some(owner) = entry.owner {
+            *owned.entry(owner).or_default() += cost;
+        }
         shard.entries.insert(key, entry);
         true
+    }
+
+    /// Bytes kept for answers `owner` brought.
+    pub fn owned_by(&self, owner: IpAddr) -> usize {
+        self.owned.lock().unwrap_or_else(PoisonError::into_inner).get(&owner).copied().unwrap_or(0)
     }
 
     /// A refresh of `key` failed or brought nothing to keep: the next hit may try again.
@@ -351,6 +401,17 @@ impl RelayCache {
     /// Nothing kept.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// Takes `cost` off what `owner` keeps; a client keeping nothing is forgotten.
+fn uncharge(owned: &mut HashMap<IpAddr, usize>, owner: Option<IpAddr>, cost: usize) {
+    let Some(owner) = owner else { return };
+    if let Some(bytes) = owned.get_mut(&owner) {
+        *bytes = bytes.saturating_sub(cost);
+        if *bytes == 0 {
+            owned.remove(&owner);
+        }
     }
 }
 

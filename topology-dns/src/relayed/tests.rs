@@ -1,8 +1,8 @@
 //! The cache of relayed answers: freshness, counting down, negative answers, serve-stale,
-//! refresh before expiry, and its bound.
+//! refresh before expiry, its bound, and each client's share of it.
 
 use std::{
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr},
     time::{Duration, Instant},
 };
 
@@ -59,7 +59,7 @@ fn an_answer_is_served_with_its_ttl_counted_down_until_it_expires() {
     let cache = RelayCache::new(CacheSettings::default(), Arc::default());
     let start = Instant::now();
     assert_eq!(cache.get(&key("a.example."), &request("a.example.", 5), start), Found::Miss);
-    assert!(cache.put(key("a.example."), &reply("a.example.", 60, ResponseCode::NoError), start));
+    assert!(cache.put(key("a.example."), &reply("a.example.", 60, ResponseCode::NoError), start, None));
     let (served, _) = fresh(cache.get(&key("A.Example."), &request("A.Example.", 5), start + Duration::from_secs(20)));
     let message = Message::from_vec(&served).unwrap();
     assert_eq!((message.metadata.id, ttl_of(&served)), (5, 40));
@@ -72,10 +72,10 @@ fn ttls_are_capped_and_negative_answers_kept_by_their_soa() {
     let settings = CacheSettings { max_ttl: 30, max_negative_ttl: 10, ..CacheSettings::default() };
     let cache = RelayCache::new(settings, Arc::default());
     let start = Instant::now();
-    cache.put(key("long.example."), &reply("long.example.", 86_400, ResponseCode::NoError), start);
+    cache.put(key("long.example."), &reply("long.example.", 86_400, ResponseCode::NoError), start, None);
     let (served, _) = fresh(cache.get(&key("long.example."), &request("long.example.", 1), start));
     assert_eq!(ttl_of(&served), 30, "capped");
-    assert!(cache.put(key("nx.example."), &reply("nx.example.", 300, ResponseCode::NXDomain), start));
+    assert!(cache.put(key("nx.example."), &reply("nx.example.", 300, ResponseCode::NXDomain), start, None));
     let at = start + Duration::from_secs(9);
     let (served, _) = fresh(cache.get(&key("nx.example."), &request("nx.example.", 1), at));
     assert_eq!(Message::from_vec(&served).unwrap().metadata.response_code, ResponseCode::NXDomain);
@@ -83,7 +83,7 @@ fn ttls_are_capped_and_negative_answers_kept_by_their_soa() {
         cache.get(&key("nx.example."), &request("nx.example.", 1), start + Duration::from_secs(10)),
         Found::Miss
     );
-    assert!(!cache.put(key("fail.example."), &reply("fail.example.", 300, ResponseCode::ServFail), start));
+    assert!(!cache.put(key("fail.example."), &reply("fail.example.", 300, ResponseCode::ServFail), start, None));
 }
 
 #[test]
@@ -91,7 +91,7 @@ fn an_expired_answer_is_served_stale_only_within_the_window() {
     let settings = CacheSettings { stale_for: Duration::from_secs(100), ..CacheSettings::default() };
     let cache = RelayCache::new(settings, Arc::default());
     let start = Instant::now();
-    cache.put(key("a.example."), &reply("a.example.", 10, ResponseCode::NoError), start);
+    cache.put(key("a.example."), &reply("a.example.", 10, ResponseCode::NoError), start, None);
     let stale = cache.stale(&key("a.example."), &request("a.example.", 3), start + Duration::from_secs(50)).unwrap();
     assert_eq!((Message::from_vec(&stale).unwrap().metadata.id, ttl_of(&stale)), (3, 30), "RFC 8767's 30 s");
     assert_eq!(cache.stale(&key("a.example."), &request("a.example.", 3), start + Duration::from_secs(111)), None);
@@ -101,7 +101,7 @@ fn an_expired_answer_is_served_stale_only_within_the_window() {
 fn a_popular_answer_is_refreshed_once_in_its_last_tenth() {
     let cache = RelayCache::new(CacheSettings::default(), Arc::default());
     let start = Instant::now();
-    cache.put(key("a.example."), &reply("a.example.", 100, ResponseCode::NoError), start);
+    cache.put(key("a.example."), &reply("a.example.", 100, ResponseCode::NoError), start, None);
     let ask =
         |secs| fresh(cache.get(&key("a.example."), &request("a.example.", 1), start + Duration::from_secs(secs))).1;
     assert!(!ask(10), "early");
@@ -110,7 +110,12 @@ fn a_popular_answer_is_refreshed_once_in_its_last_tenth() {
     assert!(!ask(92), "one refresh at a time");
     cache.end_refresh(&key("a.example."));
     assert!(ask(93), "a failed refresh may be tried again");
-    cache.put(key("a.example."), &reply("a.example.", 100, ResponseCode::NoError), start + Duration::from_secs(94));
+    cache.put(
+        key("a.example."),
+        &reply("a.example.", 100, ResponseCode::NoError),
+        start + Duration::from_secs(94),
+        None,
+    );
     assert!(!ask(95), "the refreshed entry is fresh again");
 }
 
@@ -120,10 +125,10 @@ fn the_cache_stays_within_its_bytes_and_keeps_what_is_used() {
     let cache = RelayCache::new(settings, Arc::default());
     let start = Instant::now();
     let used = "used.example.";
-    cache.put(key(used), &reply(used, 300, ResponseCode::NoError), start);
+    cache.put(key(used), &reply(used, 300, ResponseCode::NoError), start, None);
     for n in 0..20_000 {
         let name = format!("n{n}.example.");
-        cache.put(key(&name), &reply(&name, 300, ResponseCode::NoError), start);
+        cache.put(key(&name), &reply(&name, 300, ResponseCode::NoError), start, None);
         if n % 8 == 0 {
             let _ = cache.get(&key(used), &request(used, 1), start);
         }
@@ -183,4 +188,36 @@ fn keys_are_one_question_and_tell_edns_and_dnssec_apart() {
     assert!(asked[0] != asked[1] && asked[1] != asked[2] && asked[0] != asked[2], "no OPT to a query without one");
     assert_eq!(Key::of(&reply("a.example.", 5, ResponseCode::NoError), Asked::Plain), None, "a response");
     assert_eq!(Key::of(&[0; 11], Asked::Plain), None);
+}
+
+#[test]
+fn one_client_keeps_at_most_its_share_and_evicts_no_more_of_the_others() {
+    let settings = CacheSettings { max_bytes: SHARDS * 4096, ..CacheSettings::default() };
+    let cache = RelayCache::new(settings, Arc::default());
+    let start = Instant::now();
+    let (pod, flooder): (IpAddr, IpAddr) = ([10, 244, 1, 5].into(), [10, 244, 1, 6].into());
+    let popular: Vec<String> = (0..60).map(|n| format!("popular{n}.example.")).collect();
+    for name in &popular {
+        assert!(cache.put(key(name), &reply(name, 300, ResponseCode::NoError), start, Some(pod)));
+    }
+    let kept_before =
+        popular.iter().filter(|n| matches!(cache.get(&key(n), &request(n, 1), start), Found::Fresh { .. })).count();
+    // Asked again between the flood's names, as a node's pods keep asking popular names.
+    for n in 0..20_000 {
+        let name = format!("unique{n}.example.");
+        cache.put(key(&name), &reply(&name, 300, ResponseCode::NoError), start, Some(flooder));
+        assert!(cache.owned_by(flooder) <= settings.max_bytes / SOURCE_SHARE, "{n}: over its share");
+    }
+    assert!(cache.owned_by(flooder) > settings.max_bytes / SOURCE_SHARE / 2, "a client gets its share");
+    let kept_after =
+        popular.iter().filter(|n| matches!(cache.get(&key(n), &request(n, 1), start), Found::Fresh { .. })).count();
+    // The flood's share is 1/8 of the cache: most of the popular answers stay.
+    assert!(kept_after * 4 >= kept_before * 3, "{kept_after} of {kept_before} popular answers left");
+    // A refresh (the responder's own lookup) stays charged to the entry's client.
+    let before = cache.owned_by(pod);
+    assert!(cache.put(key(&popular[0]), &reply(&popular[0], 300, ResponseCode::NoError), start, None));
+    assert_eq!(cache.owned_by(pod), before, "replaced by an answer of the same size, charged to the same client");
+    // What the others keep is charged to them, and a forgotten entry is uncharged.
+    let total: usize = cache.shards.iter().map(|s| s.lock().unwrap().bytes).sum();
+    assert_eq!(total, cache.owned_by(pod) + cache.owned_by(flooder), "every byte is charged to its client");
 }

@@ -9,7 +9,7 @@ pub mod tcp;
 
 use std::{
     collections::HashMap,
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
     sync::{Arc, Mutex, PoisonError},
     time::{Duration, Instant},
 };
@@ -90,13 +90,13 @@ impl Upstream {
         }
     }
 
-    /// The reply to `request` (its bytes `raw`), within `limit` bytes: from the cache, or the
-    /// upstreams, or stale, or SERVFAIL.
-    pub async fn forward(self: &Arc<Self>, request: &Message, raw: &[u8], limit: u16) -> Vec<u8> {
+    /// The reply to `request` (its bytes `raw`) of the client `source`, within `limit` bytes:
+    /// from the cache, or the upstreams, or stale, or SERVFAIL.
+    pub async fn forward(self: &Arc<Self>, request: &Message, raw: &[u8], limit: u16, source: IpAddr) -> Vec<u8> {
         match self.cached(request, raw, limit) {
             Lookup::Answered(reply) => reply,
             Lookup::Oversized(reply) => self.cut(request, reply, limit),
-            Lookup::Missed(key) => self.ask_for(key, request, raw, limit).await,
+            Lookup::Missed(key) => self.ask_for(key, request, raw, limit, source).await,
         }
     }
 
@@ -130,10 +130,18 @@ impl Upstream {
         self.finish(request, Some(reply), limit, "cached")
     }
 
-    /// The reply to `request` (its bytes `raw`) that the cache did not hold (under `key`, when it
-    /// may keep one), within `limit` bytes: from the upstreams, or stale, or SERVFAIL.
-    pub async fn ask_for(self: &Arc<Self>, key: Option<Key>, request: &Message, raw: &[u8], limit: u16) -> Vec<u8> {
-        let (reply, outcome) = self.missed(key, request, raw).await;
+    /// The reply to `request` (its bytes `raw`) of the client `source` that the cache did not
+    /// hold (under `key`, when it may keep one; charged to `source`), within `limit` bytes: from
+    /// the upstreams, or stale, or SERVFAIL.
+    pub async fn ask_for(
+        self: &Arc<Self>,
+        key: Option<Key>,
+        request: &Message,
+        raw: &[u8],
+        limit: u16,
+        source: IpAddr,
+    ) -> Vec<u8> {
+        let (reply, outcome) = self.missed(key, request, raw, Some(source)).await;
         self.finish(request, reply, limit, outcome)
     }
 
@@ -147,23 +155,35 @@ impl Upstream {
         Some(reply)
     }
 
-    /// The whole reply to `request` (its bytes `raw`, its id), and how it was found.
-    async fn resolve(self: &Arc<Self>, request: &Message, raw: &[u8]) -> (Option<Vec<u8>>, &'static str) {
+    /// The whole reply to `request` (its bytes `raw`, its id) asked for `source`, and how it was
+    /// found.
+    async fn resolve(
+        self: &Arc<Self>,
+        request: &Message,
+        raw: &[u8],
+        source: IpAddr,
+    ) -> (Option<Vec<u8>>, &'static str) {
         let key = Key::of(raw, Asked::of(request)).filter(|_| self.cache.enabled());
         if let Some(reply) = key.as_ref().and_then(|key| self.fresh(key, raw)) {
             return (Some(reply), "cached");
         }
-        self.missed(key, request, raw).await
+        self.missed(key, request, raw, Some(source)).await
     }
 
-    /// [`Upstream::resolve`] past the cache.
-    async fn missed(&self, key: Option<Key>, request: &Message, raw: &[u8]) -> (Option<Vec<u8>>, &'static str) {
+    /// [`Upstream::resolve`] past the cache; what is kept is charged to `owner`.
+    async fn missed(
+        &self,
+        key: Option<Key>,
+        request: &Message,
+        raw: &[u8],
+        owner: Option<IpAddr>,
+    ) -> (Option<Vec<u8>>, &'static str) {
         let Some(key) = key else {
             let reply = self.ask(request, raw).await;
             let outcome = if reply.is_some() { "forwarded" } else { "upstream_failed" };
             return (reply, outcome);
         };
-        let shared = self.shared(&key, request, raw).await;
+        let shared = self.shared(&key, request, raw, owner).await;
         let reply = shared.as_deref().and_then(|reply| {
             let mut reply = reply.to_vec();
             let end = wire::question_end(raw)?;
@@ -181,8 +201,9 @@ impl Upstream {
         }
     }
 
-    /// The upstream's reply to the question `key`, asked once however many wait for it.
-    async fn shared(&self, key: &Key, request: &Message, raw: &[u8]) -> Shared {
+    /// The upstream's reply to the question `key`, asked once however many wait for it (and kept
+    /// charged to `owner`, whose query leads).
+    async fn shared(&self, key: &Key, request: &Message, raw: &[u8], owner: Option<IpAddr>) -> Shared {
         let waiting = {
             let mut in_flight = self.in_flight.lock().unwrap_or_else(PoisonError::into_inner);
             match in_flight.get_mut(key) {
@@ -205,7 +226,7 @@ impl Upstream {
         let flight = Flight { upstream: self, key };
         let reply: Shared = self.ask(request, raw).await.map(Arc::from);
         if let Some(reply) = &reply {
-            self.cache.put(key.clone(), reply, Instant::now());
+            self.cache.put(key.clone(), reply, Instant::now(), owner);
         }
         flight.land(&reply);
         reply
@@ -216,7 +237,7 @@ impl Upstream {
         let Ok(request) = Message::from_vec(raw) else { return self.cache.end_refresh(&key) };
         match self.ask(&request, raw).await {
             Some(reply) => {
-                self.cache.put(key, &reply, Instant::now());
+                self.cache.put(key, &reply, Instant::now(), None);
             }
             None => self.cache.end_refresh(&key),
         }
@@ -244,6 +265,7 @@ impl Upstream {
         mut response: Message,
         target: hickory_proto::rr::Name,
         limit: u16,
+        source: IpAddr,
     ) -> Vec<u8> {
         let qtype = request.queries.first().map(Query::query_type);
         if let Some(asked) = qtype {
@@ -255,7 +277,7 @@ impl Upstream {
             edns.set_max_payload(relay::MAX_UDP_REPLY);
             lookup.set_edns(edns);
             if let Ok(raw) = lookup.to_vec()
-                && let (Some(reply), _) = self.resolve(&lookup, &raw).await
+                && let (Some(reply), _) = self.resolve(&lookup, &raw, source).await
                 && let Ok(reply) = Message::from_vec(&reply)
             {
                 response.add_answers(reply.answers);

@@ -130,7 +130,7 @@ fn query(name: &str, id: u16) -> (Message, Vec<u8>) {
 
 async fn ask(upstream: &Arc<Upstream>, name: &str, id: u16) -> Message {
     let (request, raw) = query(name, id);
-    Message::from_vec(&upstream.forward(&request, &raw, u16::MAX).await).unwrap()
+    Message::from_vec(&upstream.forward(&request, &raw, u16::MAX, [127, 0, 0, 1].into()).await).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -184,7 +184,7 @@ async fn a_spoofed_datagram_is_ignored_and_a_truncated_reply_fetched_over_tcp() 
     assert!(!reply.metadata.truncation);
     assert_eq!(reply.answers.len(), 60, "the whole answer, over TCP");
     let (request, raw) = query("big.example.", 9);
-    let udp = relay.forward(&request, &raw, 512).await;
+    let udp = relay.forward(&request, &raw, 512, [127, 0, 0, 1].into()).await;
     assert!(udp.len() <= 512);
     assert!(Message::from_vec(&udp).unwrap().metadata.truncation, "cut to the client's size, from the cache");
 }

@@ -113,7 +113,14 @@ mod tests {
         if !region.is_empty() {
             labels.insert(LABEL_REGION.to_owned(), region.to_owned());
         }
-        Node { name: name.into(), labels: labels.into(), allocatable_cpu_millis: cpu, ready }
+        Node {
+            name: name.into(),
+            labels: labels.into(),
+            allocatable_cpu_millis: cpu,
+            ready,
+            pod_cidrs: Vec::new(),
+            addresses: Vec::new(),
+        }
     }
 
     #[test]

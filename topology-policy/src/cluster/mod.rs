@@ -7,6 +7,7 @@ pub mod convert;
 pub mod demand;
 pub mod labels;
 pub mod model;
+pub mod prefix;
 pub mod state;
 pub mod yaml;
 
@@ -14,4 +15,5 @@ pub use model::{
     Endpoint, EndpointExtra, EndpointSlice, Family, Kind, Node, ObjectError, ObjectKey, PortSpec, Service, SlicePort,
     TopologyKeysSource, TopologyKeysSpec, TrafficDistribution,
 };
+pub use prefix::Prefix;
 pub use state::ClusterState;

@@ -103,6 +103,12 @@ pub struct Node {
     pub allocatable_cpu_millis: u64,
     /// The Ready condition is True.
     pub ready: bool,
+    /// `spec.podCIDRs`: where the node's own pods take their addresses (empty where the network
+    /// plugin assigns addresses another way).
+    pub pod_cidrs: Vec<super::Prefix>,
+    /// `status.addresses` of type `InternalIP` or `ExternalIP`: where the node's own processes
+    /// (and host-network pods) send from.
+    pub addresses: Vec<IpAddr>,
 }
 
 impl Node {

@@ -296,6 +296,34 @@ fn node_topology_and_capacity() {
     assert_eq!(node.zone(), Some("zone-a"));
     assert_eq!(node.topology_value("kubernetes.io/hostname"), Some("node-a"), "hostname defaults to the name");
     assert_eq!(node.region(), None);
+    assert!(node.pod_cidrs.is_empty(), "a network plugin may assign addresses without podCIDRs");
+}
+
+#[test]
+fn node_pod_cidrs_are_read_and_checked() {
+    let read = |cidrs: serde_json::Value| {
+        node(
+            &serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"},
+                "spec": {"podCIDR": "10.244.1.0/24", "podCIDRs": cidrs},
+                "status": {"addresses": [{"type": "InternalIP", "address": "10.132.0.1"},
+                    {"type": "Hostname", "address": "node-a"}, {"type": "ExternalIP", "address": "2001:db8::1"},
+                    {"type": "InternalIP", "address": "not-an-ip"}]}
+            }))
+            .unwrap(),
+        )
+    };
+    let dual = read(serde_json::json!(["10.244.1.0/24", "fd00:10:244:1::/64"])).unwrap();
+    assert_eq!(
+        dual.pod_cidrs.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        ["10.244.1.0/24", "fd00:10:244:1::/64"]
+    );
+    assert_eq!(dual.addresses, ["10.132.0.1".parse::<std::net::IpAddr>().unwrap(), "2001:db8::1".parse().unwrap()]);
+    let bad = read(serde_json::json!(["10.244.1.0/24", "10.244.1.0/40"])).unwrap_err();
+    assert_eq!(
+        bad.to_string(),
+        "Node node-a: spec.podCIDRs[1]: \"10.244.1.0/40\" is not a prefix length for this family"
+    );
 }
 
 /// A Node as a kubelet reports it, at `heartbeat`.

@@ -167,7 +167,14 @@ impl Case {
             labels.insert(LABEL_ZONE.into(), zone.into());
         }
         let mut state = ClusterState::default();
-        state.upsert_node(Node { name: this.into(), labels: labels.into(), allocatable_cpu_millis: 4000, ready: true });
+        state.upsert_node(Node {
+            name: this.into(),
+            labels: labels.into(),
+            allocatable_cpu_millis: 4000,
+            ready: true,
+            pod_cidrs: Vec::new(),
+            addresses: Vec::new(),
+        });
         let mut svc = service("svc");
         svc.internal_traffic_local = self.itp_local;
         svc = match ask {

@@ -27,6 +27,7 @@ use super::{
     DnsMetrics,
     answer::{self, Outcome, Zone, encode},
     cache::{AnswerCache, Cached},
+    clients::{Admission, Clients, refused},
     glance::{Domain, glance},
     limit::{InFlight, Relaying, SourceLimiter},
     relay,
@@ -58,6 +59,20 @@ pub struct Responder {
     unlimited: bool,
     /// Relayed queries in flight, per source.
     relaying: Arc<InFlight>,
+    /// Who is answered.
+    admission: Admission,
+    /// Said in the log that a Node without pod CIDRs opens the responder to all.
+    said_open: AtomicBool,
+}
+
+/// Whether to answer a query from a source.
+enum Admit {
+    /// Answer it.
+    Yes,
+    /// Send this instead (REFUSED: not one of this node's clients).
+    Refuse(Vec<u8>),
+    /// Neither answer nor reply (over the source's rate).
+    Drop,
 }
 
 /// What to do with one datagram or TCP message.
@@ -116,13 +131,14 @@ pub fn respond(view: &DnsView, zone: &Zone, bytes: &[u8], tcp: bool, draw: &mut 
 
 impl Responder {
     /// A responder for `zone` reading `view`, limiting each source to `per_source_qps` (0: no
-    /// limit), keeping relayed answers as `cache` says.
+    /// limit), keeping relayed answers as `cache` says, answering whom `admission` admits.
     pub fn new(
         zone: Zone,
         view: watch::Receiver<Arc<DnsView>>,
         metrics: Arc<DnsMetrics>,
         per_source_qps: u32,
         cache: CacheSettings,
+        admission: Admission,
     ) -> Self {
         let upstream = Arc::new(Upstream::new(view.clone(), Arc::clone(&metrics), cache));
         Self {
@@ -138,6 +154,8 @@ impl Responder {
                 crate::upstream::MAX_FORWARDS,
                 crate::upstream::FORWARDS_RESERVED,
             ),
+            admission,
+            said_open: AtomicBool::new(false),
         }
     }
 
@@ -225,13 +243,13 @@ impl Responder {
     }
 
     /// Relays `request` (its bytes `raw`); the reply sized for the client.
-    async fn forward(&self, request: &Message, raw: &[u8], tcp: bool) -> Vec<u8> {
-        self.upstream.forward(request, raw, relay::limit(request, tcp)).await
+    async fn forward(&self, request: &Message, raw: &[u8], tcp: bool, source: IpAddr) -> Vec<u8> {
+        self.upstream.forward(request, raw, relay::limit(request, tcp), source).await
     }
 
     /// Completes an ExternalName's answer with the upstream's records of its target.
-    async fn chase(&self, Chase { request, response, target }: Chase, tcp: bool) -> Vec<u8> {
-        self.upstream.chase(&request, response, target, relay::limit(&request, tcp)).await
+    async fn chase(&self, Chase { request, response, target }: Chase, tcp: bool, source: IpAddr) -> Vec<u8> {
+        self.upstream.chase(&request, response, target, relay::limit(&request, tcp), source).await
     }
 
     /// A slot for one more relayed query of `source`; `Err` with the SERVFAIL it gets instead
@@ -245,15 +263,35 @@ impl Responder {
         })
     }
 
-    fn admit(&self, source: IpAddr) -> bool {
-        if self.unlimited {
-            return true;
-        }
-        let admitted = self.limiter.lock().map(|mut l| l.admit(source, Instant::now())).unwrap_or(true);
-        if !admitted {
+    /// Whether the query `bytes` of `source` is answered: within the source's rate, and from one
+    /// of the clients the responder serves (others get REFUSED, within their rate too).
+    fn admit(&self, source: IpAddr, bytes: &[u8]) -> Admit {
+        let allowed = match self.admission.clients {
+            Clients::Any => true,
+            Clients::Node => {
+                let view = self.view.borrow();
+                let node = view.node();
+                if node.pod_cidrs.is_empty()
+                    && !node.addresses.is_empty()
+                    && !self.said_open.swap(true, Ordering::Relaxed)
+                {
+                    tracing::warn!(
+                        "--dns-clients node: this node's Node lists no spec.podCIDRs (its network plugin assigns pod \
+                         addresses another way), so pods cannot be told from others; answering every source"
+                    );
+                }
+                self.admission.allows(&view, source)
+            }
+        };
+        if !self.unlimited && !self.limiter.lock().map(|mut l| l.admit(source, Instant::now())).unwrap_or(true) {
             self.metrics.query(None, "rate_limited");
+            return Admit::Drop;
         }
-        admitted
+        if allowed {
+            return Admit::Yes;
+        }
+        self.metrics.query(None, "refused_client");
+        refused(bytes).map_or(Admit::Drop, Admit::Refuse)
     }
 }
 
@@ -296,8 +334,13 @@ pub async fn serve_udp(socket: Arc<UdpSocket>, responder: Arc<Responder>, shutdo
                 }
             },
         };
-        if !responder.admit(source.ip()) {
-            continue;
+        match responder.admit(source.ip(), &buffer[..len]) {
+            Admit::Yes => {}
+            Admit::Refuse(reply) => {
+                let _ = socket.send_to(&reply, source).await;
+                continue;
+            }
+            Admit::Drop => continue,
         }
         match responder.handle(&buffer[..len], false, Some(&mut cache)) {
             Handled::Reply { bytes, .. } => {
@@ -313,7 +356,7 @@ pub async fn serve_udp(socket: Arc<UdpSocket>, responder: Arc<Responder>, shutdo
                 };
                 let (socket, responder) = (Arc::clone(&socket), Arc::clone(&responder));
                 tokio::spawn(async move {
-                    let reply = responder.forward(&request, &raw, false).await;
+                    let reply = responder.forward(&request, &raw, false, source.ip()).await;
                     drop(slot);
                     let _ = socket.send_to(&reply, source).await;
                 });
@@ -329,7 +372,7 @@ pub async fn serve_udp(socket: Arc<UdpSocket>, responder: Arc<Responder>, shutdo
                 let (socket, responder) = (Arc::clone(&socket), Arc::clone(&responder));
                 tokio::spawn(async move {
                     let limit = relay::limit(&request, false);
-                    let reply = responder.upstream.ask_for(key, &request, &raw, limit).await;
+                    let reply = responder.upstream.ask_for(key, &request, &raw, limit, source.ip()).await;
                     drop(slot);
                     let _ = socket.send_to(&reply, source).await;
                 });
@@ -344,7 +387,7 @@ pub async fn serve_udp(socket: Arc<UdpSocket>, responder: Arc<Responder>, shutdo
                 };
                 let (socket, responder) = (Arc::clone(&socket), Arc::clone(&responder));
                 tokio::spawn(async move {
-                    let reply = responder.chase(*chase, false).await;
+                    let reply = responder.chase(*chase, false, source.ip()).await;
                     drop(slot);
                     let _ = socket.send_to(&reply, source).await;
                 });
@@ -387,22 +430,28 @@ pub async fn serve_tcp(listener: TcpListener, responder: Arc<Responder>, shutdow
 async fn connection(mut stream: TcpStream, source: IpAddr, responder: &Responder, busy: &AtomicBool) {
     loop {
         let Ok(Ok(bytes)) = tokio::time::timeout(TCP_IDLE, read_framed(&mut stream)).await else { return };
-        if !responder.admit(source) {
-            return;
-        }
         busy.store(true, Ordering::Relaxed);
-        let reply = match responder.handle(&bytes, true, None) {
+        let handled = match responder.admit(source, &bytes) {
+            Admit::Yes => responder.handle(&bytes, true, None),
+            Admit::Refuse(bytes) => {
+                Handled::Reply { bytes, qtype: None, outcome: "refused_client", localities: vec![] }
+            }
+            Admit::Drop => return,
+        };
+        let reply = match handled {
             Handled::Reply { bytes, .. } => bytes,
             Handled::Forward { request, raw } => match responder.relay_slot(source, &request, true) {
-                Ok(_slot) => responder.forward(&request, &raw, true).await,
+                Ok(_slot) => responder.forward(&request, &raw, true, source).await,
                 Err(refusal) => refusal,
             },
             Handled::Missed { request, raw, key } => match responder.relay_slot(source, &request, true) {
-                Ok(_slot) => responder.upstream.ask_for(key, &request, &raw, relay::limit(&request, true)).await,
+                Ok(_slot) => {
+                    responder.upstream.ask_for(key, &request, &raw, relay::limit(&request, true), source).await
+                }
                 Err(refusal) => refusal,
             },
             Handled::Chase(chase) => match responder.relay_slot(source, &chase.request, true) {
-                Ok(_slot) => responder.chase(*chase, true).await,
+                Ok(_slot) => responder.chase(*chase, true, source).await,
                 Err(refusal) => refusal,
             },
             Handled::Drop => return,
@@ -416,55 +465,4 @@ async fn connection(mut stream: TcpStream, source: IpAddr, responder: &Responder
 }
 
 #[cfg(test)]
-mod tests {
-    use hickory_proto::op::OpCode;
-
-    use super::*;
-    use crate::{cluster::yaml, parse_domain};
-
-    fn responder() -> Responder {
-        let state = yaml::parse(crate::fuzzing::CLUSTER, "dns.yaml").unwrap();
-        let view = DnsView::of_node(&state, "a", Vec::new()).unwrap();
-        let (_sender, receiver) = watch::channel(Arc::new(view));
-        let zone = Zone { domain: parse_domain("cluster.local").unwrap(), ttl: 5 };
-        Responder::new(zone, receiver, Arc::new(DnsMetrics::default()), 0, CacheSettings::default())
-    }
-
-    fn query(name: &str, id: u16) -> Vec<u8> {
-        let mut message = Message::new(id, MessageType::Query, OpCode::Query);
-        message.add_query(Query::query(hickory_proto::rr::Name::from_ascii(name).unwrap(), RecordType::A));
-        message.to_vec().unwrap()
-    }
-
-    fn answered(handled: Handled) -> (u16, Vec<String>) {
-        let Handled::Reply { bytes, .. } = handled else { panic!("no reply") };
-        let reply = Message::from_vec(&bytes).unwrap();
-        (reply.metadata.id, reply.answers.iter().map(|r| r.data.to_string()).collect())
-    }
-
-    #[test]
-    fn kept_answers_are_the_answers_and_weighted_ones_are_drawn_every_time() {
-        let responder = responder();
-        let mut cache = AnswerCache::default();
-        let first = answered(responder.handle(&query("db.default.svc.cluster.local.", 1), false, Some(&mut cache)));
-        let again = answered(responder.handle(&query("db.default.svc.cluster.local.", 2), false, Some(&mut cache)));
-        assert_eq!((first.0, again.0), (1, 2), "each reply carries its query's id");
-        assert_eq!(first.1, again.1);
-        let fresh = answered(responder.handle(&query("db.default.svc.cluster.local.", 3), false, None));
-        assert_eq!(fresh.1, first.1, "the kept answer is the one built anew");
-        // Spillover: one address per answer, drawn by weight, never kept.
-        let mut seen = std::collections::BTreeSet::new();
-        for id in 0..200 {
-            let (_, addresses) =
-                answered(responder.handle(&query("spill.default.svc.cluster.local.", id), false, Some(&mut cache)));
-            assert_eq!(addresses.len(), 1);
-            seen.extend(addresses);
-        }
-        assert!(seen.len() > 1, "answers are drawn anew: {seen:?}");
-        let counted = responder
-            .metrics
-            .queries
-            .get_or_create(&super::super::QueryLabels { r#type: "A".into(), outcome: "answer".into() });
-        assert_eq!(counted.get(), 203, "kept answers are counted too");
-    }
-}
+mod tests;

@@ -1,0 +1,59 @@
+//! The packet path without sockets, and the responder's own rules.
+
+use hickory_proto::op::OpCode;
+
+use super::*;
+use crate::{cluster::yaml, parse_domain};
+
+fn responder() -> Responder {
+    let state = yaml::parse(crate::fuzzing::CLUSTER, "dns.yaml").unwrap();
+    let view = DnsView::of_node(&state, "a", Vec::new()).unwrap();
+    let (_sender, receiver) = watch::channel(Arc::new(view));
+    let zone = Zone { domain: parse_domain("cluster.local").unwrap(), ttl: 5 };
+    Responder::new(
+        zone,
+        receiver,
+        Arc::new(DnsMetrics::default()),
+        0,
+        CacheSettings::default(),
+        Admission { clients: Clients::Any, own: [127, 0, 0, 1].into() },
+    )
+}
+
+fn query(name: &str, id: u16) -> Vec<u8> {
+    let mut message = Message::new(id, MessageType::Query, OpCode::Query);
+    message.add_query(Query::query(hickory_proto::rr::Name::from_ascii(name).unwrap(), RecordType::A));
+    message.to_vec().unwrap()
+}
+
+fn answered(handled: Handled) -> (u16, Vec<String>) {
+    let Handled::Reply { bytes, .. } = handled else { panic!("no reply") };
+    let reply = Message::from_vec(&bytes).unwrap();
+    (reply.metadata.id, reply.answers.iter().map(|r| r.data.to_string()).collect())
+}
+
+#[test]
+fn kept_answers_are_the_answers_and_weighted_ones_are_drawn_every_time() {
+    let responder = responder();
+    let mut cache = AnswerCache::default();
+    let first = answered(responder.handle(&query("db.default.svc.cluster.local.", 1), false, Some(&mut cache)));
+    let again = answered(responder.handle(&query("db.default.svc.cluster.local.", 2), false, Some(&mut cache)));
+    assert_eq!((first.0, again.0), (1, 2), "each reply carries its query's id");
+    assert_eq!(first.1, again.1);
+    let fresh = answered(responder.handle(&query("db.default.svc.cluster.local.", 3), false, None));
+    assert_eq!(fresh.1, first.1, "the kept answer is the one built anew");
+    // Spillover: one address per answer, drawn by weight, never kept.
+    let mut seen = std::collections::BTreeSet::new();
+    for id in 0..200 {
+        let (_, addresses) =
+            answered(responder.handle(&query("spill.default.svc.cluster.local.", id), false, Some(&mut cache)));
+        assert_eq!(addresses.len(), 1);
+        seen.extend(addresses);
+    }
+    assert!(seen.len() > 1, "answers are drawn anew: {seen:?}");
+    let counted = responder
+        .metrics
+        .queries
+        .get_or_create(&super::super::QueryLabels { r#type: "A".into(), outcome: "answer".into() });
+    assert_eq!(counted.get(), 203, "kept answers are counted too");
+}
