@@ -22,7 +22,7 @@ fn program_all(fx: &Fixture, vip: &str, port: u16, protocol: Protocol, ipv6: boo
     let mut dp = Dataplane::open(&fx.config()).expect("open dataplane");
     let backends = fx.backends.iter().map(|b| b.weighted(ipv6, 1)).collect();
     let report = dp.apply(&Fixture::one_service(service(vip, port, protocol), backends));
-    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    assert!(report.failed.is_empty(), "{:?}; housekeeping: {:?}", report.failed, report.housekeeping);
     assert_eq!(report.added, 1);
     dp
 }

@@ -17,7 +17,7 @@ use aya::maps::{ArrayOfMaps, Map, MapData, MapError, PerCpuArray, PerCpuValues};
 use aya_obj::generated::bpf_map_type;
 use topology_common::{COUNTER_CHUNK, ServiceCounters, map_names};
 
-use super::{batch, error::DataplaneError, grace::Grace, layout::PinLayout};
+use super::{batch, error::DataplaneError, grace::Grace, layout::PinLayout, typed_chunk};
 
 type Chunk = PerCpuArray<MapData, ServiceCounters>;
 
@@ -233,15 +233,18 @@ fn chunk_data(chunk: &Chunk) -> &MapData {
 
 /// A new, zeroed chunk with the inner layout the programs were verified against, pinned at `pin`.
 fn create_chunk(pin: &std::path::Path) -> Result<Chunk, DataplaneError> {
-    let definition = aya_obj::Map::new_from_params(
+    // Typed in BTF like the outer map's template, or Linux before 6.2 refuses it as an inner map.
+    let fd = typed_chunk::create(
         bpf_map_type::BPF_MAP_TYPE_PERCPU_ARRAY as u32,
-        size_of::<u32>() as u32,
         size_of::<ServiceCounters>() as u32,
         COUNTER_CHUNK,
-        0,
-    );
-    let data = MapData::create(definition, map_names::COUNTER_CHUNK, None)
-        .map_err(DataplaneError::map(map_names::COUNTERS))?;
+        map_names::COUNTER_CHUNK,
+    )
+    .map_err(|error| DataplaneError::Map {
+        map: map_names::COUNTERS,
+        source: MapError::SyscallError(aya::sys::SyscallError { call: "bpf_map_create", io_error: error }),
+    })?;
+    let data = MapData::from_fd(fd).map_err(DataplaneError::map(map_names::COUNTERS))?;
     data.pin(pin)
         .map_err(|error| DataplaneError::Pin { path: pin.to_path_buf(), source: std::io::Error::other(error) })?;
     Chunk::try_from(Map::PerCpuArray(data)).map_err(DataplaneError::map(map_names::COUNTERS))

@@ -43,6 +43,7 @@ mod reuse;
 mod slot_space;
 mod socket_maps;
 mod state;
+mod typed_chunk;
 mod writer;
 
 #[cfg(any(test, feature = "fuzzing"))]
