@@ -112,9 +112,23 @@ pub fn start_dns_agent(
     file: &std::path::Path,
     upstream: SocketAddr,
 ) -> crate::agent::Agent {
+    start_dns_agent_with(fx, host, file, upstream, &[])
+}
+
+/// [`start_dns_agent`] with `extra` arguments.
+pub fn start_dns_agent_with(
+    fx: &crate::fixture::Fixture,
+    host: &Host,
+    file: &std::path::Path,
+    upstream: SocketAddr,
+    extra: &[&str],
+) -> crate::agent::Agent {
+    let mut args =
+        vec!["--dns-listen".into(), format!("{}:53", host.v4), "--dns-upstream".into(), upstream.to_string()];
+    args.extend(extra.iter().map(|arg| arg.to_string()));
     let mut agent = crate::agent::Agent::start(&crate::agent::AgentOptions {
         netns: Some(host.netns.name()),
-        extra: vec!["--dns-listen".into(), format!("{}:53", host.v4), "--dns-upstream".into(), upstream.to_string()],
+        extra: args,
         ..crate::agent::AgentOptions::new(file, "node-a", fx.cgroup.path(), fx.pins.path())
     });
     agent.wait_ready(Duration::from_secs(30));

@@ -12,9 +12,9 @@ use std::{
 };
 
 use topology_tests::{
-    agent::{Agent, AgentOptions},
+    agent::Agent,
     cluster,
-    dns::{Lookups, dig, start_dns_agent, start_upstream, start_upstream_after},
+    dns::{Lookups, dig, start_dns_agent, start_dns_agent_with, start_upstream, start_upstream_after},
     fixture::Fixture,
     net::probe_binary,
     require_root,
@@ -77,16 +77,7 @@ fn one_pods_unique_names_take_only_its_share_of_the_cache() {
     let file = fx.scratch().join("cluster.yaml");
     cluster::write(&file, &[cluster::node("node-a", "zone-a", None, "4")]);
     // 1 MiB of cache: one client's share (1/8) is about 400 answers.
-    let mut agent = Agent::start(&AgentOptions {
-        netns: Some(dns_pod.netns.name()),
-        extra: ["--dns-listen", &format!("{}:53", dns_pod.v4), "--dns-upstream", &upstream.to_string()]
-            .into_iter()
-            .chain(["--dns-cache-mib", "1"])
-            .map(String::from)
-            .collect(),
-        ..AgentOptions::new(&file, "node-a", fx.cgroup.path(), fx.pins.path())
-    });
-    agent.wait_ready(Duration::from_secs(30));
+    let agent = start_dns_agent_with(&fx, &dns_pod, &file, upstream, &["--dns-cache-mib", "1"]);
     let server = SocketAddr::from((dns_pod.v4, 53));
 
     // The victim's names, cached.
@@ -129,16 +120,7 @@ fn with_dns_clients_node_a_pod_of_another_node_is_refused() {
     node["spec"] = serde_json::json!({"podCIDR": "10.244.0.0/24", "podCIDRs": ["10.244.0.0/24"]});
     node["status"]["addresses"] = serde_json::json!([{"type": "InternalIP", "address": "10.244.200.1"}]);
     cluster::write(&file, &[node]);
-    let mut agent = Agent::start(&AgentOptions {
-        netns: Some(dns_pod.netns.name()),
-        extra: ["--dns-listen", &format!("{}:53", dns_pod.v4), "--dns-upstream", &upstream.to_string()]
-            .into_iter()
-            .chain(["--dns-clients", "node"])
-            .map(String::from)
-            .collect(),
-        ..AgentOptions::new(&file, "node-a", fx.cgroup.path(), fx.pins.path())
-    });
-    agent.wait_ready(Duration::from_secs(30));
+    let agent = start_dns_agent_with(&fx, &dns_pod, &file, upstream, &["--dns-clients", "node"]);
     let server = SocketAddr::from((dns_pod.v4, 53));
 
     for (name, rtype) in [("outside.example.com", "A"), ("kubernetes.default.svc.cluster.local", "A")] {

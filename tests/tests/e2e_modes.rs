@@ -229,7 +229,11 @@ fn every_mode_lands_where_the_controllers_hints_explain_and_the_kernel_say() {
         // address too, and is refused by the Node's podCIDRs the real API server holds.
         let other = nodes.iter().find(|n| n.name != node.name).expect("two nodes");
         let stranger = dig(Some(&cluster.client_on(&other.name).place.netns), dns, &name, "A", &[]);
-        assert_eq!(stranger.status, "REFUSED", "{name} asked of {}'s agent from {}: {stranger:?}", node.name, other.name);
+        assert_eq!(
+            stranger.status, "REFUSED",
+            "{name} asked of {}'s agent from {}: {stranger:?}",
+            node.name, other.name
+        );
     }
     eprintln!("e2e modes on {}:\n{}", cluster.binaries().kubernetes_version(), table.join("\n"));
 }

@@ -188,7 +188,7 @@ fn cache_key(root: &Path, versions: &Versions, go_version: &str, ldflags: &str) 
 }
 
 /// `$TOPOLOGY_CACHE`, else `$XDG_CACHE_HOME/topology-agent`, else `~/.cache/topology-agent`.
-fn cache_root() -> PathBuf {
+pub fn cache_root() -> PathBuf {
     if let Some(dir) = std::env::var_os("TOPOLOGY_CACHE") {
         return PathBuf::from(dir);
     }

@@ -8,6 +8,7 @@ mod cmd;
 mod demo;
 mod fuzz;
 mod image;
+mod kernels;
 mod kubernetes;
 mod setup;
 mod test;
@@ -49,11 +50,19 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// The kernel matrix alone (root): the datapath's root tests in a VM of each kernel (`--full`:
+    /// every one; else a load and a connect, as `cargo xtask test` runs them).
+    Kernels {
+        /// Every datapath test, not only the load and the connect.
+        #[arg(long)]
+        full: bool,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().task {
         Task::Setup => setup::run(),
+        Task::Kernels { full } => kernels::matrix(full),
         Task::Test(args) => {
             setup::run()?;
             test::run(&args)

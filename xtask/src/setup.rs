@@ -15,7 +15,7 @@ use crate::cmd::{self, is_root, on_path, succeeds};
 /// The bpf-linker release known to build against the pinned nightly's LLVM.
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Debian packages the tests and benchmarks call, with a command each provides.
-const PACKAGES: [(&str, &str); 12] = [
+const PACKAGES: [(&str, &str); 15] = [
     ("bpftool", "bpftool"),
     ("iproute2", "ip"),
     ("iptables", "iptables-restore"),
@@ -33,6 +33,11 @@ const PACKAGES: [(&str, &str); 12] = [
     ("prometheus", "promtool"),
     // `kubectl kustomize`: deploy/ rendered as `kubectl apply -k` sends it (no cluster needed).
     ("kubernetes-client", "kubectl"),
+    // The kernel matrix (`cargo xtask test --kernels`): Debian's kernels booted by qemu on an
+    // initramfs of busybox and their own modules (depmod).
+    ("qemu-system-x86", "qemu-system-x86_64"),
+    ("busybox-static", "busybox"),
+    ("kmod", "depmod"),
 ];
 
 pub fn run() -> anyhow::Result<()> {
@@ -44,6 +49,11 @@ pub fn run() -> anyhow::Result<()> {
     ensure_packages()?;
     ensure_bpffs()?;
     let components = crate::kubernetes::ensure()?;
+    if is_root() {
+        let kernels = crate::kernels::ensure()?;
+        let releases: Vec<&str> = kernels.iter().map(|k| k.release.as_str()).collect();
+        eprintln!("setup: kernels for the VMs: {releases:?}");
+    }
     eprintln!("setup: everything is in place (the real Kubernetes components in {})", components.display());
     Ok(())
 }

@@ -12,6 +12,10 @@ pub struct TestArgs {
     /// Run only these tiers (default: all).
     #[arg(long, value_enum)]
     only: Vec<Tier>,
+    /// The whole kernel matrix: the datapath's root tests in a VM of each kernel of
+    /// `xtask/src/kernels.rs` (without it, the root tier runs a load and a connect in each).
+    #[arg(long)]
+    kernels: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -113,6 +117,9 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
                 .env(crate::kubernetes::BIN_ENV, components)
                 .current_dir(&root),
         )?;
+    }
+    if wants(Tier::Root) && is_root() {
+        crate::kernels::matrix(args.kernels)?;
     }
     if wants(Tier::Fuzz) {
         crate::fuzz::run_for(FUZZ_SECONDS, &[])?;
