@@ -74,10 +74,33 @@ pub fn member_offset(data: &[u8], name: &str, member: &str) -> Result<u32, BtfOf
     }
 }
 
-/// A member's offset in bits: a whole field, or a bitfield.
+/// Where a signed 16-bit `member` of struct `name` is in the BTF at `path`: the byte offset of the
+/// 16-bit word that holds it, and how far to shift that word (as `i16`, arithmetically) right to
+/// read it. A whole field shifts by 0; a bitfield must end at the word's top bit, as
+/// `ipv6_pinfo.hop_limit:9` does before Linux 6.5 (little-endian).
+pub fn signed16_in(path: &Path, name: &str, member: &str) -> Result<(u32, u32), BtfOffsetError> {
+    let data =
+        std::fs::read(path).map_err(|source| BtfOffsetError::Read { path: path.display().to_string(), source })?;
+    signed16(&data, name, member)
+}
+
+/// [`signed16_in`] of the BTF blob `data`.
+pub fn signed16(data: &[u8], name: &str, member: &str) -> Result<(u32, u32), BtfOffsetError> {
+    let types = Types::parse(data)?;
+    let not_found = || BtfOffsetError::NotFound { name: name.into(), member: member.into() };
+    let id = types.named_struct(name)?.ok_or_else(not_found)?;
+    match types.member_bits(id, member, 0)? {
+        Some(Bits::Whole(bits)) if bits.is_multiple_of(8) => Ok((bits / 8, 0)),
+        Some(Bits::Field { bits, size }) if bits % 16 + size == 16 => Ok((bits / 16 * 2, bits % 16)),
+        Some(_) => Err(BtfOffsetError::Bitfield { name: name.into(), member: member.into() }),
+        None => Err(not_found()),
+    }
+}
+
+/// A member's offset in bits: a whole field, or a bitfield of `size` bits.
 enum Bits {
     Whole(u32),
-    Field,
+    Field { bits: u32, size: u32 },
 }
 
 /// How deep anonymous members are looked into.
@@ -156,9 +179,9 @@ impl<'a> Types<'a> {
         for m in 0..vlen {
             let entry = at + 12 + 12 * m;
             let (name, member_type, offset) = (self.word(entry)?, self.word(entry + 4)?, self.word(entry + 8)?);
-            let (bits, bitfield) = if kind_flag { (offset & 0xff_ffff, offset >> 24 != 0) } else { (offset, false) };
+            let (bits, size) = if kind_flag { (offset & 0xff_ffff, offset >> 24) } else { (offset, 0) };
             if self.string(name) == member.as_bytes() {
-                return Ok(Some(if bitfield { Bits::Field } else { Bits::Whole(bits) }));
+                return Ok(Some(if size != 0 { Bits::Field { bits, size } } else { Bits::Whole(bits) }));
             }
             if name != 0 && !self.string(name).is_empty() || depth >= MAX_NESTING {
                 continue;
@@ -169,7 +192,7 @@ impl<'a> Types<'a> {
             }
             match self.member_bits(member_type, member, depth + 1)? {
                 Some(Bits::Whole(inner)) => return Ok(Some(Bits::Whole(bits + inner))),
-                Some(Bits::Field) => return Ok(Some(Bits::Field)),
+                Some(Bits::Field { bits: inner, size }) => return Ok(Some(Bits::Field { bits: bits + inner, size })),
                 None => {}
             }
         }
@@ -223,6 +246,34 @@ mod tests {
         assert!(matches!(member_offset(&blob(true), "pair", "b"), Err(BtfOffsetError::Bitfield { .. })));
         assert!(matches!(member_offset(&blob(false)[..30], "pair", "b"), Err(BtfOffsetError::Malformed(_))));
         assert!(matches!(member_offset(b"not btf at all", "pair", "b"), Err(BtfOffsetError::Malformed(_))));
+    }
+
+    /// `struct pinfo { int a; short unused:7; short hop:9; short low:9; }` (the last at bit 48, not
+    /// at its word's top).
+    fn bitfields() -> Vec<u8> {
+        let strings = b"\0short\0pinfo\0a\0unused\0hop\0low\0";
+        let mut types = Vec::new();
+        let mut push = |words: &[u32]| words.iter().for_each(|w| types.extend_from_slice(&w.to_ne_bytes()));
+        push(&[1, INT << 24, 2, 1 << 24 | 16]); // 1: short (signed)
+        push(&[7, 1 << 31 | STRUCT << 24 | 4, 8]); // 2: pinfo, members with bitfield sizes
+        push(&[13, 1, 0]);
+        push(&[15, 1, 7 << 24 | 32]);
+        push(&[22, 1, 9 << 24 | 39]);
+        push(&[26, 1, 9 << 24 | 48]);
+        assemble(&types, strings)
+    }
+
+    #[test]
+    fn finds_a_signed_16_bit_field_whole_or_at_the_top_of_its_word() {
+        assert_eq!(signed16(&blob(false), "pair", "b").unwrap(), (4, 0), "a whole field");
+        // 6.1's ipv6_pinfo: `__u16 __unused_1:7; __s16 hop_limit:9;` — the word at byte 4, >> 7.
+        assert_eq!(signed16(&bitfields(), "pinfo", "hop").unwrap(), (4, 7));
+        assert!(matches!(signed16(&bitfields(), "pinfo", "low"), Err(BtfOffsetError::Bitfield { .. })));
+        // What the program does with the word: an arithmetic shift keeps -1 as -1.
+        let word: u16 = 0x1ff << 7 | 0x55;
+        assert_eq!((word as i16) >> 7, -1);
+        let word: u16 = 64 << 7 | 0x55;
+        assert_eq!((word as i16) >> 7, 64);
     }
 
     /// `struct outer { int x; union { int a; struct { int b; int c; }; }; }`: `c` at byte 8.

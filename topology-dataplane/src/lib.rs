@@ -19,6 +19,7 @@ mod cleanup;
 mod counters;
 mod diff;
 mod error;
+mod features;
 mod grace;
 mod heartbeat;
 mod ids;
@@ -60,6 +61,7 @@ pub use bytes::{BytesSweep, CountedBytes};
 pub use cleanup::{Attached, CleanupReport, attached_programs, cleanup};
 pub use diff::Departure;
 pub use error::DataplaneError;
+pub use features::KernelFeatures;
 pub use heartbeat::{DnsBeat, FailOpen, HeartbeatReading};
 pub use layout::PinLayout;
 pub use loader::{ByteAccounting, Flavour, IndexOrdering, KernelLogLevel};
@@ -215,6 +217,7 @@ impl Dataplane {
         end_ejections_if_off(&layout, config.outlier_ejection)?;
         loader::attach_all(&mut ebpf, &layout, &config.cgroup)?;
         reuse::record(&layout, &options, &config.cgroup, flavour)?;
+        tracing::info!(features = %KernelFeatures::attached(&layout, flavour), "what this kernel runs");
         let cgroup = config.cgroup.clone();
         Ok(Self { writer, logger, layout, flavour, fail_open, cgroup, _ebpf: Some(ebpf) })
     }
@@ -243,6 +246,11 @@ impl Dataplane {
         );
         let cgroup = cgroup.to_path_buf();
         Ok(Self { writer, logger: None, layout, flavour: previous.flavour, fail_open, cgroup, _ebpf: None })
+    }
+
+    /// What this kernel runs of the programs (which object, which optional programs it took).
+    pub fn features(&self) -> KernelFeatures {
+        KernelFeatures::attached(&self.layout, self.flavour)
     }
 
     /// The DNS steering heartbeat, on a descriptor of its own for the responder's prober.

@@ -297,15 +297,18 @@ fn load_tracing(ebpf: &mut Ebpf, programs: &[(&'static str, &'static str)]) -> R
 
 /// The byte offsets the outlier ejection programs read a socket at in this kernel, from its BTF:
 /// its state, and its own TTL and IPv6 hop limit; the programs are not loaded without them.
-fn outlier_offsets() -> Result<(u32, [u32; 3]), btf_offsets::BtfOffsetError> {
+fn outlier_offsets() -> Result<(u32, [u32; 4]), btf_offsets::BtfOffsetError> {
     let path = Path::new(btf_offsets::VMLINUX);
     let common = btf_offsets::member_offset_in(path, "sock", "__sk_common")?;
     let state = common + btf_offsets::member_offset_in(path, "sock_common", "skc_state")?;
     // `struct inet_sock` begins with its `struct sock`: offsets in it are offsets from the socket.
+    // The hop limit is a 9-bit field before Linux 6.5: its word and the shift that reads it.
+    let (hop_word, hop_shift) = btf_offsets::signed16_in(path, "ipv6_pinfo", "hop_limit")?;
     let own_ttl = [
         btf_offsets::member_offset_in(path, "inet_sock", "uc_ttl")?,
         btf_offsets::member_offset_in(path, "inet_sock", "pinet6")?,
-        btf_offsets::member_offset_in(path, "ipv6_pinfo", "hop_limit")?,
+        hop_word,
+        hop_shift,
     ];
     Ok((state, own_ttl))
 }

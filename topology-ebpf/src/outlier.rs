@@ -53,10 +53,11 @@ const TCP_SYN_SENT: u8 = 2;
 #[unsafe(no_mangle)]
 static SKC_STATE_OFFSET: Global<u32> = Global::new(18);
 
-/// Byte offsets of `inet_sock.uc_ttl`, `inet_sock.pinet6` and `ipv6_pinfo.hop_limit` in this
-/// kernel, set by the agent at load from its BTF.
+/// Byte offsets of `inet_sock.uc_ttl`, `inet_sock.pinet6` and the 16-bit word holding
+/// `ipv6_pinfo.hop_limit` in this kernel, and the shift that reads the hop limit from that word (a
+/// 9-bit field before Linux 6.5), set by the agent at load from its BTF.
 #[unsafe(no_mangle)]
-static OWN_TTL_OFFSETS: Global<[u32; 3]> = Global::new([u32::MAX; 3]);
+static OWN_TTL_OFFSETS: Global<[u32; 4]> = Global::new([u32::MAX, u32::MAX, u32::MAX, 0]);
 
 /// A reset received: in `SYN_SENT`, the handshake was refused; after it, a measured connection
 /// is marked reset for the load signal.
@@ -139,7 +140,7 @@ fn handshake_failed(sk: *const c_void) -> bool {
 /// its own: the kernel keeps -1 in either while it has not.
 #[inline(never)]
 fn own_ttl(sk: *const c_void) -> bool {
-    let [uc_ttl, pinet6, hop_limit] = OWN_TTL_OFFSETS.load();
+    let [uc_ttl, pinet6, hop_word, hop_shift] = OWN_TTL_OFFSETS.load();
     let base = sk.cast::<u8>();
     // SAFETY: reads of the traced socket at offsets from this kernel's BTF; a failed read is
     // taken as no TTL of its own.
@@ -151,7 +152,8 @@ fn own_ttl(sk: *const c_void) -> bool {
             return false;
         };
         !v6.is_null()
-            && bpf_probe_read_kernel(v6.wrapping_add(hop_limit as usize).cast::<i16>()).is_ok_and(|hops| hops != -1)
+            && bpf_probe_read_kernel(v6.wrapping_add(hop_word as usize).cast::<i16>())
+                .is_ok_and(|word| word.wrapping_shr(hop_shift) != -1)
     }
 }
 

@@ -258,7 +258,7 @@ pub fn script(tests: &[(PathBuf, Vec<&str>)]) -> String {
     );
     for (binary, filters) in tests {
         script.push_str(&format!(
-            "{} --test-threads=1 {} 2>&1 | tail -n 60 > /tmp/out; r=${{PIPESTATUS[0]}}; grep -E '^test |panicked|test result' /tmp/out; [ $r = 0 ] || status=1\n",
+            "{} --test-threads=1 --nocapture {} > /tmp/out 2>&1; r=$?; grep -aE '^test |FEATURES: | WARN |panicked|test result' /tmp/out | cut -c1-400; [ $r = 0 ] || status=1\n",
             binary.display(),
             filters.join(" ")
         ));
@@ -270,44 +270,104 @@ pub fn script(tests: &[(PathBuf, Vec<&str>)]) -> String {
 /// The datapath's root tests that apply on every kernel: connect rewrite (TCP and UDP, IPv4, IPv6,
 /// v4-mapped), UDP replies from the ClusterIP, no backends refused, atomic swaps under load.
 const DATAPATH: &str = "datapath";
-/// What CI runs in each kernel: the programs load and attach, one set is programmed and connects
-/// land on it; an empty set refuses.
+/// What the loader's probes took on this kernel, against what its release says they should (the
+/// `FEATURES:` line of the table), with a connect through all of them.
+const FEATURES: &str = "kernel_features";
+/// What CI runs in each kernel besides [`FEATURES`]: the programs load and attach, one set is
+/// programmed and connects land on it; an empty set refuses.
 const SMOKE: [&str; 2] = ["tcp_ipv4_lands_on_every_backend", "an_empty_set_refuses_tcp_and_udp"];
 
-/// Runs the datapath tests in a VM of each kernel (`full`: all of them; else [`SMOKE`]) and prints
-/// a line per kernel; an error when any fails there.
+/// One kernel's row.
+struct Row {
+    label: &'static str,
+    release: String,
+    seconds: f64,
+    passed: usize,
+    failed: usize,
+    features: String,
+}
+
+/// Runs the kernel tests in a VM of each kernel (`full`: every datapath test; else [`SMOKE`]),
+/// prints the matrix and, when `full`, writes it into `docs/operating.md`; an error when any test
+/// fails in any kernel.
 pub fn matrix(full: bool) -> anyhow::Result<()> {
     let kernels = ensure()?;
-    let binaries = test_binaries(&[DATAPATH])?;
+    let binaries = test_binaries(&[DATAPATH, FEATURES])?;
+    let binary = |name: &str| binaries.iter().find(|(n, _)| n == name).map(|(_, path)| path.clone()).expect("built");
     let filters: Vec<&str> = if full { Vec::new() } else { SMOKE.to_vec() };
-    let script = script(&[(binaries[0].1.clone(), filters)]);
+    let script = script(&[(binary(FEATURES), Vec::new()), (binary(DATAPATH), filters)]);
     let mut failed = Vec::new();
-    let mut table = vec![format!("{:<6} {:<22} {:>8} {:>6} {:>6}", "kernel", "release", "seconds", "passed", "failed")];
+    let mut rows = Vec::new();
     for kernel in &kernels {
-        let outcome = run(kernel, &script, Duration::from_secs(if full { 1800 } else { 600 }))?;
+        let outcome = run(kernel, &script, Duration::from_secs(if full { 2400 } else { 600 }))?;
+        // From the summaries ("test result: ok. 2 passed; 0 failed; ..."): with --nocapture a
+        // test's own line may be split by what it prints.
         let count = |word: &str| -> usize {
-            outcome.console.lines().filter(|l| l.starts_with("test ") && l.trim_end().ends_with(word)).count()
+            let summaries = outcome.console.lines().filter_map(|l| l.split_once("test result: ").map(|s| s.1));
+            summaries
+                .filter_map(|summary| {
+                    summary
+                        .split("; ")
+                        .find_map(|part| part.trim_start_matches(|c: char| !c.is_ascii_digit()).strip_suffix(word))
+                })
+                .filter_map(|n| n.trim().parse::<usize>().ok())
+                .sum()
         };
-        table.push(format!(
-            "{:<6} {:<22} {:>8.0} {:>6} {:>6}",
-            kernel.label,
-            kernel.release,
-            outcome.elapsed.as_secs_f64(),
-            count("ok"),
-            count("FAILED")
-        ));
+        let features = outcome
+            .console
+            .lines()
+            .find_map(|line| line.split_once("FEATURES: ").map(|(_, rest)| rest.split_once(' ').map_or(rest, |r| r.1)))
+            .unwrap_or("(not reported)")
+            .to_owned();
+        rows.push(Row {
+            label: kernel.label,
+            release: kernel.release.clone(),
+            seconds: outcome.elapsed.as_secs_f64(),
+            passed: count(" passed"),
+            failed: count(" failed"),
+            features,
+        });
         if outcome.status != Some(0) {
             eprintln!("--- kernel {} ({}):\n{}", kernel.label, kernel.release, outcome.console);
             failed.push(kernel.label);
         }
     }
-    eprintln!(
-        "kernel matrix ({}):\n{}",
-        if full { "datapath, every test" } else { "load and connect" },
-        table.join("\n")
-    );
-    if !failed.is_empty() {
-        bail!("the datapath failed on kernel(s) {failed:?}");
+    let table = table(&rows);
+    eprintln!("kernel matrix ({}):\n{table}", if full { "every datapath test" } else { "load and connect" });
+    if full && failed.is_empty() {
+        write_table(&table)?;
     }
+    if !failed.is_empty() {
+        bail!("the kernel tests failed on {failed:?}");
+    }
+    Ok(())
+}
+
+/// The matrix as a Markdown table.
+fn table(rows: &[Row]) -> String {
+    let mut table = String::from(
+        "| Kernel | Release | Tests passed | Failed | Seconds (emulated) | What the probes took |\n| --- | --- | --- | --- | --- | --- |\n",
+    );
+    for row in rows {
+        table.push_str(&format!(
+            "| {} | `{}` | {} | {} | {:.0} | {} |\n",
+            row.label, row.release, row.passed, row.failed, row.seconds, row.features
+        ));
+    }
+    table
+}
+
+/// Puts `table` between the kernel matrix's markers of `docs/operating.md`.
+fn write_table(table: &str) -> anyhow::Result<()> {
+    const BEGIN: &str = "<!-- kernel-matrix:begin (cargo xtask kernels --full) -->\n";
+    const END: &str = "<!-- kernel-matrix:end -->";
+    let path = cmd::workspace_root().join("docs/operating.md");
+    let text = std::fs::read_to_string(&path)?;
+    let (Some(begin), Some(end)) = (text.find(BEGIN), text.find(END)) else {
+        bail!("{}: no kernel matrix markers", path.display());
+    };
+    let text = format!("{}{BEGIN}{table}{}", &text[..begin], &text[end..]);
+    std::fs::write(&path, text)?;
+    eprintln!("kernels: the matrix written into {}", path.display());
     Ok(())
 }
