@@ -151,7 +151,7 @@ fn build_initrd(tree: &Path, release: &str, to: &Path) -> anyhow::Result<()> {
     cmd::run(Command::new("depmod").arg("-b").arg(&root).arg(release))?;
     let init = root.join("init");
     std::fs::write(&init, INIT)?;
-    cmd::run(Command::new("chmod").arg("755").arg(&init))?;
+    std::fs::set_permissions(&init, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
     let archive = std::fs::File::create(to.with_extension("partial"))?;
     cmd::run(
         Command::new("sh")
