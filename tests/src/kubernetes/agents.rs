@@ -26,7 +26,7 @@ use kube::{
 };
 use serde_json::json;
 
-use super::{Cluster, eventually, kubeconfig, kubeconfig::Credentials, network, pods};
+use super::{Cluster, eventually, kubeconfig, kubeconfig::Credentials, pods};
 use crate::{agent, net::agent_binary, netns, sandbox::ProcessGuard};
 
 /// The deploy's namespace, DaemonSet and ServiceAccount.
@@ -163,9 +163,7 @@ impl Cluster {
         }]);
         object["spec"]["nodeName"] = node.spec.name.clone().into();
         let uid = self.api.block(pods::create(self.admin(), object));
-        let (ip, n) = node.allocate_pod_address();
-        let pod_netns = network::attach_pod(node.netns(), &format!("p{n}"), ip);
-        node.adopt_netns(pod_netns.name());
+        let (ip, pod_netns) = node.attach_pod();
         let kubeconfig = self.dir.join(format!("agent-{}.kubeconfig", node.spec.name));
         let token = self.bound_token(&name, &uid);
         kubeconfig::write(&kubeconfig, &self.server(), &self.pki.ca.cert, NAME, &Credentials::Token(token));

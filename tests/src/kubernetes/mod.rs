@@ -20,6 +20,7 @@ pub mod nodes;
 pub mod observe;
 mod pki;
 pub mod pods;
+pub mod proxy;
 
 use std::{
     net::Ipv4Addr,
@@ -234,6 +235,7 @@ impl Cluster {
             pins: PinGuard::new(&format!("{}-n{index}", self.id)),
             cgroup: CgroupGuard::new(&format!("{}-n{index}", self.id)),
             host,
+            proxied: std::sync::atomic::AtomicBool::new(false),
         });
         self.nodes.last().expect("just added")
     }
@@ -260,9 +262,7 @@ impl Cluster {
     pub fn create_pod(&self, node: &str, spec: PodSpec) -> Pod {
         let node = self.node(node);
         let uid = self.api.block(pods::create(self.admin(), pods::pod_object(&spec, &node.spec.name)));
-        let (ip, n) = node.allocate_pod_address();
-        let netns = network::attach_pod(node.netns(), &format!("p{n}"), ip);
-        node.adopt_netns(netns.name());
+        let (ip, netns) = node.attach_pod();
         Pod { spec, node: node.spec.name.clone(), ip, uid, node_client: node.client.clone(), server: None, netns }
     }
 
@@ -316,9 +316,7 @@ impl Cluster {
     /// cgroup, where the agent's programs see its sockets.
     pub fn client_on(&self, node: &str) -> ClientPod {
         let node = self.node(node);
-        let (ip, n) = node.allocate_pod_address();
-        let netns = network::attach_pod(node.netns(), &format!("p{n}"), ip);
-        node.adopt_netns(netns.name());
+        let (ip, netns) = node.attach_pod();
         let place = ClientPlace { netns: netns.name().to_owned(), cgroup: node.cgroup().to_path_buf(), cpu: None };
         ClientPod { ip, place, _netns: netns }
     }

@@ -13,7 +13,7 @@ use crate::sandbox::{NetnsGuard, run};
 /// The whole cluster range: nodes, the control plane and every pod CIDR.
 pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
 /// The gateway address every pod's routes point at: the node end of its veth, as Calico does.
-const GATEWAY: &str = "169.254.1.1";
+pub(super) const GATEWAY: &str = "169.254.1.1";
 
 /// A node's address on the underlay (node `index` counts from 1).
 pub fn node_address(index: u8) -> Ipv4Addr {

@@ -78,6 +78,8 @@ pub struct Node {
     pub(super) cgroup: CgroupGuard,
     /// Its namespace on the underlay.
     pub(super) host: Host,
+    /// Whether kube-proxy runs here: its pods route the ClusterIP range to it.
+    pub(super) proxied: std::sync::atomic::AtomicBool,
 }
 
 impl Node {
@@ -102,14 +104,26 @@ impl Node {
     }
 
     /// Lists a pod's namespace among the node's.
-    pub(super) fn adopt_netns(&self, name: &str) {
+    fn adopt_netns(&self, name: &str) {
         let link = self.netns_dir.join(name);
         std::os::unix::fs::symlink(crate::netns::path(name), &link)
             .unwrap_or_else(|e| panic!("linking {}: {e}", link.display()));
     }
 
+    /// A pod namespace on this node with the next free address of its pod CIDR: its address, and
+    /// the namespace, listed among the node's.
+    pub(super) fn attach_pod(&self) -> (Ipv4Addr, crate::sandbox::NetnsGuard) {
+        let (ip, n) = self.allocate_pod_address();
+        let netns = network::attach_pod(self.netns(), &format!("p{n}"), ip);
+        if self.proxied.load(std::sync::atomic::Ordering::Relaxed) {
+            super::proxy::route_services(netns.name());
+        }
+        self.adopt_netns(netns.name());
+        (ip, netns)
+    }
+
     /// The next free address of its pod CIDR.
-    pub(super) fn allocate_pod_address(&self) -> (Ipv4Addr, u8) {
+    fn allocate_pod_address(&self) -> (Ipv4Addr, u8) {
         let n = self.next_pod.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         assert!((2..255).contains(&n), "node {} has no pod address left", self.spec.name);
         (network::pod_address(self.index, n), n)

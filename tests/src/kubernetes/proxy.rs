@@ -1,0 +1,176 @@
+//! The real kube-proxy on a node of the cluster, as a user runs it: `system:kube-proxy`'s
+//! certificate (the bootstrap `system:node-proxier` binding gives it its rights), its own Node
+//! object for the zone and the node's address, its rules in the node's namespace — where every
+//! pod's packets pass — and its metrics and health on the node's loopback. In a namespace the
+//! conntrack table is the kernel's own, so the conntrack sizing and TCP timeouts are left as they
+//! are (`0`), as kind runs it. Pods of a kube-proxy node route the ClusterIP range to their node,
+//! as they route everything on a real node; nothing beyond the node has a route for it.
+
+use std::{
+    fs,
+    net::{Ipv4Addr, SocketAddr},
+    path::PathBuf,
+    process::Stdio,
+    time::Duration,
+};
+
+use super::{Cluster, control_plane::SERVICE_CIDR, eventually, kubeconfig, kubeconfig::Credentials, network};
+use crate::{
+    agent, netns,
+    sandbox::{ProcessGuard, join_cgroup_on_spawn},
+};
+
+/// Where kube-proxy serves its metrics, on the node's loopback.
+const METRICS: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 10249);
+/// Where it serves `/healthz` and `/livez`.
+const HEALTHZ: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 10256);
+
+/// kube-proxy's proxy mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ProxyMode {
+    /// `--proxy-mode=nftables`: one verdict map per Service.
+    Nftables,
+    /// `--proxy-mode=iptables` (kube-proxy's default): a chain per Service and per endpoint.
+    Iptables,
+}
+
+impl ProxyMode {
+    /// The flag's value.
+    pub fn flag(self) -> &'static str {
+        match self {
+            ProxyMode::Nftables => "nftables",
+            ProxyMode::Iptables => "iptables",
+        }
+    }
+}
+
+/// How its syncs are paced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncPacing {
+    /// Its defaults, as users run it (iptables: at most one sync a second).
+    Default,
+    /// Every change synced at once (`--iptables-min-sync-period=0s`; nftables' default is 0).
+    Eager,
+}
+
+/// A kube-proxy process on a node.
+pub struct KubeProxy {
+    /// Its node.
+    pub node: String,
+    /// Its mode.
+    pub mode: ProxyMode,
+    /// Its log.
+    pub log: PathBuf,
+    netns: String,
+    process: ProcessGuard,
+}
+
+impl KubeProxy {
+    /// Its Prometheus text.
+    pub fn metrics(&self) -> std::io::Result<String> {
+        netns::run_in(&self.netns, || agent::get(METRICS, "/metrics")).map(|(_, body)| body)
+    }
+
+    /// A sample of its metrics (the first series of `name`, labels ignored), if present.
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        let text = self.metrics().ok()?;
+        text.lines()
+            .filter(|line| !line.starts_with('#'))
+            .find(|line| line.split([' ', '{']).next() == Some(name))
+            .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+    }
+
+    /// Whether the node's ruleset is this kube-proxy's: its mode's rules are there, the other
+    /// mode's are not (each mode removes the other's when it starts).
+    pub fn owns_the_rules(&self) -> Result<(), String> {
+        let nft = crate::sandbox::run("ip", &["netns", "exec", &self.netns, "nft", "list", "tables"]);
+        let iptables = crate::sandbox::run("ip", &["netns", "exec", &self.netns, "iptables-save", "-t", "nat"]);
+        let (in_nft, in_iptables) = (nft.contains("table ip kube-proxy"), iptables.contains("-A KUBE-SERVICES"));
+        match (self.mode, in_nft, in_iptables) {
+            (ProxyMode::Nftables, true, false) | (ProxyMode::Iptables, false, true) => Ok(()),
+            _ => Err(format!("{} mode on {}: nft tables {nft:?}; iptables nat {iptables}", self.mode.flag(), self.node)),
+        }
+    }
+
+    /// Whether its process is still running.
+    pub fn running(&mut self) -> bool {
+        self.process.child().try_wait().ok().flatten().is_none()
+    }
+
+    /// Waits until it has synced its rules at least once and has no change pending: every object
+    /// the API server held when it started is in the node's ruleset.
+    pub fn wait_synced(&mut self, timeout: Duration) {
+        let log = self.log.clone();
+        eventually(&format!("kube-proxy on {} synced (log {})", self.node, log.display()), timeout, || {
+            if !self.running() {
+                panic!("kube-proxy on {} exited: {}", self.node, fs::read_to_string(&log).unwrap_or_default());
+            }
+            let synced = self.metric("kubeproxy_sync_proxy_rules_last_timestamp_seconds").unwrap_or(0.0);
+            let pending = self.metric("kubeproxy_sync_proxy_rules_endpoint_changes_pending").unwrap_or(1.0)
+                + self.metric("kubeproxy_sync_proxy_rules_service_changes_pending").unwrap_or(1.0);
+            match (synced > 0.0, pending == 0.0) {
+                (true, true) => Ok(()),
+                other => Err(format!("synced, nothing pending: {other:?}")),
+            }
+        });
+    }
+}
+
+impl Cluster {
+    /// Starts kube-proxy on `node` in `mode`; from now on the node's new pods route the ClusterIP
+    /// range to the node. Returns once it serves its metrics (see [`KubeProxy::wait_synced`]).
+    pub fn start_kube_proxy(&self, node: &str, mode: ProxyMode, pacing: SyncPacing) -> KubeProxy {
+        let node = self.node(node);
+        node.proxied.store(true, std::sync::atomic::Ordering::Relaxed);
+        let name = &node.spec.name;
+        let files = self.pki.client(&format!("kube-proxy-{name}"), "system:kube-proxy", None);
+        let kubeconfig = self.dir.join(format!("kube-proxy-{name}.kubeconfig"));
+        kubeconfig::write(
+            &kubeconfig,
+            &self.server(),
+            &self.pki.ca.cert,
+            "system:kube-proxy",
+            &Credentials::Certificate(files),
+        );
+        let logs = self.dir.join("logs");
+        fs::create_dir_all(&logs).unwrap_or_else(|e| panic!("creating {}: {e}", logs.display()));
+        let log = logs.join(format!("kube-proxy-{name}.log"));
+        let file = fs::File::create(&log).unwrap_or_else(|e| panic!("creating {}: {e}", log.display()));
+        let mut args = vec![
+            format!("--kubeconfig={}", kubeconfig.display()),
+            format!("--proxy-mode={}", mode.flag()),
+            format!("--hostname-override={name}"),
+            format!("--cluster-cidr={}", network::CLUSTER_CIDR),
+            "--conntrack-max-per-core=0".to_owned(),
+            "--conntrack-tcp-timeout-established=0".to_owned(),
+            "--conntrack-tcp-timeout-close-wait=0".to_owned(),
+            format!("--metrics-bind-address={METRICS}"),
+            format!("--healthz-bind-address={HEALTHZ}"),
+            "--oom-score-adj=0".to_owned(),
+            "--v=1".to_owned(),
+        ];
+        if pacing == SyncPacing::Eager {
+            args.push("--iptables-min-sync-period=0s".to_owned());
+        }
+        let mut command = self.binaries.command("kube-proxy");
+        command.args(&args).stdin(Stdio::null()).stdout(file.try_clone().expect("log")).stderr(file);
+        netns::enter_on_spawn(&mut command, node.netns());
+        join_cgroup_on_spawn(&mut command, node.cgroup());
+        let process =
+            ProcessGuard::new(command.spawn().unwrap_or_else(|e| panic!("starting kube-proxy on {name}: {e}")));
+        let mut proxy = KubeProxy { node: name.clone(), mode, log, netns: node.netns().to_owned(), process };
+        let log = proxy.log.clone();
+        eventually(&format!("kube-proxy on {name} serving (log {})", log.display()), Duration::from_secs(60), || {
+            if !proxy.running() {
+                panic!("kube-proxy on {name} exited: {}", fs::read_to_string(&log).unwrap_or_default());
+            }
+            proxy.metrics().map(drop).map_err(|e| e.to_string())
+        });
+        proxy
+    }
+}
+
+/// Routes the ClusterIP range from a pod of a kube-proxy node to its node.
+pub(super) fn route_services(pod_netns: &str) {
+    crate::sandbox::run("ip", &["-n", pod_netns, "route", "add", SERVICE_CIDR, "via", network::GATEWAY, "dev", "eth0"]);
+}
