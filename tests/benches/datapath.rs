@@ -4,7 +4,8 @@
 //! kube-proxy-shaped iptables ruleset (KUBE-SERVICES -> KUBE-SVC-* -> KUBE-SEP-* with
 //! `statistic --mode random`) with the same service counts up to 30,000, and kube-proxy's
 //! nftables mode (a `service-ips` verdict map, `numgen random mod N` per service) at every count,
-//! each inside a namespace.
+//! each inside a namespace; and the rules the real kube-proxy 1.35 programs in each mode for the
+//! same Services on the real API server (`datapath/real_proxy.rs`), loaded as it wrote them.
 //!
 //! Every connect dials one of the two backends at random, directly (no hook) or through a
 //! ClusterIP the hook balances over them, so each scenario reaches the same servers in the same
@@ -48,6 +49,8 @@ mod empty;
 mod nodes;
 #[path = "datapath/outlier.rs"]
 mod outlier;
+#[path = "datapath/real_proxy.rs"]
+mod real_proxy;
 #[path = "datapath/report.rs"]
 mod report;
 #[path = "datapath/rules.rs"]
@@ -64,6 +67,7 @@ use rules::{load_iptables, load_nftables};
 use scenario::Scenario;
 use topology_tests::{
     fixture::{BACKEND_PORT, Fixture},
+    kubernetes::proxy::ProxyMode,
     net::{ClientPlace, Host, Server, ServerOptions},
     sandbox::{CgroupGuard, is_root, run},
     traffic::Timed,
@@ -102,6 +106,8 @@ const HOOK_PEER_FAILING: &str = "topology-agent hook, another backend of the nod
 const HOOK_CHOSEN_FAILING: &str = "topology-agent hook, its backends failing (outlier ejection)";
 const IPTABLES: &str = "iptables, kube-proxy shaped";
 const NFTABLES: &str = "nftables, kube-proxy shaped";
+const KP_IPTABLES: &str = "kube-proxy 1.35 iptables mode, its own rules";
+const KP_NFTABLES: &str = "kube-proxy 1.35 nftables mode, its own rules";
 
 fn main() {
     if !is_root() {
@@ -164,6 +170,20 @@ fn main() {
             plain_rows.push(Scenario::new(Timed::Tcp, name, Some(count), place, vec![target(count)]));
             rule_hosts.push(host);
         }
+    }
+    // The real kube-proxy's rules at the same counts, loaded as it programmed them.
+    let captured = if rules { real_proxy::capture(counts, IPTABLES_MAX, &backends) } else { Vec::new() };
+    for captured in captured {
+        let host = fx.network.host("kp");
+        run("ip", &["-n", host.netns.name(), "route", "add", "10.96.0.0/12", "dev", "eth0"]);
+        let name = match captured.mode {
+            ProxyMode::Nftables => KP_NFTABLES,
+            ProxyMode::Iptables => KP_IPTABLES,
+        };
+        real_proxy::load(host.netns.name(), &captured);
+        let place = ClientPlace { netns: host.netns.name().to_owned(), ..client.clone() };
+        plain_rows.push(Scenario::new(Timed::Tcp, name, Some(captured.count), place, vec![captured.target]));
+        rule_hosts.push(host);
     }
     measure("no programs", &mut plain_rows, &mut seed);
     drop(rule_hosts);

@@ -355,14 +355,21 @@ impl Builder<'_> {
         out
     }
 
-    /// The zone's name server, `ns.dns.<domain>` (the SOA's MNAME), with the cluster DNS
-    /// Service's ClusterIPs as its addresses: what pods reach.
+    /// The zone's name server: the cluster DNS Service by its own name with its ClusterIPs,
+    /// what pods reach (CoreDNS in a cluster names the Service that fronts it the same way);
+    /// `ns.dns.<domain>`, the SOA's MNAME, without that Service.
     fn ns(&mut self, view: &DnsView) -> Vec<Record> {
-        let server = self.name_server();
-        if let Some(Records::ClusterIp { ips, .. }) = view.service(UPSTREAM_SERVICE.0, UPSTREAM_SERVICE.1) {
-            let additional = self.addresses(&server, RecordType::ANY, ips.iter().copied());
-            self.response.add_additionals(additional);
-        }
+        let (namespace, service) = UPSTREAM_SERVICE;
+        let fronting =
+            Name::from_ascii(format!("{service}.{namespace}.svc.")).and_then(|n| n.append_domain(&self.zone.domain));
+        let server = match (view.service(namespace, service), fronting) {
+            (Some(Records::ClusterIp { ips, .. }), Ok(server)) => {
+                let additional = self.addresses(&server, RecordType::ANY, ips.iter().copied());
+                self.response.add_additionals(additional);
+                server
+            }
+            _ => self.name_server(),
+        };
         vec![self.record(&self.zone.domain, RData::NS(NS(server)))]
     }
 

@@ -70,7 +70,13 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 cmd::run(cargo().args(["bench", "-p", "topology-policy", "--bench", "policy"]).current_dir(&root))?;
                 bench_doc::criterion_table(&root.join("target/criterion"), started)?
             }
-            Suite::Datapath | Suite::Cost => captured(cargo().args(["bench", "-p", "topology-tests", "--bench", key]))?,
+            // The datapath's kube-proxy rows come from the real kube-proxy setup built.
+            Suite::Datapath => captured(
+                cargo()
+                    .args(["bench", "-p", "topology-tests", "--bench", key])
+                    .env(crate::kubernetes::BIN_ENV, crate::kubernetes::ensure()?),
+            )?,
+            Suite::Cost => captured(cargo().args(["bench", "-p", "topology-tests", "--bench", key]))?,
             Suite::ControlPlane => {
                 // The scenarios that run the agent as a process (memory, Kubernetes' limits) run
                 // the binary the image ships: static, musl, with its allocator.

@@ -15,12 +15,15 @@ use crate::cmd::{self, is_root, on_path, succeeds};
 /// The bpf-linker release known to build against the pinned nightly's LLVM.
 const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Debian packages the tests and benchmarks call, with a command each provides.
-const PACKAGES: [(&str, &str); 15] = [
+const PACKAGES: [(&str, &str); 16] = [
     ("bpftool", "bpftool"),
     ("iproute2", "ip"),
     ("iptables", "iptables-restore"),
     // `cargo xtask bench datapath`: kube-proxy's nftables mode, side by side with its iptables one.
     ("nftables", "nft"),
+    // The real kube-proxy's iptables rules count dropped invalid packets in an nfacct object,
+    // which the datapath bench creates where it loads them.
+    ("nfacct", "nfacct"),
     ("libcap2-bin", "capsh"),
     ("dnsutils", "dig"),
     ("dnsperf", "dnsperf"),

@@ -4,7 +4,7 @@ use topology_tests::traffic::Timed;
 
 use super::{
     EMPTY_PROGRAM, HEADLINE_BATCHES, HOOK, HOOK_FEEDBACK, HOOK_PEER_FAILING, HOOK_ROUNDS, HOOK_UNMEASURED_NODE,
-    IPTABLES, NFTABLES, NO_HOOK, NOT_A_SERVICE, OVER_EMPTY, PER_ROUND, ROUNDS, Scenario,
+    IPTABLES, KP_IPTABLES, KP_NFTABLES, NFTABLES, NO_HOOK, NOT_A_SERVICE, OVER_EMPTY, PER_ROUND, ROUNDS, Scenario,
 };
 
 fn percentile(sorted: &[u64], q: f64) -> f64 {
@@ -142,7 +142,7 @@ fn summary_line(scenarios: &[Scenario]) -> String {
     format!(
         "datapath: tcp_us={} tcp_feedback_us={} tcp_unmeasured_node_us={} udp_us={} not_service_us={} nft_us_10k={} \
          iptables_us_10k={} udp_nohook_us={} outlier_us={} empty_program_us={} not_service_over_empty_us={} \
-         services={largest}",
+         kp_nft_us_10k={} kp_ipt_us_10k={} services={largest}",
         figure(at(Timed::Tcp, HOOK, largest)),
         figure(at(Timed::Tcp, HOOK_FEEDBACK, largest)),
         figure(at(Timed::Tcp, HOOK_UNMEASURED_NODE, largest)),
@@ -154,5 +154,7 @@ fn summary_line(scenarios: &[Scenario]) -> String {
         figure(at(Timed::Tcp, HOOK_PEER_FAILING, largest).zip(at(Timed::Tcp, HOOK, largest)).map(|(f, h)| f - h)),
         figure(at_count(Timed::Tcp, EMPTY_PROGRAM, None)),
         figure(at(Timed::Tcp, OVER_EMPTY, largest)),
+        figure(at(Timed::Tcp, KP_NFTABLES, rules_at)),
+        figure(at(Timed::Tcp, KP_IPTABLES, rules_at)),
     )
 }

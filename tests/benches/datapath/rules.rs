@@ -56,7 +56,7 @@ pub fn load_iptables(netns: &str, count: usize, backends: &[SocketAddr]) {
 }
 
 /// Runs `command` in `netns` with `input` on its standard input; panics if it fails.
-fn restore(netns: &str, command: &[&str], input: &str) {
+pub fn restore(netns: &str, command: &[&str], input: &str) {
     let mut child = Command::new("ip")
         .args(["netns", "exec", netns])
         .args(command)

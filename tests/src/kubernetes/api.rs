@@ -101,10 +101,14 @@ impl ApiClients {
 
     /// Server-side applies `object` (any kind the server knows) as the admin.
     pub fn apply(&self, object: &Value) -> Value {
+        self.try_apply(object).unwrap_or_else(|error| panic!("applying {}: {error}", describe(&error.object)))
+    }
+
+    /// [`ApiClients::apply`], the server's refusal returned.
+    pub fn try_apply(&self, object: &Value) -> Result<Value, ApplyError> {
         let admin = self.admin();
         let object = object.clone();
         self.block(async move { apply(&admin, &object).await })
-            .unwrap_or_else(|error| panic!("applying {}: {error}", describe(&error.object)))
     }
 }
 

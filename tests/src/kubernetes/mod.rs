@@ -12,7 +12,9 @@
 pub mod agents;
 mod api;
 pub mod binaries;
+mod bulk;
 pub mod control_plane;
+pub mod coredns;
 mod kubeconfig;
 pub mod load;
 pub mod network;
@@ -29,7 +31,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-pub use api::{ApiClients, ApplyError};
+pub use api::{ApiClients, ApplyError, describe};
 pub use binaries::Binaries;
 pub use control_plane::Component;
 use control_plane::ControlPlane;
@@ -332,6 +334,11 @@ impl Cluster {
             true => Ok(String::from_utf8_lossy(&output.stdout).into_owned()),
             false => Err(String::from_utf8_lossy(&output.stderr).into_owned()),
         }
+    }
+
+    /// The cluster's fabric, for hosts beside it (a stand-in for the outside).
+    pub fn network(&mut self) -> &mut Network {
+        &mut self.network
     }
 
     /// The control plane's namespace.

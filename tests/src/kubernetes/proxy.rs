@@ -88,7 +88,20 @@ impl KubeProxy {
         let (in_nft, in_iptables) = (nft.contains("table ip kube-proxy"), iptables.contains("-A KUBE-SERVICES"));
         match (self.mode, in_nft, in_iptables) {
             (ProxyMode::Nftables, true, false) | (ProxyMode::Iptables, false, true) => Ok(()),
-            _ => Err(format!("{} mode on {}: nft tables {nft:?}; iptables nat {iptables}", self.mode.flag(), self.node)),
+            _ => {
+                Err(format!("{} mode on {}: nft tables {nft:?}; iptables nat {iptables}", self.mode.flag(), self.node))
+            }
+        }
+    }
+
+    /// The rules it programmed, in a form its mode's loader reads back (`nft -f`,
+    /// `iptables-restore`): its IPv4 table, or every IPv4 table iptables holds.
+    pub fn ruleset(&self) -> String {
+        match self.mode {
+            ProxyMode::Nftables => {
+                crate::sandbox::run("ip", &["netns", "exec", &self.netns, "nft", "list", "table", "ip", "kube-proxy"])
+            }
+            ProxyMode::Iptables => crate::sandbox::run("ip", &["netns", "exec", &self.netns, "iptables-save"]),
         }
     }
 

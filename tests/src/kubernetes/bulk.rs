@@ -1,0 +1,83 @@
+//! Many Services at once on the real API server, for the benches that compare with kube-proxy at
+//! scale: selectorless Services (`svc-<i>`, TCP port 80) each with one EndpointSlice of the given
+//! endpoints, as an operator publishes endpoints outside the cluster. The EndpointSlice
+//! controller leaves such slices alone (their `managed-by` is not its own), so what kube-proxy
+//! and the agent read is exactly what was written. Requests run [`CONCURRENCY`] at a time.
+
+use std::net::{IpAddr, SocketAddr};
+
+use futures::{StreamExt as _, TryStreamExt as _};
+use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use kube::{
+    Client,
+    api::{Api, PostParams},
+};
+use serde_json::json;
+
+use super::Cluster;
+
+/// Requests in flight: below the API server's default of 400 mutating requests, enough to keep
+/// its two cores busy.
+const CONCURRENCY: usize = 32;
+/// The `endpointslice.kubernetes.io/managed-by` of the slices written here.
+const MANAGER: &str = "bench.topology-agent.io";
+
+impl Cluster {
+    /// Creates Services `svc-<from>` to `svc-<to - 1>` in `namespace` (which must exist), each
+    /// with one ready endpoint per address of `endpoints` (their port is the slice's); returns
+    /// their ClusterIPs in order.
+    pub fn create_services(&self, namespace: &str, from: usize, to: usize, endpoints: &[SocketAddr]) -> Vec<IpAddr> {
+        let (admin, namespace, endpoints) = (self.admin(), namespace.to_owned(), endpoints.to_vec());
+        self.api().block(async move {
+            futures::stream::iter(from..to)
+                .map(|index| create_one(admin.clone(), namespace.clone(), index, endpoints.clone()))
+                .buffered(CONCURRENCY)
+                .try_collect::<Vec<IpAddr>>()
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+        })
+    }
+}
+
+async fn create_one(
+    admin: Client,
+    namespace: String,
+    index: usize,
+    endpoints: Vec<SocketAddr>,
+) -> Result<IpAddr, String> {
+    let name = format!("svc-{index}");
+    let port = endpoints.first().map_or(80, SocketAddr::port);
+    let service: Service = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": port}]},
+    }))
+    .expect("a Service");
+    let created = Api::<Service>::namespaced(admin.clone(), &namespace)
+        .create(&PostParams::default(), &service)
+        .await
+        .map_err(|e| format!("creating Service {namespace}/{name}: {e}"))?;
+    let cluster_ip = created
+        .spec
+        .and_then(|spec| spec.cluster_ip)
+        .and_then(|ip| ip.parse().ok())
+        .ok_or_else(|| format!("Service {namespace}/{name} has no ClusterIP"))?;
+    let addresses: Vec<_> = endpoints
+        .iter()
+        .map(|endpoint| json!({"addresses": [endpoint.ip().to_string()], "conditions": {"ready": true}}))
+        .collect();
+    let slice: EndpointSlice = serde_json::from_value(json!({
+        "metadata": {
+            "name": format!("{name}-1"), "namespace": namespace,
+            "labels": {"kubernetes.io/service-name": name, "endpointslice.kubernetes.io/managed-by": MANAGER},
+        },
+        "addressType": "IPv4",
+        "endpoints": addresses,
+        "ports": [{"name": "http", "protocol": "TCP", "port": port}],
+    }))
+    .expect("an EndpointSlice");
+    Api::<EndpointSlice>::namespaced(admin, &namespace)
+        .create(&PostParams::default(), &slice)
+        .await
+        .map_err(|e| format!("creating EndpointSlice {namespace}/{name}-1: {e}"))?;
+    Ok(cluster_ip)
+}

@@ -1,0 +1,143 @@
+//! The real CoreDNS 1.14 as a cluster runs it: a pod of `kube-system` labelled `k8s-app=kube-dns`
+//! behind the `kube-dns` Service (UDP and TCP 53), whose slice the EndpointSlice controller writes
+//! — so the agent's responder finds it as its upstream, as on a cluster. Its `kubernetes` plugin
+//! reads this API server with a certificate of its own, bound to the rights CoreDNS's manifest
+//! gives it; names outside the cluster go to `upstream`, a stand-in for the outside. The Corefile
+//! is kubeadm's, without `cache` and `loadbalance`, so answers compare record for record.
+
+use std::{
+    fs,
+    net::{Ipv4Addr, SocketAddr},
+    path::PathBuf,
+    process::Stdio,
+    time::Duration,
+};
+
+use serde_json::json;
+
+use super::{
+    Cluster, eventually, kubeconfig,
+    kubeconfig::Credentials,
+    pods::{Pod, PodSpec},
+};
+use crate::{
+    dns::dig,
+    netns,
+    sandbox::{ProcessGuard, join_cgroup_on_spawn},
+};
+
+/// The TTL of the `kubernetes` plugin's answers (kubeadm's Corefile).
+pub const TTL: u32 = 30;
+
+/// A running CoreDNS pod.
+pub struct CoreDns {
+    /// Its pod (its process is the pod's).
+    pub pod: Pod,
+    /// Its log.
+    pub log: PathBuf,
+}
+
+impl CoreDns {
+    /// Where it answers.
+    pub fn address(&self) -> SocketAddr {
+        SocketAddr::from((self.pod.ip, 53))
+    }
+
+    /// Its pod's address.
+    pub fn ip(&self) -> Ipv4Addr {
+        self.pod.ip
+    }
+}
+
+impl Cluster {
+    /// Applies CoreDNS's RBAC and the `kube-dns` Service, runs CoreDNS in a pod on `node`, waits
+    /// until it answers from the API server's objects, and reports the pod Ready.
+    pub fn start_coredns(&self, node: &str, upstream: SocketAddr) -> CoreDns {
+        for object in rbac() {
+            self.apply(&object);
+        }
+        self.apply(&json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "kube-dns", "namespace": "kube-system", "labels": {"k8s-app": "kube-dns"}},
+            "spec": {"selector": {"k8s-app": "kube-dns"}, "ports": [
+                {"name": "dns", "port": 53, "protocol": "UDP"},
+                {"name": "dns-tcp", "port": 53, "protocol": "TCP"},
+            ]},
+        }));
+        let mut spec = PodSpec::new("kube-system", "coredns", "coredns", &[53]);
+        spec.labels.insert("k8s-app".to_owned(), "kube-dns".to_owned());
+        let mut pod = self.create_pod(node, spec);
+        let files = self.pki.client("coredns", "system:coredns", None);
+        let kubeconfig = self.dir.join("coredns.kubeconfig");
+        kubeconfig::write(
+            &kubeconfig,
+            &self.server(),
+            &self.pki.ca.cert,
+            "system:coredns",
+            &Credentials::Certificate(files),
+        );
+        let corefile = self.dir.join("Corefile");
+        fs::write(&corefile, corefile_text(&kubeconfig, upstream)).expect("Corefile");
+        let log = self.dir.join("logs").join("coredns.log");
+        fs::create_dir_all(self.dir.join("logs")).expect("logs directory");
+        let file = fs::File::create(&log).unwrap_or_else(|e| panic!("creating {}: {e}", log.display()));
+        let mut command = self.binaries.command("coredns");
+        command.arg("-conf").arg(&corefile).stdin(Stdio::null()).stdout(file.try_clone().expect("log")).stderr(file);
+        netns::enter_on_spawn(&mut command, pod.netns());
+        join_cgroup_on_spawn(&mut command, self.node(node).cgroup());
+        pod.server = Some(ProcessGuard::new(command.spawn().expect("starting coredns")));
+        let address = SocketAddr::from((pod.ip, 53));
+        let netns = pod.netns().to_owned();
+        // Ready once it answers a cluster name: its informers have synced.
+        eventually(&format!("CoreDNS answering (log {})", log.display()), Duration::from_secs(60), || {
+            let answer = dig(Some(&netns), address, "kubernetes.default.svc.cluster.local", "A", &[]);
+            match answer.status.as_str() {
+                "NOERROR" if !answer.data.is_empty() => Ok(()),
+                _ => Err(format!("{answer:?}")),
+            }
+        });
+        self.report(&pod, true);
+        CoreDns { pod, log }
+    }
+}
+
+/// kubeadm's Corefile for CoreDNS 1.14, its `kubernetes` plugin reading with `kubeconfig`, names
+/// outside the cluster forwarded to `upstream`; no `cache` or `loadbalance`.
+fn corefile_text(kubeconfig: &std::path::Path, upstream: SocketAddr) -> String {
+    format!(
+        ".:53 {{
+    errors
+    ready 127.0.0.1:8181
+    kubernetes cluster.local in-addr.arpa ip6.arpa {{
+        kubeconfig {}
+        pods insecure
+        fallthrough in-addr.arpa ip6.arpa
+        ttl {TTL}
+    }}
+    forward . {upstream}
+    loop
+}}
+",
+        kubeconfig.display()
+    )
+}
+
+/// The ClusterRole CoreDNS's own manifest gives it, bound to its certificate's user.
+fn rbac() -> [serde_json::Value; 2] {
+    [
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": "system:coredns"},
+            "rules": [
+                {"apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"], "verbs": ["list", "watch"]},
+                {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]},
+            ],
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": "system:coredns"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:coredns"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "system:coredns"}],
+        }),
+    ]
+}
