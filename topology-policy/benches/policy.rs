@@ -85,6 +85,7 @@ fn cluster(services: usize, spill: bool) -> ClusterState {
             family: Family::V4,
             ports: vec![SlicePort { name: "http".into(), port: 8080, protocol: Protocol::Tcp }],
             endpoints,
+            changed_at: None,
         });
     }
     state

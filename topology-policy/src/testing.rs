@@ -162,6 +162,7 @@ pub fn slice(name: &str, service: &str, port: u16, endpoints: Vec<Endpoint>) -> 
         family,
         ports: vec![SlicePort { name: "http".into(), port, protocol: Protocol::Tcp }],
         endpoints,
+        changed_at: None,
     }
 }
 

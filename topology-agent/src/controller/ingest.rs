@@ -3,7 +3,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashSet},
-    time::Instant,
+    time::{Instant, SystemTime},
 };
 
 use super::context::{Context, Topic};
@@ -43,7 +43,13 @@ pub(super) struct Intake {
     pub(super) skipped: BTreeMap<ObjectId, Invalid>,
     /// When the oldest event not yet programmed was seen.
     pub(super) oldest_pending: Option<Instant>,
+    /// The stamps of the EndpointSlice changes not yet programmed (at most [`CHANGES_KEPT`]).
+    pub(super) changes_pending: Vec<SystemTime>,
 }
+
+/// Changes whose programming latency is kept while the kernel is not written (a failing apply):
+/// beyond these, changes go unmeasured rather than grow memory.
+const CHANGES_KEPT: usize = 10_000;
 
 /// What an event reports to, beside the intake.
 pub(super) struct Reporting<'a> {
@@ -153,7 +159,16 @@ impl Intake {
                 }
             }
             Object::EndpointSlice(slice) => {
+                let changed_at = slice.changed_at;
                 let affected = self.state.upsert_slice(slice);
+                // Measured from the first sync on, as kube-proxy does.
+                if let Some(at) = changed_at
+                    && to.programmed
+                    && !affected.is_empty()
+                    && self.changes_pending.len() < CHANGES_KEPT
+                {
+                    self.changes_pending.push(at);
+                }
                 self.dirty.extend(affected);
             }
         }

@@ -369,6 +369,7 @@ impl<P: Programmer> Controller<P> {
             self.finish(started, &report, Some((&changed, &decided)));
         } else {
             self.intake.oldest_pending = None;
+            self.intake.changes_pending.clear();
         }
         if let Some(dns) = &mut self.outlets.dns {
             dns.publish();
@@ -412,6 +413,15 @@ impl<P: Programmer> Controller<P> {
         self.ctx.metrics.sync_duration.observe(started.elapsed().as_secs_f64());
         if let Some(seen) = self.intake.oldest_pending.take() {
             self.ctx.metrics.event_to_kernel.observe(seen.elapsed().as_secs_f64());
+        }
+        // A change is programmed once an apply has written everything; a failed one keeps them
+        // for the apply that retries it.
+        if report.failed.is_empty() {
+            let now = std::time::SystemTime::now();
+            for at in self.intake.changes_pending.drain(..) {
+                let latency = now.duration_since(at).unwrap_or_default();
+                self.ctx.metrics.network_programming.observe(latency.as_secs_f64());
+            }
         }
         if report.added + report.updated + report.removed + report.failed.len() > 0 {
             tracing::info!(

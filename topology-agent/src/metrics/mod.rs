@@ -96,6 +96,8 @@ pub struct Metrics {
     pub sync_duration: Histogram,
     /// Seconds from the oldest event of a batch being received to its effect being in the kernel.
     pub event_to_kernel: Histogram,
+    /// Seconds from an EndpointSlice's change (its controller's stamp) to the kernel holding it.
+    pub network_programming: Histogram,
     /// Services decided again (the policy run for one Service), whatever the cause.
     pub services_recomputed: Counter,
     /// Service ports programmed.
@@ -156,6 +158,9 @@ impl Default for Metrics {
         bounds.push(EVENT_TO_KERNEL_TARGET_S);
         bounds.sort_by(f64::total_cmp);
         let event_to_kernel = Histogram::new(bounds);
+        // 1 ms .. ~262 s: a change's stamp is taken before the API server stored it.
+        let network_programming =
+            Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(1e-3, 2.0, 19));
         let services_recomputed = Counter::default();
         let services = Gauge::default();
         let backends = Gauge::default();
@@ -234,6 +239,13 @@ impl Default for Metrics {
             event_to_kernel.clone(),
         );
         registry.register(
+            "network_programming_duration_seconds",
+            "Time from an EndpointSlice change (its endpoints.kubernetes.io/last-change-trigger-time) to the kernel \
+             maps holding it, as kube-proxy's kubeproxy_network_programming_duration_seconds; changes seen before \
+             the first sync are not counted",
+            network_programming.clone(),
+        );
+        registry.register(
             "services_recomputed",
             "Services decided again (their policy run), by any cause: a change that touches no Service's routing \
              (a Node heartbeat, an unrelated label) adds nothing",
@@ -282,6 +294,7 @@ impl Default for Metrics {
             registry,
             sync_duration,
             event_to_kernel,
+            network_programming,
             services_recomputed,
             services,
             backends,

@@ -377,7 +377,15 @@ pub struct EndpointSlice {
     pub ports: Vec<SlicePort>,
     /// Endpoints.
     pub endpoints: Vec<Endpoint>,
+    /// When the change this version carries happened, as its controller stamped it
+    /// (`endpoints.kubernetes.io/last-change-trigger-time`): what network programming latency is
+    /// measured from, as kube-proxy measures it.
+    pub changed_at: Option<std::time::SystemTime>,
 }
+
+/// The annotation an EndpointSlice's controller stamps with the time of the change (a Pod's or
+/// the Service's) that the slice's current version carries.
+pub const ANNOTATION_TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 
 /// Kind of a Kubernetes object this agent reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -306,6 +306,7 @@ mod tests {
                 zone: None,
                 extra: None,
             }],
+            changed_at: None,
         }
     }
 

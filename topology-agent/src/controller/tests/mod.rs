@@ -334,3 +334,46 @@ fn the_dns_view_follows_the_cluster() {
     assert_eq!(chosen, ["10.1.0.1", "10.1.0.2"], "the slice update reached the view");
     assert!(matches!(published.service("ns", "web"), Some(crate::dns::view::Records::ClusterIp { .. })));
 }
+
+/// The `_count` and `_sum` of `topology_agent_network_programming_duration_seconds`.
+fn programming(metrics: &Metrics) -> (u64, f64) {
+    let text = metrics.encode();
+    let value = |suffix: &str| {
+        let name = format!("topology_agent_network_programming_duration_seconds_{suffix} ");
+        text.lines().find_map(|line| line.strip_prefix(name.as_str())?.parse::<f64>().ok()).unwrap_or(-1.0)
+    };
+    (value("count") as u64, value("sum"))
+}
+
+#[test]
+fn a_slice_change_is_measured_from_its_stamp_to_the_kernel() {
+    let now = std::time::SystemTime::now();
+    let stamped = |name: &str, address: &str, ago: u64| {
+        let mut slice = slice(name, "web", &[address]);
+        slice.changed_at = Some(now - Duration::from_secs(ago));
+        Object::EndpointSlice(slice)
+    };
+    let mut events = initial();
+    // Stamped, but taken in by the first sync: not measured, as kube-proxy.
+    events.push(SourceEvent::Apply(stamped("web-1", "10.1.0.7", 600)));
+    let live = Live::start(events);
+    live.wait(|r| r.full == 1);
+    assert_eq!(programming(&live.metrics), (0, 0.0));
+    live.sender.send(SourceEvent::Apply(stamped("web-1", "10.1.0.8", 2)));
+    live.wait(|r| r.partial.len() == 1);
+    // Observed right after the apply the recording shows.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while programming(&live.metrics).0 == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (count, sum) = programming(&live.metrics);
+    assert_eq!(count, 1);
+    assert!((2.0..5.0).contains(&sum), "{sum} s from a stamp 2 s old");
+    // The same slice again changes nothing: nothing to measure; no stamp, nothing measured.
+    live.sender.send(SourceEvent::Apply(stamped("web-1", "10.1.0.8", 2)));
+    live.sender.send(SourceEvent::Apply(Object::EndpointSlice(slice("web-1", "web", &["10.1.0.9"]))));
+    live.wait(|r| r.partial.len() == 2);
+    let metrics = Arc::clone(&live.metrics);
+    live.stop();
+    assert_eq!(programming(&metrics).0, 1);
+}

@@ -12,7 +12,8 @@ use super::{
     text::{FirstAddress, SharedName},
 };
 use crate::cluster::model::{
-    Endpoint, EndpointExtra, EndpointSlice, Family, Kind, LABEL_SERVICE_NAME, ObjectError, ObjectKey, SlicePort,
+    ANNOTATION_TRIGGER_TIME, Endpoint, EndpointExtra, EndpointSlice, Family, Kind, LABEL_SERVICE_NAME, ObjectError,
+    ObjectKey, SlicePort,
 };
 
 /// The fields of an EndpointSlice routing reads.
@@ -176,7 +177,14 @@ pub fn endpoint_slice(slice: &EndpointSliceView) -> Result<Option<EndpointSlice>
             extra: EndpointExtra::new(names(hints.map(|h| &h.for_zones)), names(hints.map(|h| &h.for_nodes)), hostname),
         });
     }
-    Ok(Some(EndpointSlice { key, service, family, ports, endpoints }))
+    // A stamp that does not parse only leaves the change unmeasured, as in kube-proxy.
+    let changed_at = slice
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|annotations| annotations.get(ANNOTATION_TRIGGER_TIME))
+        .and_then(|stamp| humantime::parse_rfc3339_weak(stamp).ok());
+    Ok(Some(EndpointSlice { key, service, family, ports, endpoints, changed_at }))
 }
 
 /// What kind of address no endpoint may have, if `address` is one: loopback, link-local,

@@ -1,7 +1,9 @@
 //! Conversion of API objects into the model: fields, defaults, and errors naming the field.
 
 use super::*;
-use crate::cluster::model::{EndpointSlice, PortSpec, Service, TopologyKeysSource, TrafficDistribution};
+use crate::cluster::model::{
+    ANNOTATION_TRIGGER_TIME, EndpointSlice, PortSpec, Service, TopologyKeysSource, TrafficDistribution,
+};
 
 fn service_from(json: serde_json::Value) -> Result<Service, ObjectError> {
     service_from_value(&json)
@@ -407,4 +409,20 @@ items:
     let plan = crate::plan::NodePlan::build(&state, "a", None).unwrap();
     let vips: Vec<String> = plan.desired().services.keys().map(|port| port.vip.to_string()).collect();
     assert_eq!(vips, ["10.96.0.2"], "only the Service kube-proxy would program");
+}
+
+#[test]
+fn a_slice_keeps_its_controllers_change_stamp() {
+    let mut view: EndpointSliceView = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "web-1", "namespace": "ns", "annotations": {
+            "endpoints.kubernetes.io/last-change-trigger-time": "2026-12-04T14:41:12.123456789Z"}},
+        "addressType": "IPv4", "endpoints": [{"addresses": ["10.0.0.1"]}],
+    }))
+    .unwrap();
+    let slice = endpoint_slice(&view).unwrap().unwrap();
+    let at = slice.changed_at.expect("stamped");
+    assert_eq!(humantime::format_rfc3339_nanos(at).to_string(), "2026-12-04T14:41:12.123456789Z");
+    // A stamp that does not parse leaves the change unmeasured; the slice is used all the same.
+    view.metadata.annotations.as_mut().unwrap().insert(ANNOTATION_TRIGGER_TIME.into(), "yesterday".into());
+    assert_eq!(endpoint_slice(&view).unwrap().unwrap().changed_at, None);
 }

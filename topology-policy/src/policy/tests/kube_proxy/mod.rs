@@ -209,6 +209,7 @@ impl Case {
             family: Family::V4,
             ports: vec![SlicePort { name: "http".into(), port: 80, protocol: Protocol::Tcp }],
             endpoints,
+            changed_at: None,
         });
         state
     }
