@@ -11,7 +11,10 @@
 //! - at Kubernetes' limits (5,000 Nodes as kubelets report them, their status every 10 s, 10,000
 //!   Services, 150,000 endpoints): the agent binary's RSS, CPU and API bytes at steady state, and a
 //!   storm of 1,000 EndpointSlice updates/s (`limits`, `storm`), with a `scale:` line.
-//!   `cargo bench --bench control_plane -- limits` runs this one alone.
+//!   `cargo bench --bench control_plane -- limits` runs this one alone;
+//! - side by side with the real kube-proxy on the real API server (`control_plane/real.rs`): full
+//!   sync and network programming latency under an EndpointSlice storm, with a `real:` line
+//!   (`cargo bench --bench control_plane -- real`).
 //!
 //! "The agent binary" is `$TOPOLOGY_AGENT`: `cargo xtask bench control-plane` sets it to the binary
 //! the image ships (static, musl, jemalloc); the in-process scenarios run on the bench's own heap.
@@ -51,6 +54,8 @@ const STORM: Duration = Duration::from_secs(10);
 
 #[path = "control_plane/limits.rs"]
 mod limits;
+#[path = "control_plane/real.rs"]
+mod real;
 #[path = "control_plane/storm.rs"]
 mod storm;
 
@@ -163,6 +168,11 @@ fn main() {
         print_limits(&shape, &steady, &storm);
         return;
     }
+    if std::env::args().any(|arg| arg == "real") {
+        // `cargo bench --bench control_plane -- real`: beside the real kube-proxy alone.
+        real::print(&real::run().expect("the real components (cargo xtask setup)"));
+        return;
+    }
     let large = Capacities { slots: 1 << 20, ..Capacities::default() };
     if std::env::args().any(|arg| arg == "sync") {
         // `cargo bench --bench control_plane -- sync`: the 50,000-Service sync and adoption alone,
@@ -216,6 +226,9 @@ fn main() {
     );
     print_scale(&scale);
     print_limits(&shape, &steady, &storm);
+    if let Some(real) = real::run() {
+        real::print(&real);
+    }
 }
 
 /// The table and `scale:` line of the 50,000-Service sync.

@@ -85,7 +85,8 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 captured(
                     cargo()
                         .args(["bench", "-p", "topology-tests", "--bench", "control_plane"])
-                        .env("TOPOLOGY_AGENT", agent),
+                        .env("TOPOLOGY_AGENT", agent)
+                        .env(crate::kubernetes::BIN_ENV, crate::kubernetes::ensure()?),
                 )?
             }
             Suite::Soak | Suite::Dns => {

@@ -2,7 +2,10 @@
 //! scale: selectorless Services (`svc-<i>`, TCP port 80) each with one EndpointSlice of the given
 //! endpoints, as an operator publishes endpoints outside the cluster. The EndpointSlice
 //! controller leaves such slices alone (their `managed-by` is not its own), so what kube-proxy
-//! and the agent read is exactly what was written. Requests run [`CONCURRENCY`] at a time.
+//! and the agent read is exactly what was written. Each slice is stamped with the time it is
+//! written (`endpoints.kubernetes.io/last-change-trigger-time`, as the controller stamps its
+//! own), which kube-proxy's and the agent's network programming latency are measured from.
+//! Requests run [`CONCURRENCY`] at a time.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -21,6 +24,13 @@ use super::Cluster;
 const CONCURRENCY: usize = 32;
 /// The `endpointslice.kubernetes.io/managed-by` of the slices written here.
 const MANAGER: &str = "bench.topology-agent.io";
+/// The annotation of the change a slice's version carries.
+const TRIGGER_TIME: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+
+/// Now, as the EndpointSlice controller stamps a change (RFC 3339, nanoseconds).
+fn stamp() -> String {
+    humantime::format_rfc3339_nanos(std::time::SystemTime::now()).to_string()
+}
 
 impl Cluster {
     /// Creates Services `svc-<from>` to `svc-<to - 1>` in `namespace` (which must exist), each
@@ -37,6 +47,26 @@ impl Cluster {
                 .unwrap_or_else(|e| panic!("{e}"))
         })
     }
+}
+
+/// Replaces the endpoints of Service `svc-<index>`'s slice, stamped now, as the admin.
+pub async fn change_endpoints(
+    admin: Client,
+    namespace: String,
+    index: usize,
+    endpoints: Vec<SocketAddr>,
+) -> Result<(), String> {
+    let addresses: Vec<_> = endpoints
+        .iter()
+        .map(|endpoint| json!({"addresses": [endpoint.ip().to_string()], "conditions": {"ready": true}}))
+        .collect();
+    let patch = json!({"metadata": {"annotations": {TRIGGER_TIME: stamp()}}, "endpoints": addresses});
+    let name = format!("svc-{index}-1");
+    Api::<EndpointSlice>::namespaced(admin, &namespace)
+        .patch(&name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
+        .await
+        .map(drop)
+        .map_err(|e| format!("changing EndpointSlice {namespace}/{name}: {e}"))
 }
 
 async fn create_one(
@@ -69,6 +99,7 @@ async fn create_one(
         "metadata": {
             "name": format!("{name}-1"), "namespace": namespace,
             "labels": {"kubernetes.io/service-name": name, "endpointslice.kubernetes.io/managed-by": MANAGER},
+            "annotations": {TRIGGER_TIME: stamp()},
         },
         "addressType": "IPv4",
         "endpoints": addresses,

@@ -12,7 +12,7 @@
 pub mod agents;
 mod api;
 pub mod binaries;
-mod bulk;
+pub mod bulk;
 pub mod control_plane;
 pub mod coredns;
 mod kubeconfig;

@@ -1,0 +1,225 @@
+//! Side by side with the real kube-proxy on the real control plane (`cargo bench --bench
+//! control_plane -- real`): a node running kube-proxy 1.35 (nftables mode, its defaults) and a
+//! node running the agent deployed from `deploy/`, in one zone; 10,000 selectorless Services × 10
+//! endpoints written to the API server, each slice stamped with the time of its write
+//! (`endpoints.kubernetes.io/last-change-trigger-time`, as the EndpointSlice controller stamps
+//! its own). Measured:
+//! - the full sync of each, one after the other on the same two cores: from its process starting
+//!   to kube-proxy's first sync with nothing pending, to the agent's readiness (its first full
+//!   programming; loading its programs included);
+//! - a storm of EndpointSlice changes ([`RATE`]/s for [`STORM`], one endpoint of a random Service
+//!   replaced each time, stamped when sent) on the real API server, both watching: kube-proxy's
+//!   own `kubeproxy_network_programming_duration_seconds` against the agent's
+//!   `topology_agent_network_programming_duration_seconds` — the same span, from the stamp to
+//!   the rules or maps written — p50 / p99 of the storm's observations, interpolated within their
+//!   buckets as `histogram_quantile` does (kube-proxy's finest bucket is 250 ms).
+
+use std::{
+    net::{Ipv4Addr, SocketAddr},
+    time::{Duration, Instant},
+};
+
+use futures::StreamExt as _;
+use topology_tests::kubernetes::{
+    Binaries, Cluster,
+    bulk::change_endpoints,
+    nodes::NodeSpec,
+    proxy::{ProxyMode, SyncPacing},
+};
+
+const NAMESPACE: &str = "bench";
+const SERVICES: usize = 10_000;
+const ENDPOINTS: usize = 10;
+/// Changes per second asked of the API server, and for how long.
+pub const RATE: usize = 1000;
+pub const STORM: Duration = Duration::from_secs(60);
+/// Changes in flight at most: beyond, the storm falls behind and says so.
+const IN_FLIGHT: usize = 64;
+const PROXY_NODE: &str = "node-kp";
+const AGENT_NODE: &str = "node-ag";
+
+/// What the run measured.
+pub struct Real {
+    pub version: String,
+    pub proxy_sync: Duration,
+    pub agent_sync: Duration,
+    pub changes: usize,
+    pub storm: Duration,
+    /// (p50, p99, observations) of each, in seconds.
+    pub proxy: (f64, f64, f64),
+    pub agent: (f64, f64, f64),
+}
+
+/// Endpoint `n` of Service `index` (addresses outside every range the cluster routes).
+fn endpoint(index: usize, n: usize) -> SocketAddr {
+    let host = (index * ENDPOINTS + n) as u32;
+    SocketAddr::from((Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 128, 0, 0)) + host), 8080))
+}
+
+/// `None` without the built components.
+pub fn run() -> Option<Real> {
+    let binaries = Binaries::or_skip("control-plane bench: the real kube-proxy side by side")?;
+    let cluster = Cluster::start(binaries, &[NodeSpec::new(PROXY_NODE, "zone-a"), NodeSpec::new(AGENT_NODE, "zone-a")]);
+    let version = cluster.binaries().kubernetes_version();
+    cluster.deploy();
+    cluster.namespace(NAMESPACE);
+    let written = Instant::now();
+    for from in (0..SERVICES).step_by(1000) {
+        let endpoints: Vec<SocketAddr> = (0..ENDPOINTS).map(|n| endpoint(from, n)).collect();
+        cluster.create_services(NAMESPACE, from, from + 1000, &endpoints);
+    }
+    eprintln!("real: {SERVICES} Services written in {:.0} s", written.elapsed().as_secs_f64());
+
+    let started = Instant::now();
+    let mut proxy = cluster.start_kube_proxy(PROXY_NODE, ProxyMode::Nftables, SyncPacing::Default);
+    proxy.wait_synced(Duration::from_secs(600));
+    let proxy_sync = started.elapsed();
+    let started = Instant::now();
+    let agent = cluster.start_agent(AGENT_NODE, &[]);
+    let agent_sync = started.elapsed();
+    eprintln!("real: full sync kube-proxy {proxy_sync:?}, agent {agent_sync:?}");
+
+    let proxy_metric = "kubeproxy_network_programming_duration_seconds";
+    let agent_metric = "topology_agent_network_programming_duration_seconds";
+    let before = (
+        buckets(&proxy.metrics().unwrap_or_default(), proxy_metric),
+        buckets(&agent.metrics().unwrap_or_default(), agent_metric),
+    );
+    let changes = RATE * STORM.as_secs() as usize;
+    let interval = Duration::from_secs(1) / RATE as u32;
+    let (admin, started) = (cluster.admin(), Instant::now());
+    let failed = cluster.api().block(async move {
+        let start = tokio::time::Instant::now();
+        futures::stream::iter(0..changes)
+            .map(|i| {
+                let admin = admin.clone();
+                async move {
+                    tokio::time::sleep_until(start + interval * i as u32).await;
+                    // A spread of Services (a multiplicative hash of the change's number); one of
+                    // its endpoints moved each time.
+                    let index = i.wrapping_mul(2_654_435_761) % SERVICES;
+                    let endpoints =
+                        (0..ENDPOINTS).map(|n| endpoint(index, if n == 0 { SERVICES + i % 1000 } else { n }));
+                    change_endpoints(admin, NAMESPACE.to_owned(), index, endpoints.collect()).await.err()
+                }
+            })
+            .buffer_unordered(IN_FLIGHT)
+            .filter_map(|failed| async move { failed })
+            .collect::<Vec<String>>()
+            .await
+    });
+    let storm = started.elapsed();
+    assert!(failed.is_empty(), "{} changes failed, the first: {}", failed.len(), failed[0]);
+    // Both have caught up once their histograms count every change (or 30 s passed).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (proxy_after, agent_after) = loop {
+        let after = (
+            buckets(&proxy.metrics().unwrap_or_default(), proxy_metric),
+            buckets(&agent.metrics().unwrap_or_default(), agent_metric),
+        );
+        let counted = |after: &[(f64, f64)], before: &[(f64, f64)]| total(after) - total(before);
+        if (counted(&after.0, &before.0) >= changes as f64 && counted(&after.1, &before.1) >= changes as f64)
+            || Instant::now() > deadline
+        {
+            break after;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    drop(proxy);
+    Some(Real {
+        version,
+        proxy_sync,
+        agent_sync,
+        changes,
+        storm,
+        proxy: quantiles(&delta(&proxy_after, &before.0)),
+        agent: quantiles(&delta(&agent_after, &before.1)),
+    })
+}
+
+/// The cumulative buckets `(le, count)` of histogram `name` in a Prometheus text.
+fn buckets(text: &str, name: &str) -> Vec<(f64, f64)> {
+    let prefix = format!("{name}_bucket{{");
+    text.lines()
+        .filter_map(|line| line.strip_prefix(prefix.as_str()))
+        .filter_map(|rest| {
+            let le = rest.split("le=\"").nth(1)?.split('"').next()?;
+            let le = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
+            Some((le, rest.rsplit(' ').next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+fn total(buckets: &[(f64, f64)]) -> f64 {
+    buckets.iter().find(|(le, _)| le.is_infinite()).map_or(0.0, |(_, count)| *count)
+}
+
+fn delta(after: &[(f64, f64)], before: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    after
+        .iter()
+        .map(|&(le, count)| (le, count - before.iter().find(|(b, _)| *b == le).map_or(0.0, |(_, c)| *c)))
+        .collect()
+}
+
+/// p50, p99 (as `histogram_quantile`: linear within the bucket) and the count.
+fn quantiles(buckets: &[(f64, f64)]) -> (f64, f64, f64) {
+    let count = total(buckets);
+    let at = |q: f64| {
+        let rank = q * count;
+        let mut lower = (0.0, 0.0);
+        for &(le, cumulative) in buckets {
+            if cumulative >= rank {
+                if le.is_infinite() {
+                    return lower.0;
+                }
+                let within = if cumulative > lower.1 { (rank - lower.1) / (cumulative - lower.1) } else { 0.0 };
+                return lower.0 + (le - lower.0) * within;
+            }
+            lower = (le, cumulative);
+        }
+        f64::NAN
+    };
+    (at(0.5), at(0.99), count)
+}
+
+/// The table and its summary line.
+pub fn print(real: &Real) {
+    let ms = |s: f64| s * 1e3;
+    println!(
+        "\nside by side with the real kube-proxy ({}, nftables mode, its defaults), on the real API server: \
+         {SERVICES} Services × {ENDPOINTS} endpoints\n",
+        real.version
+    );
+    println!("| measurement | kube-proxy | topology-agent | target |");
+    println!("| --- | ---: | ---: | ---: |");
+    println!(
+        "| full sync, process start → first sync written (agent: ready; its programs loaded) | {:.1} s | {:.1} s | agent faster |",
+        real.proxy_sync.as_secs_f64(),
+        real.agent_sync.as_secs_f64()
+    );
+    println!(
+        "| network programming, slice stamped → kernel, p50 ({} changes asked at {RATE}/s, sent in {:.0} s) | {:.0} ms | {:.1} ms | |",
+        real.changes,
+        real.storm.as_secs_f64(),
+        ms(real.proxy.0),
+        ms(real.agent.0)
+    );
+    println!(
+        "| the same, p99 (observations: {:.0} / {:.0}) | {:.0} ms | {:.1} ms | ≤ 1/10 of kube-proxy's |",
+        real.proxy.2,
+        real.agent.2,
+        ms(real.proxy.1),
+        ms(real.agent.1)
+    );
+    println!(
+        "\nreal: kp_sync_p99_ms={:.1} sync_p99_ms={:.1} kp_sync_p50_ms={:.1} sync_p50_ms={:.1} kp_full_sync_s={:.2} \
+         full_sync_s={:.2} changes_per_s={:.0}",
+        ms(real.proxy.1),
+        ms(real.agent.1),
+        ms(real.proxy.0),
+        ms(real.agent.0),
+        real.proxy_sync.as_secs_f64(),
+        real.agent_sync.as_secs_f64(),
+        real.changes as f64 / real.storm.as_secs_f64()
+    );
+}
