@@ -131,7 +131,7 @@ fn every_name_of_the_fixture_answers_as_coredns_or_as_documented() {
     let client = cluster.client_on(NODE);
     let ours = SocketAddr::from((agent.ip, 5353));
     let ask = |server: SocketAddr, name: &str, qtype: &str| {
-        normalized(&dig(Some(&client.place.netns), server, name, qtype, &["+authority", "+additional"]))
+        normalized(&dig(Some(&client.place.netns), server, name, qtype, &["+authority", "+additional", "+tries=3"]))
     };
     // Both have read every object: the last Service's name answers alike.
     eventually("both serving the fixture", Duration::from_secs(60), || {

@@ -19,7 +19,7 @@ use topology_tests::{
         Binaries, Cluster, eventually,
         nodes::NodeSpec,
         observe::{Endpoint, explained_backends, kernel_backends, kernel_status},
-        pods::PodSpec,
+        pods::{PodSpec, echo_service},
     },
     require_root,
 };
@@ -55,26 +55,8 @@ fn modes() -> Vec<(&'static str, Value, bool)> {
     ]
 }
 
-/// A Service `name` selecting the echo pods, with `extra` merged in.
 fn service(name: &str, extra: &Value) -> Value {
-    let mut service = json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": name, "namespace": NS, "annotations": {}},
-        "spec": {"selector": {"app": "echo"}, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]},
-    });
-    merge(&mut service, extra);
-    service
-}
-
-fn merge(into: &mut Value, from: &Value) {
-    match (into, from) {
-        (Value::Object(into), Value::Object(from)) => {
-            for (key, value) in from {
-                merge(into.entry(key.clone()).or_insert(Value::Null), value);
-            }
-        }
-        (into, from) => *into = from.clone(),
-    }
+    echo_service(NS, name, extra)
 }
 
 /// Where a client on `node` (in `zone`) must land for Service `mode`, from the controller's

@@ -21,7 +21,7 @@ use topology_tests::{
         Binaries, Cluster, eventually,
         nodes::NodeSpec,
         observe::{explained_backends, kernel_backends, kernel_status},
-        pods::PodSpec,
+        pods::{PodSpec, echo_service},
         proxy::{ProxyMode, SyncPacing},
     },
     require_root,
@@ -72,24 +72,7 @@ fn modes() -> Vec<(&'static str, Value, Kind)> {
 }
 
 fn service(name: &str, extra: &Value) -> Value {
-    let mut service = json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": name, "namespace": NS, "annotations": {}},
-        "spec": {"selector": {"app": "echo"}, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]},
-    });
-    merge(&mut service, extra);
-    service
-}
-
-fn merge(into: &mut Value, from: &Value) {
-    match (into, from) {
-        (Value::Object(into), Value::Object(from)) => {
-            for (key, value) in from {
-                merge(into.entry(key.clone()).or_insert(Value::Null), value);
-            }
-        }
-        (into, from) => *into = from.clone(),
-    }
+    echo_service(NS, name, extra)
 }
 
 /// Where a client's connections landed, each backend named relative to the client's node: its

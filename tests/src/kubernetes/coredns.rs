@@ -9,22 +9,16 @@ use std::{
     fs,
     net::{Ipv4Addr, SocketAddr},
     path::PathBuf,
-    process::Stdio,
     time::Duration,
 };
 
 use serde_json::json;
 
 use super::{
-    Cluster, eventually, kubeconfig,
-    kubeconfig::Credentials,
+    Cluster, eventually,
     pods::{Pod, PodSpec},
 };
-use crate::{
-    dns::dig,
-    netns,
-    sandbox::{ProcessGuard, join_cgroup_on_spawn},
-};
+use crate::dns::dig;
 
 /// The TTL of the `kubernetes` plugin's answers (kubeadm's Corefile).
 pub const TTL: u32 = 30;
@@ -67,25 +61,12 @@ impl Cluster {
         let mut spec = PodSpec::new("kube-system", "coredns", "coredns", &[53]);
         spec.labels.insert("k8s-app".to_owned(), "kube-dns".to_owned());
         let mut pod = self.create_pod(node, spec);
-        let files = self.pki.client("coredns", "system:coredns", None);
-        let kubeconfig = self.dir.join("coredns.kubeconfig");
-        kubeconfig::write(
-            &kubeconfig,
-            &self.server(),
-            &self.pki.ca.cert,
-            "system:coredns",
-            &Credentials::Certificate(files),
-        );
+        let kubeconfig = self.client_kubeconfig("coredns", "system:coredns");
         let corefile = self.dir.join("Corefile");
         fs::write(&corefile, corefile_text(&kubeconfig, upstream)).expect("Corefile");
-        let log = self.dir.join("logs").join("coredns.log");
-        fs::create_dir_all(self.dir.join("logs")).expect("logs directory");
-        let file = fs::File::create(&log).unwrap_or_else(|e| panic!("creating {}: {e}", log.display()));
-        let mut command = self.binaries.command("coredns");
-        command.arg("-conf").arg(&corefile).stdin(Stdio::null()).stdout(file.try_clone().expect("log")).stderr(file);
-        netns::enter_on_spawn(&mut command, pod.netns());
-        join_cgroup_on_spawn(&mut command, self.node(node).cgroup());
-        pod.server = Some(ProcessGuard::new(command.spawn().expect("starting coredns")));
+        let args = ["-conf".to_owned(), corefile.display().to_string()];
+        let (process, log) = self.spawn_component("coredns", &args, pod.netns(), self.node(node).cgroup(), "coredns");
+        pod.server = Some(process);
         let address = SocketAddr::from((pod.ip, 53));
         let netns = pod.netns().to_owned();
         // Ready once it answers a cluster name: its informers have synced.

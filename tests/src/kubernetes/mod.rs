@@ -13,6 +13,7 @@ pub mod agents;
 mod api;
 pub mod binaries;
 pub mod bulk;
+mod components;
 pub mod control_plane;
 pub mod coredns;
 mod kubeconfig;

@@ -146,3 +146,27 @@ pub async fn remove(node_client: Client, namespace: String, name: String, uid: S
     };
     pods.delete(&name, &params).await.unwrap_or_else(|e| panic!("removing Pod {namespace}/{name}: {e}"));
 }
+
+/// A Service `namespace/name` selecting `app=echo` pods, port `http` 80 to their 8080, with
+/// `extra` merged in (objects merged key by key, anything else replaced).
+pub fn echo_service(namespace: &str, name: &str, extra: &Value) -> Value {
+    let mut service = json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": namespace, "annotations": {}},
+        "spec": {"selector": {"app": "echo"}, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]},
+    });
+    merge(&mut service, extra);
+    service
+}
+
+/// Merges `from` into `into`: objects key by key, anything else replaced.
+pub fn merge(into: &mut Value, from: &Value) {
+    match (into, from) {
+        (Value::Object(into), Value::Object(from)) => {
+            for (key, value) in from {
+                merge(into.entry(key.clone()).or_insert(Value::Null), value);
+            }
+        }
+        (into, from) => *into = from.clone(),
+    }
+}

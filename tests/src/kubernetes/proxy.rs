@@ -10,15 +10,11 @@ use std::{
     fs,
     net::{Ipv4Addr, SocketAddr},
     path::PathBuf,
-    process::Stdio,
     time::Duration,
 };
 
-use super::{Cluster, control_plane::SERVICE_CIDR, eventually, kubeconfig, kubeconfig::Credentials, network};
-use crate::{
-    agent, netns,
-    sandbox::{ProcessGuard, join_cgroup_on_spawn},
-};
+use super::{Cluster, control_plane::SERVICE_CIDR, eventually, network};
+use crate::{agent, netns, sandbox::ProcessGuard};
 
 /// Where kube-proxy serves its metrics, on the node's loopback.
 const METRICS: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 10249);
@@ -136,19 +132,7 @@ impl Cluster {
         let node = self.node(node);
         node.proxied.store(true, std::sync::atomic::Ordering::Relaxed);
         let name = &node.spec.name;
-        let files = self.pki.client(&format!("kube-proxy-{name}"), "system:kube-proxy", None);
-        let kubeconfig = self.dir.join(format!("kube-proxy-{name}.kubeconfig"));
-        kubeconfig::write(
-            &kubeconfig,
-            &self.server(),
-            &self.pki.ca.cert,
-            "system:kube-proxy",
-            &Credentials::Certificate(files),
-        );
-        let logs = self.dir.join("logs");
-        fs::create_dir_all(&logs).unwrap_or_else(|e| panic!("creating {}: {e}", logs.display()));
-        let log = logs.join(format!("kube-proxy-{name}.log"));
-        let file = fs::File::create(&log).unwrap_or_else(|e| panic!("creating {}: {e}", log.display()));
+        let kubeconfig = self.client_kubeconfig(&format!("kube-proxy-{name}"), "system:kube-proxy");
         let mut args = vec![
             format!("--kubeconfig={}", kubeconfig.display()),
             format!("--proxy-mode={}", mode.flag()),
@@ -165,12 +149,8 @@ impl Cluster {
         if pacing == SyncPacing::Eager {
             args.push("--iptables-min-sync-period=0s".to_owned());
         }
-        let mut command = self.binaries.command("kube-proxy");
-        command.args(&args).stdin(Stdio::null()).stdout(file.try_clone().expect("log")).stderr(file);
-        netns::enter_on_spawn(&mut command, node.netns());
-        join_cgroup_on_spawn(&mut command, node.cgroup());
-        let process =
-            ProcessGuard::new(command.spawn().unwrap_or_else(|e| panic!("starting kube-proxy on {name}: {e}")));
+        let log = format!("kube-proxy-{name}-{}", mode.flag());
+        let (process, log) = self.spawn_component("kube-proxy", &args, node.netns(), node.cgroup(), &log);
         let mut proxy = KubeProxy { node: name.clone(), mode, log, netns: node.netns().to_owned(), process };
         let log = proxy.log.clone();
         eventually(&format!("kube-proxy on {name} serving (log {})", log.display()), Duration::from_secs(60), || {
