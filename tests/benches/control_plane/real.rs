@@ -173,7 +173,8 @@ fn delta(after: &[(f64, f64)], before: &[(f64, f64)]) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// p50, p99 (as `histogram_quantile`: linear within the bucket) and the count.
+/// p50, p99 (as `histogram_quantile`: linear within the bucket) and the count; a quantile in
+/// the `+Inf` bucket is beyond the last bound: its negative says so.
 fn quantiles(buckets: &[(f64, f64)]) -> (f64, f64, f64) {
     let count = total(buckets);
     let at = |q: f64| {
@@ -182,7 +183,7 @@ fn quantiles(buckets: &[(f64, f64)]) -> (f64, f64, f64) {
         for &(le, cumulative) in buckets {
             if cumulative >= rank {
                 if le.is_infinite() {
-                    return lower.0;
+                    return -lower.0;
                 }
                 let within = if cumulative > lower.1 { (rank - lower.1) / (cumulative - lower.1) } else { 0.0 };
                 return lower.0 + (le - lower.0) * within;
@@ -194,9 +195,16 @@ fn quantiles(buckets: &[(f64, f64)]) -> (f64, f64, f64) {
     (at(0.5), at(0.99), count)
 }
 
+/// A quantile in milliseconds: `>B` when beyond the histogram's last bound `B`.
+fn ms(seconds: f64) -> String {
+    match seconds < 0.0 {
+        true => format!(">{:.0}", -seconds * 1e3),
+        false => format!("{:.1}", seconds * 1e3),
+    }
+}
+
 /// The table and its summary line.
 pub fn print(real: &Real) {
-    let ms = |s: f64| s * 1e3;
     println!(
         "\nside by side with the real kube-proxy ({}, nftables mode, its defaults), on the real API server: \
          {SERVICES} Services × {ENDPOINTS} endpoints\n",
@@ -210,21 +218,21 @@ pub fn print(real: &Real) {
         real.agent_sync.as_secs_f64()
     );
     println!(
-        "| network programming, slice stamped → kernel, p50 ({} changes in {:.0} s, {RATE}/s asked) | {:.0} ms | {:.1} ms | |",
+        "| network programming, slice stamped → kernel, p50 ({} changes in {:.0} s, {RATE}/s asked) | {} ms | {} ms | |",
         real.changes,
         real.storm.as_secs_f64(),
         ms(real.proxy.0),
         ms(real.agent.0)
     );
     println!(
-        "| the same, p99 (observations: {:.0} / {:.0}) | {:.0} ms | {:.1} ms | ≤ 1/10 of kube-proxy's |",
+        "| the same, p99 (observations: {:.0} / {:.0}) | {} ms | {} ms | ≤ 1/10 of kube-proxy's |",
         real.proxy.2,
         real.agent.2,
         ms(real.proxy.1),
         ms(real.agent.1)
     );
     println!(
-        "\nreal: kp_sync_p99_ms={:.1} sync_p99_ms={:.1} kp_sync_p50_ms={:.1} sync_p50_ms={:.1} kp_full_sync_s={:.2} \
+        "\nreal: kp_sync_p99_ms={} sync_p99_ms={} kp_sync_p50_ms={} sync_p50_ms={} kp_full_sync_s={:.2} \
          full_sync_s={:.2} changes_per_s={:.0}",
         ms(real.proxy.1),
         ms(real.agent.1),
