@@ -195,6 +195,8 @@ pub struct DnsMetrics {
     by_locality: [Counter; Locality::ALL.len()],
     /// Seconds for the upstream to answer a relayed query.
     pub upstream_seconds: Histogram,
+    /// Relayed queries sent again for want of a reply within the retry time.
+    pub upstream_retries: Counter,
     /// The cache of relayed answers.
     pub cache: Arc<relayed::CacheMetrics>,
 }
@@ -211,6 +213,7 @@ impl Default for DnsMetrics {
             by_locality,
             // 100 us .. ~3 s.
             upstream_seconds: Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(1e-4, 2.0, 15)),
+            upstream_retries: Counter::default(),
             cache: Arc::default(),
         }
     }
@@ -229,6 +232,11 @@ impl DnsMetrics {
             "dns_upstream_seconds",
             "Time for the upstream to answer a relayed query",
             self.upstream_seconds.clone(),
+        );
+        registry.register(
+            "dns_upstream_retries",
+            "Relayed queries sent again to an upstream that had not answered within the retry time",
+            self.upstream_retries.clone(),
         );
         self.cache.register(registry);
     }

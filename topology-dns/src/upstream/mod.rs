@@ -2,7 +2,10 @@
 //! ([`crate::relayed`]); identical questions in flight answered by one upstream query; asked of
 //! the upstreams in turn within [`UPSTREAM_TIMEOUT`] over the shared sockets ([`pool`]), and over
 //! kept TCP connections ([`tcp`]) when the reply is truncated; an expired answer served when every
-//! upstream fails.
+//! upstream fails. A query with no reply within the retry time ([`Retry`]: RFC 6298's, from the
+//! round trips of replies, doubling) is sent again, the earlier sends still awaited, as resolvers do: a datagram an
+//! upstream dropped (its socket full under load) costs a retry time, not the whole timeout and a
+//! SERVFAIL.
 
 pub mod pool;
 pub mod tcp;
@@ -43,6 +46,8 @@ pub const FORWARDS_PER_SOURCE: usize = 64;
 /// may still use the rest — the DNS bench's mix (b), 50,000 unique names a second from dnsperf's
 /// one address, keeps hundreds in flight.
 pub const FORWARDS_RESERVED: usize = MAX_FORWARDS / 4;
+/// Sends of a relayed query to one upstream at most (the first and two retries).
+pub const SENDS_PER_UPSTREAM: u32 = 3;
 /// The SERVFAIL response code.
 const SERVFAIL: u8 = 2;
 
@@ -70,6 +75,50 @@ pub struct Upstream {
     in_flight: Mutex<HashMap<Key, Vec<oneshot::Sender<Shared>>, foldhash::fast::RandomState>>,
     pools: [SocketPool; 2],
     tcp: TcpPool,
+    retry: Retry,
+}
+
+/// When a relayed query is sent again: RFC 6298's retransmission timeout — the smoothed round
+/// trip plus four times its variation — within [`Retry::MIN`]..[`Retry::MAX`], doubling at each
+/// send; [`Retry::FIRST`] before any reply. A round trip is timed from the first send, whichever
+/// send the reply answers: Karn's rule (time only what was sent once) would never see the replies
+/// slower than the retry time and keep the estimate short of a queue; timed this way it errs
+/// long, and an upstream slowing down under load is not mistaken for one losing queries (retries
+/// would only add to its load).
+#[derive(Debug)]
+struct Retry {
+    /// The smoothed round trip and its mean deviation, microseconds (0, 0: none measured yet).
+    estimate: Mutex<(u64, u64)>,
+}
+
+impl Retry {
+    const FIRST: Duration = Duration::from_millis(250);
+    const MIN: Duration = Duration::from_millis(50);
+    const MAX: Duration = Duration::from_secs(1);
+
+    fn new() -> Self {
+        Self { estimate: Mutex::new((0, 0)) }
+    }
+
+    /// How long to wait for a reply before the first retry.
+    fn after(&self) -> Duration {
+        match *self.estimate.lock().unwrap_or_else(PoisonError::into_inner) {
+            (0, _) => Self::FIRST,
+            (smoothed, deviation) => Duration::from_micros(smoothed + 4 * deviation).clamp(Self::MIN, Self::MAX),
+        }
+    }
+
+    /// Takes the round trip of a reply, from the query's first send (RFC 6298's gains, 1/8 and 1/4).
+    fn observe(&self, rtt: Duration) {
+        let sample = u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX / 8).max(1);
+        let mut estimate = self.estimate.lock().unwrap_or_else(PoisonError::into_inner);
+        *estimate = match *estimate {
+            (0, _) => (sample, sample / 2),
+            (smoothed, deviation) => {
+                (smoothed - smoothed / 8 + sample / 8, deviation - deviation / 4 + smoothed.abs_diff(sample) / 4)
+            }
+        };
+    }
 }
 
 impl Upstream {
@@ -87,6 +136,7 @@ impl Upstream {
                 SocketPool::for_family_of(SocketAddr::from(([0u16; 8], 0))),
             ],
             tcp: TcpPool::default(),
+            retry: Retry::new(),
         }
     }
 
@@ -304,27 +354,64 @@ impl Upstream {
             let left = deadline.saturating_duration_since(Instant::now());
             // Each upstream gets its share of what is left, the last one all of it.
             let budget = left / u32::try_from(upstreams.len() - i).unwrap_or(1);
-            let pool = &self.pools[usize::from(upstream.is_ipv6())];
-            let exchange = async {
-                // The pool takes a datagram only as the reply to this very question: give it
-                // the client's id back.
-                let (mut reply, _) = pool.exchange(upstream, raw).await?;
-                reply[..2].copy_from_slice(&request.metadata.id.to_be_bytes());
-                if reply[2] & 0x02 != 0 {
-                    // Truncated: the whole answer over TCP.
-                    let id = rand::random();
-                    let reply = self.tcp.exchange(upstream, &relay::outgoing(raw, id)).await?;
-                    return relay::incoming(request, id, &reply, u16::MAX)
-                        .map_err(|why| std::io::Error::other(format!("not the reply to the relayed query: {why:?}")));
-                }
-                Ok(reply)
-            };
-            if let Ok(Ok(reply)) = tokio::time::timeout(budget, exchange).await {
+            if let Ok(Some(reply)) = tokio::time::timeout(budget, self.sends(upstream, request, raw)).await {
                 self.metrics.upstream_seconds.observe(started.elapsed().as_secs_f64());
                 return Some(reply);
             }
         }
         None
+    }
+
+    /// `request` (its bytes `raw`) asked of `upstream`, sent again after each retry time without
+    /// a reply, up to [`SENDS_PER_UPSTREAM`] sends; the first reply to any of them.
+    async fn sends(&self, upstream: SocketAddr, request: &Message, raw: &[u8]) -> Option<Vec<u8>> {
+        use futures::StreamExt as _;
+        let started = Instant::now();
+        let mut wait = self.retry.after();
+        let mut sent = futures::stream::FuturesUnordered::new();
+        sent.push(self.exchange(upstream, request, raw));
+        let mut sends = 1;
+        let timer = tokio::time::sleep(wait);
+        tokio::pin!(timer);
+        loop {
+            tokio::select! {
+                done = sent.next() => match done {
+                    Some(Ok(reply)) => {
+                        self.retry.observe(started.elapsed());
+                        return Some(reply);
+                    }
+                    // A send that failed outright (no route, the socket closed): the others may
+                    // still be answered.
+                    Some(Err(_)) if !sent.is_empty() => {}
+                    _ => return None,
+                },
+                () = &mut timer, if sends < SENDS_PER_UPSTREAM => {
+                    self.metrics.upstream_retries.inc();
+                    sent.push(self.exchange(upstream, request, raw));
+                    sends += 1;
+                    wait *= 2;
+                    timer.as_mut().reset(tokio::time::Instant::now() + wait);
+                }
+            }
+        }
+    }
+
+    /// One send of `request` (its bytes `raw`) to `upstream` and its reply, whole (over TCP when
+    /// the UDP reply was truncated), under the client's id.
+    async fn exchange(&self, upstream: SocketAddr, request: &Message, raw: &[u8]) -> std::io::Result<Vec<u8>> {
+        let pool = &self.pools[usize::from(upstream.is_ipv6())];
+        // The pool takes a datagram only as the reply to this very question: give it the
+        // client's id back.
+        let (mut reply, _) = pool.exchange(upstream, raw).await?;
+        reply[..2].copy_from_slice(&request.metadata.id.to_be_bytes());
+        if reply[2] & 0x02 != 0 {
+            // Truncated: the whole answer over TCP.
+            let id = rand::random();
+            let reply = self.tcp.exchange(upstream, &relay::outgoing(raw, id)).await?;
+            return relay::incoming(request, id, &reply, u16::MAX)
+                .map_err(|why| std::io::Error::other(format!("not the reply to the relayed query: {why:?}")));
+        }
+        Ok(reply)
     }
 }
 

@@ -172,6 +172,54 @@ async fn an_expired_answer_is_served_stale_when_the_upstream_fails() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_the_upstream_dropped_is_sent_again_and_answered() {
+    let stand_in = stand_in(1, Duration::ZERO, false).await;
+    let relay = relay_to(stand_in.addr, CacheSettings::default());
+    // The upstream drops the first send (its socket full), then answers.
+    stand_in.silent.store(true, Ordering::SeqCst);
+    let asking = tokio::spawn({
+        let relay = Arc::clone(&relay);
+        async move { ask(&relay, "dropped.example.", 1).await }
+    });
+    while stand_in.asked.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    stand_in.silent.store(false, Ordering::SeqCst);
+    let answer = asking.await.unwrap();
+    assert_eq!((answer.metadata.response_code, answer.answers.len()), (ResponseCode::NoError, 1), "{answer:?}");
+    assert_eq!(stand_in.asked.load(Ordering::SeqCst), 2, "sent twice");
+    assert_eq!(relay.metrics.upstream_retries.get(), 1);
+    // A silent upstream is sent the query again within the timeout, never more than the sends
+    // allowed, then the client gets SERVFAIL (nothing to serve stale).
+    stand_in.silent.store(true, Ordering::SeqCst);
+    let never = ask(&relay, "silent.example.", 2).await;
+    assert_eq!(never.metadata.response_code, ResponseCode::ServFail);
+    let sends = stand_in.asked.load(Ordering::SeqCst) - 2;
+    assert!((2..=SENDS_PER_UPSTREAM as usize).contains(&sends), "{sends} sends");
+}
+
+#[test]
+fn the_retry_time_follows_the_round_trips_and_their_variation_within_bounds() {
+    let retry = Retry::new();
+    assert_eq!(retry.after(), Retry::FIRST, "nothing measured yet");
+    retry.observe(Duration::from_millis(30));
+    assert_eq!(retry.after(), Duration::from_millis(30 + 4 * 15), "RFC 6298's first sample");
+    for _ in 0..200 {
+        retry.observe(Duration::from_micros(100));
+    }
+    assert_eq!(retry.after(), Retry::MIN, "a fast, steady upstream is not asked again at once");
+    // A queue: replies alternating 10 ms and 200 ms wait longer than their mean's four times.
+    for n in 0..200 {
+        retry.observe(Duration::from_millis(if n % 2 == 0 { 10 } else { 200 }));
+    }
+    assert!(retry.after() > Duration::from_millis(400), "{:?}", retry.after());
+    for _ in 0..200 {
+        retry.observe(Duration::from_secs(5));
+    }
+    assert_eq!(retry.after(), Retry::MAX);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spoofed_datagram_is_ignored_and_a_truncated_reply_fetched_over_tcp() {
     let spoofing = stand_in(1, Duration::ZERO, true).await;
     let relay = relay_to(spoofing.addr, CacheSettings::default());
