@@ -1,30 +1,46 @@
-//! `cargo xtask bench dns`: the node-local DNS responder under dnsperf (root, namespaces, the
-//! optimized agent). Queries per second and latency for (c) headless and ClusterIP names, and
-//! for names relayed to the upstream in two mixes — (a) 90 % from a set of 1,000 names, 10 %
-//! unique, as a node's pods ask; (b) every name unique — beside unbound (a caching resolver
-//! forwarding to the same stand-in upstream, on the same CPUs) and the upstream asked directly;
-//! and the control loop's event-to-kernel latency while the responder is loaded, against idle.
+//! `cargo xtask bench dns`: the node-local DNS responder under dnsperf (root, the real control
+//! plane, the optimized agent deployed from `deploy/` on a node). Queries per second and latency
+//! for (c) headless and ClusterIP names, and for names relayed to the cluster's CoreDNS in two
+//! mixes — (a) 90 % from a set of 1,000 names, 10 % unique, as a node's pods ask; (b) every name
+//! unique — beside unbound (a caching resolver on the node forwarding to the same CoreDNS, on the
+//! same CPUs) and CoreDNS asked directly, at 50,000/s and again at the rate CoreDNS sustains
+//! (measured first, as fast as it answers); and the control loop's event-to-kernel latency while
+//! the responder is loaded, against idle. "NOERROR per s" counts what the clients could use: a
+//! client with 768 relayed queries in flight (the 1,024 less the quarter kept for the node's
+//! other pods) gets SERVFAIL at once for more, and dnsperf is one client; unbound queues them.
+//! The last lines give the responder's own count of each outcome and of its upstream retries.
 //!
-//! The agent and unbound get the node's CPUs (all but the last); the load generator and the
-//! stand-in upstream the last. The upstream stands for the cluster's CoreDNS, which runs on other
-//! nodes: a relayed name costs the node the responder's work, not the upstream's (on a 2-CPU
-//! machine an upstream on the responder's CPU would charge the node for CoreDNS's work too). The
-//! upstream asked directly runs in the same place, so those rows differ by the responder alone.
+//! The upstream is the real CoreDNS 1.14 with kubeadm's Corefile, on another node, behind
+//! `kube-dns` (the agent finds it there, as on a cluster), forwarding names outside the cluster to
+//! a stand-in for the outside. The Services are on the real API server (headless ones with
+//! PreferClose, five endpoints per zone; the churned Service's slice patched every 100 ms).
+//! NodeLocal DNSCache is not beside unbound: `k8s.io/dns` is not served by the Go module proxy
+//! here (403 on its versions), and nothing is downloaded from elsewhere.
+//!
+//! The agent and unbound get the node's CPUs (all but the last); everything else — dnsperf,
+//! CoreDNS, the outside, the control plane — the last. A relayed name costs the node the
+//! responder's work, not CoreDNS's, which runs on other nodes (on a 2-CPU machine a CoreDNS on
+//! the responder's CPU would charge the node for its work too). CoreDNS asked directly runs in
+//! the same place, so those rows differ by the responder alone.
 
 use std::{
-    net::{IpAddr, Ipv4Addr, SocketAddr},
+    net::{Ipv4Addr, SocketAddr},
     path::Path,
     time::{Duration, Instant},
 };
 
-use serde_json::{Value, json};
 use topology_tests::{
-    agent::{Agent, AgentOptions},
-    cluster::{self, EndpointSpec},
-    dns::start_upstream,
+    dns::{dig, start_upstream},
     dnsperf::{HistogramReading, Load, Perf, dnsperf},
-    fixture::Fixture,
-    sandbox::is_root,
+    kubernetes::{
+        Binaries, Cluster,
+        agents::AgentPod,
+        bulk::{Placed, change_endpoints},
+        coredns::Corefile,
+        eventually,
+        nodes::NodeSpec,
+    },
+    sandbox::{is_root, pin_process, pin_this_thread},
     unbound,
 };
 
@@ -34,31 +50,17 @@ const HEADLESS: usize = 200;
 const TARGET_QPS: u32 = 50_000;
 const SECONDS: u32 = 10;
 const EVENT_TO_KERNEL: &str = "topology_agent_event_to_kernel_seconds";
+const NAMESPACE: &str = "bench";
+const NODE: &str = "node-a";
 
-fn objects(web_generation: u8) -> Vec<Value> {
-    let mut objects = vec![cluster::node("node-a", "zone-a", None, "4"), cluster::node("node-b", "zone-b", None, "4")];
-    for s in 0..HEADLESS {
-        let name = format!("h{s}");
-        objects.push(json!({
-            "apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": "default"},
-            "spec": {"clusterIP": "None", "trafficDistribution": "PreferClose",
-                     "ports": [{"name": "pg", "port": 5432, "protocol": "TCP"}]}
-        }));
-        let endpoints: Vec<EndpointSpec> = (0..10)
-            .map(|e| {
-                let (node, zone) = if e % 2 == 0 { ("node-a", "zone-a") } else { ("node-b", "zone-b") };
-                let mut spec = EndpointSpec::new(IpAddr::V4(Ipv4Addr::new(10, 1, s as u8, e)), node);
-                spec.zone = Some(zone.into());
-                spec
-            })
-            .collect();
-        objects.push(cluster::slice("default", &format!("{name}-1"), &name, "pg", 5432, "TCP", &endpoints));
-    }
-    // The Service the control-plane measurement changes: its endpoint moves every 100 ms.
-    objects.push(cluster::service("default", "web", "10.96.0.80".parse().unwrap(), 80, "TCP", "http"));
-    let web = EndpointSpec::new(IpAddr::V4(Ipv4Addr::new(10, 2, 0, web_generation)), "node-a");
-    objects.push(cluster::slice("default", "web-1", "web", "http", 8080, "TCP", &[web]));
-    objects
+/// Headless Service `s`'s endpoints: ten, alternating between the two nodes and zones.
+fn headless_endpoints(s: usize) -> Vec<Placed> {
+    (0..10u8)
+        .map(|e| {
+            let (node, zone) = if e % 2 == 0 { (NODE, "zone-a") } else { ("node-b", "zone-b") };
+            Placed { ip: Ipv4Addr::new(10, 1, s as u8, e), node: node.into(), zone: zone.into() }
+        })
+        .collect()
 }
 
 /// Queries of a relayed mix: `popular` of every ten from a set of 1,000 names, the rest unique.
@@ -84,8 +86,9 @@ fn queries(path: &Path, names: impl Iterator<Item = String>) {
 
 fn row(what: &str, offered: &str, perf: &Perf) {
     println!(
-        "| {what} | {offered} | {:.0} | {:.3} | {:.3} | {} | {:?} |",
+        "| {what} | {offered} | {:.0} | {:.0} | {:.3} | {:.3} | {} | {:?} |",
         perf.qps,
+        perf.noerror_qps(),
         perf.quantile_ms(0.5),
         perf.quantile_ms(0.99),
         perf.lost,
@@ -93,19 +96,20 @@ fn row(what: &str, offered: &str, perf: &Perf) {
     );
 }
 
-/// Moves `web`'s endpoint every 100 ms for `seconds`; what the agent's event-to-kernel
-/// histogram recorded meanwhile.
-fn churn(agent: &Agent, file: &Path, seconds: u32) -> (u64, f64, f64) {
-    let before = HistogramReading::parse(&agent.get("/metrics").expect("metrics").1, EVENT_TO_KERNEL);
+/// Moves `svc-0`'s endpoint every 100 ms for `seconds` (a patch of its slice on the API
+/// server); what the agent's event-to-kernel histogram recorded meanwhile.
+fn churn(cluster: &Cluster, agent: &AgentPod, seconds: u32) -> (u64, f64, f64) {
+    let before = HistogramReading::parse(&agent.metrics().expect("metrics"), EVENT_TO_KERNEL);
     let started = Instant::now();
     let mut generation = 1u8;
     while started.elapsed() < Duration::from_secs(u64::from(seconds)) {
         generation = generation % 200 + 1;
-        cluster::write(file, &objects(generation));
+        let endpoint = SocketAddr::from(([10, 2, 0, generation], 8080));
+        cluster.api().block(change_endpoints(cluster.admin(), NAMESPACE.into(), 0, vec![endpoint])).expect("churn");
         std::thread::sleep(Duration::from_millis(100));
     }
     std::thread::sleep(Duration::from_millis(500));
-    HistogramReading::parse(&agent.get("/metrics").expect("metrics").1, EVENT_TO_KERNEL).since(&before)
+    HistogramReading::parse(&agent.metrics().expect("metrics"), EVENT_TO_KERNEL).since(&before)
 }
 
 fn main() {
@@ -113,70 +117,89 @@ fn main() {
         eprintln!("SKIPPED DNS benchmark: needs root");
         return;
     }
-    let mut fx = Fixture::new(0);
+    let Some(binaries) = Binaries::or_skip("DNS benchmark") else { return };
     let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
     let (server_cpus, load_cpu) =
         if cpus > 1 { (format!("0-{}", cpus - 2), Some(cpus - 1)) } else { ("0".into(), None) };
-    let (upstream_host, _upstream) = start_upstream(&mut fx.network, false, None, load_cpu);
-    let upstream = SocketAddr::from((upstream_host.v4, 53));
-    let node = fx.network.host("node");
-    let responder = SocketAddr::from((node.v4, 53));
-    let scratch = fx.scratch();
-    let file = scratch.join("cluster.yaml");
-    cluster::write(&file, &objects(0));
-    let mut agent = Agent::start(&AgentOptions {
-        netns: Some(node.netns.name()),
-        extra: ["--dns-listen", &responder.to_string(), "--dns-upstream", &upstream.to_string()]
-            .into_iter()
-            .chain(["--dns-steer", "off", "--dns-source-qps", "0"])
-            .map(str::to_owned)
-            .collect(),
-        wrapper: vec!["taskset".into(), "-c".into(), server_cpus.clone()],
-        ..AgentOptions::new(&file, "node-a", fx.cgroup.path(), fx.pins.path())
+    // What this process starts from here on runs on the load CPU unless placed elsewhere.
+    if let Some(cpu) = load_cpu {
+        pin_this_thread(cpu);
+    }
+    let nodes = [NodeSpec::new(NODE, "zone-a"), NodeSpec::new("node-b", "zone-b")];
+    let mut cluster = Cluster::start(binaries, &nodes);
+    let version = cluster.binaries().kubernetes_version();
+    let (outside, _outside) = start_upstream(cluster.network(), false, None, load_cpu);
+    cluster.reach_pods_from(&outside);
+    let coredns = cluster.start_coredns("node-b", SocketAddr::from((outside.v4, 53)), Corefile::Kubeadm);
+    cluster.namespace(NAMESPACE);
+    cluster.create_headless(NAMESPACE, "h", HEADLESS, 5432, headless_endpoints);
+    cluster.create_services(NAMESPACE, 0, 1, &[SocketAddr::from(([10, 2, 0, 0], 8080))]);
+    cluster.deploy();
+    let mut agent = cluster.start_agent(NODE, &["--dns-steer=off", "--dns-source-qps=0"]);
+    pin_process(agent.pid().expect("the agent runs"), &server_cpus);
+    let client_pod = cluster.client_on(NODE);
+    let responder = SocketAddr::from((agent.ip, 5353));
+    let last = format!("h{}.{NAMESPACE}.svc.cluster.local", HEADLESS - 1);
+    eventually("the responder answering every headless Service", Duration::from_secs(60), || {
+        let answer = dig(Some(&client_pod.place.netns), responder, &last, "A", &[]);
+        (answer.data.len() == 5).then_some(()).ok_or(format!("{answer:?}"))
     });
-    agent.wait_ready(Duration::from_secs(30));
-    let client = Load { netns: fx.client.netns.name(), cpu: load_cpu };
+
+    let scratch = cluster.dir().join("dns-bench");
+    std::fs::create_dir_all(&scratch).expect("scratch");
     let headless = scratch.join("headless.txt");
-    queries(&headless, (0..HEADLESS).map(|s| format!("h{s}.default.svc.cluster.local")));
+    queries(&headless, (0..HEADLESS).map(|s| format!("h{s}.{NAMESPACE}.svc.cluster.local")));
     let cluster_ip = scratch.join("clusterip.txt");
-    queries(&cluster_ip, std::iter::once("web.default.svc.cluster.local".to_owned()));
+    queries(&cluster_ip, std::iter::once(format!("svc-0.{NAMESPACE}.svc.cluster.local")));
     let repeated = scratch.join("mix-a.txt");
     mix(&repeated, "a-", 9);
-    let unique = scratch.join("mix-b.txt");
-    mix(&unique, "b-", 0);
-    let unique_unbound = scratch.join("mix-b-unbound.txt");
-    mix(&unique_unbound, "c-", 0);
+    // Every run of unique names asks names nobody has asked: nothing is cached anywhere.
+    let unique = |prefix: &str| {
+        let path = scratch.join(format!("unique-{prefix}.txt"));
+        mix(&path, prefix, 0);
+        path
+    };
     let threads = server_cpus.split('-').next_back().and_then(|n| n.parse::<usize>().ok()).map_or(1, |n| n + 1);
-    let anchor = SocketAddr::from((node.v4, 5300));
-    let _unbound = unbound::start(node.netns.name(), anchor, upstream, threads, &server_cpus, &scratch);
+    let node = cluster.node(NODE);
+    let anchor = SocketAddr::from((node.address(), 5300));
+    let _unbound = unbound::start(node.netns(), anchor, coredns.address(), threads, &server_cpus, &scratch);
 
-    println!("agent and unbound on CPUs {server_cpus}, dnsperf and the upstream on CPU {load_cpu:?}\n");
-    println!("| queries | offered | answered per s | p50 ms | p99 ms | lost | rcodes |");
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | --- |");
+    println!("{version}, CoreDNS 1.14 (kubeadm's Corefile) on another node as the upstream");
+    println!("agent and unbound on CPUs {server_cpus}; dnsperf, CoreDNS and the control plane on CPU {load_cpu:?}\n");
+    println!("| queries | offered | answered per s | NOERROR per s | p50 ms | p99 ms | lost | rcodes |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
     let offered = format!("{TARGET_QPS}/s");
-    let run = |server, file: &Path| dnsperf(client, server, file, SECONDS, TARGET_QPS);
-    let headless_perf = run(responder, &headless);
+    let client = Load { netns: &client_pod.place.netns, cpu: load_cpu };
+    let run = |server, file: &Path, qps| dnsperf(client, server, file, SECONDS, qps);
+    let headless_perf = run(responder, &headless, TARGET_QPS);
     row("(c) headless A (this node's choice)", &offered, &headless_perf);
-    let cluster_ip_perf = run(responder, &cluster_ip);
+    let cluster_ip_perf = run(responder, &cluster_ip, TARGET_QPS);
     row("(c) ClusterIP A", &offered, &cluster_ip_perf);
-    let relayed = run(responder, &repeated);
+    let relayed = run(responder, &repeated, TARGET_QPS);
     row("(a) relayed, 90 % of 1,000 names: responder", &offered, &relayed);
-    let anchored = run(anchor, &repeated);
+    let anchored = run(anchor, &repeated, TARGET_QPS);
     row("(a) relayed, 90 % of 1,000 names: unbound", &offered, &anchored);
-    let unique_perf = run(responder, &unique);
-    row("(b) relayed, every name unique: responder", &offered, &unique_perf);
-    row("(b) relayed, every name unique: unbound", &offered, &run(anchor, &unique_unbound));
-    let direct = run(upstream, &unique);
-    row("(b) every name unique, upstream asked directly", &offered, &direct);
+    row("(b) relayed, every name unique: responder", &offered, &run(responder, &unique("b-"), TARGET_QPS));
+    row("(b) relayed, every name unique: unbound", &offered, &run(anchor, &unique("c-"), TARGET_QPS));
+    row("(b) every name unique, CoreDNS asked directly", &offered, &run(coredns.address(), &unique("d-"), TARGET_QPS));
     row("(c) headless A, as fast as it answers", "max", &dnsperf(client, responder, &headless, 5, 0));
-    row("upstream directly, as fast as it answers", "max", &dnsperf(client, upstream, &unique, 5, 0));
+    let capacity = dnsperf(client, coredns.address(), &unique("e-"), 5, 0);
+    row("CoreDNS directly, as fast as it answers", "max", &capacity);
+    // Unique names at the rate CoreDNS sustains: what relaying through the node costs.
+    let sustained = (capacity.noerror_qps() as u32).max(100);
+    let at_capacity = format!("{sustained}/s");
+    let unique_perf = run(responder, &unique("f-"), sustained);
+    row("(b) every name unique at CoreDNS's rate: responder", &at_capacity, &unique_perf);
+    row("(b) every name unique at CoreDNS's rate: unbound", &at_capacity, &run(anchor, &unique("g-"), sustained));
+    let direct = run(coredns.address(), &unique("h-"), sustained);
+    row("(b) every name unique at CoreDNS's rate: CoreDNS asked directly", &at_capacity, &direct);
 
     // The control loop while the responder answers at the target rate, against idle.
-    let idle = churn(&agent, &file, SECONDS);
+    let idle = churn(&cluster, &agent, SECONDS);
     let (loaded, perf) = std::thread::scope(|scope| {
         let perf = scope.spawn(|| dnsperf(client, responder, &headless, SECONDS + 1, TARGET_QPS));
         std::thread::sleep(Duration::from_millis(500));
-        let loaded = churn(&agent, &file, SECONDS);
+        let loaded = churn(&cluster, &agent, SECONDS);
         (loaded, perf.join().expect("dnsperf"))
     });
     println!();
@@ -186,23 +209,51 @@ fn main() {
     println!("| --- | ---: | ---: | ---: |");
     println!("| DNS idle | {} | {:.2} | {:.2} |", idle.0, idle.1, idle.2);
     println!("| DNS answering {:.0}/s | {} | {:.2} | {:.2} |", perf.qps, loaded.0, loaded.1, loaded.2);
-    let rss = agent_rss_kib(agent.pid());
+    let metrics = agent.metrics().expect("metrics");
+    println!("\nthe responder's queries by outcome over the whole run: {}", outcomes(&metrics));
+    let rss = agent_rss_kib(agent.pid().expect("the agent runs"));
     println!("\nagent RSS after the runs: {:.1} MiB", rss as f64 / 1024.0);
     println!(
-        "\ndns: headless_qps={:.0} clusterip_qps={:.0} relayed_qps={:.0} relayed_p99_ms={:.2} relayed_lost={} \
-         unique_qps={:.0} unbound_qps={:.0} unbound_p99_ms={:.2} upstream_qps={:.0}",
-        headless_perf.qps,
-        cluster_ip_perf.qps,
-        relayed.qps,
+        "\ntargets: relayed (a) {:.0} NOERROR/s against unbound's {:.0}/s, p99 {:.2} ms (< 2), {} lost; unique (b) \
+         at CoreDNS's rate {:.2} × CoreDNS asked directly (≥ 0.9)",
+        relayed.noerror_qps(),
+        anchored.noerror_qps(),
         relayed.quantile_ms(0.99),
         relayed.lost,
-        unique_perf.qps,
-        anchored.qps,
-        anchored.quantile_ms(0.99),
-        direct.qps
+        unique_perf.noerror_qps() / direct.noerror_qps()
     );
-    agent.signal(libc::SIGTERM);
-    agent.wait_exit(Duration::from_secs(10));
+    println!(
+        "\ndns: headless_qps={:.0} clusterip_qps={:.0} relayed_qps={:.0} relayed_p99_ms={:.2} relayed_lost={} \
+         unique_qps={:.0} unbound_qps={:.0} unbound_p99_ms={:.2} upstream_qps={:.0} nodelocal_qps=unbuildable",
+        headless_perf.qps,
+        cluster_ip_perf.qps,
+        relayed.noerror_qps(),
+        relayed.quantile_ms(0.99),
+        relayed.lost,
+        unique_perf.noerror_qps(),
+        anchored.noerror_qps(),
+        anchored.quantile_ms(0.99),
+        direct.noerror_qps()
+    );
+    agent.stop();
+}
+
+/// `topology_agent_dns_queries_total` summed by outcome, and the upstream retries, from
+/// `metrics`.
+fn outcomes(metrics: &str) -> String {
+    let mut by_outcome = std::collections::BTreeMap::<String, f64>::new();
+    for line in metrics.lines().filter(|line| line.starts_with("topology_agent_dns_queries_total{")) {
+        let outcome = line.split("outcome=\"").nth(1).and_then(|rest| rest.split('"').next());
+        let value = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
+        if let (Some(outcome), Some(value)) = (outcome, value) {
+            *by_outcome.entry(outcome.to_owned()).or_default() += value;
+        }
+    }
+    let retries =
+        metrics.lines().find_map(|line| line.strip_prefix("topology_agent_dns_upstream_retries_total ")).unwrap_or("?");
+    let mut text: Vec<String> = by_outcome.iter().map(|(outcome, n)| format!("{outcome} {n:.0}")).collect();
+    text.push(format!("upstream retries {retries}"));
+    text.join(", ")
 }
 
 fn agent_rss_kib(pid: u32) -> u64 {

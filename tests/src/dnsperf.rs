@@ -28,6 +28,14 @@ impl Perf {
         let at = ((self.latencies.len() - 1) as f64 * q).round() as usize;
         self.latencies[at] * 1e3
     }
+
+    /// NOERROR answers per second: what the clients could use (a SERVFAIL is an answer too).
+    pub fn noerror_qps(&self) -> f64 {
+        match self.completed {
+            0 => 0.0,
+            completed => self.qps * self.rcodes.get("NOERROR").copied().unwrap_or(0) as f64 / completed as f64,
+        }
+    }
 }
 
 /// Where and how hard `dnsperf` runs.

@@ -216,6 +216,28 @@ impl Drop for ProcessGuard {
     }
 }
 
+/// Pins every thread of the process `pid` to `cpus` (a `taskset` list such as `0-2`); the
+/// threads it starts later inherit it.
+pub fn pin_process(pid: u32, cpus: &str) {
+    run("taskset", &["-a", "-p", "-c", cpus, &pid.to_string()]);
+}
+
+/// Pins the calling thread to `cpu`; the threads and processes it starts later inherit it.
+pub fn pin_this_thread(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET and sched_setaffinity read and write
+    // only the set passed, whose size is given.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set),
+            0,
+            "pinning to CPU {cpu}: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
 /// Makes the child process join `cgroup` between fork and exec, so it starts inside it.
 pub fn join_cgroup_on_spawn(command: &mut Command, cgroup: &Path) {
     use std::os::unix::{ffi::OsStrExt as _, process::CommandExt as _};

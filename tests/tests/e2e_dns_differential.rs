@@ -14,7 +14,7 @@ use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, time::Duration}
 use serde_json::Value;
 use topology_tests::{
     dns::{Dig, dig, start_upstream},
-    kubernetes::{Binaries, Cluster, coredns, eventually, nodes::NodeSpec},
+    kubernetes::{Binaries, Cluster, coredns, coredns::Corefile, eventually, nodes::NodeSpec},
     require_root,
 };
 
@@ -111,7 +111,8 @@ fn every_name_of_the_fixture_answers_as_coredns_or_as_documented() {
     let mut cluster = Cluster::start(binaries, &[NodeSpec::new(NODE, "za")]);
     let version = cluster.binaries().kubernetes_version();
     let (outside, _outside) = start_upstream(cluster.network(), false, None, None);
-    let coredns = cluster.start_coredns(NODE, SocketAddr::from((outside.v4, 53)));
+    cluster.reach_pods_from(&outside);
+    let coredns = cluster.start_coredns(NODE, SocketAddr::from((outside.v4, 53)), Corefile::Compared);
     for namespace in ["testns", "unexposedns"] {
         cluster.namespace(namespace);
     }

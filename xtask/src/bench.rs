@@ -90,9 +90,15 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 )?
             }
             Suite::Soak | Suite::Dns => {
-                // These run the agent and the probe next to it, optimized.
+                // These run the agent and the probe next to it, optimized; the DNS bench on the
+                // real control plane, with the real CoreDNS as the upstream.
                 cmd::run(cargo().args(["build", "--release", "--bins"]).current_dir(&root))?;
-                captured(cargo().args(["bench", "-p", "topology-tests", "--bench", key]))?
+                let mut bench = cargo();
+                bench.args(["bench", "-p", "topology-tests", "--bench", key]);
+                if suite == Suite::Dns {
+                    bench.env(crate::kubernetes::BIN_ENV, crate::kubernetes::ensure()?);
+                }
+                captured(&mut bench)?
             }
         };
         // A suite that skipped (no root) printed nothing: its old section stays.

@@ -83,6 +83,19 @@ impl AgentPod {
         netns::run_in(self.netns(), move || agent::get(address, "/metrics")).map(|(_, body)| body)
     }
 
+    /// Its process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.as_ref().map(ProcessGuard::id)
+    }
+
+    /// Sends `signal` to its process (SIGSTOP freezes it, SIGKILL ends it without cleanup).
+    pub fn signal(&self, signal: i32) {
+        if let Some(pid) = self.pid() {
+            // SAFETY: kill with the pid of a child we have not reaped.
+            unsafe { libc::kill(pid as i32, signal) };
+        }
+    }
+
     /// Whether its process is still running.
     pub fn running(&mut self) -> bool {
         self.process.as_mut().is_some_and(|process| process.child().try_wait().ok().flatten().is_none())

@@ -7,7 +7,7 @@
 //! own), which kube-proxy's and the agent's network programming latency are measured from.
 //! Requests run [`CONCURRENCY`] at a time.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
@@ -47,6 +47,103 @@ impl Cluster {
                 .unwrap_or_else(|e| panic!("{e}"))
         })
     }
+}
+
+/// One endpoint of a headless Service written here: its address, node and zone.
+#[derive(Clone, Debug)]
+pub struct Placed {
+    /// Its address.
+    pub ip: Ipv4Addr,
+    /// Its `nodeName`.
+    pub node: String,
+    /// Its `zone`.
+    pub zone: String,
+}
+
+impl Cluster {
+    /// Creates headless Services `<prefix><i>` for `i` in `0..count` in `namespace` (which must
+    /// exist), `trafficDistribution: PreferClose`, TCP port `port`, each with one slice of the
+    /// ready endpoints `endpoints(i)` returns.
+    pub fn create_headless(
+        &self,
+        namespace: &str,
+        prefix: &str,
+        count: usize,
+        port: u16,
+        endpoints: impl Fn(usize) -> Vec<Placed>,
+    ) {
+        let admin = self.admin();
+        let made: Vec<_> = (0..count)
+            .map(|index| {
+                create_headless_one(
+                    admin.clone(),
+                    namespace.to_owned(),
+                    format!("{prefix}{index}"),
+                    port,
+                    endpoints(index),
+                )
+            })
+            .collect();
+        self.api().block(async move {
+            futures::stream::iter(made)
+                .buffered(CONCURRENCY)
+                .try_collect::<Vec<()>>()
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+        });
+    }
+}
+
+async fn create_headless_one(
+    admin: Client,
+    namespace: String,
+    name: String,
+    port: u16,
+    endpoints: Vec<Placed>,
+) -> Result<(), String> {
+    let service: Service = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"clusterIP": "None", "trafficDistribution": "PreferClose",
+                 "ports": [{"name": "tcp", "protocol": "TCP", "port": port}]},
+    }))
+    .expect("a Service");
+    Api::<Service>::namespaced(admin.clone(), &namespace)
+        .create(&PostParams::default(), &service)
+        .await
+        .map_err(|e| format!("creating Service {namespace}/{name}: {e}"))?;
+    let addresses: Vec<_> = endpoints
+        .iter()
+        .map(|endpoint| {
+            json!({"addresses": [endpoint.ip.to_string()], "conditions": {"ready": true},
+                   "nodeName": endpoint.node, "zone": endpoint.zone})
+        })
+        .collect();
+    let slice = stamped_slice(&namespace, &name, addresses, ("tcp", port));
+    Api::<EndpointSlice>::namespaced(admin, &namespace)
+        .create(&PostParams::default(), &slice)
+        .await
+        .map(drop)
+        .map_err(|e| format!("creating EndpointSlice {namespace}/{name}-1: {e}"))
+}
+
+/// The one slice (`<service>-1`) of a Service written here, stamped now.
+fn stamped_slice(
+    namespace: &str,
+    service: &str,
+    endpoints: Vec<serde_json::Value>,
+    port: (&str, u16),
+) -> EndpointSlice {
+    serde_json::from_value(json!({
+        "metadata": {
+            "name": format!("{service}-1"), "namespace": namespace,
+            "labels": {"kubernetes.io/service-name": service, "endpointslice.kubernetes.io/managed-by": MANAGER},
+            "annotations": {TRIGGER_TIME: stamp()},
+        },
+        "addressType": "IPv4",
+        "endpoints": endpoints,
+        "ports": [{"name": port.0, "protocol": "TCP", "port": port.1}],
+    }))
+    .expect("an EndpointSlice")
 }
 
 /// Replaces the endpoints of Service `svc-<index>`'s slice, stamped now, as the admin.
@@ -95,17 +192,7 @@ async fn create_one(
         .iter()
         .map(|endpoint| json!({"addresses": [endpoint.ip().to_string()], "conditions": {"ready": true}}))
         .collect();
-    let slice: EndpointSlice = serde_json::from_value(json!({
-        "metadata": {
-            "name": format!("{name}-1"), "namespace": namespace,
-            "labels": {"kubernetes.io/service-name": name, "endpointslice.kubernetes.io/managed-by": MANAGER},
-            "annotations": {TRIGGER_TIME: stamp()},
-        },
-        "addressType": "IPv4",
-        "endpoints": addresses,
-        "ports": [{"name": "http", "protocol": "TCP", "port": port}],
-    }))
-    .expect("an EndpointSlice");
+    let slice = stamped_slice(&namespace, &name, addresses, ("http", port));
     Api::<EndpointSlice>::namespaced(admin, &namespace)
         .create(&PostParams::default(), &slice)
         .await

@@ -3,7 +3,8 @@
 //! — so the agent's responder finds it as its upstream, as on a cluster. Its `kubernetes` plugin
 //! reads this API server with a certificate of its own, bound to the rights CoreDNS's manifest
 //! gives it; names outside the cluster go to `upstream`, a stand-in for the outside. The Corefile
-//! is kubeadm's, without `cache` and `loadbalance`, so answers compare record for record.
+//! is kubeadm's ([`Corefile::Kubeadm`]), or kubeadm's without `cache` and `loadbalance`
+//! ([`Corefile::Compared`]) so that answers compare record for record.
 
 use std::{
     fs,
@@ -22,6 +23,15 @@ use crate::dns::dig;
 
 /// The TTL of the `kubernetes` plugin's answers (kubeadm's Corefile).
 pub const TTL: u32 = 30;
+
+/// Which Corefile CoreDNS runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Corefile {
+    /// kubeadm's, as clusters run it: answers cached 30 s, records in rotating order.
+    Kubeadm,
+    /// kubeadm's without `cache` and `loadbalance`: every answer read from the objects, in order.
+    Compared,
+}
 
 /// A running CoreDNS pod.
 pub struct CoreDns {
@@ -46,7 +56,7 @@ impl CoreDns {
 impl Cluster {
     /// Applies CoreDNS's RBAC and the `kube-dns` Service, runs CoreDNS in a pod on `node`, waits
     /// until it answers from the API server's objects, and reports the pod Ready.
-    pub fn start_coredns(&self, node: &str, upstream: SocketAddr) -> CoreDns {
+    pub fn start_coredns(&self, node: &str, upstream: SocketAddr, corefile: Corefile) -> CoreDns {
         for object in rbac() {
             self.apply(&object);
         }
@@ -62,9 +72,9 @@ impl Cluster {
         spec.labels.insert("k8s-app".to_owned(), "kube-dns".to_owned());
         let mut pod = self.create_pod(node, spec);
         let kubeconfig = self.client_kubeconfig("coredns", "system:coredns");
-        let corefile = self.dir.join("Corefile");
-        fs::write(&corefile, corefile_text(&kubeconfig, upstream)).expect("Corefile");
-        let args = ["-conf".to_owned(), corefile.display().to_string()];
+        let corefile_path = self.dir.join("Corefile");
+        fs::write(&corefile_path, corefile_text(&kubeconfig, upstream, corefile)).expect("Corefile");
+        let args = ["-conf".to_owned(), corefile_path.display().to_string()];
         let (process, log) = self.spawn_component("coredns", &args, pod.netns(), self.node(node).cgroup(), "coredns");
         pod.server = Some(process);
         let address = SocketAddr::from((pod.ip, 53));
@@ -83,8 +93,12 @@ impl Cluster {
 }
 
 /// kubeadm's Corefile for CoreDNS 1.14, its `kubernetes` plugin reading with `kubeconfig`, names
-/// outside the cluster forwarded to `upstream`; no `cache` or `loadbalance`.
-fn corefile_text(kubeconfig: &std::path::Path, upstream: SocketAddr) -> String {
+/// outside the cluster forwarded to `upstream`; `cache` and `loadbalance` as `corefile` says.
+fn corefile_text(kubeconfig: &std::path::Path, upstream: SocketAddr, corefile: Corefile) -> String {
+    let kubeadm = match corefile {
+        Corefile::Kubeadm => "    cache 30\n    loadbalance\n",
+        Corefile::Compared => "",
+    };
     format!(
         ".:53 {{
     errors
@@ -96,7 +110,7 @@ fn corefile_text(kubeconfig: &std::path::Path, upstream: SocketAddr) -> String {
         ttl {TTL}
     }}
     forward . {upstream}
-    loop
+{kubeadm}    loop
 }}
 ",
         kubeconfig.display()

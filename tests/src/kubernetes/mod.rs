@@ -342,6 +342,14 @@ impl Cluster {
         &mut self.network
     }
 
+    /// Gives `host` (beside the cluster on its fabric, a stand-in for the outside) the routes a
+    /// VPC carries: every present node's pod CIDR through that node, so that pods reach it through
+    /// their node and its answers find them.
+    pub fn reach_pods_from(&self, host: &Host) {
+        let nodes: Vec<u8> = self.nodes.iter().map(|node| node.index).collect();
+        network::route_pod_cidrs(host.netns.name(), &nodes, None);
+    }
+
     /// The control plane's namespace.
     pub fn control_plane_netns(&self) -> &str {
         self.control_plane_host.netns.name()
