@@ -229,6 +229,19 @@ pub enum DataplaneError {
     /// The kernel log reader could not be set up.
     #[error("kernel log: {0}")]
     Logger(#[from] aya_log::Error),
+    /// The kernel's own BTF (which tracing programs are loaded against) could not be read.
+    #[error("reading the kernel's BTF: {0}")]
+    KernelBtf(#[from] aya::BtfError),
+    /// The kernel refused a tracing program at its tracepoint.
+    #[error("program {program} (tp_btf/{tracepoint}): {source}")]
+    Tracing {
+        /// Program name.
+        program: &'static str,
+        /// The tracepoint it attaches to.
+        tracepoint: &'static str,
+        /// aya's error.
+        source: aya::programs::ProgramError,
+    },
 }
 
 impl DataplaneError {

@@ -275,12 +275,17 @@ fn load_flavour(layout: &PinLayout, options: &LoadOptions, flavour: Flavour) -> 
 }
 
 /// Loads tracing programs, `(name, tracepoint)` (all, or none: one that fails unloads the others).
-fn load_tracing(ebpf: &mut Ebpf, programs: &[(&'static str, &'static str)]) -> Result<(), String> {
-    let btf = aya::Btf::from_sys_fs().map_err(|error| error.to_string())?;
+fn load_tracing(ebpf: &mut Ebpf, programs: &[(&'static str, &'static str)]) -> Result<(), DataplaneError> {
+    let btf = aya::Btf::from_sys_fs()?;
     let mut loaded = Ok(());
     for &(name, tracepoint) in programs {
-        let program = program::<BtfTracePoint>(ebpf, name).map_err(|error| error.to_string())?;
-        loaded = program.load(tracepoint, &btf).map_err(|error| format!("{name} (tp_btf/{tracepoint}): {error}"));
+        loaded = program::<BtfTracePoint>(ebpf, name).and_then(|program| {
+            program.load(tracepoint, &btf).map_err(|source| DataplaneError::Tracing {
+                program: name,
+                tracepoint,
+                source,
+            })
+        });
         if loaded.is_err() {
             break;
         }

@@ -266,9 +266,9 @@ mod tests {
         name: String,
     }
 
-    fn names(text: &str) -> (Result<Vec<String>, String>, Option<ListMeta>) {
+    fn names(text: &str) -> (Result<Vec<String>, serde_json::Error>, Option<ListMeta>) {
         let (head, mut metadata) = oneshot::channel();
-        let decoded = decode(text, head, |item: Item| item.name).map_err(|error| error.to_string());
+        let decoded = decode(text, head, |item: Item| item.name);
         (decoded, metadata.try_recv().ok())
     }
 
@@ -303,13 +303,13 @@ mod tests {
     #[test]
     fn a_page_that_is_not_a_list_is_an_error_naming_where() {
         let (items, head) = names(r#"{"metadata":{},"items":[{"name":"a"},{"nam":"b"}]}"#);
-        let error = items.unwrap_err();
+        let error = items.unwrap_err().to_string();
         assert!(error.contains("missing field `name`") && error.contains("line 1"), "{error}");
         assert!(head.is_some(), "the metadata went before the bad item");
         let (items, head) = names(r#"[1, 2]"#);
-        assert!(items.unwrap_err().contains("a list object"));
+        assert!(items.unwrap_err().to_string().contains("a list object"));
         assert!(head.is_none(), "no metadata: the fetching side learns of the failure");
         let (items, _) = names(r#"{"items":[]} trailing"#);
-        assert!(items.unwrap_err().contains("trailing characters"));
+        assert!(items.unwrap_err().to_string().contains("trailing characters"));
     }
 }
