@@ -60,6 +60,10 @@ impl Landing {
     }
 }
 
+/// Attempts from kube-proxy's node before the rest: when none is delivered, the Service is one
+/// kube-proxy drops there, and these are its measurement.
+const PROBE_ATTEMPTS: u64 = 5;
+
 /// One Service measured from every node.
 #[derive(Clone, Debug, Serialize)]
 pub struct ServiceResult {
@@ -86,6 +90,8 @@ pub struct ServiceResult {
     pub expected_refusing_nodes: usize,
     /// `explain`'s reason on the first node.
     pub reason: String,
+    /// From the real kube-proxy's node, for the Services it routes (not by DNS, not twins).
+    pub kube_proxy: Option<Landing>,
 }
 
 /// Runs `connections` attempts from every node to every Service (nodes in parallel), calling
@@ -112,6 +118,20 @@ pub fn measure(demo: &impl DemoNodes, connections: u64, progress: &mut dyn FnMut
             }
         }
         let (expected_in_zone, expected_refusing_nodes, reason) = expected(&explains, service);
+        let kube_proxy =
+            demo.kube_proxy().filter(|_| service.baseline_of.is_none() && service.transport != Transport::Dns);
+        let kube_proxy = kube_proxy.map(|(place, node)| {
+            let target = SocketAddr::new(IpAddr::V4(service.vip), SERVICE_PORT);
+            let run = |count| match service.transport {
+                Transport::Udp => place.udp(target, count, crate::traffic::UdpMode::Unconnected),
+                _ => place.tcp(target, count),
+            };
+            // A Service kube-proxy drops (itp Local, no backend on its node) times each attempt
+            // out: a few tell, without waiting out the rest.
+            let first = run(PROBE_ATTEMPTS);
+            let report = if first.landed.is_empty() { first } else { run(connections) };
+            landing(demo.plan(), node, &report)
+        });
         results.push(ServiceResult {
             name: service.name.clone(),
             policy: service.policy,
@@ -123,6 +143,7 @@ pub fn measure(demo: &impl DemoNodes, connections: u64, progress: &mut dyn FnMut
             expected_in_zone,
             expected_refusing_nodes,
             reason,
+            kube_proxy,
         });
         progress(s + 1, plan.services.len());
     }
@@ -131,10 +152,14 @@ pub fn measure(demo: &impl DemoNodes, connections: u64, progress: &mut dyn FnMut
 
 /// Where one node's attempts landed.
 fn classify(demo: &impl DemoNodes, node: usize, report: &Report) -> Landing {
-    let client = &demo.plan().nodes[node];
+    landing(demo.plan(), &demo.plan().nodes[node], report)
+}
+
+/// Where the attempts of a client on `client` landed.
+fn landing(plan: &super::Plan, client: &super::plan::NodePlan, report: &Report) -> Landing {
     let mut landing = Landing::default();
     for (name, count) in &report.landed {
-        let backend = demo.plan().node_of(name).unwrap_or_else(|| panic!("unknown backend {name}"));
+        let backend = plan.node_of(name).unwrap_or_else(|| panic!("unknown backend {name}"));
         let class = if backend.name == client.name {
             &mut landing.same_node
         } else if backend.zone == client.zone {

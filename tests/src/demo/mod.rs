@@ -53,6 +53,12 @@ pub trait DemoNodes: Sync {
     /// How the cluster learns a backend is out, for the report.
     fn removal(&self) -> &'static str;
 
+    /// A node running the real kube-proxy (nftables, no agent) and its plan: where its clients
+    /// run, its name, zone and region. `None` where the control plane has no kube-proxy.
+    fn kube_proxy(&self) -> Option<(ClientPlace, &plan::NodePlan)> {
+        None
+    }
+
     /// Number of nodes.
     fn nodes(&self) -> usize {
         self.plan().nodes.len()

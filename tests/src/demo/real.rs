@@ -4,7 +4,9 @@
 //! ClusterIPs), the backends are Pods selected by them, the real EndpointSlice controller writes
 //! the slices and hints, and each node runs the agent as `deploy/` deploys it. A backend that dies
 //! is reported not ready, as kubelet reports a failed readiness probe; the controller does the
-//! rest.
+//! rest. One more node, in the first zone, runs the real kube-proxy (nftables, its defaults) and
+//! no agent: each Service measured from it is the report's kube-proxy column. It has one CPU, so
+//! the controller's hints (by zone CPU) stay as the plan's nodes make them.
 
 use std::path::{Path, PathBuf};
 
@@ -12,7 +14,7 @@ use serde_json::{Value, json};
 
 use super::{
     DemoNodes,
-    plan::{BACKEND_PORT, BYTES_SERVICES, DemoConfig, KUBE_DNS, Plan, Removed},
+    plan::{BACKEND_PORT, BYTES_SERVICES, DemoConfig, KUBE_DNS, NodePlan, Plan, Removed},
 };
 use crate::{
     kubernetes::{
@@ -20,6 +22,7 @@ use crate::{
         agents::AgentPod,
         nodes::NodeSpec,
         pods::{Pod, PodSpec},
+        proxy::{KubeProxy, ProxyMode, SyncPacing},
     },
     net::ClientPlace,
 };
@@ -40,6 +43,10 @@ pub struct RealDemo {
     neighbours: Vec<ClientPod>,
     agents: Vec<AgentPod>,
     pods: Vec<Pod>,
+    /// The kube-proxy node, its client pod and its kube-proxy.
+    proxy_node: NodePlan,
+    proxy_client: ClientPod,
+    _kube_proxy: KubeProxy,
     // Dropped last: its processes, namespaces and cgroups.
     cluster: Cluster,
 }
@@ -53,7 +60,14 @@ impl RealDemo {
         let version = binaries.kubernetes_version();
         let nodes: Vec<NodeSpec> =
             plan.nodes.iter().map(|node| NodeSpec::new(&node.name, &node.zone).in_region(&node.region)).collect();
-        let cluster = Cluster::start(binaries, &nodes);
+        let mut cluster = Cluster::start(binaries, &nodes);
+        let first = &plan.nodes[0];
+        let proxy_node = NodePlan {
+            name: format!("kube-proxy-{}", first.zone.trim_start_matches("zone-")),
+            zone: first.zone.clone(),
+            region: first.region.clone(),
+        };
+        cluster.add_node(NodeSpec::new(&proxy_node.name, &proxy_node.zone).in_region(&proxy_node.region).with_cpu(1));
         cluster.deploy();
         cluster.namespace(NAMESPACE);
         for object in services(&plan) {
@@ -70,7 +84,22 @@ impl RealDemo {
         let agents = plan.nodes.iter().map(|node| cluster.start_agent(&node.name, &[])).collect();
         let clients = plan.nodes.iter().map(|node| cluster.client_on(&node.name)).collect();
         let neighbours = plan.nodes.iter().map(|node| cluster.client_on(&node.name)).collect();
-        Self { plan, dir: dir.to_path_buf(), version, clients, neighbours, agents, pods, cluster }
+        let mut kube_proxy = cluster.start_kube_proxy(&proxy_node.name, ProxyMode::Nftables, SyncPacing::Default);
+        kube_proxy.wait_synced(std::time::Duration::from_secs(120));
+        let proxy_client = cluster.client_on(&proxy_node.name);
+        Self {
+            plan,
+            dir: dir.to_path_buf(),
+            version,
+            clients,
+            neighbours,
+            agents,
+            pods,
+            proxy_node,
+            proxy_client,
+            _kube_proxy: kube_proxy,
+            cluster,
+        }
     }
 
     fn backends_in(&self, zone: &str) -> Vec<usize> {
@@ -121,6 +150,10 @@ impl DemoNodes for RealDemo {
 
     fn second_place(&self, index: usize) -> ClientPlace {
         self.neighbours[index].place.clone()
+    }
+
+    fn kube_proxy(&self) -> Option<(ClientPlace, &NodePlan)> {
+        Some((self.proxy_client.place.clone(), &self.proxy_node))
     }
 
     fn explain(&self, index: usize) -> Value {

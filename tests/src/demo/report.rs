@@ -41,6 +41,21 @@ pub fn comparisons(results: &[ServiceResult]) -> Vec<Comparison<'_>> {
         .collect()
 }
 
+/// The in-zone share of the Service from the real kube-proxy's node ("drops all" when nothing was
+/// delivered: itp Local on a node without a backend), or `–`.
+fn kube_proxy_cell(result: &ServiceResult) -> String {
+    match &result.kube_proxy {
+        Some(landing) if landing.delivered() == 0 => "drops all".into(),
+        Some(landing) => percent(landing.in_zone()),
+        None => "–".into(),
+    }
+}
+
+/// Whether the real kube-proxy was measured (the real control plane's demo).
+fn with_kube_proxy(results: &[ServiceResult]) -> bool {
+    results.iter().any(|result| result.kube_proxy.is_some())
+}
+
 fn percent(share: Option<f64>) -> String {
     share.map_or_else(|| "–".into(), |s| format!("{:.1}%", s * 100.0))
 }
@@ -77,10 +92,21 @@ fn landing_cells(landing: &Landing) -> [String; 5] {
 /// The table printed at the end of the run.
 pub fn table(results: &[ServiceResult]) -> String {
     let mut out = String::new();
+    let proxy = with_kube_proxy(results);
     let _ = writeln!(
         out,
-        "{:<18} {:<19} {:>8} {:>10} {:>8} {:>8} {:>10} {:>12} {:>8} {:>13}",
-        "service", "policy", "in zone", "twin", "node", "zone", "other zone", "other region", "refused", "explain said"
+        "{:<18} {:<19} {:>8} {:>10} {}{:>8} {:>8} {:>10} {:>12} {:>8} {:>13}",
+        "service",
+        "policy",
+        "in zone",
+        "twin",
+        if proxy { format!("{:>10} ", "kube-proxy") } else { String::new() },
+        "node",
+        "zone",
+        "other zone",
+        "other region",
+        "refused",
+        "explain said"
     );
     for comparison in comparisons(results) {
         let ours = comparison.ours;
@@ -92,11 +118,12 @@ pub fn table(results: &[ServiceResult]) -> String {
         };
         let _ = writeln!(
             out,
-            "{:<18} {:<19} {:>8} {:>10} {:>8} {:>8} {:>10} {:>12} {:>8} {:>13}",
+            "{:<18} {:<19} {:>8} {:>10} {}{:>8} {:>8} {:>10} {:>12} {:>8} {:>13}",
             ours.name,
             policy_name(ours),
             percent(ours.total.in_zone()),
             percent(comparison.baseline.total.in_zone()),
+            if proxy { format!("{:>10} ", kube_proxy_cell(ours)) } else { String::new() },
             node,
             zone,
             other_zone,
@@ -151,11 +178,24 @@ fn markdown(
         config.zones, config.regions, config.nodes_per_zone, config.backends_per_zone, config.connections
     );
     let _ = writeln!(out, "![In-zone share per Service](in-zone.svg)\n");
+    let proxy = with_kube_proxy(results);
+    if proxy {
+        let _ = writeln!(
+            out,
+            "The kube-proxy column: the same Service from a node of the first zone that runs the real kube-proxy \
+             (nftables mode, its defaults) and no agent, in zone terms of that node.\n"
+        );
+    }
     let _ = writeln!(
         out,
-        "| Service | Policy | In zone | Twin, no topology policy | Same node | Same zone | Other zone | Other region | Refused | `explain` said (in zone) |"
+        "| Service | Policy | In zone | Twin, no topology policy | {}Same node | Same zone | Other zone | Other region | Refused | `explain` said (in zone) |",
+        if proxy { "kube-proxy, same Service | " } else { "" }
     );
-    let _ = writeln!(out, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let _ = writeln!(
+        out,
+        "| --- | --- | ---: | ---: | {}---: | ---: | ---: | ---: | ---: | ---: |",
+        if proxy { "---: | " } else { "" }
+    );
     for comparison in comparisons(results) {
         let ours = comparison.ours;
         let [node, zone, other_zone, other_region, refused] = landing_cells(&ours.total);
@@ -166,11 +206,12 @@ fn markdown(
         };
         let _ = writeln!(
             out,
-            "| `{}` | {} | {} | {} | {node} | {zone} | {other_zone} | {other_region} | {refused} | {said} |",
+            "| `{}` | {} | {} | {} | {}{node} | {zone} | {other_zone} | {other_region} | {refused} | {said} |",
             ours.name,
             policy_name(ours),
             percent(ours.total.in_zone()),
-            percent(comparison.baseline.total.in_zone())
+            percent(comparison.baseline.total.in_zone()),
+            if proxy { format!("{} | ", kube_proxy_cell(ours)) } else { String::new() }
         );
     }
     let _ = writeln!(out, "\n## Cross-zone traffic avoided\n");
