@@ -1,29 +1,12 @@
 //! Builds the kernel programs (`topology-ebpf`) for bpfel-unknown-none with the dated nightly that
-//! `topology-ebpf/rust-toolchain` pins (the one bpf-linker is built against), twice, and leaves the objects in `OUT_DIR`, where `dataplane::loader` embeds them:
-//! - `topology`: BPF ISA of the default CPU, index loads in program order (x86-64 on any kernel);
-//! - `topology-acquire`: ISA v4, index loads as load-acquire (kernels with BPF load-acquire, which
-//!   weakly ordered CPUs need for the service index; see `topology_common::index`).
-use std::{
-    env,
-    io::BufReader,
-    path::PathBuf,
-    process::{Command, Stdio},
-};
+//! `topology-ebpf/rust-toolchain` pins (the one bpf-linker is built against), once per object of
+//! `topology_ebpf_build::VARIANTS`, and leaves the objects in `OUT_DIR`, where `dataplane::loader`
+//! embeds them.
+use std::{env, io::BufReader, path::PathBuf, process::Stdio};
 
 use anyhow::{Context as _, anyhow, bail};
 use cargo_metadata::{Artifact, Message};
-
-/// One object to build: its file name in `OUT_DIR`, the crate features, the BPF CPU.
-struct Variant {
-    name: &'static str,
-    features: &'static str,
-    cpu: Option<&'static str>,
-}
-
-const VARIANTS: [Variant; 2] = [
-    Variant { name: "topology", features: "", cpu: None },
-    Variant { name: "topology-acquire", features: "acquire", cpu: Some("v4") },
-];
+use topology_ebpf_build::{VARIANTS, Variant};
 
 fn main() -> anyhow::Result<()> {
     let metadata = cargo_metadata::MetadataCommand::new().no_deps().exec().context("cargo metadata")?;
@@ -62,25 +45,8 @@ fn main() -> anyhow::Result<()> {
 
 /// Builds the `topology` binary of topology-ebpf for one variant; returns the object's path.
 fn build(variant: &Variant, toolchain: &str, arch: &str, out_dir: &std::path::Path) -> anyhow::Result<PathBuf> {
-    let mut flags =
-        vec![format!("--cfg=bpf_target_arch=\"{arch}\""), "-Cdebuginfo=2".into(), "-Clink-arg=--btf".into()];
-    if let Some(cpu) = variant.cpu {
-        flags.push(format!("-Ctarget-cpu={cpu}"));
-    }
-    let mut command = Command::new("rustup");
-    command
-        .args(["run", toolchain, "cargo", "build", "--package", "topology-ebpf", "--bins", "--release"])
-        .args(["--message-format=json", "--target", "bpfel-unknown-none", "-Z", "build-std=core"])
-        .args(["--features", variant.features])
-        .arg("--target-dir")
-        .arg(out_dir.join("ebpf").join(variant.name))
-        .env("CARGO_ENCODED_RUSTFLAGS", flags.join("\x1f"))
-        // The outer build's compiler settings are for the host toolchain, not nightly's.
-        .env_remove("RUSTC")
-        .env_remove("RUSTC_WORKSPACE_WRAPPER")
-        .env_remove("RUSTFLAGS")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    let mut command = topology_ebpf_build::command(toolchain, arch, variant, &out_dir.join("ebpf").join(variant.name));
+    command.arg("--message-format=json").stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut child = command.spawn().with_context(|| format!("running `rustup run {toolchain} cargo build` (is rustup installed? `cargo xtask setup` installs the toolchain)"))?;
     let mut stderr = child.stderr.take().context("stderr")?;
     // Kept, and shown only if the build fails: a successful build's progress is noise.

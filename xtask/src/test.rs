@@ -34,35 +34,12 @@ enum Tier {
 /// catch a shallow regression; `cargo xtask fuzz` is the real search.
 const FUZZ_SECONDS: u64 = 10;
 
-/// Builds the kernel programs as `topology-dataplane/build.rs` does, for another architecture.
-fn build_ebpf_for(arch: &str, features: &str, cpu: Option<&str>) -> anyhow::Result<()> {
+/// Builds the kernel programs as `topology-dataplane/build.rs` does, for an agent on `arch`.
+fn build_ebpf_for(arch: &str, variant: &topology_ebpf_build::Variant) -> anyhow::Result<()> {
     let root = cmd::workspace_root();
-    let mut flags =
-        vec![format!("--cfg=bpf_target_arch=\"{arch}\""), "-Cdebuginfo=2".into(), "-Clink-arg=--btf".into()];
-    flags.extend(cpu.map(|cpu| format!("-Ctarget-cpu={cpu}")));
-    cmd::run(
-        Command::new("rustup")
-            .args([
-                "run",
-                &crate::setup::nightly()?,
-                "cargo",
-                "build",
-                "--package",
-                "topology-ebpf",
-                "--bins",
-                "--release",
-            ])
-            .args(["--target", "bpfel-unknown-none", "-Z", "build-std=core", "--features", features])
-            .arg("--target-dir")
-            .arg(
-                root.join("target/ebpf")
-                    .join(format!("{arch}-{}", if features.is_empty() { "plain" } else { features })),
-            )
-            .env("CARGO_ENCODED_RUSTFLAGS", flags.join("\x1f"))
-            .env_remove("RUSTC")
-            .env_remove("RUSTC_WORKSPACE_WRAPPER")
-            .current_dir(&root),
-    )
+    let target_dir = root.join("target/ebpf").join(format!("{arch}-{}", variant.name));
+    let mut command = topology_ebpf_build::command(&crate::setup::nightly()?, arch, variant, &target_dir);
+    cmd::run(command.current_dir(&root))
 }
 
 pub fn run(args: &TestArgs) -> anyhow::Result<()> {
@@ -78,9 +55,11 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
                 .current_dir(&root),
         )?;
         cmd::run(cargo().args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]).current_dir(&root))?;
-        // The agent embeds programs built for its own architecture; both supported ones build.
-        for (arch, features, cpu) in [("aarch64", "", None), ("aarch64", "acquire", Some("v4"))] {
-            build_ebpf_for(arch, features, cpu)?;
+        // The agent embeds programs built for its own architecture; every supported one builds.
+        for arch in topology_ebpf_build::ARCHES.into_iter().filter(|arch| *arch != std::env::consts::ARCH) {
+            for variant in &topology_ebpf_build::VARIANTS {
+                build_ebpf_for(arch, variant)?;
+            }
         }
     }
     // Every binary first: the root tests run the agent and the probe as separate processes. The
