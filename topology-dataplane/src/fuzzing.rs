@@ -56,9 +56,11 @@ pub fn read_set(value: &ServiceValue, slots: &[topology_common::Slot]) {
 
 /// Applies a sequence of desired states, decoded from `data`, to in-memory maps of small
 /// capacities, with writes to one map failing and grace periods refused at the input's choice.
-/// After every apply the maps must be what the mirror says, runs disjoint, the index in step with
-/// the service entries, every port not reported failed must hold the backends asked for, and a
-/// failed port must hold nothing unless it is reported stranded (or only its name failed).
+/// Around every hash map write the index must agree with the hash maps (what an agent killed
+/// there leaves). After every apply the maps must be what the mirror says, runs disjoint, the
+/// index in step with the service entries, every port not reported failed must hold the backends
+/// asked for, and a failed port must hold nothing unless it is reported stranded (or only its
+/// name failed).
 pub fn apply(data: &[u8]) {
     use crate::desired::{DesiredService, DesiredState, Locality, PortOptions, Protocol, ServicePort, WeightedBackend};
 
@@ -72,7 +74,8 @@ pub fn apply(data: &[u8]) {
         client_affinity: 16,
         tcp_connections: 16,
     };
-    let maps = super::memory::MemoryMaps::new(capacities);
+    let mut maps = super::memory::MemoryMaps::new(capacities);
+    maps.audit = Some(Vec::new());
     let mut writer = super::writer::Writer::adopt(maps, super::KernelState::default()).expect("empty maps adopt");
     const FAILING: [Option<&str>; 8] = [
         None,
@@ -121,6 +124,8 @@ pub fn apply(data: &[u8]) {
             desired.services.insert(port, DesiredService { name, backends, options });
         }
         let report = writer.apply(&desired);
+        let disagreements = writer.maps_mut().audit.as_mut().map(std::mem::take).unwrap_or_default();
+        assert!(disagreements.is_empty(), "an agent killed mid-apply would leave: {disagreements:?}");
         check_mirror(&writer);
         let failed: std::collections::BTreeSet<_> = report.failed.iter().map(|(port, _)| *port).collect();
         let members = |port: &ServicePort| {

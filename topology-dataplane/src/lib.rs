@@ -24,6 +24,8 @@ mod grace;
 mod heartbeat;
 mod ids;
 mod index;
+#[cfg(test)]
+mod killed;
 mod layout;
 mod links;
 mod loader;

@@ -1,10 +1,11 @@
 //! The maps in memory: what the kernel would hold after the same operations, with the kernel's
 //! limits (array bounds, hash map capacity), grace periods counted instead of waited for, and
-//! writes to a chosen map made to fail. [`MemoryMaps::dump`] prints the contents the way the
+//! writes to a chosen map made to fail, and the index checked against the hash maps around every
+//! hash map write, as an agent killed there would leave them. [`MemoryMaps::dump`] prints the contents the way the
 //! golden scenarios under `topology-agent/testdata/scenarios/` keep them.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashMap},
     fmt::Write as _,
     io,
     sync::atomic::Ordering,
@@ -20,7 +21,7 @@ use super::{
     ApplyReport, alias,
     error::DataplaneError,
     grace::Grace,
-    index::positions_for,
+    index::{self, positions_for},
     maps::Capacities,
     ops::{IndexStore, MapOps, ServiceKey},
     state::name_from_meta,
@@ -109,6 +110,9 @@ pub struct MemoryMaps {
     pub grace: CountedGrace,
     /// Writes to this map fail, as a full or broken kernel map would make them.
     pub failing: Option<&'static str>,
+    /// When set, what the index answers is checked against the hash maps just before and just
+    /// after every hash map write, and each disagreement kept here.
+    pub audit: Option<Vec<String>>,
 }
 
 impl MemoryMaps {
@@ -127,7 +131,46 @@ impl MemoryMaps {
             index6: MemoryIndex::new(positions_for(capacities.services_v6)),
             grace: CountedGrace::default(),
             failing: None,
+            audit: None,
         }
+    }
+
+    /// Checks the indexes against the hash maps, if asked to ([`Self::audit`]).
+    fn audit(&mut self, moment: &str, key: ServiceKey) {
+        let Some(found) = &mut self.audit else { return };
+        let services4: HashMap<ServiceKey4, ServiceValue> = self.services4.iter().map(|(k, v)| (*k, *v)).collect();
+        let services6: HashMap<ServiceKey6, ServiceValue> = self.services6.iter().map(|(k, v)| (*k, *v)).collect();
+        let checked = index::verify(&self.index4, &services4).and_then(|()| index::verify(&self.index6, &services6));
+        if let Err(error) = checked {
+            found.push(format!("{moment} {key:?}: {error}"));
+        }
+    }
+
+    /// Writes a service entry as the kernel would.
+    fn put_service_unaudited(&mut self, key: ServiceKey, value: ServiceValue) -> Result<(), DataplaneError> {
+        self.check(key.map())?;
+        let full = |map| DataplaneError::Map {
+            map,
+            source: MapError::SyscallError(aya::sys::SyscallError {
+                call: "bpf_map_update_elem",
+                io_error: io::Error::from_raw_os_error(7), // E2BIG, as a full hash map answers
+            }),
+        };
+        match key {
+            ServiceKey::V4(k)
+                if !self.services4.contains_key(&k) && self.services4.len() as u32 >= self.capacities.services_v4 =>
+            {
+                return Err(full(key.map()));
+            }
+            ServiceKey::V6(k)
+                if !self.services6.contains_key(&k) && self.services6.len() as u32 >= self.capacities.services_v6 =>
+            {
+                return Err(full(key.map()));
+            }
+            ServiceKey::V4(k) => self.services4.insert(k, value),
+            ServiceKey::V6(k) => self.services6.insert(k, value),
+        };
+        Ok(())
     }
 
     fn check(&self, map: &'static str) -> Result<(), DataplaneError> {
@@ -240,37 +283,20 @@ impl MapOps for MemoryMaps {
     }
 
     fn put_service(&mut self, key: ServiceKey, value: ServiceValue) -> Result<(), DataplaneError> {
-        self.check(key.map())?;
-        let full = |map| DataplaneError::Map {
-            map,
-            source: MapError::SyscallError(aya::sys::SyscallError {
-                call: "bpf_map_update_elem",
-                io_error: io::Error::from_raw_os_error(7), // E2BIG, as a full hash map answers
-            }),
-        };
-        match key {
-            ServiceKey::V4(k)
-                if !self.services4.contains_key(&k) && self.services4.len() as u32 >= self.capacities.services_v4 =>
-            {
-                return Err(full(key.map()));
-            }
-            ServiceKey::V6(k)
-                if !self.services6.contains_key(&k) && self.services6.len() as u32 >= self.capacities.services_v6 =>
-            {
-                return Err(full(key.map()));
-            }
-            ServiceKey::V4(k) => self.services4.insert(k, value),
-            ServiceKey::V6(k) => self.services6.insert(k, value),
-        };
-        Ok(())
+        self.audit("before writing", key);
+        let written = self.put_service_unaudited(key, value);
+        self.audit("after writing", key);
+        written
     }
 
     fn delete_service(&mut self, key: ServiceKey) -> Result<(), DataplaneError> {
+        self.audit("before deleting", key);
         self.check(key.map())?;
         match key {
             ServiceKey::V4(k) => self.services4.remove(&k),
             ServiceKey::V6(k) => self.services6.remove(&k),
         };
+        self.audit("after deleting", key);
         Ok(())
     }
 

@@ -9,7 +9,9 @@
 //!
 //! 1. write every slot of the new set, tagged with a fresh `set_id`, into a free run;
 //! 2. overwrite the service entry with the new `set_id`, `count` and `base` (one map update,
-//!    which the kernel publishes with RCU: a program sees the old entry or the new one);
+//!    which the kernel publishes with RCU: a program sees the old entry or the new one), its
+//!    service index position "not sure" from just before the update until just after it, so the
+//!    index never answers an entry the hash map no longer holds ([`indexing`]);
 //! 3. retire the old run: it is reused only after an RCU grace period ([`super::grace`]), when
 //!    no program that read the old entry is still running.
 //!
@@ -50,6 +52,7 @@ use crate::{
 };
 
 mod add;
+mod indexing;
 mod ranges;
 mod remove;
 mod room;
@@ -324,14 +327,22 @@ impl<M: MapOps> Writer<M> {
         let set_id = if slots.is_empty() { 0 } else { self.set_ids.allocate() };
         let value = ServiceValue { service_id: current.service_id, set_id, count: run.len, base: run.base };
         let key = ServiceKey::of(port);
-        // Steps 1 and 2 of the swap protocol.
-        let maps = &mut self.maps;
-        if let Err(error) = write_slots(maps, set_id, run, slots).and_then(|()| maps.put_service(key, value)) {
+        // Steps 1 and 2 of the swap protocol, the index position "not sure" around step 2.
+        let written = write_slots(&mut self.maps, set_id, run, slots).and_then(|()| {
+            let staged = self.stage_upsert(key, value);
+            let entry = self.maps.put_service(key, value);
+            if entry.is_err() {
+                // The entry still holds the current set: so does the index.
+                self.index_upsert(key, current.value());
+            }
+            self.settle(staged);
+            entry
+        });
+        if let Err(error) = written {
             self.slots.release(run);
             self.set_ids.release(set_id);
             return Err(error);
         }
-        self.index_upsert(key, value);
         report.slots_written += slots.len();
         // Step 3: the old run waits for a grace period. The mirror follows the kernel before
         // anything else can fail, so the old run is never retired twice.
@@ -391,44 +402,6 @@ impl<M: MapOps> Writer<M> {
     /// the programs could make answers (see [`index::verify`]).
     pub fn verify_index(&self) -> Result<(), DataplaneError> {
         verify_index(&self.maps, &self.kernel)
-    }
-
-    /// Publishes index positions left pending; true if the index holds every decision.
-    fn repair_index(&mut self) -> bool {
-        let (map, grace) = self.maps.index4();
-        let v4 = self.index4.repair(map, grace);
-        let (map, grace) = self.maps.index6();
-        self.index6.repair(map, grace) && v4
-    }
-
-    /// Points the index at a service entry just written to the hash map. A failure is reported
-    /// with the apply and repaired on the next; meanwhile the position holds earlier, whole
-    /// contents, and the run they point at is not reclaimed.
-    fn index_upsert(&mut self, key: ServiceKey, value: ServiceValue) {
-        match key {
-            ServiceKey::V4(key) => {
-                let (map, grace) = self.maps.index4();
-                self.index4.upsert(map, key, value, grace);
-            }
-            ServiceKey::V6(key) => {
-                let (map, grace) = self.maps.index6();
-                self.index6.upsert(map, key, value, grace);
-            }
-        }
-    }
-
-    /// Takes a service port out of the index, before its hash map entry goes.
-    fn index_remove(&mut self, key: ServiceKey) {
-        match key {
-            ServiceKey::V4(key) => {
-                let (map, grace) = self.maps.index4();
-                self.index4.remove(map, &key, grace);
-            }
-            ServiceKey::V6(key) => {
-                let (map, grace) = self.maps.index6();
-                self.index6.remove(map, &key, grace);
-            }
-        }
     }
 
     /// Deletes the name of a service id (its counters are zeroed when the id is reused); false if

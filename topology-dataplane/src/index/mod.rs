@@ -17,4 +17,4 @@ mod tests;
 #[cfg(any(test, feature = "fuzzing"))]
 pub use placement::Placement;
 pub use placement::positions_for;
-pub use publish::{ServiceIndex, verify};
+pub use publish::{ServiceIndex, Staged, verify};

@@ -56,6 +56,33 @@ impl<K: IndexKey> ServiceIndex<K> {
         self.publish(map, changed, grace);
     }
 
+    /// The first half of making `key` map to `value`, done before its hash map entry is written:
+    /// every position that changes is made "not sure" (odd `seq`), so a program asks the hash map
+    /// whichever entry it holds. [`Self::settle`] publishes the contents once the entry is written.
+    pub fn stage_upsert(&mut self, map: &mut dyn IndexStore<K::Entry>, key: K, value: ServiceValue) -> Staged {
+        let changed = self.placement.upsert(key, value);
+        self.stage(map, changed)
+    }
+
+    /// The first half of removing `key`, done before its hash map entry is deleted (see
+    /// [`Self::stage_upsert`]).
+    pub fn stage_remove(&mut self, map: &mut dyn IndexStore<K::Entry>, key: &K) -> Staged {
+        let changed = self.placement.remove(key);
+        self.stage(map, changed)
+    }
+
+    /// Publishes what is decided for the positions of `staged`, once the hash map holds what they
+    /// were staged for (or the change was undone). A position a grace period held back stays
+    /// "not sure" and pending, as in [`Self::upsert`].
+    pub fn settle(&mut self, map: &mut dyn IndexStore<K::Entry>, staged: Staged, grace: &mut dyn Grace) {
+        for position in staged.0 {
+            let open = self.placement.seq(position) & 1 != 0;
+            if open && !self.pending.contains(&position) {
+                self.close_or_keep_pending(map, position, grace);
+            }
+        }
+    }
+
     /// Publishes positions left pending; true if the kernel holds every decision.
     pub fn repair(&mut self, map: &mut dyn IndexStore<K::Entry>, grace: &mut dyn Grace) -> bool {
         let pending = std::mem::take(&mut self.pending).into_iter().collect();
@@ -79,55 +106,82 @@ impl<K: IndexKey> ServiceIndex<K> {
     fn publish(&mut self, map: &mut dyn IndexStore<K::Entry>, positions: Vec<u32>, grace: &mut dyn Grace) {
         let mut done = HashSet::new();
         for position in positions {
-            if !done.insert(position) {
-                continue;
-            }
-            if let Err(error) = self.rewrite(map, position, grace) {
-                self.pending.insert(position);
-                self.errors.push(error);
+            if done.insert(position) {
+                self.open(map, position);
+                self.close_or_keep_pending(map, position, grace);
             }
         }
     }
 
-    /// Rewrites one position: `seq` made odd over the old contents, the new contents, `seq` made
-    /// even by a release store. Fails only when a grace period is due and cannot be waited for,
-    /// leaving the old contents whole under an odd `seq` ("not sure": ask the hash map).
-    fn rewrite(
+    /// Makes `positions` "not sure", once each.
+    fn stage(&mut self, map: &mut dyn IndexStore<K::Entry>, positions: Vec<u32>) -> Staged {
+        let mut staged = Vec::with_capacity(positions.len());
+        for position in positions {
+            if !staged.contains(&position) {
+                self.open(map, position);
+                staged.push(position);
+            }
+        }
+        Staged(staged)
+    }
+
+    /// Closes an open position, or leaves it pending with the error.
+    fn close_or_keep_pending(&mut self, map: &mut dyn IndexStore<K::Entry>, position: u32, grace: &mut dyn Grace) {
+        if let Err(error) = self.close(map, position, grace) {
+            self.pending.insert(position);
+            self.errors.push(error);
+        }
+    }
+
+    /// The first half of a rewrite: `seq` made odd over the old contents. No later write becomes
+    /// visible before it: the contents are stored after a release fence, and the kernel publishes
+    /// a hash map update with a release store of its own. Making `seq` odd never validates a read,
+    /// so it needs no grace period.
+    fn open(&mut self, map: &mut dyn IndexStore<K::Entry>, position: u32) {
+        let known = self.placement.positions.entry(position).or_insert_with(Position::never_written);
+        if known.seq & 1 == 0 {
+            known.seq = known.seq.wrapping_add(1);
+            map.store_seq(position, known.seq, Ordering::Relaxed);
+        }
+    }
+
+    /// The second half: the decided contents, then `seq` made even by a release store. Fails only
+    /// when a grace period is due and cannot be waited for, leaving the position "not sure".
+    fn close(
         &mut self,
         map: &mut dyn IndexStore<K::Entry>,
         position: u32,
         grace: &mut dyn Grace,
     ) -> Result<(), DataplaneError> {
         let known = *self.placement.positions.entry(position).or_insert_with(Position::never_written);
+        debug_assert!(known.seq & 1 != 0, "position {position} closed before it was opened");
         if known.rewrites >= REWRITES_PER_GRACE {
-            if let Err(error) = grace.wait() {
-                // The old contents may now be wrong (an "absent" where a key was just added), so
-                // the programs must not trust them: an odd `seq` sends them to the hash map. Making
-                // `seq` odd never validates a read, so it needs no grace period.
-                if known.seq & 1 == 0 {
-                    let odd = known.seq.wrapping_add(1);
-                    map.store_seq(position, odd, Ordering::Release);
-                    if let Some(known) = self.placement.positions.get_mut(&position) {
-                        known.seq = odd;
-                    }
-                }
-                return Err(error);
-            }
+            grace.wait()?;
             self.grace_passed();
         }
-        let mut seq = known.seq;
-        if seq & 1 == 0 {
-            seq = seq.wrapping_add(1);
-            map.store_seq(position, seq, Ordering::Relaxed);
-        }
-        map.store_body(position, &K::entry(seq, &known.content));
-        map.store_seq(position, seq.wrapping_add(1), Ordering::Release);
+        map.store_body(position, &K::entry(known.seq, &known.content));
+        let even = known.seq.wrapping_add(1);
+        map.store_seq(position, even, Ordering::Release);
         self.placement.published.remove(&position);
         if let Some(known) = self.placement.positions.get_mut(&position) {
-            known.seq = seq.wrapping_add(1);
+            known.seq = even;
             known.rewrites = known.rewrites.saturating_add(1);
         }
         Ok(())
+    }
+}
+
+/// Index positions made "not sure" ahead of a hash map write, to be settled after it: between
+/// the two, whatever the hash map holds is what every lookup answers.
+#[must_use = "staged positions stay \"not sure\" until settled"]
+#[derive(Debug, Default)]
+pub struct Staged(Vec<u32>);
+
+impl Staged {
+    /// Both sets of positions.
+    pub fn and(mut self, other: Self) -> Self {
+        self.0.extend(other.0);
+        self
     }
 }
 

@@ -1,13 +1,14 @@
 //! New service ports: one (a room check, ids and a run handed out, every map written, the entry
 //! last), or many at once — a full sync, a restart onto empty maps, a large update — in a few
 //! batched system calls per group of ports instead of a dozen per port, in the order a single add
-//! keeps: every counter, name, option and slot of the group first, then its service entries,
-//! then the index. No program sees an entry before its set. A batch the kernel refuses is redone
-//! port by port, so each failure is charged to its own port and rolled back alone.
+//! keeps: every counter, name, option and slot of the group first, then its service entries, the
+//! index positions "not sure" around them. No program sees an entry before its set. A batch the
+//! kernel refuses is redone port by port, so each failure is charged to its own port and rolled
+//! back alone (with any entry the refused batch may have written).
 
 use topology_common::{ServiceMeta, ServiceOptions, ServiceValue, Slot, map_names};
 
-use super::{ApplyReport, Writer, write_slots};
+use super::{ApplyReport, Writer, indexing::StagedIndex, write_slots};
 use crate::{
     cluster::Family,
     dataplane::{
@@ -43,7 +44,7 @@ impl<M: MapOps> Writer<M> {
         report: &mut ApplyReport,
     ) -> Result<(), DataplaneError> {
         let added = self.prepare(*port, service, slots, report)?;
-        match self.write_one(&added) {
+        match self.write_one(&added, false) {
             Ok(()) => {
                 self.commit(added, report);
                 Ok(())
@@ -55,15 +56,23 @@ impl<M: MapOps> Writer<M> {
         }
     }
 
-    /// Writes a prepared service port: its counters, name, options and slots, then its entry.
-    fn write_one(&mut self, added: &Prepared<'_>) -> Result<(), DataplaneError> {
+    /// Writes a prepared service port: its counters, name, options and slots, then its entry and
+    /// its place in the index. `after_refused_batch`: a batch may have written the entry already,
+    /// so a failure leaves the index "not sure" for [`Self::forget_entry`].
+    fn write_one(&mut self, added: &Prepared<'_>, after_refused_batch: bool) -> Result<(), DataplaneError> {
         let maps = &mut self.maps;
         let service_id = added.value.service_id;
         maps.reset_counters(service_id)
             .and_then(|()| maps.put_name(service_id, meta_from_name(&added.service.name)))
             .and_then(|()| maps.put_options(service_id, added.service.options.to_kernel()))
-            .and_then(|()| write_slots(maps, added.value.set_id, added.run, &added.slots))
-            .and_then(|()| maps.put_service(added.key, added.value))
+            .and_then(|()| write_slots(maps, added.value.set_id, added.run, &added.slots))?;
+        let staged = self.stage_upsert(added.key, added.value);
+        let entry = self.maps.put_service(added.key, added.value);
+        if entry.is_err() && !after_refused_batch {
+            self.index_remove(added.key);
+        }
+        self.settle(staged);
+        entry
     }
 
     /// Checks room for a new service port and hands out its ids and slot run (nothing written).
@@ -101,9 +110,19 @@ impl<M: MapOps> Writer<M> {
         *self.entries.get_mut(added.key.family()) -= 1;
     }
 
-    /// Publishes a written service port in the index and the mirror.
+    /// Takes the entry of a port whose batch was refused out of the hash map, where the kernel
+    /// may have written it before refusing the rest, then out of the index. An entry that cannot
+    /// be deleted either is logged: the index answers "absent" for it, so the programs pass its
+    /// connections untouched, until the port's next add overwrites it.
+    fn forget_entry(&mut self, added: &Prepared<'_>) {
+        if let Err(error) = self.maps.delete_service(added.key) {
+            tracing::error!(port = %added.port, %error, "an entry a refused batch may have written could not be deleted");
+        }
+        self.index_remove(added.key);
+    }
+
+    /// Records a written service port in the mirror.
     fn commit(&mut self, added: Prepared<'_>, report: &mut ApplyReport) {
-        self.index_upsert(added.key, added.value);
         report.slots_written += added.slots.len();
         report.added += 1;
         let programmed =
@@ -130,24 +149,43 @@ impl<M: MapOps> Writer<M> {
         let mut prepared = prepared.into_iter().peekable();
         while prepared.peek().is_some() {
             let group: Vec<Prepared<'_>> = prepared.by_ref().take(GROUP).collect();
-            if self.write_group(&group).is_ok() {
+            let mut staged = None;
+            let written = self.write_sets(&group).and_then(|()| {
+                let entries: Vec<(ServiceKey, ServiceValue)> = group.iter().map(|a| (a.key, a.value)).collect();
+                let group_staged =
+                    entries.iter().fold(StagedIndex::default(), |all, (k, v)| all.and(self.stage_upsert(*k, *v)));
+                staged = Some(group_staged);
+                self.maps.put_services(&entries)
+            });
+            if written.is_ok() {
+                if let Some(staged) = staged {
+                    self.settle(staged);
+                }
                 group.into_iter().for_each(|added| self.commit(added, report));
                 continue;
             }
+            // The refused batch may have written some entries: until each port is redone, its
+            // index position stays "not sure".
             for added in group {
-                match self.write_one(&added) {
+                match self.write_one(&added, staged.is_some()) {
                     Ok(()) => self.commit(added, report),
                     Err(error) => {
+                        if staged.is_some() {
+                            self.forget_entry(&added);
+                        }
                         self.roll_back(&added);
                         report.failed.push((added.port, error));
                     }
                 }
             }
+            if let Some(staged) = staged {
+                self.settle(staged);
+            }
         }
     }
 
-    /// Writes a group: everything but the entries, then the entries.
-    fn write_group(&mut self, group: &[Prepared<'_>]) -> Result<(), DataplaneError> {
+    /// Writes everything of a group but its entries.
+    fn write_sets(&mut self, group: &[Prepared<'_>]) -> Result<(), DataplaneError> {
         let maps = &mut self.maps;
         for added in group {
             maps.reset_counters(added.value.service_id)?;
@@ -164,8 +202,6 @@ impl<M: MapOps> Writer<M> {
                 (a.run.base..).zip(&a.slots).map(|(index, slot)| (index, Slot { set_id: a.value.set_id, ..*slot }))
             })
             .collect();
-        maps.put_slots(&slots)?;
-        let entries: Vec<(ServiceKey, ServiceValue)> = group.iter().map(|a| (a.key, a.value)).collect();
-        maps.put_services(&entries)
+        maps.put_slots(&slots)
     }
 }

@@ -1,4 +1,4 @@
-//! Taking a port out of the kernel: deleting its entry (first from the index the programs trust),
+//! Taking a port out of the kernel: deleting its entry (its index position "not sure" meanwhile),
 //! retiring its run, and withdrawing one whose new state could not be written.
 
 use topology_common::Slot;
@@ -40,13 +40,15 @@ impl<M: MapOps> Writer<M> {
     ) -> Result<(), DataplaneError> {
         let current = self.kernel.services[port].clone();
         let key = ServiceKey::of(port);
-        self.index_remove(key);
-        if let Err(error) = self.maps.delete_service(key) {
+        let staged = self.stage_remove(key);
+        let deleted = self.maps.delete_service(key);
+        if deleted.is_err() {
             // The entry stays, so must its place in the index: the programs trust the index's
             // "absent", and the next apply, finding the port as desired, would change nothing.
             self.index_upsert(key, current.value());
-            return Err(error);
         }
+        self.settle(staged);
+        deleted?;
         report.departed.extend(diff::departures(port, &current.slots, kept));
         self.kernel.services.remove(port);
         self.foreign.ids.remove(port);
