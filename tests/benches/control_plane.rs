@@ -32,12 +32,12 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use topology_agent::{
     controller::{Controller, ControllerConfig, Health, Observation, Programmer},
-    dataplane::{ApplyReport, Capacities, Dataplane, DataplaneConfig},
-    desired::{DesiredState, Protocol, ServicePort},
     events::LogOnly,
     metrics::Metrics,
     source::{EventSender, kube::KubeSource},
 };
+use topology_dataplane::{ApplyReport, Capacities, Dataplane, DataplaneConfig};
+use topology_policy::desired::{DesiredState, Protocol, ServicePort};
 use topology_tests::{
     agent::{Agent, AgentOptions, Usage},
     cluster::{self, EndpointSpec},

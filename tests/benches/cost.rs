@@ -32,12 +32,12 @@ use aya::{
     programs::loaded_programs,
     sys::{Stats, enable_stats},
 };
-use topology_agent::{
-    dataplane::{ByteAccounting, BytesSweep, CountedBytes, Dataplane, DataplaneConfig},
-    desired::{DesiredService, DesiredState, Locality, PortOptions, Protocol, ServicePort, WeightedBackend},
-    sockets::sweep::{IDLE_EVERY, next_wait, thread_cpu},
-};
+use topology_agent::sockets::sweep::{IDLE_EVERY, next_wait, thread_cpu};
 use topology_common::ByteCount;
+use topology_dataplane::{ByteAccounting, BytesSweep, CountedBytes, Dataplane, DataplaneConfig};
+use topology_policy::desired::{
+    DesiredService, DesiredState, Locality, PortOptions, Protocol, ServicePort, WeightedBackend,
+};
 use topology_tests::{
     bulk::{self, BulkServer, HeldConnections, Transfer},
     datagrams::{self, DatagramServer, Exchange},

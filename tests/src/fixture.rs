@@ -3,10 +3,8 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use topology_agent::{
-    dataplane::DataplaneConfig,
-    desired::{DesiredService, DesiredState, Locality, Protocol, ServicePort, WeightedBackend},
-};
+use topology_dataplane::DataplaneConfig;
+use topology_policy::desired::{DesiredService, DesiredState, Locality, Protocol, ServicePort, WeightedBackend};
 
 use crate::{
     net::{ClientPlace, Host, Network, Server, ServerOptions},

@@ -14,7 +14,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use topology_agent::{dataplane, mounts};
+use topology_dataplane as dataplane;
+use topology_dataplane::mounts;
 
 /// Prefix of every test-made object's name; followed by the pid, `x` and a sequence number.
 pub const PREFIX: &str = "tt";

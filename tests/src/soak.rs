@@ -20,7 +20,7 @@ use std::{
 };
 
 use serde_json::Value;
-use topology_agent::dataplane;
+use topology_dataplane as dataplane;
 
 use crate::{
     agent::{Agent, AgentOptions},

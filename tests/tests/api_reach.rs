@@ -10,10 +10,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use topology_agent::{
-    dataplane::{Dataplane, DataplaneConfig},
-    desired::{DesiredService, DesiredState, Locality, Protocol, ServicePort, WeightedBackend},
-};
+use topology_dataplane::{Dataplane, DataplaneConfig};
+use topology_policy::desired::{DesiredService, DesiredState, Locality, Protocol, ServicePort, WeightedBackend};
 use topology_tests::{
     agent::{Agent, AgentOptions},
     cluster::{self, EndpointSpec},

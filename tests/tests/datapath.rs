@@ -3,10 +3,8 @@
 
 use std::{net::SocketAddr, time::Duration};
 
-use topology_agent::{
-    dataplane::Dataplane,
-    desired::{DesiredService, DesiredState, Protocol},
-};
+use topology_dataplane::Dataplane;
+use topology_policy::desired::{DesiredService, DesiredState, Protocol};
 use topology_tests::{
     fixture::{BACKEND_PORT, Fixture, service},
     require_root,

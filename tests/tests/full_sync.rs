@@ -12,15 +12,17 @@ use std::{
 
 use tokio_util::sync::CancellationToken;
 use topology_agent::{
-    cluster::Kind,
     controller::{Controller, ControllerConfig, Health, Observation, PIPELINE_FROM, Programmer},
-    dataplane::{self, ApplyReport, Dataplane},
-    desired::{DesiredService, DesiredState, Protocol, ServicePort},
     events::LogOnly,
     metrics::Metrics,
     source::{EventSender, Object, SourceEvent},
 };
-use topology_policy::testing::{self, ServiceExt, SliceExt};
+use topology_dataplane::{ApplyReport, Dataplane};
+use topology_policy::{
+    cluster::Kind,
+    desired::{DesiredService, DesiredState, Protocol, ServicePort},
+    testing::{self, ServiceExt, SliceExt},
+};
 use topology_tests::{
     fixture::{BACKEND_PORT, Fixture, service},
     require_root,
@@ -145,7 +147,7 @@ fn a_large_full_sync_over_a_previous_agents_maps_writes_while_it_decides_and_rem
     assert_eq!(*completed, (0, 0, 1, 0), "completing removes the stale port and writes nothing else");
     drop(programmer);
 
-    let snapshot = dataplane::read_pins(fx.pins.path()).expect("snapshot");
+    let snapshot = topology_dataplane::read_pins(fx.pins.path()).expect("snapshot");
     assert_eq!(snapshot.kernel.services.len(), SERVICES);
     assert!(!snapshot.kernel.services.contains_key(&service_port(STALE)));
     let place = fx.place();

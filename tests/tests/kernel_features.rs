@@ -6,10 +6,8 @@
 
 use std::net::SocketAddr;
 
-use topology_agent::{
-    dataplane::{ByteAccounting, Dataplane, KernelFeatures},
-    desired::Protocol,
-};
+use topology_dataplane::{ByteAccounting, Dataplane, KernelFeatures};
+use topology_policy::desired::Protocol;
 use topology_tests::{
     fixture::{Fixture, service},
     require_root,

@@ -3,10 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use topology_agent::{
-    cluster::ObjectKey,
-    events::{KubeEvents, Problem, ProblemSink as _},
-};
+use topology_agent::events::{KubeEvents, Problem, ProblemSink as _};
+use topology_policy::cluster::ObjectKey;
 use topology_tests::fake_api::FakeApi;
 
 async fn published(api: &FakeApi, count: usize) -> Vec<serde_json::Value> {

@@ -8,10 +8,8 @@ use std::{
 };
 
 use tokio_util::sync::CancellationToken;
-use topology_agent::{
-    cluster::Kind,
-    source::{EventReceiver, EventSender, SourceEvent, kube::KubeSource},
-};
+use topology_agent::source::{EventReceiver, EventSender, SourceEvent, kube::KubeSource};
+use topology_policy::cluster::Kind;
 use topology_tests::{
     cluster,
     fake_api::{FakeApi, Resource},

@@ -10,10 +10,8 @@ use std::{
 };
 
 use tokio_util::sync::CancellationToken;
-use topology_agent::{
-    cluster::{Kind, Node, census::Census},
-    source::{EventReceiver, EventSender, Object, SourceEvent, kube::KubeSource},
-};
+use topology_agent::source::{EventReceiver, EventSender, Object, SourceEvent, kube::KubeSource};
+use topology_policy::cluster::{Kind, Node, census::Census};
 use topology_tests::{
     cluster,
     fake_api::{FakeApi, Resource},

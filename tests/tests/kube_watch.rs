@@ -12,11 +12,11 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use topology_agent::{
     controller::{Controller, ControllerConfig, ControllerError, Health, memory::MemoryKernel},
-    desired::DesiredState,
     events::KubeEvents,
     metrics::Metrics,
     source::{EventReceiver, EventSender, Object, SourceEvent, kube::KubeSource, reflector::STALL},
 };
+use topology_policy::desired::DesiredState;
 use topology_tests::{
     cluster::{self, EndpointSpec},
     fake_api::{FakeApi, Resource},

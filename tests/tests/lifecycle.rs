@@ -4,11 +4,9 @@
 use std::{net::SocketAddr, path::Path, time::Duration};
 
 use aya::programs::links::{FdLink, PinnedLink};
-use topology_agent::{
-    dataplane::{self, Capacities, Dataplane, DataplaneError, KernelLogLevel, PinLayout},
-    desired::{DesiredService, DesiredState, PortOptions, Protocol},
-};
 use topology_common::{map_names, program_names};
+use topology_dataplane::{Capacities, Dataplane, DataplaneError, KernelLogLevel, PinLayout};
+use topology_policy::desired::{DesiredService, DesiredState, PortOptions, Protocol};
 use topology_tests::{
     fixture::{Fixture, service},
     require_root,
@@ -163,7 +161,7 @@ fn stale_services_are_removed_on_the_first_apply_after_a_restart() {
     assert_eq!((report.removed, report.unchanged), (1, 2), "{report:?}");
     let gone = fx.place().tcp(addr("10.96.1.2:80"), 3);
     assert_eq!(gone.errno("ENETUNREACH"), 3, "a removed service is no longer rewritten: {gone:?}");
-    let snapshot = dataplane::read_pins(fx.pins.path()).expect("snapshot");
+    let snapshot = topology_dataplane::read_pins(fx.pins.path()).expect("snapshot");
     assert_eq!(snapshot.kernel.services.len(), 2);
     assert_eq!(snapshot.counters.len(), 2, "only service entries have counters");
 }
@@ -246,7 +244,7 @@ fn a_full_map_is_an_error_naming_it_and_nothing_is_half_written() {
         assert_eq!(error.to_string(), "map topo_slots is full: 6 entries needed, capacity 4");
     }
     assert_eq!(dp.kernel().slot_entries(), 3, "the failed services wrote no slot");
-    let snapshot = dataplane::read_pins(fx.pins.path()).expect("snapshot");
+    let snapshot = topology_dataplane::read_pins(fx.pins.path()).expect("snapshot");
     assert_eq!(snapshot.kernel.slot_entries(), 3);
     assert_eq!(snapshot.kernel.services.len(), 1);
     // The service that fit works; the others are not programmed at all.
@@ -301,7 +299,7 @@ fn cleanup_leaves_no_attachment_pin_cgroup_or_namespace() {
             assert!(attached.contains(program), "{program} attached:\n{attached}");
         }
         drop(dp);
-        let report = dataplane::cleanup(fx.pins.path()).expect("cleanup");
+        let report = topology_dataplane::cleanup(fx.pins.path()).expect("cleanup");
         // The socket-address programs, and the program at a TCP socket's end (the load signal).
         assert_eq!(report.links.len(), program_names::ALL.len() + program_names::CLOSED.len(), "{:?}", report.links);
         let chunks = report.maps.iter().filter(|p| p.to_string_lossy().contains(map_names::COUNTER_CHUNK)).count();
@@ -309,7 +307,7 @@ fn cleanup_leaves_no_attachment_pin_cgroup_or_namespace() {
         let attached = run("bpftool", &["cgroup", "show", &cgroup.to_string_lossy()]);
         assert!(attached.trim().is_empty(), "nothing stays attached after cleanup:\n{attached}");
         assert!(!fx.pins.path().exists());
-        assert!(dataplane::cleanup(fx.pins.path()).expect("idempotent").links.is_empty());
+        assert!(topology_dataplane::cleanup(fx.pins.path()).expect("idempotent").links.is_empty());
         let namespaces = run("ip", &["netns", "list"])
             .lines()
             .filter(|l| l.starts_with(&fx.id))
@@ -339,7 +337,7 @@ fn cleanup_check_finds_a_program_still_attached_without_a_pin() {
     let pin = PinLayout::new(fx.pins.path()).link("connect4");
     let held = FdLink::from(PinnedLink::from_pin(&pin).expect("open the pinned link"));
     std::fs::remove_file(&pin).expect("unpin");
-    dataplane::cleanup(fx.pins.path()).expect("cleanup");
+    topology_dataplane::cleanup(fx.pins.path()).expect("cleanup");
     let check = |cgroup: &Path| {
         std::process::Command::new(topology_tests::net::agent_binary())
             .args(["cleanup", "--check", "--pin-path"])

@@ -8,10 +8,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use topology_agent::{
-    dataplane::{Dataplane, MeasuredBackend},
-    desired::{DesiredService, DesiredState, PortOptions, Protocol, WeightedBackend},
-};
+use topology_dataplane::{Dataplane, MeasuredBackend};
+use topology_policy::desired::{DesiredService, DesiredState, PortOptions, Protocol, WeightedBackend};
 use topology_tests::{
     fixture::{BACKEND_PORT, Fixture, service},
     require_root,
@@ -217,12 +215,12 @@ fn the_load_signal_costs_other_sockets_nothing_and_survives_reloads_and_a_small_
     // Sixteen positions in the TCP connections table: a connection outlives its entry after
     // sixteen newer ones through the hooks.
     let config = |load_signal: bool, kernel_log| {
-        let mut config = topology_agent::dataplane::DataplaneConfig { load_signal, kernel_log, ..fx.config() };
+        let mut config = topology_dataplane::DataplaneConfig { load_signal, kernel_log, ..fx.config() };
         config.capacities.tcp_connections = 16;
         config
     };
     let open = |load_signal: bool| {
-        Dataplane::open(&config(load_signal, topology_agent::dataplane::KernelLogLevel::Off)).expect("open dataplane")
+        Dataplane::open(&config(load_signal, topology_dataplane::KernelLogLevel::Off)).expect("open dataplane")
     };
 
     // Nothing on the cgroup but the socket-address hooks: no other socket pays for the signal.
@@ -243,8 +241,7 @@ fn the_load_signal_costs_other_sockets_nothing_and_survives_reloads_and_a_small_
     // Reloaded (another fingerprint: a kernel log level) with it still open: the new programs
     // count its end.
     drop(dp);
-    let mut dp =
-        Dataplane::open(&config(true, topology_agent::dataplane::KernelLogLevel::Error)).expect("reopen dataplane");
+    let mut dp = Dataplane::open(&config(true, topology_dataplane::KernelLogLevel::Error)).expect("reopen dataplane");
     assert!(dp.apply(&desired).failed.is_empty());
     drop(held);
     let sum = settle(&dp, &[backend], "the held connection closed", |s| s.in_flight == 0);

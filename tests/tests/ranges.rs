@@ -5,11 +5,9 @@
 use std::net::SocketAddr;
 
 use aya::maps::{Array, HashMap, Map, MapData};
-use topology_agent::{
-    dataplane::{Dataplane, DataplaneConfig, IndexOrdering, PinLayout},
-    desired::{DesiredService, DesiredState, Protocol},
-};
 use topology_common::{ServiceKey4, ServiceRanges, ServiceValue, map_names};
+use topology_dataplane::{Dataplane, DataplaneConfig, IndexOrdering, PinLayout};
+use topology_policy::desired::{DesiredService, DesiredState, Protocol};
 use topology_tests::{
     fixture::{Fixture, service},
     require_root,

@@ -7,10 +7,8 @@ use std::{
     time::Duration,
 };
 
-use topology_agent::{
-    dataplane::Dataplane,
-    desired::{DesiredService, DesiredState, PortOptions, Protocol},
-};
+use topology_dataplane::Dataplane;
+use topology_policy::desired::{DesiredService, DesiredState, PortOptions, Protocol};
 use topology_tests::{
     agent::{Agent, AgentOptions},
     cluster::{self, EndpointSpec},

@@ -5,10 +5,8 @@
 
 use std::net::SocketAddr;
 
-use topology_agent::{
-    dataplane::Dataplane,
-    desired::{DesiredService, DesiredState, Protocol, WeightedBackend},
-};
+use topology_dataplane::Dataplane;
+use topology_policy::desired::{DesiredService, DesiredState, Protocol, WeightedBackend};
 use topology_tests::{
     fixture::{Fixture, service as service_port},
     net::ClientPlace,

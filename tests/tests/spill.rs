@@ -8,10 +8,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use topology_agent::{
-    dataplane::Dataplane,
-    desired::{DesiredService, DesiredState, PortOptions, Protocol},
-};
+use topology_dataplane::Dataplane;
+use topology_policy::desired::{DesiredService, DesiredState, PortOptions, Protocol};
 use topology_tests::{
     fixture::{Fixture, service},
     require_root,

@@ -4,9 +4,9 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use topology_agent::{
+use topology_dataplane::Dataplane;
+use topology_policy::{
     cluster::yaml,
-    dataplane::Dataplane,
     plan::weights::desired_state,
     policy::{self, PolicyKind},
 };

@@ -8,19 +8,19 @@ use tokio_util::sync::CancellationToken;
 mod chores;
 
 use chores::{leave_the_api_service, read_kernel_log, release_memory_after_sync, start_sweeper};
+use topology_dataplane::{
+    ByteAccounting, Capacities, Dataplane, DataplaneConfig, DataplaneError, IndexOrdering, KernelLogLevel,
+    mounts::{self, MountError},
+};
+use topology_dns::{DnsConfig, DnsError, DnsPublisher, steer::Steering};
+use topology_policy::plan::Measured;
 
 use crate::{
     caps::{self, Capability, CapabilityError},
     controller::{Controller, ControllerConfig, ControllerError, Health, PlanClient},
-    dataplane::{
-        ByteAccounting, Capacities, Dataplane, DataplaneConfig, DataplaneError, IndexOrdering, KernelLogLevel,
-    },
-    dns::{self, DnsConfig, DnsError, DnsPublisher, steer::Steering},
     events::{KubeEvents, LogOnly, ProblemSink},
     http,
     metrics::Metrics,
-    mounts::{self, MountError},
-    plan::Measured,
     sockets::{TerminateConfig, TerminateSockets, Terminator},
     source::{
         EventSender,
@@ -363,7 +363,7 @@ fn start_dns(
     let (publisher, view) = DnsPublisher::new(config.upstreams.clone());
     let current = publisher.current();
     let sockets = CancellationToken::new();
-    let server = dns::start(config, view, Arc::clone(&metrics.dns), sockets.clone())?;
+    let server = topology_dns::start(config, view, Arc::clone(&metrics.dns), sockets.clone())?;
     let addr = server.addr;
     tracing::info!(%addr, domain = %config.domain, "serving DNS over UDP and TCP");
     let steering = config.steer.clone().map(|service| Steering { service, responder: addr });
@@ -374,7 +374,7 @@ fn start_dns(
     let (domain, shutdown) = (config.domain.clone(), shutdown.clone());
     let stopped = tokio::spawn(async move {
         match beat {
-            Some(beat) => dns::steer::keep_steering(beat, addr, domain, current, shutdown).await,
+            Some(beat) => topology_dns::steer::keep_steering(beat, addr, domain, current, shutdown).await,
             None => shutdown.cancelled().await,
         }
         sockets.cancel();
@@ -408,13 +408,13 @@ mod tests {
             netns_dirs: Vec::new(),
             dns: Some(DnsConfig {
                 listen: listen.parse().unwrap(),
-                domain: dns::parse_domain("cluster.local").unwrap(),
-                ttl: dns::DEFAULT_TTL,
+                domain: topology_dns::parse_domain("cluster.local").unwrap(),
+                ttl: topology_dns::DEFAULT_TTL,
                 upstreams: Vec::new(),
                 per_source_qps: 0,
-                steer: steer.then(|| crate::cluster::ObjectKey::new("kube-system", "kube-dns")),
-                cache: dns::relayed::CacheSettings::default(),
-                clients: dns::clients::Clients::Any,
+                steer: steer.then(|| topology_policy::cluster::ObjectKey::new("kube-system", "kube-dns")),
+                cache: topology_dns::relayed::CacheSettings::default(),
+                clients: topology_dns::clients::Clients::Any,
             }),
         }
     }

@@ -4,12 +4,13 @@
 use std::collections::HashMap;
 
 use topology_common::{IndexEntry4, ServiceKey4, ServiceValue, Slot};
-
-use crate::{
+use topology_dataplane::{fuzzing as dataplane, mounts};
+use topology_policy::{
     cluster::{Node, ObjectKey, Service, TopologyKeysSource, TopologyKeysSpec, convert, yaml},
-    dataplane::fuzzing as dataplane,
-    mounts, policy, sockets,
+    policy,
 };
+
+use crate::sockets;
 
 /// A fuzz target: untrusted bytes in, no panic.
 pub type Target = fn(&[u8]);
@@ -144,12 +145,11 @@ pub fn dns_packet(data: &[u8]) {
     use std::sync::OnceLock;
 
     use hickory_proto::op::Message;
-
-    use crate::dns::{DnsView, answer, glance, parse_domain, relayed, server};
+    use topology_dns::{DnsView, answer, glance, parse_domain, relayed, server};
 
     static VIEW: OnceLock<(DnsView, answer::Zone)> = OnceLock::new();
     let (view, zone) = VIEW.get_or_init(|| {
-        let state = yaml::parse(crate::dns::fuzzing::CLUSTER, "dns.yaml").expect("the DNS fuzz cluster parses");
+        let state = yaml::parse(topology_dns::fuzzing::CLUSTER, "dns.yaml").expect("the DNS fuzz cluster parses");
         let view = DnsView::of_node(&state, "a", vec!["192.0.2.53:53".parse().expect("address")]).expect("node a");
         (view, answer::Zone { domain: parse_domain("cluster.local").expect("domain"), ttl: 5 })
     });
@@ -184,8 +184,7 @@ pub fn dns_packet(data: &[u8]) {
 /// must answer the client's id and question, parse, and fit the client's size.
 pub fn relay(data: &[u8]) {
     use hickory_proto::op::{Message, MessageType};
-
-    use crate::dns::relay;
+    use topology_dns::relay;
 
     let [mode, high, low, rest @ ..] = data else { return };
     let (query, reply) = rest.split_at(usize::from(u16::from_be_bytes([*high, *low])).min(rest.len()));
@@ -212,8 +211,7 @@ fn relayed(query: &[u8], reply: &[u8]) {
     use std::time::{Duration, Instant};
 
     use hickory_proto::op::Message;
-
-    use crate::dns::relayed::{Asked, CacheSettings, Found, Key, RelayCache, wire};
+    use topology_dns::relayed::{Asked, CacheSettings, Found, Key, RelayCache, wire};
 
     let _ = wire::layout(reply);
     let Ok(asked) = Message::from_vec(query).map(|request| Asked::of(&request)) else { return };

@@ -4,10 +4,6 @@
 //!
 //! The data flows one way: source -> cluster state -> policy -> node plan -> diff -> dataplane.
 
-pub use topology_dataplane::{self as dataplane, mounts};
-pub use topology_dns::{self as dns, connections};
-pub use topology_policy::{cluster, desired, feedback, plan, policy};
-
 pub mod agent;
 pub mod caps;
 pub mod controller;

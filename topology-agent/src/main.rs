@@ -9,15 +9,10 @@ use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use run_args::{RunArgs, run_config, steer_service};
 use tokio_util::sync::CancellationToken;
-use topology_agent::{
-    agent,
-    cluster::{ObjectKey, yaml},
-    dataplane,
-    dns::steer::Steering,
-    explain, listen,
-    source::kube as kube_source,
-    status::StatusReport,
-};
+use topology_agent::{agent, explain, listen, source::kube as kube_source, status::StatusReport};
+use topology_dataplane as dataplane;
+use topology_dns::steer::Steering;
+use topology_policy::cluster::{ObjectKey, yaml};
 
 #[derive(Parser)]
 #[command(version, about = "Topology-aware service routing in cgroup socket hooks")]
@@ -124,7 +119,7 @@ enum Command {
 const LIST_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The cluster as the API lists it now; objects the agent would skip are named on stderr.
-fn live_cluster(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<topology_agent::cluster::ClusterState> {
+fn live_cluster(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<topology_policy::cluster::ClusterState> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let (state, skipped) = runtime.block_on(async {
         let client = kube_source::client(kubeconfig, kube_source::Role::Explain).await?;
@@ -207,11 +202,11 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Command::MountBpffs { path } => {
-            let done = topology_agent::mounts::mount_bpffs(&path)
+            let done = topology_dataplane::mounts::mount_bpffs(&path)
                 .with_context(|| format!("mounting a BPF filesystem at {}", path.display()))?;
             match done {
-                topology_agent::mounts::BpffsMount::Present => println!("{} is a BPF filesystem", path.display()),
-                topology_agent::mounts::BpffsMount::Mounted => {
+                topology_dataplane::mounts::BpffsMount::Present => println!("{} is a BPF filesystem", path.display()),
+                topology_dataplane::mounts::BpffsMount::Mounted => {
                     tracing::warn!(path = %path.display(), "no BPF filesystem on this node: mounted one");
                     println!("mounted a BPF filesystem at {}", path.display());
                 }
@@ -280,7 +275,7 @@ async fn cancel_on_signal(shutdown: CancellationToken) {
 
 #[cfg(test)]
 mod tests {
-    use topology_agent::dns;
+    use topology_dns as dns;
 
     use super::*;
     use crate::run_args::parse_upstream;

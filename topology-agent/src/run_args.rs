@@ -6,14 +6,13 @@ use anyhow::{Context as _, bail};
 use clap::{Args, ValueEnum};
 use topology_agent::{
     agent::{RunConfig, SourceConfig},
-    cluster::ObjectKey,
-    dataplane::{self, ByteAccounting, Capacities, IndexOrdering, KernelLogLevel},
-    dns::{self, DnsConfig},
     listen,
     metrics::SeriesCaps,
-    plan::Measured,
     sockets::TerminateSockets,
 };
+use topology_dataplane::{ByteAccounting, Capacities, IndexOrdering, KernelLogLevel};
+use topology_dns::DnsConfig;
+use topology_policy::{cluster::ObjectKey, plan::Measured};
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -30,7 +29,7 @@ pub struct RunArgs {
     #[arg(long)]
     cgroup: Option<PathBuf>,
     /// Directory on bpffs for the pinned maps and links.
-    #[arg(long, default_value = dataplane::DEFAULT_PIN_PATH)]
+    #[arg(long, default_value = topology_dataplane::DEFAULT_PIN_PATH)]
     pin_path: PathBuf,
     /// Address of /healthz, /readyz and /metrics: `IP:PORT`, or `[IP]:PORT` for either family
     /// (`127.0.0.1:0` picks a free port). Default: the pod's IP (`$POD_IP`, from the Downward API)
@@ -107,16 +106,16 @@ pub struct RunArgs {
     #[arg(long, value_delimiter = ',', value_name = "ADDR[,ADDR]", value_parser = parse_upstream)]
     dns_upstream: Vec<SocketAddr>,
     /// TTL of the responder's answers, seconds.
-    #[arg(long, default_value_t = dns::DEFAULT_TTL)]
+    #[arg(long, default_value_t = topology_dns::DEFAULT_TTL)]
     dns_ttl: u32,
     /// Queries per second one client address may send to the responder (0: no limit).
-    #[arg(long, default_value_t = dns::DEFAULT_SOURCE_QPS)]
+    #[arg(long, default_value_t = topology_dns::DEFAULT_SOURCE_QPS)]
     dns_source_qps: u32,
     /// Whose queries the responder answers: `node` (this node's pods and processes: its Node's pod
     /// CIDRs and addresses; everyone where the Node lists no pod CIDRs) or `any`. Others get
     /// REFUSED.
     #[arg(long, default_value = "any", value_name = "node|any")]
-    dns_clients: dns::clients::Clients,
+    dns_clients: topology_dns::clients::Clients,
     /// Memory for relayed answers the responder keeps, MiB (0: none kept).
     #[arg(long, default_value_t = 16, value_name = "MIB")]
     dns_cache_mib: usize,
@@ -198,12 +197,12 @@ pub fn run_config(args: RunArgs) -> anyhow::Result<RunConfig> {
         dns: match args.dns_listen {
             Some(listen) => Some(DnsConfig {
                 listen,
-                domain: dns::parse_domain(&args.cluster_domain)?,
+                domain: topology_dns::parse_domain(&args.cluster_domain)?,
                 ttl: args.dns_ttl,
                 upstreams: args.dns_upstream,
                 per_source_qps: args.dns_source_qps,
                 steer: steer_service(&args.dns_steer)?,
-                cache: dns::relayed::CacheSettings {
+                cache: topology_dns::relayed::CacheSettings {
                     max_bytes: args.dns_cache_mib << 20,
                     max_ttl: args.dns_cache_max_ttl,
                     max_negative_ttl: args.dns_cache_max_negative_ttl,

@@ -4,11 +4,8 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 use topology_common::program_names;
-
-use crate::{
-    dataplane::{HeartbeatReading, MeasuredBackend, PinnedState},
-    desired::{Locality, PortOptions, Protocol},
-};
+use topology_dataplane::{HeartbeatReading, MeasuredBackend, PinnedState};
+use topology_policy::desired::{Locality, PortOptions, Protocol};
 
 /// The status of a pinned dataplane.
 #[derive(Debug, Serialize)]
@@ -118,10 +115,9 @@ pub struct PortCounters {
 impl StatusReport {
     /// Builds the report from what the pins hold.
     pub fn new(pin_path: &std::path::Path, pinned: &PinnedState) -> Self {
-        let measured =
-            pinned.kernel.services.iter().any(|(port, programmed)| {
-                port.protocol == crate::desired::Protocol::Tcp && programmed.options.measured
-            });
+        let measured = pinned.kernel.services.iter().any(|(port, programmed)| {
+            port.protocol == topology_policy::desired::Protocol::Tcp && programmed.options.measured
+        });
         let mut services: Vec<ServiceStatus> = pinned
             .kernel
             .services

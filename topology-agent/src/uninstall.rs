@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail};
-use topology_agent::dataplane;
+use topology_dataplane as dataplane;
 
 /// Detaches every program and removes every pin under `pin_path`, saying what went.
 pub fn clean(pin_path: &Path) -> anyhow::Result<()> {
@@ -26,7 +26,7 @@ pub fn check(pin_path: &Path, cgroup: Option<PathBuf>) -> anyhow::Result<()> {
     }
     let cgroup = match cgroup {
         Some(cgroup) => cgroup,
-        None => topology_agent::mounts::cgroup2_root()?,
+        None => topology_dataplane::mounts::cgroup2_root()?,
     };
     let attached = dataplane::attached_programs(&cgroup)
         .with_context(|| format!("listing the programs attached to {}", cgroup.display()))?;

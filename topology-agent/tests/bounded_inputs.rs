@@ -8,7 +8,7 @@ use std::{
 };
 
 use serde_json::{Value, json};
-use topology_agent::{
+use topology_policy::{
     cluster::{ObjectKey, yaml},
     plan::NodePlan,
 };

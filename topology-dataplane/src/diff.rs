@@ -5,9 +5,9 @@
 use std::collections::HashSet;
 
 use topology_common::{Backend, Slot, THRESHOLD_ONE};
+use topology_policy::desired::{DesiredService, PortOptions, ServicePort};
 
 use super::{alias, error::DataplaneError, state::KernelState};
-use crate::desired::{DesiredService, PortOptions, ServicePort};
 
 /// One change to one service port.
 #[derive(Debug, PartialEq)]
@@ -177,11 +177,10 @@ fn drawn(slots: &[Slot]) -> HashSet<([u8; 16], u16)> {
 mod tests {
     use std::net::IpAddr;
 
+    use topology_policy::desired::{Locality, Protocol, WeightedBackend};
+
     use super::*;
-    use crate::{
-        dataplane::state::ProgrammedService,
-        desired::{Locality, Protocol, WeightedBackend},
-    };
+    use crate::state::ProgrammedService;
 
     fn port(last: u8) -> ServicePort {
         ServicePort { vip: IpAddr::from([10, 96, 0, last]), port: 53, protocol: Protocol::Udp }

@@ -2,7 +2,7 @@
 
 use std::{io, path::PathBuf};
 
-use crate::desired::ServicePort;
+use topology_policy::desired::ServicePort;
 
 /// A dataplane failure.
 #[derive(Debug, thiserror::Error)]

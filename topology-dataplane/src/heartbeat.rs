@@ -157,11 +157,11 @@ mod tests {
         assert_eq!(v4.addr, [10, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
         let v6 = steer_record("[fd00::5]:5353".parse().unwrap(), 9);
         assert_eq!((v6.addr, v6.port), ("fd00::5".parse::<std::net::Ipv6Addr>().unwrap().octets(), 5353));
-        let backend = crate::dataplane::alias::build(&[crate::desired::WeightedBackend {
+        let backend = crate::alias::build(&[topology_policy::desired::WeightedBackend {
             addr: "10.0.0.5".parse().unwrap(),
             port: 53,
             weight: 1,
-            locality: crate::desired::Locality::Node,
+            locality: topology_policy::desired::Locality::Node,
         }]);
         assert_eq!((backend[0].primary.addr, backend[0].primary.port), (v4.addr, v4.port), "as the slot holds it");
     }

@@ -74,15 +74,12 @@ pub use pinned::{PinCheck, PinnedState, read_pins, verify_pins};
 pub use socket_maps::{IterError, SocketMaps, TcpConnections};
 pub use state::{CounterReading, KernelState, ProgrammedService};
 use topology_common::{NodeCounters, ServiceCounters, program_names};
+use topology_policy::desired::DesiredState;
 pub use topology_policy::feedback::measured::{LoadCounters, MeasuredBackend};
 // The pipeline's vocabulary, under the names the modules here were written with.
-use topology_policy::{cluster, desired};
 pub use writer::{ApplyReport, Usage};
 #[cfg(any(test, feature = "testing"))]
 pub use writer::{Writer, verify_index};
-
-use crate as dataplane;
-use crate::desired::DesiredState;
 
 /// Ends a previous run's ejections when ejection is off: the connect hooks read the pinned
 /// entries whether or not the tracing programs run, so ejections in force would outlive the switch.
@@ -319,7 +316,9 @@ impl Dataplane {
     /// other one alone: the incremental form of [`Dataplane::apply`].
     pub fn apply_changes<'a>(
         &mut self,
-        changes: impl IntoIterator<Item = (crate::desired::ServicePort, Option<&'a crate::desired::DesiredService>)>,
+        changes: impl IntoIterator<
+            Item = (topology_policy::desired::ServicePort, Option<&'a topology_policy::desired::DesiredService>),
+        >,
     ) -> ApplyReport {
         self.writer.apply_changes(changes)
     }

@@ -16,6 +16,10 @@ use topology_common::{
     Backend, IndexEntry4, IndexEntry6, ServiceKey4, ServiceKey6, ServiceMeta, ServiceOptions, ServiceRanges,
     ServiceValue, Slot, THRESHOLD_ONE, index::USED, map_names,
 };
+use topology_policy::{
+    cluster::Family,
+    desired::{DesiredService, DesiredState, PortOptions, ServicePort},
+};
 
 use super::{
     ApplyReport, alias,
@@ -26,11 +30,7 @@ use super::{
     ops::{IndexStore, MapOps, ServiceKey},
     state::name_from_meta,
 };
-use crate::{
-    KernelState,
-    cluster::Family,
-    desired::{DesiredService, DesiredState, PortOptions, ServicePort},
-};
+use crate::KernelState;
 
 /// One family's index as a plain array.
 #[derive(Clone, Debug)]

@@ -9,6 +9,7 @@ use topology_common::{
     IndexEntry4, IndexEntry6, ServiceKey4, ServiceKey6, ServiceMeta, ServiceOptions, ServiceRanges, ServiceValue, Slot,
     map_names,
 };
+use topology_policy::{cluster::Family, desired::ServicePort};
 
 use super::{
     batch,
@@ -17,7 +18,6 @@ use super::{
     maps::{Capacities, MapSet},
     mmap::MappedArray,
 };
-use crate::{cluster::Family, desired::ServicePort};
 
 /// A service port keyed as the maps of its family key it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -44,7 +44,7 @@ impl ServiceKey {
             Self::V4(k) => (IpAddr::from(k.addr), k.port, k.proto),
             Self::V6(k) => (IpAddr::from(k.addr), k.port, k.proto),
         };
-        Some(ServicePort { vip, port, protocol: crate::desired::Protocol::from_number(proto)? })
+        Some(ServicePort { vip, port, protocol: topology_policy::desired::Protocol::from_number(proto)? })
     }
 
     /// The family of the key, and so of the maps that hold it.
@@ -310,8 +310,9 @@ fn ignore_missing(result: Result<(), MapError>) -> Result<(), MapError> {
 
 #[cfg(test)]
 mod tests {
+    use topology_policy::desired::Protocol;
+
     use super::*;
-    use crate::desired::Protocol;
 
     #[test]
     fn room_is_checked_before_writing() {

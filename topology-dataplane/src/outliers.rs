@@ -8,9 +8,9 @@ use topology_common::{
     OutlierEntry, OutlierKey, OutlierLedger, OutlierState, map_names,
     outlier::{BUCKET_WORDS, FAILING_WINDOW_NS, bucket_of},
 };
+use topology_policy::desired::ServicePort;
 
 use super::{backend_load::socket_addr, error::DataplaneError, heartbeat::now_ns, layout::PinLayout};
-use crate::desired::ServicePort;
 
 /// The outlier map's typed handle.
 pub type OutlierMap = HashMap<MapData, OutlierKey, OutlierEntry>;

@@ -99,4 +99,4 @@ pub fn verify_pins(pin_path: &Path) -> Result<PinCheck, DataplaneError> {
 }
 
 /// A service port, as [`verify_pins`] names it.
-type ProgrammedPort = crate::desired::ServicePort;
+type ProgrammedPort = topology_policy::desired::ServicePort;

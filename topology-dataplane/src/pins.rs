@@ -116,7 +116,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
-    use crate::dataplane::objects::PROGRAMS_ACQUIRE;
+    use crate::objects::PROGRAMS_ACQUIRE;
 
     /// The eBPF crate must spell map names as literals (`#[btf_map(name = …)]`); this holds them
     /// to `topology_common::map_names`, in both builds of the object.

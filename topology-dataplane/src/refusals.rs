@@ -3,13 +3,15 @@
 //! loop to map contents) are the agent's, under `topology-agent/testdata/scenarios/`.
 
 use topology_common::map_names;
+use topology_policy::desired::{
+    DesiredService, DesiredState, Locality, PortOptions, Protocol, ServicePort, WeightedBackend,
+};
 
 use super::{
     Capacities, KernelState,
     memory::{MemoryMaps, held},
     writer::{Writer, verify_index},
 };
-use crate::desired::{DesiredService, DesiredState, Locality, PortOptions, Protocol, ServicePort, WeightedBackend};
 
 fn web(backends: &[u8]) -> DesiredState {
     service_at("10.96.0.10", "default/web:http", backends)

@@ -129,7 +129,7 @@ pub fn record(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataplane::{ByteAccounting, Capacities, IndexOrdering};
+    use crate::{ByteAccounting, Capacities, IndexOrdering};
 
     fn options() -> LoadOptions {
         LoadOptions {

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use aya::maps::IterableMap as _;
 use topology_common::{ServiceCounters, ServiceMeta, ServiceOptions, ServiceValue, Slot, map_names};
+use topology_policy::desired::{PortOptions, ServicePort, WeightedBackend};
 
 use super::{
     alias,
@@ -12,7 +13,6 @@ use super::{
     maps::{CounterMaps, MapSet},
     ops::ServiceKey,
 };
-use crate::desired::{PortOptions, ServicePort, WeightedBackend};
 
 /// One service port as the kernel holds it.
 #[derive(Clone, Debug, PartialEq, Eq)]

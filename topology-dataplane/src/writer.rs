@@ -35,6 +35,7 @@
 use std::collections::HashMap;
 
 use topology_common::{ServiceKey4, ServiceKey6, ServiceValue, Slot};
+use topology_policy::desired::{DesiredService, DesiredState, PortOptions, ServicePort};
 
 use super::{
     diff::{self, Foreign, Op},
@@ -46,10 +47,7 @@ use super::{
     slot_space::{Run, SlotSpace},
     state::{KernelState, ProgrammedService, meta_from_name},
 };
-use crate::{
-    dataplane::Departure,
-    desired::{DesiredService, DesiredState, PortOptions, ServicePort},
-};
+use crate::Departure;
 
 mod add;
 mod indexing;

@@ -12,12 +12,12 @@ use hickory_proto::{
     },
     serialize::binary::{BinEncodable, BinEncoder},
 };
+use topology_policy::desired::{Locality, Protocol};
 
 use super::{
     names::ClusterName,
     view::{Chosen, DnsView, NamedChoice, NamedPort, Records, UPSTREAM_SERVICE},
 };
-use crate::desired::{Locality, Protocol};
 
 /// The largest UDP answer offered over EDNS (the DNS flag day 2020 value).
 pub const EDNS_PAYLOAD: u16 = 1232;

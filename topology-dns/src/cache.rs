@@ -6,9 +6,9 @@
 use std::{collections::HashMap, sync::Arc};
 
 use hickory_proto::rr::RecordType;
+use topology_policy::desired::Locality;
 
 use super::view::DnsView;
-use crate::desired::Locality;
 
 /// Entries kept before the cache starts over (a few hundred bytes each).
 const MAX_ENTRIES: usize = 4096;

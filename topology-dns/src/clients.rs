@@ -90,8 +90,9 @@ pub fn refused(bytes: &[u8]) -> Option<Vec<u8>> {
 mod tests {
     use std::sync::Arc;
 
+    use topology_policy::cluster::{Node, Prefix};
+
     use super::*;
-    use crate::cluster::{Node, Prefix};
 
     fn view(pod_cidrs: &[&str], addresses: &[&str]) -> DnsView {
         let mut view = DnsView::default();

@@ -38,8 +38,6 @@ use tokio::{
 };
 use tokio_util::sync::CancellationToken;
 // The pipeline's vocabulary, under the names the modules here were written with.
-use topology_dataplane as dataplane;
-use topology_policy::{cluster, desired, plan, policy};
 pub use view::DnsView;
 
 /// Fixtures of the fuzz targets and tests downstream.
@@ -91,7 +89,7 @@ items:
 "#;
 }
 
-use crate::desired::Locality;
+use topology_policy::desired::Locality;
 
 /// CoreDNS's default TTL for cluster names.
 pub const DEFAULT_TTL: u32 = 5;
@@ -112,7 +110,7 @@ pub struct DnsConfig {
     /// Queries per second per source address; 0: unlimited.
     pub per_source_qps: u32,
     /// The cluster DNS Service whose port 53 this node steers to the responder (`None`: none).
-    pub steer: Option<crate::cluster::ObjectKey>,
+    pub steer: Option<topology_policy::cluster::ObjectKey>,
     /// How relayed answers are kept.
     pub cache: relayed::CacheSettings,
     /// Whose queries are answered.
@@ -138,7 +136,7 @@ pub enum DnsError {
     SteerAddress(SocketAddr),
     /// The steering heartbeat could not be opened.
     #[error("steering the cluster DNS: {0}")]
-    Beat(#[from] crate::dataplane::DataplaneError),
+    Beat(#[from] topology_dataplane::DataplaneError),
     /// The responder's threads could not be started.
     #[error("starting the DNS responder's threads: {0}")]
     Threads(std::io::Error),

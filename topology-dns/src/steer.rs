@@ -22,9 +22,9 @@ use hickory_proto::{
 };
 use tokio::net::UdpSocket;
 use tokio_util::sync::CancellationToken;
+use topology_dataplane::DnsBeat;
 
 use super::ViewCurrent;
-use crate::dataplane::DnsBeat;
 
 /// The Service steered by default: the cluster DNS, as kubeadm, kops and every managed offering
 /// name it.
@@ -53,7 +53,7 @@ const STABLE: Duration = Duration::from_secs(60);
 /// retried on a socket connected to the responder) is answered, not dropped.
 pub const DRAIN: Duration = Duration::from_millis(super::upstream::UPSTREAM_TIMEOUT.as_millis() as u64 + 500);
 
-pub use crate::plan::steering::Steering;
+pub use topology_policy::plan::steering::Steering;
 
 /// Probes the responder at `listen` and keeps the steering heartbeat fresh while it answers from a
 /// current view (`current`); stops the steering at once when it does not, and on `shutdown`,

@@ -8,8 +8,8 @@ use std::{
     sync::Arc,
 };
 
-pub use crate::plan::headless::{Chosen, Headless, NamedChoice, NamedPort};
-use crate::{
+pub use topology_policy::plan::headless::{Chosen, Headless, NamedChoice, NamedPort};
+use topology_policy::{
     cluster::{ClusterState, Family, Node, ObjectKey, Prefix},
     desired::Protocol,
     plan::{

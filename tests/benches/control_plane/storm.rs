@@ -15,12 +15,12 @@ use std::{
 use tokio_util::sync::CancellationToken;
 use topology_agent::{
     controller::{Controller, ControllerConfig, Health},
-    dataplane::{Dataplane, DataplaneConfig},
-    desired::{Protocol, ServicePort},
     events::LogOnly,
     metrics::Metrics,
     source::{EventSender, kube::KubeSource},
 };
+use topology_dataplane::{Dataplane, DataplaneConfig};
+use topology_policy::desired::{Protocol, ServicePort};
 use topology_tests::{
     agent::Agent,
     dnsperf::HistogramReading,

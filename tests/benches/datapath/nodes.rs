@@ -6,11 +6,11 @@
 
 use std::net::SocketAddr;
 
-use topology_agent::{
-    dataplane::{Dataplane, DataplaneConfig, PinLayout},
-    desired::{DesiredService, DesiredState, Locality, PortOptions, Protocol, ServicePort, WeightedBackend},
-};
 use topology_common::program_names;
+use topology_dataplane::{Dataplane, DataplaneConfig, PinLayout};
+use topology_policy::desired::{
+    DesiredService, DesiredState, Locality, PortOptions, Protocol, ServicePort, WeightedBackend,
+};
 use topology_tests::{
     fixture::Fixture,
     net::ClientPlace,

@@ -10,11 +10,11 @@ use std::{
 };
 
 use aya::maps::{Array, HashMap, Map, MapData};
-use topology_agent::dataplane::PinLayout;
 use topology_common::{
     BackendKey, OutlierEntry, OutlierKey, OutlierState, ServiceKey4, ServiceValue, map_names,
     outlier::{BUCKETS, bucket_of},
 };
+use topology_dataplane::PinLayout;
 
 /// A state of the node's outlier maps.
 #[derive(Clone, Copy, PartialEq, Eq)]

@@ -6,13 +6,9 @@ use std::{path::PathBuf, sync::Arc};
 
 use tokio::io::unix::AsyncFd;
 use tokio_util::sync::CancellationToken;
+use topology_dataplane::{Dataplane, KernelLogger};
 
-use crate::{
-    controller::Health,
-    dataplane::{Dataplane, KernelLogger},
-    metrics::Metrics,
-    sockets::sweep::Sweeper,
-};
+use crate::{controller::Health, metrics::Metrics, sockets::sweep::Sweeper};
 
 /// Starts sweeping the open connections' bytes in every namespace under `netns_dirs`; `None`
 /// (said once) when the sweep cannot load: connections are then counted only when they end.
@@ -45,7 +41,7 @@ pub(super) fn start_sweeper(dataplane: &Dataplane, netns_dirs: &[PathBuf], metri
 /// kube-proxy): before anything else, or the agent's own first list would follow the adopted maps
 /// to an API address that may be gone since, until the programs failed open.
 pub(super) fn leave_the_api_service(dataplane: &mut Dataplane) {
-    let prefix = format!("{}/{}:", crate::policy::API_SERVICE.0, crate::policy::API_SERVICE.1);
+    let prefix = format!("{}/{}:", topology_policy::policy::API_SERVICE.0, topology_policy::policy::API_SERVICE.1);
     let adopted: Vec<_> = dataplane
         .kernel()
         .services

@@ -18,15 +18,14 @@ use std::{
 };
 
 use topology_common::ByteCount;
-
-use super::{Controller, Programmer};
-use crate::{
-    cost::ServiceBytes,
-    dataplane::CountedBytes,
+use topology_dataplane::CountedBytes;
+use topology_policy::{
     desired::{Protocol, ServicePort},
-    metrics::BytesLabels,
     plan::NodePlan,
 };
+
+use super::{Controller, Programmer};
+use crate::{cost::ServiceBytes, metrics::BytesLabels};
 
 /// How often the counts are read: as often as the open connections are swept.
 pub(super) const INTERVAL: Duration = crate::sockets::sweep::INTERVAL;

@@ -7,11 +7,14 @@ use std::{
     sync::Arc,
 };
 
+use topology_dataplane::{ApplyReport, DataplaneError};
+use topology_policy::{
+    cluster::{Node, ObjectKey},
+    desired::ServicePort,
+};
+
 use super::{Health, Observation};
 use crate::{
-    cluster::{Node, ObjectKey},
-    dataplane::{ApplyReport, DataplaneError},
-    desired::ServicePort,
     events::{Problem, ProblemSink},
     metrics::{MapLabels, Metrics, NodeLabels, ReasonLabels},
     source::ObjectId,
@@ -226,8 +229,10 @@ fn failing_summary(failures: &BTreeMap<ServicePort, (ObjectKey, String)>) -> Opt
 
 #[cfg(test)]
 mod tests {
+    use topology_policy::desired::Protocol;
+
     use super::*;
-    use crate::{desired::Protocol, events::LogOnly};
+    use crate::events::LogOnly;
 
     #[test]
     fn a_services_own_problems_come_from_one_node_its_kernels_from_each() {

@@ -5,13 +5,14 @@
 
 use std::collections::BTreeSet;
 
-use super::context::{Context, Topic};
-use crate::{
+use topology_dns::DnsPublisher;
+use topology_policy::{
     cluster::{ClusterState, Node, ObjectKey},
     desired::ServicePort,
-    dns::DnsPublisher,
     plan::{self, NodePlan},
 };
+
+use super::context::{Context, Topic};
 
 /// The controller's deciding half.
 pub(super) struct Decider<'a> {

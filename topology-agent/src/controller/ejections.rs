@@ -12,9 +12,11 @@ use std::{
 };
 
 use topology_common::{OutlierEntry, outlier::Tuning};
+use topology_dataplane::Outlier;
+use topology_policy::{cluster::ObjectKey, desired::ServicePort, plan::NodePlan};
 
 use super::context::{Context, Topic};
-use crate::{cluster::ObjectKey, dataplane::Outlier, desired::ServicePort, explain::ExplainReport, plan::NodePlan};
+use crate::explain::ExplainReport;
 
 /// How often the loop reads the ejections: an ejection lasts 1 s at the least.
 pub(super) const INTERVAL: Duration = Duration::from_secs(2);

@@ -5,14 +5,14 @@
 use std::{collections::BTreeSet, time::Instant};
 
 use topology_common::{capacity, map_names};
-
-use super::program::Programmer;
-use crate::{
+use topology_policy::{
     cluster::ObjectKey,
     feedback::{Tuning, control::Regulator},
-    metrics::{MapLabels, Metrics},
     plan::NodePlan,
 };
+
+use super::program::Programmer;
+use crate::metrics::{MapLabels, Metrics};
 
 /// The controller and its clock.
 pub struct FeedbackLoop {

@@ -18,13 +18,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{Controller, Programmer, decide::Decider};
-use crate::{
+use topology_dataplane::ApplyReport;
+use topology_policy::{
     cluster::{Node, ObjectKey},
-    dataplane::ApplyReport,
     desired::{DesiredState, ServicePort},
     plan::NodePlan,
 };
+
+use super::{Controller, Programmer, decide::Decider};
 
 /// Services decided per chunk handed to the writer (the writer's own batches are as large).
 pub(super) const CHUNK: usize = 2048;

@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::cluster::Kind;
+use topology_policy::cluster::Kind;
 
 /// The controller loop must check in at least this often to count as alive.
 pub const LIVENESS_DEADLINE: Duration = Duration::from_secs(30);

@@ -6,9 +6,10 @@ use std::{
     time::{Instant, SystemTime},
 };
 
+use topology_policy::cluster::{ClusterState, Kind, ObjectKey};
+
 use super::context::{Context, Topic};
 use crate::{
-    cluster::{ClusterState, Kind, ObjectKey},
     metrics::KindLabels,
     source::{Invalid, Object, ObjectId, SourceEvent},
 };

@@ -10,16 +10,13 @@ use std::{
 };
 
 use topology_dataplane::{
-    Capacities, KernelState, Writer,
+    ApplyReport, Capacities, KernelState, Writer,
     memory::{MemoryMaps, assert_programmed, describe},
     verify_index,
 };
+use topology_policy::desired::{DesiredState, ServicePort};
 
 use super::{Observation, Programmer};
-use crate::{
-    dataplane::ApplyReport,
-    desired::{DesiredState, ServicePort},
-};
 
 /// What the controller asked of the programmer, and what the maps hold.
 pub struct Record {

@@ -32,16 +32,18 @@ use ingest::Intake;
 pub use program::{Observation, Programmer};
 pub use query::{AskError, PlanClient, PlanQuery};
 use tokio_util::sync::CancellationToken;
+use topology_dataplane::ApplyReport;
+use topology_dns::{DnsPublisher, steer::Steering};
+use topology_policy::{
+    cluster::ObjectKey,
+    desired::ServicePort,
+    plan::{Measured, NodePlan},
+};
 
 use crate::{
-    cluster::ObjectKey,
-    dataplane::ApplyReport,
-    desired::ServicePort,
-    dns::{DnsPublisher, steer::Steering},
     events::ProblemSink,
     explain,
     metrics::Metrics,
-    plan::{Measured, NodePlan},
     sockets::Terminator,
     source::{EventReceiver, ObjectId, SourceEvent},
 };
@@ -95,7 +97,7 @@ pub enum ControllerError {
     UnknownNode(String),
     /// This node's own Node object cannot be used.
     #[error("this node's Node object cannot be used: {0}; the agent cannot route without knowing where it is")]
-    InvalidOwnNode(crate::cluster::ObjectError),
+    InvalidOwnNode(topology_policy::cluster::ObjectError),
 }
 
 /// Who else hears from the loop: the socket terminator (backends that left), the DNS responder

@@ -4,11 +4,8 @@
 use std::collections::BTreeSet;
 
 use topology_common::map_names;
-
-use crate::{
-    dataplane::{ApplyReport, CountedBytes, Dataplane, DataplaneError, MeasuredBackend, Outlier},
-    desired::{DesiredState, ServicePort},
-};
+use topology_dataplane::{ApplyReport, CountedBytes, Dataplane, DataplaneError, MeasuredBackend, Outlier};
+use topology_policy::desired::{DesiredState, ServicePort};
 
 /// What the kernel holds, for the metrics; known without asking the kernel.
 #[derive(Clone, Debug, Default)]

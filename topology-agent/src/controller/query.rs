@@ -7,8 +7,9 @@ use std::{
 };
 
 use tokio::sync::oneshot;
+use topology_policy::cluster::ObjectKey;
 
-use crate::{cluster::ObjectKey, explain::ExplainReport};
+use crate::explain::ExplainReport;
 
 /// One question: the plan, whole or for one Service.
 pub struct PlanQuery {

@@ -2,8 +2,7 @@
 //! from the node plan the responder's view shares.
 
 use serde::Serialize;
-
-use crate::{
+use topology_policy::{
     cluster::ObjectKey,
     desired::Locality,
     plan::{NodePlan, headless::Chosen},

@@ -8,12 +8,11 @@ use std::net::IpAddr;
 
 pub use headless::{AddressEntry, Answer, HeadlessEntry};
 use serde::Serialize;
-
-use crate::{
+use topology_dataplane::alias;
+use topology_dns::steer::Steering;
+use topology_policy::{
     cluster::{ClusterState, Family, Node, ObjectKey},
-    dataplane::alias,
     desired::{Locality, PortOptions, Protocol, ServicePort},
-    dns::steer::Steering,
     plan::{NodePlan, weights::integer_weights},
     policy::{self, PolicyError, PolicyKind, PortSelection, feedback::FeedbackReport, spillover::SpilloverReport},
 };
@@ -229,8 +228,9 @@ fn entry(plan: &NodePlan, selected: &PortSelection) -> ServiceEntry {
 
 #[cfg(test)]
 mod tests {
+    use topology_policy::cluster::yaml;
+
     use super::*;
-    use crate::cluster::yaml;
 
     const CLUSTER: &str = r#"
 apiVersion: v1

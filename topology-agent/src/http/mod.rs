@@ -5,7 +5,7 @@
 //! plan).
 //!
 //! Any pod can reach the pod address, so each listener bounds its connections in total and per
-//! client address ([`crate::connections`]), a response the client does not read ends its connection
+//! client address ([`topology_dns::connections`]), a response the client does not read ends its connection
 //! ([`deadline`]), kubelet's probes can have a listener of their own (`--probe-addr`), and the plan
 //! and the cost, which show every Service (every tenant's volumes) whatever the reader may see
 //! through the API, are served on loopback only.
@@ -28,10 +28,10 @@ use hyper::{Request, Response, StatusCode, body::Bytes, server::conn::http1, ser
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::{net::TcpListener, sync::Semaphore};
 use tokio_util::sync::CancellationToken;
+use topology_dns::connections::{Limits, Pool};
+use topology_policy::cluster::ObjectKey;
 
 use crate::{
-    cluster::ObjectKey,
-    connections::{Limits, Pool},
     controller::{AskError, Health, PlanClient},
     metrics::Metrics,
 };
@@ -200,7 +200,7 @@ async fn respond<B>(request: &Request<B>, endpoints: &Endpoints, encoding: &Sema
 enum BadQuery {
     /// `service=` is not `NAMESPACE/NAME`.
     #[error("service={0}")]
-    Service(#[from] crate::cluster::model::NotNamespaced),
+    Service(#[from] topology_policy::cluster::model::NotNamespaced),
     /// Another parameter.
     #[error("unknown parameter {0:?}; the only one is service=NAMESPACE/NAME")]
     Unknown(String),

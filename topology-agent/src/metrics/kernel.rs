@@ -23,11 +23,8 @@ use prometheus_client::{
     metrics::{counter::ConstCounter, gauge::ConstGauge},
 };
 use topology_common::ServiceCounters;
-
-use crate::{
-    dataplane::{CounterReading, KernelReading, MeasuredBackend},
-    desired::{Locality, ServicePort},
-};
+use topology_dataplane::{CounterReading, KernelReading, MeasuredBackend};
+use topology_policy::desired::{Locality, ServicePort};
 
 /// Ports with series of their own by default: 1,000 ports × 7 series.
 pub const DEFAULT_MAX_PORTS: usize = 1000;
@@ -302,8 +299,10 @@ fn fold_backends(mut backends: Vec<MeasuredBackend>, max: usize) -> (Vec<(String
 
 #[cfg(test)]
 mod tests {
+    use topology_policy::desired::Protocol;
+
     use super::*;
-    use crate::{desired::Protocol, metrics::Metrics};
+    use crate::metrics::Metrics;
 
     fn port(last: u8, rewrites: u64, refused: u64) -> CounterReading {
         let mut counters = ServiceCounters::default();

@@ -26,8 +26,9 @@ use prometheus_client::{
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::Registry,
 };
-
-use crate::{dataplane::KernelReading, desired::ServicePort, dns::DnsMetrics, feedback::metrics::FeedbackMetrics};
+use topology_dataplane::KernelReading;
+use topology_dns::DnsMetrics;
+use topology_policy::{desired::ServicePort, feedback::metrics::FeedbackMetrics};
 
 /// Labels of a map.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -399,12 +400,10 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use topology_common::{NodeCounters, ServiceCounters};
+    use topology_dataplane::{CounterReading, MeasuredBackend};
+    use topology_policy::desired::{Protocol, ServicePort};
 
     use super::*;
-    use crate::{
-        dataplane::{CounterReading, MeasuredBackend},
-        desired::{Protocol, ServicePort},
-    };
 
     #[test]
     fn kernel_counters_are_exported_as_counters_with_service_labels() {
@@ -423,7 +422,7 @@ mod tests {
             backends: vec![MeasuredBackend {
                 backend: "10.0.1.5:8080".parse().unwrap(),
                 in_flight: 4,
-                load: crate::dataplane::LoadCounters {
+                load: topology_dataplane::LoadCounters {
                     connects: 9,
                     closed: 5,
                     lifetime_us: 2_500_000,
@@ -431,14 +430,14 @@ mod tests {
                 },
             }],
             outliers: vec![
-                crate::dataplane::Outlier {
+                topology_dataplane::Outlier {
                     service: ServicePort { vip: "10.96.0.10".parse().unwrap(), port: 80, protocol: Protocol::Tcp },
                     backend: "10.0.1.6:8080".parse().unwrap(),
                     failures: 0,
                     ejections: 1,
                     ejected_for: std::time::Duration::from_secs(7),
                 },
-                crate::dataplane::Outlier {
+                topology_dataplane::Outlier {
                     service: ServicePort { vip: "10.96.0.10".parse().unwrap(), port: 80, protocol: Protocol::Tcp },
                     backend: "10.0.1.7:8080".parse().unwrap(),
                     failures: 2,

@@ -59,8 +59,9 @@ impl Ledger {
 
 #[cfg(test)]
 mod tests {
+    use topology_policy::desired::{Protocol, ServicePort};
+
     use super::*;
-    use crate::desired::{Protocol, ServicePort};
 
     fn departure(last: u8) -> Departure {
         Departure {

@@ -52,8 +52,9 @@ impl Lingering {
 mod tests {
     use std::collections::BTreeSet;
 
+    use topology_policy::desired::{Protocol, ServicePort};
+
     use super::*;
-    use crate::desired::{Protocol, ServicePort};
 
     fn departure(last: u8) -> Departure {
         Departure {

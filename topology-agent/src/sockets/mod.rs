@@ -42,12 +42,10 @@ use std::{
 
 use clap::ValueEnum;
 use topology_common::{AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP, SockTranslation};
+use topology_dataplane::SocketMaps;
+use topology_policy::desired::Protocol;
 
-use crate::{
-    dataplane::SocketMaps,
-    desired::Protocol,
-    metrics::{Metrics, ProtocolLabels},
-};
+use crate::metrics::{Metrics, ProtocolLabels};
 
 /// Which sockets are destroyed when their backend leaves the set.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -61,7 +59,7 @@ pub enum TerminateSockets {
     Off,
 }
 
-pub use crate::dataplane::Departure;
+pub use topology_dataplane::Departure;
 
 /// Whether a socket's storage and current peer say it reached `departure.backend` through
 /// `departure.service` and is still connected there.
@@ -308,8 +306,9 @@ fn translation_of(bytes: &[u8]) -> Option<SockTranslation> {
 
 #[cfg(test)]
 mod tests {
+    use topology_policy::desired::ServicePort;
+
     use super::*;
-    use crate::desired::ServicePort;
 
     fn departure() -> Departure {
         Departure {

@@ -14,8 +14,10 @@
 
 use std::{collections::HashMap, path::PathBuf, sync::Arc, thread::JoinHandle, time::Duration};
 
+use topology_dataplane::BytesSweep;
+
 use super::netns;
-use crate::{dataplane::BytesSweep, metrics::Metrics};
+use crate::metrics::Metrics;
 
 /// How often the open connections are counted: the lag of a long-lived connection's bytes.
 pub const INTERVAL: Duration = Duration::from_secs(10);

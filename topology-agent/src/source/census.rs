@@ -7,16 +7,16 @@ use std::time::Duration;
 
 use kube::{Api, Client, api::ListParams};
 use tokio_util::sync::CancellationToken;
+use topology_policy::cluster::{
+    census::{Census, Counted},
+    convert::NodeView,
+    model::{LABEL_REGION, LABEL_ZONE},
+};
 
 use super::{
     EventSender, SourceEvent,
     pages::{PageError, Pages},
     reflector::{Backoff, STALL},
-};
-use crate::cluster::{
-    census::{Census, Counted},
-    convert::NodeView,
-    model::{LABEL_REGION, LABEL_ZONE},
 };
 
 /// The source `/readyz` names when a census fails.

@@ -12,9 +12,9 @@ use std::{
 
 use notify::{RecursiveMode, Watcher as _};
 use tokio_util::sync::CancellationToken;
+use topology_policy::cluster::yaml::{self, FileError};
 
 use super::{EventSender, SourceEvent};
-use crate::cluster::yaml::{self, FileError};
 
 /// Name of this source in readiness reasons.
 const SOURCE: &str = "cluster file";

@@ -20,14 +20,14 @@ use kube::{
 };
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use topology_policy::cluster::{
+    ClusterState, Kind, ObjectKey, convert,
+    convert::{EndpointSliceView, NodeView, ServiceView},
+};
 
 use super::{
     EventReceiver, EventSender, Invalid, Object, ObjectId, SourceEvent,
     reflector::{self, Watched},
-};
-use crate::cluster::{
-    ClusterState, Kind, ObjectKey, convert,
-    convert::{EndpointSliceView, NodeView, ServiceView},
 };
 
 /// The Kubernetes client could not be built.
@@ -283,7 +283,7 @@ fn service(object: &ServiceView) -> Result<Option<Object>, Box<Invalid>> {
 fn endpoint_slice(object: &EndpointSliceView) -> Result<Option<Object>, Box<Invalid>> {
     let owner = object
         .labels()
-        .get(crate::cluster::model::LABEL_SERVICE_NAME)
+        .get(topology_policy::cluster::model::LABEL_SERVICE_NAME)
         .map(|name| ObjectKey::new(object.namespace().unwrap_or_else(|| "default".into()), name.clone()));
     convert::endpoint_slice(object)
         .map(|slice| slice.map(Object::EndpointSlice))

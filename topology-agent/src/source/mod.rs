@@ -10,7 +10,9 @@ pub mod reflector;
 
 use std::{fmt, sync::mpsc, time::Instant};
 
-use crate::cluster::{ClusterState, EndpointSlice, Kind, Node, ObjectError, ObjectKey, Service, census::Census};
+use topology_policy::cluster::{
+    ClusterState, EndpointSlice, Kind, Node, ObjectError, ObjectKey, Service, census::Census,
+};
 
 /// A usable object.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

@@ -25,12 +25,12 @@ use std::{
 use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use topology_policy::cluster::{Kind, ObjectKey, Service, convert::NodeView};
 
 use super::{
     EventSender, Object, ObjectId, SourceEvent, census,
     reflector::{self, Convert, Identify, Watched},
 };
-use crate::cluster::{Kind, ObjectKey, Service, convert::NodeView};
 
 /// How much of the Nodes the Services need.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]

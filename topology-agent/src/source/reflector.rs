@@ -35,12 +35,12 @@ use kube::{
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use topology_policy::cluster::Kind;
 
 use super::{
     EventSender, Invalid, Object, ObjectId, SourceEvent,
     pages::{PageError, Pages},
 };
-use crate::cluster::Kind;
 
 /// The shortest watch round, in seconds: each asks the server to end it after between this and
 /// twice this (client-go's `minWatchTimeout`); the next round resumes from the last version.

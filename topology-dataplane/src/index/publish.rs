@@ -9,7 +9,7 @@ use std::{
 use topology_common::ServiceValue;
 
 use super::placement::{Content, IndexKey, Placement, Position};
-use crate::dataplane::{error::DataplaneError, grace::Grace, ops::IndexStore};
+use crate::{error::DataplaneError, grace::Grace, ops::IndexStore};
 
 /// Rewrites of one position between grace periods. `seq` advances by two per rewrite and wraps at
 /// 256, so a program would have to stay inside one lookup for 128 rewrites of its position to see

@@ -7,17 +7,17 @@
 //! back alone (with any entry the refused batch may have written).
 
 use topology_common::{ServiceMeta, ServiceOptions, ServiceValue, Slot, map_names};
+use topology_policy::{
+    cluster::Family,
+    desired::{DesiredService, ServicePort},
+};
 
 use super::{ApplyReport, Writer, indexing::StagedIndex, write_slots};
 use crate::{
-    cluster::Family,
-    dataplane::{
-        error::DataplaneError,
-        ops::{MapOps, ServiceKey, check_room, services_map},
-        slot_space::Run,
-        state::{ProgrammedService, meta_from_name},
-    },
-    desired::{DesiredService, ServicePort},
+    error::DataplaneError,
+    ops::{MapOps, ServiceKey, check_room, services_map},
+    slot_space::Run,
+    state::{ProgrammedService, meta_from_name},
 };
 
 /// Ports written per group: bounds the staging buffers (about 0.5 MB of slots at 10 endpoints)

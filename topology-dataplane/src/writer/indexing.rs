@@ -9,7 +9,7 @@
 use topology_common::ServiceValue;
 
 use super::Writer;
-use crate::dataplane::{
+use crate::{
     index::Staged,
     ops::{MapOps, ServiceKey},
 };

@@ -1,9 +1,10 @@
 //! Keeping the service ranges ([`topology_common::ServiceRanges`]) ahead of the service ports:
 //! widened before a port outside them is written, narrowed once ports are gone.
 
+use topology_policy::desired::{DesiredService, ServicePort};
+
 use super::{ApplyReport, MapOps, Writer};
 use crate::{
-    desired::{DesiredService, ServicePort},
     error::DataplaneError,
     ranges::{Bounds, covers},
 };

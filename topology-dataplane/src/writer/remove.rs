@@ -2,17 +2,15 @@
 //! retiring its run, and withdrawing one whose new state could not be written.
 
 use topology_common::Slot;
+use topology_policy::desired::ServicePort;
 
 use super::{ApplyReport, Writer};
 use crate::{
-    dataplane::{
-        diff,
-        error::DataplaneError,
-        ops::{MapOps, ServiceKey},
-        slot_space::Run,
-        state::ProgrammedService,
-    },
-    desired::ServicePort,
+    diff,
+    error::DataplaneError,
+    ops::{MapOps, ServiceKey},
+    slot_space::Run,
+    state::ProgrammedService,
 };
 
 impl<M: MapOps> Writer<M> {

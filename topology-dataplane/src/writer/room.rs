@@ -2,15 +2,13 @@
 //! left, after taking room back from namespaces over their share ([`super::share`]) if none is.
 
 use topology_common::map_names;
+use topology_policy::desired::ServicePort;
 
 use super::{ApplyReport, Writer, share};
 use crate::{
-    dataplane::{
-        error::DataplaneError,
-        ops::MapOps,
-        slot_space::{Run, Shortage},
-    },
-    desired::ServicePort,
+    error::DataplaneError,
+    ops::MapOps,
+    slot_space::{Run, Shortage},
 };
 
 impl<M: MapOps> Writer<M> {

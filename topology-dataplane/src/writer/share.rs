@@ -7,12 +7,10 @@
 use std::collections::HashMap;
 
 use topology_common::{Slot, map_names};
+use topology_policy::desired::ServicePort;
 
 use super::{ApplyReport, Writer};
-use crate::{
-    dataplane::{error::DataplaneError, ops::MapOps},
-    desired::ServicePort,
-};
+use crate::{error::DataplaneError, ops::MapOps};
 
 /// What one namespace holds of the slots array: its slots, and its sets (slots, port) smallest
 /// first.

@@ -9,13 +9,13 @@ use hickory_proto::{
     op::{Message, MessageType, OpCode, Query, ResponseCode},
     rr::{Name, Record, RecordType},
 };
+use topology_policy::cluster::yaml;
 
 use super::{
     DnsView,
     answer::{self, AnswerKind, Outcome, Zone},
     parse_domain,
 };
-use crate::cluster::yaml;
 
 mod cases;
 use cases::cases;

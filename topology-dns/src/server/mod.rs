@@ -21,6 +21,7 @@ use tokio::{
     sync::watch,
 };
 use tokio_util::sync::CancellationToken;
+use topology_policy::desired::Locality;
 
 pub use super::upstream::UPSTREAM_TIMEOUT;
 use super::{
@@ -35,10 +36,7 @@ use super::{
     upstream::{Lookup, Upstream},
     view::DnsView,
 };
-use crate::{
-    connections::{Limits, Pool},
-    desired::Locality,
-};
+use crate::connections::{Limits, Pool};
 /// TCP connections open, in all and per client address; beyond, a new one replaces the oldest idle
 /// connection of its bound, or is closed at once. One pod cannot hold them all.
 const TCP_LIMITS: Limits = Limits { total: 256, per_source: 16 };

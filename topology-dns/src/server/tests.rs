@@ -1,9 +1,10 @@
 //! The packet path without sockets, and the responder's own rules.
 
 use hickory_proto::op::OpCode;
+use topology_policy::cluster::yaml;
 
 use super::*;
-use crate::{cluster::yaml, parse_domain};
+use crate::parse_domain;
 
 fn responder() -> Responder {
     let state = yaml::parse(crate::fuzzing::CLUSTER, "dns.yaml").unwrap();

@@ -1,5 +1,6 @@
+use topology_policy::cluster::yaml;
+
 use super::*;
-use crate::cluster::yaml;
 
 /// Node a in zone-a; `web` (port 80) with one backend in each of zone-a and zone-b, `db` (port
 /// 5432) with one in zone-b.

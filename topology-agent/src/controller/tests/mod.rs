@@ -8,12 +8,14 @@ use tokio_util::sync::CancellationToken;
 mod initial;
 mod scenarios;
 
-use topology_policy::testing::{self, ServiceExt};
+use topology_policy::{
+    cluster::{ClusterState, EndpointSlice, Kind, ObjectError, Service},
+    desired::{Protocol, ServicePort},
+    testing::{self, ServiceExt},
+};
 
 use super::{memory::MemoryKernel, *};
 use crate::{
-    cluster::{ClusterState, EndpointSlice, Kind, ObjectError, Service},
-    desired::{Protocol, ServicePort},
     events::LogOnly,
     source::{EventSender, Invalid, Object, SourceEvent},
 };
@@ -236,7 +238,7 @@ fn two_services_claiming_one_cluster_ip_do_not_fight() {
 fn a_demand_change_anywhere_recomputes_the_spillover_services() {
     // web spills by capacity over an endpoint in z1 (on a) and two in z2 (on b); api does not.
     let mut web = service("web", "10.96.0.1");
-    web.agent_annotations.insert(crate::policy::spillover::ANNOTATION_SPILLOVER.into(), "capacity".into());
+    web.agent_annotations.insert(topology_policy::policy::spillover::ANNOTATION_SPILLOVER.into(), "capacity".into());
     let mut web_slice = slice("web-1", "web", &["10.1.0.1", "10.1.0.2", "10.1.0.3"]);
     for endpoint in &mut web_slice.endpoints[1..] {
         endpoint.node_name = Some("b".into());
@@ -277,7 +279,7 @@ fn a_demand_change_anywhere_recomputes_the_spillover_services() {
 
 #[test]
 fn an_unusable_own_node_is_an_error_naming_its_field_not_node_not_found() {
-    let error = crate::cluster::ObjectError {
+    let error = topology_policy::cluster::ObjectError {
         kind: Kind::Node,
         name: "a".into(),
         field: "status.allocatable.cpu".into(),
@@ -316,7 +318,7 @@ fn the_dns_view_follows_the_cluster() {
     sender.send(replace(Kind::EndpointSlice, vec![Object::EndpointSlice(slice("db-1", "db", &["10.1.0.1"]))]));
     sender.send(SourceEvent::Apply(Object::EndpointSlice(slice("db-1", "db", &["10.1.0.1", "10.1.0.2"]))));
     drop(sender);
-    let (publisher, view) = crate::dns::DnsPublisher::new(Vec::new());
+    let (publisher, view) = topology_dns::DnsPublisher::new(Vec::new());
     let controller = Controller::new(
         ControllerConfig { reconcile_interval: Duration::from_secs(3600), ..ControllerConfig::new("a") },
         MemoryKernel::default(),
@@ -327,12 +329,12 @@ fn the_dns_view_follows_the_cluster() {
     .with_dns(Some(publisher));
     controller.run(&receiver, &CancellationToken::new()).expect("controller");
     let published = Arc::clone(&view.borrow());
-    let Some(crate::dns::view::Records::Headless(db)) = published.service("ns", "db") else {
+    let Some(topology_dns::view::Records::Headless(db)) = published.service("ns", "db") else {
         panic!("db is answered as headless: {published:?}");
     };
     let chosen: Vec<String> = db.addresses.choices.iter().map(|c| c.address.to_string()).collect();
     assert_eq!(chosen, ["10.1.0.1", "10.1.0.2"], "the slice update reached the view");
-    assert!(matches!(published.service("ns", "web"), Some(crate::dns::view::Records::ClusterIp { .. })));
+    assert!(matches!(published.service("ns", "web"), Some(topology_dns::view::Records::ClusterIp { .. })));
 }
 
 /// The `_count` and `_sum` of `topology_agent_network_programming_duration_seconds`.

@@ -18,12 +18,10 @@ use topology_dataplane::{
     Capacities,
     memory::{assert_programmed, golden},
 };
+use topology_dns::{DnsPublisher, DnsView, steer::Steering};
+use topology_policy::cluster::yaml;
 
 use super::*;
-use crate::{
-    cluster::yaml,
-    dns::{DnsPublisher, DnsView, steer::Steering},
-};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
