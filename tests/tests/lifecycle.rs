@@ -221,6 +221,37 @@ fn maps_pinned_by_another_version_are_refused_with_the_fix() {
 }
 
 #[test]
+fn pins_are_versioned_upgraded_one_step_and_another_layout_is_refused_untouched() {
+    require_root!();
+    let fx = Fixture::new(0);
+    let marker = fx.pins.path().join("layout");
+    let retired = fx.pins.path().join("maps/topo_dns_beat");
+    drop(Dataplane::open(&fx.config()).expect("open on no pins"));
+    assert!(marker.join("v1").is_dir(), "the pins carry their layout version");
+
+    // The pins of a 0.x agent: no marker, and a map that layout 1 retired.
+    std::fs::remove_dir_all(&marker).expect("remove the marker");
+    let args = ["map", "create", &retired.to_string_lossy(), "type", "array", "key", "4", "value", "8", "entries", "1"];
+    run("bpftool", &[&args[..], &["name", "topo_dns_beat"]].concat());
+    drop(Dataplane::open(&fx.config()).expect("upgrade"));
+    assert!(!retired.exists(), "the upgrade removed the retired map");
+    assert!(marker.join("v1").is_dir(), "and marked the pins");
+
+    // A layout this agent does not know (a newer agent's): refused, nothing touched.
+    std::fs::create_dir(marker.join("v2")).expect("plant a second marker");
+    std::fs::remove_dir(marker.join("v1")).expect("remove the first");
+    let error = Dataplane::open(&fx.config()).err().expect("another layout is refused");
+    assert!(matches!(error, DataplaneError::PinLayout { .. }), "{error}");
+    let message = error.to_string();
+    assert!(message.contains("holds layout v2; this agent writes v1 and upgrades only from unversioned"), "{message}");
+    assert!(marker.join("v2").is_dir() && !marker.join("v1").exists(), "the marker is left as it was");
+    let status = topology_dataplane::read_pins(fx.pins.path()).expect_err("status refuses it too");
+    assert!(status.to_string().contains("holds layout v2"), "{status}");
+    topology_dataplane::cleanup(fx.pins.path()).expect("cleanup");
+    assert!(!fx.pins.path().exists(), "cleanup removes the marker with the pins");
+}
+
+#[test]
 fn a_full_map_is_an_error_naming_it_and_nothing_is_half_written() {
     require_root!();
     let fx = Fixture::new(3);

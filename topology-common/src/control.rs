@@ -103,9 +103,10 @@ impl NodeCounters {
 const _: () = assert!(offset_of!(NodeCounters, fail_open) == NodeCounters::FAIL_OPEN * 8);
 const _: () = assert!(offset_of!(NodeCounters, no_storage) == NodeCounters::NO_STORAGE * 8);
 
-/// Flags of [`ServiceOptions::flags`]. Bit 0 is retired (it exempted the agent's own cgroup from
-/// the API server's Service, which is no longer programmed); do not reuse it while earlier
-/// versions' pinned options may be adopted.
+/// Flags of [`ServiceOptions::flags`]. Bit 0 is retired: in pin layout 0 it exempted the agent's
+/// own cgroup from the API server's Service, which is no longer programmed. Layout 1 ignores it
+/// and may adopt options with it set; a layout that reuses it must clear it in its upgrade step
+/// (`topology-dataplane/src/upgrade.rs`).
 pub mod service_flags {
     /// Steered to the agent's node-local DNS responder: rewritten only while the responder's own
     /// heartbeat ([`DnsSteer`], `map_names::DNS_STEER`) is fresh and names the chosen backend,

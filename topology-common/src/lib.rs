@@ -147,16 +147,6 @@ pub mod map_names {
     /// The datagram an unconnected UDP socket's hook just translated, per CPU, for the tracepoint
     /// that counts its bytes ([`DatagramBytes`](crate::DatagramBytes)); not pinned: scratch space.
     pub const UDP_LAST: &str = "topo_udp_last";
-
-    /// Maps earlier versions pinned and this one no longer uses: their pins are removed at start
-    /// (programs still attached keep their own reference until their links are replaced).
-    /// `topo_dns_beat` held a deadline only, which steered to whatever address an entry named;
-    /// `topo_agent_cg` the agent's cgroup, exempt from the API server's Service, which is no
-    /// longer programmed.
-    /// `topo_sock_load` held each measured connection's start in socket storage, now in its
-    /// entry of [`TCP_CONNECTIONS`].
-    pub const OBSOLETE: [&str; 6] =
-        ["topo_affinity", "topo_revnat", "topo_sock_xlate", "topo_dns_beat", "topo_agent_cg", "topo_sock_load"];
 }
 
 /// Program names (ELF symbols); each is attached at the cgroup hook of the same name.
@@ -178,9 +168,6 @@ pub mod program_names {
     /// `getpeername()` on AF_INET6 sockets.
     pub const GETPEERNAME6: &str = "getpeername6";
 
-    /// The load signal of 0.x agents before these (`sock_ops`, on the cgroup): its pinned
-    /// program and link are removed when found.
-    pub const BACKEND_LOAD_BEFORE: &str = "backend_load";
     /// Passive outlier ejection of the backends the connect hooks chose: a reset received
     /// (`tp_btf/tcp_receive_reset`, node-wide, not a cgroup hook).
     pub const OUTLIER_RESET: &str = "outlier_reset";
@@ -200,9 +187,6 @@ pub mod program_names {
     pub const TCP_CLOSED: &str = "tcp_closed";
     /// The programs at a TCP socket's end with the tracepoints they attach to.
     pub const CLOSED: [(&str, &str); 1] = [(TCP_CLOSED, "tcp_destroy_sock")];
-    /// The accounting program of 0.x agents before these, at the same tracepoint: its pinned link
-    /// is detached when found.
-    pub const BYTES_CLOSED_BEFORE: &str = "bytes_closed";
     /// Cross-zone accounting of UDP (`--byte-accounting all`): a socket's send
     /// (`tp_btf/sock_send_length`, node-wide), counted if its datagram went through a Service.
     pub const BYTES_SENT: &str = "bytes_sent";
@@ -213,9 +197,6 @@ pub mod program_names {
         [(BYTES_SENT, "sock_send_length"), (BYTES_RECEIVED, "sock_recv_length")];
     /// The sweep of open TCP connections (`iter/tcp`), loaded by the agent's sweeper only.
     pub const TCP_BYTES: &str = "tcp_bytes";
-    /// The one outlier program of 0.x agents before these (`tp_btf/inet_sock_set_state`): its
-    /// pinned link is detached when found.
-    pub const OUTLIER_BEFORE: &str = "outlier";
 
     /// The socket-address programs, in attach order.
     pub const SOCK_ADDR: [&str; 8] =

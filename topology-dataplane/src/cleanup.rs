@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{error::DataplaneError, layout::PinLayout, links, reuse};
+use super::{error::DataplaneError, layout::PinLayout, links, reuse, upgrade};
 
 /// What [`cleanup`] removed.
 #[derive(Debug, Default)]
@@ -30,6 +30,7 @@ pub fn cleanup(pin_path: &Path) -> Result<CleanupReport, DataplaneError> {
         std::fs::remove_file(&path).map_err(|source| DataplaneError::PinDir { path: path.clone(), source })?;
     }
     reuse::forget(&layout)?;
+    upgrade::forget(&layout)?;
     for dir in [layout.links_dir(), layout.maps_dir(), layout.progs_dir(), layout.root().to_path_buf()] {
         match std::fs::remove_dir(&dir) {
             Ok(()) => {}

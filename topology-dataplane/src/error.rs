@@ -75,6 +75,21 @@ pub enum DataplaneError {
         /// The I/O error.
         source: io::Error,
     },
+    /// The pins are of a layout this agent neither writes nor upgrades from.
+    #[error(
+        "pin directory {path} holds layout {}; this agent writes v{} and upgrades only from unversioned pins (v{}): \
+         remove them with `topology-agent cleanup` of the version that wrote them, or stop every agent on the node \
+         and remove the directory (connections then pass to kube-proxy untouched)",
+        versions(found),
+        crate::upgrade::CURRENT,
+        crate::upgrade::PREVIOUS
+    )]
+    PinLayout {
+        /// The pin directory.
+        path: PathBuf,
+        /// The layout versions its markers name.
+        found: Vec<u32>,
+    },
     /// The pin directory is not on a BPF filesystem.
     #[error(
         "{path} is not on a BPF filesystem; mount one (`topology-agent mount-bpffs`, as the DaemonSet's init \
@@ -282,4 +297,9 @@ impl std::fmt::Display for MapLayout {
         };
         write!(f, "{kind} map, key {} B, value {} B", self.key_size, self.value_size)
     }
+}
+
+/// Layout versions as the pin layout error names them: `v1, v9`.
+fn versions(found: &[u32]) -> String {
+    found.iter().map(|v| format!("v{v}")).collect::<Vec<_>>().join(", ")
 }

@@ -47,6 +47,7 @@ mod slot_space;
 mod socket_maps;
 mod state;
 mod typed_chunk;
+mod upgrade;
 mod writer;
 
 #[cfg(any(test, feature = "fuzzing"))]
@@ -185,8 +186,13 @@ impl Dataplane {
             byte_accounting: config.byte_accounting,
         };
         let fail_open = FailOpen::new(config.fail_open_after);
+        // Pins of a layout this agent cannot read are refused before anything is touched.
+        let upgrading = upgrade::check(&layout)? == Some(upgrade::PREVIOUS);
+        if upgrading {
+            upgrade::remove_retired_maps(&layout)?;
+        }
         if let Some(previous) = reuse::find(&layout, &options, &config.cgroup) {
-            match Self::keep(layout.clone(), previous, fail_open, &config.cgroup) {
+            match Self::keep(layout.clone(), previous, fail_open, &config.cgroup, upgrading) {
                 Ok(kept) => {
                     end_ejections_if_off(&layout, config.outlier_ejection)?;
                     return Ok(kept);
@@ -215,6 +221,10 @@ impl Dataplane {
         stop_dns_steering(&layout)?;
         end_ejections_if_off(&layout, config.outlier_ejection)?;
         loader::attach_all(&mut ebpf, &layout, &config.cgroup)?;
+        if upgrading {
+            upgrade::detach_retired(&layout)?;
+        }
+        upgrade::mark(&layout)?;
         reuse::record(&layout, &options, &config.cgroup, flavour)?;
         tracing::info!(features = %KernelFeatures::attached(&layout, flavour), "what this kernel runs");
         let cgroup = config.cgroup.clone();
@@ -228,6 +238,7 @@ impl Dataplane {
         previous: reuse::Previous,
         fail_open: FailOpen,
         cgroup: &Path,
+        upgrading: bool,
     ) -> Result<Self, DataplaneError> {
         let started = std::time::Instant::now();
         let maps = maps::MapSet::from_pins(&layout)?;
@@ -244,6 +255,10 @@ impl Dataplane {
             "the attached programs kept (the same objects and options); pinned state adopted"
         );
         let cgroup = cgroup.to_path_buf();
+        if upgrading {
+            upgrade::detach_retired(&layout)?;
+        }
+        upgrade::mark(&layout)?;
         Ok(Self { writer, logger: None, layout, flavour: previous.flavour, fail_open, cgroup, _ebpf: None })
     }
 

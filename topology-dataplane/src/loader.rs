@@ -408,16 +408,7 @@ pub fn attach_all(ebpf: &mut Ebpf, layout: &PinLayout, cgroup: &Path) -> Result<
     }
     attach_tracing(ebpf, layout, &program_names::OUTLIER)?;
     attach_tracing(ebpf, layout, &program_names::CLOSED)?;
-    attach_tracing(ebpf, layout, &program_names::UDP_ACCOUNTING)?;
-    for before in
-        [program_names::OUTLIER_BEFORE, program_names::BYTES_CLOSED_BEFORE, program_names::BACKEND_LOAD_BEFORE]
-    {
-        let link = layout.link(before);
-        if link.exists() {
-            links::detach_pinned(&link)?;
-        }
-    }
-    remove_program_pin(layout, program_names::BACKEND_LOAD_BEFORE)
+    attach_tracing(ebpf, layout, &program_names::UDP_ACCOUNTING)
 }
 
 /// Attaches tracing programs (outlier ejection, accounting), if they were loaded, and pins their
@@ -443,14 +434,4 @@ fn attach_tracing(
         links::replace_pinned(link, &path)?;
     }
     Ok(())
-}
-
-/// Removes the pin of a program agents before these attached only while needed, if any.
-fn remove_program_pin(layout: &PinLayout, name: &str) -> Result<(), DataplaneError> {
-    let path = layout.program(name);
-    match std::fs::remove_file(&path) {
-        Ok(()) => Ok(()),
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(source) => Err(DataplaneError::PinDir { path, source }),
-    }
 }

@@ -7,7 +7,7 @@ use topology_common::{NodeCounters, ServiceCounters, program_names};
 
 use crate::{
     Capacities, DataplaneError, HeartbeatReading, KernelState, MeasuredBackend, Outlier, PinLayout, backend_load,
-    heartbeat, maps, outliers, state, writer,
+    heartbeat, maps, outliers, state, upgrade, writer,
 };
 
 /// What the pins hold, read without loading or attaching anything.
@@ -34,6 +34,7 @@ pub struct PinnedState {
 /// Reads the pinned state under `pin_path`.
 pub fn read_pins(pin_path: &Path) -> Result<PinnedState, DataplaneError> {
     let layout = PinLayout::new(pin_path);
+    upgrade::check(&layout)?;
     let maps = maps::MapSet::from_pins(&layout)?;
     let kernel = state::read(&maps)?;
     let counters = state::read_counters(&maps)?;
@@ -74,6 +75,7 @@ pub struct PinCheck {
 /// that was killed at any instant, this must hold on what it left.
 pub fn verify_pins(pin_path: &Path) -> Result<PinCheck, DataplaneError> {
     let layout = PinLayout::new(pin_path);
+    upgrade::check(&layout)?;
     let maps = maps::MapSet::from_pins(&layout)?;
     let kernel = state::read(&maps)?;
     let inconsistent = |problem| DataplaneError::Inconsistent { map: topology_common::map_names::SLOTS, problem };

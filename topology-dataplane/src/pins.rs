@@ -32,15 +32,12 @@ pub fn prepare_dirs(layout: &PinLayout) -> Result<(), DataplaneError> {
 
 /// Removes the pins a load must not reuse, and checks the others match these programs.
 ///
-/// Pins of maps this version no longer uses go. The service index is derived from the service
+/// The service index is derived from the service
 /// maps and rebuilt at adoption, so an index pinned with another layout, size or without
 /// `BPF_F_MMAPABLE` is removed and created anew, as are the load signal's measurements and the
 /// TCP connections' translations (see [`rebuilt`]). Any other map pinned with another layout or
 /// capacity is refused: its state cannot be carried over.
 pub fn prepare(layout: &PinLayout, capacities: &Capacities) -> Result<(), DataplaneError> {
-    for name in map_names::OBSOLETE {
-        remove(&layout.map(name))?;
-    }
     let object = aya_obj::Object::parse(PROGRAMS)
         .map_err(|error| DataplaneError::Object { object: "topology", reason: error.to_string() })?;
     let configured: HashMap<&str, u32> = capacities.by_map().into_iter().collect();
