@@ -9,7 +9,7 @@ mod chores;
 
 use chores::{leave_the_api_service, read_kernel_log, release_memory_after_sync, start_sweeper};
 use topology_dataplane::{
-    ByteAccounting, Capacities, Dataplane, DataplaneConfig, DataplaneError, IndexOrdering, KernelLogLevel,
+    ByteAccounting, Capacities, Dataplane, DataplaneConfig, DataplaneError, DnsBeat, IndexOrdering, KernelLogLevel,
     mounts::{self, MountError},
 };
 use topology_dns::{DnsConfig, DnsError, DnsPublisher, steer::Steering};
@@ -352,6 +352,21 @@ struct RunningDns {
     stopped: tokio::task::JoinHandle<()>,
 }
 
+/// The steering heartbeat in the kernel, as the DNS prober writes it.
+struct KernelHeartbeat(DnsBeat);
+
+impl topology_dns::steer::Heartbeat for KernelHeartbeat {
+    type Error = DataplaneError;
+
+    fn refresh(&mut self, responder: SocketAddr, grace: Duration) -> Result<(), DataplaneError> {
+        self.0.refresh(responder, grace)
+    }
+
+    fn stop(&mut self) -> Result<(), DataplaneError> {
+        self.0.stop()
+    }
+}
+
 /// Starts the DNS responder and, when it steers the cluster DNS, the prober that keeps the
 /// steering heartbeat fresh while the responder answers.
 fn start_dns(
@@ -359,7 +374,7 @@ fn start_dns(
     dataplane: &Dataplane,
     metrics: &Metrics,
     shutdown: &CancellationToken,
-) -> Result<RunningDns, DnsError> {
+) -> Result<RunningDns, RunError> {
     let (publisher, view) = DnsPublisher::new(config.upstreams.clone());
     let current = publisher.current();
     let sockets = CancellationToken::new();
@@ -368,7 +383,7 @@ fn start_dns(
     tracing::info!(%addr, domain = %config.domain, "serving DNS over UDP and TCP");
     let steering = config.steer.clone().map(|service| Steering { service, responder: addr });
     let beat = match &steering {
-        Some(_) => Some(dataplane.dns_beat()?),
+        Some(_) => Some(KernelHeartbeat(dataplane.dns_beat()?)),
         None => None,
     };
     let (domain, shutdown) = (config.domain.clone(), shutdown.clone());

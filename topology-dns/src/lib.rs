@@ -134,9 +134,6 @@ pub enum DnsError {
          the DaemonSet), not a loopback or unspecified one; or run with --dns-steer off"
     )]
     SteerAddress(SocketAddr),
-    /// The steering heartbeat could not be opened.
-    #[error("steering the cluster DNS: {0}")]
-    Beat(#[from] topology_dataplane::DataplaneError),
     /// The responder's threads could not be started.
     #[error("starting the DNS responder's threads: {0}")]
     Threads(std::io::Error),

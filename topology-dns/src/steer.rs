@@ -22,7 +22,6 @@ use hickory_proto::{
 };
 use tokio::net::UdpSocket;
 use tokio_util::sync::CancellationToken;
-use topology_dataplane::DnsBeat;
 
 use super::ViewCurrent;
 
@@ -55,11 +54,22 @@ pub const DRAIN: Duration = Duration::from_millis(super::upstream::UPSTREAM_TIME
 
 pub use topology_policy::plan::steering::Steering;
 
+/// The steering heartbeat the programs read (`map_names::DNS_STEER`). The agent writes it
+/// through the dataplane's descriptor; the prober needs nothing else of the kernel.
+pub trait Heartbeat: Send + 'static {
+    /// What a failed write says.
+    type Error: std::fmt::Display;
+    /// Keeps the steering to `responder` on for `grace` from now.
+    fn refresh(&mut self, responder: SocketAddr, grace: Duration) -> Result<(), Self::Error>;
+    /// Turns the steering off now.
+    fn stop(&mut self) -> Result<(), Self::Error>;
+}
+
 /// Probes the responder at `listen` and keeps the steering heartbeat fresh while it answers from a
 /// current view (`current`); stops the steering at once when it does not, and on `shutdown`,
 /// then returns after [`DRAIN`] (the sockets close after it).
 pub async fn keep_steering(
-    mut beat: DnsBeat,
+    mut beat: impl Heartbeat,
     listen: SocketAddr,
     domain: Name,
     current: ViewCurrent,

@@ -3,7 +3,8 @@
 //! after it: the pure middle (this crate) on the kernel, the network, an async runtime or the
 //! agent — else the simulator, the policy's benchmarks and its tests would need them, and the
 //! nightly toolchain that builds the programs —, the dataplane on the responder, the agent or a
-//! runtime, the responder on the agent or the Kubernetes client.
+//! runtime, the responder on the kernel (it writes its heartbeat through a trait the agent
+//! implements), the agent or the Kubernetes client.
 
 use std::process::Command;
 
@@ -24,7 +25,10 @@ const RULES: [(&str, &[&str]); 3] = [
         ],
     ),
     ("topology-dataplane", &["topology-agent", "topology-dns", "tokio", "hyper", "kube-client", "kube-runtime"]),
-    ("topology-dns", &["topology-agent", "hyper", "kube-client", "kube-runtime"]),
+    (
+        "topology-dns",
+        &["topology-agent", "topology-dataplane", "topology-ebpf", "aya", "hyper", "kube-client", "kube-runtime"],
+    ),
 ];
 
 /// The crates `package` depends on (normal and build edges), by name.
