@@ -1,9 +1,13 @@
 //! Prometheus metrics of the agent, and the kernel's per-CPU counters exported at scrape time
 //! (`kernel`).
 
+mod declare;
 mod kernel;
 
-use std::{collections::HashMap, sync::Arc};
+use std::{
+    collections::HashMap,
+    sync::{Arc, atomic::AtomicU64},
+};
 
 pub use kernel::{DEFAULT_MAX_BACKENDS, DEFAULT_MAX_PORTS};
 
@@ -23,7 +27,12 @@ impl Default for SeriesCaps {
 }
 use prometheus_client::{
     encoding::EncodeLabelSet,
-    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    metrics::{
+        counter::Counter,
+        family::Family,
+        gauge::Gauge,
+        histogram::{Histogram, exponential_buckets},
+    },
     registry::Registry,
 };
 use topology_dataplane::KernelReading;
@@ -89,237 +98,126 @@ pub struct ReasonLabels {
     pub reason: String,
 }
 
-/// Every metric the agent exports.
-#[derive(Debug)]
-pub struct Metrics {
-    registry: Registry,
-    /// Seconds to recompute the affected Services and write the kernel, per batch of events.
-    pub sync_duration: Histogram,
-    /// Seconds from the oldest event of a batch being received to its effect being in the kernel.
-    pub event_to_kernel: Histogram,
-    /// Seconds from an EndpointSlice's change (its controller's stamp) to the kernel holding it.
-    pub network_programming: Histogram,
-    /// Services decided again (the policy run for one Service), whatever the cause.
-    pub services_recomputed: Counter,
-    /// Service ports programmed.
-    pub services: Gauge,
-    /// Backends programmed, over all service ports.
-    pub backends: Gauge,
-    /// Entries in use per map.
-    pub map_entries: Family<MapLabels, Gauge>,
-    /// Capacity per map.
-    pub map_capacity: Family<MapLabels, Gauge>,
-    /// Objects skipped because they could not be used, by kind (cumulative).
-    pub skipped_total: Family<KindLabels, Counter>,
-    /// Objects currently skipped (their last good version is in use), by kind.
-    pub skipped: Family<KindLabels, Gauge>,
-    /// Service ports that could not be programmed, by reason (cumulative).
-    pub apply_failures: Family<ReasonLabels, Counter>,
-    /// Service ports that are not programmed now because writing them failed.
-    pub failed_service_ports: Gauge,
-    /// Sockets destroyed because their backend left the service's set, by protocol.
-    pub sockets_terminated: Family<ProtocolLabels, Counter>,
-    /// Failures to enter a namespace, dump or destroy sockets.
-    pub socket_termination_errors: Counter,
-    /// 1 while the kernel holds the policy of a complete, current view of the cluster.
-    pub view_current: Gauge,
-    /// Always 1, labelled with this node's name, zone and region (for joins by zone).
-    pub node_info: Family<NodeLabels, Gauge>,
-    /// Bytes of the TCP connections the hooks rewrote, per Service port, zone pair and direction.
-    pub bytes: Family<BytesLabels, Counter>,
-    /// Time of one sweep of the open connections over every namespace.
-    pub bytes_sweep_seconds: Histogram,
-    /// Namespaces a sweep could not count (gone, or not enterable).
-    pub bytes_sweep_failures: Counter,
-    /// Bytes that crossed zones, per Service port, both directions.
-    pub cross_zone_bytes: Family<ServiceLabels, Counter>,
-    /// Bytes that would have crossed zones under the default policy, per Service port.
-    pub cross_zone_bytes_baseline: Family<ServiceLabels, Counter<f64, std::sync::atomic::AtomicU64>>,
-    /// The same bytes summed per Service port, with rates, for `/debug/cost`.
-    pub cost: std::sync::Mutex<crate::cost::CostBook>,
-    /// The time between sweeps now (longer than 10 s on a node where a sweep is costly).
-    pub bytes_sweep_interval: Gauge<f64, std::sync::atomic::AtomicU64>,
-    /// The node-local DNS responder's metrics (`dns_*`).
-    pub dns: Arc<DnsMetrics>,
-    /// The feedback controller's decisions (`feedback_*`).
-    pub feedback: Arc<FeedbackMetrics>,
-    kernel: Arc<kernel::KernelCounters>,
-}
-
 /// A bucket bound of `topology_agent_event_to_kernel_seconds`: 10 ms.
 pub const EVENT_TO_KERNEL_TARGET_S: f64 = 0.01;
 
-impl Default for Metrics {
-    fn default() -> Self {
-        let mut registry = Registry::with_prefix("topology_agent");
+declare::metrics! {
+    /// Every metric the agent exports.
+    pub struct Metrics;
+    exported {
         // 100 us .. ~26 s: from one slice update to a full sync of a large cluster.
-        let sync_duration = Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(1e-4, 2.0, 19));
-        // The same, with a bound at 10 ms, the target an SLO on event-to-kernel latency names.
-        let mut bounds: Vec<f64> = prometheus_client::metrics::histogram::exponential_buckets(1e-4, 2.0, 19).collect();
-        bounds.push(EVENT_TO_KERNEL_TARGET_S);
-        bounds.sort_by(f64::total_cmp);
-        let event_to_kernel = Histogram::new(bounds);
-        // 1 ms .. ~262 s: a change's stamp is taken before the API server stored it.
-        let network_programming =
-            Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(1e-3, 2.0, 19));
-        let services_recomputed = Counter::default();
-        let services = Gauge::default();
-        let backends = Gauge::default();
-        let map_entries = Family::<MapLabels, Gauge>::default();
-        let map_capacity = Family::<MapLabels, Gauge>::default();
-        let skipped_total = Family::<KindLabels, Counter>::default();
-        let skipped = Family::<KindLabels, Gauge>::default();
-        let apply_failures = Family::<ReasonLabels, Counter>::default();
-        // At 0 from the start: a series that first appears at 1 shows no increase() to alert on.
-        for reason in ["MapFull", "InvalidService", "KernelWriteFailed"] {
-            drop(apply_failures.get_or_create(&ReasonLabels { reason: reason.into() }));
-        }
-        let failed_service_ports = Gauge::default();
-        let sockets_terminated = Family::<ProtocolLabels, Counter>::default();
-        let socket_termination_errors = Counter::default();
-        let view_current = Gauge::default();
-        let node_info = Family::<NodeLabels, Gauge>::default();
-        let bytes = Family::<BytesLabels, Counter>::default();
-        // 1 ms .. ~16 s.
-        let bytes_sweep_seconds =
-            Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(1e-3, 2.0, 15));
-        let bytes_sweep_failures = Counter::default();
-        let bytes_sweep_interval = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
-        let cross_zone_bytes = Family::<ServiceLabels, Counter>::default();
-        let cross_zone_bytes_baseline = Family::<ServiceLabels, Counter<f64, std::sync::atomic::AtomicU64>>::default();
-        registry.register(
-            "cross_zone_bytes",
-            "Bytes of the TCP connections the hooks rewrote that crossed from this node's zone to another, both \
-             directions, per Service port",
-            cross_zone_bytes.clone(),
-        );
-        registry.register(
-            "cross_zone_bytes_baseline",
-            "Bytes the same connections would have sent across zones under the default policy (every endpoint of \
-             the port equally likely): the baseline minus cross_zone_bytes is what the routing saved",
-            cross_zone_bytes_baseline.clone(),
-        );
-        registry.register(
-            "bytes_sweep_interval_seconds",
-            "Time between two sweeps of the open connections' bytes: 10 s, or longer where one sweep would take \
-             more than 0.5 % of a core (their counts lag by as much)",
-            bytes_sweep_interval.clone(),
-        );
-        registry.register(
-            "bytes",
-            "Bytes of the TCP connections the hooks rewrote, per Service port, this node's zone, the backend's zone \
-             and direction (counted by the kernel: at each connection's end, and every 10 s while open)",
-            bytes.clone(),
-        );
-        registry.register(
-            "bytes_sweep_seconds",
-            "Time to count the open connections' bytes in every network namespace",
-            bytes_sweep_seconds.clone(),
-        );
-        registry.register(
-            "bytes_sweep_failures",
-            "Network namespaces a sweep of the open connections could not count (gone, or not enterable)",
-            bytes_sweep_failures.clone(),
-        );
-        let kernel = Arc::new(kernel::KernelCounters::default());
-        registry.register(
-            "view_current",
-            "1 while the kernel holds the policy of a complete, current view of the cluster (no watch stale, every \
-             kind listed, this Node known), else 0",
-            view_current.clone(),
-        );
-        registry.register("node_info", "This agent's node and its zone and region (always 1)", node_info.clone());
-        registry.register(
+        sync_duration: Histogram = Histogram::new(exponential_buckets(1e-4, 2.0, 19)),
             "sync_duration_seconds",
-            "Time to recompute the affected services and write the kernel, per batch of events",
-            sync_duration.clone(),
-        );
-        registry.register(
+            "Time to recompute the affected services and write the kernel, per batch of events";
+        // The same, with a bound at 10 ms, the target an SLO on event-to-kernel latency names.
+        event_to_kernel: Histogram = {
+            let mut bounds: Vec<f64> = exponential_buckets(1e-4, 2.0, 19).collect();
+            bounds.push(EVENT_TO_KERNEL_TARGET_S);
+            bounds.sort_by(f64::total_cmp);
+            Histogram::new(bounds)
+        },
             "event_to_kernel_seconds",
-            "Time from receiving the oldest event of a batch to its effect being in the kernel maps",
-            event_to_kernel.clone(),
-        );
-        registry.register(
+            "Time from receiving the oldest event of a batch to its effect being in the kernel maps";
+        // 1 ms .. ~262 s: a change's stamp is taken before the API server stored it.
+        network_programming: Histogram = Histogram::new(exponential_buckets(1e-3, 2.0, 19)),
             "network_programming_duration_seconds",
             "Time from an EndpointSlice change (its endpoints.kubernetes.io/last-change-trigger-time) to the kernel \
              maps holding it, as kube-proxy's kubeproxy_network_programming_duration_seconds; changes seen before \
-             the first sync are not counted",
-            network_programming.clone(),
-        );
-        registry.register(
+             the first sync are not counted";
+        services_recomputed: Counter = Default::default(),
             "services_recomputed",
             "Services decided again (their policy run), by any cause: a change that touches no Service's routing \
-             (a Node heartbeat, an unrelated label) adds nothing",
-            services_recomputed.clone(),
-        );
-        registry.register(
+             (a Node heartbeat, an unrelated label) adds nothing";
+        services: Gauge = Default::default(),
             "services_programmed",
-            "Service ports (ClusterIP, port, protocol) in the kernel",
-            services.clone(),
-        );
-        registry.register("backends_programmed", "Backends in the kernel, over all service ports", backends.clone());
-        registry.register("map_entries", "Entries in use per BPF map", map_entries.clone());
-        registry.register("map_capacity", "Capacity (max_entries) per BPF map", map_capacity.clone());
-        registry.register("skipped_objects", "Objects skipped because they cannot be used", skipped_total.clone());
-        registry.register(
+            "Service ports (ClusterIP, port, protocol) in the kernel";
+        backends: Gauge = Default::default(),
+            "backends_programmed",
+            "Backends in the kernel, over all service ports";
+        map_entries: Family<MapLabels, Gauge> = Default::default(),
+            "map_entries",
+            "Entries in use per BPF map";
+        map_capacity: Family<MapLabels, Gauge> = Default::default(),
+            "map_capacity",
+            "Capacity (max_entries) per BPF map";
+        skipped_total: Family<KindLabels, Counter> = Default::default(),
+            "skipped_objects",
+            "Objects skipped because they cannot be used";
+        skipped: Family<KindLabels, Gauge> = Default::default(),
             "skipped_objects_current",
-            "Objects skipped now (their last good version is used)",
-            skipped.clone(),
-        );
-        registry.register(
+            "Objects skipped now (their last good version is used)";
+        // At 0 from the start: a series that first appears at 1 shows no increase() to alert on.
+        apply_failures: Family<ReasonLabels, Counter> = {
+            let family = Family::default();
+            for reason in ["MapFull", "InvalidService", "KernelWriteFailed"] {
+                drop(family.get_or_create(&ReasonLabels { reason: reason.into() }));
+            }
+            family
+        },
             "apply_failures",
-            "Service ports that could not be programmed into the kernel",
-            apply_failures.clone(),
-        );
-        registry.register(
+            "Service ports that could not be programmed into the kernel";
+        failed_service_ports: Gauge = Default::default(),
             "failed_service_ports",
-            "Service ports not programmed now because writing them failed (they hold nothing: kube-proxy routes them)",
-            failed_service_ports.clone(),
-        );
-        registry.register(
+            "Service ports not programmed now because writing them failed (they hold nothing: kube-proxy routes them)";
+        view_current: Gauge = Default::default(),
+            "view_current",
+            "1 while the kernel holds the policy of a complete, current view of the cluster (no watch stale, every \
+             kind listed, this Node known), else 0";
+        node_info: Family<NodeLabels, Gauge> = Default::default(),
+            "node_info",
+            "This agent's node and its zone and region (always 1)";
+        sockets_terminated: Family<ProtocolLabels, Counter> = Default::default(),
             "sockets_terminated",
-            "Sockets destroyed because the backend they were connected to through a service left its set",
-            sockets_terminated.clone(),
-        );
-        registry.register(
+            "Sockets destroyed because the backend they were connected to through a service left its set";
+        socket_termination_errors: Counter = Default::default(),
             "socket_termination_errors",
-            "Failures to enter a network namespace, dump its sockets or destroy one",
-            socket_termination_errors.clone(),
-        );
-        let dns = Arc::new(DnsMetrics::default());
-        dns.register(&mut registry);
-        registry.register_collector(Box::new(Arc::clone(&kernel)));
-        let feedback = Arc::new(FeedbackMetrics::default());
-        registry.register_collector(Box::new(Arc::clone(&feedback)));
-        Self {
-            registry,
-            sync_duration,
-            event_to_kernel,
-            network_programming,
-            services_recomputed,
-            services,
-            backends,
-            map_entries,
-            map_capacity,
-            skipped_total,
-            skipped,
-            apply_failures,
-            failed_service_ports,
-            sockets_terminated,
-            socket_termination_errors,
-            view_current,
-            node_info,
-            bytes,
-            bytes_sweep_seconds,
-            bytes_sweep_failures,
-            bytes_sweep_interval,
-            cross_zone_bytes,
-            cross_zone_bytes_baseline,
-            cost: Default::default(),
-            dns,
-            feedback,
-            kernel,
-        }
+            "Failures to enter a network namespace, dump its sockets or destroy one";
+        bytes: Family<BytesLabels, Counter> = Default::default(),
+            "bytes",
+            "Bytes of the TCP connections the hooks rewrote, per Service port, this node's zone, the backend's zone \
+             and direction (counted by the kernel: at each connection's end, and every 10 s while open)";
+        // 1 ms .. ~16 s.
+        bytes_sweep_seconds: Histogram = Histogram::new(exponential_buckets(1e-3, 2.0, 15)),
+            "bytes_sweep_seconds",
+            "Time to count the open connections' bytes in every network namespace";
+        bytes_sweep_failures: Counter = Default::default(),
+            "bytes_sweep_failures",
+            "Network namespaces a sweep of the open connections could not count (gone, or not enterable)";
+        bytes_sweep_interval: Gauge<f64, AtomicU64> = Default::default(),
+            "bytes_sweep_interval_seconds",
+            "Time between two sweeps of the open connections' bytes: 10 s, or longer where one sweep would take \
+             more than 0.5 % of a core (their counts lag by as much)";
+        cross_zone_bytes: Family<ServiceLabels, Counter> = Default::default(),
+            "cross_zone_bytes",
+            "Bytes of the TCP connections the hooks rewrote that crossed from this node's zone to another, both \
+             directions, per Service port";
+        cross_zone_bytes_baseline: Family<ServiceLabels, Counter<f64, AtomicU64>> = Default::default(),
+            "cross_zone_bytes_baseline",
+            "Bytes the same connections would have sent across zones under the default policy (every endpoint of \
+             the port equally likely): the baseline minus cross_zone_bytes is what the routing saved";
+    }
+    own(registry) {
+        /// The same bytes summed per Service port, with rates, for `/debug/cost`.
+        pub cost: std::sync::Mutex<crate::cost::CostBook> = Default::default();
+        /// The node-local DNS responder's metrics (`dns_*`).
+        pub dns: Arc<DnsMetrics> = {
+            let dns = Arc::new(DnsMetrics::default());
+            dns.register(&mut registry);
+            dns
+        };
+        /// The kernel's counters, read at each scrape.
+        kernel: Arc<kernel::KernelCounters> = {
+            let kernel = Arc::new(kernel::KernelCounters::default());
+            registry.register_collector(Box::new(Arc::clone(&kernel)));
+            kernel
+        };
+        /// The feedback controller's decisions (`feedback_*`).
+        pub feedback: Arc<FeedbackMetrics> = {
+            let feedback = Arc::new(FeedbackMetrics::default());
+            registry.register_collector(Box::new(Arc::clone(&feedback)));
+            feedback
+        };
+        registry: Registry = registry;
     }
 }
 
