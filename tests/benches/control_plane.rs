@@ -375,7 +375,7 @@ async fn sync_and_updates(services: usize, endpoints: usize, updates: usize, cap
     let pins = PinGuard::new(&id);
     let api = populated(services, endpoints).await;
     let mut config = DataplaneConfig::new(pins.path(), cgroup.path());
-    config.capacities = capacities;
+    config.programs.capacities = capacities;
     let opened = Instant::now();
     let dataplane = Dataplane::open(&config).expect("open dataplane");
     let load = opened.elapsed();
@@ -446,7 +446,7 @@ async fn sync_and_updates(services: usize, endpoints: usize, updates: usize, cap
     assert_eq!(adopted.kernel().services.len(), services, "every port adopted");
     drop(adopted);
     // A restart with other programs (here: without the load signal) loads them again.
-    config.load_signal = !config.load_signal;
+    config.programs.load_signal = !config.programs.load_signal;
     let restarted = Instant::now();
     let reloaded = Dataplane::open(&config).expect("reload and adopt");
     let reload = restarted.elapsed();

@@ -34,7 +34,7 @@ use aya::{
 };
 use topology_agent::sockets::sweep::{IDLE_EVERY, next_wait, thread_cpu};
 use topology_common::ByteCount;
-use topology_dataplane::{ByteAccounting, BytesSweep, CountedBytes, Dataplane, DataplaneConfig};
+use topology_dataplane::{ByteAccounting, BytesSweep, CountedBytes, Dataplane, LoadOptions};
 use topology_policy::desired::{
     DesiredService, DesiredState, Locality, PortOptions, Protocol, ServicePort, WeightedBackend,
 };
@@ -169,11 +169,11 @@ fn main() {
     let _datagram_servers: Vec<DatagramServer> =
         fx.backends.iter().map(|b| DatagramServer::start(&b.host, &[DATAGRAM_PORT])).collect();
     // The load signal off: `tcp_closed` then runs for accounting alone, and is detached with it.
-    let config = |byte_accounting| DataplaneConfig {
-        byte_accounting,
-        outlier_ejection: true,
-        load_signal: false,
-        ..fx.config()
+    let config = |byte_accounting| {
+        let mut config = fx.config();
+        config.programs =
+            LoadOptions { byte_accounting, outlier_ejection: true, load_signal: false, ..config.programs };
+        config
     };
     let mut dp = Dataplane::open(&config(ByteAccounting::All)).expect("open the dataplane");
     assert!(dp.apply(&desired(&fx)).failed.is_empty());

@@ -244,7 +244,7 @@ fn a_thousand_swaps_under_load_fail_no_connection() {
     // Room for three sets of two: the writer must wait for a grace period and reuse retired runs
     // every other swap, while the client connects.
     let mut config = fx.config();
-    config.capacities.slots = 6;
+    config.programs.capacities.slots = 6;
     let mut dp = Dataplane::open(&config).expect("open dataplane");
     let port = service("10.96.0.40", 80, Protocol::Tcp);
     let sets: Vec<DesiredState> = (0..3)
@@ -287,7 +287,7 @@ fn bpftool_dumps_maps_with_field_names() {
     let fx = Fixture::new(1);
     // A small slots array: `dump` prints every entry of an array, used or not.
     let mut config = fx.config();
-    config.capacities.slots = 8;
+    config.programs.capacities.slots = 8;
     let mut dp = Dataplane::open(&config).expect("open dataplane");
     let backends = fx.backends.iter().map(|b| b.weighted(false, 1)).collect();
     assert!(dp.apply(&Fixture::one_service(service("10.96.0.10", 80, Protocol::Tcp), backends)).failed.is_empty());

@@ -28,9 +28,9 @@ fn every_optional_program_is_taken_exactly_where_the_kernel_has_what_it_needs() 
     let _ = tracing_subscriber::fmt().with_writer(std::io::stderr).with_ansi(false).try_init();
     let fx = Fixture::new(2);
     let mut config = fx.config();
-    config.outlier_ejection = true;
-    config.load_signal = true;
-    config.byte_accounting = ByteAccounting::All;
+    config.programs.outlier_ejection = true;
+    config.programs.load_signal = true;
+    config.programs.byte_accounting = ByteAccounting::All;
     let mut dp = Dataplane::open(&config).expect("open dataplane");
     let features = dp.features();
     let (major, minor, text) = release();

@@ -99,7 +99,7 @@ fn a_restart_keeps_the_attached_programs_unless_something_changed() {
 
     // Another option is other programs: they are loaded, and replace the attached ones.
     let mut config = fx.config();
-    config.kernel_log = KernelLogLevel::Error;
+    config.programs.kernel_log = KernelLogLevel::Error;
     let mut dp = Dataplane::open(&config).expect("reopen with the kernel log on");
     let relogged = attached_programs(&fx);
     assert!(relogged.iter().zip(&loaded).all(|(now, before)| now.1 != before.1), "{relogged:?} vs {loaded:?}");
@@ -133,7 +133,7 @@ fn restarting_under_load_drops_no_connection() {
         // Each open loads new programs (the kernel log switched on and off, so none is kept),
         // attaches them, then detaches the previous links.
         let mut config = fx.config();
-        config.kernel_log = if restart % 2 == 0 { KernelLogLevel::Error } else { KernelLogLevel::Off };
+        config.programs.kernel_log = if restart % 2 == 0 { KernelLogLevel::Error } else { KernelLogLevel::Off };
         let mut dp = Dataplane::open(&config).expect("reopen");
         assert_eq!(dp.apply(&desired).unchanged, 3);
     }
@@ -256,7 +256,7 @@ fn a_full_map_is_an_error_naming_it_and_nothing_is_half_written() {
     require_root!();
     let fx = Fixture::new(3);
     let mut config = fx.config();
-    config.capacities = Capacities { slots: 4, services_v4: 2, ..Capacities::default() };
+    config.programs.capacities = Capacities { slots: 4, services_v4: 2, ..Capacities::default() };
     let mut dp = Dataplane::open(&config).expect("open");
     let mut desired = DesiredState::default();
     let all: Vec<_> = fx.backends.iter().map(|b| b.weighted(false, 1)).collect();
@@ -301,7 +301,7 @@ fn reopening_with_other_capacities_is_refused() {
     let fx = Fixture::new(1);
     drop(Dataplane::open(&fx.config()).expect("open"));
     let mut config = fx.config();
-    config.capacities.slots = 1000;
+    config.programs.capacities.slots = 1000;
     let Err(error) = Dataplane::open(&config) else { panic!("reopen with another capacity must fail") };
     assert!(matches!(error, DataplaneError::CapacityMismatch { map: "topo_slots", configured: 1000, .. }), "{error}");
 }

@@ -215,8 +215,10 @@ fn the_load_signal_costs_other_sockets_nothing_and_survives_reloads_and_a_small_
     // Sixteen positions in the TCP connections table: a connection outlives its entry after
     // sixteen newer ones through the hooks.
     let config = |load_signal: bool, kernel_log| {
-        let mut config = topology_dataplane::DataplaneConfig { load_signal, kernel_log, ..fx.config() };
-        config.capacities.tcp_connections = 16;
+        let mut config = fx.config();
+        config.programs.load_signal = load_signal;
+        config.programs.kernel_log = kernel_log;
+        config.programs.capacities.tcp_connections = 16;
         config
     };
     let open = |load_signal: bool| {

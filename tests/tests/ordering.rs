@@ -51,9 +51,9 @@ fn churn_restart_upgrade(ordering: IndexOrdering) {
     // Up to 16 service ports per family in 32 positions, nine of the IPv4 ones with the same
     // home: one overflows its window, and removals leave tombstones.
     let mut config = fx.config();
-    config.index = ordering;
-    config.capacities.services_v4 = 16;
-    config.capacities.services_v6 = 16;
+    config.programs.index = ordering;
+    config.programs.capacities.services_v4 = 16;
+    config.programs.capacities.services_v6 = 16;
     let key = |i: u32| ServiceKey4 { addr: [10, 96, 1 + (i >> 8) as u8, i as u8], port: 80, proto: 6, _pad: 0 };
     let home = key(1).index_hash() & 31;
     let mut pool: Vec<ServiceKey4> = (1..).map(key).filter(|k| k.index_hash() & 31 == home).take(9).collect();
@@ -113,7 +113,7 @@ fn the_programs_trust_an_index_position_only_when_its_seq_is_even_and_the_index_
 fn seq_is_trusted_only_when_even(ordering: IndexOrdering) {
     let fx = Fixture::new(2);
     let mut config = fx.config();
-    config.index = ordering;
+    config.programs.index = ordering;
     let mut dp = Dataplane::open(&config).expect("open dataplane");
     let backends = fx.backends.iter().map(|b| b.weighted(false, 1)).collect();
     assert!(dp.apply(&Fixture::one_service(service("10.96.0.50", 80, Protocol::Tcp), backends)).failed.is_empty());

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 
 use aya::maps::{Array, HashMap, Map, MapData};
 use topology_common::{ServiceKey4, ServiceRanges, ServiceValue, map_names};
-use topology_dataplane::{Dataplane, DataplaneConfig, IndexOrdering, PinLayout};
+use topology_dataplane::{Dataplane, IndexOrdering, PinLayout};
 use topology_policy::desired::{DesiredService, DesiredState, Protocol};
 use topology_tests::{
     fixture::{Fixture, service},
@@ -37,7 +37,8 @@ fn the_hook_looks_up_only_inside_the_ranges_and_the_agent_widens_them_first() {
     let mut desired = DesiredState::default();
     desired.services.insert(service("10.96.0.10", 80, Protocol::Tcp), set.clone());
     // The index off: every lookup asks the hash map, where an entry can be written by hand.
-    let config = DataplaneConfig { index: IndexOrdering::Off, ..fx.config() };
+    let mut config = fx.config();
+    config.programs.index = IndexOrdering::Off;
     let mut dp = Dataplane::open(&config).expect("open dataplane");
     let report = dp.apply(&desired);
     assert!(report.failed.is_empty(), "{:?}", report.failed);

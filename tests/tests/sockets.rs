@@ -63,7 +63,7 @@ fn a_tcp_connection_shows_its_cluster_ip_until_about_a_table_of_newer_sockets_ca
     let fx = Fixture::new(3);
     let mut config = fx.config();
     // Two batches of socket cookies (the kernel hands each CPU 4,096 at a time).
-    config.capacities.tcp_connections = 8192;
+    config.programs.capacities.tcp_connections = 8192;
     let mut dp = Dataplane::open(&config).expect("open dataplane");
     let all = fx.backends.iter().map(|b| b.weighted(false, 1)).collect();
     assert!(dp.apply(&tcp_and_udp("10.96.0.61", "table", all)).failed.is_empty());

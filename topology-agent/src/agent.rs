@@ -9,7 +9,7 @@ mod chores;
 
 use chores::{leave_the_api_service, read_kernel_log, release_memory_after_sync, start_sweeper};
 use topology_dataplane::{
-    ByteAccounting, Capacities, Dataplane, DataplaneConfig, DataplaneError, DnsBeat, IndexOrdering, KernelLogLevel,
+    Dataplane, DataplaneConfig, DataplaneError, DnsBeat, LoadOptions,
     mounts::{self, MountError},
 };
 use topology_dns::{DnsConfig, DnsError, DnsPublisher, steer::Steering};
@@ -56,22 +56,12 @@ pub struct RunConfig {
     pub metrics_addr: SocketAddr,
     /// Address of /healthz and /readyz alone, for kubelet's probes (`None`: none).
     pub probe_addr: Option<SocketAddr>,
-    /// Map capacities.
-    pub capacities: Capacities,
-    /// Kernel diagnostics.
-    pub kernel_log: KernelLogLevel,
-    /// How the programs read the service index.
-    pub index: IndexOrdering,
     /// The programs stop rewriting this long after the agent last had a current view
     /// (`None`: never).
     pub fail_open_after: Option<Duration>,
-    /// Attach the load signal (`--load-signal`).
-    pub load_signal: bool,
-    /// Eject backends whose handshakes keep failing (`--outlier-ejection`).
-    pub outlier_ejection: bool,
-    /// Count the bytes of the connections the hooks rewrite, per Service port and zone pair
-    /// (`--byte-accounting`).
-    pub byte_accounting: ByteAccounting,
+    /// What the programs are loaded with (`--*-capacity`, `--kernel-log`, `--index-ordering`,
+    /// `--load-signal`, `--outlier-ejection`, `--byte-accounting`).
+    pub programs: LoadOptions,
     /// Which ports' connections the load signal measures (`--load-signal`).
     pub measured: Measured,
     /// Service ports and backends with /metrics series of their own (`--metrics-max-*`).
@@ -136,7 +126,7 @@ impl RunConfig {
         {
             return Err(DnsError::SteerAddress(dns.listen).into());
         }
-        Ok(self.capacities.validate()?)
+        Ok(self.programs.capacities.validate()?)
     }
 
     /// The capabilities this configuration needs, and what for.
@@ -187,13 +177,8 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
     let dataplane_config = DataplaneConfig {
         pin_path: config.pin_path.clone(),
         cgroup: cgroup.clone(),
-        capacities: config.capacities,
-        kernel_log: config.kernel_log,
-        index: config.index,
         fail_open_after: config.fail_open_after,
-        load_signal: config.load_signal,
-        outlier_ejection: config.outlier_ejection,
-        byte_accounting: config.byte_accounting,
+        programs: config.programs,
     };
     let mut dataplane = tokio::task::block_in_place(|| Dataplane::open(&dataplane_config))?;
     tracing::info!(
@@ -258,8 +243,12 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
         },
         Arc::clone(&metrics),
     );
-    let _sweeper =
-        config.byte_accounting.tcp().then(|| start_sweeper(&dataplane, &config.netns_dirs, &metrics)).flatten();
+    let _sweeper = config
+        .programs
+        .byte_accounting
+        .tcp()
+        .then(|| start_sweeper(&dataplane, &config.netns_dirs, &metrics))
+        .flatten();
     let controller = Controller::new(
         ControllerConfig {
             one_publisher_per_service: true,
@@ -410,13 +399,8 @@ mod tests {
             pin_path: "/sys/fs/bpf/topology".into(),
             metrics_addr: "127.0.0.1:9464".parse().unwrap(),
             probe_addr: None,
-            capacities: Capacities::default(),
-            kernel_log: KernelLogLevel::Off,
-            index: IndexOrdering::default(),
             fail_open_after: None,
-            load_signal: true,
-            outlier_ejection: false,
-            byte_accounting: ByteAccounting::Off,
+            programs: LoadOptions::default(),
             measured: Measured::Feedback,
             metrics_caps: crate::metrics::SeriesCaps::default(),
             terminate: TerminateSockets::Off,

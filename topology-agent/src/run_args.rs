@@ -10,7 +10,7 @@ use topology_agent::{
     metrics::SeriesCaps,
     sockets::TerminateSockets,
 };
-use topology_dataplane::{ByteAccounting, Capacities, IndexOrdering, KernelLogLevel};
+use topology_dataplane::{ByteAccounting, Capacities, IndexOrdering, KernelLogLevel, LoadOptions};
 use topology_dns::DnsConfig;
 use topology_policy::{cluster::ObjectKey, plan::Measured};
 
@@ -179,13 +179,15 @@ pub fn run_config(args: RunArgs) -> anyhow::Result<RunConfig> {
         pin_path: args.pin_path,
         metrics_addr: args.metrics_addr.map_or_else(default_metrics_addr, Ok)?,
         probe_addr: args.probe_addr,
-        capacities: capacities(&args.capacities)?,
-        kernel_log: args.kernel_log,
-        index: args.index_ordering,
         fail_open_after: (!args.fail_open_after.is_zero()).then_some(args.fail_open_after),
-        load_signal: args.load_signal != LoadSignal::Off,
-        outlier_ejection: args.outlier_ejection == Switch::On,
-        byte_accounting: args.byte_accounting,
+        programs: LoadOptions {
+            capacities: capacities(&args.capacities)?,
+            kernel_log: args.kernel_log,
+            index: args.index_ordering,
+            load_signal: args.load_signal != LoadSignal::Off,
+            outlier_ejection: args.outlier_ejection == Switch::On,
+            byte_accounting: args.byte_accounting,
+        },
         measured: match args.load_signal {
             LoadSignal::Off => Measured::Off,
             LoadSignal::On => Measured::Feedback,

@@ -67,7 +67,7 @@ pub use error::DataplaneError;
 pub use features::KernelFeatures;
 pub use heartbeat::{DnsBeat, FailOpen, HeartbeatReading};
 pub use layout::PinLayout;
-pub use loader::{ByteAccounting, Flavour, IndexOrdering, KernelLogLevel};
+pub use loader::{ByteAccounting, Flavour, IndexOrdering, KernelLogLevel, LoadOptions};
 pub use maps::Capacities;
 pub(crate) use objects::PROGRAMS;
 pub use outliers::Outlier;
@@ -111,30 +111,11 @@ pub struct DataplaneConfig {
     pub pin_path: PathBuf,
     /// cgroup v2 directory the programs attach to; sockets of every process below it are served.
     pub cgroup: PathBuf,
-    /// Map capacities.
-    pub capacities: Capacities,
-    /// Kernel diagnostics level.
-    pub kernel_log: KernelLogLevel,
-    /// How the programs read the service index.
-    pub index: IndexOrdering,
     /// How long the programs keep rewriting after the last [`Dataplane::heartbeat`]; `None`:
     /// forever (they never fail open).
     pub fail_open_after: Option<Duration>,
-    /// Measure the TCP connections of ports under feedback: their starts counted by the connect
-    /// hooks, their ends where the kernel destroys their socket (`tp_btf/tcp_destroy_sock`, once
-    /// per TCP socket of the node). Off, or refused by the kernel: no backend is measured and
-    /// feedback keeps the static plan.
-    pub load_signal: bool,
-    /// Load and attach the outlier ejection programs (tracepoints where a handshake fails). Off
-    /// (the library's default; the agent's is on), or refused by the kernel: no backend is
-    /// ejected.
-    pub outlier_ejection: bool,
-    /// What the accounting programs count: the bytes of the TCP connections the hooks rewrote
-    /// (`tp_btf/tcp_destroy_sock`: once per TCP socket of the node, at its end), and with
-    /// [`ByteAccounting::All`] the UDP datagrams through a Service (`tp_btf/sock_send_length`,
-    /// `sock_recv_length`: every socket send and receive of the node). Off (the library's
-    /// default), or refused by the kernel: no bytes are counted.
-    pub byte_accounting: ByteAccounting,
+    /// What the programs are loaded with.
+    pub programs: LoadOptions,
 }
 
 impl DataplaneConfig {
@@ -144,13 +125,8 @@ impl DataplaneConfig {
         Self {
             pin_path: pin_path.into(),
             cgroup: cgroup.into(),
-            capacities: Capacities::default(),
-            kernel_log: KernelLogLevel::Off,
-            index: IndexOrdering::Auto,
             fail_open_after: None,
-            load_signal: true,
-            outlier_ejection: false,
-            byte_accounting: ByteAccounting::Off,
+            programs: LoadOptions::default(),
         }
     }
 }
@@ -177,14 +153,7 @@ impl Dataplane {
     /// fail open: an agent starting after a long absence routes again only once it has a view.
     pub fn open(config: &DataplaneConfig) -> Result<Self, DataplaneError> {
         let layout = PinLayout::new(&config.pin_path);
-        let options = loader::LoadOptions {
-            capacities: config.capacities,
-            log_level: config.kernel_log,
-            index: config.index,
-            load_signal: config.load_signal,
-            outlier_ejection: config.outlier_ejection,
-            byte_accounting: config.byte_accounting,
-        };
+        let options = config.programs;
         let fail_open = FailOpen::new(config.fail_open_after);
         // Pins of a layout this agent cannot read are refused before anything is touched.
         let upgrading = upgrade::check(&layout)? == Some(upgrade::PREVIOUS);
@@ -194,7 +163,7 @@ impl Dataplane {
         if let Some(previous) = reuse::find(&layout, &options, &config.cgroup) {
             match Self::keep(layout.clone(), previous, fail_open, &config.cgroup, upgrading) {
                 Ok(kept) => {
-                    end_ejections_if_off(&layout, config.outlier_ejection)?;
+                    end_ejections_if_off(&layout, options.outlier_ejection)?;
                     return Ok(kept);
                 }
                 Err(error) => tracing::warn!(%error, "the attached programs could not be kept; loading them"),
@@ -219,7 +188,7 @@ impl Dataplane {
             heartbeat::beat(&mut writer.maps_mut().heartbeat, &fail_open)?;
         }
         stop_dns_steering(&layout)?;
-        end_ejections_if_off(&layout, config.outlier_ejection)?;
+        end_ejections_if_off(&layout, options.outlier_ejection)?;
         loader::attach_all(&mut ebpf, &layout, &config.cgroup)?;
         if upgrading {
             upgrade::detach_retired(&layout)?;

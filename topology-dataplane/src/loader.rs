@@ -126,21 +126,46 @@ pub struct Loaded {
     pub flavour: Flavour,
 }
 
-/// What [`load`] needs besides the pin layout.
-#[derive(Clone, Copy, Debug)]
+/// What the programs are loaded with: the kernel's knobs, declared once, from the agent's flags
+/// to the loader (and the fingerprint a restart compares, `reuse.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LoadOptions {
     /// Map capacities.
     pub capacities: Capacities,
-    /// Kernel diagnostics.
-    pub log_level: KernelLogLevel,
+    /// Kernel diagnostics level.
+    pub kernel_log: KernelLogLevel,
     /// How the programs read the service index.
     pub index: IndexOrdering,
-    /// Count measured connections' starts and ends (the load signal).
+    /// Measure the TCP connections of ports under feedback: their starts counted by the connect
+    /// hooks, their ends where the kernel destroys their socket (`tp_btf/tcp_destroy_sock`, once
+    /// per TCP socket of the node). Off, or refused by the kernel: no backend is measured and
+    /// feedback keeps the static plan.
     pub load_signal: bool,
-    /// Load the outlier ejection program.
+    /// Load and attach the outlier ejection programs (tracepoints where a handshake fails). Off
+    /// (the library's default; the agent's is on), or refused by the kernel: no backend is
+    /// ejected.
     pub outlier_ejection: bool,
-    /// What cross-zone accounting counts (bytes per Service port and backend).
+    /// What the accounting programs count: the bytes of the TCP connections the hooks rewrote
+    /// (`tp_btf/tcp_destroy_sock`: once per TCP socket of the node, at its end), and with
+    /// [`ByteAccounting::All`] the UDP datagrams through a Service (`tp_btf/sock_send_length`,
+    /// `sock_recv_length`: every socket send and receive of the node). Off (the library's
+    /// default), or refused by the kernel: no bytes are counted.
     pub byte_accounting: ByteAccounting,
+}
+
+impl Default for LoadOptions {
+    /// A library user's: default capacities, no kernel log, the index ordering this machine
+    /// needs, the load signal on, no outlier ejection or accounting.
+    fn default() -> Self {
+        Self {
+            capacities: Capacities::default(),
+            kernel_log: KernelLogLevel::Off,
+            index: IndexOrdering::Auto,
+            load_signal: true,
+            outlier_ejection: false,
+            byte_accounting: ByteAccounting::Off,
+        }
+    }
 }
 
 /// What cross-zone accounting counts (`--byte-accounting`).
@@ -179,7 +204,7 @@ pub fn load(layout: &PinLayout, options: &LoadOptions) -> Result<Loaded, Datapla
     for &flavour in options.index.candidates() {
         match load_flavour(layout, options, flavour) {
             Ok(mut ebpf) => {
-                let logger = match options.log_level {
+                let logger = match options.kernel_log {
                     KernelLogLevel::Off => None,
                     _ => Some(aya_log::EbpfLogger::init(&mut ebpf)?),
                 };
@@ -203,7 +228,7 @@ fn load_flavour(layout: &PinLayout, options: &LoadOptions, flavour: Flavour) -> 
     for (name, configured) in options.capacities.by_map() {
         loader.map_max_entries(name, configured);
     }
-    let level = options.log_level.global();
+    let level = options.kernel_log.global();
     loader.override_global(LOG_LEVEL_GLOBAL, &level, true);
     let index_v4_mask = positions_for(options.capacities.services_v4) - 1;
     loader.override_global(INDEX_V4_MASK_GLOBAL, &index_v4_mask, true);

@@ -63,7 +63,7 @@ fn parse_marker(name: &str, fingerprint: &str) -> Option<Previous> {
 /// The programs a previous agent left attached, if a restart with `options` may keep them: the
 /// marker matches, and every link it implies is pinned and attached to `cgroup`.
 pub fn find(layout: &PinLayout, options: &LoadOptions, cgroup: &Path) -> Option<Previous> {
-    if options.log_level != KernelLogLevel::Off {
+    if options.kernel_log != KernelLogLevel::Off {
         // The kernel log's reader needs the loaded object.
         return None;
     }
@@ -118,7 +118,7 @@ pub fn record(
     cgroup: &Path,
     flavour: Flavour,
 ) -> Result<(), DataplaneError> {
-    if options.log_level != KernelLogLevel::Off {
+    if options.kernel_log != KernelLogLevel::Off {
         return Ok(());
     }
     let Some(name) = marker_name(&fingerprint(options, cgroup), Previous { flavour }) else { return Ok(()) };
@@ -134,7 +134,7 @@ mod tests {
     fn options() -> LoadOptions {
         LoadOptions {
             capacities: Capacities::default(),
-            log_level: KernelLogLevel::Off,
+            kernel_log: KernelLogLevel::Off,
             index: IndexOrdering::Auto,
             load_signal: true,
             outlier_ejection: true,

@@ -65,9 +65,10 @@ impl HookedNode {
         let mut config =
             DataplaneConfig { pin_path: pins.path().to_path_buf(), cgroup: cgroup.path().to_path_buf(), ..fx.config() };
         // The default holds 65,536 IPv4 service ports; more take one flag (`--capacity`).
-        config.capacities.services_v4 = config.capacities.services_v4.max((2 * count + 1).next_power_of_two() as u32);
+        config.programs.capacities.services_v4 =
+            config.programs.capacities.services_v4.max((2 * count + 1).next_power_of_two() as u32);
         // As the agent runs by default: its tracing programs run only where a handshake fails.
-        config.outlier_ejection = true;
+        config.programs.outlier_ejection = true;
         let mut dp = Dataplane::open(&config).expect("open dataplane");
         let report = dp.apply(&services(count, backends, node != Node::Unmeasured));
         assert!(report.failed.is_empty(), "{:?}", report.failed);
