@@ -13,7 +13,7 @@ use topology_dataplane::{
     mounts::{self, MountError},
 };
 use topology_dns::{DnsConfig, DnsError, DnsPublisher, steer::Steering};
-use topology_policy::plan::Measured;
+use topology_policy::plan::MeasuredPorts;
 
 use crate::{
     caps::{self, Capability, CapabilityError},
@@ -63,7 +63,7 @@ pub struct RunConfig {
     /// `--load-signal`, `--outlier-ejection`, `--byte-accounting`).
     pub programs: LoadOptions,
     /// Which ports' connections the load signal measures (`--load-signal`).
-    pub measured: Measured,
+    pub measured: MeasuredPorts,
     /// Service ports and backends with /metrics series of their own (`--metrics-max-*`).
     pub metrics_caps: crate::metrics::SeriesCaps,
     /// Which sockets are destroyed when their backend leaves a set.
@@ -401,7 +401,7 @@ mod tests {
             probe_addr: None,
             fail_open_after: None,
             programs: LoadOptions::default(),
-            measured: Measured::Feedback,
+            measured: MeasuredPorts::Feedback,
             metrics_caps: crate::metrics::SeriesCaps::default(),
             terminate: TerminateSockets::Off,
             netns_dirs: Vec::new(),

@@ -12,7 +12,7 @@ use topology_agent::{
 };
 use topology_dataplane::{ByteAccounting, Capacities, IndexOrdering, KernelLogLevel, LoadOptions};
 use topology_dns::DnsConfig;
-use topology_policy::{cluster::ObjectKey, plan::Measured};
+use topology_policy::{cluster::ObjectKey, plan::MeasuredPorts};
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -189,9 +189,9 @@ pub fn run_config(args: RunArgs) -> anyhow::Result<RunConfig> {
             byte_accounting: args.byte_accounting,
         },
         measured: match args.load_signal {
-            LoadSignal::Off => Measured::Off,
-            LoadSignal::On => Measured::Feedback,
-            LoadSignal::All => Measured::All,
+            LoadSignal::Off => MeasuredPorts::Off,
+            LoadSignal::On => MeasuredPorts::Feedback,
+            LoadSignal::All => MeasuredPorts::All,
         },
         metrics_caps: SeriesCaps { ports: args.metrics_max_ports, backends: args.metrics_max_backends },
         terminate: args.terminate_sockets,

@@ -32,7 +32,7 @@ use topology_common::{
     Backend, BackendKey, IPPROTO_TCP, OutlierEntry, OutlierKey, OutlierLedger, OutlierScan, SockTranslation,
     TcpTranslation,
     outlier::{
-        LEDGER_ENTRIES, REDRAWS, SCAN_SLOTS, Tuning, bucket_of, bucket_of_words, ejection_cap,
+        EjectionSettings, LEDGER_ENTRIES, REDRAWS, SCAN_SLOTS, bucket_of, bucket_of_words, ejection_cap,
         ledger::bpf_spin_lock as SpinLock,
     },
     service_flags,
@@ -120,7 +120,7 @@ fn handshake_failed(sk: *const c_void) -> bool {
     }
     // SAFETY: as above; written by the connect hook with the rest of the entry.
     let (client, service_id, set_size) = unsafe { ((*entry).client, (*entry).service_id, (*entry).set_size) };
-    // Charged through the port the socket was rewritten from, by its settings (see `Tuning`);
+    // Charged through the port the socket was rewritten from, by its settings (see `EjectionSettings`);
     // nothing while that port has ejection off.
     // SAFETY: an array element, read at once.
     let flags = SERVICE_OPTIONS.get_ptr(service_id).map_or(0, |options| unsafe { (*options).flags });
@@ -196,7 +196,7 @@ fn fail(key: &OutlierKey, flags: u32, backends: u32, client: u32) {
     let _ = unsafe {
         (*entry).fail_adding(
             now,
-            Tuning::of(flags),
+            EjectionSettings::of(flags),
             client,
             |failures| count::atomic_increment(ptr::from_mut(failures)),
             |until| admit(service_id, now, until, cap),

@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use topology_common::{OutlierEntry, outlier::Tuning};
+use topology_common::{OutlierEntry, outlier::EjectionSettings};
 use topology_dataplane::Outlier;
 use topology_policy::{cluster::ObjectKey, desired::ServicePort, plan::NodePlan};
 
@@ -76,7 +76,7 @@ impl Ejections {
                 *held += 1;
                 continue;
             }
-            let tuning = Tuning::of(service.options.to_kernel().flags);
+            let tuning = EjectionSettings::of(service.options.to_kernel().flags);
             let message = message(node, key, outlier, tuning, *held);
             (*last, *held) = (now, 0);
             ctx.problem(owner, Topic::Ejection(key.0, key.1), "BackendEjected", message);
@@ -113,7 +113,7 @@ impl Ejections {
 
 /// The Event's text for `outlier`, ejected from port `key.0` under `tuning`, with `held` others
 /// of the Service held back since its last Event.
-fn message(node: &str, key: &Ejected, outlier: &Outlier, tuning: Tuning, held: u32) -> String {
+fn message(node: &str, key: &Ejected, outlier: &Outlier, tuning: EjectionSettings, held: u32) -> String {
     let (port, backend) = key;
     let ejection = outlier.ejections;
     let seconds = OutlierEntry::ejection_ns_from(tuning.base_ns, ejection) / 1_000_000_000;

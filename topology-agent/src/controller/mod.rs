@@ -37,7 +37,7 @@ use topology_dns::{DnsPublisher, steer::Steering};
 use topology_policy::{
     cluster::ObjectKey,
     desired::ServicePort,
-    plan::{Measured, NodePlan},
+    plan::{MeasuredPorts, NodePlan},
 };
 
 use crate::{
@@ -60,7 +60,7 @@ pub struct ControllerConfig {
     /// publishes every problem it sees.
     pub one_publisher_per_service: bool,
     /// Which ports' connections the load signal measures.
-    pub measured: Measured,
+    pub measured: MeasuredPorts,
 }
 
 impl ControllerConfig {
@@ -70,7 +70,7 @@ impl ControllerConfig {
             node: node.into(),
             reconcile_interval: Duration::from_secs(60),
             one_publisher_per_service: false,
-            measured: Measured::Feedback,
+            measured: MeasuredPorts::Feedback,
         }
     }
 }

@@ -5,12 +5,12 @@
 //! report's time), so at 5,000 Nodes every agent watching every Node's metadata received every
 //! report: 0.9 MB/s each. What routing reads of the other Nodes comes mostly from elsewhere: an
 //! endpoint's zone and node name are in its EndpointSlice. So the scope follows the Services:
-//! - [`Scope::ThisNode`], the default: this Node alone (a field selector), and the others from a
+//! - [`NodeScope::ThisNode`], the default: this Node alone (a field selector), and the others from a
 //!   census — a list of every Node's metadata from the API server's watch cache every 10 to 20
 //!   minutes — for the region of each zone and this agent's share of the cluster-wide Events;
-//! - [`Scope::Labels`] while some Service's topology keys name another Node label: every Node's
+//! - [`NodeScope::Labels`] while some Service's topology keys name another Node label: every Node's
 //!   metadata, watched;
-//! - [`Scope::Whole`] while some Service uses capacity spillover: every Node whole, for the
+//! - [`NodeScope::Whole`] while some Service uses capacity spillover: every Node whole, for the
 //!   allocatable CPU and readiness of each zone.
 //!
 //! The Services' own watch says which: a tap on it keeps the Services of each need, and the Node
@@ -34,7 +34,7 @@ use super::{
 
 /// How much of the Nodes the Services need.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Scope {
+pub enum NodeScope {
     /// This Node, and a census of the others.
     ThisNode,
     /// Every Node's metadata.
@@ -43,7 +43,7 @@ pub enum Scope {
     Whole,
 }
 
-impl Scope {
+impl NodeScope {
     /// What `service` needs.
     fn of(service: &Service) -> Self {
         if service.depends_on_demand() {
@@ -57,15 +57,15 @@ impl Scope {
 }
 
 /// The scope the Services need: `None` until they are listed.
-pub type Need = watch::Receiver<Option<Scope>>;
+pub type Need = watch::Receiver<Option<NodeScope>>;
 
 /// The Services that need more than this Node, by what they need, as the Service watch passes
 /// them on.
 #[derive(Default)]
 struct Readers {
-    now: HashMap<ObjectKey, Scope>,
+    now: HashMap<ObjectKey, NodeScope>,
     /// Those of the list in progress.
-    listing: HashMap<ObjectKey, Scope>,
+    listing: HashMap<ObjectKey, NodeScope>,
     /// A list of Services completed.
     listed: bool,
 }
@@ -74,7 +74,7 @@ impl Readers {
     fn see(&mut self, event: &SourceEvent) {
         let reads = |object: &Object| match object {
             Object::Service(service) => {
-                Some((service.key.clone(), Scope::of(service))).filter(|(_, scope)| *scope != Scope::ThisNode)
+                Some((service.key.clone(), NodeScope::of(service))).filter(|(_, scope)| *scope != NodeScope::ThisNode)
             }
             _ => None,
         };
@@ -101,8 +101,8 @@ impl Readers {
         }
     }
 
-    fn need(&self) -> Option<Scope> {
-        self.listed.then(|| self.now.values().copied().max().unwrap_or(Scope::ThisNode))
+    fn need(&self) -> Option<NodeScope> {
+        self.listed.then(|| self.now.values().copied().max().unwrap_or(NodeScope::ThisNode))
     }
 }
 
@@ -142,8 +142,8 @@ pub async fn run(
     shutdown: CancellationToken,
 ) {
     let (mut listed, mut censused) = (false, false);
-    let floor = |scope: Option<Scope>| match (&node, scope) {
-        (None, Some(scope)) => Some(scope.max(Scope::Labels)),
+    let floor = |scope: Option<NodeScope>| match (&node, scope) {
+        (None, Some(scope)) => Some(scope.max(NodeScope::Labels)),
         (_, scope) => scope,
     };
     loop {
@@ -157,12 +157,12 @@ pub async fn run(
             }
         };
         tracing::info!(scope = ?scope, "watching Nodes {}", match scope {
-            Scope::ThisNode => "of this node alone (a census of the others every 10-20 min)",
-            Scope::Labels => "as metadata (a Service's topology keys name another Node label)",
-            Scope::Whole => "whole (a Service uses spillover)",
+            NodeScope::ThisNode => "of this node alone (a census of the others every 10-20 min)",
+            NodeScope::Labels => "as metadata (a Service's topology keys name another Node label)",
+            NodeScope::Whole => "whole (a Service uses spillover)",
         });
         let round = shutdown.child_token();
-        let census = if scope == Scope::ThisNode {
+        let census = if scope == NodeScope::ThisNode {
             // The census comes first: until it is in, this agent's share of the Events is unknown.
             if census::take(&client, &events, &round).await.is_none() {
                 return;
@@ -181,8 +181,8 @@ pub async fn run(
             kind: Kind::Node,
             convert: reading.convert,
             identify: reading.identify,
-            metadata_only: scope != Scope::Whole,
-            fields: node.as_ref().filter(|_| scope == Scope::ThisNode).map(|node| format!("metadata.name={node}")),
+            metadata_only: scope != NodeScope::Whole,
+            fields: node.as_ref().filter(|_| scope == NodeScope::ThisNode).map(|node| format!("metadata.name={node}")),
             listed,
         };
         let task = reflector::run(watched, events.clone(), round.clone());

@@ -181,14 +181,14 @@ pub const REDRAWS: u32 = 3;
 /// carried in its options' flags: the failures in a row that eject, and the first ejection's
 /// length (each further one doubles it, up to [`MAX_EJECTION_NS`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Tuning {
+pub struct EjectionSettings {
     /// Failed handshakes in a row that eject.
     pub failures: u32,
     /// The first ejection's length, nanoseconds.
     pub base_ns: u64,
 }
 
-impl Tuning {
+impl EjectionSettings {
     /// Envoy's defaults: [`CONSECUTIVE_FAILURES`] and [`BASE_EJECTION_NS`].
     pub const DEFAULT: Self = Self { failures: CONSECUTIVE_FAILURES, base_ns: BASE_EJECTION_NS };
 
@@ -260,7 +260,13 @@ impl OutlierEntry {
     /// [`SETTLE_NS`] to fail) or after a quiet window, else one more in the run; an ejection at
     /// `tuning`'s failures if two clients failed in the run and the cap admits it (see
     /// [`fail_adding`](Self::fail_adding)).
-    pub fn fail(&mut self, now: u64, tuning: Tuning, client: u32, admit: impl FnOnce(u64) -> bool) -> Failure {
+    pub fn fail(
+        &mut self,
+        now: u64,
+        tuning: EjectionSettings,
+        client: u32,
+        admit: impl FnOnce(u64) -> bool,
+    ) -> Failure {
         self.fail_adding(
             now,
             tuning,
@@ -282,7 +288,7 @@ impl OutlierEntry {
     pub fn fail_adding(
         &mut self,
         now: u64,
-        tuning: Tuning,
+        tuning: EjectionSettings,
         client: u32,
         add_one: impl FnOnce(&mut u32) -> u32,
         admit: impl FnOnce(u64) -> bool,

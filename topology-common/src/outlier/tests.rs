@@ -45,10 +45,10 @@ fn ejections_double_up_to_the_maximum() {
 #[test]
 fn a_ports_flags_carry_its_tuning() {
     use crate::service_flags::{OUTLIER_BASE_SHIFT, OUTLIER_FAILURES_SHIFT, OUTLIER_OFF};
-    assert_eq!(Tuning::of(0), Tuning::DEFAULT);
-    assert_eq!(Tuning::of(OUTLIER_OFF), Tuning::DEFAULT);
-    let tuned = Tuning::of(3 << OUTLIER_FAILURES_SHIFT | 30 << OUTLIER_BASE_SHIFT | OUTLIER_OFF);
-    assert_eq!(tuned, Tuning { failures: 3, base_ns: 30 * S });
+    assert_eq!(EjectionSettings::of(0), EjectionSettings::DEFAULT);
+    assert_eq!(EjectionSettings::of(OUTLIER_OFF), EjectionSettings::DEFAULT);
+    let tuned = EjectionSettings::of(3 << OUTLIER_FAILURES_SHIFT | 30 << OUTLIER_BASE_SHIFT | OUTLIER_OFF);
+    assert_eq!(tuned, EjectionSettings { failures: 3, base_ns: 30 * S });
     // Three failures eject at the third, for 30 s.
     let mut entry = OutlierEntry::default();
     let now = 100 * S;
@@ -71,7 +71,7 @@ fn run(events: &[(char, u64)]) -> (OutlierEntry, Vec<Failure>) {
         let now = 100 * S + at * MS;
         match event {
             'a' => entry.attempt(now),
-            'f' => failures.push(entry.fail(now, Tuning::DEFAULT, 1 + failures.len() as u32 % 2, admit)),
+            'f' => failures.push(entry.fail(now, EjectionSettings::DEFAULT, 1 + failures.len() as u32 % 2, admit)),
             _ => unreachable!(),
         }
     }
@@ -100,12 +100,12 @@ fn a_failure_counted_on_another_cpu_at_once_still_ejects() {
     // add and its read, and that CPU read six too): both eject, none is lost.
     let mut entry = OutlierEntry::default();
     for ms in 0..4 {
-        assert_eq!(entry.fail(100 * S + ms * MS, Tuning::DEFAULT, ms as u32 % 2, admit), Failure::Counted);
+        assert_eq!(entry.fail(100 * S + ms * MS, EjectionSettings::DEFAULT, ms as u32 % 2, admit), Failure::Counted);
     }
     let at = 100 * S + 5 * MS;
     let raced = entry.fail_adding(
         at,
-        Tuning::DEFAULT,
+        EjectionSettings::DEFAULT,
         0,
         |failures| {
             *failures += 2;
@@ -171,15 +171,17 @@ fn repeated_ejections_double_and_a_quiet_window_forgives_them() {
 fn one_clients_failures_never_eject_and_a_second_clients_do() {
     // A pod whose own policy drops its SYNs fails every handshake: never ejected for the node.
     let mut entry = OutlierEntry::default();
-    let failures: Vec<Failure> = (0..20).map(|ms| entry.fail(100 * S + ms * MS, Tuning::DEFAULT, 7, admit)).collect();
+    let failures: Vec<Failure> =
+        (0..20).map(|ms| entry.fail(100 * S + ms * MS, EjectionSettings::DEFAULT, 7, admit)).collect();
     assert_eq!(failures[..4], [Failure::Counted; 4]);
     assert!(failures[4..].iter().all(|f| *f == Failure::OneClient), "{failures:?}");
     // A second pod's failure in the same run: the evidence is enough.
     let at = 100 * S + 21 * MS;
-    assert_eq!(entry.fail(at, Tuning::DEFAULT, 8, admit), Failure::Ejected(at + 10 * S));
+    assert_eq!(entry.fail(at, EjectionSettings::DEFAULT, 8, admit), Failure::Ejected(at + 10 * S));
     // After the ejection, a new run starts with its first failure's client alone again.
     let later = at + 10 * S + MS;
-    let again: Vec<Failure> = (0..5).map(|ms| entry.fail(later + ms * MS, Tuning::DEFAULT, 8, admit)).collect();
+    let again: Vec<Failure> =
+        (0..5).map(|ms| entry.fail(later + ms * MS, EjectionSettings::DEFAULT, 8, admit)).collect();
     assert_eq!(again[4], Failure::OneClient, "{again:?}");
 }
 
@@ -191,7 +193,7 @@ fn a_capped_run_is_not_ejected_and_asks_again_at_its_next_failure() {
     assert!(ledger.admit(100 * S, 200 * S, 1));
     let mut fail = |ms: u64, entry: &mut OutlierEntry| {
         let now = 100 * S + ms * MS;
-        entry.fail(now, Tuning::DEFAULT, ms as u32 % 2, |until| ledger.admit(now, until, 1))
+        entry.fail(now, EjectionSettings::DEFAULT, ms as u32 % 2, |until| ledger.admit(now, until, 1))
     };
     let failures: Vec<Failure> = (0..6).map(|ms| fail(ms, &mut entry)).collect();
     assert_eq!(failures[4..], [Failure::Capped; 2]);
@@ -201,7 +203,7 @@ fn a_capped_run_is_not_ejected_and_asks_again_at_its_next_failure() {
     let mut entry2 = entry;
     entry2.last_failure_ns = now - MS;
     assert_eq!(
-        entry2.fail(now, Tuning::DEFAULT, 1, |until| ledger.admit(now, until, 1)),
+        entry2.fail(now, EjectionSettings::DEFAULT, 1, |until| ledger.admit(now, until, 1)),
         Failure::Ejected(now + 10 * S)
     );
 }

@@ -46,12 +46,12 @@ pub struct NodePlan {
     ownership: Ownership,
     feedback: feedback::Inputs,
     /// Which ports the load signal measures.
-    measured: Measured,
+    measured: MeasuredPorts,
 }
 
 /// Which ports the load signal measures (`--load-signal`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Measured {
+pub enum MeasuredPorts {
     /// None: the load signal is off.
     Off,
     /// Ports under feedback, which need it.
@@ -72,12 +72,12 @@ impl NodePlan {
             under_feedback: BTreeSet::new(),
             ownership: Ownership::default(),
             feedback: feedback::Inputs::new(),
-            measured: Measured::Feedback,
+            measured: MeasuredPorts::Feedback,
         }
     }
 
     /// Has the load signal measure `measured` ports' connections.
-    pub fn measured(mut self, measured: Measured) -> Self {
+    pub fn measured(mut self, measured: MeasuredPorts) -> Self {
         self.measured = measured;
         self
     }
@@ -114,9 +114,9 @@ impl NodePlan {
         if let Some(steering) = &self.steering {
             steering.apply(&this.name, &mut selections);
         }
-        if self.measured != Measured::Feedback {
+        if self.measured != MeasuredPorts::Feedback {
             for selected in &mut selections {
-                selected.options.measured = self.measured == Measured::All;
+                selected.options.measured = self.measured == MeasuredPorts::All;
             }
         }
         let update = self.ownership.set(key, weights::desired_state(&selections).services);

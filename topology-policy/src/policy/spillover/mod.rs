@@ -105,7 +105,7 @@ pub fn parse_max_overload(raw: &str) -> Result<f64, MaxOverloadError> {
 
 /// The endpoints spillover may use from this node.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Scope {
+pub enum SpillScope {
     /// Only this zone: nothing to spill to.
     Zone(String),
     /// This region.
@@ -114,7 +114,7 @@ pub enum Scope {
     Cluster,
 }
 
-impl Scope {
+impl SpillScope {
     fn describe(&self) -> String {
         match self {
             Self::Zone(zone) => format!("zone {zone} only"),
@@ -135,15 +135,15 @@ impl Scope {
 /// The scope topology keys allow from `this` node (the widest of `*`, the region key and the
 /// zone key that this node has a value for), with notes on keys that do not apply; an error
 /// when none of them does, and the keys decide alone.
-pub fn scope(this: &Node, keys: Option<&[TopologyKey]>) -> Result<(Scope, Vec<String>), NoScope> {
-    let Some(keys) = keys else { return Ok((Scope::Cluster, Vec::new())) };
-    let mut widest: Option<Scope> = None;
+pub fn scope(this: &Node, keys: Option<&[TopologyKey]>) -> Result<(SpillScope, Vec<String>), NoScope> {
+    let Some(keys) = keys else { return Ok((SpillScope::Cluster, Vec::new())) };
+    let mut widest: Option<SpillScope> = None;
     let mut notes = Vec::new();
     for key in keys {
         let scope = match key {
-            TopologyKey::Any => Some(Scope::Cluster),
-            TopologyKey::Label(label) if label == LABEL_REGION => this.region().map(|r| Scope::Region(r.into())),
-            TopologyKey::Label(label) if label == LABEL_ZONE => this.zone().map(|z| Scope::Zone(z.into())),
+            TopologyKey::Any => Some(SpillScope::Cluster),
+            TopologyKey::Label(label) if label == LABEL_REGION => this.region().map(|r| SpillScope::Region(r.into())),
+            TopologyKey::Label(label) if label == LABEL_ZONE => this.zone().map(|z| SpillScope::Zone(z.into())),
             TopologyKey::Label(label) => {
                 notes.push(format!("topology key {label} is not used by spillover, which balances zones and regions"));
                 None
@@ -220,7 +220,7 @@ pub fn select(
     this: &Node,
     demand: &Demand,
     settings: Settings,
-    scope: &Scope,
+    scope: &SpillScope,
     instead_of: Option<&str>,
     usable: &[Candidate<'_>],
     terminating: bool,
@@ -330,9 +330,9 @@ pub fn select(
 }
 
 /// The endpoints of `usable` that `scope` admits.
-pub fn in_scope<'a, 'b>(demand: &Demand, scope: &Scope, usable: &'b [Candidate<'a>]) -> Cow<'b, [Candidate<'a>]> {
+pub fn in_scope<'a, 'b>(demand: &Demand, scope: &SpillScope, usable: &'b [Candidate<'a>]) -> Cow<'b, [Candidate<'a>]> {
     match scope {
-        Scope::Cluster => Cow::Borrowed(usable),
+        SpillScope::Cluster => Cow::Borrowed(usable),
         _ => usable.iter().filter(|c| scope.admits(c.zone(), region_of(demand, c))).cloned().collect(),
     }
 }
@@ -343,7 +343,7 @@ fn region_of<'a>(demand: &'a Demand, candidate: &Candidate<'a>) -> Option<&'a st
     candidate.zone.and_then(|z| demand.zone(z)).and_then(|d| d.region()).or_else(node_region)
 }
 
-fn report(plan: &Solution, me: usize, route: &[f64], scope: &Scope, settings: Settings) -> SpilloverReport {
+fn report(plan: &Solution, me: usize, route: &[f64], scope: &SpillScope, settings: Settings) -> SpilloverReport {
     let mut spilled: Vec<Spill> = route
         .iter()
         .enumerate()
