@@ -412,7 +412,7 @@ mod tests {
                 upstreams: Vec::new(),
                 per_source_qps: 0,
                 steer: steer.then(|| topology_policy::cluster::ObjectKey::new("kube-system", "kube-dns")),
-                cache: topology_dns::relayed::CacheSettings::default(),
+                cache: topology_dns::relay_cache::CacheSettings::default(),
                 clients: topology_dns::clients::Clients::Any,
             }),
         }

@@ -145,7 +145,7 @@ pub fn dns_packet(data: &[u8]) {
     use std::sync::OnceLock;
 
     use hickory_proto::op::Message;
-    use topology_dns::{DnsView, answer, glance, parse_domain, relayed, server};
+    use topology_dns::{DnsView, answer, glance, parse_domain, relay_cache, server};
 
     static VIEW: OnceLock<(DnsView, answer::Zone)> = OnceLock::new();
     let (view, zone) = VIEW.get_or_init(|| {
@@ -165,7 +165,7 @@ pub fn dns_packet(data: &[u8]) {
     if let Some(glanced) = glanced {
         // Read from the wire alone, a query must be one the whole path relays, asked the same.
         let server::Handled::Forward { request, .. } = &handled else { panic!("glanced at as relayed: {glanced:?}") };
-        assert_eq!(relayed::Asked::of(request), glanced.asked);
+        assert_eq!(relay_cache::Asked::of(request), glanced.asked);
         assert_eq!(answer::udp_limit(request), glanced.udp_limit);
         assert_eq!(request.queries.first().map(|q| u16::from(q.query_type())), Some(glanced.qtype));
     }
@@ -211,7 +211,7 @@ fn relayed(query: &[u8], reply: &[u8]) {
     use std::time::{Duration, Instant};
 
     use hickory_proto::op::Message;
-    use topology_dns::relayed::{Asked, CacheSettings, Found, Key, RelayCache, wire};
+    use topology_dns::relay_cache::{Asked, CacheSettings, Found, Key, RelayCache, wire};
 
     let _ = wire::layout(reply);
     let Ok(asked) = Message::from_vec(query).map(|request| Asked::of(&request)) else { return };

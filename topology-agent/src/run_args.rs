@@ -204,7 +204,7 @@ pub fn run_config(args: RunArgs) -> anyhow::Result<RunConfig> {
                 upstreams: args.dns_upstream,
                 per_source_qps: args.dns_source_qps,
                 steer: steer_service(&args.dns_steer)?,
-                cache: topology_dns::relayed::CacheSettings {
+                cache: topology_dns::relay_cache::CacheSettings {
                     max_bytes: args.dns_cache_mib << 20,
                     max_ttl: args.dns_cache_max_ttl,
                     max_negative_ttl: args.dns_cache_max_negative_ttl,

@@ -75,7 +75,7 @@ pub fn refused(bytes: &[u8]) -> Option<Vec<u8>> {
     if bytes.len() < 12 || bytes[2] & 0x80 != 0 {
         return None;
     }
-    let end = crate::relayed::wire::question_end(bytes).unwrap_or(12);
+    let end = crate::relay_cache::wire::question_end(bytes).unwrap_or(12);
     let mut reply = bytes[..end].to_vec();
     reply[2] = (reply[2] & 0x79) | 0x80; // QR=1, keep opcode and RD, clear AA and TC
     reply[3] = 0x05; // RCODE REFUSED

@@ -8,7 +8,7 @@
 
 use hickory_proto::rr::Name;
 
-use crate::{answer::EDNS_PAYLOAD, relayed::Asked};
+use crate::{answer::EDNS_PAYLOAD, relay_cache::Asked};
 
 const HEADER: usize = 12;
 const TYPE_OPT: u16 = 41;

@@ -14,7 +14,7 @@ pub mod glance;
 mod limit;
 pub mod names;
 pub mod relay;
-pub mod relayed;
+pub mod relay_cache;
 pub mod server;
 pub mod steer;
 pub mod upstream;
@@ -112,7 +112,7 @@ pub struct DnsConfig {
     /// The cluster DNS Service whose port 53 this node steers to the responder (`None`: none).
     pub steer: Option<topology_policy::cluster::ObjectKey>,
     /// How relayed answers are kept.
-    pub cache: relayed::CacheSettings,
+    pub cache: relay_cache::CacheSettings,
     /// Whose queries are answered.
     pub clients: clients::Clients,
 }
@@ -193,7 +193,7 @@ pub struct DnsMetrics {
     /// Relayed queries sent again for want of a reply within the retry time.
     pub upstream_retries: Counter,
     /// The cache of relayed answers.
-    pub cache: Arc<relayed::CacheMetrics>,
+    pub cache: Arc<relay_cache::CacheMetrics>,
 }
 
 impl Default for DnsMetrics {

@@ -32,7 +32,7 @@ use super::{
     glance::{Domain, glance},
     limit::{InFlight, Relaying, SourceLimiter},
     relay,
-    relayed::{CacheSettings, Key},
+    relay_cache::{CacheSettings, Key},
     upstream::{Lookup, Upstream},
     view::DnsView,
 };

@@ -30,7 +30,7 @@ use super::{
     answer::{self, encode},
     glance::Glance,
     relay,
-    relayed::{Asked, CacheSettings, Found, Key, RelayCache, wire},
+    relay_cache::{Asked, CacheSettings, Found, Key, RelayCache, wire},
     view::DnsView,
 };
 

@@ -18,7 +18,7 @@ use std::{
 use tokio::{net::UdpSocket, sync::oneshot};
 use tokio_util::sync::CancellationToken;
 
-use crate::relayed::wire;
+use crate::relay_cache::wire;
 
 /// Sockets per address family.
 const SOCKETS: usize = 8;
