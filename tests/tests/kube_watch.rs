@@ -11,7 +11,7 @@ use std::{
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use topology_agent::{
-    controller::{Controller, ControllerConfig, ControllerError, Health, memory::MemoryKernel},
+    controller::{Controller, ControllerConfig, ControllerError, Health, recording::MemoryKernel},
     events::KubeEvents,
     metrics::Metrics,
     source::{EventReceiver, EventSender, Object, SourceEvent, kube::KubeSource, reflector::STALL},

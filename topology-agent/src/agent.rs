@@ -88,7 +88,7 @@ pub enum RunError {
     Mount(#[from] MountError),
     /// The kernel is older than the programs need.
     #[error(transparent)]
-    Kernel(#[from] crate::kernel::KernelError),
+    Kernel(#[from] crate::kernel_version::KernelError),
     /// The dataplane could not be opened.
     #[error(transparent)]
     Dataplane(#[from] DataplaneError),
@@ -169,7 +169,7 @@ fn unprivileged_port_start() -> u16 {
 pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), RunError> {
     config.validate()?;
     caps::check(caps::effective()?, &config.capabilities())?;
-    crate::kernel::check()?;
+    crate::kernel_version::check()?;
     let cgroup = match &config.cgroup {
         Some(cgroup) => mounts::cgroup2_at(cgroup)?,
         None => mounts::cgroup2_root()?,

@@ -14,7 +14,7 @@ pub mod explain;
 pub mod fuzzing;
 pub mod heap;
 pub mod http;
-pub mod kernel;
+pub mod kernel_version;
 pub mod listen;
 pub mod metrics;
 pub mod sockets;

@@ -14,10 +14,10 @@ mod feedback;
 mod full_sync;
 mod health;
 mod ingest;
-#[cfg(any(test, feature = "testing"))]
-pub mod memory;
 mod program;
 mod query;
+#[cfg(any(test, feature = "testing"))]
+pub mod recording;
 
 use std::{
     collections::BTreeSet,

@@ -2,14 +2,14 @@
 //! (`kernel`).
 
 mod declare;
-mod kernel;
+mod kernel_counters;
 
 use std::{
     collections::HashMap,
     sync::{Arc, atomic::AtomicU64},
 };
 
-pub use kernel::{DEFAULT_MAX_BACKENDS, DEFAULT_MAX_PORTS};
+pub use kernel_counters::{DEFAULT_MAX_BACKENDS, DEFAULT_MAX_PORTS};
 
 /// How many series groups the tenants' traffic may make: the rest are summed as `other`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -206,8 +206,8 @@ declare::metrics! {
             dns
         };
         /// The kernel's counters, read at each scrape.
-        kernel: Arc<kernel::KernelCounters> = {
-            let kernel = Arc::new(kernel::KernelCounters::default());
+        kernel: Arc<kernel_counters::KernelCounters> = {
+            let kernel = Arc::new(kernel_counters::KernelCounters::default());
             registry.register_collector(Box::new(Arc::clone(&kernel)));
             kernel
         };

@@ -1,5 +1,5 @@
 //! The control loop with events injected directly, programming the real writer over in-memory
-//! maps ([`memory::MemoryKernel`]).
+//! maps ([`recording::MemoryKernel`]).
 
 use std::{collections::BTreeSet, net::IpAddr, sync::Arc, time::Duration};
 
@@ -14,13 +14,13 @@ use topology_policy::{
     testing::{self, ServiceExt},
 };
 
-use super::{memory::MemoryKernel, *};
+use super::{recording::MemoryKernel, *};
 use crate::{
     events::LogOnly,
     source::{EventSender, Invalid, Object, SourceEvent},
 };
 
-type Recording = memory::Record;
+type Recording = recording::Record;
 
 fn node(name: &str, zone: &str) -> Object {
     Object::Node(testing::node(name, zone, ""))
