@@ -37,7 +37,8 @@ use topology_agent::{
     source::{EventSender, kube::KubeSource},
 };
 use topology_dataplane::{ApplyReport, Capacities, Dataplane, DataplaneConfig};
-use topology_policy::desired::{DesiredState, Protocol, ServicePort};
+use topology_model::Protocol;
+use topology_policy::desired::{DesiredState, ServicePort};
 use topology_tests::{
     agent::{Agent, AgentOptions, Usage},
     cluster::{self, EndpointSpec},

@@ -35,9 +35,8 @@ use aya::{
 use topology_agent::sockets::sweep::{IDLE_EVERY, next_wait, thread_cpu};
 use topology_common::ByteCount;
 use topology_dataplane::{ByteAccounting, BytesSweep, CountedBytes, Dataplane, LoadOptions};
-use topology_policy::desired::{
-    DesiredService, DesiredState, Locality, PortOptions, Protocol, ServicePort, WeightedBackend,
-};
+use topology_model::Protocol;
+use topology_policy::desired::{DesiredService, DesiredState, Locality, PortOptions, ServicePort, WeightedBackend};
 use topology_tests::{
     bulk::{self, BulkServer, HeldConnections, Transfer},
     datagrams::{self, DatagramServer, Exchange},

@@ -4,7 +4,8 @@
 use std::net::{IpAddr, SocketAddr};
 
 use topology_dataplane::DataplaneConfig;
-use topology_policy::desired::{DesiredService, DesiredState, Locality, Protocol, ServicePort, WeightedBackend};
+use topology_model::Protocol;
+use topology_policy::desired::{DesiredService, DesiredState, Locality, ServicePort, WeightedBackend};
 
 use crate::{
     net::{ClientPlace, Host, Network, Server, ServerOptions},

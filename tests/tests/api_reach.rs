@@ -11,7 +11,8 @@ use std::{
 };
 
 use topology_dataplane::{Dataplane, DataplaneConfig};
-use topology_policy::desired::{DesiredService, DesiredState, Locality, Protocol, ServicePort, WeightedBackend};
+use topology_model::Protocol;
+use topology_policy::desired::{DesiredService, DesiredState, Locality, ServicePort, WeightedBackend};
 use topology_tests::{
     agent::{Agent, AgentOptions},
     cluster::{self, EndpointSpec},

@@ -4,7 +4,8 @@
 use std::{net::SocketAddr, time::Duration};
 
 use topology_dataplane::Dataplane;
-use topology_policy::desired::{DesiredService, DesiredState, Protocol};
+use topology_model::Protocol;
+use topology_policy::desired::{DesiredService, DesiredState};
 use topology_tests::{
     fixture::{BACKEND_PORT, Fixture, service},
     require_root,

@@ -18,9 +18,9 @@ use topology_agent::{
     source::{EventSender, Object, SourceEvent},
 };
 use topology_dataplane::{ApplyReport, Dataplane};
+use topology_model::{Kind, Protocol};
 use topology_policy::{
-    cluster::Kind,
-    desired::{DesiredService, DesiredState, Protocol, ServicePort},
+    desired::{DesiredService, DesiredState, ServicePort},
     testing::{self, ServiceExt, SliceExt},
 };
 use topology_tests::{

@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 
 use topology_dataplane::{ByteAccounting, Dataplane, KernelFeatures};
-use topology_policy::desired::Protocol;
+use topology_model::Protocol;
 use topology_tests::{
     fixture::{Fixture, service},
     require_root,

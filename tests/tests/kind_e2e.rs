@@ -303,8 +303,7 @@ fn the_kind_suites_cluster_and_workloads_are_valid() {
             Some("Service") => {
                 round_trip::<k8s_openapi::api::core::v1::Service>(&document);
                 // The agent reads every Service the suite relies on as the suite means it.
-                let service =
-                    topology_policy::cluster::convert::service_from_value(&document).expect("the agent reads it");
+                let service = topology_model::convert::service_from_value(&document).expect("the agent reads it");
                 let keys = service.topology_keys.as_ref().map(|spec| spec.keys.clone()).unwrap_or_default();
                 match document["metadata"]["name"].as_str().expect("name") {
                     "echo-host" => assert_eq!(keys, ["kubernetes.io/hostname"]),

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use topology_agent::events::{KubeEvents, Problem, ProblemSink as _};
-use topology_policy::cluster::ObjectKey;
+use topology_model::ObjectKey;
 use topology_tests::fake_api::FakeApi;
 
 async fn published(api: &FakeApi, count: usize) -> Vec<serde_json::Value> {

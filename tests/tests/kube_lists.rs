@@ -9,7 +9,7 @@ use std::{
 
 use tokio_util::sync::CancellationToken;
 use topology_agent::source::{EventReceiver, EventSender, SourceEvent, kube::KubeSource};
-use topology_policy::cluster::Kind;
+use topology_model::Kind;
 use topology_tests::{
     cluster,
     fake_api::{FakeApi, Resource},

@@ -11,7 +11,7 @@ use std::{
 
 use tokio_util::sync::CancellationToken;
 use topology_agent::source::{EventReceiver, EventSender, Object, SourceEvent, kube::KubeSource};
-use topology_policy::cluster::{Kind, Node, census::Census};
+use topology_model::{Kind, Node, census::Census};
 use topology_tests::{
     cluster,
     fake_api::{FakeApi, Resource},

@@ -6,7 +6,8 @@ use std::{net::SocketAddr, path::Path, time::Duration};
 use aya::programs::links::{FdLink, PinnedLink};
 use topology_common::{map_names, program_names};
 use topology_dataplane::{Capacities, Dataplane, DataplaneError, KernelLogLevel, PinLayout};
-use topology_policy::desired::{DesiredService, DesiredState, PortOptions, Protocol};
+use topology_model::Protocol;
+use topology_policy::desired::{DesiredService, DesiredState, PortOptions};
 use topology_tests::{
     fixture::{Fixture, service},
     require_root,

@@ -9,7 +9,8 @@ use std::{
 };
 
 use topology_dataplane::{Dataplane, MeasuredBackend};
-use topology_policy::desired::{DesiredService, DesiredState, PortOptions, Protocol, WeightedBackend};
+use topology_model::Protocol;
+use topology_policy::desired::{DesiredService, DesiredState, PortOptions, WeightedBackend};
 use topology_tests::{
     fixture::{BACKEND_PORT, Fixture, service},
     require_root,

@@ -7,7 +7,8 @@ use std::net::SocketAddr;
 
 use topology_common::{IndexEntry4, ServiceKey4, ServiceValue, index, map_names};
 use topology_dataplane::{Dataplane, Flavour, IndexOrdering};
-use topology_policy::desired::{DesiredService, DesiredState, Protocol};
+use topology_model::Protocol;
+use topology_policy::desired::{DesiredService, DesiredState};
 use topology_tests::{
     fixture::{Fixture, service},
     require_root,

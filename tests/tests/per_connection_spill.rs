@@ -9,7 +9,8 @@ use std::{
 };
 
 use topology_dataplane::Dataplane;
-use topology_policy::desired::{DesiredService, DesiredState, PortOptions, Protocol};
+use topology_model::Protocol;
+use topology_policy::desired::{DesiredService, DesiredState, PortOptions};
 use topology_tests::{
     fixture::{Fixture, service},
     require_root,

@@ -7,7 +7,8 @@ use std::net::SocketAddr;
 use aya::maps::{Array, HashMap, Map, MapData};
 use topology_common::{ServiceKey4, ServiceRanges, ServiceValue, map_names};
 use topology_dataplane::{Dataplane, IndexOrdering, PinLayout};
-use topology_policy::desired::{DesiredService, DesiredState, Protocol};
+use topology_model::Protocol;
+use topology_policy::desired::{DesiredService, DesiredState};
 use topology_tests::{
     fixture::{Fixture, service},
     require_root,

@@ -6,7 +6,8 @@
 use std::net::SocketAddr;
 
 use topology_dataplane::Dataplane;
-use topology_policy::desired::{DesiredService, DesiredState, Protocol, WeightedBackend};
+use topology_model::Protocol;
+use topology_policy::desired::{DesiredService, DesiredState, WeightedBackend};
 use topology_tests::{
     fixture::{Fixture, service as service_port},
     net::ClientPlace,

@@ -5,8 +5,8 @@
 use std::net::{IpAddr, SocketAddr};
 
 use topology_dataplane::Dataplane;
+use topology_model::yaml;
 use topology_policy::{
-    cluster::yaml,
     plan::weights::desired_state,
     policy::{self, PolicyKind},
 };

@@ -411,7 +411,7 @@ mod tests {
                 ttl: topology_dns::DEFAULT_TTL,
                 upstreams: Vec::new(),
                 per_source_qps: 0,
-                steer: steer.then(|| topology_policy::cluster::ObjectKey::new("kube-system", "kube-dns")),
+                steer: steer.then(|| topology_model::ObjectKey::new("kube-system", "kube-dns")),
                 cache: topology_dns::relay_cache::CacheSettings::default(),
                 clients: topology_dns::clients::Clients::Any,
             }),

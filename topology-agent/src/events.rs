@@ -8,7 +8,7 @@ use kube::{
     runtime::events::{Event, EventType, Recorder, Reporter},
 };
 use tokio::{sync::mpsc, task::JoinHandle};
-use topology_policy::cluster::ObjectKey;
+use topology_model::ObjectKey;
 
 /// One problem about one Service.
 #[derive(Clone, Debug, PartialEq, Eq)]

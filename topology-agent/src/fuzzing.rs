@@ -5,10 +5,8 @@ use std::collections::HashMap;
 
 use topology_common::{IndexEntry4, ServiceKey4, ServiceValue, Slot};
 use topology_dataplane::{fuzzing as dataplane, mounts};
-use topology_policy::{
-    cluster::{Node, ObjectKey, Service, TopologyKeysSource, TopologyKeysSpec, convert, yaml},
-    policy,
-};
+use topology_model::{Node, ObjectKey, Service, TopologyKeysSource, TopologyKeysSpec, convert, yaml};
+use topology_policy::policy;
 
 use crate::sockets;
 

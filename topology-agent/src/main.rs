@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use topology_agent::{agent, explain, listen, source::kube as kube_source, status::StatusReport};
 use topology_dataplane as dataplane;
 use topology_dns::steer::Steering;
-use topology_policy::cluster::{ObjectKey, yaml};
+use topology_model::{ObjectKey, yaml};
 
 #[derive(Parser)]
 #[command(version, about = "Topology-aware service routing in cgroup socket hooks")]
@@ -119,7 +119,7 @@ enum Command {
 const LIST_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The cluster as the API lists it now; objects the agent would skip are named on stderr.
-fn live_cluster(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<topology_policy::cluster::ClusterState> {
+fn live_cluster(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<topology_model::ClusterState> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let (state, skipped) = runtime.block_on(async {
         let client = kube_source::client(kubeconfig, kube_source::Role::Explain).await?;

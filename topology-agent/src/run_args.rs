@@ -12,7 +12,8 @@ use topology_agent::{
 };
 use topology_dataplane::{ByteAccounting, Capacities, IndexOrdering, KernelLogLevel, LoadOptions};
 use topology_dns::DnsConfig;
-use topology_policy::{cluster::ObjectKey, plan::MeasuredPorts};
+use topology_model::ObjectKey;
+use topology_policy::plan::MeasuredPorts;
 
 #[derive(Args)]
 pub struct RunArgs {

@@ -5,7 +5,8 @@ use std::fmt::Write as _;
 use serde::Serialize;
 use topology_common::program_names;
 use topology_dataplane::{HeartbeatReading, MeasuredBackend, PinnedState};
-use topology_policy::desired::{Locality, PortOptions, Protocol};
+use topology_model::Protocol;
+use topology_policy::desired::{Locality, PortOptions};
 
 /// The status of a pinned dataplane.
 #[derive(Debug, Serialize)]
@@ -115,9 +116,10 @@ pub struct PortCounters {
 impl StatusReport {
     /// Builds the report from what the pins hold.
     pub fn new(pin_path: &std::path::Path, pinned: &PinnedState) -> Self {
-        let measured = pinned.kernel.services.iter().any(|(port, programmed)| {
-            port.protocol == topology_policy::desired::Protocol::Tcp && programmed.options.measured
-        });
+        let measured =
+            pinned.kernel.services.iter().any(|(port, programmed)| {
+                port.protocol == topology_model::Protocol::Tcp && programmed.options.measured
+            });
         let mut services: Vec<ServiceStatus> = pinned
             .kernel
             .services

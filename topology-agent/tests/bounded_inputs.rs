@@ -8,10 +8,8 @@ use std::{
 };
 
 use serde_json::{Value, json};
-use topology_policy::{
-    cluster::{ObjectKey, yaml},
-    plan::NodePlan,
-};
+use topology_model::{ObjectKey, yaml};
+use topology_policy::plan::NodePlan;
 
 /// The system allocator, counting the bytes live and the most live at once.
 struct Counting;

@@ -177,7 +177,8 @@ fn drawn(slots: &[Slot]) -> HashSet<([u8; 16], u16)> {
 mod tests {
     use std::net::IpAddr;
 
-    use topology_policy::desired::{Locality, Protocol, WeightedBackend};
+    use topology_model::Protocol;
+    use topology_policy::desired::{Locality, WeightedBackend};
 
     use super::*;
     use crate::state::ProgrammedService;

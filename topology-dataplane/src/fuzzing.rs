@@ -62,9 +62,8 @@ pub fn read_set(value: &ServiceValue, slots: &[topology_common::Slot]) {
 /// asked for, and a failed port must hold nothing unless it is reported stranded (or only its
 /// name failed).
 pub fn apply(data: &[u8]) {
-    use topology_policy::desired::{
-        DesiredService, DesiredState, Locality, PortOptions, Protocol, ServicePort, WeightedBackend,
-    };
+    use topology_model::Protocol;
+    use topology_policy::desired::{DesiredService, DesiredState, Locality, PortOptions, ServicePort, WeightedBackend};
 
     let mut bytes = data.iter().copied();
     let mut next = move || bytes.next();

@@ -7,9 +7,8 @@
 use std::net::IpAddr;
 
 use topology_common::map_names;
-use topology_policy::desired::{
-    DesiredService, DesiredState, Locality, PortOptions, Protocol, ServicePort, WeightedBackend,
-};
+use topology_model::Protocol;
+use topology_policy::desired::{DesiredService, DesiredState, Locality, PortOptions, ServicePort, WeightedBackend};
 
 use super::{Capacities, KernelState, memory::MemoryMaps, writer::Writer};
 

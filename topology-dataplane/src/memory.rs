@@ -16,10 +16,8 @@ use topology_common::{
     Backend, IndexEntry4, IndexEntry6, ServiceKey4, ServiceKey6, ServiceMeta, ServiceOptions, ServiceRanges,
     ServiceValue, Slot, THRESHOLD_ONE, index::USED, map_names,
 };
-use topology_policy::{
-    cluster::Family,
-    desired::{DesiredService, DesiredState, PortOptions, ServicePort},
-};
+use topology_model::Family;
+use topology_policy::desired::{DesiredService, DesiredState, PortOptions, ServicePort};
 
 use super::{
     ApplyReport, alias,

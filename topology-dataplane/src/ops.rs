@@ -9,7 +9,8 @@ use topology_common::{
     IndexEntry4, IndexEntry6, ServiceKey4, ServiceKey6, ServiceMeta, ServiceOptions, ServiceRanges, ServiceValue, Slot,
     map_names,
 };
-use topology_policy::{cluster::Family, desired::ServicePort};
+use topology_model::Family;
+use topology_policy::desired::ServicePort;
 
 use super::{
     batch,
@@ -44,7 +45,7 @@ impl ServiceKey {
             Self::V4(k) => (IpAddr::from(k.addr), k.port, k.proto),
             Self::V6(k) => (IpAddr::from(k.addr), k.port, k.proto),
         };
-        Some(ServicePort { vip, port, protocol: topology_policy::desired::Protocol::from_number(proto)? })
+        Some(ServicePort { vip, port, protocol: topology_model::Protocol::from_number(proto)? })
     }
 
     /// The family of the key, and so of the maps that hold it.
@@ -310,7 +311,7 @@ fn ignore_missing(result: Result<(), MapError>) -> Result<(), MapError> {
 
 #[cfg(test)]
 mod tests {
-    use topology_policy::desired::Protocol;
+    use topology_model::Protocol;
 
     use super::*;
 

@@ -3,9 +3,8 @@
 //! loop to map contents) are the agent's, under `topology-agent/testdata/scenarios/`.
 
 use topology_common::map_names;
-use topology_policy::desired::{
-    DesiredService, DesiredState, Locality, PortOptions, Protocol, ServicePort, WeightedBackend,
-};
+use topology_model::Protocol;
+use topology_policy::desired::{DesiredService, DesiredState, Locality, PortOptions, ServicePort, WeightedBackend};
 
 use super::{
     Capacities, KernelState,

@@ -12,7 +12,8 @@ use hickory_proto::{
     },
     serialize::binary::{BinEncodable, BinEncoder},
 };
-use topology_policy::desired::{Locality, Protocol};
+use topology_model::Protocol;
+use topology_policy::desired::Locality;
 
 use super::{
     names::ClusterName,

@@ -90,7 +90,7 @@ pub fn refused(bytes: &[u8]) -> Option<Vec<u8>> {
 mod tests {
     use std::sync::Arc;
 
-    use topology_policy::cluster::{Node, Prefix};
+    use topology_model::{Node, Prefix};
 
     use super::*;
 

@@ -110,7 +110,7 @@ pub struct DnsConfig {
     /// Queries per second per source address; 0: unlimited.
     pub per_source_qps: u32,
     /// The cluster DNS Service whose port 53 this node steers to the responder (`None`: none).
-    pub steer: Option<topology_policy::cluster::ObjectKey>,
+    pub steer: Option<topology_model::ObjectKey>,
     /// How relayed answers are kept.
     pub cache: relay_cache::CacheSettings,
     /// Whose queries are answered.

@@ -7,8 +7,8 @@ use hickory_proto::{
     op::{Edns, Message, MessageType, OpCode, Query, ResponseCode},
     rr::{Name, RData, RecordType},
 };
+use topology_model::{ClusterState, Endpoint, Service};
 use topology_policy::{
-    cluster::{ClusterState, Endpoint, Service},
     plan::NodePlan,
     policy::spillover::ANNOTATION_SPILLOVER,
     testing::{EndpointExt, ServiceExt, endpoints, ep, service, slice, world},
@@ -298,7 +298,7 @@ fn the_view_is_updated_one_service_at_a_time() {
     let this = state.node("a1").unwrap().clone();
     let mut plan = NodePlan::build(&state, "a1", None).unwrap();
     let mut view = DnsView::build(&state, &plan, Vec::new());
-    let key = topology_policy::cluster::ObjectKey::new("ns", "db");
+    let key = topology_model::ObjectKey::new("ns", "db");
     let mut update = |state: &ClusterState, view: &mut DnsView| {
         plan.update(state, &this, &key);
         view.update(state, &plan, &key)
@@ -319,18 +319,14 @@ fn the_view_is_updated_one_service_at_a_time() {
 fn the_default_upstream_is_kube_dns_endpoints_dialled_directly() {
     let mut state = world();
     let mut dns = service("kube-dns");
-    dns.key = topology_policy::cluster::ObjectKey::new("kube-system", "kube-dns");
-    dns.ports[0] = topology_policy::cluster::PortSpec {
-        name: "dns".into(),
-        port: 53,
-        protocol: topology_policy::desired::Protocol::Udp,
-    };
+    dns.key = topology_model::ObjectKey::new("kube-system", "kube-dns");
+    dns.ports[0] = topology_model::PortSpec { name: "dns".into(), port: 53, protocol: topology_model::Protocol::Udp };
     state.upsert_service(dns);
     let mut slice = slice("kube-dns-1", "kube-dns", 1053, vec![ep("10.0.5.1", "a1"), ep("10.0.5.2", "b1").unready()]);
     slice.key.namespace = "kube-system".into();
-    slice.service = Some(topology_policy::cluster::ObjectKey::new("kube-system", "kube-dns"));
+    slice.service = Some(topology_model::ObjectKey::new("kube-system", "kube-dns"));
     slice.ports[0].name = "dns".into();
-    slice.ports[0].protocol = topology_policy::desired::Protocol::Udp;
+    slice.ports[0].protocol = topology_model::Protocol::Udp;
     state.upsert_slice(slice);
     let view = DnsView::of_node(&state, "a1", Vec::new()).unwrap();
     assert_eq!(view.upstreams, ["10.0.5.1:1053".parse().unwrap()]);

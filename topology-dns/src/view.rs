@@ -8,10 +8,9 @@ use std::{
     sync::Arc,
 };
 
+use topology_model::{ClusterState, Family, Node, ObjectKey, Prefix, Protocol};
 pub use topology_policy::plan::headless::{Chosen, Headless, NamedChoice, NamedPort};
 use topology_policy::{
-    cluster::{ClusterState, Family, Node, ObjectKey, Prefix},
-    desired::Protocol,
     plan::{
         NodePlan,
         headless::{hosts, srv_ports},

@@ -5,15 +5,11 @@
 use std::{collections::BTreeMap, hint::black_box, net::IpAddr};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use topology_policy::{
-    cluster::{
-        ClusterState, Endpoint, EndpointExtra, EndpointSlice, Family, Node, ObjectKey, PortSpec, Service, SlicePort,
-        TopologyKeysSource, TopologyKeysSpec, TrafficDistribution,
-    },
-    desired::Protocol,
-    plan::NodePlan,
-    policy,
+use topology_model::{
+    ClusterState, Endpoint, EndpointExtra, EndpointSlice, Family, Node, ObjectKey, PortSpec, Protocol, Service,
+    SlicePort, TopologyKeysSource, TopologyKeysSpec, TrafficDistribution,
 };
+use topology_policy::{plan::NodePlan, policy};
 
 const NODES: usize = 60;
 const ZONES: usize = 3;

@@ -7,7 +7,6 @@
 //! Nothing here touches the kernel, the network or an async runtime: the agent, the simulator and
 //! the benchmarks all decide with this crate, and it builds and tests with stable Rust alone.
 
-pub mod cluster;
 pub mod desired;
 pub mod feedback;
 pub mod plan;

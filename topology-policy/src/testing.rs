@@ -2,15 +2,13 @@
 
 use std::{collections::BTreeMap, net::IpAddr};
 
-use crate::{
-    cluster::{
-        ClusterState, Endpoint, EndpointSlice, Family, Node, ObjectKey, PortSpec, Service, SlicePort,
-        TopologyKeysSource, TopologyKeysSpec, TrafficDistribution,
-        model::{LABEL_REGION, LABEL_ZONE},
-    },
-    desired::Protocol,
-    policy::{self, PortSelection, Selection},
+use topology_model::{
+    ClusterState, Endpoint, EndpointSlice, Family, Node, ObjectKey, PortSpec, Protocol, Service, SlicePort,
+    TopologyKeysSource, TopologyKeysSpec, TrafficDistribution,
+    objects::{LABEL_REGION, LABEL_ZONE},
 };
+
+use crate::policy::{self, PortSelection, Selection};
 
 /// A node in `zone` (empty: no zone label) of `region` (empty: no region label).
 pub fn node(name: &str, zone: &str, region: &str) -> Node {

@@ -1,21 +1,41 @@
 //! The pipeline's arrows point one way, and the compiler keeps them so only where crates split it:
-//! source → model → policy → plan → diff → kernel. Each crate must never depend on what comes
-//! after it: the pure middle (this crate) on the kernel, the network, an async runtime or the
-//! agent — else the simulator, the policy's benchmarks and its tests would need them, and the
-//! nightly toolchain that builds the programs —, the dataplane on the responder, the agent or a
-//! runtime, the responder on the kernel (it writes its heartbeat through a trait the agent
-//! implements), the agent or the Kubernetes client.
+//! watch → model → policy → plan → diff → kernel. Each crate must never depend on what comes
+//! after it: the model on the policy or anything later; the pure middle (this crate) on the
+//! Kubernetes API types, the kernel, the network, an async runtime or the agent — else the
+//! simulator, the policy's benchmarks and its tests would need them, and the nightly toolchain
+//! that builds the programs —, the dataplane on the responder, the agent or a runtime, the
+//! responder on the kernel (it writes its heartbeat through a trait the agent implements), the
+//! agent or the Kubernetes client.
 
 use std::process::Command;
 
 /// Each crate, and what it must not reach, even through another dependency.
-const RULES: [(&str, &[&str]); 3] = [
+const RULES: [(&str, &[&str]); 4] = [
+    (
+        "topology-model",
+        &[
+            "topology-policy",
+            "topology-agent",
+            "topology-dataplane",
+            "topology-dns",
+            "k8s-openapi",
+            "kube-core",
+            "serde_yaml",
+            "aya",
+            "tokio",
+            "prometheus-client",
+        ],
+    ),
     (
         "topology-policy",
         &[
             "topology-agent",
             "topology-dataplane",
             "topology-ebpf",
+            "k8s-openapi",
+            "kube-core",
+            "serde_yaml",
+            "prometheus-client",
             "aya",
             "aya-obj",
             "tokio",

@@ -20,7 +20,8 @@ use topology_agent::{
     source::{EventSender, kube::KubeSource},
 };
 use topology_dataplane::{Dataplane, DataplaneConfig};
-use topology_policy::desired::{Protocol, ServicePort};
+use topology_model::Protocol;
+use topology_policy::desired::ServicePort;
 use topology_tests::{
     agent::Agent,
     dnsperf::HistogramReading,

@@ -8,9 +8,8 @@ use std::net::SocketAddr;
 
 use topology_common::program_names;
 use topology_dataplane::{Dataplane, DataplaneConfig, PinLayout};
-use topology_policy::desired::{
-    DesiredService, DesiredState, Locality, PortOptions, Protocol, ServicePort, WeightedBackend,
-};
+use topology_model::Protocol;
+use topology_policy::desired::{DesiredService, DesiredState, Locality, PortOptions, ServicePort, WeightedBackend};
 use topology_tests::{
     fixture::Fixture,
     net::ClientPlace,

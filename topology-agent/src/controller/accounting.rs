@@ -19,10 +19,8 @@ use std::{
 
 use topology_common::ByteCount;
 use topology_dataplane::CountedBytes;
-use topology_policy::{
-    desired::{Protocol, ServicePort},
-    plan::NodePlan,
-};
+use topology_model::Protocol;
+use topology_policy::{desired::ServicePort, plan::NodePlan};
 
 use super::{Controller, Programmer};
 use crate::{cost::ServiceBytes, metrics::BytesLabels};

@@ -8,10 +8,8 @@ use std::{
 };
 
 use topology_dataplane::{ApplyReport, DataplaneError};
-use topology_policy::{
-    cluster::{Node, ObjectKey},
-    desired::ServicePort,
-};
+use topology_model::{Node, ObjectKey};
+use topology_policy::desired::ServicePort;
 
 use super::{Health, Observation};
 use crate::{
@@ -229,7 +227,7 @@ fn failing_summary(failures: &BTreeMap<ServicePort, (ObjectKey, String)>) -> Opt
 
 #[cfg(test)]
 mod tests {
-    use topology_policy::desired::Protocol;
+    use topology_model::Protocol;
 
     use super::*;
     use crate::events::LogOnly;

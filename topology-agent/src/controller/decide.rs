@@ -6,8 +6,8 @@
 use std::collections::BTreeSet;
 
 use topology_dns::DnsPublisher;
+use topology_model::{ClusterState, Node, ObjectKey};
 use topology_policy::{
-    cluster::{ClusterState, Node, ObjectKey},
     desired::ServicePort,
     plan::{self, NodePlan},
 };

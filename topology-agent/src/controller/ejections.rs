@@ -13,7 +13,8 @@ use std::{
 
 use topology_common::{OutlierEntry, outlier::EjectionSettings};
 use topology_dataplane::Outlier;
-use topology_policy::{cluster::ObjectKey, desired::ServicePort, plan::NodePlan};
+use topology_model::ObjectKey;
+use topology_policy::{desired::ServicePort, plan::NodePlan};
 
 use super::context::{Context, Topic};
 use crate::explain::ExplainReport;

@@ -5,8 +5,8 @@
 use std::{collections::BTreeSet, time::Instant};
 
 use topology_common::{capacity, map_names};
+use topology_model::ObjectKey;
 use topology_policy::{
-    cluster::ObjectKey,
     feedback::{Tuning, control::Regulator},
     plan::NodePlan,
 };

@@ -19,8 +19,8 @@ use std::{
 };
 
 use topology_dataplane::ApplyReport;
+use topology_model::{Node, ObjectKey};
 use topology_policy::{
-    cluster::{Node, ObjectKey},
     desired::{DesiredState, ServicePort},
     plan::NodePlan,
 };

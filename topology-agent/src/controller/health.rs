@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use topology_policy::cluster::Kind;
+use topology_model::Kind;
 
 /// The controller loop must check in at least this often to count as alive.
 pub const LIVENESS_DEADLINE: Duration = Duration::from_secs(30);

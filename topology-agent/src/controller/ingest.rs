@@ -6,7 +6,7 @@ use std::{
     time::{Instant, SystemTime},
 };
 
-use topology_policy::cluster::{ClusterState, Kind, ObjectKey};
+use topology_model::{ClusterState, Kind, ObjectKey};
 
 use super::context::{Context, Topic};
 use crate::{

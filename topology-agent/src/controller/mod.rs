@@ -34,8 +34,8 @@ pub use query::{AskError, PlanClient, PlanQuery};
 use tokio_util::sync::CancellationToken;
 use topology_dataplane::ApplyReport;
 use topology_dns::{DnsPublisher, steer::Steering};
+use topology_model::ObjectKey;
 use topology_policy::{
-    cluster::ObjectKey,
     desired::ServicePort,
     plan::{MeasuredPorts, NodePlan},
 };
@@ -97,7 +97,7 @@ pub enum ControllerError {
     UnknownNode(String),
     /// This node's own Node object cannot be used.
     #[error("this node's Node object cannot be used: {0}; the agent cannot route without knowing where it is")]
-    InvalidOwnNode(topology_policy::cluster::ObjectError),
+    InvalidOwnNode(topology_model::ObjectError),
 }
 
 /// Who else hears from the loop: the socket terminator (backends that left), the DNS responder

@@ -7,7 +7,7 @@ use std::{
 };
 
 use tokio::sync::oneshot;
-use topology_policy::cluster::ObjectKey;
+use topology_model::ObjectKey;
 
 use crate::explain::ExplainReport;
 

@@ -2,8 +2,8 @@
 //! from the node plan the responder's view shares.
 
 use serde::Serialize;
+use topology_model::ObjectKey;
 use topology_policy::{
-    cluster::ObjectKey,
     desired::Locality,
     plan::{NodePlan, headless::Chosen},
     policy::PolicyKind,

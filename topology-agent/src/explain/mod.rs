@@ -10,9 +10,9 @@ pub use headless::{AddressEntry, Answer, HeadlessEntry};
 use serde::Serialize;
 use topology_dataplane::alias;
 use topology_dns::steer::Steering;
+use topology_model::{ClusterState, Family, Node, ObjectKey, Protocol};
 use topology_policy::{
-    cluster::{ClusterState, Family, Node, ObjectKey},
-    desired::{Locality, PortOptions, Protocol, ServicePort},
+    desired::{Locality, PortOptions, ServicePort},
     plan::{NodePlan, weights::integer_weights},
     policy::{self, PolicyError, PolicyKind, PortSelection, feedback::FeedbackReport, spillover::SpilloverReport},
 };
@@ -228,7 +228,7 @@ fn entry(plan: &NodePlan, selected: &PortSelection) -> ServiceEntry {
 
 #[cfg(test)]
 mod tests {
-    use topology_policy::cluster::yaml;
+    use topology_model::yaml;
 
     use super::*;
 

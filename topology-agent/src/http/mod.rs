@@ -29,7 +29,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::{net::TcpListener, sync::Semaphore};
 use tokio_util::sync::CancellationToken;
 use topology_dns::connections::{Limits, Pool};
-use topology_policy::cluster::ObjectKey;
+use topology_model::ObjectKey;
 
 use crate::{
     controller::{AskError, Health, PlanClient},
@@ -200,7 +200,7 @@ async fn respond<B>(request: &Request<B>, endpoints: &Endpoints, encoding: &Sema
 enum BadQuery {
     /// `service=` is not `NAMESPACE/NAME`.
     #[error("service={0}")]
-    Service(#[from] topology_policy::cluster::model::NotNamespaced),
+    Service(#[from] topology_model::objects::NotNamespaced),
     /// Another parameter.
     #[error("unknown parameter {0:?}; the only one is service=NAMESPACE/NAME")]
     Unknown(String),

@@ -299,7 +299,7 @@ fn fold_backends(mut backends: Vec<MeasuredBackend>, max: usize) -> (Vec<(String
 
 #[cfg(test)]
 mod tests {
-    use topology_policy::desired::Protocol;
+    use topology_model::Protocol;
 
     use super::*;
     use crate::metrics::Metrics;

@@ -2,6 +2,7 @@
 //! (`kernel`).
 
 mod declare;
+pub mod feedback;
 mod kernel_counters;
 
 use std::{
@@ -37,7 +38,9 @@ use prometheus_client::{
 };
 use topology_dataplane::KernelReading;
 use topology_dns::DnsMetrics;
-use topology_policy::{desired::ServicePort, feedback::metrics::FeedbackMetrics};
+use topology_policy::desired::ServicePort;
+
+use self::feedback::FeedbackMetrics;
 
 /// Labels of a map.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -299,7 +302,8 @@ impl Metrics {
 mod tests {
     use topology_common::{NodeCounters, ServiceCounters};
     use topology_dataplane::{CounterReading, MeasuredBackend};
-    use topology_policy::desired::{Protocol, ServicePort};
+    use topology_model::Protocol;
+    use topology_policy::desired::ServicePort;
 
     use super::*;
 

@@ -59,7 +59,8 @@ impl Ledger {
 
 #[cfg(test)]
 mod tests {
-    use topology_policy::desired::{Protocol, ServicePort};
+    use topology_model::Protocol;
+    use topology_policy::desired::ServicePort;
 
     use super::*;
 

@@ -52,7 +52,8 @@ impl Lingering {
 mod tests {
     use std::collections::BTreeSet;
 
-    use topology_policy::desired::{Protocol, ServicePort};
+    use topology_model::Protocol;
+    use topology_policy::desired::ServicePort;
 
     use super::*;
 

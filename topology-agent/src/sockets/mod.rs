@@ -43,7 +43,7 @@ use std::{
 use clap::ValueEnum;
 use topology_common::{AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP, SockTranslation};
 use topology_dataplane::SocketMaps;
-use topology_policy::desired::Protocol;
+use topology_model::Protocol;
 
 use crate::metrics::{Metrics, ProtocolLabels};
 

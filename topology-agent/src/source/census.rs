@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use kube::{Api, Client, api::ListParams};
 use tokio_util::sync::CancellationToken;
-use topology_policy::cluster::{
+use topology_model::{
     census::{Census, Counted},
     convert::NodeView,
-    model::{LABEL_REGION, LABEL_ZONE},
+    objects::{LABEL_REGION, LABEL_ZONE},
 };
 
 use super::{

@@ -12,7 +12,7 @@ use std::{
 
 use notify::{RecursiveMode, Watcher as _};
 use tokio_util::sync::CancellationToken;
-use topology_policy::cluster::yaml::{self, FileError};
+use topology_model::yaml::{self, FileError};
 
 use super::{EventSender, SourceEvent};
 

@@ -20,7 +20,7 @@ use kube::{
 };
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use topology_policy::cluster::{
+use topology_model::{
     ClusterState, Kind, ObjectKey, convert,
     convert::{EndpointSliceView, NodeView, ServiceView},
 };
@@ -283,7 +283,7 @@ fn service(object: &ServiceView) -> Result<Option<Object>, Box<Invalid>> {
 fn endpoint_slice(object: &EndpointSliceView) -> Result<Option<Object>, Box<Invalid>> {
     let owner = object
         .labels()
-        .get(topology_policy::cluster::model::LABEL_SERVICE_NAME)
+        .get(topology_model::objects::LABEL_SERVICE_NAME)
         .map(|name| ObjectKey::new(object.namespace().unwrap_or_else(|| "default".into()), name.clone()));
     convert::endpoint_slice(object)
         .map(|slice| slice.map(Object::EndpointSlice))

@@ -10,9 +10,7 @@ pub mod reflector;
 
 use std::{fmt, sync::mpsc, time::Instant};
 
-use topology_policy::cluster::{
-    ClusterState, EndpointSlice, Kind, Node, ObjectError, ObjectKey, Service, census::Census,
-};
+use topology_model::{ClusterState, EndpointSlice, Kind, Node, ObjectError, ObjectKey, Service, census::Census};
 
 /// A usable object.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

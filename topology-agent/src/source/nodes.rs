@@ -25,7 +25,7 @@ use std::{
 use kube::{Api, Client};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use topology_policy::cluster::{Kind, ObjectKey, Service, convert::NodeView};
+use topology_model::{Kind, ObjectKey, Service, convert::NodeView};
 
 use super::{
     EventSender, Object, ObjectId, SourceEvent, census,

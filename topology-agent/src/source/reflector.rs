@@ -35,7 +35,7 @@ use kube::{
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use topology_policy::cluster::Kind;
+use topology_model::Kind;
 
 use super::{
     EventSender, Invalid, Object, ObjectId, SourceEvent,

@@ -7,10 +7,8 @@
 //! back alone (with any entry the refused batch may have written).
 
 use topology_common::{ServiceMeta, ServiceOptions, ServiceValue, Slot, map_names};
-use topology_policy::{
-    cluster::Family,
-    desired::{DesiredService, ServicePort},
-};
+use topology_model::Family;
+use topology_policy::desired::{DesiredService, ServicePort};
 
 use super::{ApplyReport, Writer, indexing::StagedIndex, write_slots};
 use crate::{

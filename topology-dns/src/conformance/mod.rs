@@ -9,7 +9,7 @@ use hickory_proto::{
     op::{Message, MessageType, OpCode, Query, ResponseCode},
     rr::{Name, Record, RecordType},
 };
-use topology_policy::cluster::yaml;
+use topology_model::yaml;
 
 use super::{
     DnsView,

@@ -1,7 +1,7 @@
 //! The packet path without sockets, and the responder's own rules.
 
 use hickory_proto::op::OpCode;
-use topology_policy::cluster::yaml;
+use topology_model::yaml;
 
 use super::*;
 use crate::parse_domain;

@@ -17,15 +17,13 @@
 
 pub mod control;
 pub mod measured;
-pub mod metrics;
 pub mod signal;
 pub mod spill;
 
 use std::{collections::BTreeMap, net::SocketAddr};
 
 use serde::Serialize;
-
-use crate::cluster::{Family, ObjectKey};
+use topology_model::{Family, ObjectKey};
 
 /// The constants of the controller. The defaults are what the simulator's surge scenarios settle
 /// fastest with, without oscillating (see `docs/policy.md`, Real-time feedback).

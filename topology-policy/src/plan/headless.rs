@@ -15,9 +15,10 @@ use std::{
     net::IpAddr,
 };
 
+use topology_model::{ClusterState, Family, Node, Protocol, Service};
+
 use crate::{
-    cluster::{ClusterState, Family, Node, Service},
-    desired::{Locality, Protocol},
+    desired::Locality,
     policy::{self, PolicyKind, Selection, join},
 };
 

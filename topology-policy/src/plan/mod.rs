@@ -20,9 +20,9 @@ use std::{
 
 pub use headless::Headless;
 pub use ownership::{Ownership, OwnershipUpdate};
+use topology_model::{ClusterState, Node, ObjectKey};
 
 use crate::{
-    cluster::{ClusterState, Node, ObjectKey},
     desired::{DesiredService, DesiredState, ServicePort},
     feedback,
     plan::steering::Steering,
@@ -259,8 +259,9 @@ impl NodePlan {
 
 #[cfg(test)]
 mod tests {
+    use topology_model::yaml;
+
     use super::*;
-    use crate::cluster::yaml;
 
     const CLUSTER: &str = r#"
 apiVersion: v1
@@ -282,7 +283,7 @@ items:
         let state = yaml::parse(CLUSTER, "test").unwrap();
         let plan = NodePlan::build(&state, "node-a", None).unwrap();
         let port =
-            |p| ServicePort { vip: "10.96.0.10".parse().unwrap(), port: p, protocol: crate::desired::Protocol::Tcp };
+            |p| ServicePort { vip: "10.96.0.10".parse().unwrap(), port: p, protocol: topology_model::Protocol::Tcp };
         assert_eq!(plan.owner(&port(80)), Some(&ObjectKey::new("default", "first")));
         assert_eq!(plan.owner(&port(81)), Some(&ObjectKey::new("default", "second")));
         assert_eq!(plan.selections(&ObjectKey::new("default", "second")).len(), 2, "decided even where not owned");
@@ -313,7 +314,7 @@ items:
         let state = yaml::parse(&format!("{CLUSTER}{endpoints}"), "test").unwrap();
         let plan = NodePlan::build(&state, "node-a", None).unwrap();
         let port =
-            |p| ServicePort { vip: "10.96.0.10".parse().unwrap(), port: p, protocol: crate::desired::Protocol::Tcp };
+            |p| ServicePort { vip: "10.96.0.10".parse().unwrap(), port: p, protocol: topology_model::Protocol::Tcp };
         let all: BTreeMap<ServicePort, f64> = plan.baselines().collect();
         assert_eq!(all, BTreeMap::from([(port(80), 0.5), (port(81), 0.0)]), "port 80 is the first Service's");
         let each: BTreeMap<ServicePort, f64> =
@@ -331,9 +332,43 @@ items:
         let update = plan.update(&state, &this, &first);
         let changed = plan.retry(&state, &this, update.retry);
         let port =
-            ServicePort { vip: "10.96.0.10".parse().unwrap(), port: 80, protocol: crate::desired::Protocol::Tcp };
+            ServicePort { vip: "10.96.0.10".parse().unwrap(), port: 80, protocol: topology_model::Protocol::Tcp };
         assert!(changed.contains(&port));
         assert_eq!(plan.owner(&port), Some(&ObjectKey::new("default", "second")));
         assert!(plan.selections(&first).is_empty());
+    }
+
+    #[test]
+    fn a_service_kube_proxy_leaves_to_another_proxy_is_not_programmed() {
+        let text = r#"
+apiVersion: v1
+kind: List
+items:
+- {apiVersion: v1, kind: Node, metadata: {name: a, labels: {topology.kubernetes.io/zone: z}}}
+- apiVersion: v1
+  kind: Service
+  metadata: {name: mesh, namespace: ns, labels: {service.kubernetes.io/service-proxy-name: my-proxy}}
+  spec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}
+- apiVersion: v1
+  kind: Service
+  metadata: {name: web, namespace: ns}
+  spec: {clusterIP: 10.96.0.2, ports: [{port: 80}]}
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {name: mesh-1, namespace: ns, labels: {kubernetes.io/service-name: mesh}}
+  addressType: IPv4
+  ports: [{port: 8080}]
+  endpoints: [{addresses: [10.244.0.1], nodeName: a}]
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {name: web-1, namespace: ns, labels: {kubernetes.io/service-name: web}}
+  addressType: IPv4
+  ports: [{port: 8080}]
+  endpoints: [{addresses: [10.244.0.2], nodeName: a}]
+"#;
+        let state = yaml::parse(text, "proxies.yaml").unwrap();
+        let plan = NodePlan::build(&state, "a", None).unwrap();
+        let vips: Vec<String> = plan.desired().services.keys().map(|port| port.vip.to_string()).collect();
+        assert_eq!(vips, ["10.96.0.2"], "only the Service kube-proxy would program");
     }
 }

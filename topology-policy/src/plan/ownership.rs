@@ -4,10 +4,9 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, btree_map};
 
-use crate::{
-    cluster::ObjectKey,
-    desired::{DesiredService, DesiredState, ServicePort},
-};
+use topology_model::ObjectKey;
+
+use crate::desired::{DesiredService, DesiredState, ServicePort};
 
 /// What one [`Ownership::set`] changed.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -99,8 +98,9 @@ impl Ownership {
 
 #[cfg(test)]
 mod tests {
+    use topology_model::Protocol;
+
     use super::*;
-    use crate::desired::Protocol;
 
     fn port(last: u8) -> ServicePort {
         ServicePort { vip: std::net::IpAddr::from([10, 96, 0, last]), port: 80, protocol: Protocol::Tcp }

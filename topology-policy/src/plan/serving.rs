@@ -9,12 +9,10 @@
 
 use std::net::SocketAddr;
 
+use topology_model::{ClusterState, Family};
+
 use super::NodePlan;
-use crate::{
-    cluster::{ClusterState, Family},
-    desired::ServicePort,
-    policy::join,
-};
+use crate::{desired::ServicePort, policy::join};
 
 impl NodePlan {
     /// Whether `backend` still serves the Service port `port` (an endpoint of its Service at that
@@ -37,12 +35,9 @@ impl NodePlan {
 
 #[cfg(test)]
 mod tests {
-    use crate::{
-        cluster::{ClusterState, Endpoint},
-        desired::Protocol,
-        plan::NodePlan,
-        testing::*,
-    };
+    use topology_model::{ClusterState, Endpoint, Protocol};
+
+    use crate::{plan::NodePlan, testing::*};
 
     fn state(endpoints: Vec<Endpoint>) -> ClusterState {
         with(service("web").distribution("PreferClose"), endpoints)

@@ -4,9 +4,10 @@
 
 use std::net::SocketAddr;
 
+use topology_model::{Family, ObjectKey, Protocol};
+
 use crate::{
-    cluster::{Family, ObjectKey},
-    desired::{Locality, Protocol},
+    desired::Locality,
     policy::{Choice, PolicyKind, PortSelection},
 };
 
@@ -59,9 +60,10 @@ impl Steering {
 
 #[cfg(test)]
 mod tests {
+    use topology_model::PortSpec;
+
     use super::*;
     use crate::{
-        cluster::PortSpec,
         desired::PortOptions,
         policy::{PortSelection, Selection},
     };

@@ -55,10 +55,11 @@ pub fn integer_weights(selected: &PortSelection) -> Vec<WeightedBackend> {
 
 #[cfg(test)]
 mod tests {
+    use topology_model::{Family, ObjectKey, PortSpec as SvcPort, Protocol};
+
     use super::*;
     use crate::{
-        cluster::{Family, ObjectKey, PortSpec as SvcPort},
-        desired::{Locality, Protocol},
+        desired::Locality,
         policy::{Choice, PolicyKind, Selection},
     };
 

@@ -5,8 +5,9 @@
 //! missing hints never turn the preference off (the failure mode of cilium#47960). The
 //! serving-and-terminating fallback is not filtered (kube-proxy's rule).
 
+use topology_model::{Node, TrafficDistribution};
+
 use super::{Candidate, PolicyKind, Selection, describe, terminating_fallback};
-use crate::cluster::{Node, TrafficDistribution};
 
 /// A `spec.trafficDistribution` this agent does not know: ignored, as kube-proxy ignores it.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

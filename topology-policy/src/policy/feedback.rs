@@ -6,9 +6,10 @@
 use std::{collections::BTreeMap, net::SocketAddr};
 
 use serde::Serialize;
+use topology_model::Node;
 
 use super::{Candidate, Choice, PolicyKind, Selection, locality};
-use crate::{cluster::Node, desired::Locality, feedback::PortInput};
+use crate::{desired::Locality, feedback::PortInput};
 
 /// What feedback worked from, for `explain` and the controller.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]

@@ -4,8 +4,9 @@
 //! a node without a zone label does not filter. Otherwise every usable endpoint is used. Hints
 //! are read from ready endpoints only: the serving-and-terminating fallback is not filtered.
 
+use topology_model::Node;
+
 use super::{Candidate, PolicyKind, Selection, describe, terminating_fallback};
-use crate::cluster::Node;
 
 /// Whether an annotation value turns hints on: kube-proxy accepts any value but the disabled ones.
 pub fn enabled(mode: &str) -> bool {

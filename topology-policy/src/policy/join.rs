@@ -4,9 +4,9 @@
 
 use std::{net::IpAddr, sync::Arc};
 
-use crate::cluster::{
+use topology_model::{
     ClusterState, Endpoint, EndpointSlice, Family, Node, PortSpec, Service,
-    model::{LABEL_REGION, LABEL_ZONE},
+    objects::{LABEL_REGION, LABEL_ZONE},
 };
 
 /// An endpoint of one Service port, as the policy weighs it.
@@ -56,7 +56,7 @@ impl Candidate<'_> {
         }
         match key {
             LABEL_ZONE => self.zone(),
-            crate::cluster::model::LABEL_HOSTNAME => self.node_name(),
+            topology_model::objects::LABEL_HOSTNAME => self.node_name(),
             LABEL_REGION => self.region,
             _ => None,
         }

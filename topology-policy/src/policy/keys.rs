@@ -7,11 +7,12 @@
 
 use std::fmt;
 
+use topology_model::{Node, TopologyKeysSpec};
+
 use super::{Candidate, PolicyKind, Selection, describe};
-use crate::cluster::{Node, TopologyKeysSpec};
 
 /// At most this many keys (KEP-536).
-pub const MAX_KEYS: usize = crate::cluster::bounds::MAX_TOPOLOGY_KEYS;
+pub const MAX_KEYS: usize = topology_model::bounds::MAX_TOPOLOGY_KEYS;
 
 /// One topology key.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,8 +1,9 @@
 //! `internalTrafficPolicy: Local`: only endpoints on this node, as kube-proxy does it: the ready
 //! ones, else the serving-and-terminating ones; none means refuse. Topology is not applied.
 
+use topology_model::Node;
+
 use super::{Candidate, PolicyKind, Selection, describe};
-use crate::cluster::Node;
 
 /// The local endpoints of `candidates`.
 pub fn select(this: &Node, candidates: &[Candidate<'_>]) -> Selection {

@@ -28,13 +28,13 @@ use std::{net::IpAddr, sync::Arc};
 
 pub use join::Candidate;
 use serde::Serialize;
+use topology_model::{
+    ClusterState, Family, Node, ObjectKey, PortSpec, Service, TrafficDistribution,
+    demand::Demand,
+    objects::{ANNOTATION_DNS, DNS_UPSTREAM},
+};
 
 use crate::{
-    cluster::{
-        ClusterState, Family, Node, ObjectKey, PortSpec, Service, TrafficDistribution,
-        demand::Demand,
-        model::{ANNOTATION_DNS, DNS_UPSTREAM},
-    },
     desired::{Locality, PortOptions},
     feedback::{Inputs, PortInput, PortKey},
 };
@@ -256,7 +256,7 @@ pub fn compute_service_with(
 /// part keeps its default).
 fn outlier_ejection(service: &Service) -> (PortOptions, Option<String>) {
     let mut options = PortOptions::default();
-    let Some(value) = service.agent_annotations.get(crate::cluster::model::ANNOTATION_OUTLIER_EJECTION) else {
+    let Some(value) = service.agent_annotations.get(topology_model::objects::ANNOTATION_OUTLIER_EJECTION) else {
         return (options, None);
     };
     let mut ignored = Vec::new();
@@ -290,7 +290,7 @@ fn outlier_ejection(service: &Service) -> (PortOptions, Option<String>) {
     let warning = (!ignored.is_empty()).then(|| {
         format!(
             "annotation {}: {} ignored (expected on, off, failures=1..15, base=1s..255s); the rest applies",
-            crate::cluster::model::ANNOTATION_OUTLIER_EJECTION,
+            topology_model::objects::ANNOTATION_OUTLIER_EJECTION,
             ignored.join(", ")
         )
     });

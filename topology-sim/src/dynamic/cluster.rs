@@ -3,8 +3,8 @@
 
 use std::{collections::BTreeMap, net::SocketAddr};
 
+use topology_model::{ClusterState, Family, ObjectKey, yaml};
 use topology_policy::{
-    cluster::{ClusterState, Family, ObjectKey, yaml},
     feedback::{Inputs, PortKey},
     policy,
 };

@@ -1,4 +1,4 @@
-use topology_policy::cluster::yaml;
+use topology_model::yaml;
 
 use super::*;
 

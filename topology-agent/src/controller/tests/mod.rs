@@ -8,9 +8,9 @@ use tokio_util::sync::CancellationToken;
 mod initial;
 mod scenarios;
 
+use topology_model::{ClusterState, EndpointSlice, Kind, ObjectError, Protocol, Service};
 use topology_policy::{
-    cluster::{ClusterState, EndpointSlice, Kind, ObjectError, Service},
-    desired::{Protocol, ServicePort},
+    desired::ServicePort,
     testing::{self, ServiceExt},
 };
 
@@ -279,7 +279,7 @@ fn a_demand_change_anywhere_recomputes_the_spillover_services() {
 
 #[test]
 fn an_unusable_own_node_is_an_error_naming_its_field_not_node_not_found() {
-    let error = topology_policy::cluster::ObjectError {
+    let error = topology_model::ObjectError {
         kind: Kind::Node,
         name: "a".into(),
         field: "status.allocatable.cpu".into(),

@@ -19,7 +19,7 @@ use topology_dataplane::{
     memory::{assert_programmed, golden},
 };
 use topology_dns::{DnsPublisher, DnsView, steer::Steering};
-use topology_policy::cluster::yaml;
+use topology_model::yaml;
 
 use super::*;
 

@@ -1,10 +1,9 @@
 //! The controller's band, bounds, rate limit, minimum, ejection and panic rules.
 
+use topology_model::{Family, ObjectKey};
+
 use super::*;
-use crate::{
-    cluster::{Family, ObjectKey},
-    feedback::measured::LoadCounters,
-};
+use crate::feedback::measured::LoadCounters;
 
 const NEAR: [&str; 2] = ["10.0.1.1:80", "10.0.1.2:80"];
 const FAR: [&str; 2] = ["10.0.2.1:80", "10.0.2.2:80"];

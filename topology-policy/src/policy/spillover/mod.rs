@@ -18,14 +18,14 @@ use std::{borrow::Cow, collections::BTreeMap};
 
 use serde::Serialize;
 use solve::{Solution, SolveError, ZoneInput};
-
-use super::{Candidate, Choice, PolicyKind, Selection, describe, keys::TopologyKey, locality};
-pub use crate::cluster::model::{ANNOTATION_MAX_OVERLOAD, ANNOTATION_SPILLOVER};
-use crate::cluster::{
+pub use topology_model::objects::{ANNOTATION_MAX_OVERLOAD, ANNOTATION_SPILLOVER};
+use topology_model::{
     Node, Service,
     demand::Demand,
-    model::{LABEL_REGION, LABEL_ZONE},
+    objects::{LABEL_REGION, LABEL_ZONE},
 };
+
+use super::{Candidate, Choice, PolicyKind, Selection, describe, keys::TopologyKey, locality};
 /// ε when the annotation is absent or invalid.
 pub const DEFAULT_MAX_OVERLOAD: f64 = 0.1;
 /// The largest ε accepted (1000 %).

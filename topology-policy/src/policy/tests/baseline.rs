@@ -1,8 +1,9 @@
 //! The baseline savings are counted against: what the default policy (every usable endpoint
 //! equally) would keep in this node's zone, whatever mode decided.
 
+use topology_model::{Endpoint, Service};
+
 use super::world::*;
-use crate::cluster::{Endpoint, Service};
 
 /// Case, Service, endpoints, node decided for, expected baseline.
 type Row = (&'static str, Service, Vec<Endpoint>, &'static str, Option<f64>);

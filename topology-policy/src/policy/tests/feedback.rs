@@ -3,9 +3,10 @@
 
 use std::collections::BTreeMap;
 
+use topology_model::{ClusterState, Family, ObjectKey};
+
 use super::world::*;
 use crate::{
-    cluster::{ClusterState, Family, ObjectKey},
     feedback::{Inputs, PortInput, PortKey},
     policy::{self, PolicyKind, Selection, spillover::ANNOTATION_SPILLOVER},
 };

@@ -1,10 +1,8 @@
 //! Joining Services to EndpointSlices: families, port names, duplicates.
 
+use topology_model::{Family, ObjectKey, PortSpec, Protocol, SlicePort};
+
 use super::world::*;
-use crate::{
-    cluster::{Family, ObjectKey, PortSpec, SlicePort},
-    desired::Protocol,
-};
 
 #[test]
 fn dual_stack_services_get_one_selection_per_family() {

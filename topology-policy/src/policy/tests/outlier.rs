@@ -1,7 +1,9 @@
 //! The outlier ejection annotation: each value's port options, and the warning of what is ignored.
 
+use topology_model::objects::ANNOTATION_OUTLIER_EJECTION;
+
 use super::world::*;
-use crate::{cluster::model::ANNOTATION_OUTLIER_EJECTION, desired::PortOptions, policy};
+use crate::{desired::PortOptions, policy};
 
 #[test]
 fn the_annotation_turns_ejection_off_or_tunes_it_and_names_what_it_ignores() {

@@ -2,15 +2,13 @@
 //! input order does not matter.
 
 use proptest::prelude::*;
+use topology_model::{Endpoint, Service};
 
 use super::world::*;
-use crate::{
-    cluster::{Endpoint, Service},
-    policy::{
-        PolicyKind, Selection,
-        keys::TopologyKey,
-        spillover::{ANNOTATION_MAX_OVERLOAD, ANNOTATION_SPILLOVER},
-    },
+use crate::policy::{
+    PolicyKind, Selection,
+    keys::TopologyKey,
+    spillover::{ANNOTATION_MAX_OVERLOAD, ANNOTATION_SPILLOVER},
 };
 
 const NODES: [&str; 8] = ["a1", "a2", "a3", "b1", "c1", "d1", "nz", "empty-zone"];

@@ -3,14 +3,13 @@
 //! Nodes' zones come with the EndpointSlices (the EndpointSlice controller writes each endpoint's
 //! zone) and their regions with the census, as do the agents' shares of the Events. The Node watch's scope (`source/nodes.rs`) rests on it.
 
-use super::world::*;
-use crate::{
-    cluster::{
-        ClusterState, Endpoint, Service,
-        census::{Census, Counted},
-    },
-    policy::Selection,
+use topology_model::{
+    ClusterState, Endpoint, Service,
+    census::{Census, Counted},
 };
+
+use super::world::*;
+use crate::policy::Selection;
 
 /// The endpoints of `world()`'s four, and one on a node of zone d (region r2), each with the zone
 /// the EndpointSlice controller writes from its Node.

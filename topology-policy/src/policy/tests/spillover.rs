@@ -5,14 +5,12 @@
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
+use topology_model::{ClusterState, Service};
 
 use super::world::*;
-use crate::{
-    cluster::{ClusterState, Service},
-    policy::{
-        PolicyKind, Selection,
-        spillover::{ANNOTATION_MAX_OVERLOAD, ANNOTATION_SPILLOVER, parse_max_overload},
-    },
+use crate::policy::{
+    PolicyKind, Selection,
+    spillover::{ANNOTATION_MAX_OVERLOAD, ANNOTATION_SPILLOVER, parse_max_overload},
 };
 
 fn spilling(max_overload: Option<&str>) -> Service {

@@ -1,11 +1,10 @@
 //! The serving-and-terminating fallback in every mode: no preference (kube-proxy's rule, a best
 //! effort not to drop connections), only a hard scope the Service wrote.
 
+use topology_model::{Endpoint, Service};
+
 use super::world::*;
-use crate::{
-    cluster::{Endpoint, Service},
-    policy::{PolicyKind, spillover::ANNOTATION_SPILLOVER},
-};
+use crate::policy::{PolicyKind, spillover::ANNOTATION_SPILLOVER};
 
 const ALL: &[&str] = &["10.0.1.1", "10.0.1.2", "10.0.2.1", "10.0.3.1"];
 const ZONE_A: &[&str] = &["10.0.1.1", "10.0.1.2"];

@@ -29,14 +29,12 @@ use std::collections::BTreeMap;
 mod cases;
 
 use cases::cases;
+use topology_model::{
+    ClusterState, Endpoint, EndpointExtra, EndpointSlice, Family, Node, ObjectKey, Protocol, SlicePort,
+    objects::LABEL_ZONE,
+};
 
 use super::world::{ServiceExt, addrs, chosen, decide, service};
-use crate::{
-    cluster::{
-        ClusterState, Endpoint, EndpointExtra, EndpointSlice, Family, Node, ObjectKey, SlicePort, model::LABEL_ZONE,
-    },
-    desired::Protocol,
-};
 
 /// How a Service asks for topology.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -4,9 +4,10 @@
 mod hints;
 mod keys;
 
+use topology_model::{Endpoint, Service};
+
 use super::world::*;
 use crate::{
-    cluster::{Endpoint, Service},
     desired::Locality,
     policy::{PolicyKind, Selection},
 };

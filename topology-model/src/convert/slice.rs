@@ -11,7 +11,7 @@ use super::{
     object_key, protocol,
     text::{FirstAddress, SharedName},
 };
-use crate::cluster::model::{
+use crate::objects::{
     ANNOTATION_TRIGGER_TIME, Endpoint, EndpointExtra, EndpointSlice, Family, Kind, LABEL_SERVICE_NAME, ObjectError,
     ObjectKey, SlicePort,
 };

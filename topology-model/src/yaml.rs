@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::{
     convert,
-    model::{Kind, ObjectError},
+    objects::{Kind, ObjectError},
     state::ClusterState,
 };
 
@@ -118,7 +118,7 @@ fn add(state: &mut ClusterState, kind: &str, raw: &Value) -> Result<(), ObjectEr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::model::ObjectKey;
+    use crate::objects::ObjectKey;
 
     const MULTI: &str = r#"
 apiVersion: v1

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::model::Node;
+use super::objects::Node;
 
 /// Nodes with one of these labels are not counted (as the EndpointSlice controller does): they
 /// run the control plane, not the clients of Services.
@@ -106,7 +106,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::cluster::model::{LABEL_REGION, LABEL_ZONE};
+    use crate::objects::{LABEL_REGION, LABEL_ZONE};
 
     fn node(name: &str, zone: &str, region: &str, cpu: u64, ready: bool) -> Node {
         let mut labels = BTreeMap::from([(LABEL_ZONE.to_owned(), zone.to_owned())]);

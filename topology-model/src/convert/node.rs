@@ -11,8 +11,8 @@ use super::{
     cpu_millis,
     meta::{lean_metadata, view_resource},
 };
-use crate::cluster::{
-    model::{Kind, Node, ObjectError},
+use crate::{
+    objects::{Kind, Node, ObjectError},
     prefix::PrefixError,
 };
 

@@ -8,7 +8,7 @@
 
 use std::{collections::BTreeMap, sync::Arc};
 
-use super::model::{LABEL_REGION, LABEL_ZONE};
+use super::objects::{LABEL_REGION, LABEL_ZONE};
 
 /// Labels, sorted by key, each key once.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]

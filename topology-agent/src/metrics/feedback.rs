@@ -8,9 +8,8 @@ use prometheus_client::{
     encoding::{DescriptorEncoder, EncodeMetric as _},
     metrics::{MetricType, gauge::ConstGauge},
 };
-
-use super::{Inputs, PortInput};
-use crate::cluster::Family;
+use topology_model::Family;
+use topology_policy::feedback::{Inputs, PortInput};
 
 /// The last inputs, encoded at each scrape.
 #[derive(Debug, Default)]
@@ -63,12 +62,10 @@ impl Collector for FeedbackMetrics {
 #[cfg(test)]
 mod tests {
     use prometheus_client::registry::Registry;
+    use topology_model::ObjectKey;
+    use topology_policy::feedback::{Measured, PortKey};
 
     use super::*;
-    use crate::{
-        cluster::ObjectKey,
-        feedback::{Measured, PortKey},
-    };
 
     #[test]
     fn decisions_are_gauges_per_port() {

@@ -3,8 +3,8 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::model::{Kind, ObjectError, ObjectKey};
-use crate::desired::{Protocol, UnknownProtocol};
+use super::objects::{Kind, ObjectError, ObjectKey};
+use crate::{Protocol, UnknownProtocol};
 
 mod meta;
 mod node;
@@ -26,10 +26,10 @@ pub const ANNOTATION_TOPOLOGY_MODE: &str = "service.kubernetes.io/topology-mode"
 pub const ANNOTATION_TOPOLOGY_AWARE_HINTS: &str = "service.kubernetes.io/topology-aware-hints";
 /// This agent's own annotations that the policy reads: the only ones kept, bounded.
 pub const AGENT_ANNOTATIONS: [&str; 4] = [
-    crate::cluster::model::ANNOTATION_SPILLOVER,
-    crate::cluster::model::ANNOTATION_MAX_OVERLOAD,
-    crate::cluster::model::ANNOTATION_DNS,
-    crate::cluster::model::ANNOTATION_OUTLIER_EJECTION,
+    crate::objects::ANNOTATION_SPILLOVER,
+    crate::objects::ANNOTATION_MAX_OVERLOAD,
+    crate::objects::ANNOTATION_DNS,
+    crate::objects::ANNOTATION_OUTLIER_EJECTION,
 ];
 
 /// Deserializes a raw object into its view; an error names the failing field.

@@ -16,9 +16,9 @@ use super::{
     meta::{lean_metadata, null_as_default, view_resource},
     object_key, protocol,
 };
-use crate::cluster::{
+use crate::{
     bounds,
-    model::{
+    objects::{
         Kind, LABELS_OTHER_PROXY, ObjectError, PortSpec, Service, TopologyKeysSource, TopologyKeysSpec,
         TrafficDistribution,
     },

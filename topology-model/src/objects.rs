@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, fmt, net::IpAddr, sync::Arc};
 
 use super::bounds;
 pub use super::labels::Labels;
-use crate::desired::Protocol;
+use crate::Protocol;
 
 /// `kubernetes.io/hostname`.
 pub const LABEL_HOSTNAME: &str = "kubernetes.io/hostname";

@@ -9,7 +9,7 @@ use std::{
 use super::{
     census::Census,
     demand::{Contribution, Demand},
-    model::{EndpointSlice, Node, ObjectKey, Service},
+    objects::{EndpointSlice, Node, ObjectKey, Service},
 };
 
 /// Nodes, Services and EndpointSlices, with slices indexed by their Service.
@@ -205,7 +205,7 @@ impl ClusterState {
     /// Every zone a Node carries (`topology.kubernetes.io/zone`): of the Nodes held, and of the
     /// census's. A zone an EndpointSlice names that no Node has is a tenant's string, not a place.
     pub fn zones(&self) -> std::collections::BTreeSet<&str> {
-        let held = self.nodes.values().filter_map(|node| node.labels.get(super::model::LABEL_ZONE));
+        let held = self.nodes.values().filter_map(|node| node.labels.get(super::objects::LABEL_ZONE));
         let counted = self.census.iter().flat_map(|census| census.zones().iter());
         held.chain(counted.map(String::as_str)).collect()
     }
@@ -289,7 +289,7 @@ fn intern(interned: &mut HashSet<Arc<str>, foldhash::fast::RandomState>, text: A
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::model::{Endpoint, Family};
+    use crate::objects::{Endpoint, Family};
 
     fn slice(name: &str, service: &str, node: &str) -> EndpointSlice {
         EndpointSlice {
