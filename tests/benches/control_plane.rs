@@ -32,17 +32,20 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use topology_agent::{
     controller::{Controller, ControllerConfig, Health, Observation, Programmer},
-    events::LogOnly,
     metrics::Metrics,
-    source::{EventSender, kube::KubeSource},
 };
 use topology_dataplane::{ApplyReport, Capacities, Dataplane, DataplaneConfig};
+use topology_kube::{
+    EventSender,
+    events::LogOnly,
+    fake_api::{FakeApi, Resource},
+    objects::{self, EndpointSpec},
+    watch::KubeSource,
+};
 use topology_model::Protocol;
 use topology_policy::desired::{DesiredState, ServicePort};
 use topology_tests::{
     agent::{Agent, AgentOptions, Usage},
-    cluster::{self, EndpointSpec},
-    fake_api::{FakeApi, Resource},
     sandbox::{CgroupGuard, PinGuard, is_root, unique_id},
     scale::Shape,
 };
@@ -134,17 +137,17 @@ fn endpoint(service: usize, index: usize, generation: usize) -> EndpointSpec {
 
 fn slice(service: usize, endpoints: usize, generation: usize) -> Value {
     let specs: Vec<EndpointSpec> = (0..endpoints).map(|e| endpoint(service, e, generation)).collect();
-    cluster::slice("bench", &format!("svc-{service}-x1"), &format!("svc-{service}"), "http", 8080, "TCP", &specs)
+    objects::slice("bench", &format!("svc-{service}-x1"), &format!("svc-{service}"), "http", 8080, "TCP", &specs)
 }
 
 /// A fake API with the nodes, `services` Services and their slices of `endpoints` endpoints.
 async fn populated(services: usize, endpoints: usize) -> FakeApi {
     let api = FakeApi::start().await;
     for n in 0..NODES {
-        api.apply(cluster::node(&format!("node-{n}"), &format!("zone-{}", n % 3), Some("region-1"), "8"));
+        api.apply(objects::node(&format!("node-{n}"), &format!("zone-{}", n % 3), Some("region-1"), "8"));
     }
     for s in 0..services {
-        api.apply(cluster::service("bench", &format!("svc-{s}"), vip(s), 80, "TCP", "http"));
+        api.apply(objects::service("bench", &format!("svc-{s}"), vip(s), 80, "TCP", "http"));
         api.apply(slice(s, endpoints, 0));
     }
     api
@@ -303,7 +306,7 @@ fn print_limits(shape: &Shape, steady: &limits::Steady, storm: &[Duration]) {
     );
     for (resource, rate) in &steady.bytes_per_s {
         println!("| bytes/s received from the API: {resource:?} | {:.1} KiB/s | |", rate / 1024.0);
-        if *resource == topology_tests::fake_api::Resource::Nodes && steady.node_events_per_s > 0.0 {
+        if *resource == topology_kube::fake_api::Resource::Nodes && steady.node_events_per_s > 0.0 {
             println!(
                 "| bytes received per Node status report in the cluster (the agent watches its own Node; each \
                  report's metadata is ~1.8 KB, the whole Node ~15.9 KB) | {:.1} B | |",

@@ -6,10 +6,9 @@
 use std::net::{IpAddr, Ipv4Addr};
 
 use serde_json::{Value, json};
-
-use crate::{
-    cluster::{self, EndpointSpec},
+use topology_kube::{
     fake_api::{FakeApi, rfc3339},
+    objects::{self, EndpointSpec},
 };
 
 /// Zones of the cluster; Node `n` is in `ZONES[n % 3]`.
@@ -187,7 +186,7 @@ pub fn slices(shape: &Shape, s: usize, generation: usize) -> Vec<Value> {
         .enumerate()
         .map(|(n, chunk)| {
             let name = format!("svc-{s}-{n:05x}");
-            cluster::slice(NAMESPACE, &name, &format!("svc-{s}"), "http", 8080, "TCP", chunk)
+            objects::slice(NAMESPACE, &name, &format!("svc-{s}"), "http", 8080, "TCP", chunk)
         })
         .collect()
 }
@@ -198,7 +197,7 @@ pub fn populate(api: &FakeApi, shape: &Shape) {
         api.apply(node(n));
     }
     for s in 0..shape.services() {
-        api.apply(cluster::service(NAMESPACE, &format!("svc-{s}"), vip(s), 80, "TCP", "http"));
+        api.apply(objects::service(NAMESPACE, &format!("svc-{s}"), vip(s), 80, "TCP", "http"));
         for slice in slices(shape, s, 0) {
             api.apply(slice);
         }

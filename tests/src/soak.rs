@@ -21,10 +21,10 @@ use std::{
 
 use serde_json::Value;
 use topology_dataplane as dataplane;
+use topology_kube::objects::{self, EndpointSpec};
 
 use crate::{
     agent::{Agent, AgentOptions},
-    cluster::{self, EndpointSpec},
     fixture::{BACKEND_PORT, Fixture},
     net::LoopClient,
     traffic::monotonic_ns,
@@ -210,26 +210,26 @@ type IpAddrPair = (IpAddr, IpAddr);
 /// each version (so every version swaps every service's set), and an extra service comes and
 /// goes; records the sets, stamped just before the write.
 fn write_with(backends: &[IpAddrPair], file: &Path, version: usize, versions: &Mutex<Vec<(u64, Version)>>) {
-    let mut objects: Vec<Value> = vec![cluster::node("node-a", "zone-a", None, "4")];
+    let mut objects: Vec<Value> = vec![objects::node("node-a", "zone-a", None, "4")];
     let mut sets = Version::new();
     for (index, &Soaked { name, vip, port, protocol, ipv6, pool }) in SERVICES.iter().enumerate() {
         let left_out = (version + index) % 3;
         let chosen: Vec<usize> =
             pool.iter().copied().enumerate().filter(|(i, _)| *i != left_out).map(|(_, b)| b).collect();
         sets.insert(name, chosen.iter().map(|b| format!("b{b}")).collect());
-        objects.push(cluster::service("default", name, vip.parse().expect("VIP"), port, protocol, name));
+        objects.push(objects::service("default", name, vip.parse().expect("VIP"), port, protocol, name));
         let endpoints: Vec<EndpointSpec> = chosen
             .iter()
             .map(|&b| EndpointSpec::new(if ipv6 { backends[b].1 } else { backends[b].0 }, "node-a"))
             .collect();
-        objects.push(cluster::slice("default", &format!("{name}-1"), name, name, BACKEND_PORT, protocol, &endpoints));
+        objects.push(objects::slice("default", &format!("{name}-1"), name, name, BACKEND_PORT, protocol, &endpoints));
     }
     if !version.is_multiple_of(3) {
         let extra = format!("10.96.8.{}", version % 200 + 1);
-        objects.push(cluster::service("default", "extra", extra.parse().expect("VIP"), 80, "TCP", "http"));
+        objects.push(objects::service("default", "extra", extra.parse().expect("VIP"), 80, "TCP", "http"));
     }
     versions.lock().expect("versions").push((monotonic_ns(), sets));
-    cluster::write(file, &objects);
+    objects::write(file, &objects);
 }
 
 /// xorshift64*.

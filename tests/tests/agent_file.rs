@@ -10,9 +10,9 @@ use std::{
 };
 
 use serde_json::Value;
+use topology_kube::objects::{self, EndpointSpec};
 use topology_tests::{
     agent::{Agent, AgentOptions},
-    cluster::{self, EndpointSpec},
     fixture::{BACKEND_PORT, Fixture},
     net::ClientPlace,
     require_root,
@@ -44,17 +44,17 @@ impl World {
         let mut objects: Vec<Value> = ["node-a", "node-b", "node-c", "node-d"]
             .iter()
             .zip(zones)
-            .map(|(name, zone)| cluster::node(name, zone, Some("region-1"), "4"))
+            .map(|(name, zone)| objects::node(name, zone, Some("region-1"), "4"))
             .collect();
-        let mut web = cluster::service("default", "web", VIP.parse().unwrap(), 80, "TCP", "http");
+        let mut web = objects::service("default", "web", VIP.parse().unwrap(), 80, "TCP", "http");
         if let Some(distribution) = distribution {
             web["spec"]["trafficDistribution"] = distribution.into();
         }
         objects.push(web);
         let specs: Vec<EndpointSpec> =
             endpoints.iter().map(|(b, node)| EndpointSpec::new(self.addr(*b), node)).collect();
-        objects.push(cluster::slice("default", "web-1", "web", "http", BACKEND_PORT, "TCP", &specs));
-        cluster::write(&self.file, &objects);
+        objects.push(objects::slice("default", "web-1", "web", "http", BACKEND_PORT, "TCP", &specs));
+        objects::write(&self.file, &objects);
     }
 
     fn start(&self) -> Agent {

@@ -11,12 +11,14 @@ use std::{
 };
 
 use topology_dataplane::{Dataplane, DataplaneConfig};
+use topology_kube::{
+    fake_api::{FakeApi, write_kubeconfig},
+    objects::{self, EndpointSpec},
+};
 use topology_model::Protocol;
 use topology_policy::desired::{DesiredService, DesiredState, Locality, ServicePort, WeightedBackend};
 use topology_tests::{
     agent::{Agent, AgentOptions},
-    cluster::{self, EndpointSpec},
-    fake_api::{FakeApi, write_kubeconfig},
     net::{KubeProxyStandIn, Network},
     netns, require_root,
     sandbox::{CgroupGuard, PinGuard, unique_id},
@@ -37,7 +39,7 @@ fn listen(ns: &str, addr: SocketAddr) -> tokio::net::TcpListener {
 /// The `kubernetes` Service's slice, with the API at `address`.
 fn api_slice(address: IpAddr) -> serde_json::Value {
     let endpoint = EndpointSpec::new(address, "node-cp");
-    cluster::slice("default", "kubernetes", "kubernetes", "https", API_PORT, "TCP", &[endpoint])
+    objects::slice("default", "kubernetes", "kubernetes", "https", API_PORT, "TCP", &[endpoint])
 }
 
 #[test]
@@ -60,10 +62,10 @@ fn a_restarted_agent_reaches_an_api_server_that_moved_while_it_was_down() {
     let _entered = runtime.enter();
     let address = |i: usize| SocketAddr::new(IpAddr::V4(homes[i].v4), API_PORT);
     let mut api = FakeApi::start_on(listen(homes[0].netns.name(), address(0)));
-    api.apply(cluster::node("node-a", "zone-a", None, "4"));
-    api.apply(cluster::node("node-cp", "zone-a", None, "4"));
+    api.apply(objects::node("node-a", "zone-a", None, "4"));
+    api.apply(objects::node("node-cp", "zone-a", None, "4"));
     let vip: SocketAddr = API_VIP.parse().expect("VIP");
-    api.apply(cluster::service("default", "kubernetes", vip.ip(), vip.port(), "TCP", "https"));
+    api.apply(objects::service("default", "kubernetes", vip.ip(), vip.port(), "TCP", "https"));
     api.apply(api_slice(address(0).ip()));
     // kube-proxy knows the API server's real address (its own kubeconfig) and keeps the
     // ClusterIP's DNAT current: the fallback for anything the programs do not rewrite.

@@ -14,11 +14,11 @@ use std::{
     time::{Duration, Instant},
 };
 
+use topology_kube::objects::{self, EndpointSpec};
 use topology_tests::{
     accounting::{self, Key},
     agent::{Agent, AgentOptions},
     bulk::{self, BulkServer, Transfer},
-    cluster::{self, EndpointSpec},
     fixture::Fixture,
     require_root,
 };
@@ -39,7 +39,7 @@ const MIB: u64 = 1 << 20;
 /// server on each.
 fn start(fx: &Fixture) -> (Agent, Vec<BulkServer>) {
     let file = fx.scratch().join("cluster.yaml");
-    let mut objects = vec![cluster::node("node-a", "zone-a", None, "4"), cluster::node("node-b", "zone-b", None, "4")];
+    let mut objects = vec![objects::node("node-a", "zone-a", None, "4"), objects::node("node-b", "zone-b", None, "4")];
     let endpoint = |backend: usize, node| EndpointSpec::new(IpAddr::V4(fx.backends[backend].host.v4), node);
     for (name, vip, endpoints, port) in [
         ("near", NEAR, vec![endpoint(0, "node-a")], BULK_PORT),
@@ -48,14 +48,14 @@ fn start(fx: &Fixture) -> (Agent, Vec<BulkServer>) {
         ("refused", REFUSED, vec![endpoint(0, "node-a")], CLOSED_PORT),
     ] {
         let vip: SocketAddr = vip.parse().unwrap();
-        let mut service = cluster::service("default", name, vip.ip(), vip.port(), "TCP", "bulk");
+        let mut service = objects::service("default", name, vip.ip(), vip.port(), "TCP", "bulk");
         if name == "both" {
             service["spec"]["trafficDistribution"] = "PreferClose".into();
         }
         objects.push(service);
-        objects.push(cluster::slice("default", &format!("{name}-1"), name, "bulk", port, "TCP", &endpoints));
+        objects.push(objects::slice("default", &format!("{name}-1"), name, "bulk", port, "TCP", &endpoints));
     }
-    cluster::write(&file, &objects);
+    objects::write(&file, &objects);
     let servers = fx.backends.iter().map(|b| BulkServer::start(&b.host, BULK_PORT, false)).collect();
     let mut agent = Agent::start(&AgentOptions::new(&file, "node-a", fx.cgroup.path(), fx.pins.path()));
     agent.wait_ready(Duration::from_secs(20));

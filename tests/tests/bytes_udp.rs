@@ -10,10 +10,10 @@ use std::{
     time::Duration,
 };
 
+use topology_kube::objects::{self, EndpointSpec};
 use topology_tests::{
     accounting::{self, Key},
     agent::{Agent, AgentOptions},
-    cluster::{self, EndpointSpec},
     datagrams::{self, DatagramServer, Exchange},
     fixture::Fixture,
     require_root,
@@ -31,14 +31,14 @@ const KIB: usize = 1024;
 /// datagram server on each.
 fn start(fx: &Fixture) -> (Agent, Vec<DatagramServer>) {
     let file = fx.scratch().join("cluster.yaml");
-    let mut objects = vec![cluster::node("node-a", "zone-a", None, "4"), cluster::node("node-b", "zone-b", None, "4")];
+    let mut objects = vec![objects::node("node-a", "zone-a", None, "4"), objects::node("node-b", "zone-b", None, "4")];
     for (name, vip, backend, node) in [("near", NEAR, 0, "node-a"), ("far", FAR, 1, "node-b")] {
         let vip: SocketAddr = vip.parse().unwrap();
         let endpoints = [EndpointSpec::new(IpAddr::V4(fx.backends[backend].host.v4), node)];
-        objects.push(cluster::service("default", name, vip.ip(), vip.port(), "UDP", "dgram"));
-        objects.push(cluster::slice("default", &format!("{name}-1"), name, "dgram", PORT, "UDP", &endpoints));
+        objects.push(objects::service("default", name, vip.ip(), vip.port(), "UDP", "dgram"));
+        objects.push(objects::slice("default", &format!("{name}-1"), name, "dgram", PORT, "UDP", &endpoints));
     }
-    cluster::write(&file, &objects);
+    objects::write(&file, &objects);
     let servers = fx.backends.iter().map(|b| DatagramServer::start(&b.host, &[PORT, DIRECT_PORT])).collect();
     let mut options = AgentOptions::new(&file, "node-a", fx.cgroup.path(), fx.pins.path());
     options.extra = vec!["--byte-accounting".into(), "all".into()];

@@ -9,9 +9,9 @@ use std::{
 };
 
 use serde_json::json;
+use topology_kube::objects::{self, EndpointSpec};
 use topology_tests::{
     agent::{Agent, AgentOptions},
-    cluster::{self, EndpointSpec},
     dns::{UPSTREAM_TTL, dig, start_upstream},
     net::{Host, Network},
     require_root,
@@ -33,7 +33,7 @@ fn objects(with_db_0: bool) -> Vec<serde_json::Value> {
     let endpoint = |ip: &str, node: &str, zone: &str, host: &str| {
         let mut spec = EndpointSpec::new(ip.parse::<IpAddr>().unwrap(), node);
         spec.zone = Some(zone.into());
-        let mut value = cluster::slice("default", "x", "db", "pg", 5432, "TCP", &[spec])["endpoints"][0].clone();
+        let mut value = objects::slice("default", "x", "db", "pg", 5432, "TCP", &[spec])["endpoints"][0].clone();
         value["hostname"] = host.into();
         value
     };
@@ -41,15 +41,15 @@ fn objects(with_db_0: bool) -> Vec<serde_json::Value> {
     if with_db_0 {
         endpoints.insert(0, endpoint("10.1.0.1", "node-a", "zone-a", "db-0"));
     }
-    let mut slice = cluster::slice("default", "db-abc", "db", "pg", 5432, "TCP", &[]);
+    let mut slice = objects::slice("default", "db-abc", "db", "pg", 5432, "TCP", &[]);
     slice["endpoints"] = json!(endpoints);
     vec![
-        cluster::node("node-a", "zone-a", None, "4"),
-        cluster::node("node-b", "zone-b", None, "4"),
+        objects::node("node-a", "zone-a", None, "4"),
+        objects::node("node-b", "zone-b", None, "4"),
         db,
         slice,
-        cluster::service("default", "web", "10.96.0.80".parse().unwrap(), 80, "TCP", "http"),
-        cluster::slice(
+        objects::service("default", "web", "10.96.0.80".parse().unwrap(), 80, "TCP", "http"),
+        objects::slice(
             "default",
             "web-abc",
             "web",
@@ -113,7 +113,7 @@ impl World {
         let mut network = Network::new(&id);
         let scratch = tempfile::tempdir().expect("scratch dir");
         let file = scratch.path().join("cluster.yaml");
-        cluster::write(&file, &objects(true));
+        objects::write(&file, &objects(true));
         let stand_in = start_upstream(&mut network, silent, None, None);
         let upstream = SocketAddr::from((stand_in.0.v4, 53));
         Self { id, network, file, upstream, _upstream: stand_in, _scratch: scratch }
@@ -153,7 +153,7 @@ fn each_node_answers_a_headless_name_with_its_own_zone() {
     assert_eq!(a.dig(DB, "AAAA", &[]).status, "NOERROR", "NODATA");
 
     // A change reaches the answers: db-0 leaves, node-a's zone is empty, PreferClose takes all.
-    cluster::write(&file, &objects(false));
+    objects::write(&file, &objects(false));
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let answer = a.dig(DB, "A", &[]);

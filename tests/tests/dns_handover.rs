@@ -11,8 +11,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use topology_kube::objects::{self, EndpointSpec};
 use topology_tests::{
-    cluster::{self, EndpointSpec},
     dns::{Lookups, dig_from, start_dns_agent, start_upstream_after},
     fixture::Fixture,
     net::{KubeProxyStandIn, probe_binary},
@@ -28,17 +28,17 @@ const LOCAL_ANSWER: &str = "10.1.0.1";
 fn objects(coredns: IpAddr) -> Vec<serde_json::Value> {
     let mut endpoint = EndpointSpec::new("10.1.0.1".parse::<IpAddr>().unwrap(), "node-a");
     endpoint.zone = Some("zone-a".into());
-    let [dns_service, dns_slice] = cluster::kube_dns(KUBE_DNS.parse::<SocketAddr>().unwrap().ip(), coredns, "node-b");
+    let [dns_service, dns_slice] = objects::kube_dns(KUBE_DNS.parse::<SocketAddr>().unwrap().ip(), coredns, "node-b");
     vec![
-        cluster::node("node-a", "zone-a", None, "4"),
-        cluster::node("node-b", "zone-b", None, "4"),
+        objects::node("node-a", "zone-a", None, "4"),
+        objects::node("node-b", "zone-b", None, "4"),
         dns_service,
         dns_slice,
         serde_json::json!({
             "apiVersion": "v1", "kind": "Service", "metadata": {"name": "db", "namespace": "default"},
             "spec": {"clusterIP": "None", "ports": [{"name": "pg", "port": 5432, "protocol": "TCP"}]}
         }),
-        cluster::slice("default", "db-1", "db", "pg", 5432, "TCP", &[endpoint]),
+        objects::slice("default", "db-1", "db", "pg", 5432, "TCP", &[endpoint]),
     ]
 }
 
@@ -72,7 +72,7 @@ fn a_rolling_update_with_dns_steered_loses_no_query() {
     let proxy = KubeProxyStandIn::new(fx.client.netns.name());
     proxy.forward("udp", KUBE_DNS.parse().unwrap(), coredns);
     let file = fx.scratch().join("cluster.yaml");
-    cluster::write(&file, &objects(coredns.ip()));
+    objects::write(&file, &objects(coredns.ip()));
     let mut old = start_dns_agent(&fx, &old_pod, &file, coredns);
     until_answer(&fx, LOCAL_ANSWER);
 

@@ -10,11 +10,13 @@ use std::{
 };
 
 use serde_json::json;
+use topology_kube::{
+    fake_api::write_kubeconfig,
+    objects::{self, EndpointSpec},
+};
 use topology_tests::{
     agent::{Agent, AgentOptions},
-    cluster::{self, EndpointSpec},
     dns::{Dig, dig_from, start_upstream},
-    fake_api::write_kubeconfig,
     fixture::Fixture,
     net::{Host, KubeProxyStandIn},
     require_root,
@@ -34,11 +36,11 @@ fn kube_dns() -> SocketAddr {
 
 /// kube-dns (UDP and TCP 53) with the stand-in CoreDNS as its endpoint, and a headless `db`.
 fn objects(coredns: IpAddr) -> Vec<serde_json::Value> {
-    let [dns_service, dns_slice] = cluster::kube_dns(kube_dns().ip(), coredns, "node-b");
+    let [dns_service, dns_slice] = objects::kube_dns(kube_dns().ip(), coredns, "node-b");
     let db = EndpointSpec::new(LOCAL_ANSWER.parse::<IpAddr>().unwrap(), "node-a");
     vec![
-        cluster::node("node-a", "zone-a", None, "4"),
-        cluster::node("node-b", "zone-b", None, "4"),
+        objects::node("node-a", "zone-a", None, "4"),
+        objects::node("node-b", "zone-b", None, "4"),
         dns_service,
         dns_slice,
         json!({
@@ -46,7 +48,7 @@ fn objects(coredns: IpAddr) -> Vec<serde_json::Value> {
             "metadata": {"name": "db", "namespace": "default"},
             "spec": {"clusterIP": "None", "ports": [{"name": "pg", "port": 5432, "protocol": "TCP"}]}
         }),
-        cluster::slice("default", "db-1", "db", "pg", 5432, "TCP", &[db]),
+        objects::slice("default", "db-1", "db", "pg", 5432, "TCP", &[db]),
     ]
 }
 
@@ -113,7 +115,7 @@ fn a_restarted_agent_steers_nothing_until_it_has_a_current_view() {
     let proxy = KubeProxyStandIn::new(fx.client.netns.name());
     proxy.forward("udp", kube_dns(), coredns);
     let file = fx.scratch().join("cluster.yaml");
-    cluster::write(&file, &objects(coredns.ip()));
+    objects::write(&file, &objects(coredns.ip()));
     // An API server nobody answers at: the restarted agent never gets a view.
     let kubeconfig = fx.scratch().join("kubeconfig");
     write_kubeconfig(&kubeconfig, "http://127.0.0.1:9");

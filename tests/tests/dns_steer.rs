@@ -9,8 +9,8 @@ use std::{
 };
 
 use serde_json::json;
+use topology_kube::objects::{self, EndpointSpec};
 use topology_tests::{
-    cluster::{self, EndpointSpec},
     dns::{Dig, UPSTREAM_TTL, dig_from, start_dns_agent, start_upstream},
     fixture::Fixture,
     net::KubeProxyStandIn,
@@ -36,7 +36,7 @@ fn objects(coredns: IpAddr) -> Vec<serde_json::Value> {
         spec.zone = Some(zone.into());
         spec
     };
-    let db_slice = cluster::slice(
+    let db_slice = objects::slice(
         "default",
         "db-1",
         "db",
@@ -45,10 +45,10 @@ fn objects(coredns: IpAddr) -> Vec<serde_json::Value> {
         "TCP",
         &[db_endpoint("10.1.0.1", "node-a", "zone-a"), db_endpoint("10.1.0.2", "node-b", "zone-b")],
     );
-    let [dns_service, dns_slice] = cluster::kube_dns(kube_dns().ip(), coredns, "node-b");
+    let [dns_service, dns_slice] = objects::kube_dns(kube_dns().ip(), coredns, "node-b");
     vec![
-        cluster::node("node-a", "zone-a", None, "4"),
-        cluster::node("node-b", "zone-b", None, "4"),
+        objects::node("node-a", "zone-a", None, "4"),
+        objects::node("node-b", "zone-b", None, "4"),
         dns_service,
         dns_slice,
         json!({
@@ -96,7 +96,7 @@ fn the_cluster_dns_is_steered_to_the_node_responder_and_fails_open_to_coredns() 
     let proxy = KubeProxyStandIn::new(fx.client.netns.name());
     proxy.forward("udp", kube_dns(), coredns);
     let file = fx.scratch().join("cluster.yaml");
-    cluster::write(&file, &objects(coredns.ip()));
+    objects::write(&file, &objects(coredns.ip()));
 
     // Without the agent, the ClusterIP is CoreDNS (through kube-proxy).
     assert_eq!(ask(&fx, DB, &[]).data, [COREDNS_ANSWER]);

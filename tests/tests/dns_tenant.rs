@@ -11,9 +11,9 @@ use std::{
     time::Duration,
 };
 
+use topology_kube::objects;
 use topology_tests::{
     agent::Agent,
-    cluster,
     dns::{Lookups, dig, start_dns_agent, start_dns_agent_with, start_upstream, start_upstream_after},
     fixture::Fixture,
     net::probe_binary,
@@ -33,7 +33,7 @@ fn one_pods_flood_of_unique_names_leaves_the_relay_to_the_others() {
     let upstream = SocketAddr::from((upstream.v4, 53));
     let (dns_pod, tenant, victim) = (fx.network.host("pod"), fx.network.host("pod"), fx.network.host("pod"));
     let file = fx.scratch().join("cluster.yaml");
-    cluster::write(&file, &[cluster::node("node-a", "zone-a", None, "4")]);
+    objects::write(&file, &[objects::node("node-a", "zone-a", None, "4")]);
     let _agent = start_dns_agent(&fx, &dns_pod, &file, upstream);
     let server = SocketAddr::from((dns_pod.v4, 53));
 
@@ -75,7 +75,7 @@ fn one_pods_unique_names_take_only_its_share_of_the_cache() {
     let upstream = SocketAddr::from((upstream.v4, 53));
     let (dns_pod, tenant, victim) = (fx.network.host("pod"), fx.network.host("pod"), fx.network.host("pod"));
     let file = fx.scratch().join("cluster.yaml");
-    cluster::write(&file, &[cluster::node("node-a", "zone-a", None, "4")]);
+    objects::write(&file, &[objects::node("node-a", "zone-a", None, "4")]);
     // 1 MiB of cache: one client's share (1/8) is about 400 answers.
     let agent = start_dns_agent_with(&fx, &dns_pod, &file, upstream, &["--dns-cache-mib", "1"]);
     let server = SocketAddr::from((dns_pod.v4, 53));
@@ -116,10 +116,10 @@ fn with_dns_clients_node_a_pod_of_another_node_is_refused() {
     let stranger =
         fx.network.host_at("stranger", ("10.244.9.9".parse().unwrap(), 16), ("fd00:244::909".parse().unwrap(), 64));
     let file = fx.scratch().join("cluster.yaml");
-    let mut node = cluster::node("node-a", "zone-a", None, "4");
+    let mut node = objects::node("node-a", "zone-a", None, "4");
     node["spec"] = serde_json::json!({"podCIDR": "10.244.0.0/24", "podCIDRs": ["10.244.0.0/24"]});
     node["status"]["addresses"] = serde_json::json!([{"type": "InternalIP", "address": "10.244.200.1"}]);
-    cluster::write(&file, &[node]);
+    objects::write(&file, &[node]);
     let agent = start_dns_agent_with(&fx, &dns_pod, &file, upstream, &["--dns-clients", "node"]);
     let server = SocketAddr::from((dns_pod.v4, 53));
 

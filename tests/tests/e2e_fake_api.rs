@@ -10,8 +10,8 @@ use std::time::Duration;
 use futures::{AsyncBufReadExt as _, StreamExt as _};
 use kube::Client;
 use serde_json::{Value, json};
+use topology_kube::fake_api::FakeApi;
 use topology_tests::{
-    fake_api::FakeApi,
     kubernetes::{Binaries, Cluster, nodes::NodeSpec},
     require_root,
 };
@@ -184,7 +184,7 @@ fn the_fake_api_server_answers_as_the_real_one_does() {
     cluster.apply(&changed);
     cluster.kubectl(&["-n", NS, "delete", "service", "c"]).expect("delete c");
     fake_api.apply(changed.clone());
-    fake_api.delete(topology_tests::fake_api::Resource::Services, NS, "c");
+    fake_api.delete(topology_kube::fake_api::Resource::Services, NS, "c");
     let (real_events, fake_events) =
         cluster.api().block(async move { (real_watch.await.expect("watch"), fake_watch.await.expect("watch")) });
     comparison.record("a watch from a list's resourceVersion", json!(real_events), json!(fake_events));

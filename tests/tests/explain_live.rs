@@ -5,22 +5,22 @@
 use std::process::Command;
 
 use serde_json::Value;
-use topology_tests::{
-    cluster::{self, EndpointSpec},
+use topology_kube::{
     fake_api::FakeApi,
-    net::agent_binary,
+    objects::{self, EndpointSpec},
 };
+use topology_tests::net::agent_binary;
 
 /// Three zones, a PreferClose Service, a spillover Service and one with an invalid port.
 fn objects() -> Vec<Value> {
     let mut objects: Vec<Value> = [("node-a", "zone-a"), ("node-b", "zone-b"), ("node-c", "zone-c")]
         .iter()
-        .map(|(name, zone)| cluster::node(name, zone, Some("region-1"), "4"))
+        .map(|(name, zone)| objects::node(name, zone, Some("region-1"), "4"))
         .collect();
-    let mut web = cluster::service("default", "web", "10.96.0.10".parse().unwrap(), 80, "TCP", "http");
+    let mut web = objects::service("default", "web", "10.96.0.10".parse().unwrap(), 80, "TCP", "http");
     web["spec"]["trafficDistribution"] = "PreferClose".into();
-    let mut api = cluster::service("shop", "api", "10.96.0.11".parse().unwrap(), 443, "TCP", "https");
-    cluster::annotate(&mut api, "topology-agent.io/spillover", "capacity");
+    let mut api = objects::service("shop", "api", "10.96.0.11".parse().unwrap(), 443, "TCP", "https");
+    objects::annotate(&mut api, "topology-agent.io/spillover", "capacity");
     objects.extend([web, api]);
     let endpoints = |base: u8| -> Vec<EndpointSpec> {
         ["node-a", "node-b", "node-c", "node-c"]
@@ -29,8 +29,8 @@ fn objects() -> Vec<Value> {
             .map(|(i, node)| EndpointSpec::new(format!("10.244.{base}.{}", i + 1).parse().unwrap(), node))
             .collect()
     };
-    objects.push(cluster::slice("default", "web-1", "web", "http", 8080, "TCP", &endpoints(1)));
-    objects.push(cluster::slice("shop", "api-1", "api", "https", 8443, "TCP", &endpoints(2)));
+    objects.push(objects::slice("default", "web-1", "web", "http", 8080, "TCP", &endpoints(1)));
+    objects.push(objects::slice("shop", "api-1", "api", "https", 8443, "TCP", &endpoints(2)));
     objects
 }
 
@@ -48,7 +48,7 @@ async fn the_api_and_a_file_of_the_same_objects_explain_the_same() {
     for object in &objects {
         api.apply(object.clone());
     }
-    cluster::write(&file, &objects);
+    objects::write(&file, &objects);
     let (config, file) = (config.to_string_lossy().into_owned(), file.to_string_lossy().into_owned());
     let reports = tokio::task::spawn_blocking(move || {
         let mut reports = Vec::new();

@@ -7,9 +7,9 @@ use std::{
     time::{Duration, Instant},
 };
 
+use topology_kube::objects::{self, EndpointSpec};
 use topology_tests::{
     agent::{Agent, AgentOptions},
-    cluster::{self, EndpointSpec},
     fixture::{BACKEND_PORT, Fixture},
     net::{KubeProxyStandIn, Server, agent_binary},
     require_root,
@@ -46,12 +46,12 @@ fn a_dead_agent_fails_open_to_kube_proxy_and_a_restarted_one_takes_over() {
 
     let file = fx.scratch().join("cluster.yaml");
     let b0 = EndpointSpec::new(IpAddr::V4(fx.backends[0].host.v4), "node-a");
-    cluster::write(
+    objects::write(
         &file,
         &[
-            cluster::node("node-a", "zone-a", None, "4"),
-            cluster::service("default", "web", vip().ip(), vip().port(), "TCP", "http"),
-            cluster::slice("default", "web-1", "web", "http", BACKEND_PORT, "TCP", &[b0]),
+            objects::node("node-a", "zone-a", None, "4"),
+            objects::service("default", "web", vip().ip(), vip().port(), "TCP", "http"),
+            objects::slice("default", "web-1", "web", "http", BACKEND_PORT, "TCP", &[b0]),
         ],
     );
     let mut agent = start(&fx, &file);

@@ -8,9 +8,9 @@ use std::{
     time::{Duration, Instant},
 };
 
+use topology_kube::objects::{self, EndpointSpec};
 use topology_tests::{
     agent::{Agent, AgentOptions},
-    cluster::{self, EndpointSpec},
     fixture::{BACKEND_PORT, Fixture},
     require_root,
     server::Capacity,
@@ -50,7 +50,7 @@ fn an_overloaded_zone_sheds_to_the_other_and_takes_its_traffic_back_once_calm() 
     let fast = Some(Capacity { workers: 32, service: Duration::from_millis(40) });
     let fx = Fixture::with_capacities(&[slow, slow, fast, fast]);
     let zones = ["a", "a", "b", "b"];
-    let nodes = vec![cluster::node("node-a", "a", Some("r1"), "2"), cluster::node("node-b", "b", Some("r1"), "2")];
+    let nodes = vec![objects::node("node-a", "a", Some("r1"), "2"), objects::node("node-b", "b", Some("r1"), "2")];
     let endpoints: Vec<EndpointSpec> = fx
         .backends
         .iter()
@@ -58,11 +58,11 @@ fn an_overloaded_zone_sheds_to_the_other_and_takes_its_traffic_back_once_calm() 
         .map(|(backend, zone)| EndpointSpec::new(backend.addr(false), &format!("node-{zone}")))
         .collect();
     let vip: IpAddr = VIP.parse().unwrap();
-    let mut service = cluster::service("default", "web", vip, 80, "TCP", "http");
-    cluster::annotate(&mut service, "topology-agent.io/spillover", "feedback");
-    let slice = cluster::slice("default", "web-1", "web", "http", BACKEND_PORT, "TCP", &endpoints);
+    let mut service = objects::service("default", "web", vip, 80, "TCP", "http");
+    objects::annotate(&mut service, "topology-agent.io/spillover", "feedback");
+    let slice = objects::slice("default", "web-1", "web", "http", BACKEND_PORT, "TCP", &endpoints);
     let file = fx.scratch().join("cluster.yaml");
-    cluster::write(&file, &[nodes, vec![service, slice]].concat());
+    objects::write(&file, &[nodes, vec![service, slice]].concat());
     let mut agent = Agent::start(&AgentOptions::new(&file, "node-a", fx.cgroup.path(), fx.pins.path()));
     agent.wait_ready(Duration::from_secs(10));
     let target = SocketAddr::new(vip, 80);

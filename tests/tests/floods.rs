@@ -8,9 +8,9 @@ use std::{
     time::{Duration, Instant},
 };
 
+use topology_kube::objects;
 use topology_tests::{
     agent::{Agent, AgentOptions, get},
-    cluster,
     dns::dig,
     fixture::Fixture,
     netns, require_root,
@@ -61,7 +61,7 @@ fn a_flooding_pod_keeps_neither_probes_nor_memory() {
     let mut fx = Fixture::new(0);
     let node = fx.network.host("node");
     let file = fx.scratch().join("cluster.yaml");
-    cluster::write(&file, &[cluster::node("node-a", "zone-a", None, "4")]);
+    objects::write(&file, &[objects::node("node-a", "zone-a", None, "4")]);
     let metrics = SocketAddr::from((node.v4, 9464));
     let probes = SocketAddr::from((node.v4, 9465));
     let mut agent = Agent::start(&AgentOptions {
@@ -158,7 +158,7 @@ fn one_pod_holding_tcp_connections_leaves_dns_over_tcp_to_the_others() {
     let mut fx = Fixture::new(0);
     let node = fx.network.host("node");
     let file = fx.scratch().join("cluster.yaml");
-    cluster::write(&file, &[cluster::node("node-a", "zone-a", None, "4")]);
+    objects::write(&file, &[objects::node("node-a", "zone-a", None, "4")]);
     let dns = SocketAddr::from((node.v4, 53));
     let mut agent = Agent::start(&AgentOptions {
         netns: Some(node.netns.name()),

@@ -13,11 +13,10 @@ use std::{
 use tokio_util::sync::CancellationToken;
 use topology_agent::{
     controller::{Controller, ControllerConfig, Health, Observation, PIPELINE_FROM, Programmer},
-    events::LogOnly,
     metrics::Metrics,
-    source::{EventSender, Object, SourceEvent},
 };
 use topology_dataplane::{ApplyReport, Dataplane};
+use topology_kube::{EventSender, Object, SourceEvent, events::LogOnly};
 use topology_model::{Kind, Protocol};
 use topology_policy::{
     desired::{DesiredService, DesiredState, ServicePort},

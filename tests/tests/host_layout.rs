@@ -12,9 +12,9 @@ use std::{
     time::Duration,
 };
 
+use topology_kube::objects::{self, EndpointSpec};
 use topology_tests::{
     agent::{Agent, AgentOptions},
-    cluster::{self, EndpointSpec},
     fixture::{BACKEND_PORT, Fixture},
     net::agent_binary,
     require_root,
@@ -44,12 +44,12 @@ fn a_node_without_bpffs_gets_one_and_the_agent_pins_there() {
     let file = fx.scratch().join("cluster.yaml");
     let vip: SocketAddr = "10.96.0.10:80".parse().unwrap();
     let backend = EndpointSpec::new(IpAddr::V4(fx.backends[0].host.v4), "node-a");
-    cluster::write(
+    objects::write(
         &file,
         &[
-            cluster::node("node-a", "zone-a", None, "4"),
-            cluster::service("default", "web", vip.ip(), vip.port(), "TCP", "http"),
-            cluster::slice("default", "web-1", "web", "http", BACKEND_PORT, "TCP", &[backend]),
+            objects::node("node-a", "zone-a", None, "4"),
+            objects::service("default", "web", vip.ip(), vip.port(), "TCP", "http"),
+            objects::slice("default", "web-1", "web", "http", BACKEND_PORT, "TCP", &[backend]),
         ],
     );
     let options = AgentOptions::new(&file, "node-a", fx.cgroup.path(), &pins);
@@ -81,7 +81,7 @@ fn a_cgroup_that_is_not_cgroup_v2_is_refused_naming_it() {
     require_root!();
     let fx = Fixture::new(0);
     let file = fx.scratch().join("cluster.yaml");
-    cluster::write(&file, &[cluster::node("node-a", "zone-a", None, "4")]);
+    objects::write(&file, &[objects::node("node-a", "zone-a", None, "4")]);
     let not_cgroup = fx.scratch().join("not-a-cgroup");
     std::fs::create_dir_all(&not_cgroup).unwrap();
     let output = Command::new(agent_binary())

@@ -3,9 +3,11 @@
 
 use std::time::{Duration, Instant};
 
-use topology_agent::events::{KubeEvents, Problem, ProblemSink as _};
+use topology_kube::{
+    events::{KubeEvents, Problem, ProblemSink as _},
+    fake_api::FakeApi,
+};
 use topology_model::ObjectKey;
-use topology_tests::fake_api::FakeApi;
 
 async fn published(api: &FakeApi, count: usize) -> Vec<serde_json::Value> {
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -8,19 +8,20 @@ use std::{
 };
 
 use tokio_util::sync::CancellationToken;
-use topology_agent::source::{EventReceiver, EventSender, SourceEvent, kube::KubeSource};
-use topology_model::Kind;
-use topology_tests::{
-    cluster,
+use topology_kube::{
+    EventReceiver, EventSender, SourceEvent,
     fake_api::{FakeApi, Resource},
+    objects,
+    watch::KubeSource,
 };
+use topology_model::Kind;
 
 /// More than two pages of 500.
 const SERVICES: usize = 1_200;
 
 fn service(index: usize) -> serde_json::Value {
     let vip = IpAddr::V4(Ipv4Addr::new(10, 96, (index / 250) as u8, (index % 250) as u8 + 1));
-    cluster::service("default", &format!("svc-{index:04}"), vip, 80, "TCP", "http")
+    objects::service("default", &format!("svc-{index:04}"), vip, 80, "TCP", "http")
 }
 
 /// The Service events (not freshness or staleness) until `replaced` Service replacements came.
@@ -66,7 +67,7 @@ fn shape(event: &SourceEvent) -> (&'static str, usize) {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_initial_list_comes_page_by_page_and_a_relist_whole() {
     let api = FakeApi::start().await;
-    api.apply(cluster::node("node-a", "zone-a", None, "4"));
+    api.apply(objects::node("node-a", "zone-a", None, "4"));
     for index in 0..SERVICES {
         api.apply(service(index));
     }
@@ -97,7 +98,7 @@ async fn the_initial_list_comes_page_by_page_and_a_relist_whole() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_list_whose_continue_token_expired_starts_over_whole_at_once() {
     let api = FakeApi::start().await;
-    api.apply(cluster::node("node-a", "zone-a", None, "4"));
+    api.apply(objects::node("node-a", "zone-a", None, "4"));
     for index in 0..SERVICES {
         api.apply(service(index));
     }

@@ -10,13 +10,14 @@ use std::{
 };
 
 use tokio_util::sync::CancellationToken;
-use topology_agent::source::{EventReceiver, EventSender, Object, SourceEvent, kube::KubeSource};
-use topology_model::{Kind, Node, census::Census};
-use topology_tests::{
-    cluster,
+use topology_kube::{
+    EventReceiver, EventSender, Object, SourceEvent,
     fake_api::{FakeApi, Resource},
-    scale,
+    objects,
+    watch::KubeSource,
 };
+use topology_model::{Kind, Node, census::Census};
+use topology_tests::scale;
 
 const NODES: usize = 40;
 
@@ -72,7 +73,7 @@ async fn next_census(receiver: EventReceiver) -> (EventReceiver, Option<Census>)
 async fn an_agent_watches_its_own_node_unless_a_service_reads_the_others() {
     let api = FakeApi::start().await;
     (0..NODES).for_each(|n| api.apply(scale::node(n)));
-    api.apply(cluster::service("shop", "web", ip("10.96.0.10"), 80, "TCP", "http"));
+    api.apply(objects::service("shop", "web", ip("10.96.0.10"), 80, "TCP", "http"));
     let (events, receiver) = EventSender::channel();
     let shutdown = CancellationToken::new();
     let this = scale::node_name(3);
@@ -92,8 +93,8 @@ async fn an_agent_watches_its_own_node_unless_a_service_reads_the_others() {
     let own_bytes = bytes_over(&api, Duration::from_secs(3)).await;
 
     // Topology keys on a label only Nodes carry: every Node's metadata, watched.
-    let mut keyed = cluster::service("shop", "keyed", ip("10.96.0.12"), 80, "TCP", "http");
-    cluster::annotate(&mut keyed, "topology-agent.io/topology-keys", "cloud.google.com/gke-nodepool, *");
+    let mut keyed = objects::service("shop", "keyed", ip("10.96.0.12"), 80, "TCP", "http");
+    objects::annotate(&mut keyed, "topology-agent.io/topology-keys", "cloud.google.com/gke-nodepool, *");
     api.apply(keyed);
     let (receiver, census) = next_census(receiver).await;
     assert_eq!(census, None, "every Node is watched: no census");
@@ -103,8 +104,8 @@ async fn an_agent_watches_its_own_node_unless_a_service_reads_the_others() {
     let metadata_bytes = bytes_over(&api, Duration::from_secs(3)).await;
 
     // Spillover: every Node whole.
-    let mut spilling = cluster::service("shop", "spill", ip("10.96.0.11"), 80, "TCP", "http");
-    cluster::annotate(&mut spilling, "topology-agent.io/spillover", "capacity");
+    let mut spilling = objects::service("shop", "spill", ip("10.96.0.11"), 80, "TCP", "http");
+    objects::annotate(&mut spilling, "topology-agent.io/spillover", "capacity");
     api.apply(spilling);
     let (receiver, nodes) = next_node_list(receiver).await;
     assert!(whole(&nodes), "a spillover Service: the Nodes' status, for the demand of each zone");

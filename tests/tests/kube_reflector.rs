@@ -11,10 +11,12 @@ use std::{
 };
 
 use tokio_util::sync::CancellationToken;
-use topology_agent::source::{EventReceiver, EventSender, SourceEvent, kube::KubeSource, reflector::WATCH_OPEN};
-use topology_tests::{
-    cluster::{self, EndpointSpec},
+use topology_kube::{
+    EventReceiver, EventSender, SourceEvent,
     fake_api::{FakeApi, Resource},
+    objects::{self, EndpointSpec},
+    reflector::WATCH_OPEN,
+    watch::KubeSource,
 };
 
 const KINDS: [Resource; 3] = [Resource::Nodes, Resource::Services, Resource::EndpointSlices];
@@ -25,10 +27,10 @@ fn ip(text: &str) -> IpAddr {
 
 async fn world() -> FakeApi {
     let api = FakeApi::start().await;
-    api.apply(cluster::node("node-a", "zone-a", None, "4"));
-    api.apply(cluster::service("default", "web", ip("10.96.0.10"), 80, "TCP", "http"));
+    api.apply(objects::node("node-a", "zone-a", None, "4"));
+    api.apply(objects::service("default", "web", ip("10.96.0.10"), 80, "TCP", "http"));
     let endpoints = [EndpointSpec::new(ip("10.1.0.1"), "node-a")];
-    api.apply(cluster::slice("default", "web-1", "web", "http", 8080, "TCP", &endpoints));
+    api.apply(objects::slice("default", "web-1", "web", "http", 8080, "TCP", &endpoints));
     api
 }
 
@@ -90,7 +92,7 @@ async fn a_transient_failure_resumes_the_watch_and_only_410_lists_again() {
     // What the watches resumed from was compacted away: 410 Gone, then a list of each kind.
     api.set_down(true);
     api.abort_watches();
-    api.apply(cluster::service("default", "late", ip("10.96.0.11"), 80, "TCP", "http"));
+    api.apply(objects::service("default", "late", ip("10.96.0.11"), 80, "TCP", "http"));
     api.compact();
     api.set_down(false);
     until("a relist after 410", Duration::from_secs(45), || lists(&api)[1] == 2).await;
@@ -218,7 +220,7 @@ async fn a_relist_the_lagging_watch_cache_cannot_serve_is_made_consistent() {
     let api = world().await;
     let (shutdown, source, receiver) = one_agent(&api).await;
     for n in 0..5u8 {
-        api.apply(cluster::service("default", &format!("more-{n}"), ip(&format!("10.96.1.{n}")), 80, "TCP", "http"));
+        api.apply(objects::service("default", &format!("more-{n}"), ip(&format!("10.96.1.{n}")), 80, "TCP", "http"));
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     // The agent is at the latest version; the replica it reaches next lags five changes behind.

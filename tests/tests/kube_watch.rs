@@ -12,15 +12,17 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use topology_agent::{
     controller::{Controller, ControllerConfig, ControllerError, Health, recording::MemoryKernel},
-    events::KubeEvents,
     metrics::Metrics,
-    source::{EventReceiver, EventSender, Object, SourceEvent, kube::KubeSource, reflector::STALL},
+};
+use topology_kube::{
+    EventReceiver, EventSender, Object, SourceEvent,
+    events::KubeEvents,
+    fake_api::{FakeApi, Resource},
+    objects::{self, EndpointSpec},
+    reflector::STALL,
+    watch::KubeSource,
 };
 use topology_policy::desired::DesiredState;
-use topology_tests::{
-    cluster::{self, EndpointSpec},
-    fake_api::{FakeApi, Resource},
-};
 
 struct Harness {
     api: FakeApi,
@@ -110,9 +112,9 @@ fn set(addresses: &[&str]) -> Option<BTreeSet<String>> {
 /// Nodes a (zone-a, this node) and b (zone-b); Service web (PreferClose) with endpoints on both.
 async fn world() -> FakeApi {
     let api = FakeApi::start().await;
-    api.apply(cluster::node("node-a", "zone-a", None, "4"));
-    api.apply(cluster::node("node-b", "zone-b", None, "4"));
-    let mut web = cluster::service("default", "web", ip("10.96.0.10"), 80, "TCP", "http");
+    api.apply(objects::node("node-a", "zone-a", None, "4"));
+    api.apply(objects::node("node-b", "zone-b", None, "4"));
+    let mut web = objects::service("default", "web", ip("10.96.0.10"), 80, "TCP", "http");
     web["spec"]["trafficDistribution"] = "PreferClose".into();
     api.apply(web);
     api.apply(web_slice(&[("10.1.0.1", "node-a"), ("10.1.0.2", "node-b")]));
@@ -121,7 +123,7 @@ async fn world() -> FakeApi {
 
 fn web_slice(endpoints: &[(&str, &str)]) -> Value {
     let specs: Vec<EndpointSpec> = endpoints.iter().map(|(a, n)| EndpointSpec::new(ip(a), n)).collect();
-    cluster::slice("default", "web-1", "web", "http", 8080, "TCP", &specs)
+    objects::slice("default", "web-1", "web", "http", 8080, "TCP", &specs)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -146,9 +148,9 @@ async fn adds_updates_and_deletes_of_every_kind_reach_the_desired_state() {
     harness.wait_for("the initial state", |d| backends(d, "10.96.0.10") == set(&["10.1.0.1"])).await;
 
     // Service: add, update, delete.
-    api.apply(cluster::service("default", "api", ip("10.96.0.20"), 80, "TCP", "http"));
+    api.apply(objects::service("default", "api", ip("10.96.0.20"), 80, "TCP", "http"));
     harness.wait_for("a new Service without endpoints refuses", |d| backends(d, "10.96.0.20") == set(&[])).await;
-    let mut web = cluster::service("default", "web", ip("10.96.0.10"), 80, "TCP", "http");
+    let mut web = objects::service("default", "web", ip("10.96.0.10"), 80, "TCP", "http");
     web["spec"]["trafficDistribution"] = Value::Null;
     api.apply(web);
     harness
@@ -159,7 +161,7 @@ async fn adds_updates_and_deletes_of_every_kind_reach_the_desired_state() {
 
     // EndpointSlice: add, update, delete.
     let specs = [EndpointSpec::new(ip("10.2.0.1"), "node-b")];
-    api.apply(cluster::slice("default", "web-2", "web", "http", 8080, "TCP", &specs));
+    api.apply(objects::slice("default", "web-2", "web", "http", 8080, "TCP", &specs));
     harness
         .wait_for("the second slice", |d| backends(d, "10.96.0.10") == set(&["10.1.0.1", "10.1.0.2", "10.2.0.1"]))
         .await;
@@ -171,28 +173,28 @@ async fn adds_updates_and_deletes_of_every_kind_reach_the_desired_state() {
 
     // This Node: a topology key on zones, the endpoints' zones as the EndpointSlice controller
     // writes them; moving this node into zone-b makes node-b's endpoint close.
-    let mut web = cluster::service("default", "web", ip("10.96.0.10"), 80, "TCP", "http");
-    cluster::annotate(&mut web, "topology-agent.io/topology-keys", "topology.kubernetes.io/zone");
+    let mut web = objects::service("default", "web", ip("10.96.0.10"), 80, "TCP", "http");
+    objects::annotate(&mut web, "topology-agent.io/topology-keys", "topology.kubernetes.io/zone");
     api.apply(web);
     let mut on_b = EndpointSpec::new(ip("10.1.0.2"), "node-b");
     on_b.zone = Some("zone-b".into());
-    api.apply(cluster::slice("default", "web-1", "web", "http", 8080, "TCP", &[on_b]));
+    api.apply(objects::slice("default", "web-1", "web", "http", 8080, "TCP", &[on_b]));
     harness.wait_for("the hard zone key refuses", |d| backends(d, "10.96.0.10") == set(&[])).await;
-    api.apply(cluster::node("node-a", "zone-b", None, "4"));
+    api.apply(objects::node("node-a", "zone-b", None, "4"));
     harness.wait_for("this node's new zone", |d| backends(d, "10.96.0.10") == set(&["10.1.0.2"])).await;
 
     // Other Nodes, watched while a topology key names a label only Nodes carry: node-b labelled
     // into this node's rack makes its endpoint close, its deletion far again.
     let racked = |name: &str, rack: Option<&str>| {
-        let mut node = cluster::node(name, "zone-b", None, "4");
+        let mut node = objects::node(name, "zone-b", None, "4");
         if let Some(rack) = rack {
             node["metadata"]["labels"]["example.com/rack"] = rack.into();
         }
         node
     };
     api.apply(racked("node-a", Some("r1")));
-    let mut web = cluster::service("default", "web", ip("10.96.0.10"), 80, "TCP", "http");
-    cluster::annotate(&mut web, "topology-agent.io/topology-keys", "example.com/rack");
+    let mut web = objects::service("default", "web", ip("10.96.0.10"), 80, "TCP", "http");
+    objects::annotate(&mut web, "topology-agent.io/topology-keys", "example.com/rack");
     api.apply(web);
     harness.wait_for("node-b in no rack", |d| backends(d, "10.96.0.10") == set(&[])).await;
     api.apply(racked("node-b", Some("r1")));
@@ -232,7 +234,7 @@ async fn disconnects_outages_and_410_gone_converge() {
     // History compacted: resuming gets 410 Gone, the watcher lists again and the state converges,
     // including a deletion it never saw as an event.
     let lists_before = api.lists(Resource::Services);
-    api.apply(cluster::service("default", "gone", ip("10.96.0.30"), 80, "TCP", "http"));
+    api.apply(objects::service("default", "gone", ip("10.96.0.30"), 80, "TCP", "http"));
     harness.wait_for("the extra Service", |d| backends(d, "10.96.0.30").is_some()).await;
     api.set_down(true);
     api.abort_watches();
@@ -272,11 +274,11 @@ async fn unusable_objects_are_skipped_reported_and_block_nothing() {
     bad["endpoints"][0]["addresses"][0] = "10.1.0.999".into();
     api.apply(bad);
     // An invalid topology-keys annotation on another Service: ignored as a whole, reported.
-    let mut api_service = cluster::service("default", "api", ip("10.96.0.20"), 80, "TCP", "http");
-    cluster::annotate(&mut api_service, "topology-agent.io/topology-keys", "*,kubernetes.io/hostname");
+    let mut api_service = objects::service("default", "api", ip("10.96.0.20"), 80, "TCP", "http");
+    objects::annotate(&mut api_service, "topology-agent.io/topology-keys", "*,kubernetes.io/hostname");
     api.apply(api_service);
     let specs = [EndpointSpec::new(ip("10.4.0.1"), "node-b")];
-    api.apply(cluster::slice("default", "api-1", "api", "http", 8080, "TCP", &specs));
+    api.apply(objects::slice("default", "api-1", "api", "http", 8080, "TCP", &specs));
     harness.wait_for("the other Service, unblocked", |d| backends(d, "10.96.0.20") == set(&["10.4.0.1"])).await;
     assert_eq!(backends(&harness.kernel.record().current, "10.96.0.10"), set(&["10.1.0.1"]), "last good slice kept");
 

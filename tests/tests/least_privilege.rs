@@ -4,9 +4,9 @@
 
 use std::{net::IpAddr, process::Command, time::Duration};
 
+use topology_kube::objects::{self, EndpointSpec};
 use topology_tests::{
     agent::{Agent, AgentOptions},
-    cluster::{self, EndpointSpec},
     fixture::{BACKEND_PORT, Fixture},
     net::agent_binary,
     require_root,
@@ -22,12 +22,12 @@ fn the_agent_runs_with_exactly_the_daemonsets_capabilities_and_names_any_missing
     let fx = Fixture::new(1);
     let file = fx.scratch().join("cluster.yaml");
     let b0 = EndpointSpec::new(IpAddr::V4(fx.backends[0].host.v4), "node-a");
-    cluster::write(
+    objects::write(
         &file,
         &[
-            cluster::node("node-a", "zone-a", None, "4"),
-            cluster::service("default", "web", "10.96.0.80".parse().unwrap(), 80, "TCP", "http"),
-            cluster::slice("default", "web-1", "web", "http", BACKEND_PORT, "TCP", &[b0]),
+            objects::node("node-a", "zone-a", None, "4"),
+            objects::service("default", "web", "10.96.0.80".parse().unwrap(), 80, "TCP", "http"),
+            objects::slice("default", "web-1", "web", "http", BACKEND_PORT, "TCP", &[b0]),
         ],
     );
     let options = |wrapper: Vec<String>| AgentOptions {

@@ -14,9 +14,9 @@ use std::{
     time::{Duration, Instant},
 };
 
+use topology_kube::objects::{self, EndpointSpec};
 use topology_tests::{
     agent::{Agent, AgentOptions},
-    cluster::{self, EndpointSpec},
     fixture::{BACKEND_PORT, Fixture},
     require_root,
 };
@@ -37,12 +37,12 @@ fn connect_from(local: std::net::IpAddr, to: SocketAddr) -> std::io::Result<TcpS
 fn write(fx: &Fixture, file: &std::path::Path, round: usize) {
     let endpoints: Vec<EndpointSpec> =
         (0..=round % 2).map(|i| EndpointSpec::new(IpAddr::V4(fx.backends[i].host.v4), "node-a")).collect();
-    cluster::write(
+    objects::write(
         file,
         &[
-            cluster::node("node-a", "zone-a", None, "4"),
-            cluster::service("default", "web", "10.96.0.90".parse().unwrap(), 80, "TCP", "http"),
-            cluster::slice("default", "web-1", "web", "http", BACKEND_PORT, "TCP", &endpoints),
+            objects::node("node-a", "zone-a", None, "4"),
+            objects::service("default", "web", "10.96.0.90".parse().unwrap(), 80, "TCP", "http"),
+            objects::slice("default", "web-1", "web", "http", BACKEND_PORT, "TCP", &endpoints),
         ],
     );
 }

@@ -11,9 +11,9 @@ use std::{
 };
 
 use serde_json::Value;
+use topology_kube::objects::{self, EndpointSpec};
 use topology_tests::{
     agent::{Agent, AgentOptions},
-    cluster::{self, EndpointSpec},
     fixture::{BACKEND_PORT, Fixture},
     require_root,
     sandbox::on_path,
@@ -169,15 +169,15 @@ fn every_metric_and_label_the_dashboard_and_alerts_use_is_exported() {
         .iter()
         .map(|(node, b)| EndpointSpec::new(fx.backends[*b].host.v4.into(), node))
         .collect();
-    let mut web = cluster::service("default", "web", vip, 80, "TCP", "http");
+    let mut web = objects::service("default", "web", vip, 80, "TCP", "http");
     web["spec"]["trafficDistribution"] = "PreferClose".into();
-    cluster::write(
+    objects::write(
         &file,
         &[
-            cluster::node("node-a", "zone-a", Some("region-1"), "4"),
-            cluster::node("node-b", "zone-b", Some("region-1"), "4"),
+            objects::node("node-a", "zone-a", Some("region-1"), "4"),
+            objects::node("node-b", "zone-b", Some("region-1"), "4"),
             web,
-            cluster::slice("default", "web-1", "web", "http", BACKEND_PORT, "TCP", &specs),
+            objects::slice("default", "web-1", "web", "http", BACKEND_PORT, "TCP", &specs),
         ],
     );
     let mut agent = Agent::start(&AgentOptions::new(&file, "node-a", fx.cgroup.path(), fx.pins.path()));

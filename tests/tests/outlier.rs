@@ -12,9 +12,9 @@ use std::{
     time::Duration,
 };
 
+use topology_kube::objects::{self, EndpointSpec};
 use topology_tests::{
     agent::{Agent, AgentOptions},
-    cluster::{self, EndpointSpec},
     fixture::{BACKEND_PORT, Fixture},
     net::{ClientPlace, Host},
     require_root,
@@ -31,14 +31,14 @@ fn write(fx: &Fixture, file: &Path, ejection: Option<&str>, more: Vec<serde_json
     let vip: SocketAddr = VIP.parse().expect("VIP");
     let endpoints: Vec<EndpointSpec> =
         fx.backends.iter().map(|b| EndpointSpec::new(IpAddr::V4(b.host.v4), "node-a")).collect();
-    let mut service = cluster::service("default", "web", vip.ip(), vip.port(), "TCP", "http");
+    let mut service = objects::service("default", "web", vip.ip(), vip.port(), "TCP", "http");
     if let Some(value) = ejection {
-        cluster::annotate(&mut service, "topology-agent.io/outlier-ejection", value);
+        objects::annotate(&mut service, "topology-agent.io/outlier-ejection", value);
     }
-    let slice = cluster::slice("default", "web-1", "web", "http", BACKEND_PORT, "TCP", &endpoints);
-    let mut objects = vec![cluster::node("node-a", "zone-a", None, "4"), service, slice];
+    let slice = objects::slice("default", "web-1", "web", "http", BACKEND_PORT, "TCP", &endpoints);
+    let mut objects = vec![objects::node("node-a", "zone-a", None, "4"), service, slice];
     objects.extend(more);
-    cluster::write(file, &objects);
+    objects::write(file, &objects);
 }
 
 /// An agent (with ejection, the default) for `fx`'s backends behind [`VIP`].
@@ -296,11 +296,11 @@ fn a_services_ejections_are_its_own() {
     // Another tenant's Service names the victim's pods as its endpoints, asks to eject at one
     // failure for 255 s, and its two pods drop their own SYNs.
     let tenant_vip: SocketAddr = TENANT_VIP.parse().unwrap();
-    let mut evil = cluster::service("tenant", "evil", tenant_vip.ip(), tenant_vip.port(), "TCP", "http");
-    cluster::annotate(&mut evil, "topology-agent.io/outlier-ejection", "failures=1,base=255s");
+    let mut evil = objects::service("tenant", "evil", tenant_vip.ip(), tenant_vip.port(), "TCP", "http");
+    objects::annotate(&mut evil, "topology-agent.io/outlier-ejection", "failures=1,base=255s");
     let victims: Vec<EndpointSpec> =
         fx.backends.iter().map(|b| EndpointSpec::new(IpAddr::V4(b.host.v4), "node-a")).collect();
-    let slice = cluster::slice("tenant", "evil-1", "evil", "http", BACKEND_PORT, "TCP", &victims);
+    let slice = objects::slice("tenant", "evil-1", "evil", "http", BACKEND_PORT, "TCP", &victims);
     let agent = start_with(&fx, None, vec![evil, slice], &[]);
     for place in [&pods.first, &pods.second] {
         iptables(&place.netns, "OUTPUT", &["-j", "DROP"]);

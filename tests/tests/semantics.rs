@@ -8,11 +8,11 @@ use std::{
 };
 
 use topology_dataplane::Dataplane;
+use topology_kube::objects::{self, EndpointSpec};
 use topology_model::Protocol;
 use topology_policy::desired::{DesiredService, DesiredState, PortOptions};
 use topology_tests::{
     agent::{Agent, AgentOptions},
-    cluster::{self, EndpointSpec},
     fixture::{BACKEND_PORT, Fixture, service},
     net::{ClientPlace, KubeProxyStandIn, Server, agent_binary},
     require_root,
@@ -87,22 +87,22 @@ fn services_the_agent_does_not_handle_pass_untouched_to_kube_proxy() {
     let b0 = EndpointSpec::new(IpAddr::V4(fx.backends[0].host.v4), "node-a");
     let b1 = EndpointSpec::new(IpAddr::V4(fx.backends[1].host.v4), "node-a");
     // A headless Service: no ClusterIP to rewrite; its endpoints are dialled directly.
-    let mut headless = cluster::service("default", "headless", "10.96.0.99".parse().unwrap(), 80, "TCP", "http");
+    let mut headless = objects::service("default", "headless", "10.96.0.99".parse().unwrap(), 80, "TCP", "http");
     headless["spec"]["clusterIP"] = "None".into();
     headless["spec"]["clusterIPs"] = serde_json::json!(["None"]);
     // An ExternalName Service is a DNS alias; an address written next to it is ignored.
-    let mut external = cluster::service("default", "external", "10.96.0.51".parse().unwrap(), 80, "TCP", "http");
+    let mut external = objects::service("default", "external", "10.96.0.51".parse().unwrap(), 80, "TCP", "http");
     external["spec"]["type"] = "ExternalName".into();
     external["spec"]["externalName"] = "example.com".into();
     // Two ClusterIP Services where the maps hold one: the second is not programmed.
-    let first = cluster::service("default", "first", "10.96.0.50".parse().unwrap(), 80, "TCP", "http");
-    let overflow = cluster::service("default", "overflow", "10.96.0.52".parse().unwrap(), 80, "TCP", "http");
+    let first = objects::service("default", "first", "10.96.0.50".parse().unwrap(), 80, "TCP", "http");
+    let overflow = objects::service("default", "overflow", "10.96.0.52".parse().unwrap(), 80, "TCP", "http");
     let file = fx.scratch().join("cluster.yaml");
     let slices = ["headless", "external", "first", "overflow"]
-        .map(|name| cluster::slice("default", name, name, "http", BACKEND_PORT, "TCP", &[b0.clone(), b1.clone()]));
-    let mut objects = vec![cluster::node("node-a", "zone-a", None, "4"), headless, external, first, overflow];
+        .map(|name| objects::slice("default", name, name, "http", BACKEND_PORT, "TCP", &[b0.clone(), b1.clone()]));
+    let mut objects = vec![objects::node("node-a", "zone-a", None, "4"), headless, external, first, overflow];
     objects.extend(slices);
-    cluster::write(&file, &objects);
+    objects::write(&file, &objects);
     let agent = Agent::start(&AgentOptions {
         extra: vec!["--capacity".into(), "topo_svc4=1".into()],
         ..AgentOptions::new(&file, "node-a", fx.cgroup.path(), fx.pins.path())

@@ -5,13 +5,13 @@
 use std::net::{IpAddr, SocketAddr};
 
 use topology_dataplane::Dataplane;
+use topology_kube::objects::{self, EndpointSpec};
 use topology_model::yaml;
 use topology_policy::{
     plan::weights::desired_state,
     policy::{self, PolicyKind},
 };
 use topology_tests::{
-    cluster::{self, EndpointSpec},
     fixture::{BACKEND_PORT, Fixture},
     require_root,
 };
@@ -27,9 +27,9 @@ fn spillover_weights_hold_over_100000_connects() {
     let fx = Fixture::new(5);
     let zones = ["a", "b", "b", "c", "c"];
     let nodes = vec![
-        cluster::node("node-a", "a", Some("r1"), "8"),
-        cluster::node("node-b", "b", Some("r1"), "2"),
-        cluster::node("node-c", "c", Some("r2"), "2"),
+        objects::node("node-a", "a", Some("r1"), "8"),
+        objects::node("node-b", "b", Some("r1"), "2"),
+        objects::node("node-c", "c", Some("r2"), "2"),
     ];
     let endpoints: Vec<EndpointSpec> = fx
         .backends
@@ -38,12 +38,12 @@ fn spillover_weights_hold_over_100000_connects() {
         .map(|(backend, zone)| EndpointSpec::new(backend.addr(false), &format!("node-{zone}")))
         .collect();
     let vip: IpAddr = "10.96.0.40".parse().unwrap();
-    let mut service = cluster::service("default", "web", vip, 80, "TCP", "http");
-    cluster::annotate(&mut service, "topology-agent.io/spillover", "capacity");
-    cluster::annotate(&mut service, "topology-agent.io/max-overload", "10%");
-    let slice = cluster::slice("default", "web-1", "web", "http", BACKEND_PORT, "TCP", &endpoints);
+    let mut service = objects::service("default", "web", vip, 80, "TCP", "http");
+    objects::annotate(&mut service, "topology-agent.io/spillover", "capacity");
+    objects::annotate(&mut service, "topology-agent.io/max-overload", "10%");
+    let slice = objects::slice("default", "web-1", "web", "http", BACKEND_PORT, "TCP", &endpoints);
     let path = fx.scratch().join("cluster.yaml");
-    cluster::write(&path, &[nodes, vec![service, slice]].concat());
+    objects::write(&path, &[nodes, vec![service, slice]].concat());
 
     let state = yaml::load(&path).expect("cluster file");
     let selections = policy::compute(&state, "node-a").expect("policy");

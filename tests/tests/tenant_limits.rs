@@ -8,9 +8,9 @@ use std::{
     time::{Duration, Instant},
 };
 
+use topology_kube::objects::{self, EndpointSpec};
 use topology_tests::{
     agent::{Agent, AgentOptions},
-    cluster::{self, EndpointSpec},
     fixture::{BACKEND_PORT, Fixture},
     net::{KubeProxyStandIn, Server},
     require_root,
@@ -30,9 +30,9 @@ fn cluster(victim_endpoint: IpAddr) -> Vec<serde_json::Value> {
     let hog_endpoints: Vec<EndpointSpec> =
         (1..=15).map(|last| EndpointSpec::new(IpAddr::from([10, 255, 0, last]), "node-a")).collect();
     vec![
-        cluster::node("node-a", "zone-a", None, "4"),
-        cluster::service("default", "web", addr(VICTIM).ip(), 80, "TCP", "http"),
-        cluster::slice(
+        objects::node("node-a", "zone-a", None, "4"),
+        objects::service("default", "web", addr(VICTIM).ip(), 80, "TCP", "http"),
+        objects::slice(
             "default",
             "web-1",
             "web",
@@ -41,8 +41,8 @@ fn cluster(victim_endpoint: IpAddr) -> Vec<serde_json::Value> {
             "TCP",
             &[EndpointSpec::new(victim_endpoint, "node-a")],
         ),
-        cluster::service("tenant", "hog", addr(HOG).ip(), 80, "TCP", "http"),
-        cluster::slice("tenant", "hog-1", "hog", "http", BACKEND_PORT, "TCP", &hog_endpoints),
+        objects::service("tenant", "hog", addr(HOG).ip(), 80, "TCP", "http"),
+        objects::slice("tenant", "hog-1", "hog", "http", BACKEND_PORT, "TCP", &hog_endpoints),
     ]
 }
 
@@ -60,7 +60,7 @@ fn a_full_slots_array_is_shared_out_and_never_keeps_an_old_set() {
         proxy.forward("tcp", addr(vip), SocketAddr::new(IpAddr::V4(fallback_host.v4), BACKEND_PORT));
     }
     let file = fx.scratch().join("cluster.yaml");
-    cluster::write(&file, &cluster(old));
+    objects::write(&file, &cluster(old));
     let mut agent = Agent::start(&AgentOptions {
         extra: vec!["--capacity".into(), format!("topo_slots={SLOTS}")],
         ..AgentOptions::new(&file, "node-a", fx.cgroup.path(), fx.pins.path())
@@ -70,7 +70,7 @@ fn a_full_slots_array_is_shared_out_and_never_keeps_an_old_set() {
 
     // The victim's endpoint moves and its new set finds no free slot: the tenant, holding 15 of
     // 16 slots (over an equal share of 8), gives its set back, and the victim's is written.
-    cluster::write(&file, &cluster(moved));
+    objects::write(&file, &cluster(moved));
     let started = Instant::now();
     loop {
         let batch = fx.place().tcp(addr(VICTIM), 10);

@@ -10,9 +10,9 @@ use std::{
 };
 
 use serde_json::json;
+use topology_kube::objects::{self, EndpointSpec};
 use topology_tests::{
     agent::{Agent, AgentOptions},
-    cluster::{self, EndpointSpec},
     fixture::{BACKEND_PORT, Fixture},
     require_root,
 };
@@ -29,13 +29,13 @@ fn write_port(fx: &Fixture, file: &Path, backends: &[usize], vip: &str, protocol
     let vip: SocketAddr = vip.parse().expect("VIP");
     let endpoints: Vec<EndpointSpec> =
         backends.iter().map(|&i| EndpointSpec::new(IpAddr::V4(fx.backends[i].host.v4), "node-a")).collect();
-    let mut service = cluster::service("default", "dns", vip.ip(), vip.port(), protocols[0], "dns");
-    let mut slice = cluster::slice("default", "dns-1", "dns", "dns", BACKEND_PORT, protocols[0], &endpoints);
+    let mut service = objects::service("default", "dns", vip.ip(), vip.port(), protocols[0], "dns");
+    let mut slice = objects::slice("default", "dns-1", "dns", "dns", BACKEND_PORT, protocols[0], &endpoints);
     let port = |name: &str, port: u16, protocol: &str| json!({"name": name, "port": port, "protocol": protocol});
     service["spec"]["ports"] =
         protocols.iter().map(|p| port(&p.to_lowercase(), vip.port(), p)).collect::<Vec<_>>().into();
     slice["ports"] = protocols.iter().map(|p| port(&p.to_lowercase(), BACKEND_PORT, p)).collect::<Vec<_>>().into();
-    cluster::write(file, &[cluster::node("node-a", "zone-a", None, "4"), service, slice]);
+    objects::write(file, &[objects::node("node-a", "zone-a", None, "4"), service, slice]);
 }
 
 #[test]
@@ -193,16 +193,16 @@ fn write_zoned(fx: &Fixture, file: &Path, near: &[usize], far: &[usize], termina
         .map(|&i| spec(i, "node-b", "zone-b"))
         .chain(near.iter().map(|&i| spec(i, "node-a", "zone-a")))
         .collect();
-    let mut service = cluster::service("default", "dns", vip.ip(), vip.port(), "UDP", "dns");
+    let mut service = objects::service("default", "dns", vip.ip(), vip.port(), "UDP", "dns");
     service["spec"]["trafficDistribution"] = "PreferClose".into();
-    let mut slice = cluster::slice("default", "dns-1", "dns", "dns", BACKEND_PORT, "UDP", &endpoints);
+    let mut slice = objects::slice("default", "dns-1", "dns", "dns", BACKEND_PORT, "UDP", &endpoints);
     if terminating {
         for n in 0..far.len() {
             slice["endpoints"][n]["conditions"] = json!({"ready": false, "serving": true, "terminating": true});
         }
     }
-    let nodes = [cluster::node("node-a", "zone-a", None, "4"), cluster::node("node-b", "zone-b", None, "4")];
-    cluster::write(file, &[nodes[0].clone(), nodes[1].clone(), service, slice]);
+    let nodes = [objects::node("node-a", "zone-a", None, "4"), objects::node("node-b", "zone-b", None, "4")];
+    objects::write(file, &[nodes[0].clone(), nodes[1].clone(), service, slice]);
 }
 
 /// A backend the topology stops choosing still serves its Service: a closer endpoint becoming

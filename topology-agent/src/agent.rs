@@ -13,20 +13,20 @@ use topology_dataplane::{
     mounts::{self, MountError},
 };
 use topology_dns::{DnsConfig, DnsError, DnsPublisher, steer::Steering};
+use topology_kube::{
+    EventSender,
+    events::{KubeEvents, LogOnly, ProblemSink},
+    file::{FileSource, FileSourceError},
+    watch::{KubeSource, KubeSourceError},
+};
 use topology_policy::plan::MeasuredPorts;
 
 use crate::{
     caps::{self, Capability, CapabilityError},
     controller::{Controller, ControllerConfig, ControllerError, Health, PlanClient},
-    events::{KubeEvents, LogOnly, ProblemSink},
     http,
     metrics::Metrics,
     sockets::{TerminateConfig, TerminateSockets, Terminator},
-    source::{
-        EventSender,
-        file::{FileSource, FileSourceError},
-        kube::{KubeSource, KubeSourceError},
-    },
 };
 
 /// Where the cluster comes from.
@@ -227,7 +227,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
             Box::new(LogOnly)
         }
         SourceConfig::Kubernetes { kubeconfig } => {
-            let client = crate::source::kube::client(kubeconfig.as_deref(), crate::source::kube::Role::Run).await?;
+            let client = topology_kube::watch::client(kubeconfig.as_deref(), topology_kube::watch::Role::Run).await?;
             kube_source = Some(KubeSource::start(&client, Some(&config.node), &events, &shutdown));
             let (sink, _task) = KubeEvents::start(client, &config.node);
             Box::new(sink)

@@ -8,7 +8,6 @@ pub mod agent;
 pub mod caps;
 pub mod controller;
 pub mod cost;
-pub mod events;
 pub mod explain;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
@@ -18,5 +17,4 @@ pub mod kernel_version;
 pub mod listen;
 pub mod metrics;
 pub mod sockets;
-pub mod source;
 pub mod status;

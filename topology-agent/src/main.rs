@@ -9,9 +9,10 @@ use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use run_args::{RunArgs, run_config, steer_service};
 use tokio_util::sync::CancellationToken;
-use topology_agent::{agent, explain, listen, source::kube as kube_source, status::StatusReport};
+use topology_agent::{agent, explain, listen, status::StatusReport};
 use topology_dataplane as dataplane;
 use topology_dns::steer::Steering;
+use topology_kube::watch as kube_source;
 use topology_model::{ObjectKey, yaml};
 
 #[derive(Parser)]

@@ -8,7 +8,7 @@
 
 pub mod bounds;
 pub mod census;
-#[cfg(feature = "kubernetes")]
+#[cfg(any(test, feature = "kubernetes"))]
 pub mod convert;
 pub mod demand;
 pub mod labels;
@@ -16,7 +16,7 @@ pub mod objects;
 pub mod prefix;
 pub mod protocol;
 pub mod state;
-#[cfg(feature = "kubernetes")]
+#[cfg(any(test, feature = "kubernetes"))]
 pub mod yaml;
 
 pub use objects::{

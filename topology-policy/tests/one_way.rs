@@ -1,16 +1,16 @@
 //! The pipeline's arrows point one way, and the compiler keeps them so only where crates split it:
 //! watch → model → policy → plan → diff → kernel. Each crate must never depend on what comes
-//! after it: the model on the policy or anything later; the pure middle (this crate) on the
-//! Kubernetes API types, the kernel, the network, an async runtime or the agent — else the
-//! simulator, the policy's benchmarks and its tests would need them, and the nightly toolchain
-//! that builds the programs —, the dataplane on the responder, the agent or a runtime, the
-//! responder on the kernel (it writes its heartbeat through a trait the agent implements), the
-//! agent or the Kubernetes client.
+//! after it: the model on the policy or anything later; the watch on the policy, the kernel or the
+//! agent; the pure middle (this crate) on the Kubernetes API types, the kernel, the network, an
+//! async runtime or the agent — else the simulator, the policy's benchmarks and its tests would
+//! need them, and the nightly toolchain that builds the programs —, the dataplane on the
+//! responder, the agent or a runtime, the responder on the kernel (it writes its heartbeat through
+//! a trait the agent implements), the agent or the Kubernetes client.
 
 use std::process::Command;
 
 /// Each crate, and what it must not reach, even through another dependency.
-const RULES: [(&str, &[&str]); 4] = [
+const RULES: [(&str, &[&str]); 5] = [
     (
         "topology-model",
         &[
@@ -25,6 +25,10 @@ const RULES: [(&str, &[&str]); 4] = [
             "tokio",
             "prometheus-client",
         ],
+    ),
+    (
+        "topology-kube",
+        &["topology-policy", "topology-agent", "topology-dataplane", "topology-dns", "topology-ebpf", "aya"],
     ),
     (
         "topology-policy",

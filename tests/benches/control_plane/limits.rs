@@ -9,9 +9,9 @@ use std::{
     time::{Duration, Instant},
 };
 
+use topology_kube::fake_api::{FakeApi, Resource};
 use topology_tests::{
     agent::{Agent, AgentOptions, Usage},
-    fake_api::{FakeApi, Resource},
     sandbox::{CgroupGuard, PinGuard, unique_id},
     scale::{self, Shape},
 };

@@ -15,17 +15,15 @@ use std::{
 use tokio_util::sync::CancellationToken;
 use topology_agent::{
     controller::{Controller, ControllerConfig, Health},
-    events::LogOnly,
     metrics::Metrics,
-    source::{EventSender, kube::KubeSource},
 };
 use topology_dataplane::{Dataplane, DataplaneConfig};
+use topology_kube::{EventSender, events::LogOnly, fake_api::FakeApi, watch::KubeSource};
 use topology_model::Protocol;
 use topology_policy::desired::ServicePort;
 use topology_tests::{
     agent::Agent,
     dnsperf::HistogramReading,
-    fake_api::FakeApi,
     sandbox::{CgroupGuard, PinGuard, unique_id},
     scale::{self, Shape},
 };

@@ -8,10 +8,11 @@ use std::{
     time::{Duration, Instant},
 };
 
+use topology_kube::objects;
+
 use super::plan::{BACKEND_PORT, BYTES_PORT, DemoConfig, Plan, Removed, SERVICE_PORT};
 use crate::{
     agent::{Agent, AgentOptions},
-    cluster,
     net::{ClientPlace, Host, Network, Server, ServerOptions, agent_binary},
     sandbox::{CgroupGuard, PinGuard, ProcessGuard, run, unique_id},
     traffic::Report,
@@ -71,7 +72,7 @@ impl DemoCluster {
         // The cluster DNS every name outside the demo's Services goes to.
         let coredns = crate::dns::start_upstream(&mut network, false, Some(infra.path()), None);
         let cluster_file = dir.join("cluster.yaml");
-        cluster::write(&cluster_file, &plan.objects(&addresses, coredns.0.v4, Removed::Nothing));
+        objects::write(&cluster_file, &plan.objects(&addresses, coredns.0.v4, Removed::Nothing));
 
         let node_cgroups: Vec<CgroupGuard> =
             plan.nodes.iter().map(|n| CgroupGuard::new(&format!("{id}-{}", n.name))).collect();
@@ -256,7 +257,7 @@ impl super::DemoNodes for DemoCluster {
 
     /// Rewrites `cluster.yaml`, leaving out the backends `removed` names.
     fn set_removed(&self, removed: Removed<'_>) {
-        cluster::write(&self.cluster_file, &self.plan.objects(&self.addresses, self.coredns, removed));
+        objects::write(&self.cluster_file, &self.plan.objects(&self.addresses, self.coredns, removed));
     }
 
     fn removal(&self) -> &'static str {

@@ -12,11 +12,11 @@ use std::{
 };
 
 use serde::Serialize;
+use topology_kube::objects::{self, EndpointSpec};
 
 use super::overload_report::{self, OverloadReport};
 use crate::{
     agent::{Agent, AgentOptions},
-    cluster::{self, EndpointSpec},
     fixture::{BACKEND_PORT, Fixture},
     openloop::{OpenLoopClient, OpenLoopReport, Phase},
     server::Capacity,
@@ -124,25 +124,25 @@ pub fn run(config: &OverloadConfig, out: &Path, progress: &mut dyn FnMut(&str)) 
     let per_service: Vec<Option<Capacity>> = [vec![slow; n], vec![fast; n]].concat();
     let fx = Fixture::with_capacities(&[per_service.clone(), per_service].concat());
     let zone_of = |i: usize| if i % (2 * n) < n { "a" } else { "b" };
-    let nodes = vec![cluster::node("node-a", "a", Some("r1"), "4"), cluster::node("node-b", "b", Some("r1"), "4")];
+    let nodes = vec![objects::node("node-a", "a", Some("r1"), "4"), objects::node("node-b", "b", Some("r1"), "4")];
     let mut objects = nodes;
     for (s, (name, vip)) in [("web-static", STATIC_VIP), ("web-feedback", FEEDBACK_VIP)].into_iter().enumerate() {
         let vip: IpAddr = vip.parse().expect("ClusterIP");
-        let mut service = cluster::service("demo", name, vip, 80, "TCP", "http");
+        let mut service = objects::service("demo", name, vip, 80, "TCP", "http");
         if s == 0 {
             service["spec"]["trafficDistribution"] = "PreferClose".into();
         } else {
-            cluster::annotate(&mut service, "topology-agent.io/spillover", "feedback");
+            objects::annotate(&mut service, "topology-agent.io/spillover", "feedback");
         }
         let endpoints: Vec<EndpointSpec> = (s * 2 * n..(s + 1) * 2 * n)
             .map(|i| EndpointSpec::new(fx.backends[i].addr(false), &format!("node-{}", zone_of(i))))
             .collect();
         objects.push(service);
-        objects.push(cluster::slice("demo", &format!("{name}-1"), name, "http", BACKEND_PORT, "TCP", &endpoints));
+        objects.push(objects::slice("demo", &format!("{name}-1"), name, "http", BACKEND_PORT, "TCP", &endpoints));
     }
     std::fs::create_dir_all(out).expect("demo output directory");
     let file = out.join("overload-cluster.yaml");
-    cluster::write(&file, &objects);
+    objects::write(&file, &objects);
     let mut agent = Agent::start(&AgentOptions::new(&file, "node-a", fx.cgroup.path(), fx.pins.path()));
     agent.wait_ready(Duration::from_secs(15));
     let zone_a: Vec<String> = (0..4 * n).filter(|i| zone_of(*i) == "a").map(|i| fx.backends[i].name.clone()).collect();

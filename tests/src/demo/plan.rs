@@ -4,8 +4,7 @@
 use std::net::{IpAddr, Ipv4Addr};
 
 use serde_json::Value;
-
-use crate::cluster::{self, EndpointSpec};
+use topology_kube::objects::{self, EndpointSpec};
 
 /// Size and shape of the demo cluster.
 #[derive(Clone, Debug)]
@@ -220,13 +219,13 @@ impl Plan {
     /// `removed` names are left out of every slice.
     pub fn objects(&self, addresses: &[Ipv4Addr], coredns: Ipv4Addr, removed: Removed<'_>) -> Vec<Value> {
         let mut objects: Vec<Value> =
-            self.nodes.iter().map(|n| cluster::node(&n.name, &n.zone, Some(&n.region), "4")).collect();
-        let mut kube_dns = cluster::service("kube-system", "kube-dns", IpAddr::V4(KUBE_DNS), 53, "UDP", "dns");
+            self.nodes.iter().map(|n| objects::node(&n.name, &n.zone, Some(&n.region), "4")).collect();
+        let mut kube_dns = objects::service("kube-system", "kube-dns", IpAddr::V4(KUBE_DNS), 53, "UDP", "dns");
         kube_dns["spec"]["ports"] = serde_json::json!([
             {"name": "dns", "port": 53, "protocol": "UDP"}, {"name": "dns-tcp", "port": 53, "protocol": "TCP"}]);
         objects.push(kube_dns);
         let coredns_endpoint = EndpointSpec::new(IpAddr::V4(coredns), &self.nodes[0].name);
-        let mut slice = cluster::slice("kube-system", "kube-dns-1", "kube-dns", "dns", 53, "UDP", &[coredns_endpoint]);
+        let mut slice = objects::slice("kube-system", "kube-dns-1", "kube-dns", "dns", 53, "UDP", &[coredns_endpoint]);
         slice["ports"] = serde_json::json!([
             {"name": "dns", "port": 53, "protocol": "UDP"}, {"name": "dns-tcp", "port": 53, "protocol": "TCP"}]);
         objects.push(slice);
@@ -269,7 +268,7 @@ impl Plan {
                 Transport::Udp => "UDP",
             };
             let mut object =
-                cluster::service("demo", &service.name, IpAddr::V4(service.vip), SERVICE_PORT, protocol, "main");
+                objects::service("demo", &service.name, IpAddr::V4(service.vip), SERVICE_PORT, protocol, "main");
             if service.transport == Transport::Dns {
                 object["spec"]["clusterIP"] = "None".into();
                 object["spec"]["clusterIPs"] = serde_json::json!(["None"]);
@@ -278,19 +277,19 @@ impl Plan {
                 Policy::Default => {}
                 Policy::PreferClose => object["spec"]["trafficDistribution"] = "PreferClose".into(),
                 Policy::PreferSameNode => object["spec"]["trafficDistribution"] = "PreferSameNode".into(),
-                Policy::TopologyKeys => cluster::annotate(
+                Policy::TopologyKeys => objects::annotate(
                     &mut object,
                     "topology-agent.io/topology-keys",
                     "kubernetes.io/hostname,topology.kubernetes.io/zone,*",
                 ),
-                Policy::HardKeys => cluster::annotate(&mut object, "topology-agent.io/topology-keys", HARD_KEY),
+                Policy::HardKeys => objects::annotate(&mut object, "topology-agent.io/topology-keys", HARD_KEY),
                 Policy::Local => object["spec"]["internalTrafficPolicy"] = "Local".into(),
-                Policy::AutoHints => cluster::annotate(&mut object, "service.kubernetes.io/topology-mode", "Auto"),
+                Policy::AutoHints => objects::annotate(&mut object, "service.kubernetes.io/topology-mode", "Auto"),
             }
             objects.push(object);
             let slice_name = format!("{}-1", service.name);
             let endpoints = endpoints(service.policy);
-            objects.push(cluster::slice(
+            objects.push(objects::slice(
                 "demo",
                 &slice_name,
                 &service.name,
@@ -301,13 +300,13 @@ impl Plan {
             ));
         }
         for (name, vip, policy) in BYTES_SERVICES {
-            let mut object = cluster::service("demo", name, IpAddr::V4(vip), BYTES_PORT, "TCP", "bulk");
+            let mut object = objects::service("demo", name, IpAddr::V4(vip), BYTES_PORT, "TCP", "bulk");
             if policy == Policy::PreferClose {
                 object["spec"]["trafficDistribution"] = "PreferClose".into();
             }
             objects.push(object);
             let endpoints = endpoints(policy);
-            objects.push(cluster::slice("demo", &format!("{name}-1"), name, "bulk", BYTES_PORT, "TCP", &endpoints));
+            objects.push(objects::slice("demo", &format!("{name}-1"), name, "bulk", BYTES_PORT, "TCP", &endpoints));
         }
         objects
     }

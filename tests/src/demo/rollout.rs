@@ -22,10 +22,10 @@ use std::{
 
 use serde::Serialize;
 use serde_json::Value;
+use topology_kube::objects::{self, EndpointSpec};
 
 use crate::{
     agent::{Agent, AgentOptions},
-    cluster::{self, EndpointSpec},
     fixture::{BACKEND_PORT, Fixture},
     openloop::{OpenLoopClient, OpenLoopReport, Outcome, Phase},
     traffic::monotonic_ns,
@@ -157,13 +157,13 @@ impl Pods {
     fn objects(&self, fx: &Fixture) -> Vec<Value> {
         let mut objects: Vec<Value> = ZONES
             .iter()
-            .map(|zone| cluster::node(&format!("node-{}", &zone[5..]), zone, Some("region-1"), "4"))
+            .map(|zone| objects::node(&format!("node-{}", &zone[5..]), zone, Some("region-1"), "4"))
             .collect();
         let listed: Vec<usize> = (0..self.states.len()).filter(|i| self.states[*i] != PodState::Absent).collect();
         let hinted = listed.iter().all(|i| self.states[*i] != PodState::NotReady);
         for (mode, vip) in MODES {
             let vip: IpAddr = vip.parse().expect("ClusterIP");
-            let mut service = cluster::service("demo", mode, vip, 80, "TCP", "http");
+            let mut service = objects::service("demo", mode, vip, 80, "TCP", "http");
             service["spec"]["ports"] = serde_json::json!([
                 {"name": "http", "port": 80, "protocol": "TCP"}, {"name": "udp", "port": 80, "protocol": "UDP"}]);
             match mode {
@@ -171,15 +171,15 @@ impl Pods {
                 "prefer-same-zone" => service["spec"]["trafficDistribution"] = "PreferSameZone".into(),
                 "prefer-same-node" => service["spec"]["trafficDistribution"] = "PreferSameNode".into(),
                 "topology-keys" => {
-                    cluster::annotate(
+                    objects::annotate(
                         &mut service,
                         "topology-agent.io/topology-keys",
                         "topology.kubernetes.io/zone, *",
                     );
                 }
-                "spillover" => cluster::annotate(&mut service, "topology-agent.io/spillover", "capacity"),
-                "feedback" => cluster::annotate(&mut service, "topology-agent.io/spillover", "feedback"),
-                "hints" => cluster::annotate(&mut service, "service.kubernetes.io/topology-mode", "Auto"),
+                "spillover" => objects::annotate(&mut service, "topology-agent.io/spillover", "capacity"),
+                "feedback" => objects::annotate(&mut service, "topology-agent.io/spillover", "feedback"),
+                "hints" => objects::annotate(&mut service, "service.kubernetes.io/topology-mode", "Auto"),
                 _ => {}
             }
             let endpoints: Vec<EndpointSpec> = listed
@@ -193,7 +193,7 @@ impl Pods {
                     spec
                 })
                 .collect();
-            let mut slice = cluster::slice("demo", &format!("{mode}-1"), mode, "http", BACKEND_PORT, "TCP", &endpoints);
+            let mut slice = objects::slice("demo", &format!("{mode}-1"), mode, "http", BACKEND_PORT, "TCP", &endpoints);
             slice["ports"] = serde_json::json!([
                 {"name": "http", "port": BACKEND_PORT, "protocol": "TCP"},
                 {"name": "udp", "port": BACKEND_PORT, "protocol": "UDP"}]);
@@ -222,7 +222,7 @@ pub fn run(config: &RolloutConfig, out: &Path, progress: &mut dyn FnMut(&str)) -
     let mut pods = Pods { states: [vec![PodState::Ready; old], vec![PodState::Absent; old]].concat(), per_zone };
     std::fs::create_dir_all(out).expect("demo output directory");
     let file = out.join("rollout-cluster.yaml");
-    let write = |pods: &Pods, fx: &Fixture| cluster::write(&file, &pods.objects(fx));
+    let write = |pods: &Pods, fx: &Fixture| objects::write(&file, &pods.objects(fx));
     write(&pods, &fx);
     let mut options = AgentOptions::new(&file, "node-a", fx.cgroup.path(), fx.pins.path());
     options.extra = vec!["--terminate-sockets".into(), "all".into()];

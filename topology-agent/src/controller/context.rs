@@ -8,15 +8,15 @@ use std::{
 };
 
 use topology_dataplane::{ApplyReport, DataplaneError};
+use topology_kube::{
+    ObjectId,
+    events::{Problem, ProblemSink},
+};
 use topology_model::{Node, ObjectKey};
 use topology_policy::desired::ServicePort;
 
 use super::{Health, Observation};
-use crate::{
-    events::{Problem, ProblemSink},
-    metrics::{MapLabels, Metrics, NodeLabels, ReasonLabels},
-    source::ObjectId,
-};
+use crate::metrics::{MapLabels, Metrics, NodeLabels, ReasonLabels};
 
 /// What a problem of a Service is about: one is published per Service and topic until its
 /// message changes, and forgotten when the topic clears.
@@ -227,25 +227,25 @@ fn failing_summary(failures: &BTreeMap<ServicePort, (ObjectKey, String)>) -> Opt
 
 #[cfg(test)]
 mod tests {
+    use topology_kube::events::LogOnly;
     use topology_model::Protocol;
 
     use super::*;
-    use crate::events::LogOnly;
 
     #[test]
     fn a_services_own_problems_come_from_one_node_its_kernels_from_each() {
-        #[derive(Default)]
-        struct Count(std::sync::Mutex<usize>);
-        impl ProblemSink for Arc<Count> {
+        #[derive(Clone, Default)]
+        struct Count(Arc<std::sync::Mutex<usize>>);
+        impl ProblemSink for Count {
             fn publish(&self, _: &Problem) {
                 *self.0.lock().unwrap() += 1;
             }
         }
         let port = ServicePort { vip: [10, 96, 0, 1].into(), port: 80, protocol: Protocol::Tcp };
         for service in (0..50).map(|n| ObjectKey::new("ns", format!("svc-{n}").as_str())) {
-            let count = Arc::new(Count::default());
+            let count = Count::default();
             for rank in 0..7 {
-                let mut context = Context::new(Arc::default(), Arc::default(), Box::new(Arc::clone(&count)));
+                let mut context = Context::new(Arc::default(), Arc::default(), Box::new(count.clone()));
                 context.set_rank((rank, 7));
                 context.problem(&service, Topic::Policy, "IgnoredConfiguration", "x".into());
                 context.problem(&service, Topic::Kernel(port), "MapFull", "y".into());

@@ -139,14 +139,14 @@ mod tests {
         time::Duration,
     };
 
+    use topology_kube::events::{Problem, ProblemSink};
     use topology_policy::testing::{endpoints, service, with};
 
     use super::*;
-    use crate::events::{Problem, ProblemSink};
 
-    #[derive(Default)]
-    struct Sink(Mutex<Vec<Problem>>);
-    impl ProblemSink for Arc<Sink> {
+    #[derive(Clone, Default)]
+    struct Sink(Arc<Mutex<Vec<Problem>>>);
+    impl ProblemSink for Sink {
         fn publish(&self, problem: &Problem) {
             self.0.lock().unwrap().push(problem.clone());
         }
@@ -168,8 +168,8 @@ mod tests {
         let plan = NodePlan::build(&state, "a1", None).unwrap();
         let web = *plan.desired().services.keys().next().unwrap();
         let elsewhere = ServicePort { port: web.port + 1, ..web };
-        let sink = Arc::new(Sink::default());
-        let mut ctx = Context::new(Arc::default(), Arc::default(), Box::new(Arc::clone(&sink)));
+        let sink = Sink::default();
+        let mut ctx = Context::new(Arc::default(), Arc::default(), Box::new(sink.clone()));
         let mut ejections = Ejections::default();
         let events = || sink.0.lock().unwrap().iter().map(|p| (p.service.to_string(), p.reason)).collect::<Vec<_>>();
         let start = Instant::now();

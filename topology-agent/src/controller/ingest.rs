@@ -6,13 +6,11 @@ use std::{
     time::{Instant, SystemTime},
 };
 
+use topology_kube::{Invalid, Object, ObjectId, SourceEvent};
 use topology_model::{ClusterState, Kind, ObjectKey};
 
 use super::context::{Context, Topic};
-use crate::{
-    metrics::KindLabels,
-    source::{Invalid, Object, ObjectId, SourceEvent},
-};
+use crate::metrics::KindLabels;
 
 /// Identities hashed with foldhash, not SipHash: a list inserts every one, and SipHash was a
 /// tenth of taking a page in.

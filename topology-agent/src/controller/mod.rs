@@ -34,19 +34,14 @@ pub use query::{AskError, PlanClient, PlanQuery};
 use tokio_util::sync::CancellationToken;
 use topology_dataplane::ApplyReport;
 use topology_dns::{DnsPublisher, steer::Steering};
+use topology_kube::{EventReceiver, ObjectId, SourceEvent, events::ProblemSink};
 use topology_model::ObjectKey;
 use topology_policy::{
     desired::ServicePort,
     plan::{MeasuredPorts, NodePlan},
 };
 
-use crate::{
-    events::ProblemSink,
-    explain,
-    metrics::Metrics,
-    sockets::Terminator,
-    source::{EventReceiver, ObjectId, SourceEvent},
-};
+use crate::{explain, metrics::Metrics, sockets::Terminator};
 
 /// How the controller runs.
 #[derive(Clone, Debug)]

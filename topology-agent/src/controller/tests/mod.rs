@@ -8,6 +8,7 @@ use tokio_util::sync::CancellationToken;
 mod initial;
 mod scenarios;
 
+use topology_kube::{EventSender, Invalid, Object, SourceEvent, events::LogOnly};
 use topology_model::{ClusterState, EndpointSlice, Kind, ObjectError, Protocol, Service};
 use topology_policy::{
     desired::ServicePort,
@@ -15,10 +16,6 @@ use topology_policy::{
 };
 
 use super::{recording::MemoryKernel, *};
-use crate::{
-    events::LogOnly,
-    source::{EventSender, Invalid, Object, SourceEvent},
-};
 
 type Recording = recording::Record;
 

@@ -12,11 +12,11 @@ use kube::api::{
 use serde_json::{Value, json};
 
 use super::{FakeApi, Resource};
-use crate::cluster;
+use crate::objects;
 
 fn service(n: u32) -> Value {
     let ip = IpAddr::V4(Ipv4Addr::from(0x0a60_0000 + n));
-    cluster::service("fidelity", &format!("svc-{n}"), ip, 80, "TCP", "http")
+    objects::service("fidelity", &format!("svc-{n}"), ip, 80, "TCP", "http")
 }
 
 fn services(api: &FakeApi) -> Api<DynamicObject> {

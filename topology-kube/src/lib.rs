@@ -1,12 +1,24 @@
-//! Sources of cluster objects: a YAML file, or Kubernetes watches. They never compute; they turn
-//! what they see into [`SourceEvent`]s for the controller, stamped with when they were seen.
+//! topology-kube: the watch stage. Sources of cluster objects — Kubernetes watches
+//! ([`watch::KubeSource`]: a reflector per kind, lists taken page by page, the census of Nodes) or
+//! a YAML file ([`file`]) — turn what they see into [`SourceEvent`]s for the control loop, stamped
+//! with when they were seen. They never compute. [`events`] publishes the agent's Kubernetes
+//! Events.
+//!
+//! The data flows one way: **watch** → cluster state → policy → node plan → diff → kernel.
+//! With the feature `testing`, [`fake_api`] is an in-process API server for the faults the real one
+//! cannot be driven into, and [`objects`] writes the objects of test clusters.
 
 mod census;
+pub mod events;
+#[cfg(any(test, feature = "testing"))]
+pub mod fake_api;
 pub mod file;
-pub mod kube;
 mod nodes;
+#[cfg(any(test, feature = "testing"))]
+pub mod objects;
 mod pages;
 pub mod reflector;
+pub mod watch;
 
 use std::{fmt, sync::mpsc, time::Instant};
 

@@ -143,7 +143,7 @@ impl FakeApi {
     /// A kube client for this server, configured as the agent configures its own.
     pub fn client(&self) -> kube::Client {
         let config = kube::Config::new(self.url().parse().expect("URL"));
-        topology_agent::source::kube::client_for(config).expect("kube client")
+        crate::watch::client_for(config).expect("kube client")
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut Store) -> T) -> T {

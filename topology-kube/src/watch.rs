@@ -87,8 +87,8 @@ pub async fn client(kubeconfig: Option<&Path>, role: Role) -> Result<Client, Kub
     };
     let mut config = config;
     // Always ASCII (a version, an OS and an architecture name).
-    if let Ok(agent) = hyper::http::HeaderValue::from_str(&user_agent(role)) {
-        config.headers.push((hyper::http::header::USER_AGENT, agent));
+    if let Ok(agent) = http::HeaderValue::from_str(&user_agent(role)) {
+        config.headers.push((http::header::USER_AGENT, agent));
     }
     client_for(config)
 }

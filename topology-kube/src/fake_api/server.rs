@@ -242,7 +242,7 @@ mod tests {
     use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 
     use super::*;
-    use crate::{cluster, fake_api::FakeApi};
+    use crate::{fake_api::FakeApi, objects};
 
     #[test]
     fn percent_decoding_reads_what_clients_encode() {
@@ -256,7 +256,7 @@ mod tests {
         let api = FakeApi::start().await;
         for n in 0..1_203u32 {
             let ip = IpAddr::V4(Ipv4Addr::from(0x0a60_0000 + n));
-            api.apply(cluster::service("paged", &format!("svc-{n:04}"), ip, 80, "TCP", "http"));
+            api.apply(objects::service("paged", &format!("svc-{n:04}"), ip, 80, "TCP", "http"));
         }
         let resource = ApiResource::from_gvk(&GroupVersionKind::gvk("", "v1", "Service"));
         let services: Api<DynamicObject> = Api::all_with(api.client(), &resource);
