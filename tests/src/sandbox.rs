@@ -14,7 +14,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use topology_dataplane as dataplane;
 use topology_dataplane::mounts;
 
 /// Prefix of every test-made object's name; followed by the pid, `x` and a sequence number.
@@ -150,7 +149,7 @@ impl PinGuard {
 
 impl Drop for PinGuard {
     fn drop(&mut self) {
-        if let Err(error) = dataplane::cleanup(&self.path) {
+        if let Err(error) = topology_dataplane::cleanup(&self.path) {
             eprintln!("cleaning up {}: {error}", self.path.display());
         }
     }
@@ -295,7 +294,7 @@ pub fn sweep_stale() -> usize {
     if let Ok(entries) = fs::read_dir(pins) {
         for entry in entries.flatten() {
             if dead(&entry.file_name().to_string_lossy()) {
-                let _ = dataplane::cleanup(&entry.path());
+                let _ = topology_dataplane::cleanup(&entry.path());
                 removed += 1;
             }
         }

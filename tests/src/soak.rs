@@ -20,7 +20,6 @@ use std::{
 };
 
 use serde_json::Value;
-use topology_dataplane as dataplane;
 use topology_kube::objects::{self, EndpointSpec};
 
 use crate::{
@@ -149,7 +148,7 @@ pub fn run(fx: &Fixture, kills: usize, seed: u64) -> SoakReport {
         agent.signal(libc::SIGKILL);
         agent.wait_exit(Duration::from_secs(10));
         report.kills += 1;
-        if let Err(problem) = dataplane::verify_pins(fx.pins.path()) {
+        if let Err(problem) = topology_dataplane::verify_pins(fx.pins.path()) {
             report.inconsistent.push(format!("after kill {}: {problem}", report.kills));
         }
         let restarted = Instant::now();
@@ -162,7 +161,7 @@ pub fn run(fx: &Fixture, kills: usize, seed: u64) -> SoakReport {
     stop.store(true, Ordering::Relaxed);
     let _ = editor.join();
     std::thread::sleep(Duration::from_millis(500));
-    if let Err(problem) = dataplane::verify_pins(fx.pins.path()) {
+    if let Err(problem) = topology_dataplane::verify_pins(fx.pins.path()) {
         report.inconsistent.push(format!("at the end: {problem}"));
     }
     let versions = versions.lock().expect("versions").clone();

@@ -12,14 +12,14 @@ use topology_dataplane::{
     Dataplane, DataplaneConfig, DataplaneError, DnsBeat, LoadOptions,
     mounts::{self, MountError},
 };
-use topology_dns::{DnsConfig, DnsError, DnsPublisher, steer::Steering};
+use topology_dns::{DnsConfig, DnsError, DnsPublisher};
 use topology_kube::{
     EventSender,
     events::{KubeEvents, LogOnly, ProblemSink},
     file::{FileSource, FileSourceError},
     watch::{KubeSource, KubeSourceError},
 };
-use topology_policy::plan::MeasuredPorts;
+use topology_policy::plan::{MeasuredPorts, steering::Steering};
 
 use crate::{
     caps::{self, Capability, CapabilityError},

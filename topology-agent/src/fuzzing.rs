@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use topology_common::{IndexEntry4, ServiceKey4, ServiceValue, Slot};
-use topology_dataplane::{fuzzing as dataplane, mounts};
+use topology_dataplane::mounts;
 use topology_model::{Node, ObjectKey, Service, TopologyKeysSource, TopologyKeysSpec, convert, yaml};
 use topology_policy::policy;
 
@@ -33,7 +33,7 @@ pub fn cluster_file(data: &[u8]) {
     let nodes: Vec<String> = state.nodes().take(3).map(|n| n.name.clone()).collect();
     for node in nodes {
         let _ = policy::compute(&state, &node);
-        let _ = crate::explain::explain(&state, &node, None, None).map(|report| report.table());
+        let _ = topology_policy::explain::explain(&state, &node, None, None).map(|report| report.table());
     }
 }
 
@@ -105,12 +105,12 @@ pub fn adopt(data: &[u8]) {
             services.insert(ServiceKey4 { _pad: 0, ..entry.key }, entry.value);
         }
     }
-    dataplane::adopt_index(positions, held, &services);
+    topology_dataplane::fuzzing::adopt_index(positions, held, &services);
     let runs: Vec<(u32, u32)> = data.chunks_exact(8).map(|c| (read_u32(&c[..4]), read_u32(&c[4..]))).collect();
     let capacity = read_u32(data.get(..4).unwrap_or(&[0, 1, 0, 0])).clamp(1, 1 << 16);
-    dataplane::adopt_slots(capacity, &runs);
+    topology_dataplane::fuzzing::adopt_slots(capacity, &runs);
     let ids: Vec<u32> = runs.iter().map(|(a, _)| *a).collect();
-    dataplane::adopt_ids(&ids, capacity);
+    topology_dataplane::fuzzing::adopt_ids(&ids, capacity);
     // A service entry and a slot array, both arbitrary.
     if data.len() >= 16 {
         // SAFETY: 16 bytes of any pattern make a ServiceValue (plain integers).
@@ -122,14 +122,14 @@ pub fn adopt(data: &[u8]) {
                 unsafe { std::ptr::read_unaligned(chunk.as_ptr().cast::<Slot>()) }
             })
             .collect();
-        dataplane::read_set(&value, &slots);
+        topology_dataplane::fuzzing::read_set(&value, &slots);
     }
 }
 
 /// A sequence of desired states applied by the writer to in-memory maps, with failing writes
-/// and refused grace periods: see `dataplane::fuzzing::apply`.
+/// and refused grace periods: see `topology_dataplane::fuzzing::apply`.
 pub fn apply(data: &[u8]) {
-    dataplane::apply(data);
+    topology_dataplane::fuzzing::apply(data);
 }
 
 /// A sock_diag answer's attributes.

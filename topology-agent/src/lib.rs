@@ -8,7 +8,6 @@ pub mod agent;
 pub mod caps;
 pub mod controller;
 pub mod cost;
-pub mod explain;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 pub mod heap;

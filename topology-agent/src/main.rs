@@ -9,11 +9,10 @@ use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use run_args::{RunArgs, run_config, steer_service};
 use tokio_util::sync::CancellationToken;
-use topology_agent::{agent, explain, listen, status::StatusReport};
-use topology_dataplane as dataplane;
-use topology_dns::steer::Steering;
+use topology_agent::{agent, listen, status::StatusReport};
 use topology_kube::watch as kube_source;
 use topology_model::{ObjectKey, yaml};
+use topology_policy::{explain, plan::steering::Steering};
 
 #[derive(Parser)]
 #[command(version, about = "Topology-aware service routing in cgroup socket hooks")]
@@ -59,7 +58,7 @@ enum Command {
     /// Print what the kernel holds now, service by service, from the pinned maps.
     Status {
         /// Pin directory of the agent.
-        #[arg(long, default_value = dataplane::DEFAULT_PIN_PATH)]
+        #[arg(long, default_value = topology_dataplane::DEFAULT_PIN_PATH)]
         pin_path: PathBuf,
         /// Output format.
         #[arg(long, value_enum, default_value_t = Output::Table)]
@@ -93,7 +92,7 @@ enum Command {
     /// longer rewritten afterwards.
     Cleanup {
         /// Pin directory of the agent.
-        #[arg(long, default_value = dataplane::DEFAULT_PIN_PATH)]
+        #[arg(long, default_value = topology_dataplane::DEFAULT_PIN_PATH)]
         pin_path: PathBuf,
         /// Afterwards, wait for SIGTERM (the uninstall DaemonSet's pods stay up once done).
         #[arg(long)]
@@ -189,12 +188,12 @@ fn main() -> anyhow::Result<()> {
             }
         }
         Command::Status { pin_path, verify: true, .. } => {
-            let check = dataplane::verify_pins(&pin_path)
+            let check = topology_dataplane::verify_pins(&pin_path)
                 .with_context(|| format!("checking the pinned state under {}", pin_path.display()))?;
             println!("consistent: {} service ports, {} live slots", check.services, check.live_slots);
         }
         Command::Status { pin_path, output, .. } => {
-            let snapshot = dataplane::read_pins(&pin_path)
+            let snapshot = topology_dataplane::read_pins(&pin_path)
                 .with_context(|| format!("reading the pinned state under {}", pin_path.display()))?;
             let report = StatusReport::new(&pin_path, &snapshot);
             match output {
@@ -276,7 +275,6 @@ async fn cancel_on_signal(shutdown: CancellationToken) {
 
 #[cfg(test)]
 mod tests {
-    use topology_dns as dns;
 
     use super::*;
     use crate::run_args::parse_upstream;
@@ -301,9 +299,9 @@ mod tests {
         assert_eq!(steer_service("kube-system/kube-dns").unwrap(), Some(ObjectKey::new("kube-system", "kube-dns")));
         let error = steer_service("kube-dns").unwrap_err().to_string();
         assert_eq!(error, "--dns-steer: \"kube-dns\" is not NAMESPACE/NAME");
-        let domain = dns::parse_domain("cluster..local").unwrap_err().to_string();
+        let domain = topology_dns::parse_domain("cluster..local").unwrap_err().to_string();
         assert!(domain.starts_with("--cluster-domain \"cluster..local\": "), "{domain}");
-        assert_eq!(dns::parse_domain("Cluster.Local.").unwrap().to_ascii(), "cluster.local.");
-        assert!(dns::parse_domain("").is_err());
+        assert_eq!(topology_dns::parse_domain("Cluster.Local.").unwrap().to_ascii(), "cluster.local.");
+        assert!(topology_dns::parse_domain("").is_err());
     }
 }

@@ -3,11 +3,11 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail};
-use topology_dataplane as dataplane;
 
 /// Detaches every program and removes every pin under `pin_path`, saying what went.
 pub fn clean(pin_path: &Path) -> anyhow::Result<()> {
-    let report = dataplane::cleanup(pin_path).with_context(|| format!("cleaning up {}", pin_path.display()))?;
+    let report =
+        topology_dataplane::cleanup(pin_path).with_context(|| format!("cleaning up {}", pin_path.display()))?;
     println!(
         "detached {} programs, removed {} map pins under {}",
         report.links.len(),
@@ -28,7 +28,7 @@ pub fn check(pin_path: &Path, cgroup: Option<PathBuf>) -> anyhow::Result<()> {
         Some(cgroup) => cgroup,
         None => topology_dataplane::mounts::cgroup2_root()?,
     };
-    let attached = dataplane::attached_programs(&cgroup)
+    let attached = topology_dataplane::attached_programs(&cgroup)
         .with_context(|| format!("listing the programs attached to {}", cgroup.display()))?;
     if !attached.ours.is_empty() {
         bail!(

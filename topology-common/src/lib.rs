@@ -19,6 +19,7 @@ pub mod bytes;
 pub mod control;
 pub mod index;
 pub mod load;
+pub mod map_names;
 pub mod outlier;
 pub mod socket;
 pub use bytes::{ByteCount, DatagramBytes, SockBytes};
@@ -41,113 +42,6 @@ pub const IPPROTO_TCP: u8 = 6;
 pub const IPPROTO_UDP: u8 = 17;
 /// IP protocol number of SCTP.
 pub const IPPROTO_SCTP: u8 = 132;
-
-/// Map names: the ELF symbol, the kernel object name and the pin file name are all this string.
-pub mod map_names {
-    /// IPv4 services: [`ServiceKey4`](crate::ServiceKey4) -> [`ServiceValue`](crate::ServiceValue).
-    pub const SERVICES_V4: &str = "topo_svc4";
-    /// IPv6 services: [`ServiceKey6`](crate::ServiceKey6) -> [`ServiceValue`](crate::ServiceValue).
-    pub const SERVICES_V6: &str = "topo_svc6";
-    /// Backend slots of every live set, one contiguous run per set: index -> [`Slot`](crate::Slot).
-    pub const SLOTS: &str = "topo_slots";
-    /// Per-CPU counters by service id, in chunks of [`COUNTER_CHUNK`](crate::COUNTER_CHUNK) ids:
-    /// an array of maps whose entry `id / COUNTER_CHUNK` is a per-CPU array of
-    /// [`ServiceCounters`](crate::ServiceCounters) indexed by `id % COUNTER_CHUNK`.
-    pub const COUNTERS: &str = "topo_counters";
-    /// Kernel object name of every chunk of [`COUNTERS`]; chunk `n` is pinned as
-    /// `topo_cnt_chunk_<n>`, so readers open it without looking a map up by id.
-    pub const COUNTER_CHUNK: &str = "topo_cnt_chunk";
-    /// Human-readable name by service id: `u32` -> [`ServiceMeta`](crate::ServiceMeta).
-    pub const SERVICE_META: &str = "topo_svc_meta";
-    /// Options by service id: `u32` -> [`ServiceOptions`](crate::ServiceOptions).
-    pub const SERVICE_OPTIONS: &str = "topo_svc_opts";
-    /// IPv4 service index (see [`index`](crate::index)): position -> [`IndexEntry4`](crate::IndexEntry4).
-    pub const INDEX_V4: &str = "topo_svc4_idx";
-    /// IPv6 service index: position -> [`IndexEntry6`](crate::IndexEntry6).
-    pub const INDEX_V6: &str = "topo_svc6_idx";
-    /// Translation of each connected socket rewritten (socket storage):
-    /// [`SockTranslation`](crate::SockTranslation).
-    pub const SOCK_CONNECTIONS: &str = "topo_sock_conn";
-    /// Translation of each rewritten TCP connection the load signal does not measure, in a
-    /// direct-mapped array by socket cookie: position `cookie & mask` ->
-    /// [`TcpTranslation`](crate::TcpTranslation). An array store costs a connect a fraction of a
-    /// socket storage allocation or a hash insert, which only measured connections and UDP sockets
-    /// (whose every datagram's source is translated) pay.
-    pub const TCP_CONNECTIONS: &str = "topo_tcp_conn";
-    /// Services and backends of each unconnected UDP socket that sent to one (socket storage):
-    /// [`DatagramPeers`](crate::DatagramPeers).
-    pub const SOCK_DATAGRAMS: &str = "topo_sock_dgram";
-    /// `sessionAffinity: ClientIP`: [`ClientAffinityKey`](crate::ClientAffinityKey) ->
-    /// [`ClientAffinityValue`](crate::ClientAffinityValue) (LRU).
-    pub const CLIENT_AFFINITY: &str = "topo_client_aff";
-    /// The agent's heartbeat, one [`Heartbeat`](crate::Heartbeat).
-    pub const HEARTBEAT: &str = "topo_heartbeat";
-    /// Per-CPU [`NodeCounters`](crate::NodeCounters), one entry.
-    pub const NODE_COUNTERS: &str = "topo_node_cnt";
-    /// The node-local DNS responder's own heartbeat, one [`DnsSteer`](crate::DnsSteer): service
-    /// ports steered to it (`service_flags::LOCAL_DNS`) are rewritten only while it is fresh, and
-    /// only to the responder it names.
-    pub const DNS_STEER: &str = "topo_dns_steer";
-    /// What the load signal measured per backend: [`BackendKey`](crate::BackendKey) ->
-    /// [`BackendLoad`](crate::BackendLoad).
-    pub const BACKEND_LOAD: &str = "topo_backend_load";
-    /// Failures and ejections per Service port and backend (passive outlier ejection,
-    /// [`crate::outlier`]): [`OutlierKey`](crate::OutlierKey) -> [`OutlierEntry`](crate::OutlierEntry); LRU.
-    pub const OUTLIERS: &str = "topo_outlier";
-    /// The ejections in force per Service port, the cap's ledger: service id ->
-    /// [`OutlierLedger`](crate::OutlierLedger).
-    pub const OUTLIER_LEDGERS: &str = "topo_outlier_cap";
-    /// Whether any backend is failing or ejected, and the buckets of those that may be: one
-    /// [`OutlierState`](crate::OutlierState).
-    pub const OUTLIER_STATE: &str = "topo_outlier_st";
-    /// Bytes of the TCP connections the connect hooks rewrote, per Service port and backend
-    /// ([`crate::bytes`]): [`SockTranslation`](crate::SockTranslation) (flags cleared) ->
-    /// [`ByteCount`](crate::ByteCount), added to atomically; LRU (the agent's counters survive an
-    /// entry forgotten).
-    pub const BYTES: &str = "topo_bytes";
-    /// What has been counted of each open connection a sweep found (socket storage):
-    /// [`SockBytes`](crate::SockBytes).
-    pub const SOCK_BYTES: &str = "topo_sock_bytes";
-    /// Where the service ports are, one [`ServiceRanges`](crate::ServiceRanges): destinations
-    /// outside are passed without a lookup.
-    pub const SERVICE_RANGES: &str = "topo_svc_range";
-    /// Every map the agent pins and keeps across restarts, in a stable order.
-    pub const PINNED: [&str; 22] = [
-        SERVICES_V4,
-        SERVICES_V6,
-        SLOTS,
-        COUNTERS,
-        SERVICE_META,
-        SERVICE_OPTIONS,
-        INDEX_V4,
-        INDEX_V6,
-        SOCK_CONNECTIONS,
-        TCP_CONNECTIONS,
-        SOCK_DATAGRAMS,
-        CLIENT_AFFINITY,
-        HEARTBEAT,
-        NODE_COUNTERS,
-        DNS_STEER,
-        BACKEND_LOAD,
-        OUTLIERS,
-        OUTLIER_LEDGERS,
-        OUTLIER_STATE,
-        BYTES,
-        SOCK_BYTES,
-        SERVICE_RANGES,
-    ];
-
-    /// State of the programs' random number generator; not pinned (a new state per load is as
-    /// good as the old one).
-    pub const RNG: &str = "topo_rng";
-    /// The connect hooks' per-CPU count of ejected slots in a set (`outlier::OutlierScan`); not
-    /// pinned: scratch space, meaningless between two runs.
-    pub const OUTLIER_SCAN: &str = "topo_outlier_scan";
-
-    /// The datagram an unconnected UDP socket's hook just translated, per CPU, for the tracepoint
-    /// that counts its bytes ([`DatagramBytes`](crate::DatagramBytes)); not pinned: scratch space.
-    pub const UDP_LAST: &str = "topo_udp_last";
-}
 
 /// Program names (ELF symbols); each is attached at the cgroup hook of the same name.
 pub mod program_names {

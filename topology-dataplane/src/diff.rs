@@ -5,9 +5,12 @@
 use std::collections::HashSet;
 
 use topology_common::{Backend, Slot, THRESHOLD_ONE};
-use topology_policy::desired::{DesiredService, PortOptions, ServicePort};
+use topology_policy::{
+    desired::{DesiredService, PortOptions, ServicePort},
+    plan::alias,
+};
 
-use super::{alias, error::DataplaneError, state::KernelState};
+use super::{error::DataplaneError, state::KernelState};
 
 /// One change to one service port.
 #[derive(Debug, PartialEq)]

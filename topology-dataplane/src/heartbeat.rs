@@ -157,7 +157,7 @@ mod tests {
         assert_eq!(v4.addr, [10, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
         let v6 = steer_record("[fd00::5]:5353".parse().unwrap(), 9);
         assert_eq!((v6.addr, v6.port), ("fd00::5".parse::<std::net::Ipv6Addr>().unwrap().octets(), 5353));
-        let backend = crate::alias::build(&[topology_policy::desired::WeightedBackend {
+        let backend = topology_policy::plan::alias::build(&[topology_policy::desired::WeightedBackend {
             addr: "10.0.0.5".parse().unwrap(),
             port: 53,
             weight: 1,

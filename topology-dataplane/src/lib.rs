@@ -10,7 +10,6 @@
 //! and nothing flows back up but reports. `build.rs` builds the kernel programs
 //! (`topology-ebpf`) with the nightly toolchain and embeds them.
 
-pub mod alias;
 mod backend_load;
 mod batch;
 mod btf_offsets;

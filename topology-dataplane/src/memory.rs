@@ -17,10 +17,13 @@ use topology_common::{
     ServiceValue, Slot, THRESHOLD_ONE, index::USED, map_names,
 };
 use topology_model::Family;
-use topology_policy::desired::{DesiredService, DesiredState, PortOptions, ServicePort};
+use topology_policy::{
+    desired::{DesiredService, DesiredState, PortOptions, ServicePort},
+    plan::alias,
+};
 
 use super::{
-    ApplyReport, alias,
+    ApplyReport,
     error::DataplaneError,
     grace::Grace,
     index::{self, positions_for},

@@ -3,7 +3,7 @@
 
 use std::{collections::HashMap, path::Path};
 
-use topology_common::map_names;
+use topology_common::map_names::{self, Kept, MapSpec};
 
 use super::{
     error::{DataplaneError, MapLayout},
@@ -32,16 +32,15 @@ pub fn prepare_dirs(layout: &PinLayout) -> Result<(), DataplaneError> {
 
 /// Removes the pins a load must not reuse, and checks the others match these programs.
 ///
-/// The service index is derived from the service
-/// maps and rebuilt at adoption, so an index pinned with another layout, size or without
-/// `BPF_F_MMAPABLE` is removed and created anew, as are the load signal's measurements and the
-/// TCP connections' translations (see [`rebuilt`]). Any other map pinned with another layout or
-/// capacity is refused: its state cannot be carried over.
+/// A map declared [`Kept::Rebuilt`] (the service index, derived from the service maps at
+/// adoption; what is only measured) pinned with another layout or capacity — or, for the index,
+/// without `BPF_F_MMAPABLE` — is removed and created anew. Any other map pinned with another
+/// layout or capacity is refused: its state cannot be carried over.
 pub fn prepare(layout: &PinLayout, capacities: &Capacities) -> Result<(), DataplaneError> {
     let object = aya_obj::Object::parse(PROGRAMS)
         .map_err(|error| DataplaneError::Object { object: "topology", reason: error.to_string() })?;
     let configured: HashMap<&str, u32> = capacities.by_map().into_iter().collect();
-    for name in map_names::PINNED {
+    for MapSpec { name, kept } in map_names::MAPS.into_iter().filter(MapSpec::pinned) {
         let path = layout.map(name);
         let Some(info) = pinned_info(&path, name)? else { continue };
         let declared = object
@@ -59,7 +58,7 @@ pub fn prepare(layout: &PinLayout, capacities: &Capacities) -> Result<(), Datapl
             value_size: declared.value_size(),
         };
         let capacity = configured.get(name).copied().unwrap_or_else(|| declared.max_entries());
-        if let Some(what) = rebuilt(name) {
+        if let Kept::Rebuilt(what) = kept {
             let index = name == map_names::INDEX_V4 || name == map_names::INDEX_V6;
             let mappable = !index || info.map_flags() & BPF_F_MMAPABLE != 0;
             if pinned != expected || info.max_entries() != capacity || !mappable {
@@ -82,23 +81,6 @@ pub fn prepare(layout: &PinLayout, capacities: &Capacities) -> Result<(), Datapl
     Ok(())
 }
 
-/// What a map holds, if it may be created anew when its pin does not match: the service index
-/// and ranges (derived from the service maps at adoption), the load signal's measurements (a socket counted
-/// in the old map adds nothing to the new one, see `BackendLoad::created_ns`), and the TCP
-/// connections' translations (a connection open across the change shows its backend to
-/// `getpeername()`). Every other map's state cannot be carried over, so its mismatch is refused.
-fn rebuilt(name: &str) -> Option<&'static str> {
-    match name {
-        map_names::INDEX_V4 | map_names::INDEX_V6 => Some("the service index"),
-        map_names::SERVICE_RANGES => Some("the service ranges"),
-        map_names::BACKEND_LOAD => Some("the load signal's measurements"),
-        map_names::TCP_CONNECTIONS => Some("the TCP connections' translations"),
-        map_names::OUTLIERS | map_names::OUTLIER_LEDGERS | map_names::OUTLIER_STATE => Some("the outlier ejections"),
-        map_names::BYTES => Some("the bytes counted since the agent last read them"),
-        _ => None,
-    }
-}
-
 /// Removes the pin at `path`, if any.
 fn remove(path: &Path) -> Result<(), DataplaneError> {
     match std::fs::remove_file(path) {
@@ -116,18 +98,16 @@ mod tests {
     use crate::objects::PROGRAMS_ACQUIRE;
 
     /// The eBPF crate must spell map names as literals (`#[btf_map(name = …)]`); this holds them
-    /// to `topology_common::map_names`, in both builds of the object.
+    /// to the one table of maps, `topology_common::map_names::MAPS`, in both builds of the object.
     #[test]
-    fn the_objects_declare_exactly_the_maps_topology_common_names() {
-        let mut expected: BTreeSet<&str> = map_names::PINNED.into_iter().collect();
-        expected.insert(map_names::RNG);
-        expected.insert(map_names::OUTLIER_SCAN);
-        expected.insert(map_names::UDP_LAST);
+    fn the_objects_declare_exactly_the_maps_of_the_table() {
+        let expected: BTreeSet<&str> = map_names::MAPS.iter().map(|spec| spec.name).collect();
+        assert_eq!(expected.len(), map_names::MAPS.len(), "a name declared twice");
         for (object, bytes) in [("topology", PROGRAMS), ("topology-acquire", PROGRAMS_ACQUIRE)] {
             let parsed = aya_obj::Object::parse(bytes).unwrap_or_else(|error| panic!("{object}: {error}"));
             let declared: BTreeSet<&str> =
                 parsed.maps.keys().map(String::as_str).filter(|name| name.starts_with("topo_")).collect();
-            assert_eq!(declared, expected, "{object}: map names differ from topology_common::map_names");
+            assert_eq!(declared, expected, "{object}: map names differ from topology_common::map_names::MAPS");
             for name in parsed.maps.keys().filter(|name| !name.starts_with("topo_")) {
                 assert!(
                     name.starts_with('.') || name.starts_with("AYA_"),

@@ -5,10 +5,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use aya::maps::IterableMap as _;
 use topology_common::{ServiceCounters, ServiceMeta, ServiceOptions, ServiceValue, Slot, map_names};
-use topology_policy::desired::{PortOptions, ServicePort, WeightedBackend};
+use topology_policy::{
+    desired::{PortOptions, ServicePort, WeightedBackend},
+    plan::alias,
+};
 
 use super::{
-    alias,
     error::DataplaneError,
     maps::{CounterMaps, MapSet},
     ops::ServiceKey,

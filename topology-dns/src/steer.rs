@@ -52,8 +52,6 @@ const STABLE: Duration = Duration::from_secs(60);
 /// retried on a socket connected to the responder) is answered, not dropped.
 pub const DRAIN: Duration = Duration::from_millis(super::upstream::UPSTREAM_TIMEOUT.as_millis() as u64 + 500);
 
-pub use topology_policy::plan::steering::Steering;
-
 /// The steering heartbeat the programs read (`map_names::DNS_STEER`). The agent writes it
 /// through the dataplane's descriptor; the prober needs nothing else of the kernel.
 pub trait Heartbeat: Send + 'static {

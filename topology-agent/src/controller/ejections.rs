@@ -14,10 +14,9 @@ use std::{
 use topology_common::{OutlierEntry, outlier::EjectionSettings};
 use topology_dataplane::Outlier;
 use topology_model::ObjectKey;
-use topology_policy::{desired::ServicePort, plan::NodePlan};
+use topology_policy::{desired::ServicePort, explain::ExplainReport, plan::NodePlan};
 
 use super::context::{Context, Topic};
-use crate::explain::ExplainReport;
 
 /// How often the loop reads the ejections: an ejection lasts 1 s at the least.
 pub(super) const INTERVAL: Duration = Duration::from_secs(2);
@@ -101,7 +100,7 @@ impl Ejections {
                 }
                 for shown in &mut entry.backends {
                     if shown.port == backend.port() && shown.address.parse() == Ok(backend.ip()) {
-                        shown.ejected = Some(crate::explain::Ejected {
+                        shown.ejected = Some(topology_policy::explain::Ejected {
                             for_seconds: outlier.ejected_for.as_secs_f64(),
                             ejection: outlier.ejections,
                         });
@@ -191,7 +190,7 @@ mod tests {
                 && message.contains("settings failures=5,base=10s"),
             "{message}"
         );
-        let mut report = crate::explain::report(&state, state.node("a1").unwrap(), &plan, None);
+        let mut report = topology_policy::explain::report(&state, state.node("a1").unwrap(), &plan, None);
         ejections.mark(&mut report);
         let marked: Vec<_> = report.services[0]
             .backends

@@ -33,15 +33,16 @@ pub use program::{Observation, Programmer};
 pub use query::{AskError, PlanClient, PlanQuery};
 use tokio_util::sync::CancellationToken;
 use topology_dataplane::ApplyReport;
-use topology_dns::{DnsPublisher, steer::Steering};
+use topology_dns::DnsPublisher;
 use topology_kube::{EventReceiver, ObjectId, SourceEvent, events::ProblemSink};
 use topology_model::ObjectKey;
 use topology_policy::{
     desired::ServicePort,
-    plan::{MeasuredPorts, NodePlan},
+    explain,
+    plan::{MeasuredPorts, NodePlan, steering::Steering},
 };
 
-use crate::{explain, metrics::Metrics, sockets::Terminator};
+use crate::{metrics::Metrics, sockets::Terminator};
 
 /// How the controller runs.
 #[derive(Clone, Debug)]

@@ -8,8 +8,7 @@ use std::{
 
 use tokio::sync::oneshot;
 use topology_model::ObjectKey;
-
-use crate::explain::ExplainReport;
+use topology_policy::explain::ExplainReport;
 
 /// One question: the plan, whole or for one Service.
 pub struct PlanQuery {

@@ -7,6 +7,7 @@
 //! controller updates it one Service at a time; `explain` builds it whole. A headless Service has
 //! no kernel entry: its topology is this node's DNS answer, planned here too ([`headless`]).
 
+pub mod alias;
 pub mod headless;
 pub mod ownership;
 mod serving;

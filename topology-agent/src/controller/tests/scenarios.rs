@@ -18,8 +18,9 @@ use topology_dataplane::{
     Capacities,
     memory::{assert_programmed, golden},
 };
-use topology_dns::{DnsPublisher, DnsView, steer::Steering};
+use topology_dns::{DnsPublisher, DnsView};
 use topology_model::yaml;
+use topology_policy::plan::steering::Steering;
 
 use super::*;
 

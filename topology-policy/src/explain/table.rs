@@ -2,9 +2,8 @@
 
 use std::fmt::Write as _;
 
-use topology_policy::policy::{feedback::FeedbackReport, spillover::SpilloverReport};
-
 use super::{Answer, ExplainReport, Family, HeadlessEntry};
+use crate::policy::{feedback::FeedbackReport, spillover::SpilloverReport};
 
 impl ExplainReport {
     /// Human-readable table.

@@ -3,7 +3,8 @@
 
 use serde::Serialize;
 use topology_model::ObjectKey;
-use topology_policy::{
+
+use crate::{
     desired::Locality,
     plan::{NodePlan, headless::Chosen},
     policy::PolicyKind,

@@ -7,7 +7,8 @@
 use std::net::IpAddr;
 
 use topology_common::{Backend, Slot, THRESHOLD_ONE};
-use topology_policy::desired::{Locality, WeightedBackend};
+
+use crate::desired::{Locality, WeightedBackend};
 
 /// The slots for `backends`. Backends of weight 0 are left out; an empty result means "refuse".
 pub fn build(backends: &[WeightedBackend]) -> Vec<Slot> {

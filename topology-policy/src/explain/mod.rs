@@ -8,12 +8,11 @@ use std::net::IpAddr;
 
 pub use headless::{AddressEntry, Answer, HeadlessEntry};
 use serde::Serialize;
-use topology_dataplane::alias;
-use topology_dns::steer::Steering;
 use topology_model::{ClusterState, Family, Node, ObjectKey, Protocol};
-use topology_policy::{
+
+use crate::{
     desired::{Locality, PortOptions, ServicePort},
-    plan::{NodePlan, weights::integer_weights},
+    plan::{NodePlan, alias, steering::Steering, weights::integer_weights},
     policy::{self, PolicyError, PolicyKind, PortSelection, feedback::FeedbackReport, spillover::SpilloverReport},
 };
 
