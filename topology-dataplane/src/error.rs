@@ -81,14 +81,18 @@ pub enum DataplaneError {
          remove them with `topology-agent cleanup` of the version that wrote them, or stop every agent on the node \
          and remove the directory (connections then pass to kube-proxy untouched)",
         versions(found),
-        crate::upgrade::CURRENT,
-        crate::upgrade::PREVIOUS
+        writes,
+        upgrades_from
     )]
     PinLayout {
         /// The pin directory.
         path: PathBuf,
         /// The layout versions its markers name.
         found: Vec<u32>,
+        /// The layout version this agent writes.
+        writes: u32,
+        /// The one earlier version it upgrades from.
+        upgrades_from: u32,
     },
     /// The pin directory is not on a BPF filesystem.
     #[error(

@@ -49,16 +49,24 @@ pub fn found(layout: &PinLayout) -> Result<Option<u32>, DataplaneError> {
         [] if entries(&layout.maps_dir())?.is_empty() && entries(&layout.links_dir())?.is_empty() => Ok(None),
         [] => Ok(Some(PREVIOUS)),
         [version] => Ok(Some(*version)),
-        _ => Err(DataplaneError::PinLayout { path: layout.root().to_path_buf(), found: versions }),
+        _ => Err(DataplaneError::PinLayout {
+            path: layout.root().to_path_buf(),
+            found: versions,
+            writes: CURRENT,
+            upgrades_from: PREVIOUS,
+        }),
     }
 }
 
 /// The layout of the pins under `layout`, if this agent can read it (`None`: no pins).
 pub fn check(layout: &PinLayout) -> Result<Option<u32>, DataplaneError> {
     match found(layout)? {
-        Some(version) if version != CURRENT && version != PREVIOUS => {
-            Err(DataplaneError::PinLayout { path: layout.root().to_path_buf(), found: vec![version] })
-        }
+        Some(version) if version != CURRENT && version != PREVIOUS => Err(DataplaneError::PinLayout {
+            path: layout.root().to_path_buf(),
+            found: vec![version],
+            writes: CURRENT,
+            upgrades_from: PREVIOUS,
+        }),
         found => Ok(found),
     }
 }

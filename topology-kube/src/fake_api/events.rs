@@ -7,8 +7,9 @@ use hyper::{Method, Response, StatusCode};
 use serde_json::{Value, json};
 
 use super::{
-    server::{Body, Server, json_response, status},
+    server::Server,
     store::Store,
+    wire::{Body, json_response, status},
 };
 
 /// `reportingInstance`, `action` and `reason` may be at most this long.

@@ -6,7 +6,7 @@
 
 use hyper::{Response, StatusCode};
 
-use super::server::{Body, json_response, status};
+use super::wire::{Body, json_response, status};
 
 /// A parsed `fieldSelector`: every object when empty.
 #[derive(Clone, Debug, Default)]

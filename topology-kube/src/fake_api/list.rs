@@ -20,8 +20,9 @@ use serde_json::{Value, json};
 use super::{
     Resource,
     fields::Fields,
-    server::{Body, Server, Shape, bytes_response, json_response, status},
+    server::{Server, Shape},
     store::Name,
+    wire::{Body, bytes_response, json_response, status},
 };
 
 /// How long a read waits for the watch cache to reach the resourceVersion asked for (the

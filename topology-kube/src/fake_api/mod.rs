@@ -15,6 +15,7 @@ mod list;
 mod server;
 mod store;
 mod watching;
+mod wire;
 
 use std::{
     net::SocketAddr,

@@ -1,5 +1,5 @@
-//! The fake's HTTP side: routing, outages and refusals on demand, and the API server's shapes of
-//! a Status and a watch event line. Lists are in `list.rs`, watches in `watching.rs`, Events in
+//! The fake's HTTP side: routing, outages and refusals on demand. Its answers are shaped in
+//! `wire.rs`; lists are in `list.rs`, watches in `watching.rs`, Events in
 //! `events.rs`.
 
 use std::{
@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use http_body_util::{BodyExt as _, combinators::BoxBody};
+use http_body_util::BodyExt as _;
 use hyper::{
     Request, Response, StatusCode,
     body::{Bytes, Incoming},
@@ -20,7 +20,11 @@ use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::{net::TcpListener, sync::watch};
 
-use super::{Resource, store::Store};
+use super::{
+    Resource,
+    store::Store,
+    wire::{Body, event_line, json_response, status},
+};
 
 /// Serves `listener` until the task is aborted.
 pub(super) fn accept(listener: TcpListener, server: Server) -> tokio::task::JoinHandle<()> {
@@ -42,8 +46,6 @@ pub(super) fn accept(listener: TcpListener, server: Server) -> tokio::task::Join
         }
     })
 }
-
-pub(super) type Body = BoxBody<Bytes, std::io::Error>;
 
 #[derive(Clone)]
 pub(super) struct Server {
@@ -164,42 +166,6 @@ fn failure(code: u16, retry_after: u32) -> Response<Body> {
         let header = retry_after.to_string().parse().expect("header");
         response.headers_mut().insert(hyper::header::RETRY_AFTER, header);
     }
-    response
-}
-
-/// A watch event line, `type` first as the API server writes it (`json!` would sort `object`
-/// first, and a client's decoder then has to buffer the whole object before it knows the type);
-/// and the object's part of it.
-fn event_line(kind: &str, object: &Value) -> Bytes {
-    event(kind, object).0
-}
-
-pub(super) fn event(kind: &str, object: &Value) -> (Bytes, Bytes) {
-    let mut text = format!(r#"{{"type":"{kind}","object":"#).into_bytes();
-    let start = text.len();
-    serde_json::to_writer(&mut text, object).expect("JSON");
-    let end = text.len();
-    text.extend_from_slice(b"}\n");
-    let line = Bytes::from(text);
-    let json = line.slice(start..end);
-    (line, json)
-}
-
-pub(super) fn status(code: u16, reason: &str, message: &str) -> Value {
-    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-           "message": message, "reason": reason, "code": code})
-}
-
-pub(super) fn json_response(status: StatusCode, value: &Value) -> Response<Body> {
-    bytes_response(status, serde_json::to_vec(value).expect("JSON"))
-}
-
-/// A response with a JSON body already serialized.
-pub(super) fn bytes_response(status: StatusCode, body: Vec<u8>) -> Response<Body> {
-    let body = http_body_util::Full::new(Bytes::from(body)).map_err(|never: Infallible| match never {}).boxed();
-    let mut response = Response::new(body);
-    *response.status_mut() = status;
-    response.headers_mut().insert(hyper::header::CONTENT_TYPE, "application/json".parse().expect("header"));
     response
 }
 

@@ -12,7 +12,7 @@ use std::{
 use hyper::body::Bytes;
 use serde_json::Value;
 
-use super::{Resource, fields::Fields, server};
+use super::{Resource, fields::Fields, wire};
 
 /// The history kept per resource for watches to resume from, in serialized bytes; past it the
 /// oldest half is compacted away (a watch resuming from there gets 410 Gone), as the API server's
@@ -127,7 +127,7 @@ impl Store {
         self.resource_version += 1;
         let version = self.resource_version;
         object["metadata"]["resourceVersion"] = version.to_string().into();
-        let (line, json) = server::event(kind, object);
+        let (line, json) = wire::event(kind, object);
         *self.changed.entry(key.0).or_default() += 1;
         let history = self.history.entry(key.0).or_default();
         history.bytes += line.len();

@@ -22,7 +22,8 @@ use tokio::time::Instant;
 use super::{
     Resource,
     fields::Fields,
-    server::{Body, Server, Shape, event, status},
+    server::{Server, Shape},
+    wire::{Body, event, status},
 };
 
 /// The server's request timeout for a watch without `timeoutSeconds`: drawn in [30, 60) minutes.
