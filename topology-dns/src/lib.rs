@@ -30,7 +30,6 @@ use hickory_proto::rr::{Name, RecordType};
 use prometheus_client::{
     encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, histogram::Histogram},
-    registry::Registry,
 };
 use tokio::{
     net::{TcpListener, UdpSocket},
@@ -178,64 +177,40 @@ pub struct LocalityLabels {
     pub locality: String,
 }
 
-/// The responder's metrics. Counting a query costs no allocation once its type and outcome have
-/// been seen: the hot path keeps the counters it has used.
-#[derive(Debug)]
-pub struct DnsMetrics {
-    queries: Family<QueryLabels, Counter>,
-    answers: Family<LocalityLabels, Counter>,
-    /// The counters of `queries` by query type (`None`: unreadable) and outcome.
-    seen: RwLock<HashMap<(Option<RecordType>, &'static str), Counter>>,
-    /// The counters of `answers`, by locality class.
-    by_locality: [Counter; Locality::ALL.len()],
-    /// Seconds for the upstream to answer a relayed query.
-    pub upstream_seconds: Histogram,
-    /// Relayed queries sent again for want of a reply within the retry time.
-    pub upstream_retries: Counter,
-    /// The cache of relayed answers.
-    pub cache: Arc<relay_cache::CacheMetrics>,
-}
-
-impl Default for DnsMetrics {
-    fn default() -> Self {
-        let answers = Family::<LocalityLabels, Counter>::default();
-        let by_locality =
+topology_metrics::metrics! {
+    /// The responder's metrics. Counting a query costs no allocation once its type and outcome
+    /// have been seen: the hot path keeps the counters it has used.
+    pub struct DnsMetrics;
+    exported {
+        queries: Family<QueryLabels, Counter> = Family::default(),
+            "dns_queries",
+            "DNS queries, by type and outcome";
+        answers: Family<LocalityLabels, Counter> = Family::default(),
+            "dns_answered_endpoints",
+            "Headless-Service endpoints in DNS answers, by locality relative to this node";
+        // 100 us .. ~3 s.
+        pub upstream_seconds: Histogram =
+            Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(1e-4, 2.0, 15)),
+            "dns_upstream_seconds",
+            "Time for the upstream to answer a relayed query";
+        pub upstream_retries: Counter = Counter::default(),
+            "dns_upstream_retries",
+            "Relayed queries sent again to an upstream that had not answered within the retry time";
+    }
+    nested {
+        /// The cache of relayed answers.
+        pub cache: Arc<relay_cache::CacheMetrics> = Arc::default();
+    }
+    own {
+        /// The counters of `queries` by query type (`None`: unreadable) and outcome.
+        seen: RwLock<HashMap<(Option<RecordType>, &'static str), Counter>> = RwLock::default();
+        /// The counters of `answers`, by locality class.
+        by_locality: [Counter; Locality::ALL.len()] =
             Locality::ALL.map(|l| answers.get_or_create(&LocalityLabels { locality: l.as_str().into() }).clone());
-        Self {
-            queries: Family::default(),
-            answers,
-            seen: RwLock::default(),
-            by_locality,
-            // 100 us .. ~3 s.
-            upstream_seconds: Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(1e-4, 2.0, 15)),
-            upstream_retries: Counter::default(),
-            cache: Arc::default(),
-        }
     }
 }
 
 impl DnsMetrics {
-    /// Registers every metric under `registry`.
-    pub fn register(&self, registry: &mut Registry) {
-        registry.register("dns_queries", "DNS queries, by type and outcome", self.queries.clone());
-        registry.register(
-            "dns_answered_endpoints",
-            "Headless-Service endpoints in DNS answers, by locality relative to this node",
-            self.answers.clone(),
-        );
-        registry.register(
-            "dns_upstream_seconds",
-            "Time for the upstream to answer a relayed query",
-            self.upstream_seconds.clone(),
-        );
-        registry.register(
-            "dns_upstream_retries",
-            "Relayed queries sent again to an upstream that had not answered within the retry time",
-            self.upstream_retries.clone(),
-        );
-        self.cache.register(registry);
-    }
-
     pub(crate) fn query(&self, r#type: Option<RecordType>, outcome: &'static str) {
         let key = (r#type, outcome);
         if let Some(counter) = self.seen.read().ok().and_then(|seen| seen.get(&key).cloned()) {

@@ -1,7 +1,6 @@
 //! Prometheus metrics of the agent, and the kernel's per-CPU counters exported at scrape time
 //! (`kernel`).
 
-mod declare;
 pub mod feedback;
 mod kernel_counters;
 
@@ -104,16 +103,16 @@ pub struct ReasonLabels {
 /// A bucket bound of `topology_agent_event_to_kernel_seconds`: 10 ms.
 pub const EVENT_TO_KERNEL_TARGET_S: f64 = 0.01;
 
-declare::metrics! {
+topology_metrics::metrics! {
     /// Every metric the agent exports.
     pub struct Metrics;
     exported {
         // 100 us .. ~26 s: from one slice update to a full sync of a large cluster.
-        sync_duration: Histogram = Histogram::new(exponential_buckets(1e-4, 2.0, 19)),
+        pub sync_duration: Histogram = Histogram::new(exponential_buckets(1e-4, 2.0, 19)),
             "sync_duration_seconds",
             "Time to recompute the affected services and write the kernel, per batch of events";
         // The same, with a bound at 10 ms, the target an SLO on event-to-kernel latency names.
-        event_to_kernel: Histogram = {
+        pub event_to_kernel: Histogram = {
             let mut bounds: Vec<f64> = exponential_buckets(1e-4, 2.0, 19).collect();
             bounds.push(EVENT_TO_KERNEL_TARGET_S);
             bounds.sort_by(f64::total_cmp);
@@ -122,35 +121,35 @@ declare::metrics! {
             "event_to_kernel_seconds",
             "Time from receiving the oldest event of a batch to its effect being in the kernel maps";
         // 1 ms .. ~262 s: a change's stamp is taken before the API server stored it.
-        network_programming: Histogram = Histogram::new(exponential_buckets(1e-3, 2.0, 19)),
+        pub network_programming: Histogram = Histogram::new(exponential_buckets(1e-3, 2.0, 19)),
             "network_programming_duration_seconds",
             "Time from an EndpointSlice change (its endpoints.kubernetes.io/last-change-trigger-time) to the kernel \
              maps holding it, as kube-proxy's kubeproxy_network_programming_duration_seconds; changes seen before \
              the first sync are not counted";
-        services_recomputed: Counter = Default::default(),
+        pub services_recomputed: Counter = Default::default(),
             "services_recomputed",
             "Services decided again (their policy run), by any cause: a change that touches no Service's routing \
              (a Node heartbeat, an unrelated label) adds nothing";
-        services: Gauge = Default::default(),
+        pub services: Gauge = Default::default(),
             "services_programmed",
             "Service ports (ClusterIP, port, protocol) in the kernel";
-        backends: Gauge = Default::default(),
+        pub backends: Gauge = Default::default(),
             "backends_programmed",
             "Backends in the kernel, over all service ports";
-        map_entries: Family<MapLabels, Gauge> = Default::default(),
+        pub map_entries: Family<MapLabels, Gauge> = Default::default(),
             "map_entries",
             "Entries in use per BPF map";
-        map_capacity: Family<MapLabels, Gauge> = Default::default(),
+        pub map_capacity: Family<MapLabels, Gauge> = Default::default(),
             "map_capacity",
             "Capacity (max_entries) per BPF map";
-        skipped_total: Family<KindLabels, Counter> = Default::default(),
+        pub skipped_total: Family<KindLabels, Counter> = Default::default(),
             "skipped_objects",
             "Objects skipped because they cannot be used";
-        skipped: Family<KindLabels, Gauge> = Default::default(),
+        pub skipped: Family<KindLabels, Gauge> = Default::default(),
             "skipped_objects_current",
             "Objects skipped now (their last good version is used)";
         // At 0 from the start: a series that first appears at 1 shows no increase() to alert on.
-        apply_failures: Family<ReasonLabels, Counter> = {
+        pub apply_failures: Family<ReasonLabels, Counter> = {
             let family = Family::default();
             for reason in ["MapFull", "InvalidService", "KernelWriteFailed"] {
                 drop(family.get_or_create(&ReasonLabels { reason: reason.into() }));
@@ -159,47 +158,47 @@ declare::metrics! {
         },
             "apply_failures",
             "Service ports that could not be programmed into the kernel";
-        failed_service_ports: Gauge = Default::default(),
+        pub failed_service_ports: Gauge = Default::default(),
             "failed_service_ports",
             "Service ports not programmed now because writing them failed (they hold nothing: kube-proxy routes them)";
-        view_current: Gauge = Default::default(),
+        pub view_current: Gauge = Default::default(),
             "view_current",
             "1 while the kernel holds the policy of a complete, current view of the cluster (no watch stale, every \
              kind listed, this Node known), else 0";
-        node_info: Family<NodeLabels, Gauge> = Default::default(),
+        pub node_info: Family<NodeLabels, Gauge> = Default::default(),
             "node_info",
             "This agent's node and its zone and region (always 1)";
-        sockets_terminated: Family<ProtocolLabels, Counter> = Default::default(),
+        pub sockets_terminated: Family<ProtocolLabels, Counter> = Default::default(),
             "sockets_terminated",
             "Sockets destroyed because the backend they were connected to through a service left its set";
-        socket_termination_errors: Counter = Default::default(),
+        pub socket_termination_errors: Counter = Default::default(),
             "socket_termination_errors",
             "Failures to enter a network namespace, dump its sockets or destroy one";
-        bytes: Family<BytesLabels, Counter> = Default::default(),
+        pub bytes: Family<BytesLabels, Counter> = Default::default(),
             "bytes",
             "Bytes of the TCP connections the hooks rewrote, per Service port, this node's zone, the backend's zone \
              and direction (counted by the kernel: at each connection's end, and every 10 s while open)";
         // 1 ms .. ~16 s.
-        bytes_sweep_seconds: Histogram = Histogram::new(exponential_buckets(1e-3, 2.0, 15)),
+        pub bytes_sweep_seconds: Histogram = Histogram::new(exponential_buckets(1e-3, 2.0, 15)),
             "bytes_sweep_seconds",
             "Time to count the open connections' bytes in every network namespace";
-        bytes_sweep_failures: Counter = Default::default(),
+        pub bytes_sweep_failures: Counter = Default::default(),
             "bytes_sweep_failures",
             "Network namespaces a sweep of the open connections could not count (gone, or not enterable)";
-        bytes_sweep_interval: Gauge<f64, AtomicU64> = Default::default(),
+        pub bytes_sweep_interval: Gauge<f64, AtomicU64> = Default::default(),
             "bytes_sweep_interval_seconds",
             "Time between two sweeps of the open connections' bytes: 10 s, or longer where one sweep would take \
              more than 0.5 % of a core (their counts lag by as much)";
-        cross_zone_bytes: Family<ServiceLabels, Counter> = Default::default(),
+        pub cross_zone_bytes: Family<ServiceLabels, Counter> = Default::default(),
             "cross_zone_bytes",
             "Bytes of the TCP connections the hooks rewrote that crossed from this node's zone to another, both \
              directions, per Service port";
-        cross_zone_bytes_baseline: Family<ServiceLabels, Counter<f64, AtomicU64>> = Default::default(),
+        pub cross_zone_bytes_baseline: Family<ServiceLabels, Counter<f64, AtomicU64>> = Default::default(),
             "cross_zone_bytes_baseline",
             "Bytes the same connections would have sent across zones under the default policy (every endpoint of \
              the port equally likely): the baseline minus cross_zone_bytes is what the routing saved";
     }
-    own(registry) {
+    own(registry = "topology_agent") {
         /// The same bytes summed per Service port, with rates, for `/debug/cost`.
         pub cost: std::sync::Mutex<crate::cost::CostBook> = Default::default();
         /// The node-local DNS responder's metrics (`dns_*`).

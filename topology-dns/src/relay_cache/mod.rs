@@ -17,10 +17,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use prometheus_client::{
-    metrics::{counter::Counter, gauge::Gauge},
-    registry::Registry,
-};
+use prometheus_client::metrics::{counter::Counter, gauge::Gauge};
 
 /// Shards of the cache: about twice the responder's threads on a large node.
 const SHARDS: usize = 32;
@@ -163,45 +160,28 @@ pub enum Found {
     Miss,
 }
 
-/// Hits, misses and what was served stale.
-#[derive(Debug, Default)]
-pub struct CacheMetrics {
-    hits: Counter,
-    misses: Counter,
-    stale: Counter,
-    refreshes: Counter,
-    evictions: Counter,
-    over_share: Counter,
-    bytes: Gauge,
-}
-
-impl CacheMetrics {
-    /// Registers the metrics under `registry` (prefix `dns_cache_`).
-    pub fn register(&self, registry: &mut Registry) {
-        registry.register("dns_cache_hits", "Relayed names answered from the cache", self.hits.clone());
-        registry.register("dns_cache_misses", "Relayed names asked of the upstream", self.misses.clone());
-        registry.register(
+topology_metrics::metrics! {
+    /// Hits, misses and what was served stale (`dns_cache_*`).
+    pub struct CacheMetrics;
+    exported {
+        hits: Counter = Counter::default(), "dns_cache_hits", "Relayed names answered from the cache";
+        misses: Counter = Counter::default(), "dns_cache_misses", "Relayed names asked of the upstream";
+        stale: Counter = Counter::default(),
             "dns_cache_stale",
-            "Relayed names answered from an expired entry because the upstream failed (RFC 8767)",
-            self.stale.clone(),
-        );
-        registry.register(
+            "Relayed names answered from an expired entry because the upstream failed (RFC 8767)";
+        refreshes: Counter = Counter::default(),
             "dns_cache_refreshes",
-            "Popular relayed names fetched again before they expired",
-            self.refreshes.clone(),
-        );
-        registry.register(
+            "Popular relayed names fetched again before they expired";
+        evictions: Counter = Counter::default(),
             "dns_cache_evictions",
-            "Entries dropped to stay within the cache's size",
-            self.evictions.clone(),
-        );
-        registry.register(
+            "Entries dropped to stay within the cache's size";
+        over_share: Counter = Counter::default(),
             "dns_cache_over_share",
-            "Answers not kept because their client already keeps its share of the cache",
-            self.over_share.clone(),
-        );
-        registry.register("dns_cache_bytes", "Memory the kept answers take, bytes", self.bytes.clone());
+            "Answers not kept because their client already keeps its share of the cache";
+        bytes: Gauge = Gauge::default(), "dns_cache_bytes", "Memory the kept answers take, bytes";
     }
+    nested {}
+    own {}
 }
 
 /// The cache.
