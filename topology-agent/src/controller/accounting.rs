@@ -25,9 +25,6 @@ use topology_policy::{desired::ServicePort, plan::NodePlan};
 use super::{Controller, Programmer};
 use crate::{cost::ServiceBytes, metrics::BytesLabels};
 
-/// How often the counts are read: as often as the open connections are swept.
-pub(super) const INTERVAL: Duration = crate::sockets::sweep::INTERVAL;
-
 /// The service label of ports beyond the series cap.
 const OTHER: &str = "other";
 
@@ -40,7 +37,6 @@ type Key = (SocketAddr, u8, SocketAddr);
 /// The last reading, and the names and zones seen.
 #[derive(Default)]
 pub(super) struct Accounting {
-    read_at: Option<Instant>,
     /// Each count as last read.
     last: HashMap<Key, ByteCount>,
     /// The name of each Service port seen in a plan.
@@ -78,11 +74,6 @@ impl Accounting {
         Self { last, ..Self::default() }
     }
 
-    /// Whether a reading is due.
-    pub(super) fn due(&self) -> bool {
-        self.read_at.is_none_or(|at| at.elapsed() >= INTERVAL)
-    }
-
     /// Takes a reading: the bytes each label set and Service port gained since the last one. A
     /// count lower than last time is a new entry (the map forgot the old one): all of it is new.
     /// Bytes cross zones when both zones are known and differ.
@@ -105,7 +96,6 @@ impl Accounting {
         cap: usize,
         now: Instant,
     ) -> Gained {
-        self.read_at = Some(now);
         let rotated_at = *self.rotated_at.get_or_insert(now);
         let missing = counted
             .iter()
@@ -245,8 +235,9 @@ impl Accounting {
 }
 
 impl<P: Programmer> Controller<P> {
-    /// Reads the kernel's byte counts and adds what they gained to the metrics.
-    pub(super) fn account(&mut self) {
+    /// Reads the kernel's byte counts and adds what they gained to the metrics; whether they
+    /// were read.
+    pub(super) fn account(&mut self) -> bool {
         match self.programmer.bytes() {
             Ok(counted) => {
                 let (zone, cap) = (self.ctx.node_zone().to_owned(), self.ctx.metrics.max_ports());
@@ -254,8 +245,12 @@ impl<P: Programmer> Controller<P> {
                 let gained = self.accounting.update(counted, &self.plan, (&zone, &zones), cap);
                 self.ctx.metrics.retire_bytes(&gained.retired);
                 self.ctx.metrics.add_bytes(&gained.labels, &gained.services);
+                true
             }
-            Err(error) => tracing::warn!(%error, "the bytes counted could not be read; retrying"),
+            Err(error) => {
+                tracing::warn!(%error, "the bytes counted could not be read; retrying");
+                false
+            }
         }
     }
 }

@@ -18,9 +18,6 @@ use topology_policy::{desired::ServicePort, explain::ExplainReport, plan::NodePl
 
 use super::context::{Context, Topic};
 
-/// How often the loop reads the ejections: an ejection lasts 1 s at the least.
-pub(super) const INTERVAL: Duration = Duration::from_secs(2);
-
 /// The least time between two ejection Events of one Service from this node: a Service with many
 /// failing backends, or one flapping, says so once a minute, not once per ejection.
 pub(super) const EVENT_EVERY: Duration = Duration::from_secs(60);
@@ -31,7 +28,6 @@ type Ejected = (ServicePort, SocketAddr);
 /// The last reading, and the Services told of each ejection.
 #[derive(Default)]
 pub(super) struct Ejections {
-    read_at: Option<Instant>,
     /// Ejected backends per port, as last read.
     ejected: BTreeMap<Ejected, Outlier>,
     /// The Service told (or held back from telling) of each ejection in force, and its number.
@@ -41,11 +37,6 @@ pub(super) struct Ejections {
 }
 
 impl Ejections {
-    /// Whether a reading is due.
-    pub(super) fn due(&self) -> bool {
-        self.read_at.is_none_or(|at| at.elapsed() >= INTERVAL)
-    }
-
     /// Takes a reading: an ejection not seen before (or a later one of the same backend) becomes
     /// a problem of the Service owning the port; an ejection that ended clears it.
     pub(super) fn update(&mut self, outliers: Vec<Outlier>, plan: &NodePlan, ctx: &mut Context, node: &str) {
@@ -54,7 +45,6 @@ impl Ejections {
 
     /// [`update`](Self::update) at `now`.
     fn update_at(&mut self, outliers: Vec<Outlier>, plan: &NodePlan, ctx: &mut Context, node: &str, now: Instant) {
-        self.read_at = Some(now);
         self.ejected = outliers.into_iter().filter(Outlier::ejected).map(|o| ((o.service, o.backend), o)).collect();
         for (key, (service, number)) in std::mem::take(&mut self.told) {
             if self.ejected.contains_key(&key) {

@@ -18,6 +18,7 @@ mod program;
 mod query;
 #[cfg(any(test, feature = "testing"))]
 pub mod recording;
+mod schedule;
 
 use std::{
     collections::BTreeSet,
@@ -31,6 +32,7 @@ pub use health::{Health, NotLive, NotReady, WATCH_STALE_GRACE};
 use ingest::Intake;
 pub use program::{Observation, Programmer};
 pub use query::{AskError, PlanClient, PlanQuery};
+use schedule::{Job, Schedule};
 use tokio_util::sync::CancellationToken;
 use topology_dataplane::ApplyReport;
 use topology_dns::DnsPublisher;
@@ -71,17 +73,6 @@ impl ControllerConfig {
     }
 }
 
-/// How often the kernel heartbeat is refreshed while the view is current; `--fail-open-after`
-/// must be comfortably longer.
-pub const BEAT_INTERVAL: Duration = Duration::from_millis(500);
-/// How often the programmer drops what no programmed set needs any more (the load measurements of
-/// backends gone and idle).
-pub const TIDY_INTERVAL: Duration = Duration::from_secs(30);
-
-/// The longest the loop sleeps without events: the liveness beat, the kernel heartbeat and
-/// questions about the plan are served at least this often.
-const IDLE_WAKE: Duration = Duration::from_millis(250);
-
 /// The controller cannot go on.
 #[derive(Debug, thiserror::Error)]
 pub enum ControllerError {
@@ -105,16 +96,6 @@ struct Outlets {
     queries: Option<std::sync::mpsc::Receiver<PlanQuery>>,
 }
 
-/// When the loop last refreshed the kernel heartbeat ([`BEAT_INTERVAL`]) and had the programmer
-/// drop what no programmed set needs ([`TIDY_INTERVAL`]).
-#[derive(Default)]
-struct Upkeep {
-    beat: Option<Instant>,
-    tidy: Option<Instant>,
-    /// Whether programs were found detached at the last look (logged once per change).
-    detached: bool,
-}
-
 /// The control loop.
 pub struct Controller<P: Programmer> {
     config: ControllerConfig,
@@ -123,8 +104,10 @@ pub struct Controller<P: Programmer> {
     intake: Intake,
     plan: NodePlan,
     programmed: bool,
-    /// When the kernel heartbeat was last refreshed and the programmer last tidied.
-    upkeep: Upkeep,
+    /// When each periodic job last ran.
+    schedule: Schedule,
+    /// Whether programs were found detached at the last look (logged once per change).
+    detached: bool,
     feedback: feedback::FeedbackLoop,
     /// The backends this node's kernel ejected, as last read.
     ejections: ejections::Ejections,
@@ -146,13 +129,15 @@ impl<P: Programmer> Controller<P> {
     ) -> Self {
         let plan = NodePlan::new(config.node.clone(), None).measured(config.measured);
         let accounting = accounting::Accounting::starting_from(programmer.bytes().unwrap_or_default());
+        let schedule = Schedule::new(config.reconcile_interval, Instant::now());
         Self {
             config,
             programmer,
             intake: Intake::default(),
             plan,
             programmed: false,
-            upkeep: Upkeep::default(),
+            schedule,
+            detached: false,
             feedback: feedback::FeedbackLoop::new(Default::default()),
             ejections: ejections::Ejections::default(),
             accounting,
@@ -189,11 +174,9 @@ impl<P: Programmer> Controller<P> {
     /// Runs until `shutdown` or until every source is gone; returns the programmer. The kernel
     /// state stays as last programmed.
     pub fn run(mut self, events: &EventReceiver, shutdown: &CancellationToken) -> Result<P, ControllerError> {
-        let mut next_reconcile = Instant::now() + self.config.reconcile_interval;
         while !shutdown.is_cancelled() {
             self.ctx.health.beat();
-            let wait = next_reconcile.saturating_duration_since(Instant::now());
-            match events.recv_timeout(wait.min(IDLE_WAKE)) {
+            match events.recv_timeout(self.schedule.wait(Instant::now())) {
                 Ok((seen, event)) => {
                     self.receive(seen, event);
                     // Everything already queued joins this batch: bursts cost one sync.
@@ -205,12 +188,7 @@ impl<P: Programmer> Controller<P> {
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => break,
             }
-            let now = Instant::now();
-            if now >= next_reconcile {
-                next_reconcile = now + self.config.reconcile_interval;
-                self.reconcile();
-            }
-            self.beat();
+            self.run_due(Instant::now());
             if self.programmed {
                 let moved = self.feedback.step(&self.programmer, &mut self.plan, &self.ctx.metrics);
                 if !moved.is_empty() {
@@ -244,37 +222,66 @@ impl<P: Programmer> Controller<P> {
         }
     }
 
-    /// Refreshes the kernel's heartbeat while the view is current, at most every
-    /// [`BEAT_INTERVAL`]: the programs fail open once the view has not been current for
-    /// `--fail-open-after`.
-    fn beat(&mut self) {
+    /// Runs every periodic job due at `now`: those that need a current view only while it is,
+    /// and those that read what was programmed only once something was. A job that failed is
+    /// retried at the next wake.
+    fn run_due(&mut self, now: Instant) {
         let current = self.ctx.health.view_current();
         self.ctx.metrics.view_current.set(i64::from(current));
         if let Some(dns) = &self.outlets.dns {
             // `sync` published the view of everything programmed so far.
             dns.set_current(current);
         }
-        if !current || self.upkeep.beat.is_some_and(|at| at.elapsed() < BEAT_INTERVAL) {
-            return;
-        }
-        match self.programmer.heartbeat() {
-            Ok(()) => self.upkeep.beat = Some(Instant::now()),
-            Err(error) => tracing::warn!(%error, "the kernel heartbeat could not be written; retrying"),
-        }
-        self.check_attached();
-        if self.programmed && self.ejections.due() {
-            match self.programmer.outliers() {
-                Ok(outliers) => self.ejections.update(outliers, &self.plan, &mut self.ctx, &self.config.node),
-                Err(error) => tracing::warn!(%error, "the outlier ejections could not be read; retrying"),
+        for job in Job::ALL {
+            let waits = (job.needs_current_view() && !current) || (job.needs_programmed() && !self.programmed);
+            if waits || !self.schedule.due(job, now) {
+                continue;
+            }
+            let ran = match job {
+                Job::Reconcile => {
+                    self.reconcile();
+                    true
+                }
+                Job::Heartbeat => self.heartbeat(),
+                Job::Ejections => self.read_ejections(),
+                Job::Bytes => self.account(),
+                Job::Tidy => {
+                    if let Err(error) = self.programmer.tidy() {
+                        tracing::warn!(%error, "tidying the kernel's maps failed; retrying later");
+                    }
+                    true
+                }
+            };
+            if ran {
+                self.schedule.done(job, now);
             }
         }
-        if self.programmed && self.accounting.due() {
-            self.account();
-        }
-        if self.upkeep.tidy.is_none_or(|at| at.elapsed() >= TIDY_INTERVAL) {
-            self.upkeep.tidy = Some(Instant::now());
-            if let Err(error) = self.programmer.tidy() {
-                tracing::warn!(%error, "tidying the kernel's maps failed; retrying later");
+    }
+
+    /// Refreshes the kernel's heartbeat (the programs fail open once the view has not been current
+    /// for `--fail-open-after`) and checks the programs are attached; whether it was written.
+    fn heartbeat(&mut self) -> bool {
+        let written = match self.programmer.heartbeat() {
+            Ok(()) => true,
+            Err(error) => {
+                tracing::warn!(%error, "the kernel heartbeat could not be written; retrying");
+                false
+            }
+        };
+        self.check_attached();
+        written
+    }
+
+    /// Reads the backends the kernel ejected; whether they were read.
+    fn read_ejections(&mut self) -> bool {
+        match self.programmer.outliers() {
+            Ok(outliers) => {
+                self.ejections.update(outliers, &self.plan, &mut self.ctx, &self.config.node);
+                true
+            }
+            Err(error) => {
+                tracing::warn!(%error, "the outlier ejections could not be read; retrying");
+                false
             }
         }
     }
@@ -289,10 +296,10 @@ impl<P: Programmer> Controller<P> {
                 detached.join(", ")
             )
         });
-        if reason.is_some() && !self.upkeep.detached {
+        if reason.is_some() && !self.detached {
             tracing::error!(programs = ?detached, "programs detached from the cgroup: connections are not rewritten");
         }
-        self.upkeep.detached = reason.is_some();
+        self.detached = reason.is_some();
         self.ctx.health.set_detached(reason);
     }
 
