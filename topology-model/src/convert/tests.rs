@@ -386,22 +386,6 @@ items:
   kind: Service
   metadata: {name: mesh, namespace: ns, labels: {service.kubernetes.io/service-proxy-name: my-proxy}}
   spec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}
-- apiVersion: v1
-  kind: Service
-  metadata: {name: web, namespace: ns}
-  spec: {clusterIP: 10.96.0.2, ports: [{port: 80}]}
-- apiVersion: discovery.k8s.io/v1
-  kind: EndpointSlice
-  metadata: {name: mesh-1, namespace: ns, labels: {kubernetes.io/service-name: mesh}}
-  addressType: IPv4
-  ports: [{port: 8080}]
-  endpoints: [{addresses: [10.244.0.1], nodeName: a}]
-- apiVersion: discovery.k8s.io/v1
-  kind: EndpointSlice
-  metadata: {name: web-1, namespace: ns, labels: {kubernetes.io/service-name: web}}
-  addressType: IPv4
-  ports: [{port: 8080}]
-  endpoints: [{addresses: [10.244.0.2], nodeName: a}]
 "#;
     let state = crate::yaml::parse(text, "proxies.yaml").unwrap();
     let mesh = state.service(&ObjectKey::new("ns", "mesh")).unwrap();
