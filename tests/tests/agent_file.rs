@@ -1,6 +1,8 @@
 //! The full path, root, real kernel: `topology-agent run --cluster FILE` with backends in network
 //! namespaces. Edits to the file move new connections within a deadline; SIGKILL and restart
 //! under load lose nothing; `status` and `/metrics` show what was programmed. `--test-threads=1`.
+//!
+//! Tier: kernel (root; the real kernel, one test at a time).
 
 use std::{
     collections::BTreeSet,

@@ -3,6 +3,8 @@
 //! an agent upgraded from a version that did program it removes the entry before its first list.
 //! The API moves while the agent is down, ten times; every restarted agent reaches it at once.
 //! `--test-threads=1`.
+//!
+//! Tier: kernel (root; the real kernel, one test at a time).
 
 use std::{
     net::{IpAddr, SocketAddr},

@@ -7,6 +7,8 @@
 //! `to_backend` beyond its payload (its SYN and its FIN) and one to `from_backend` (the
 //! backend's FIN), so the counts are checked to the byte against that.
 //! `--test-threads=1`.
+//!
+//! Tier: kernel (root; the real kernel, one test at a time).
 
 use std::{
     collections::BTreeMap,

@@ -3,6 +3,8 @@
 //! this node's zone and the backend's, against what the clients moved and what the client's
 //! interface carried. Datagrams a socket sends to a backend directly, and answers it only peeks
 //! at, count nothing. `--test-threads=1`.
+//!
+//! Tier: kernel (root; the real kernel, one test at a time).
 
 use std::{
     collections::BTreeMap,

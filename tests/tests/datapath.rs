@@ -1,5 +1,7 @@
 //! Root integration tests of the datapath: real programs attached to a test-made cgroup, clients
 //! and backends in test-made network namespaces. Run single-threaded (`--test-threads=1`).
+//!
+//! Tier: kernel (root; the real kernel, one test at a time).
 
 use std::{net::SocketAddr, time::Duration};
 

@@ -1,5 +1,7 @@
 //! The demo, reduced (fewer connections), with the landing shares every policy must reach.
 //! Root, real kernel, `--test-threads=1`.
+//!
+//! Tier: kernel (root; the real kernel, one test at a time).
 
 use std::collections::BTreeMap;
 

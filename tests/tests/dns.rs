@@ -2,6 +2,8 @@
 //! running an agent in its own network namespace, give different answers for the same headless
 //! name; names the agent does not own go to the upstream and come back unchanged; a dead
 //! upstream is SERVFAIL, not a hang. `--test-threads=1`.
+//!
+//! Tier: kernel (root; the real kernel, one test at a time).
 
 use std::{
     net::{IpAddr, SocketAddr},

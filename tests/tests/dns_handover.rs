@@ -4,6 +4,8 @@
 //! in flight at any moment — each on a fresh socket and with one try, lose no query while the old
 //! agent hands the steering back to CoreDNS (it answers what was already sent before it closes
 //! its sockets) and the new one, at a new address, takes it over. `--test-threads=1`.
+//!
+//! Tier: kernel (root; the real kernel, one test at a time).
 
 use std::{
     net::{IpAddr, SocketAddr},

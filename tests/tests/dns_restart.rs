@@ -3,6 +3,8 @@
 //! for every cluster name), not to the address its predecessor's entry names (which may be a dead
 //! pod's) — and a steering heartbeat that names another address than the entry steers nothing
 //! either. Queries go to CoreDNS through kube-proxy meanwhile. `--test-threads=1`.
+//!
+//! Tier: kernel (root; the real kernel, one test at a time).
 
 use std::{
     net::{IpAddr, SocketAddr},

@@ -2,6 +2,8 @@
 //! resolving through the kube-dns ClusterIP gets this node's topology-aware answer while the
 //! responder answers, and CoreDNS's answer (through the kube-proxy stand-in) within a second or two
 //! of the responder freezing or dying. `--test-threads=1`.
+//!
+//! Tier: kernel (root; the real kernel, one test at a time).
 
 use std::{
     net::{IpAddr, SocketAddr},

@@ -4,6 +4,8 @@
 //! meanwhile, is relayed and answered instead of getting SERVFAIL at once. Nor can it push the
 //! others' answers out of the cache beyond its share; and with `--dns-clients node` a pod of
 //! another node gets REFUSED. `--test-threads=1`.
+//!
+//! Tier: kernel (root; the real kernel, one test at a time).
 
 use std::{
     net::SocketAddr,

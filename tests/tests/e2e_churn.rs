@@ -4,6 +4,8 @@
 //! reads the others from a census the watch cache answers (`resourceVersion=0`), which is where
 //! the regions of other zones come from (region keys included), until topology keys name another
 //! Node label and it watches every Node. `--test-threads=1`.
+//!
+//! Tier: cluster (root; the real kernel and control plane, one test at a time).
 
 use std::{
     collections::{BTreeMap, BTreeSet},

@@ -2,6 +2,8 @@
 //! built from their own modules, the agent deployed from `deploy/` as a user deploys it, its
 //! connections routed by the slices and hints the real EndpointSlice controller wrote.
 //! `--test-threads=1`.
+//!
+//! Tier: cluster (root; the real kernel and control plane, one test at a time).
 
 use std::{net::SocketAddr, time::Duration};
 

@@ -2,6 +2,8 @@
 //! three zones, a Service per policy beside its twin — with the real EndpointSlice controller
 //! writing every slice and hint and the agents deployed from `deploy/`; the same landing shares
 //! and failovers the embedded demo must show. `--test-threads=1`.
+//!
+//! Tier: cluster (root; the real kernel and control plane, one test at a time).
 
 use topology_tests::{
     demo::{self, DemoConfig, DemoNodes as _, real::RealDemo},

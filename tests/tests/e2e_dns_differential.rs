@@ -8,6 +8,8 @@
 //! equal, or differ as `DIFFERENCES` says and why. A new difference, or a listed one that is gone,
 //! fails the test; the table in `docs/dns.md` is generated from the run (`TOPOLOGY_UPDATE_DOCS=1`
 //! rewrites it). `--test-threads=1`.
+//!
+//! Tier: cluster (root; the real kernel and control plane, one test at a time).
 
 use std::{collections::BTreeMap, net::SocketAddr, path::PathBuf, time::Duration};
 

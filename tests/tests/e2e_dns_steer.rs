@@ -6,6 +6,8 @@
 //! topology-aware answer (this zone's pod only, UDP and TCP) while it runs, names outside the
 //! cluster and an ExternalName relayed through CoreDNS unchanged; CoreDNS again within seconds of
 //! the agent freezing, dying, or stopping — and no steering left behind it. `--test-threads=1`.
+//!
+//! Tier: cluster (root; the real kernel and control plane, one test at a time).
 
 use std::{
     net::SocketAddr,

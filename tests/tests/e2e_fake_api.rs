@@ -1,9 +1,11 @@
-//! The fake API server (`tests/src/fake_api`, kept for the faults the real one cannot be driven
-//! into) held to the real one (root): the same objects in both, the same list, pagination, field
+//! The fake API server (`topology-kube/src/fake_api`, kept for the faults the real one cannot be
+//! driven into) held to the real one (root): the same objects in both, the same list, pagination, field
 //! selector, watch, compaction and too-new-resourceVersion requests sent to both, and the answers
 //! compared once what must differ is set aside (resourceVersions, uids, tokens, timestamps). A
 //! difference fails the test, so the fake cannot drift from the API server it stands in for.
 //! `--test-threads=1`.
+//!
+//! Tier: cluster (root; the real kernel and control plane, one test at a time).
 
 use std::time::Duration;
 

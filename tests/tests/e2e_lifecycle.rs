@@ -3,6 +3,8 @@
 //! then gone) under load; a zone losing its pod and getting it back; a Service whose every pod is
 //! terminating. The real EndpointSlice controller reports each step; the agents follow it.
 //! `--test-threads=1`.
+//!
+//! Tier: cluster (root; the real kernel and control plane, one test at a time).
 
 use std::{
     collections::BTreeSet,

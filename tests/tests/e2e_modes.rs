@@ -5,6 +5,8 @@
 //! controller's hints (or the mode's rule) say, where `explain` says, and where the node's kernel
 //! holds; a hard key refuses where it matches nothing; the node's DNS answers a headless
 //! Service by the same hints and an ExternalName Service with its CNAME. `--test-threads=1`.
+//!
+//! Tier: cluster (root; the real kernel and control plane, one test at a time).
 
 use std::{
     collections::{BTreeMap, BTreeSet},

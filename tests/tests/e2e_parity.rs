@@ -7,6 +7,8 @@
 //! implement (topology keys, spillover) are rows that differ by design. The rows are the table
 //! in `docs/policy.md`: a test fails when one changes (`TOPOLOGY_UPDATE_DOCS=1` rewrites it).
 //! `--test-threads=1`.
+//!
+//! Tier: cluster (root; the real kernel and control plane, one test at a time).
 
 use std::{
     collections::{BTreeMap, BTreeSet},

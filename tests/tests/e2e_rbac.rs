@@ -4,6 +4,8 @@
 //! naming the verb and the resource — there is no rule without a use. The cases are read from
 //! `deploy/clusterrole.yaml`, so a rule added there without a use here fails this test.
 //! `--test-threads=1`.
+//!
+//! Tier: cluster (root; the real kernel and control plane, one test at a time).
 
 use std::{path::PathBuf, time::Duration};
 

@@ -4,6 +4,8 @@
 //! says what each agent asked of it afterwards: watches resumed from their resourceVersion, at
 //! most one list per watched kind — and exactly one, consistent, after 410 Gone — never a storm.
 //! `--test-threads=1`.
+//!
+//! Tier: cluster (root; the real kernel and control plane, one test at a time).
 
 use std::{
     collections::{BTreeMap, BTreeSet},

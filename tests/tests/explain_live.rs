@@ -1,6 +1,8 @@
 //! `topology-agent explain --kubeconfig`: the cluster listed from the API (the in-process fake API
 //! server) gives the same report as the same objects in a file; a refused list is an error naming
 //! the kind and the reason. No root needed.
+//!
+//! Tier: kernel (root; the real kernel, one test at a time).
 
 use std::process::Command;
 

@@ -1,6 +1,8 @@
 //! Fail open and uninstall (root, real kernel): once the agent is gone for `--fail-open-after`,
 //! connections go to the ClusterIP untouched, where kube-proxy answers; a restarted agent takes
 //! over again; `topology-agent cleanup` leaves nothing behind. `--test-threads=1`.
+//!
+//! Tier: kernel (root; the real kernel, one test at a time).
 
 use std::{
     net::{IpAddr, SocketAddr},

@@ -2,6 +2,8 @@
 //! Service asks for `spillover: feedback`, clients that overload this node's zone and then calm
 //! down. The kernel measures, the agent moves traffic out, and back. Run single-threaded
 //! (`--test-threads=1`) with the other root tests.
+//!
+//! Tier: kernel (root; the real kernel, one test at a time).
 
 use std::{
     net::{IpAddr, SocketAddr},

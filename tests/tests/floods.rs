@@ -1,6 +1,8 @@
 //! Any pod reaches the agent's pod address: its HTTP endpoints must stay kubelet's, and its DNS
 //! over TCP every pod's (root, the agent's binary in a network namespace, a flooding client in
 //! another). `--test-threads=1`.
+//!
+//! Tier: kernel (root; the real kernel, one test at a time).
 
 use std::{
     io::{ErrorKind, Read as _, Write as _},

@@ -2,6 +2,8 @@
 //! threads over the maps a previous agent left — its stale Service removed, its changed one
 //! swapped, every other port written once — and connections reach the backends the plan chose.
 //! `--test-threads=1`.
+//!
+//! Tier: kernel (root; the real kernel, one test at a time).
 
 use std::{
     collections::BTreeSet,

@@ -2,6 +2,8 @@
 //! mounted (`mount-bpffs`, the DaemonSet's init container) and the agent pins there; a `--cgroup`
 //! that is not cgroup v2 stops the agent at start with one line naming what it is.
 //! `--test-threads=1`.
+//!
+//! Tier: kernel (root; the real kernel, one test at a time).
 
 use std::{
     ffi::CString,

@@ -5,6 +5,8 @@
 //!
 //! `cargo xtask test` builds the image first and names it in `$TOPOLOGY_IMAGE`; run alone, the test
 //! looks in `target/image/` and skips with the reason when nothing is there.
+//!
+//! Tier: kernel (root; the real kernel, one test at a time).
 
 use std::{
     collections::BTreeMap,

@@ -3,6 +3,8 @@
 //! programs route a connection with all of them attached. Run on this machine and, by `cargo
 //! xtask kernels`, in a VM of each kernel of the matrix, whose table reads the `FEATURES:` line.
 //! `--test-threads=1`.
+//!
+//! Tier: kernel (root; the real kernel, one test at a time).
 
 use std::net::SocketAddr;
 

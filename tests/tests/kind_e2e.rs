@@ -17,6 +17,8 @@
 //! too. Run with `--test-threads=1` to create one cluster at a time. What the suite creates is
 //! rendered and checked here by `the_kind_suites_cluster_and_workloads_are_valid`, which always
 //! runs.
+//!
+//! Tier: kernel (root; the real kernel, one test at a time).
 
 use std::{
     collections::BTreeMap,

@@ -1,5 +1,7 @@
 //! The agent's Events against the in-process fake API server, which validates them as
 //! `events.k8s.io/v1` does: what a real cluster would refuse is refused here too. No root needed.
+//!
+//! Tier: fake-api (no root; the in-process fake API server, in parallel).
 
 use std::time::{Duration, Instant};
 

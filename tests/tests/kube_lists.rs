@@ -1,6 +1,8 @@
 //! The Kubernetes source's lists against the in-process fake API server: the initial list of a
 //! kind comes page by page as it is read, every relist whole, and a list whose continue token
 //! expired starts over at once as one request. No root needed.
+//!
+//! Tier: fake-api (no root; the in-process fake API server, in parallel).
 
 use std::{
     net::{IpAddr, Ipv4Addr},

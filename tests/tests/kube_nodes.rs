@@ -3,6 +3,8 @@
 //! labels (every Node's metadata) or uses spillover (whole Nodes: allocatable CPU, Ready),
 //! switching as Services come and go; and what each saves of the bytes every kubelet status
 //! report costs each agent.
+//!
+//! Tier: fake-api (no root; the in-process fake API server, in parallel).
 
 use std::{
     net::IpAddr,

@@ -3,6 +3,8 @@
 //! resumes the watch without listing, only 410 Gone lists again, a lagging watch cache's 504 turns
 //! a relist consistent, a 429's Retry-After is honoured, and many agents failing together retry
 //! spread out, not in lockstep.
+//!
+//! Tier: fake-api (no root; the in-process fake API server, in parallel).
 
 use std::{
     collections::BTreeSet,

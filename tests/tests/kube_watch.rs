@@ -1,5 +1,7 @@
 //! The Kubernetes source and the controller against the in-process fake API server, programming
 //! the real writer over in-memory maps in place of the kernel. No root needed.
+//!
+//! Tier: fake-api (no root; the in-process fake API server, in parallel).
 
 use std::{
     collections::{BTreeSet, HashMap},

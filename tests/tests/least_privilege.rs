@@ -1,6 +1,8 @@
 //! Least privilege, proven (root, real kernel): the agent runs under `capsh` with exactly the
 //! DaemonSet's capabilities — loads, programs, serves — and without any one of them stops at once
 //! with an error naming it. `--test-threads=1`.
+//!
+//! Tier: kernel (root; the real kernel, one test at a time).
 
 use std::{net::IpAddr, process::Command, time::Duration};
 

@@ -1,5 +1,7 @@
 //! Root integration tests of the dataplane's life cycle: restarts adopt the pinned state without
 //! a gap, capacities are enforced, and cleanup leaves nothing behind. `--test-threads=1`.
+//!
+//! Tier: kernel (root; the real kernel, one test at a time).
 
 use std::{net::SocketAddr, path::Path, time::Duration};
 

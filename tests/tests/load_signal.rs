@@ -1,6 +1,8 @@
 //! Root test of the load signal: the per-backend counters the connect hooks and the program at a
 //! TCP socket's end keep, against known connection counts, through the real kernel. Run
 //! single-threaded (`--test-threads=1`).
+//!
+//! Tier: kernel (root; the real kernel, one test at a time).
 
 use std::{
     net::SocketAddr,

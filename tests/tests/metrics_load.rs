@@ -3,6 +3,8 @@
 //! another while the cluster file changes five times a second; event-to-kernel stays fast and the
 //! agent's descriptors bounded.
 //! `--test-threads=1`.
+//!
+//! Tier: kernel (root; the real kernel, one test at a time).
 
 use std::{
     io::{Read as _, Write as _},

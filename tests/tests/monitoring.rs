@@ -1,6 +1,8 @@
 //! `deploy/monitoring/`: the alert rules pass promtool's checks and their own unit tests, every
 //! dashboard query parses as PromQL, and every metric and label either names is one a running
 //! agent exports (root: a real agent on a real kernel, scraped).
+//!
+//! Tier: kernel (root; the real kernel, one test at a time).
 
 use std::{
     collections::{BTreeMap, BTreeSet},

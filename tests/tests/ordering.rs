@@ -2,6 +2,8 @@
 //! BPF load-acquire (the object for weakly ordered CPUs, forced here on x86-64), and the index
 //! turned off. Each agrees with the hash maps through churn, restarts and upgrades, and only the
 //! ones with the index on read it. `--test-threads=1`.
+//!
+//! Tier: kernel (root; the real kernel, one test at a time).
 
 use std::net::SocketAddr;
 

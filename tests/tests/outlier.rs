@@ -5,6 +5,8 @@
 //! sockets without a TTL of their own; a Service's ejections are its own; at most a tenth of a set is ejected; a Service may turn it
 //! off, and so may the agent, ending ejections in force; a socket connected elsewhere charges its
 //! failures to no backend. `--test-threads=1`.
+//!
+//! Tier: kernel (root; the real kernel, one test at a time).
 
 use std::{
     net::{IpAddr, SocketAddr},

@@ -3,6 +3,8 @@
 //! agent. Asserts what the physics makes certain (the static twin's queue overflows) and what
 //! feedback must do about it; the demo itself checks the numeric targets. Root,
 //! `--test-threads=1`.
+//!
+//! Tier: kernel (root; the real kernel, one test at a time).
 
 use topology_tests::{
     demo::{overload, overload::OverloadConfig, overload_report},

@@ -2,6 +2,8 @@
 //! limit, the connect hook moves a connection off a backend with that many in flight from this
 //! node to a reserve backend of the set (one the weighted draw never picks), through the real
 //! kernel. Run single-threaded (`--test-threads=1`).
+//!
+//! Tier: kernel (root; the real kernel, one test at a time).
 
 use std::{
     net::SocketAddr,

@@ -1,6 +1,8 @@
 //! Root test of the service ranges: the connect hook looks a destination up only inside the
 //! prefixes that cover the service ports, and the agent keeps them ahead of the ports it writes,
 //! through the real kernel. Run single-threaded (`--test-threads=1`).
+//!
+//! Tier: kernel (root; the real kernel, one test at a time).
 
 use std::net::SocketAddr;
 

@@ -1,6 +1,8 @@
 //! The rollout demo, shortened (two pods per zone): every mode's Service over the same pods while
 //! they are replaced one at a time, through the real kernel and a real agent with
 //! `--terminate-sockets all`. Root, `--test-threads=1`.
+//!
+//! Tier: kernel (root; the real kernel, one test at a time).
 
 use topology_tests::{
     demo::rollout::{self, RolloutConfig},

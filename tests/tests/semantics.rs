@@ -1,6 +1,8 @@
 //! Service semantics the rewrite must keep (root, real kernel): `sessionAffinity: ClientIP`
 //! inside the chosen set, and Services the agent does not handle passing untouched to kube-proxy.
 //! `--test-threads=1`.
+//!
+//! Tier: kernel (root; the real kernel, one test at a time).
 
 use std::{
     net::{IpAddr, SocketAddr},

@@ -1,6 +1,8 @@
 //! The crash-mid-write soak at CI size (root, real kernel): 20 SIGKILLs of the agent at random
 //! moments after a change, under eight client loops; `cargo xtask bench soak` runs 200.
 //! `--test-threads=1`.
+//!
+//! Tier: kernel (root; the real kernel, one test at a time).
 
 use topology_tests::{fixture::Fixture, require_root, soak};
 

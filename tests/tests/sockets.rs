@@ -2,6 +2,8 @@
 //! rewrite lives with the socket, so no number of other sockets can take it away; a TCP
 //! connection's `getpeername()` translation lives in a direct-mapped table by socket cookie, which
 //! holds it until about a table of newer sockets came. `--test-threads=1`.
+//!
+//! Tier: kernel (root; the real kernel, one test at a time).
 
 use std::net::SocketAddr;
 

@@ -1,6 +1,8 @@
 //! The kernel check of capacity spillover: the weights the policy computes for one node, programmed
 //! into the real datapath, divide 100,000 connections within ±2 points of each weight.
 //! Run single-threaded (`--test-threads=1`) with the other root tests.
+//!
+//! Tier: kernel (root; the real kernel, one test at a time).
 
 use std::net::{IpAddr, SocketAddr};
 

@@ -2,6 +2,8 @@
 //! binary): a tenant whose Service fills the slots array gives room back when another namespace's
 //! endpoints move, and its own withdrawn port goes to kube-proxy, never to an old set.
 //! `--test-threads=1`.
+//!
+//! Tier: kernel (root; the real kernel, one test at a time).
 
 use std::{
     net::{IpAddr, SocketAddr},

@@ -2,6 +2,8 @@
 //! leaves the service's set is destroyed, the application sees an error, reconnects and lands
 //! on a live backend; with `--terminate-sockets all`, so is a TCP connection, and only one whose
 //! backend left. `--test-threads=1`.
+//!
+//! Tier: kernel (root; the real kernel, one test at a time).
 
 use std::{
     net::{IpAddr, SocketAddr},

@@ -24,8 +24,11 @@ enum Tier {
     Lint,
     /// `cargo test` of everything that needs no privileges.
     Unit,
-    /// Root integration tests against the real kernel.
+    /// Root integration tests against the real kernel (`Tier: kernel`), and the kernel matrix.
     Root,
+    /// Root integration tests against the real kernel and the real control plane
+    /// (`Tier: cluster`).
+    Cluster,
     /// Every fuzz target for a few seconds (nightly, cargo-fuzz); `cargo xtask fuzz` runs longer.
     Fuzz,
 }
@@ -65,34 +68,34 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     // Every binary first: the root tests run the agent and the probe as separate processes. The
     // eBPF crate is not a default member: it only links for bpfel-unknown-none, via build.rs.
     cmd::run(cargo().args(["build", "--bins"]).current_dir(&root))?;
+    let tests = integration_tests(&root)?;
     if wants(Tier::Unit) {
         let unit = ["test", "--workspace", "--exclude", "topology-tests", "--exclude", "topology-ebpf"];
         cmd::run(cargo().args(unit).current_dir(&root))?;
         // The Kubernetes layer against the in-process fake API server, and the test kit's own
         // tests: no root, no kernel state, so in parallel and before the image is built.
-        let (fake_api, _) = integration_tests(&root)?;
         let mut kube = vec!["test".to_owned(), "-p".into(), "topology-tests".into(), "--lib".into()];
-        kube.extend(fake_api.into_iter().flat_map(|name| ["--test".to_owned(), name]));
+        kube.extend(targets(&tests, FileTier::FakeApi));
         cmd::run(cargo().args(&kube).current_dir(&root))?;
     }
+    if (wants(Tier::Root) || wants(Tier::Cluster)) && !is_root() {
+        eprintln!("SKIPPED root integration tests: not running as root");
+    }
     if wants(Tier::Root) {
-        if !is_root() {
-            eprintln!("SKIPPED root integration tests: not running as root");
-        }
         // The image test checks what `cargo xtask image` writes, and the kind suite loads it.
         let image = crate::image::build(None, None)?;
         // Root tests share kernel state (cgroups, pins, namespaces): one at a time. Without root
         // they print why they skip.
-        let (_, kernel) = integration_tests(&root)?;
-        let mut tests = vec!["test".to_owned(), "-p".into(), "topology-tests".into(), "--bins".into()];
-        tests.extend(kernel.into_iter().flat_map(|name| ["--test".to_owned(), name]));
-        tests.extend(["--".to_owned(), "--test-threads=1".into()]);
-        // The e2e tier starts the real control plane from the components setup built.
+        cmd::run(
+            cargo().args(serial(&tests, FileTier::Kernel)).env("TOPOLOGY_IMAGE", &image.archive).current_dir(&root),
+        )?;
+    }
+    if wants(Tier::Cluster) {
+        // The real control plane, from the components setup built.
         let components = crate::kubernetes::ensure()?;
         cmd::run(
             cargo()
-                .args(&tests)
-                .env("TOPOLOGY_IMAGE", &image.archive)
+                .args(serial(&tests, FileTier::Cluster))
                 .env(crate::kubernetes::BIN_ENV, components)
                 .current_dir(&root),
         )?;
@@ -106,12 +109,77 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The integration tests of `tests/tests/`, by name: those against the fake API server
-/// (`kube_*`, no root) and the others (the real kernel, root, one at a time).
-fn integration_tests(root: &std::path::Path) -> anyhow::Result<(Vec<String>, Vec<String>)> {
-    let mut names: Vec<String> = std::fs::read_dir(root.join("tests/tests"))?
-        .filter_map(|entry| entry.ok()?.file_name().into_string().ok()?.strip_suffix(".rs").map(str::to_owned))
-        .collect();
-    names.sort();
-    Ok(names.into_iter().partition(|name| name.starts_with("kube_")))
+/// Where a test file of `tests/tests/` runs, as its module docs declare it (`//! Tier: NAME`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FileTier {
+    /// No root: the in-process fake API server; in parallel, in the unit tier.
+    FakeApi,
+    /// Root: the real kernel, one test at a time.
+    Kernel,
+    /// Root: the real kernel and the real control plane, one test at a time.
+    Cluster,
+}
+
+impl FileTier {
+    const NAMES: [(&str, Self); 3] =
+        [("fake-api", Self::FakeApi), ("kernel", Self::Kernel), ("cluster", Self::Cluster)];
+}
+
+/// The integration tests of `tests/tests/`, by name, each with the tier it declares; a file
+/// that declares none, or one unknown, is an error naming it.
+fn integration_tests(root: &std::path::Path) -> anyhow::Result<Vec<(String, FileTier)>> {
+    let mut tests = Vec::new();
+    for entry in std::fs::read_dir(root.join("tests/tests"))? {
+        let path = entry?.path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_suffix(".rs")) else {
+            continue;
+        };
+        let text = std::fs::read_to_string(&path)?;
+        let declared: Vec<&str> = text
+            .lines()
+            .take_while(|line| line.starts_with("//!"))
+            .filter_map(|line| line.strip_prefix("//! Tier: "))
+            .filter_map(|rest| rest.split([' ', '.']).next())
+            .collect();
+        let tier = match declared.as_slice() {
+            [word] => FileTier::NAMES.iter().find(|(known, _)| known == word).map(|(_, tier)| *tier),
+            _ => None,
+        };
+        let Some(tier) = tier else {
+            anyhow::bail!(
+                "{}: its module docs must declare one tier, `//! Tier: fake-api|kernel|cluster`, found {declared:?}",
+                path.display()
+            );
+        };
+        tests.push((name.to_owned(), tier));
+    }
+    tests.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(tests)
+}
+
+/// `--test NAME` for each test of `tier`.
+fn targets(tests: &[(String, FileTier)], tier: FileTier) -> Vec<String> {
+    tests.iter().filter(|(_, t)| *t == tier).flat_map(|(name, _)| ["--test".to_owned(), name.clone()]).collect()
+}
+
+/// `cargo test` of the tests of `tier` as root tests run: with the binaries, one at a time.
+fn serial(tests: &[(String, FileTier)], tier: FileTier) -> Vec<String> {
+    let mut args = vec!["test".to_owned(), "-p".into(), "topology-tests".into(), "--bins".into()];
+    args.extend(targets(tests, tier));
+    args.extend(["--".to_owned(), "--test-threads=1".into()]);
+    args
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_integration_test_declares_its_tier() {
+        let tests = integration_tests(&cmd::workspace_root()).unwrap();
+        assert!(tests.len() > 40, "{tests:?}");
+        for tier in [FileTier::FakeApi, FileTier::Kernel, FileTier::Cluster] {
+            assert!(tests.iter().any(|(_, t)| *t == tier), "no test of {tier:?}");
+        }
+    }
 }
