@@ -7,10 +7,14 @@
 
 use std::{
     collections::{BTreeMap, VecDeque},
+    sync::atomic::AtomicU64,
     time::{Duration, Instant},
 };
 
+use prometheus_client::metrics::{counter::Counter, family::Family};
 use serde::{Deserialize, Serialize};
+
+use crate::metrics::{BytesLabels, ServiceLabels};
 
 /// Bytes of one Service port since the agent started, both directions.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -147,6 +151,61 @@ impl CostReport {
         // the clients sent, delivered or not. TCP's counts are acknowledged bytes.
         out.push_str(UDP_NOTE);
         out
+    }
+}
+
+topology_metrics::metrics! {
+    /// The bytes counted and what they cost.
+    pub struct ByteMetrics;
+    exported {
+        pub counted: Family<BytesLabels, Counter> = Default::default(),
+            "bytes",
+            "Bytes of the TCP connections the hooks rewrote, per Service port, this node's zone, the backend's zone \
+             and direction (counted by the kernel: at each connection's end, and every 10 s while open)";
+        pub cross_zone: Family<ServiceLabels, Counter> = Default::default(),
+            "cross_zone_bytes",
+            "Bytes of the TCP connections the hooks rewrote that crossed from this node's zone to another, both \
+             directions, per Service port";
+        pub cross_zone_baseline: Family<ServiceLabels, Counter<f64, AtomicU64>> = Default::default(),
+            "cross_zone_bytes_baseline",
+            "Bytes the same connections would have sent across zones under the default policy (every endpoint of \
+             the port equally likely): the baseline minus cross_zone_bytes is what the routing saved";
+    }
+    nested {}
+    own {
+        /// The same bytes summed per Service port, with rates, for `/debug/cost`.
+        pub cost: std::sync::Mutex<CostBook> = Default::default();
+    }
+}
+
+impl ByteMetrics {
+    /// Adds a reading of the bytes counted: per label set, and per Service port.
+    pub fn add(
+        &self,
+        labels: &std::collections::BTreeMap<BytesLabels, u64>,
+        services: &std::collections::BTreeMap<String, ServiceBytes>,
+    ) {
+        for (labels, bytes) in labels {
+            self.counted.get_or_create(labels).inc_by(*bytes);
+        }
+        for (service, bytes) in services {
+            let labels = ServiceLabels { service: service.clone() };
+            self.cross_zone.get_or_create(&labels).inc_by(bytes.cross_zone);
+            self.cross_zone_baseline.get_or_create(&labels).inc_by(bytes.baseline_cross_zone);
+        }
+        let mut cost = self.cost.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        cost.add(services, std::time::Instant::now());
+    }
+
+    /// Removes the byte series of ports that lost their place to busier ones (and their
+    /// cross-zone series: a port's `to_zone` series name it).
+    pub fn retire(&self, labels: &[BytesLabels]) {
+        for series in labels {
+            self.counted.remove(series);
+            let service = ServiceLabels { service: series.service.clone() };
+            self.cross_zone.remove(&service);
+            self.cross_zone_baseline.remove(&service);
+        }
     }
 }
 

@@ -243,8 +243,8 @@ impl<P: Programmer> Controller<P> {
                 let (zone, cap) = (self.ctx.node_zone().to_owned(), self.ctx.metrics.max_ports());
                 let zones = self.intake.state.zones();
                 let gained = self.accounting.update(counted, &self.plan, (&zone, &zones), cap);
-                self.ctx.metrics.retire_bytes(&gained.retired);
-                self.ctx.metrics.add_bytes(&gained.labels, &gained.services);
+                self.ctx.metrics.bytes.retire(&gained.retired);
+                self.ctx.metrics.bytes.add(&gained.labels, &gained.services);
                 true
             }
             Err(error) => {

@@ -153,6 +153,7 @@ async fn respond<B>(request: &Request<B>, endpoints: &Endpoints, encoding: &Sema
                 );
             };
             let report = metrics
+                .bytes
                 .cost
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)

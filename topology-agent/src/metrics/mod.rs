@@ -4,10 +4,7 @@
 pub mod feedback;
 mod kernel_counters;
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, atomic::AtomicU64},
-};
+use std::{collections::HashMap, sync::Arc};
 
 pub use kernel_counters::{DEFAULT_MAX_BACKENDS, DEFAULT_MAX_PORTS};
 
@@ -168,39 +165,20 @@ topology_metrics::metrics! {
         pub node_info: Family<NodeLabels, Gauge> = Default::default(),
             "node_info",
             "This agent's node and its zone and region (always 1)";
-        pub sockets_terminated: Family<ProtocolLabels, Counter> = Default::default(),
-            "sockets_terminated",
-            "Sockets destroyed because the backend they were connected to through a service left its set";
-        pub socket_termination_errors: Counter = Default::default(),
-            "socket_termination_errors",
-            "Failures to enter a network namespace, dump its sockets or destroy one";
-        pub bytes: Family<BytesLabels, Counter> = Default::default(),
-            "bytes",
-            "Bytes of the TCP connections the hooks rewrote, per Service port, this node's zone, the backend's zone \
-             and direction (counted by the kernel: at each connection's end, and every 10 s while open)";
-        // 1 ms .. ~16 s.
-        pub bytes_sweep_seconds: Histogram = Histogram::new(exponential_buckets(1e-3, 2.0, 15)),
-            "bytes_sweep_seconds",
-            "Time to count the open connections' bytes in every network namespace";
-        pub bytes_sweep_failures: Counter = Default::default(),
-            "bytes_sweep_failures",
-            "Network namespaces a sweep of the open connections could not count (gone, or not enterable)";
-        pub bytes_sweep_interval: Gauge<f64, AtomicU64> = Default::default(),
-            "bytes_sweep_interval_seconds",
-            "Time between two sweeps of the open connections' bytes: 10 s, or longer where one sweep would take \
-             more than 0.5 % of a core (their counts lag by as much)";
-        pub cross_zone_bytes: Family<ServiceLabels, Counter> = Default::default(),
-            "cross_zone_bytes",
-            "Bytes of the TCP connections the hooks rewrote that crossed from this node's zone to another, both \
-             directions, per Service port";
-        pub cross_zone_bytes_baseline: Family<ServiceLabels, Counter<f64, AtomicU64>> = Default::default(),
-            "cross_zone_bytes_baseline",
-            "Bytes the same connections would have sent across zones under the default policy (every endpoint of \
-             the port equally likely): the baseline minus cross_zone_bytes is what the routing saved";
     }
     own(registry = "topology_agent") {
-        /// The same bytes summed per Service port, with rates, for `/debug/cost`.
-        pub cost: std::sync::Mutex<crate::cost::CostBook> = Default::default();
+        /// Socket termination's and the sweep of open connections' metrics.
+        pub sockets: crate::sockets::metrics::SocketMetrics = {
+            let sockets = crate::sockets::metrics::SocketMetrics::default();
+            sockets.register(&mut registry);
+            sockets
+        };
+        /// The bytes counted and what they cost (`bytes`, `cross_zone_bytes*`, `/debug/cost`).
+        pub bytes: crate::cost::ByteMetrics = {
+            let bytes = crate::cost::ByteMetrics::default();
+            bytes.register(&mut registry);
+            bytes
+        };
         /// The node-local DNS responder's metrics (`dns_*`).
         pub dns: Arc<DnsMetrics> = {
             let dns = Arc::new(DnsMetrics::default());
@@ -255,35 +233,6 @@ impl Metrics {
     pub fn set_caps(&self, caps: SeriesCaps) {
         self.kernel.max_ports.store(caps.ports, std::sync::atomic::Ordering::Relaxed);
         self.kernel.max_backends.store(caps.backends, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Adds a reading of the bytes counted: per label set, and per Service port.
-    pub fn add_bytes(
-        &self,
-        labels: &std::collections::BTreeMap<BytesLabels, u64>,
-        services: &std::collections::BTreeMap<String, crate::cost::ServiceBytes>,
-    ) {
-        for (labels, bytes) in labels {
-            self.bytes.get_or_create(labels).inc_by(*bytes);
-        }
-        for (service, bytes) in services {
-            let labels = ServiceLabels { service: service.clone() };
-            self.cross_zone_bytes.get_or_create(&labels).inc_by(bytes.cross_zone);
-            self.cross_zone_bytes_baseline.get_or_create(&labels).inc_by(bytes.baseline_cross_zone);
-        }
-        let mut cost = self.cost.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        cost.add(services, std::time::Instant::now());
-    }
-
-    /// Removes the byte series of ports that lost their place to busier ones (and their
-    /// cross-zone series: a port's `to_zone` series name it).
-    pub fn retire_bytes(&self, labels: &[BytesLabels]) {
-        for series in labels {
-            self.bytes.remove(series);
-            let service = ServiceLabels { service: series.service.clone() };
-            self.cross_zone_bytes.remove(&service);
-            self.cross_zone_bytes_baseline.remove(&service);
-        }
     }
 
     /// Service ports with series of their own (`--metrics-max-ports`).

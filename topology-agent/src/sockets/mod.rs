@@ -15,6 +15,7 @@
 mod diag;
 mod ledger;
 mod lingering;
+pub mod metrics;
 mod netns;
 pub mod sweep;
 
@@ -213,7 +214,7 @@ fn terminate(
     }
     let failed = |what: &str, error: &dyn std::fmt::Display| {
         tracing::warn!(%error, "socket termination: {what}");
-        metrics.socket_termination_errors.inc();
+        metrics.sockets.termination_errors.inc();
     };
     let map = match config.maps.connections() {
         Ok(map) => map,
@@ -284,7 +285,7 @@ fn terminate(
                     match channel.destroy(family, protocol, &socket.id) {
                         Ok(()) => {
                             tracing::info!(service = %departure.service, backend = %departure.backend, "socket terminated");
-                            metrics.sockets_terminated.get_or_create(&labels).inc();
+                            metrics.sockets.terminated.get_or_create(&labels).inc();
                         }
                         // Closed meanwhile: nothing left to do.
                         Err(error) if error.raw_os_error() == Some(libc::ENOENT) => {}

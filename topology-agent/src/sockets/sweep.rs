@@ -115,10 +115,10 @@ impl Sweeper {
                         }
                     }
                 }
-                metrics.bytes_sweep_seconds.observe(started.elapsed().as_secs_f64());
-                metrics.bytes_sweep_failures.inc_by(failed);
+                metrics.sockets.sweep_seconds.observe(started.elapsed().as_secs_f64());
+                metrics.sockets.sweep_failures.inc_by(failed);
                 wait = next_wait(thread_cpu().saturating_sub(cpu));
-                metrics.bytes_sweep_interval.set(wait.as_secs_f64());
+                metrics.sockets.sweep_interval.set(wait.as_secs_f64());
             }
         })?;
         Ok(Self { stop: Some(stop), thread: Some(thread) })
