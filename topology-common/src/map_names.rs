@@ -39,7 +39,8 @@ macro_rules! maps {
         $($(#[$attr])* pub const $konst: &str = $name;)*
 
         /// Every map the programs declare, in a stable order.
-        pub const MAPS: [MapSpec; [$($name),*].len()] = [$(MapSpec { name: $name, kept: Kept::$kept $(($what))? }),*];
+        pub const MAPS: [MapSpec; [$($name),*].len()] =
+            [$(MapSpec { name: $name, kept: Kept::$kept $(($what))? }),*];
     };
 }
 
@@ -149,8 +150,3 @@ pub const PINNED: [&str; PINNED_COUNT] = {
     }
     names
 };
-
-/// The declaration of the map named `name`, if the programs have one.
-pub fn spec(name: &str) -> Option<&'static MapSpec> {
-    MAPS.iter().find(|spec| spec.name == name)
-}
