@@ -34,7 +34,7 @@ use topology_agent::{
     controller::{Controller, ControllerConfig, Health, Observation, Programmer},
     metrics::Metrics,
 };
-use topology_dataplane::{ApplyReport, Capacities, Dataplane, DataplaneConfig};
+use topology_dataplane::{ApplyReport, Capacities, Dataplane, DataplaneConfig, LoadSignal};
 use topology_kube::{
     EventSender,
     events::LogOnly,
@@ -450,7 +450,10 @@ async fn sync_and_updates(services: usize, endpoints: usize, updates: usize, cap
     assert_eq!(adopted.kernel().services.len(), services, "every port adopted");
     drop(adopted);
     // A restart with other programs (here: without the load signal) loads them again.
-    config.programs.load_signal = !config.programs.load_signal;
+    config.programs.load_signal = match config.programs.load_signal {
+        LoadSignal::Off => LoadSignal::On,
+        _ => LoadSignal::Off,
+    };
     let restarted = Instant::now();
     let reloaded = Dataplane::open(&config).expect("reload and adopt");
     let reload = restarted.elapsed();

@@ -34,7 +34,7 @@ use aya::{
 };
 use topology_agent::sockets::sweep::{IDLE_EVERY, next_wait, thread_cpu};
 use topology_common::ByteCount;
-use topology_dataplane::{ByteAccounting, BytesSweep, CountedBytes, Dataplane, LoadOptions};
+use topology_dataplane::{ByteAccounting, BytesSweep, CountedBytes, Dataplane, LoadOptions, LoadSignal};
 use topology_model::Protocol;
 use topology_policy::desired::{DesiredService, DesiredState, Locality, PortOptions, ServicePort, WeightedBackend};
 use topology_tests::{
@@ -171,7 +171,7 @@ fn main() {
     let config = |byte_accounting| {
         let mut config = fx.config();
         config.programs =
-            LoadOptions { byte_accounting, outlier_ejection: true, load_signal: false, ..config.programs };
+            LoadOptions { byte_accounting, outlier_ejection: true, load_signal: LoadSignal::Off, ..config.programs };
         config
     };
     let mut dp = Dataplane::open(&config(ByteAccounting::All)).expect("open the dataplane");

@@ -8,7 +8,7 @@
 
 use std::net::SocketAddr;
 
-use topology_dataplane::{ByteAccounting, Dataplane, KernelFeatures};
+use topology_dataplane::{ByteAccounting, Dataplane, KernelFeatures, LoadSignal};
 use topology_model::Protocol;
 use topology_tests::{
     fixture::{Fixture, service},
@@ -31,7 +31,7 @@ fn every_optional_program_is_taken_exactly_where_the_kernel_has_what_it_needs() 
     let fx = Fixture::new(2);
     let mut config = fx.config();
     config.programs.outlier_ejection = true;
-    config.programs.load_signal = true;
+    config.programs.load_signal = LoadSignal::On;
     config.programs.byte_accounting = ByteAccounting::All;
     let mut dp = Dataplane::open(&config).expect("open dataplane");
     let features = dp.features();

@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use topology_dataplane::{Dataplane, MeasuredBackend};
+use topology_dataplane::{Dataplane, LoadSignal, MeasuredBackend};
 use topology_model::Protocol;
 use topology_policy::desired::{DesiredService, DesiredState, PortOptions, WeightedBackend};
 use topology_tests::{
@@ -219,7 +219,7 @@ fn the_load_signal_costs_other_sockets_nothing_and_survives_reloads_and_a_small_
     // sixteen newer ones through the hooks.
     let config = |load_signal: bool, kernel_log| {
         let mut config = fx.config();
-        config.programs.load_signal = load_signal;
+        config.programs.load_signal = if load_signal { LoadSignal::On } else { LoadSignal::Off };
         config.programs.kernel_log = kernel_log;
         config.programs.capacities.tcp_connections = 16;
         config

@@ -19,7 +19,7 @@ use topology_kube::{
     file::{FileSource, FileSourceError},
     watch::{KubeSource, KubeSourceError},
 };
-use topology_policy::plan::{MeasuredPorts, steering::Steering};
+use topology_policy::plan::steering::Steering;
 
 use crate::{
     caps::{self, Capability, CapabilityError},
@@ -59,11 +59,10 @@ pub struct RunConfig {
     /// The programs stop rewriting this long after the agent last had a current view
     /// (`None`: never).
     pub fail_open_after: Option<Duration>,
-    /// What the programs are loaded with (`--*-capacity`, `--kernel-log`, `--index-ordering`,
-    /// `--load-signal`, `--outlier-ejection`, `--byte-accounting`).
+    /// What the programs are loaded with (`--capacity`, `--kernel-log`, `--index-ordering`,
+    /// `--load-signal`, which also says which ports' connections are measured,
+    /// `--outlier-ejection`, `--byte-accounting`).
     pub programs: LoadOptions,
-    /// Which ports' connections the load signal measures (`--load-signal`).
-    pub measured: MeasuredPorts,
     /// Service ports and backends with /metrics series of their own (`--metrics-max-*`).
     pub metrics_caps: crate::metrics::SeriesCaps,
     /// Which sockets are destroyed when their backend leaves a set.
@@ -252,7 +251,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
     let controller = Controller::new(
         ControllerConfig {
             one_publisher_per_service: true,
-            measured: config.measured,
+            measured: config.programs.load_signal.into(),
             ..ControllerConfig::new(config.node.clone())
         },
         dataplane,
@@ -401,7 +400,6 @@ mod tests {
             probe_addr: None,
             fail_open_after: None,
             programs: LoadOptions::default(),
-            measured: MeasuredPorts::Feedback,
             metrics_caps: crate::metrics::SeriesCaps::default(),
             terminate: TerminateSockets::Off,
             netns_dirs: Vec::new(),

@@ -276,8 +276,46 @@ async fn cancel_on_signal(shutdown: CancellationToken) {
 #[cfg(test)]
 mod tests {
 
+    use clap::CommandFactory as _;
+    use topology_dataplane::{ByteAccounting, IndexOrdering, KernelLogLevel, LoadSignal};
+    use topology_policy::plan::MeasuredPorts;
+
     use super::*;
-    use crate::run_args::parse_upstream;
+    use crate::run_args::{parse_upstream, run_config};
+
+    #[test]
+    fn the_kernels_knobs_are_flags_of_run_declared_with_the_loaders_options() {
+        Cli::command().debug_assert();
+        let run = |args: &[&str]| {
+            let cli =
+                Cli::try_parse_from([&["topology-agent", "run", "--node", "a", "--cluster", "c.yaml"], args].concat())?;
+            let Command::Run(args) = cli.command else { panic!("run") };
+            Ok::<_, clap::Error>(run_config(*args).unwrap())
+        };
+        let defaults = run(&[]).unwrap().programs;
+        assert_eq!(defaults.load_signal, LoadSignal::On);
+        assert!(defaults.outlier_ejection, "the agent ejects by default, a library user does not");
+        assert_eq!(defaults.byte_accounting, ByteAccounting::Tcp);
+        let config = run(&[
+            "--kernel-log=warn",
+            "--index-ordering=off",
+            "--load-signal=all",
+            "--outlier-ejection=off",
+            "--byte-accounting=all",
+            "--capacity=topo_slots=1024",
+        ])
+        .unwrap();
+        let programs = config.programs;
+        assert_eq!(programs.kernel_log, KernelLogLevel::Warn);
+        assert_eq!(programs.index, IndexOrdering::Off);
+        assert_eq!(MeasuredPorts::from(programs.load_signal), MeasuredPorts::All);
+        assert!(!programs.outlier_ejection);
+        assert_eq!(programs.byte_accounting, ByteAccounting::All);
+        assert_eq!(programs.capacities.slots, 1024);
+        let Err(error) = run(&["--outlier-ejection=maybe"]) else { panic!("--outlier-ejection=maybe is refused") };
+        let error = error.to_string();
+        assert!(error.contains("--outlier-ejection") && error.contains("neither on nor off"), "{error}");
+    }
 
     #[test]
     fn explain_reads_a_file_or_the_api_never_both() {

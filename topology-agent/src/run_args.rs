@@ -3,17 +3,16 @@
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use anyhow::{Context as _, bail};
-use clap::{Args, ValueEnum};
+use clap::Args;
 use topology_agent::{
     agent::{RunConfig, SourceConfig},
     listen,
     metrics::SeriesCaps,
     sockets::TerminateSockets,
 };
-use topology_dataplane::{ByteAccounting, Capacities, IndexOrdering, KernelLogLevel, LoadOptions};
+use topology_dataplane::{Capacities, LoadOptions};
 use topology_dns::DnsConfig;
 use topology_model::ObjectKey;
-use topology_policy::plan::MeasuredPorts;
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -51,12 +50,12 @@ pub struct RunArgs {
     /// kubelet's probes: a flood of scrapes or idle connections cannot keep them out.
     #[arg(long, value_parser = listen::parse_listen, value_name = "ADDR")]
     probe_addr: Option<SocketAddr>,
-    /// Kernel-side diagnostics (aya-log); `off` costs nothing on the hot path.
-    #[arg(long, value_enum, default_value_t = KernelLogLevel::Off)]
-    kernel_log: KernelLogLevel,
     /// Override a map's capacity, e.g. `topo_slots=524288` (repeatable).
     #[arg(long = "capacity", value_name = "MAP=ENTRIES")]
     capacities: Vec<String>,
+    /// The kernel's knobs.
+    #[command(flatten)]
+    programs: LoadOptions,
     /// When the agent has had no current view of the cluster for this long (it died, is wedged,
     /// or its watches keep failing), the programs stop rewriting and connections go to the
     /// ClusterIP untouched, where kube-proxy answers. Two minutes ride out an API server restart
@@ -64,26 +63,6 @@ pub struct RunArgs {
     /// replaced the backends they name. `0` keeps the last programmed state forever.
     #[arg(long, default_value = "2m", value_name = "DURATION", value_parser = humantime::parse_duration)]
     fail_open_after: Duration,
-    /// How the programs read the service index: `auto` picks what this CPU and kernel need.
-    #[arg(long, value_enum, default_value_t = IndexOrdering::Auto)]
-    index_ordering: IndexOrdering,
-    /// The load signal: per backend, the TCP connections the hooks rewrite for ports under
-    /// feedback (`on`: counted by the connect hook and where the socket ends; no other socket
-    /// pays anything), or for every port (`all`). `off`: nothing is measured, feedback keeps the
-    /// static plan.
-    #[arg(long, value_enum, default_value_t = LoadSignal::On)]
-    load_signal: LoadSignal,
-    /// Avoid a backend whose handshakes from this node failed 5 times in a row, for 10 s doubling
-    /// with each ejection up to 5 min (its programs run only where a handshake fails).
-    #[arg(long, value_enum, default_value_t = Switch::On)]
-    outlier_ejection: Switch,
-    /// Count the bytes of the connections the hooks rewrite, per Service port and zone pair
-    /// (`topology_agent_bytes_total`). `tcp`: TCP connections, read from each socket when it ends
-    /// and every 10 s from the open ones; nothing is added to a connect or a send. `all`: UDP
-    /// datagrams too, counted one by one, which adds a program run to every socket send and
-    /// receive of the node. `off`: nothing.
-    #[arg(long, value_enum, default_value_t = ByteAccounting::Tcp)]
-    byte_accounting: ByteAccounting,
     /// Which sockets are destroyed when the backend they reached through a service leaves its
     /// set: `udp` (connected UDP sockets), `all` (TCP too) or `off` (no CAP_SYS_ADMIN needed).
     #[arg(long, value_enum, default_value_t = TerminateSockets::Udp)]
@@ -152,22 +131,6 @@ pub fn parse_upstream(text: &str) -> Result<SocketAddr, NotAnUpstream> {
         .map_err(|_| NotAnUpstream(text.to_owned()))
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Switch {
-    On,
-    Off,
-}
-
-/// Which ports the load signal measures, if any.
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum LoadSignal {
-    /// Ports under feedback.
-    On,
-    /// Every port.
-    All,
-    Off,
-}
-
 pub fn run_config(args: RunArgs) -> anyhow::Result<RunConfig> {
     let source = match args.cluster {
         Some(path) => SourceConfig::File(path),
@@ -181,19 +144,7 @@ pub fn run_config(args: RunArgs) -> anyhow::Result<RunConfig> {
         metrics_addr: args.metrics_addr.map_or_else(default_metrics_addr, Ok)?,
         probe_addr: args.probe_addr,
         fail_open_after: (!args.fail_open_after.is_zero()).then_some(args.fail_open_after),
-        programs: LoadOptions {
-            capacities: capacities(&args.capacities)?,
-            kernel_log: args.kernel_log,
-            index: args.index_ordering,
-            load_signal: args.load_signal != LoadSignal::Off,
-            outlier_ejection: args.outlier_ejection == Switch::On,
-            byte_accounting: args.byte_accounting,
-        },
-        measured: match args.load_signal {
-            LoadSignal::Off => MeasuredPorts::Off,
-            LoadSignal::On => MeasuredPorts::Feedback,
-            LoadSignal::All => MeasuredPorts::All,
-        },
+        programs: LoadOptions { capacities: capacities(&args.capacities)?, ..args.programs },
         metrics_caps: SeriesCaps { ports: args.metrics_max_ports, backends: args.metrics_max_backends },
         terminate: args.terminate_sockets,
         netns_dirs: args.netns_dirs.into_iter().chain([args.host_netns]).collect(),

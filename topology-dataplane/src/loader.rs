@@ -11,8 +11,6 @@ use aya::{
     Ebpf, EbpfLoader,
     programs::{BtfTracePoint, CgroupAttachMode, CgroupSockAddr, links::FdLink},
 };
-use clap::ValueEnum;
-use serde::{Deserialize, Serialize};
 use topology_common::{
     BYTES_ACKED_OFFSET_GLOBAL, BYTES_RECEIVED_OFFSET_GLOBAL, CB_FLAGS_OFFSET_GLOBAL, INDEX_ENABLED_GLOBAL,
     INDEX_V4_MASK_GLOBAL, INDEX_V6_MASK_GLOBAL, LOAD_SIGNAL_GLOBAL, LOG_LEVEL_GLOBAL, OWN_TTL_OFFSETS_GLOBAL,
@@ -26,27 +24,11 @@ use super::{
     index::positions_for,
     layout::PinLayout,
     links,
-    maps::Capacities,
     objects::{PROGRAMS, PROGRAMS_ACQUIRE},
+    options::{IndexOrdering, KernelLogLevel, LoadOptions},
     pins,
 };
 use crate::{btf_offsets, mounts};
-
-/// How the programs read the service index (see `topology_common::index`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum IndexOrdering {
-    /// x86-64: plain loads, on any kernel. Elsewhere: load-acquire where the kernel has it, else
-    /// the index is off and the programs use the hash maps.
-    #[default]
-    Auto,
-    /// Plain loads in program order (sound on TSO CPUs only).
-    Plain,
-    /// BPF load-acquire (needs a kernel with it).
-    Acquire,
-    /// No index: every lookup asks the hash maps.
-    Off,
-}
 
 /// One way to load the programs: which object, and whether they probe the index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,26 +64,6 @@ impl Flavour {
     }
 }
 
-/// Level of the kernel programs' own diagnostics. Anything but `off` costs a ring-buffer write per
-/// logged event; `off` is removed by the verifier, so the hot path pays nothing.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum KernelLogLevel {
-    /// No kernel diagnostics.
-    #[default]
-    Off,
-    /// Internal failures only.
-    Error,
-    /// Failures and degraded operation (a slot of another set drawn).
-    Warn,
-    /// Informational events.
-    Info,
-    /// Every rewrite.
-    Debug,
-    /// Everything.
-    Trace,
-}
-
 impl KernelLogLevel {
     /// The value of aya-log's level global: 0 disables every statement.
     fn global(self) -> u8 {
@@ -124,74 +86,6 @@ pub struct Loaded {
     pub logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     /// Which object was loaded, and whether its programs probe the index.
     pub flavour: Flavour,
-}
-
-/// What the programs are loaded with: the kernel's knobs, declared once, from the agent's flags
-/// to the loader (and the fingerprint a restart compares, `reuse.rs`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LoadOptions {
-    /// Map capacities.
-    pub capacities: Capacities,
-    /// Kernel diagnostics level.
-    pub kernel_log: KernelLogLevel,
-    /// How the programs read the service index.
-    pub index: IndexOrdering,
-    /// Measure the TCP connections of ports under feedback: their starts counted by the connect
-    /// hooks, their ends where the kernel destroys their socket (`tp_btf/tcp_destroy_sock`, once
-    /// per TCP socket of the node). Off, or refused by the kernel: no backend is measured and
-    /// feedback keeps the static plan.
-    pub load_signal: bool,
-    /// Load and attach the outlier ejection programs (tracepoints where a handshake fails). Off
-    /// (the library's default; the agent's is on), or refused by the kernel: no backend is
-    /// ejected.
-    pub outlier_ejection: bool,
-    /// What the accounting programs count: the bytes of the TCP connections the hooks rewrote
-    /// (`tp_btf/tcp_destroy_sock`: once per TCP socket of the node, at its end), and with
-    /// [`ByteAccounting::All`] the UDP datagrams through a Service (`tp_btf/sock_send_length`,
-    /// `sock_recv_length`: every socket send and receive of the node). Off (the library's
-    /// default), or refused by the kernel: no bytes are counted.
-    pub byte_accounting: ByteAccounting,
-}
-
-impl Default for LoadOptions {
-    /// A library user's: default capacities, no kernel log, the index ordering this machine
-    /// needs, the load signal on, no outlier ejection or accounting.
-    fn default() -> Self {
-        Self {
-            capacities: Capacities::default(),
-            kernel_log: KernelLogLevel::Off,
-            index: IndexOrdering::Auto,
-            load_signal: true,
-            outlier_ejection: false,
-            byte_accounting: ByteAccounting::Off,
-        }
-    }
-}
-
-/// What cross-zone accounting counts (`--byte-accounting`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, ValueEnum)]
-pub enum ByteAccounting {
-    /// Nothing: no program loaded.
-    #[default]
-    Off,
-    /// The TCP connections the hooks rewrite: read from each socket when it ends and by the
-    /// sweeps, nothing on any connect or send.
-    Tcp,
-    /// Those, and every UDP datagram through a Service, counted where the kernel reports each
-    /// send and receive of a socket of the node.
-    All,
-}
-
-impl ByteAccounting {
-    /// Whether TCP connections are counted.
-    pub fn tcp(self) -> bool {
-        self != Self::Off
-    }
-
-    /// Whether UDP datagrams are counted.
-    pub fn udp(self) -> bool {
-        self == Self::All
-    }
 }
 
 /// Loads the object with its maps opened from, or created and pinned under, `layout`, and its
@@ -251,7 +145,7 @@ fn load_flavour(layout: &PinLayout, options: &LoadOptions, flavour: Flavour) -> 
     }
     // So do accounting and the load signal at a connection's end, at the offsets of a TCP
     // socket's counters.
-    let wanted = options.byte_accounting.tcp() || options.load_signal;
+    let wanted = options.byte_accounting.tcp() || options.load_signal.measures();
     let socket_offsets = match wanted.then(tcp_socket_offsets) {
         Some(Ok(offsets)) => Some(offsets),
         Some(Err(error)) => {
@@ -266,7 +160,7 @@ fn load_flavour(layout: &PinLayout, options: &LoadOptions, flavour: Flavour) -> 
     }
     let tcp_bytes = u32::from(socket_offsets.is_some() && options.byte_accounting.tcp());
     loader.override_global(TCP_BYTES_GLOBAL, &tcp_bytes, true);
-    let load_signal = u32::from(socket_offsets.is_some() && options.load_signal);
+    let load_signal = u32::from(socket_offsets.is_some() && options.load_signal.measures());
     loader.override_global(LOAD_SIGNAL_GLOBAL, &load_signal, true);
     let udp_bytes = u32::from(socket_offsets.is_some() && options.byte_accounting.udp());
     loader.override_global(UDP_BYTES_GLOBAL, &udp_bytes, true);

@@ -21,8 +21,9 @@ use super::{
     error::DataplaneError,
     layout::PinLayout,
     links,
-    loader::{self, Flavour, KernelLogLevel, LoadOptions},
+    loader::{self, Flavour},
     objects,
+    options::{KernelLogLevel, LoadOptions},
 };
 
 /// What a previous agent loaded, as its marker says.
@@ -75,7 +76,7 @@ pub fn find(layout: &PinLayout, options: &LoadOptions, cgroup: &Path) -> Option<
     let cgroup_id = std::fs::metadata(cgroup).ok()?.ino();
     let tracing_links = |programs: &[(&str, &str)]| programs.iter().all(|(name, _)| layout.link(name).exists());
     if (options.outlier_ejection && !tracing_links(&program_names::OUTLIER))
-        || ((options.byte_accounting.tcp() || options.load_signal) && !tracing_links(&program_names::CLOSED))
+        || ((options.byte_accounting.tcp() || options.load_signal.measures()) && !tracing_links(&program_names::CLOSED))
         || (options.byte_accounting.udp() && !tracing_links(&program_names::UDP_ACCOUNTING))
     {
         // Detached, or refused by this kernel before: loading tries again.
@@ -129,14 +130,14 @@ pub fn record(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{ByteAccounting, Capacities, IndexOrdering};
+    use crate::{ByteAccounting, Capacities, IndexOrdering, LoadSignal};
 
     fn options() -> LoadOptions {
         LoadOptions {
             capacities: Capacities::default(),
             kernel_log: KernelLogLevel::Off,
             index: IndexOrdering::Auto,
-            load_signal: true,
+            load_signal: LoadSignal::On,
             outlier_ejection: true,
             byte_accounting: ByteAccounting::All,
         }
@@ -150,7 +151,7 @@ mod tests {
         let mut capacities = options();
         capacities.capacities.slots += 1;
         let mut signal = options();
-        signal.load_signal = false;
+        signal.load_signal = LoadSignal::Off;
         let mut ejection = options();
         ejection.outlier_ejection = false;
         let mut accounting = options();
