@@ -142,8 +142,14 @@ fn independent_reader(archive: &Path) {
 fn runs_alone(layer: &[u8]) {
     let rootfs = tempfile::tempdir().expect("rootfs");
     tar::Archive::new(layer).unpack(rootfs.path()).expect("unpack the layer");
-    let fixture = workspace().join("topology-agent/testdata/scenarios/prefer-close/1-in-zone.yaml");
-    std::fs::copy(&fixture, rootfs.path().join("cluster.yaml")).expect("fixture into the rootfs");
+    // The cluster of the PreferClose scenario's first step (a file of its archive).
+    let scenario = workspace().join("topology-agent/testdata/scenarios/prefer-close.txtar");
+    let scenario = std::fs::read_to_string(&scenario).expect("the PreferClose scenario");
+    let fixture = scenario
+        .split("\n-- ")
+        .find_map(|file| file.strip_prefix("1-in-zone.yaml --\n"))
+        .expect("the scenario's 1-in-zone.yaml");
+    std::fs::write(rootfs.path().join("cluster.yaml"), fixture).expect("fixture into the rootfs");
     // chroot proves the binary needs nothing from the host: the rootfs has no loader and no libc.
     let (mut command, cluster) = if is_root() {
         let mut chroot = Command::new("chroot");
@@ -170,7 +176,7 @@ fn runs_alone(layer: &[u8]) {
         ["explain", "--cluster", &cluster.to_string_lossy(), "--node", "node-a", "--output", "json"].map(String::from)
     };
     let in_image = stdout(command.args(explain(&cluster)));
-    let reference = stdout(Command::new(agent_binary()).args(explain(&fixture)));
+    let reference = stdout(Command::new(agent_binary()).args(explain(&rootfs.path().join("cluster.yaml"))));
     assert!(in_image.contains("\"backends\""), "explain printed no plan: {in_image}");
     assert_eq!(in_image, reference, "the image's agent decides as the tested one does");
 }

@@ -29,7 +29,7 @@ use super::{
     index::{self, positions_for},
     maps::Capacities,
     ops::{IndexStore, MapOps, ServiceKey},
-    state::name_from_meta,
+    state::{ProgrammedService, name_from_meta, set_slots},
 };
 use crate::KernelState;
 
@@ -185,6 +185,30 @@ impl MemoryMaps {
             }),
             _ => Ok(()),
         }
+    }
+
+    /// What the maps hold, read back as the agent reads the kernel's after a restart
+    /// ([`crate::state::read`]): the writer of a restarted agent adopts it.
+    pub fn kernel_state(&self) -> KernelState {
+        let entries = self
+            .services4
+            .iter()
+            .map(|(k, v)| (ServiceKey::V4(*k), *v))
+            .chain(self.services6.iter().map(|(k, v)| (ServiceKey::V6(*k), *v)));
+        let mut state = KernelState::default();
+        for (key, value) in entries {
+            let Some(port) = key.port() else { continue };
+            let slots = set_slots(&value, self.capacities.slots, |index| {
+                Ok::<_, std::convert::Infallible>(self.slots[index as usize])
+            });
+            let slots = slots.unwrap_or_else(|never| match never {});
+            let name = self.names.get(&value.service_id).map(name_from_meta).unwrap_or_default();
+            let options = self.options.get(value.service_id as usize).map(PortOptions::from_kernel).unwrap_or_default();
+            state.services.insert(port, ProgrammedService::new(&value, slots, name, options));
+        }
+        let live: BTreeSet<u32> = state.services.values().map(|s| s.service_id).collect();
+        state.orphan_ids = self.names.keys().copied().filter(|id| !live.contains(id)).collect();
+        state
     }
 
     /// The contents as the golden files keep them: every entry in key order, every slot written.

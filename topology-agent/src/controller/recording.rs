@@ -94,6 +94,17 @@ impl MemoryKernel {
     pub fn new(capacities: Capacities) -> Self {
         let writer = Writer::adopt(MemoryMaps::new(capacities), KernelState::default())
             .expect("empty in-memory maps are adopted");
+        Self::over(writer)
+    }
+
+    /// The maps a stopped agent left, taken over as a restarted agent takes over the kernel's:
+    /// read back, and adopted by a new writer.
+    pub fn adopting(maps: MemoryMaps) -> Self {
+        let kernel = maps.kernel_state();
+        Self::over(Writer::adopt(maps, kernel).expect("the maps a writer left are adopted"))
+    }
+
+    fn over(writer: Writer<MemoryMaps>) -> Self {
         Self(Arc::new(Mutex::new(Record {
             current: DesiredState::default(),
             full: 0,

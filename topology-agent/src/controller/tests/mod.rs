@@ -7,6 +7,7 @@ use tokio_util::sync::CancellationToken;
 
 mod initial;
 mod scenarios;
+mod script;
 
 use topology_kube::{EventSender, Invalid, Object, SourceEvent, events::LogOnly};
 use topology_model::{ClusterState, EndpointSlice, Kind, ObjectError, Protocol, Service};
