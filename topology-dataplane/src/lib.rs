@@ -44,6 +44,8 @@ mod ranges;
 mod refusals;
 mod reuse;
 mod slot_space;
+#[cfg(any(test, feature = "testing"))]
+mod snapshot;
 mod socket_maps;
 mod state;
 mod typed_chunk;

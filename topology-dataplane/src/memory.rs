@@ -29,7 +29,7 @@ use super::{
     index::{self, positions_for},
     maps::Capacities,
     ops::{IndexStore, MapOps, ServiceKey},
-    state::{ProgrammedService, name_from_meta, set_slots},
+    state::name_from_meta,
 };
 use crate::KernelState;
 
@@ -40,6 +40,11 @@ pub struct MemoryIndex<T>(Vec<T>);
 impl<T: Copy + Default> MemoryIndex<T> {
     fn new(positions: u32) -> Self {
         Self(vec![T::default(); positions as usize])
+    }
+
+    /// An index holding `positions`, in order.
+    pub fn from_positions(positions: impl IntoIterator<Item = T>) -> Self {
+        Self(positions.into_iter().collect())
     }
 }
 
@@ -187,32 +192,18 @@ impl MemoryMaps {
         }
     }
 
-    /// What the maps hold, read back as the agent reads the kernel's after a restart
-    /// ([`crate::state::read`]): the writer of a restarted agent adopts it.
-    pub fn kernel_state(&self) -> KernelState {
-        let entries = self
-            .services4
-            .iter()
-            .map(|(k, v)| (ServiceKey::V4(*k), *v))
-            .chain(self.services6.iter().map(|(k, v)| (ServiceKey::V6(*k), *v)));
-        let mut state = KernelState::default();
-        for (key, value) in entries {
-            let Some(port) = key.port() else { continue };
-            let slots = set_slots(&value, self.capacities.slots, |index| {
-                Ok::<_, std::convert::Infallible>(self.slots[index as usize])
-            });
-            let slots = slots.unwrap_or_else(|never| match never {});
-            let name = self.names.get(&value.service_id).map(name_from_meta).unwrap_or_default();
-            let options = self.options.get(value.service_id as usize).map(PortOptions::from_kernel).unwrap_or_default();
-            state.services.insert(port, ProgrammedService::new(&value, slots, name, options));
-        }
-        let live: BTreeSet<u32> = state.services.values().map(|s| s.service_id).collect();
-        state.orphan_ids = self.names.keys().copied().filter(|id| !live.contains(id)).collect();
-        state
-    }
-
     /// The contents as the golden files keep them: every entry in key order, every slot written.
     pub fn dump(&self) -> String {
+        self.dump_with(true)
+    }
+
+    /// [`dump`](Self::dump) without what only the in-memory maps count (counters zeroed, grace
+    /// periods): what the kernel's maps, read back ([`MemoryMaps::read_from`]), must print alike.
+    pub fn dump_held(&self) -> String {
+        self.dump_with(false)
+    }
+
+    fn dump_with(&self, counted: bool) -> String {
         let mut out = String::new();
         let mut families = BTreeMap::new();
         let entries = self
@@ -243,12 +234,17 @@ impl MemoryMaps {
         for (id, meta) in &self.names {
             let options = PortOptions::from_kernel(&self.options[*id as usize]);
             let options = serde_json::to_string(&options).unwrap_or_default();
-            let resets = self.counter_resets.get(id).copied().unwrap_or(0);
-            let _ = writeln!(out, "  {id} {:?} options={options} counters-zeroed={resets}", name_from_meta(meta));
+            let _ = write!(out, "  {id} {:?} options={options}", name_from_meta(meta));
+            if counted {
+                let _ = write!(out, " counters-zeroed={}", self.counter_resets.get(id).copied().unwrap_or(0));
+            }
+            out.push('\n');
         }
         dump_index(&mut out, map_names::INDEX_V4, &self.index4.0, |e| (e.seq, e.state, ServiceKey::V4(e.key), e.value));
         dump_index(&mut out, map_names::INDEX_V6, &self.index6.0, |e| (e.seq, e.state, ServiceKey::V6(e.key), e.value));
-        let _ = writeln!(out, "grace periods: {}", self.grace.periods);
+        if counted {
+            let _ = writeln!(out, "grace periods: {}", self.grace.periods);
+        }
         out
     }
 }

@@ -18,6 +18,8 @@ mod program;
 mod query;
 #[cfg(any(test, feature = "testing"))]
 pub mod recording;
+#[cfg(any(test, feature = "testing"))]
+pub mod scenario;
 mod schedule;
 
 use std::{

@@ -7,10 +7,9 @@ use tokio_util::sync::CancellationToken;
 
 mod initial;
 mod scenarios;
-mod script;
 
 use topology_kube::{EventSender, Invalid, Object, SourceEvent, events::LogOnly};
-use topology_model::{ClusterState, EndpointSlice, Kind, ObjectError, Protocol, Service};
+use topology_model::{EndpointSlice, Kind, ObjectError, Protocol, Service};
 use topology_policy::{
     desired::ServicePort,
     testing::{self, ServiceExt},
