@@ -235,6 +235,9 @@ fn unanswered_handshakes_eject_too() {
     filter(&fx.backends[0], &["-j", "DROP"]);
     let primed = pods.prime(VIP.parse().unwrap());
     assert_eq!(primed.errors.get("timeout").copied(), Some(2), "{primed:?}");
+    // What the kernel counted of the two: when the run below does not eject, this tells a
+    // failure never charged from a run restarted after it.
+    let after_prime = status(&fx);
     let retransmitted = syn_retransmits(&fx);
     let outage = pods.first.tcp(VIP.parse().unwrap(), 100);
     // A timeout counts only if its SYN was retransmitted before the client gave up (1 s of 2):
@@ -243,7 +246,7 @@ fn unanswered_handshakes_eject_too() {
     assert_eq!(
         outage.errors.get("timeout").copied(),
         Some(3),
-        "{outage:?}; SYNs retransmitted: {retransmitted}; status:\n{}",
+        "{outage:?}; SYNs retransmitted: {retransmitted}; status after the prime:\n{after_prime}\nnow:\n{}",
         status(&fx)
     );
     assert_eq!(outage.landed.get("b1").copied(), Some(97), "{outage:?}");
