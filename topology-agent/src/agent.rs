@@ -410,7 +410,9 @@ mod tests {
                 upstreams: Vec::new(),
                 per_source_qps: 0,
                 steer: steer.then(|| topology_model::ObjectKey::new("kube-system", "kube-dns")),
-                cache: topology_dns::relay_cache::CacheSettings::default(),
+                cache_mib: topology_dns::relay_cache::DEFAULT_MIB,
+                cache_max_ttl: topology_dns::relay_cache::DEFAULT_MAX_TTL,
+                cache_max_negative_ttl: topology_dns::relay_cache::DEFAULT_MAX_NEGATIVE_TTL,
                 clients: topology_dns::clients::Clients::Any,
             }),
         }

@@ -13,7 +13,6 @@ pub mod fuzzing;
 pub mod heap;
 pub mod http;
 pub mod kernel_version;
-pub mod listen;
 pub mod metrics;
 pub mod sockets;
 pub mod status;

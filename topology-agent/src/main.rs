@@ -7,11 +7,12 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand, ValueEnum};
-use run_args::{RunArgs, run_config, steer_service};
+use run_args::{RunArgs, run_config};
 use tokio_util::sync::CancellationToken;
-use topology_agent::{agent, listen, status::StatusReport};
+use topology_agent::{agent, status::StatusReport};
+use topology_dns::DnsConfig;
 use topology_kube::watch as kube_source;
-use topology_model::{ObjectKey, yaml};
+use topology_model::{ObjectKey, listen, yaml};
 use topology_policy::{explain, plan::steering::Steering};
 
 #[derive(Parser)]
@@ -30,31 +31,7 @@ enum Command {
     Run(Box<RunArgs>),
     /// Show, per Service port, which backends this node would use and why: the same decision the
     /// agent programs into the kernel.
-    Explain {
-        /// Cluster objects (Nodes, Services, EndpointSlices) as multi-document YAML or a List;
-        /// without it, they are listed from the API (`--kubeconfig`, else `$KUBECONFIG`, else
-        /// `~/.kube/config`, else in-cluster).
-        #[arg(long, conflicts_with = "kubeconfig")]
-        cluster: Option<PathBuf>,
-        /// List the objects from the API server of this kubeconfig, as the agent does.
-        #[arg(long)]
-        kubeconfig: Option<PathBuf>,
-        /// The node to decide for.
-        #[arg(long, env = "NODE_NAME")]
-        node: String,
-        /// Only this Service (NAMESPACE/NAME).
-        #[arg(long)]
-        service: Option<ObjectKey>,
-        /// Show the cluster DNS steered to a responder at this address, as `run --dns-listen` does.
-        #[arg(long, value_name = "ADDR", value_parser = listen::parse_listen)]
-        dns_listen: Option<SocketAddr>,
-        /// The cluster DNS Service `--dns-listen` steers (`NAMESPACE/NAME`), or `off`.
-        #[arg(long, default_value = "kube-system/kube-dns", value_name = "NAMESPACE/NAME|off")]
-        dns_steer: String,
-        /// Output format.
-        #[arg(long, value_enum, default_value_t = Output::Table)]
-        output: Output,
-    },
+    Explain(Box<ExplainArgs>),
     /// Print what the kernel holds now, service by service, from the pinned maps.
     Status {
         /// Pin directory of the agent.
@@ -115,6 +92,32 @@ enum Command {
     },
 }
 
+/// `explain`'s flags.
+#[derive(clap::Args)]
+struct ExplainArgs {
+    /// Cluster objects (Nodes, Services, EndpointSlices) as multi-document YAML or a List;
+    /// without it, they are listed from the API (`--kubeconfig`, else `$KUBECONFIG`, else
+    /// `~/.kube/config`, else in-cluster).
+    #[arg(long, conflicts_with = "kubeconfig")]
+    cluster: Option<PathBuf>,
+    /// List the objects from the API server of this kubeconfig, as the agent does.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// The node to decide for.
+    #[arg(long, env = "NODE_NAME")]
+    node: String,
+    /// Only this Service (NAMESPACE/NAME).
+    #[arg(long)]
+    service: Option<ObjectKey>,
+    /// `run`'s DNS responder flags: with `--dns-listen`, the cluster DNS is shown steered to
+    /// the responder as `run` steers it (`--dns-steer`); the rest change nothing here.
+    #[command(flatten)]
+    dns: Option<DnsConfig>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Output::Table)]
+    output: Output,
+}
+
 /// How long `explain` waits for the API to list every kind.
 const LIST_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -157,15 +160,13 @@ fn main() -> anyhow::Result<()> {
                 agent::run(config, shutdown).await
             })?;
         }
-        Command::Explain { cluster, kubeconfig, node, service, dns_listen, dns_steer, output } => {
+        Command::Explain(args) => {
+            let ExplainArgs { cluster, kubeconfig, node, service, dns, output } = *args;
             let state = match cluster {
                 Some(path) => yaml::load(&path)?,
                 None => live_cluster(kubeconfig.as_deref())?,
             };
-            let steering = match (dns_listen, steer_service(&dns_steer)?) {
-                (Some(responder), Some(service)) => Some(Steering { service, responder }),
-                _ => None,
-            };
+            let steering = dns.and_then(|dns| Some(Steering { service: dns.steer?, responder: dns.listen }));
             let report = explain::explain(&state, &node, service.as_ref(), steering.as_ref())?;
             match output {
                 Output::Table => print!("{}", report.table()),
@@ -281,7 +282,7 @@ mod tests {
     use topology_policy::plan::MeasuredPorts;
 
     use super::*;
-    use crate::run_args::{parse_upstream, run_config};
+    use crate::run_args::run_config;
 
     #[test]
     fn the_kernels_knobs_are_flags_of_run_declared_with_the_loaders_options() {
@@ -320,26 +321,65 @@ mod tests {
     #[test]
     fn explain_reads_a_file_or_the_api_never_both() {
         let parse = |args: &[&str]| Cli::try_parse_from([&["topology-agent", "explain", "--node", "a"], args].concat());
-        assert!(matches!(parse(&["--cluster", "c.yaml"]).unwrap().command, Command::Explain { cluster: Some(_), .. }));
+        assert!(matches!(parse(&["--cluster", "c.yaml"]).unwrap().command, Command::Explain(a) if a.cluster.is_some()));
         let live = parse(&["--kubeconfig", "k"]).unwrap().command;
-        assert!(matches!(live, Command::Explain { cluster: None, kubeconfig: Some(_), .. }));
-        assert!(matches!(parse(&[]).unwrap().command, Command::Explain { cluster: None, kubeconfig: None, .. }));
+        assert!(matches!(live, Command::Explain(a) if a.cluster.is_none() && a.kubeconfig.is_some()));
+        assert!(
+            matches!(parse(&[]).unwrap().command, Command::Explain(a) if a.cluster.is_none() && a.kubeconfig.is_none())
+        );
         let both = parse(&["--cluster", "c.yaml", "--kubeconfig", "k"]).err().expect("refused").to_string();
         assert!(both.contains("cannot be used with"), "{both}");
     }
 
     #[test]
-    fn dns_flags_parse_or_name_the_flag() {
-        assert_eq!(parse_upstream("10.0.0.10"), Ok("10.0.0.10:53".parse().unwrap()));
-        assert_eq!(parse_upstream("[fd00::10]:5353"), Ok("[fd00::10]:5353".parse().unwrap()));
-        assert_eq!(parse_upstream("dns.local").unwrap_err().to_string(), "\"dns.local\" is neither IP nor IP:PORT");
-        assert_eq!(steer_service("off").unwrap(), None);
-        assert_eq!(steer_service("kube-system/kube-dns").unwrap(), Some(ObjectKey::new("kube-system", "kube-dns")));
-        let error = steer_service("kube-dns").unwrap_err().to_string();
-        assert_eq!(error, "--dns-steer: \"kube-dns\" is not NAMESPACE/NAME");
-        let domain = topology_dns::parse_domain("cluster..local").unwrap_err().to_string();
-        assert!(domain.starts_with("--cluster-domain \"cluster..local\": "), "{domain}");
-        assert_eq!(topology_dns::parse_domain("Cluster.Local.").unwrap().to_ascii(), "cluster.local.");
-        assert!(topology_dns::parse_domain("").is_err());
+    fn dns_flags_are_the_responders_and_each_error_names_its_flag() {
+        let run = |args: &[&str]| {
+            let cli =
+                Cli::try_parse_from([&["topology-agent", "run", "--node", "a", "--cluster", "c.yaml"], args].concat())?;
+            let Command::Run(args) = cli.command else { panic!("run") };
+            Ok::<_, clap::Error>(run_config(*args).unwrap().dns)
+        };
+        let error = |args: &[&str]| run(args).expect_err("refused").to_string();
+        assert!(run(&[]).unwrap().is_none(), "the responder is off without --dns-listen");
+        let dns = run(&["--dns-listen", "[10.0.0.5]:5353"]).unwrap().expect("on");
+        assert_eq!(dns.listen, "10.0.0.5:5353".parse().unwrap());
+        assert_eq!(dns.steer, Some(ObjectKey::new("kube-system", "kube-dns")));
+        assert_eq!((dns.ttl, dns.per_source_qps), (topology_dns::DEFAULT_TTL, topology_dns::DEFAULT_SOURCE_QPS));
+        assert_eq!(dns.cache().max_bytes, topology_dns::relay_cache::CacheSettings::default().max_bytes);
+        assert_eq!(dns.domain.to_ascii(), "cluster.local.");
+        assert!(dns.upstreams.is_empty());
+        let dns = run(&[
+            "--dns-listen=[fd00::5]:53",
+            "--dns-steer=off",
+            "--dns-upstream=10.0.0.10,[fd00::10]:5353",
+            "--dns-cache-mib=4",
+            "--cluster-domain=Corp.Local.",
+        ])
+        .unwrap()
+        .expect("on");
+        assert_eq!(dns.steer, None);
+        assert_eq!(dns.upstreams, ["10.0.0.10:53".parse().unwrap(), "[fd00::10]:5353".parse().unwrap()]);
+        assert_eq!((dns.cache().max_bytes, dns.domain.to_ascii().as_str()), (4 << 20, "corp.local."));
+        // A responder's flag without the responder is a mistake, not a flag silently ignored.
+        for flag in ["--dns-ttl=3", "--dns-cache-mib=4", "--dns-steer=off", "--cluster-domain=corp.local"] {
+            let refused = error(&[flag]);
+            assert!(refused.contains("--dns-listen"), "{flag}: {refused}");
+        }
+        let steer = error(&["--dns-listen=10.0.0.5:53", "--dns-steer=kube-dns"]);
+        assert!(steer.contains("--dns-steer") && steer.contains("\"kube-dns\" is not NAMESPACE/NAME"), "{steer}");
+        let upstream = error(&["--dns-listen=10.0.0.5:53", "--dns-upstream=dns.local"]);
+        assert!(upstream.contains("--dns-upstream") && upstream.contains("neither IP nor IP:PORT"), "{upstream}");
+        let domain = error(&["--dns-listen=10.0.0.5:53", "--cluster-domain=cluster..local"]);
+        assert!(domain.contains("--cluster-domain"), "{domain}");
+        let listen = error(&["--dns-listen=fd00::5:53"]);
+        assert!(listen.contains("--dns-listen") && listen.contains("needs the brackets"), "{listen}");
+        // explain takes the same flags, and shows the steering run would do.
+        let explain = Cli::try_parse_from(["topology-agent", "explain", "--node", "a", "--dns-listen", "10.0.0.9:53"]);
+        let Command::Explain(args) = explain.unwrap().command else { panic!("explain") };
+        let dns = args.dns.expect("explain with DNS");
+        assert_eq!(
+            (dns.listen, dns.steer),
+            ("10.0.0.9:53".parse().unwrap(), Some(ObjectKey::new("kube-system", "kube-dns")))
+        );
     }
 }

@@ -6,13 +6,12 @@ use anyhow::{Context as _, bail};
 use clap::Args;
 use topology_agent::{
     agent::{RunConfig, SourceConfig},
-    listen,
     metrics::SeriesCaps,
     sockets::TerminateSockets,
 };
 use topology_dataplane::{Capacities, LoadOptions};
 use topology_dns::DnsConfig;
-use topology_model::ObjectKey;
+use topology_model::listen;
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -74,61 +73,9 @@ pub struct RunArgs {
     /// else the host's `/proc/1/ns/net` mounted into the pod (host-network pods' sockets).
     #[arg(long, value_name = "PATH", default_value = "/proc/1/ns/net")]
     host_netns: PathBuf,
-    /// Serve DNS over UDP and TCP on this address (off when absent): headless Services answered
-    /// with the endpoints this node's policy chooses, other names relayed to the upstream.
-    #[arg(long, value_name = "ADDR", value_parser = listen::parse_listen)]
-    dns_listen: Option<SocketAddr>,
-    /// The cluster domain the responder answers for.
-    #[arg(long, default_value = "cluster.local")]
-    cluster_domain: String,
-    /// Where names outside the cluster's Services go, `IP` or `IP:PORT` (default: the ready
-    /// endpoints of kube-system/kube-dns, dialled directly).
-    #[arg(long, value_delimiter = ',', value_name = "ADDR[,ADDR]", value_parser = parse_upstream)]
-    dns_upstream: Vec<SocketAddr>,
-    /// TTL of the responder's answers, seconds.
-    #[arg(long, default_value_t = topology_dns::DEFAULT_TTL)]
-    dns_ttl: u32,
-    /// Queries per second one client address may send to the responder (0: no limit).
-    #[arg(long, default_value_t = topology_dns::DEFAULT_SOURCE_QPS)]
-    dns_source_qps: u32,
-    /// Whose queries the responder answers: `node` (this node's pods and processes: its Node's pod
-    /// CIDRs and addresses; everyone where the Node lists no pod CIDRs) or `any`. Others get
-    /// REFUSED.
-    #[arg(long, default_value = "any", value_name = "node|any")]
-    dns_clients: topology_dns::clients::Clients,
-    /// Memory for relayed answers the responder keeps, MiB (0: none kept).
-    #[arg(long, default_value_t = 16, value_name = "MIB")]
-    dns_cache_mib: usize,
-    /// The longest a relayed answer is kept, seconds, whatever its TTL.
-    #[arg(long, default_value_t = 300, value_name = "SECONDS")]
-    dns_cache_max_ttl: u32,
-    /// The longest a relayed negative answer (NXDOMAIN, NODATA) is kept, seconds.
-    #[arg(long, default_value_t = 30, value_name = "SECONDS")]
-    dns_cache_max_negative_ttl: u32,
-    /// The cluster DNS Service whose port 53 this node steers to the responder while it answers
-    /// (`NAMESPACE/NAME`), or `off`.
-    #[arg(long, default_value = "kube-system/kube-dns", value_name = "NAMESPACE/NAME|off")]
-    dns_steer: String,
-}
-
-/// `--dns-steer`: a Service, or `off`.
-pub fn steer_service(value: &str) -> anyhow::Result<Option<ObjectKey>> {
-    match value {
-        "off" => Ok(None),
-        service => Ok(Some(service.parse::<ObjectKey>().map_err(|e| anyhow::anyhow!("--dns-steer: {e}"))?)),
-    }
-}
-
-/// A `--dns-upstream` entry that is no address.
-#[derive(Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{0:?} is neither IP nor IP:PORT")]
-pub struct NotAnUpstream(String);
-
-/// `--dns-upstream` entry: `IP:PORT`, or `IP` for port 53.
-pub fn parse_upstream(text: &str) -> Result<SocketAddr, NotAnUpstream> {
-    text.parse::<SocketAddr>()
-        .or_else(|_| text.parse::<std::net::IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
-        .map_err(|_| NotAnUpstream(text.to_owned()))
+    /// The DNS responder's flags (`--dns-listen` turns it on).
+    #[command(flatten)]
+    dns: Option<DnsConfig>,
 }
 
 pub fn run_config(args: RunArgs) -> anyhow::Result<RunConfig> {
@@ -148,24 +95,7 @@ pub fn run_config(args: RunArgs) -> anyhow::Result<RunConfig> {
         metrics_caps: SeriesCaps { ports: args.metrics_max_ports, backends: args.metrics_max_backends },
         terminate: args.terminate_sockets,
         netns_dirs: args.netns_dirs.into_iter().chain([args.host_netns]).collect(),
-        dns: match args.dns_listen {
-            Some(listen) => Some(DnsConfig {
-                listen,
-                domain: topology_dns::parse_domain(&args.cluster_domain)?,
-                ttl: args.dns_ttl,
-                upstreams: args.dns_upstream,
-                per_source_qps: args.dns_source_qps,
-                steer: steer_service(&args.dns_steer)?,
-                cache: topology_dns::relay_cache::CacheSettings {
-                    max_bytes: args.dns_cache_mib << 20,
-                    max_ttl: args.dns_cache_max_ttl,
-                    max_negative_ttl: args.dns_cache_max_negative_ttl,
-                    ..Default::default()
-                },
-                clients: args.dns_clients,
-            }),
-            None => None,
-        },
+        dns: args.dns,
     })
 }
 

@@ -95,25 +95,85 @@ pub const DEFAULT_TTL: u32 = 5;
 /// Queries per second one source address may send.
 pub const DEFAULT_SOURCE_QPS: u32 = 10_000;
 
-/// `run --dns-listen …` and friends.
-#[derive(Clone, Debug)]
+/// The responder's flags (`run --dns-listen …` and friends), declared here once: the agent
+/// flattens them into `run` and `explain`. The responder is on when `--dns-listen` is given; any
+/// other of its flags without it is an error naming `--dns-listen`.
+#[derive(Clone, Debug, clap::Args)]
+#[group(requires = "listen")]
 pub struct DnsConfig {
-    /// Where to serve, UDP and TCP.
+    /// Serve DNS over UDP and TCP on this address (off when absent): headless Services answered
+    /// with the endpoints this node's policy chooses, other names relayed to the upstream.
+    #[arg(long = "dns-listen", required = false, value_name = "ADDR", value_parser = topology_model::listen::parse_listen)]
     pub listen: SocketAddr,
-    /// The cluster domain (`cluster.local`).
+    /// The cluster domain the responder answers for.
+    #[arg(long = "cluster-domain", default_value = "cluster.local", value_parser = parse_domain)]
     pub domain: Name,
-    /// TTL of the answers.
+    /// TTL of the responder's answers, seconds.
+    #[arg(long = "dns-ttl", default_value_t = DEFAULT_TTL)]
     pub ttl: u32,
-    /// Upstreams; empty: the ready endpoints of `kube-system/kube-dns`.
+    /// Where names outside the cluster's Services go, `IP` or `IP:PORT` (default: the ready
+    /// endpoints of kube-system/kube-dns, dialled directly).
+    #[arg(long = "dns-upstream", value_delimiter = ',', value_name = "ADDR[,ADDR]", value_parser = parse_upstream)]
     pub upstreams: Vec<SocketAddr>,
-    /// Queries per second per source address; 0: unlimited.
+    /// Queries per second one client address may send to the responder (0: no limit).
+    #[arg(long = "dns-source-qps", default_value_t = DEFAULT_SOURCE_QPS)]
     pub per_source_qps: u32,
-    /// The cluster DNS Service whose port 53 this node steers to the responder (`None`: none).
-    pub steer: Option<topology_model::ObjectKey>,
-    /// How relayed answers are kept.
-    pub cache: relay_cache::CacheSettings,
-    /// Whose queries are answered.
+    /// The cluster DNS Service whose port 53 this node steers to the responder while it answers
+    /// (`NAMESPACE/NAME`), or `off`.
+    #[arg(long = "dns-steer", default_value = "kube-system/kube-dns", value_name = "NAMESPACE/NAME|off", value_parser = parse_steer)]
+    pub steer: ::std::option::Option<topology_model::ObjectKey>,
+    /// Memory for relayed answers the responder keeps, MiB (0: none kept).
+    #[arg(long = "dns-cache-mib", value_name = "MIB", default_value_t = relay_cache::DEFAULT_MIB)]
+    pub cache_mib: usize,
+    /// The longest a relayed answer is kept, seconds, whatever its TTL.
+    #[arg(long = "dns-cache-max-ttl", value_name = "SECONDS", default_value_t = relay_cache::DEFAULT_MAX_TTL)]
+    pub cache_max_ttl: u32,
+    /// The longest a relayed negative answer (NXDOMAIN, NODATA) is kept, seconds.
+    #[arg(
+        long = "dns-cache-max-negative-ttl",
+        value_name = "SECONDS",
+        default_value_t = relay_cache::DEFAULT_MAX_NEGATIVE_TTL
+    )]
+    pub cache_max_negative_ttl: u32,
+    /// Whose queries the responder answers: `node` (this node's pods and processes: its Node's pod
+    /// CIDRs and addresses; everyone where the Node lists no pod CIDRs) or `any`. Others get
+    /// REFUSED.
+    #[arg(long = "dns-clients", default_value = "any", value_name = "node|any")]
     pub clients: clients::Clients,
+}
+
+impl DnsConfig {
+    /// How relayed answers are kept, as the `--dns-cache-*` flags say. (Flags of their own
+    /// rather than a nested group: clap cannot tell an optional group with a nested one apart
+    /// from an absent one.)
+    pub fn cache(&self) -> relay_cache::CacheSettings {
+        relay_cache::CacheSettings {
+            max_bytes: self.cache_mib.saturating_mul(1 << 20),
+            max_ttl: self.cache_max_ttl,
+            max_negative_ttl: self.cache_max_negative_ttl,
+            ..relay_cache::CacheSettings::default()
+        }
+    }
+}
+
+/// `--dns-steer`: a Service (`NAMESPACE/NAME`), or `off`.
+pub fn parse_steer(value: &str) -> Result<Option<topology_model::ObjectKey>, String> {
+    match value {
+        "off" => Ok(None),
+        service => service.parse().map(Some).map_err(|error| format!("{error}")),
+    }
+}
+
+/// A `--dns-upstream` entry that is no address.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is neither IP nor IP:PORT")]
+pub struct NotAnUpstream(String);
+
+/// A `--dns-upstream` entry: `IP:PORT`, or `IP` for port 53.
+pub fn parse_upstream(text: &str) -> Result<SocketAddr, NotAnUpstream> {
+    text.parse::<SocketAddr>()
+        .or_else(|_| text.parse::<std::net::IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
+        .map_err(|_| NotAnUpstream(text.to_owned()))
 }
 
 /// The responder could not start.
@@ -379,7 +439,7 @@ pub fn start(
     let zone = answer::Zone { domain: config.domain.clone(), ttl: config.ttl };
     let admission = clients::Admission { clients: config.clients, own: bound.ip() };
     let responder =
-        Arc::new(server::Responder::new(zone, view, metrics, config.per_source_qps, config.cache, admission));
+        Arc::new(server::Responder::new(zone, view, metrics, config.per_source_qps, config.cache(), admission));
     for socket in sockets {
         runtime.spawn(server::serve_udp(Arc::new(socket), Arc::clone(&responder), shutdown.clone()));
     }

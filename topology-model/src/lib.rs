@@ -12,6 +12,7 @@ pub mod census;
 pub mod convert;
 pub mod demand;
 pub mod labels;
+pub mod listen;
 pub mod objects;
 pub mod prefix;
 pub mod protocol;

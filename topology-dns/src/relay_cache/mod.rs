@@ -30,7 +30,17 @@ const OVERHEAD: usize = 96;
 /// the others keep. Answers a popular name brings are charged once, to its first asker.
 pub const SOURCE_SHARE: usize = 8;
 
-/// How the cache keeps answers.
+/// The memory the cache takes unless told (`--dns-cache-mib`), MiB.
+pub const DEFAULT_MIB: usize = 16;
+/// The longest a positive answer is kept unless told (`--dns-cache-max-ttl`), seconds.
+pub const DEFAULT_MAX_TTL: u32 = 300;
+/// The longest a negative answer is kept unless told (`--dns-cache-max-negative-ttl`), seconds.
+pub const DEFAULT_MAX_NEGATIVE_TTL: u32 = 30;
+/// How long after expiry an answer may still be served when the upstream fails.
+const STALE_FOR: Duration = Duration::from_secs(3600);
+
+/// How the cache keeps answers (the responder's `--dns-cache-*` flags, see
+/// [`DnsConfig::cache`](crate::DnsConfig::cache)).
 #[derive(Clone, Copy, Debug)]
 pub struct CacheSettings {
     /// The most memory answers take, bytes; 0: no cache.
@@ -45,7 +55,12 @@ pub struct CacheSettings {
 
 impl Default for CacheSettings {
     fn default() -> Self {
-        Self { max_bytes: 16 << 20, max_ttl: 300, max_negative_ttl: 30, stale_for: Duration::from_secs(3600) }
+        Self {
+            max_bytes: DEFAULT_MIB << 20,
+            max_ttl: DEFAULT_MAX_TTL,
+            max_negative_ttl: DEFAULT_MAX_NEGATIVE_TTL,
+            stale_for: STALE_FOR,
+        }
     }
 }
 
