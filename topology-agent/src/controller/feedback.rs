@@ -1,6 +1,6 @@
-//! The feedback controller's place in the control loop: once per interval, while some port is
-//! under feedback, read the kernel's load counters, let the controller decide, and mark the
-//! Services whose inputs changed for the next sync.
+//! The feedback controller's place in the control loop: a scheduled job (`schedule.rs`, once per
+//! [`Tuning::interval_ms`]) that, while some port is under feedback, reads the kernel's load
+//! counters, lets the controller decide, and returns the Services whose inputs changed.
 
 use std::{collections::BTreeSet, time::Instant};
 
@@ -18,7 +18,6 @@ use crate::metrics::{MapLabels, Metrics};
 pub struct FeedbackLoop {
     regulator: Regulator,
     started: Instant,
-    last: Option<Instant>,
     /// Whether the load map was full at the last reading (said once per change).
     full: bool,
 }
@@ -26,23 +25,21 @@ pub struct FeedbackLoop {
 impl FeedbackLoop {
     /// A loop with `tuning`.
     pub fn new(tuning: Tuning) -> Self {
-        Self { regulator: Regulator::new(tuning), started: Instant::now(), last: None, full: false }
+        Self { regulator: Regulator::new(tuning), started: Instant::now(), full: false }
     }
 
-    /// One look, if an interval has passed: returns the Services to decide again.
+    /// How often it looks.
+    pub fn interval(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.regulator.tuning().interval_ms)
+    }
+
+    /// One look: returns the Services to decide again.
     pub fn step(
         &mut self,
         programmer: &impl Programmer,
         plan: &mut NodePlan,
         metrics: &Metrics,
     ) -> BTreeSet<ObjectKey> {
-        let interval = std::time::Duration::from_millis(self.regulator.tuning().interval_ms);
-        if self.last.is_some_and(|at| at.elapsed() < interval) {
-            return BTreeSet::new();
-        }
-        // Once an interval, whether or not a port is under feedback: the event loop runs this
-        // after every batch of events.
-        self.last = Some(Instant::now());
         let ports = plan.feedback_ports();
         if ports.is_empty() && self.regulator.inputs().is_empty() {
             return BTreeSet::new();

@@ -131,7 +131,8 @@ impl<P: Programmer> Controller<P> {
     ) -> Self {
         let plan = NodePlan::new(config.node.clone(), None).measured(config.measured);
         let accounting = accounting::Accounting::starting_from(programmer.bytes().unwrap_or_default());
-        let schedule = Schedule::new(config.reconcile_interval, Instant::now());
+        let feedback = feedback::FeedbackLoop::new(Default::default());
+        let schedule = Schedule::new(config.reconcile_interval, feedback.interval(), Instant::now());
         Self {
             config,
             programmer,
@@ -140,7 +141,7 @@ impl<P: Programmer> Controller<P> {
             programmed: false,
             schedule,
             detached: false,
-            feedback: feedback::FeedbackLoop::new(Default::default()),
+            feedback,
             ejections: ejections::Ejections::default(),
             accounting,
             outlets: Outlets::default(),
@@ -190,14 +191,7 @@ impl<P: Programmer> Controller<P> {
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => break,
             }
-            self.run_due(Instant::now());
-            if self.programmed {
-                let moved = self.feedback.step(&self.programmer, &mut self.plan, &self.ctx.metrics);
-                if !moved.is_empty() {
-                    self.intake.dirty.extend(moved);
-                    self.sync()?;
-                }
-            }
+            self.run_due(Instant::now())?;
             self.answer_queries();
         }
         Ok(self.programmer)
@@ -226,8 +220,9 @@ impl<P: Programmer> Controller<P> {
 
     /// Runs every periodic job due at `now`: those that need a current view only while it is,
     /// and those that read what was programmed only once something was. A job that failed is
-    /// retried at the next wake.
-    fn run_due(&mut self, now: Instant) {
+    /// retried at the next wake. Fails only as a sync fails (the feedback's moves are synced at
+    /// once).
+    fn run_due(&mut self, now: Instant) -> Result<(), ControllerError> {
         let current = self.ctx.health.view_current();
         self.ctx.metrics.view_current.set(i64::from(current));
         if let Some(dns) = &self.outlets.dns {
@@ -253,11 +248,20 @@ impl<P: Programmer> Controller<P> {
                     }
                     true
                 }
+                Job::Feedback => {
+                    let moved = self.feedback.step(&self.programmer, &mut self.plan, &self.ctx.metrics);
+                    if !moved.is_empty() {
+                        self.intake.dirty.extend(moved);
+                        self.sync()?;
+                    }
+                    true
+                }
             };
             if ran {
                 self.schedule.done(job, now);
             }
         }
+        Ok(())
     }
 
     /// Refreshes the kernel's heartbeat (the programs fail open once the view has not been current

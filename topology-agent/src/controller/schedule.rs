@@ -33,38 +33,43 @@ pub(super) enum Job {
     Bytes,
     /// Drop what no programmed set needs.
     Tidy,
+    /// Read the load the kernel measured and let the feedback controller move shares.
+    Feedback,
 }
 
 impl Job {
     /// Every job, in the order a wake runs those due.
-    pub(super) const ALL: [Self; 5] = [Self::Reconcile, Self::Heartbeat, Self::Ejections, Self::Bytes, Self::Tidy];
+    pub(super) const ALL: [Self; 6] =
+        [Self::Reconcile, Self::Heartbeat, Self::Ejections, Self::Bytes, Self::Tidy, Self::Feedback];
 
     /// Whether the job runs only while the agent's view of the cluster is current: all but the
-    /// reconcile wait, like the heartbeat, for a view the kernel may be given.
+    /// reconcile and the feedback wait, like the heartbeat, for a view the kernel may be given
+    /// (the feedback moves shares of what is programmed, whatever the view).
     pub(super) fn needs_current_view(self) -> bool {
-        self != Self::Reconcile
+        !matches!(self, Self::Reconcile | Self::Feedback)
     }
 
     /// Whether the job reads what was programmed, and so waits for the first sync (the reconcile
     /// has nothing to do before it, and says so itself).
     pub(super) fn needs_programmed(self) -> bool {
-        matches!(self, Self::Ejections | Self::Bytes)
+        matches!(self, Self::Ejections | Self::Bytes | Self::Feedback)
     }
 }
 
 /// When each job last ran.
 pub(super) struct Schedule {
     reconcile_every: Duration,
+    feedback_every: Duration,
     last: [Option<Instant>; Job::ALL.len()],
 }
 
 impl Schedule {
-    /// A schedule from `now`: the reconcile is first due a whole interval later, every other job
-    /// at once.
-    pub(super) fn new(reconcile_every: Duration, now: Instant) -> Self {
+    /// A schedule from `now`, reconciling and looking at feedback every so often: the reconcile
+    /// is first due a whole interval later, every other job at once.
+    pub(super) fn new(reconcile_every: Duration, feedback_every: Duration, now: Instant) -> Self {
         let mut last = [None; Job::ALL.len()];
         last[Job::Reconcile as usize] = Some(now);
-        Self { reconcile_every, last }
+        Self { reconcile_every, feedback_every, last }
     }
 
     /// How often `job` runs.
@@ -75,6 +80,7 @@ impl Schedule {
             Job::Ejections => EJECTIONS_INTERVAL,
             Job::Bytes => BYTES_INTERVAL,
             Job::Tidy => TIDY_INTERVAL,
+            Job::Feedback => self.feedback_every,
         }
     }
 
@@ -104,14 +110,15 @@ mod tests {
     #[test]
     fn each_job_is_due_on_its_own_cadence() {
         let start = Instant::now();
-        let mut schedule = Schedule::new(Duration::from_secs(60), start);
+        let mut schedule = Schedule::new(Duration::from_secs(60), Duration::from_secs(1), start);
         assert!(!schedule.due(Job::Reconcile, start), "the first reconcile waits a whole interval");
-        for job in [Job::Heartbeat, Job::Ejections, Job::Bytes, Job::Tidy] {
+        for job in [Job::Heartbeat, Job::Ejections, Job::Bytes, Job::Tidy, Job::Feedback] {
             assert!(schedule.due(job, start), "{job:?} is due at once");
             schedule.done(job, start);
         }
         let later = start + Duration::from_secs(3);
         assert!(schedule.due(Job::Heartbeat, later) && schedule.due(Job::Ejections, later));
+        assert!(schedule.due(Job::Feedback, later) && !schedule.due(Job::Feedback, start + Duration::from_millis(900)));
         assert!(!schedule.due(Job::Tidy, later) && !schedule.due(Job::Reconcile, later));
         assert!(schedule.due(Job::Reconcile, start + Duration::from_secs(60)));
         assert_eq!(
