@@ -41,6 +41,8 @@ pub struct AgentPod {
     pub name: String,
     /// Its pod address (where `--metrics-addr` and `--dns-listen` bind).
     pub ip: Ipv4Addr,
+    /// Its IPv6 pod address.
+    pub ip6: std::net::Ipv6Addr,
     /// Its kubeconfig: the ServiceAccount's bound token.
     pub kubeconfig: PathBuf,
     /// Its log.
@@ -151,7 +153,14 @@ impl Cluster {
         });
         let node = self.node(node);
         let (node_client, name) = (node.client.clone(), agent.name.clone());
-        self.api.block(pods::report(node_client, NAMESPACE.to_owned(), name, agent.ip, node.address(), true));
+        self.api.block(pods::report(
+            node_client,
+            NAMESPACE.to_owned(),
+            name,
+            (agent.ip, agent.ip6),
+            node.address(),
+            true,
+        ));
         agent
     }
 
@@ -176,7 +185,7 @@ impl Cluster {
         }]);
         object["spec"]["nodeName"] = node.spec.name.clone().into();
         let uid = self.api.block(pods::create(self.admin(), object));
-        let (ip, pod_netns) = node.attach_pod();
+        let (ip, ip6, pod_netns) = node.attach_pod();
         let kubeconfig = self.dir.join(format!("agent-{}.kubeconfig", node.spec.name));
         let token = self.bound_token(&name, &uid);
         kubeconfig::write(&kubeconfig, &self.server(), &self.pki.ca.cert, NAME, &Credentials::Token(token));
@@ -202,6 +211,7 @@ impl Cluster {
             node: node.spec.name.clone(),
             name,
             ip,
+            ip6,
             kubeconfig,
             log,
             args,

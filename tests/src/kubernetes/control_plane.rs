@@ -27,6 +27,8 @@ use crate::{
 
 /// The ClusterIP range the API server allocates from (`kubernetes` gets its first address).
 pub const SERVICE_CIDR: &str = "10.96.0.0/16";
+/// The IPv6 ClusterIP range (the cluster is dual-stack; a Service is IPv4 unless it asks).
+pub const SERVICE_CIDR_V6: &str = "fd00:96::/108";
 /// The port the API server serves on.
 pub const API_PORT: u16 = 6443;
 /// etcd's client address, on the control plane namespace's loopback.
@@ -264,7 +266,7 @@ impl ControlPlane {
             "--authorization-mode=Node,RBAC",
             // The default plugins, and the one kubeadm adds: a node may only touch its own objects.
             "--enable-admission-plugins=NodeRestriction",
-            &format!("--service-cluster-ip-range={SERVICE_CIDR}"),
+            &format!("--service-cluster-ip-range={SERVICE_CIDR},{SERVICE_CIDR_V6}"),
             "--allow-privileged=true",
             &format!("--cert-dir={}", self.dir.join("apiserver").display()),
             &format!("--audit-policy-file={}", self.dir.join("audit-policy.yaml").display()),

@@ -77,7 +77,7 @@ impl Cluster {
         let pki = Pki::generate(&dir.join("pki"));
         let mut network = Network::new(&id);
         let address = network::control_plane_address();
-        let control_plane_host = network.host_at("cp", (address, 24), (v6_of(address), 64));
+        let control_plane_host = network.host_at("cp", (address, 24), (network::underlay_v6(address), 64));
         let cgroup = CgroupGuard::new(&format!("{id}-cp"));
         let mut control_plane =
             ControlPlane::new(binaries.clone(), &dir, control_plane_host.netns.name(), address, &pki, cgroup);
@@ -207,7 +207,7 @@ impl Cluster {
         let index = u8::try_from(self.nodes.len() + 1).expect("at most 200 nodes");
         assert!(index < 200, "at most 199 nodes");
         let address = network::node_address(index);
-        let host = self.network.host_at(&format!("n{index}"), (address, 24), (v6_of(address), 64));
+        let host = self.network.host_at(&format!("n{index}"), (address, 24), (network::underlay_v6(address), 64));
         network::enable_forwarding(host.netns.name());
         let others: Vec<u8> = self.nodes.iter().map(|node| node.index).collect();
         network::route_pod_cidrs(host.netns.name(), &others, None);
@@ -265,8 +265,8 @@ impl Cluster {
     pub fn create_pod(&self, node: &str, spec: PodSpec) -> Pod {
         let node = self.node(node);
         let uid = self.api.block(pods::create(self.admin(), pods::pod_object(&spec, &node.spec.name)));
-        let (ip, netns) = node.attach_pod();
-        Pod { spec, node: node.spec.name.clone(), ip, uid, node_client: node.client.clone(), server: None, netns }
+        let (ip, ip6, netns) = node.attach_pod();
+        Pod { spec, node: node.spec.name.clone(), ip, ip6, uid, node_client: node.client.clone(), server: None, netns }
     }
 
     /// Starts the pod's server (answering with the pod's name on its ports, TCP and UDP) in the
@@ -277,8 +277,9 @@ impl Cluster {
         command.args(["--netns", pod.netns()]).arg("--cgroup").arg(node.cgroup());
         command.args(["serve", "--name", &pod.spec.name]);
         for port in &pod.spec.ports {
-            let address = format!("{}:{port}", pod.ip);
-            command.args(["--tcp", &address, "--udp", &address]);
+            for address in [format!("{}:{port}", pod.ip), format!("[{}]:{port}", pod.ip6)] {
+                command.args(["--tcp", &address, "--udp", &address]);
+            }
         }
         pod.server = Some(ProcessGuard::spawn_ready(&mut command, &format!("pod {}", pod.key())));
     }
@@ -297,7 +298,8 @@ impl Cluster {
     pub fn report(&self, pod: &Pod, ready: bool) {
         let node = self.node(&pod.node);
         let (namespace, name) = (pod.spec.namespace.clone(), pod.spec.name.clone());
-        self.api.block(pods::report(pod.node_client.clone(), namespace, name, pod.ip, node.address(), ready));
+        let ips = (pod.ip, pod.ip6);
+        self.api.block(pods::report(pod.node_client.clone(), namespace, name, ips, node.address(), ready));
     }
 
     /// Deletes the pod gracefully (it is terminating, still serving, until [`Cluster::remove_pod`]).
@@ -319,9 +321,9 @@ impl Cluster {
     /// cgroup, where the agent's programs see its sockets.
     pub fn client_on(&self, node: &str) -> ClientPod {
         let node = self.node(node);
-        let (ip, netns) = node.attach_pod();
+        let (ip, ip6, netns) = node.attach_pod();
         let place = ClientPlace { netns: netns.name().to_owned(), cgroup: node.cgroup().to_path_buf(), cpu: None };
-        ClientPod { ip, place, _netns: netns }
+        ClientPod { ip, ip6, place, _netns: netns }
     }
 
     /// `kubectl ARGS` as the admin, in the control plane's namespace; its stdout, or its stderr
@@ -385,14 +387,11 @@ impl Drop for Cluster {
 pub struct ClientPod {
     /// Its address.
     pub ip: Ipv4Addr,
+    /// Its IPv6 address.
+    pub ip6: std::net::Ipv6Addr,
     /// Where its probe clients run.
     pub place: ClientPlace,
     _netns: crate::sandbox::NetnsGuard,
-}
-
-/// The IPv6 address beside an underlay IPv4 address (`fd00:244::<last octet>`).
-fn v6_of(v4: Ipv4Addr) -> std::net::Ipv6Addr {
-    std::net::Ipv6Addr::new(0xfd00, 0x244, 0, 0, 0, 0, 0, u16::from(v4.octets()[3]))
 }
 
 /// Retries `check` until it passes, or panics with its last answer after `timeout`.

@@ -4,7 +4,11 @@
 //! CIDR, capacity and allocatable CPU, its status and its Lease renewed with the node's own
 //! credentials (`system:node:<name>`, so Node authorization and NodeRestriction apply).
 
-use std::{net::Ipv4Addr, path::PathBuf, time::Duration};
+use std::{
+    net::{Ipv4Addr, Ipv6Addr},
+    path::PathBuf,
+    time::Duration,
+};
 
 use k8s_openapi::api::{coordination::v1::Lease, core::v1::Node as NodeObject};
 use kube::{
@@ -112,14 +116,15 @@ impl Node {
 
     /// A pod namespace on this node with the next free address of its pod CIDR: its address, and
     /// the namespace, listed among the node's.
-    pub(super) fn attach_pod(&self) -> (Ipv4Addr, crate::sandbox::NetnsGuard) {
+    pub(super) fn attach_pod(&self) -> (Ipv4Addr, Ipv6Addr, crate::sandbox::NetnsGuard) {
         let (ip, n) = self.allocate_pod_address();
-        let netns = network::attach_pod(self.netns(), &format!("p{n}"), ip);
+        let ip6 = network::pod_address_v6(self.index, n);
+        let netns = network::attach_pod(self.netns(), &format!("p{n}"), ip, ip6);
         if self.proxied.load(std::sync::atomic::Ordering::Relaxed) {
             super::proxy::route_services(netns.name());
         }
         self.adopt_netns(netns.name());
-        (ip, netns)
+        (ip, ip6, netns)
     }
 
     /// The next free address of its pod CIDR.
@@ -152,7 +157,7 @@ pub fn node_object(spec: &NodeSpec, index: u8) -> Value {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": spec.name, "labels": labels},
-        "spec": {"podCIDR": network::pod_cidr(index), "podCIDRs": [network::pod_cidr(index)]},
+        "spec": {"podCIDR": network::pod_cidr(index), "podCIDRs": [network::pod_cidr(index), network::pod_cidr_v6(index)]},
     })
 }
 

@@ -4,7 +4,10 @@
 //! credentials, as kubelet does: Running with its IP and Ready, not Ready, terminating (graceful
 //! delete: still serving, as the EndpointSlice controller then reports it), gone.
 
-use std::{collections::BTreeMap, net::Ipv4Addr};
+use std::{
+    collections::BTreeMap,
+    net::{Ipv4Addr, Ipv6Addr},
+};
 
 use k8s_openapi::api::core::v1::Pod as PodObject;
 use kube::{
@@ -46,8 +49,10 @@ pub struct Pod {
     pub spec: PodSpec,
     /// The node it is bound to.
     pub node: String,
-    /// Its address.
+    /// Its IPv4 address.
     pub ip: Ipv4Addr,
+    /// Its IPv6 address (every pod has both: the cluster is dual-stack).
+    pub ip6: Ipv6Addr,
     /// Its object's uid.
     pub uid: String,
     pub(super) node_client: Client,
@@ -101,14 +106,22 @@ pub async fn create(admin: Client, object: Value) -> String {
 }
 
 /// Reports the pod Running with its address, and Ready or not, as its node.
-pub async fn report(node_client: Client, namespace: String, name: String, ip: Ipv4Addr, host: Ipv4Addr, ready: bool) {
+pub async fn report(
+    node_client: Client,
+    namespace: String,
+    name: String,
+    ips: (Ipv4Addr, Ipv6Addr),
+    host: Ipv4Addr,
+    ready: bool,
+) {
+    let (ip, ip6) = ips;
     let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
     let truth = if ready { "True" } else { "False" };
     let condition = |kind: &str, status: &str| json!({"type": kind, "status": status, "lastTransitionTime": now});
     let status = json!({"status": {
         "phase": "Running",
         "hostIP": host.to_string(), "hostIPs": [{"ip": host.to_string()}],
-        "podIP": ip.to_string(), "podIPs": [{"ip": ip.to_string()}],
+        "podIP": ip.to_string(), "podIPs": [{"ip": ip.to_string()}, {"ip": ip6.to_string()}],
         "startTime": now,
         "conditions": [
             condition("PodReadyToStartContainers", "True"),
