@@ -7,7 +7,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand, ValueEnum};
-use run_args::{RunArgs, run_config};
+use run_args::{ClusterArgs, RunArgs, run_config};
 use tokio_util::sync::CancellationToken;
 use topology_agent::{agent, status::StatusReport};
 use topology_dns::DnsConfig;
@@ -95,17 +95,9 @@ enum Command {
 /// `explain`'s flags.
 #[derive(clap::Args)]
 struct ExplainArgs {
-    /// Cluster objects (Nodes, Services, EndpointSlices) as multi-document YAML or a List;
-    /// without it, they are listed from the API (`--kubeconfig`, else `$KUBECONFIG`, else
-    /// `~/.kube/config`, else in-cluster).
-    #[arg(long, conflicts_with = "kubeconfig")]
-    cluster: Option<PathBuf>,
-    /// List the objects from the API server of this kubeconfig, as the agent does.
-    #[arg(long)]
-    kubeconfig: Option<PathBuf>,
-    /// The node to decide for.
-    #[arg(long, env = "NODE_NAME")]
-    node: String,
+    /// The cluster (from a file, else listed from the API as the agent lists it) and the node.
+    #[command(flatten)]
+    cluster: ClusterArgs,
     /// Only this Service (NAMESPACE/NAME).
     #[arg(long)]
     service: Option<ObjectKey>,
@@ -161,7 +153,7 @@ fn main() -> anyhow::Result<()> {
             })?;
         }
         Command::Explain(args) => {
-            let ExplainArgs { cluster, kubeconfig, node, service, dns, output } = *args;
+            let ExplainArgs { cluster: ClusterArgs { cluster, kubeconfig, node }, service, dns, output } = *args;
             let state = match cluster {
                 Some(path) => yaml::load(&path)?,
                 None => live_cluster(kubeconfig.as_deref())?,
@@ -321,11 +313,11 @@ mod tests {
     #[test]
     fn explain_reads_a_file_or_the_api_never_both() {
         let parse = |args: &[&str]| Cli::try_parse_from([&["topology-agent", "explain", "--node", "a"], args].concat());
-        assert!(matches!(parse(&["--cluster", "c.yaml"]).unwrap().command, Command::Explain(a) if a.cluster.is_some()));
+        assert!(matches!(parse(&["--cluster", "c.yaml"]).unwrap().command, Command::Explain(a) if a.cluster.cluster.is_some()));
         let live = parse(&["--kubeconfig", "k"]).unwrap().command;
-        assert!(matches!(live, Command::Explain(a) if a.cluster.is_none() && a.kubeconfig.is_some()));
+        assert!(matches!(live, Command::Explain(a) if a.cluster.cluster.is_none() && a.cluster.kubeconfig.is_some()));
         assert!(
-            matches!(parse(&[]).unwrap().command, Command::Explain(a) if a.cluster.is_none() && a.kubeconfig.is_none())
+            matches!(parse(&[]).unwrap().command, Command::Explain(a) if a.cluster.cluster.is_none() && a.cluster.kubeconfig.is_none())
         );
         let both = parse(&["--cluster", "c.yaml", "--kubeconfig", "k"]).err().expect("refused").to_string();
         assert!(both.contains("cannot be used with"), "{both}");

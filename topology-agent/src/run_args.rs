@@ -13,17 +13,27 @@ use topology_dataplane::{Capacities, LoadOptions};
 use topology_dns::DnsConfig;
 use topology_model::listen;
 
+/// Where the cluster is read from, and for which node: the flags `run` and `explain` share.
+#[derive(Args)]
+pub struct ClusterArgs {
+    /// Cluster objects (Nodes, Services, EndpointSlices) from this file, multi-document YAML or a
+    /// List (`run` reads it again when it changes), instead of the Kubernetes API.
+    #[arg(long, conflicts_with = "kubeconfig")]
+    pub cluster: Option<PathBuf>,
+    /// Kubeconfig of the API server (default: `$KUBECONFIG`, else `~/.kube/config`, else the
+    /// in-cluster configuration).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// This node's name: the node decided for (the Downward API sets NODE_NAME in the DaemonSet).
+    #[arg(long, env = "NODE_NAME")]
+    pub node: String,
+}
+
 #[derive(Args)]
 pub struct RunArgs {
-    /// Read the cluster from this YAML file (re-read on change) instead of the Kubernetes API.
-    #[arg(long, conflicts_with = "kubeconfig")]
-    cluster: Option<PathBuf>,
-    /// Kubeconfig to use (default: in-cluster configuration, else ~/.kube/config).
-    #[arg(long)]
-    kubeconfig: Option<PathBuf>,
-    /// This node's name (the Downward API sets NODE_NAME in the DaemonSet).
-    #[arg(long, env = "NODE_NAME")]
-    node: String,
+    /// The cluster and this node.
+    #[command(flatten)]
+    cluster: ClusterArgs,
     /// cgroup v2 directory to attach to (default: the cgroup v2 root from /proc/self/mountinfo).
     #[arg(long)]
     cgroup: Option<PathBuf>,
@@ -79,13 +89,14 @@ pub struct RunArgs {
 }
 
 pub fn run_config(args: RunArgs) -> anyhow::Result<RunConfig> {
-    let source = match args.cluster {
+    let ClusterArgs { cluster, kubeconfig, node } = args.cluster;
+    let source = match cluster {
         Some(path) => SourceConfig::File(path),
-        None => SourceConfig::Kubernetes { kubeconfig: args.kubeconfig },
+        None => SourceConfig::Kubernetes { kubeconfig },
     };
     Ok(RunConfig {
         source,
-        node: args.node,
+        node,
         cgroup: args.cgroup,
         pin_path: args.pin_path,
         metrics_addr: args.metrics_addr.map_or_else(default_metrics_addr, Ok)?,
