@@ -10,20 +10,17 @@
 //!
 //! Tier: kernel (root; the real kernel, one test at a time).
 
-use std::{collections::BTreeSet, fmt::Write as _, fs, path::Path};
+use std::{collections::BTreeSet, fs, path::Path};
 
 use topology_agent::controller::{
     Observation, Programmer,
-    recording::MemoryKernel,
+    recording::{Failures, MemoryKernel},
     scenario::{
         self, ScenarioKernel,
         script::{self, Archive, Fault, Verb},
     },
 };
-use topology_dataplane::{
-    ApplyReport, Capacities, Dataplane, DataplaneConfig,
-    memory::{MemoryMaps, describe},
-};
+use topology_dataplane::{ApplyReport, Capacities, Dataplane, DataplaneConfig, memory::MemoryMaps};
 use topology_policy::desired::{DesiredState, ServicePort};
 use topology_tests::{fixture::Fixture, require_root};
 
@@ -32,15 +29,13 @@ struct Kernel {
     dataplane: Option<Dataplane>,
     config: DataplaneConfig,
     log: String,
-    failing: BTreeSet<ServicePort>,
-    stranded: BTreeSet<ServicePort>,
+    failures: Failures,
 }
 
 impl Kernel {
     fn open(config: DataplaneConfig) -> Self {
         let dataplane = Dataplane::open(&config).expect("load the programs over this test's pins");
-        let (failing, stranded) = (BTreeSet::new(), BTreeSet::new());
-        Self { dataplane: Some(dataplane), config, log: String::new(), failing, stranded }
+        Self { dataplane: Some(dataplane), config, log: String::new(), failures: Failures::default() }
     }
 
     fn dataplane(&mut self) -> &mut Dataplane {
@@ -49,19 +44,7 @@ impl Kernel {
 
     /// Books an apply of `attempted` ports (`None`: all), as the in-memory kernel does.
     fn book(&mut self, what: &str, attempted: Option<&BTreeSet<ServicePort>>, report: ApplyReport) -> ApplyReport {
-        let _ = write!(self.log, "{what}: {}", describe(&report));
-        match attempted {
-            Some(ports) => {
-                self.failing.retain(|port| !ports.contains(port));
-                self.stranded.retain(|port| !ports.contains(port));
-            }
-            None => {
-                self.failing.clear();
-                self.stranded.clear();
-            }
-        }
-        self.failing.extend(report.failed.iter().map(|(port, _)| *port));
-        self.stranded.extend(report.stranded.iter().copied());
+        self.failures.book(&mut self.log, what, attempted, &report);
         report
     }
 }
@@ -91,8 +74,8 @@ impl ScenarioKernel for Kernel {
         std::mem::take(&mut self.log)
     }
 
-    fn failing(&self) -> (BTreeSet<ServicePort>, BTreeSet<ServicePort>) {
-        (self.failing.clone(), self.stranded.clone())
+    fn failures(&self) -> Failures {
+        self.failures.clone()
     }
 
     fn restart(mut self) -> Self {

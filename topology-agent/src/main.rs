@@ -313,7 +313,9 @@ mod tests {
     #[test]
     fn explain_reads_a_file_or_the_api_never_both() {
         let parse = |args: &[&str]| Cli::try_parse_from([&["topology-agent", "explain", "--node", "a"], args].concat());
-        assert!(matches!(parse(&["--cluster", "c.yaml"]).unwrap().command, Command::Explain(a) if a.cluster.cluster.is_some()));
+        assert!(
+            matches!(parse(&["--cluster", "c.yaml"]).unwrap().command, Command::Explain(a) if a.cluster.cluster.is_some())
+        );
         let live = parse(&["--kubeconfig", "k"]).unwrap().command;
         assert!(matches!(live, Command::Explain(a) if a.cluster.cluster.is_none() && a.cluster.kubeconfig.is_some()));
         assert!(

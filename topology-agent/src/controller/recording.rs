@@ -32,10 +32,8 @@ pub struct Record {
     pub partial_threads: BTreeSet<String>,
     /// One line per apply, as the golden scenarios keep them.
     pub log: String,
-    /// Ports whose last write failed: the kernel holds nothing for them, or their new set.
-    pub failing: BTreeSet<ServicePort>,
-    /// Failed ports whose outdated entry could not be withdrawn either.
-    pub stranded: BTreeSet<ServicePort>,
+    /// The ports whose last write failed.
+    pub failures: Failures,
     /// The writer over the in-memory maps.
     pub writer: Writer<MemoryMaps>,
 }
@@ -53,7 +51,36 @@ impl Record {
 
     /// Books an apply of `attempted` ports (`None`: all) and checks the maps.
     fn book(&mut self, what: &str, attempted: Option<&BTreeSet<ServicePort>>, report: ApplyReport) -> ApplyReport {
-        let _ = write!(self.log, "{what}: {}", describe(&report));
+        self.failures.book(&mut self.log, what, attempted, &report);
+        let Failures { failing, stranded } = &self.failures;
+        assert_programmed(self.writer.kernel(), &self.current, failing, stranded, what);
+        if let Err(error) = verify_index(self.writer.maps(), self.writer.kernel()) {
+            panic!("{what}: {error}");
+        }
+        report
+    }
+}
+
+/// The ports whose last write failed, as a programmer keeps them from apply to apply.
+#[derive(Clone, Debug, Default)]
+pub struct Failures {
+    /// Ports whose last write failed: the kernel holds nothing for them, or their new set.
+    pub failing: BTreeSet<ServicePort>,
+    /// Failed ports whose outdated entry could not be withdrawn either.
+    pub stranded: BTreeSet<ServicePort>,
+}
+
+impl Failures {
+    /// Books `report`, an apply (`what`) of `attempted` ports (`None`: all): its line in `log`,
+    /// and the ports it failed in place of those it attempted.
+    pub fn book(
+        &mut self,
+        log: &mut String,
+        what: &str,
+        attempted: Option<&BTreeSet<ServicePort>>,
+        report: &ApplyReport,
+    ) {
+        let _ = write!(log, "{what}: {}", describe(report));
         match attempted {
             Some(ports) => {
                 self.failing.retain(|port| !ports.contains(port));
@@ -66,11 +93,6 @@ impl Record {
         }
         self.failing.extend(report.failed.iter().map(|(port, _)| *port));
         self.stranded.extend(report.stranded.iter().copied());
-        assert_programmed(self.writer.kernel(), &self.current, &self.failing, &self.stranded, what);
-        if let Err(error) = verify_index(self.writer.maps(), self.writer.kernel()) {
-            panic!("{what}: {error}");
-        }
-        report
     }
 }
 
@@ -80,7 +102,7 @@ impl std::fmt::Debug for Record {
             .field("current", &self.current)
             .field("full", &self.full)
             .field("partial", &self.partial)
-            .field("failing", &self.failing)
+            .field("failures", &self.failures)
             .finish_non_exhaustive()
     }
 }
@@ -112,8 +134,7 @@ impl MemoryKernel {
             before_full: None,
             partial_threads: BTreeSet::new(),
             log: String::new(),
-            failing: BTreeSet::new(),
-            stranded: BTreeSet::new(),
+            failures: Failures::default(),
             writer,
         })))
     }

@@ -25,13 +25,15 @@ use topology_dns::{DnsPublisher, DnsView};
 use topology_kube::{Object, SourceEvent, events::LogOnly};
 use topology_model::{ClusterState, Kind, yaml};
 use topology_policy::{
-    desired::ServicePort,
     explain,
     plan::{NodePlan, steering::Steering},
 };
 
 use self::script::{Archive, Fault, Verb};
-use super::{Controller, ControllerConfig, ControllerError, Health, Programmer, recording::MemoryKernel};
+use super::{
+    Controller, ControllerConfig, ControllerError, Health, Programmer,
+    recording::{Failures, MemoryKernel},
+};
 use crate::metrics::Metrics;
 
 /// What a scenario runs on: a programmer whose maps can be read back, restarted over, and made
@@ -41,8 +43,8 @@ pub trait ScenarioKernel: Programmer + Sized {
     fn maps(&self) -> MemoryMaps;
     /// One line per apply since the last call (as `memory::describe` prints them).
     fn take_log(&mut self) -> String;
-    /// Ports whose last write failed, and those of them whose outdated entry stayed.
-    fn failing(&self) -> (BTreeSet<ServicePort>, BTreeSet<ServicePort>);
+    /// The ports whose last write failed.
+    fn failures(&self) -> Failures;
     /// The kernel a restarted agent opens over the same maps.
     fn restart(self) -> Self;
     /// Makes writes fail (or stop failing); an error where this kernel cannot.
@@ -58,9 +60,8 @@ impl ScenarioKernel for MemoryKernel {
         std::mem::take(&mut self.record().log)
     }
 
-    fn failing(&self) -> (BTreeSet<ServicePort>, BTreeSet<ServicePort>) {
-        let record = self.record();
-        (record.failing.clone(), record.stranded.clone())
+    fn failures(&self) -> Failures {
+        self.record().failures.clone()
     }
 
     fn restart(self) -> Self {
@@ -251,7 +252,7 @@ impl<K: ScenarioKernel> Agent<K> {
         let cluster = self.cluster()?.clone();
         let (controller, published) = self.running.as_mut().ok_or("no cluster yet")?;
         job(controller).map_err(|error| error.to_string())?;
-        let (failing, stranded) = controller.programmer.failing();
+        let Failures { failing, stranded } = controller.programmer.failures();
         let held = controller.programmer.maps().kernel_state();
         assert_programmed(&held, controller.plan.desired(), &failing, &stranded, "the maps after the step");
         let whole = NodePlan::build(&cluster, &node, steering).map_err(|error| error.to_string())?;
