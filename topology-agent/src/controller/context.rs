@@ -132,7 +132,7 @@ impl Context {
                 DataplaneError::InvalidService { .. } => "InvalidService",
                 _ => "KernelWriteFailed",
             };
-            self.metrics.apply_failures.get_or_create(&ReasonLabels { reason: reason.into() }).inc();
+            self.metrics.control.apply_failures.get_or_create(&ReasonLabels { reason: reason.into() }).inc();
             let stranded = report.stranded.contains(port);
             if let Some(service) = owner(port) {
                 let consequence = if stranded {
@@ -159,7 +159,7 @@ impl Context {
             }
         }
         self.kernel_failures.extend(failed);
-        self.metrics.failed_service_ports.set(self.kernel_failures.len() as i64);
+        self.metrics.control.failed_service_ports.set(self.kernel_failures.len() as i64);
         self.health.set_failing(failing_summary(&self.kernel_failures));
     }
 
@@ -176,20 +176,20 @@ impl Context {
             region: this.region().unwrap_or_default().to_owned(),
         };
         if self.node_labels.as_ref() != Some(&labels) {
-            self.metrics.node_info.clear();
-            self.metrics.node_info.get_or_create(&labels).set(1);
+            self.metrics.control.node_info.clear();
+            self.metrics.control.node_info.get_or_create(&labels).set(1);
             self.node_labels = Some(labels);
         }
     }
 
     /// Updates the gauges from what the programmer reports.
     pub(super) fn observe(&self, observation: &Observation) {
-        self.metrics.services.set(observation.services as i64);
-        self.metrics.backends.set(observation.backends as i64);
+        self.metrics.control.services.set(observation.services as i64);
+        self.metrics.control.backends.set(observation.backends as i64);
         for (map, used, capacity) in &observation.maps {
             let labels = MapLabels { map: (*map).to_owned() };
-            self.metrics.map_entries.get_or_create(&labels).set(*used as i64);
-            self.metrics.map_capacity.get_or_create(&labels).set(i64::from(*capacity));
+            self.metrics.control.map_entries.get_or_create(&labels).set(*used as i64);
+            self.metrics.control.map_capacity.get_or_create(&labels).set(i64::from(*capacity));
         }
     }
 }

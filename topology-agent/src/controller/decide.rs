@@ -27,7 +27,7 @@ pub(super) struct Decider<'a> {
 impl Decider<'_> {
     /// Decides one Service again and updates its entries in the plan; returns the changed ports.
     pub(super) fn recompute(&mut self, this: &Node, key: &ObjectKey) -> BTreeSet<ServicePort> {
-        self.ctx.metrics.services_recomputed.inc();
+        self.ctx.metrics.control.services_recomputed.inc();
         let update = self.plan.update(self.state, this, key);
         if let Some(dns) = self.dns.as_mut() {
             let changed = dns.view_mut().update(self.state, self.plan, key);

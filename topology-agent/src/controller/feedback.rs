@@ -68,8 +68,8 @@ impl FeedbackLoop {
     /// hold their static plan — said, not silent.
     fn watch_room(&mut self, measured: usize, metrics: &Metrics) {
         let labels = MapLabels { map: map_names::BACKEND_LOAD.to_owned() };
-        metrics.map_entries.get_or_create(&labels).set(measured as i64);
-        metrics.map_capacity.get_or_create(&labels).set(i64::from(capacity::BACKEND_LOAD));
+        metrics.control.map_entries.get_or_create(&labels).set(measured as i64);
+        metrics.control.map_capacity.get_or_create(&labels).set(i64::from(capacity::BACKEND_LOAD));
         let full = measured >= capacity::BACKEND_LOAD as usize;
         if full && !self.full {
             tracing::warn!(

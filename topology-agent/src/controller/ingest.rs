@@ -209,7 +209,7 @@ impl Intake {
     fn skip(&mut self, invalid: Invalid, ctx: &mut Context) {
         tracing::warn!(object = %invalid.id, error = %invalid.error, "object skipped; its last good version stays in use");
         let kind = KindLabels { kind: invalid.id.kind().to_string() };
-        ctx.metrics.skipped_total.get_or_create(&kind).inc();
+        ctx.metrics.control.skipped_total.get_or_create(&kind).inc();
         if let Some(service) = &invalid.service {
             let message = format!("{}: {}; its last good version stays in use", invalid.id, invalid.error);
             ctx.problem(service, Topic::Object(invalid.id.clone()), "InvalidObject", message);
@@ -230,7 +230,7 @@ impl Intake {
     fn count_skipped(&self, ctx: &Context) {
         for kind in Kind::ALL {
             let count = self.skipped.keys().filter(|id| id.kind() == kind).count();
-            ctx.metrics.skipped.get_or_create(&KindLabels { kind: kind.to_string() }).set(count as i64);
+            ctx.metrics.control.skipped.get_or_create(&KindLabels { kind: kind.to_string() }).set(count as i64);
         }
     }
 }

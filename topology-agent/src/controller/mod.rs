@@ -14,6 +14,7 @@ mod feedback;
 mod full_sync;
 mod health;
 mod ingest;
+mod metrics;
 mod program;
 mod query;
 #[cfg(any(test, feature = "testing"))]
@@ -32,6 +33,7 @@ use context::Context;
 pub use full_sync::PIPELINE_FROM;
 pub use health::{Health, NotLive, NotReady, WATCH_STALE_GRACE};
 use ingest::Intake;
+pub use metrics::{EVENT_TO_KERNEL_TARGET_S, LoopMetrics};
 pub use program::{Observation, Programmer};
 pub use query::{AskError, PlanClient, PlanQuery};
 use schedule::{Job, Schedule};
@@ -224,7 +226,7 @@ impl<P: Programmer> Controller<P> {
     /// once).
     fn run_due(&mut self, now: Instant) -> Result<(), ControllerError> {
         let current = self.ctx.health.view_current();
-        self.ctx.metrics.view_current.set(i64::from(current));
+        self.ctx.metrics.control.view_current.set(i64::from(current));
         if let Some(dns) = &self.outlets.dns {
             // `sync` published the view of everything programmed so far.
             dns.set_current(current);
@@ -421,9 +423,9 @@ impl<P: Programmer> Controller<P> {
             let still_serves = |d: &crate::sockets::Departure| plan.still_serves(state, &d.service, d.backend);
             terminator.submit(&report.departed, &report.returned, recheck, still_serves);
         }
-        self.ctx.metrics.sync_duration.observe(started.elapsed().as_secs_f64());
+        self.ctx.metrics.control.sync_duration.observe(started.elapsed().as_secs_f64());
         if let Some(seen) = self.intake.oldest_pending.take() {
-            self.ctx.metrics.event_to_kernel.observe(seen.elapsed().as_secs_f64());
+            self.ctx.metrics.control.event_to_kernel.observe(seen.elapsed().as_secs_f64());
         }
         // A change is programmed once an apply has written everything; a failed one keeps them
         // for the apply that retries it.
@@ -431,7 +433,7 @@ impl<P: Programmer> Controller<P> {
             let now = std::time::SystemTime::now();
             for at in self.intake.changes_pending.drain(..) {
                 let latency = now.duration_since(at).unwrap_or_default();
-                self.ctx.metrics.network_programming.observe(latency.as_secs_f64());
+                self.ctx.metrics.control.network_programming.observe(latency.as_secs_f64());
             }
         }
         if report.added + report.updated + report.removed + report.failed.len() > 0 {

@@ -22,16 +22,7 @@ impl Default for SeriesCaps {
         Self { ports: DEFAULT_MAX_PORTS, backends: DEFAULT_MAX_BACKENDS }
     }
 }
-use prometheus_client::{
-    encoding::EncodeLabelSet,
-    metrics::{
-        counter::Counter,
-        family::Family,
-        gauge::Gauge,
-        histogram::{Histogram, exponential_buckets},
-    },
-    registry::Registry,
-};
+use prometheus_client::{encoding::EncodeLabelSet, registry::Registry};
 use topology_dataplane::KernelReading;
 use topology_dns::DnsMetrics;
 use topology_policy::desired::ServicePort;
@@ -97,76 +88,17 @@ pub struct ReasonLabels {
     pub reason: String,
 }
 
-/// A bucket bound of `topology_agent_event_to_kernel_seconds`: 10 ms.
-pub const EVENT_TO_KERNEL_TARGET_S: f64 = 0.01;
-
 topology_metrics::metrics! {
     /// Every metric the agent exports.
     pub struct Metrics;
-    exported {
-        // 100 us .. ~26 s: from one slice update to a full sync of a large cluster.
-        pub sync_duration: Histogram = Histogram::new(exponential_buckets(1e-4, 2.0, 19)),
-            "sync_duration_seconds",
-            "Time to recompute the affected services and write the kernel, per batch of events";
-        // The same, with a bound at 10 ms, the target an SLO on event-to-kernel latency names.
-        pub event_to_kernel: Histogram = {
-            let mut bounds: Vec<f64> = exponential_buckets(1e-4, 2.0, 19).collect();
-            bounds.push(EVENT_TO_KERNEL_TARGET_S);
-            bounds.sort_by(f64::total_cmp);
-            Histogram::new(bounds)
-        },
-            "event_to_kernel_seconds",
-            "Time from receiving the oldest event of a batch to its effect being in the kernel maps";
-        // 1 ms .. ~262 s: a change's stamp is taken before the API server stored it.
-        pub network_programming: Histogram = Histogram::new(exponential_buckets(1e-3, 2.0, 19)),
-            "network_programming_duration_seconds",
-            "Time from an EndpointSlice change (its endpoints.kubernetes.io/last-change-trigger-time) to the kernel \
-             maps holding it, as kube-proxy's kubeproxy_network_programming_duration_seconds; changes seen before \
-             the first sync are not counted";
-        pub services_recomputed: Counter = Default::default(),
-            "services_recomputed",
-            "Services decided again (their policy run), by any cause: a change that touches no Service's routing \
-             (a Node heartbeat, an unrelated label) adds nothing";
-        pub services: Gauge = Default::default(),
-            "services_programmed",
-            "Service ports (ClusterIP, port, protocol) in the kernel";
-        pub backends: Gauge = Default::default(),
-            "backends_programmed",
-            "Backends in the kernel, over all service ports";
-        pub map_entries: Family<MapLabels, Gauge> = Default::default(),
-            "map_entries",
-            "Entries in use per BPF map";
-        pub map_capacity: Family<MapLabels, Gauge> = Default::default(),
-            "map_capacity",
-            "Capacity (max_entries) per BPF map";
-        pub skipped_total: Family<KindLabels, Counter> = Default::default(),
-            "skipped_objects",
-            "Objects skipped because they cannot be used";
-        pub skipped: Family<KindLabels, Gauge> = Default::default(),
-            "skipped_objects_current",
-            "Objects skipped now (their last good version is used)";
-        // At 0 from the start: a series that first appears at 1 shows no increase() to alert on.
-        pub apply_failures: Family<ReasonLabels, Counter> = {
-            let family = Family::default();
-            for reason in ["MapFull", "InvalidService", "KernelWriteFailed"] {
-                drop(family.get_or_create(&ReasonLabels { reason: reason.into() }));
-            }
-            family
-        },
-            "apply_failures",
-            "Service ports that could not be programmed into the kernel";
-        pub failed_service_ports: Gauge = Default::default(),
-            "failed_service_ports",
-            "Service ports not programmed now because writing them failed (they hold nothing: kube-proxy routes them)";
-        pub view_current: Gauge = Default::default(),
-            "view_current",
-            "1 while the kernel holds the policy of a complete, current view of the cluster (no watch stale, every \
-             kind listed, this Node known), else 0";
-        pub node_info: Family<NodeLabels, Gauge> = Default::default(),
-            "node_info",
-            "This agent's node and its zone and region (always 1)";
-    }
+    exported {}
     own(registry = "topology_agent") {
+        /// The control loop's own metrics: syncs, what the kernel holds, skipped objects, the view.
+        pub control: crate::controller::LoopMetrics = {
+            let control = crate::controller::LoopMetrics::default();
+            control.register(&mut registry);
+            control
+        };
         /// Socket termination's and the sweep of open connections' metrics.
         pub sockets: crate::sockets::metrics::SocketMetrics = {
             let sockets = crate::sockets::metrics::SocketMetrics::default();
@@ -296,7 +228,7 @@ mod tests {
                 },
             ],
         });
-        metrics.services.set(1);
+        metrics.control.services.set(1);
         let web = ServicePort { vip: "10.96.0.10".parse().unwrap(), port: 80, protocol: Protocol::Tcp };
         metrics.set_baseline(web, Some(0.25));
         // A baseline of a port the kernel does not hold is not exported.

@@ -144,7 +144,7 @@ fn a_queued_burst_is_programmed_in_one_batch() {
 fn node_heartbeats_cost_no_recompute() {
     let live = Live::start(initial());
     live.wait(|r| r.full == 1);
-    let recomputed = live.metrics.services_recomputed.get();
+    let recomputed = live.metrics.control.services_recomputed.get();
     assert_eq!(recomputed, 2, "the full sync decides both Services");
     // A heartbeat converts to the Node the state holds: this node's and another's.
     for _ in 0..100 {
@@ -153,7 +153,7 @@ fn node_heartbeats_cost_no_recompute() {
     }
     live.sender.send(SourceEvent::Apply(Object::EndpointSlice(slice("web-1", "web", &["10.1.0.9"]))));
     live.wait(|r| r.partial.len() == 1);
-    assert_eq!(live.metrics.services_recomputed.get(), recomputed + 1, "only the slice's Service");
+    assert_eq!(live.metrics.control.services_recomputed.get(), recomputed + 1, "only the slice's Service");
     // The first sight of b joined the demand; its repeats did nothing.
     assert_eq!(live.kernel.record().full, 1);
     live.stop();
