@@ -305,6 +305,13 @@ mod tests {
         assert!(!programs.outlier_ejection);
         assert_eq!(programs.byte_accounting, ByteAccounting::All);
         assert_eq!(programs.capacities.slots, 1024);
+        for (bad, why) in
+            [("topo_nothing=5", "no map with a configurable size"), ("topo_slots", "expected MAP=ENTRIES")]
+        {
+            let Err(error) = run(&[&format!("--capacity={bad}")]) else { panic!("--capacity={bad} is refused") };
+            let error = error.to_string();
+            assert!(error.contains("--capacity") && error.contains(why), "{error}");
+        }
         let Err(error) = run(&["--outlier-ejection=maybe"]) else { panic!("--outlier-ejection=maybe is refused") };
         let error = error.to_string();
         assert!(error.contains("--outlier-ejection") && error.contains("neither on nor off"), "{error}");

@@ -2,14 +2,14 @@
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use clap::Args;
 use topology_agent::{
     agent::{RunConfig, SourceConfig},
     metrics::SeriesCaps,
     sockets::TerminateSockets,
 };
-use topology_dataplane::{Capacities, LoadOptions};
+use topology_dataplane::{Capacities, CapacityOverride, LoadOptions};
 use topology_dns::DnsConfig;
 use topology_model::listen;
 
@@ -61,7 +61,7 @@ pub struct RunArgs {
     probe_addr: Option<SocketAddr>,
     /// Override a map's capacity, e.g. `topo_slots=524288` (repeatable).
     #[arg(long = "capacity", value_name = "MAP=ENTRIES")]
-    capacities: Vec<String>,
+    capacities: Vec<CapacityOverride>,
     /// The kernel's knobs.
     #[command(flatten)]
     programs: LoadOptions,
@@ -102,7 +102,7 @@ pub fn run_config(args: RunArgs) -> anyhow::Result<RunConfig> {
         metrics_addr: args.metrics_addr.map_or_else(default_metrics_addr, Ok)?,
         probe_addr: args.probe_addr,
         fail_open_after: (!args.fail_open_after.is_zero()).then_some(args.fail_open_after),
-        programs: LoadOptions { capacities: capacities(&args.capacities)?, ..args.programs },
+        programs: LoadOptions { capacities: Capacities::default().with_overrides(&args.capacities), ..args.programs },
         metrics_caps: SeriesCaps { ports: args.metrics_max_ports, backends: args.metrics_max_backends },
         terminate: args.terminate_sockets,
         netns_dirs: args.netns_dirs.into_iter().chain([args.host_netns]).collect(),
@@ -120,16 +120,4 @@ fn default_metrics_addr() -> anyhow::Result<SocketAddr> {
         }
         _ => Ok(SocketAddr::from(([127, 0, 0, 1], PORT))),
     }
-}
-
-/// Applies `MAP=ENTRIES` overrides to the default capacities.
-fn capacities(overrides: &[String]) -> anyhow::Result<Capacities> {
-    let mut capacities = Capacities::default();
-    for spec in overrides {
-        let Some((map, entries)) = spec.split_once('=') else { bail!("--capacity {spec:?}: expected MAP=ENTRIES") };
-        let entries: u32 = entries.parse().with_context(|| format!("--capacity {spec:?}: entries"))?;
-        let Some(slot) = capacities.entry_mut(map) else { bail!("--capacity {spec:?}: unknown map {map:?}") };
-        *slot = entries;
-    }
-    Ok(capacities)
 }

@@ -71,7 +71,7 @@ pub use heartbeat::{DnsBeat, FailOpen, HeartbeatReading};
 pub use inspect::{PinCheck, PinnedState, read_pins, verify_pins};
 pub use layout::PinLayout;
 pub use loader::Flavour;
-pub use maps::Capacities;
+pub use maps::{Capacities, CapacityOverride};
 pub(crate) use objects::PROGRAMS;
 pub use options::{ByteAccounting, IndexOrdering, KernelLogLevel, LoadOptions, LoadSignal};
 pub use outliers::Outlier;

@@ -92,6 +92,16 @@ impl Capacities {
         ]
     }
 
+    /// These capacities with `overrides` applied, in order.
+    pub fn with_overrides(mut self, overrides: &[CapacityOverride]) -> Self {
+        for CapacityOverride { map, entries } in overrides {
+            if let Some(slot) = self.entry_mut(map) {
+                *slot = *entries;
+            }
+        }
+        self
+    }
+
     /// The capacity of `map` as a `--capacity MAP=ENTRIES` override names it.
     pub fn entry_mut(&mut self, map: &str) -> Option<&mut u32> {
         Some(match map {
@@ -103,6 +113,39 @@ impl Capacities {
             map_names::TCP_CONNECTIONS => &mut self.tcp_connections,
             _ => return None,
         })
+    }
+}
+
+/// The maps whose capacity an override may name.
+const SIZED: [&str; 8] = [
+    map_names::SERVICES_V4,
+    map_names::SERVICES_V6,
+    map_names::SLOTS,
+    map_names::COUNTERS,
+    map_names::SERVICE_META,
+    map_names::SERVICE_OPTIONS,
+    map_names::CLIENT_AFFINITY,
+    map_names::TCP_CONNECTIONS,
+];
+
+/// One `--capacity MAP=ENTRIES` override: a map with a configurable size (the service-id maps
+/// share one), and its entries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CapacityOverride {
+    map: String,
+    entries: u32,
+}
+
+impl std::str::FromStr for CapacityOverride {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let (map, entries) = text.split_once('=').ok_or_else(|| format!("{text:?}: expected MAP=ENTRIES"))?;
+        if !SIZED.contains(&map) {
+            return Err(format!("{map:?} is no map with a configurable size ({})", SIZED.join(", ")));
+        }
+        let entries = entries.parse().map_err(|error| format!("{map}={entries:?}: the entries: {error}"))?;
+        Ok(Self { map: map.to_owned(), entries })
     }
 }
 
@@ -320,6 +363,29 @@ mod tests {
             huge.validate().unwrap_err().to_string(),
             "capacity of map topo_svc6 must be at most 2^30, not 1073741825"
         );
+    }
+
+    #[test]
+    fn overrides_parse_name_what_is_wrong_and_apply_in_order() {
+        let parsed = |text: &str| text.parse::<CapacityOverride>();
+        let overrides = [
+            parsed("topo_slots=1024").unwrap(),
+            parsed("topo_svc_meta=64").unwrap(),
+            parsed("topo_slots=2048").unwrap(),
+        ];
+        let capacities = Capacities::default().with_overrides(&overrides);
+        assert_eq!((capacities.slots, capacities.service_ids), (2048, 64), "the service-id maps share one");
+        assert_eq!(capacities.services_v4, Capacities::default().services_v4);
+        assert_eq!(parsed("topo_slots").unwrap_err(), "\"topo_slots\": expected MAP=ENTRIES");
+        assert!(
+            parsed("topo_heartbeat=1")
+                .unwrap_err()
+                .starts_with("\"topo_heartbeat\" is no map with a configurable size")
+        );
+        assert!(parsed("topo_slots=-1").unwrap_err().starts_with("topo_slots=\"-1\": the entries: "));
+        for map in SIZED {
+            assert!(Capacities::default().entry_mut(map).is_some(), "{map} has a capacity to override");
+        }
     }
 
     #[test]
