@@ -11,10 +11,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use prometheus_client::metrics::{counter::Counter, family::Family};
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family},
+};
 use serde::{Deserialize, Serialize};
-
-use crate::metrics::{BytesLabels, ServiceLabels};
 
 /// Bytes of one Service port since the agent started, both directions.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -152,6 +153,26 @@ impl CostReport {
         out.push_str(UDP_NOTE);
         out
     }
+}
+
+/// Labels of the bytes of a Service port between this node's zone and a backend's.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct BytesLabels {
+    /// `namespace/name:port`, or `other` beyond the series cap.
+    pub service: String,
+    /// This node's zone (empty without one).
+    pub from_zone: String,
+    /// The backend's zone (empty when it has none or is no longer known).
+    pub to_zone: String,
+    /// `to_backend` (sent by the clients) or `from_backend`.
+    pub direction: &'static str,
+}
+
+/// Labels of a Service port.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ServiceLabels {
+    /// `namespace/name:port`, or `other` beyond the series cap.
+    pub service: String,
 }
 
 topology_metrics::metrics! {

@@ -23,7 +23,7 @@ use topology_model::Protocol;
 use topology_policy::{desired::ServicePort, plan::NodePlan};
 
 use super::{Controller, Programmer};
-use crate::{cost::ServiceBytes, metrics::BytesLabels};
+use crate::cost::{BytesLabels, ServiceBytes};
 
 /// The service label of ports beyond the series cap.
 const OTHER: &str = "other";

@@ -14,7 +14,6 @@ mod feedback;
 mod full_sync;
 mod health;
 mod ingest;
-mod metrics;
 mod program;
 mod query;
 #[cfg(any(test, feature = "testing"))]
@@ -33,7 +32,6 @@ use context::Context;
 pub use full_sync::PIPELINE_FROM;
 pub use health::{Health, NotLive, NotReady, WATCH_STALE_GRACE};
 use ingest::Intake;
-pub use metrics::{EVENT_TO_KERNEL_TARGET_S, LoopMetrics};
 pub use program::{Observation, Programmer};
 pub use query::{AskError, PlanClient, PlanQuery};
 use schedule::{Job, Schedule};

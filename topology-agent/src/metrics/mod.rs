@@ -1,6 +1,7 @@
 //! Prometheus metrics of the agent, and the kernel's per-CPU counters exported at scrape time
 //! (`kernel`).
 
+pub mod control;
 pub mod feedback;
 mod kernel_counters;
 
@@ -43,13 +44,6 @@ pub struct KindLabels {
     pub kind: String,
 }
 
-/// Labels of a transport protocol.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ProtocolLabels {
-    /// `TCP`, `UDP`, `SCTP`.
-    pub protocol: String,
-}
-
 /// Labels of this node's place in the topology.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NodeLabels {
@@ -59,26 +53,6 @@ pub struct NodeLabels {
     pub zone: String,
     /// `topology.kubernetes.io/region`, empty without it.
     pub region: String,
-}
-
-/// Labels of the bytes of a Service port between this node's zone and a backend's.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
-pub struct BytesLabels {
-    /// `namespace/name:port`, or `other` beyond the series cap.
-    pub service: String,
-    /// This node's zone (empty without one).
-    pub from_zone: String,
-    /// The backend's zone (empty when it has none or is no longer known).
-    pub to_zone: String,
-    /// `to_backend` (sent by the clients) or `from_backend`.
-    pub direction: &'static str,
-}
-
-/// Labels of a Service port.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ServiceLabels {
-    /// `namespace/name:port`, or `other` beyond the series cap.
-    pub service: String,
 }
 
 /// Labels of a failure.
@@ -94,8 +68,8 @@ topology_metrics::metrics! {
     exported {}
     own(registry = "topology_agent") {
         /// The control loop's own metrics: syncs, what the kernel holds, skipped objects, the view.
-        pub control: crate::controller::LoopMetrics = {
-            let control = crate::controller::LoopMetrics::default();
+        pub control: control::LoopMetrics = {
+            let control = control::LoopMetrics::default();
             control.register(&mut registry);
             control
         };

@@ -2,14 +2,22 @@
 
 use std::sync::atomic::AtomicU64;
 
-use prometheus_client::metrics::{
-    counter::Counter,
-    family::Family,
-    gauge::Gauge,
-    histogram::{Histogram, exponential_buckets},
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{
+        counter::Counter,
+        family::Family,
+        gauge::Gauge,
+        histogram::{Histogram, exponential_buckets},
+    },
 };
 
-use crate::metrics::ProtocolLabels;
+/// Labels of a transport protocol.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProtocolLabels {
+    /// `TCP`, `UDP`, `SCTP`.
+    pub protocol: String,
+}
 
 topology_metrics::metrics! {
     /// Socket termination's and the sweep's metrics.

@@ -46,7 +46,8 @@ use topology_common::{AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP, SockTranslati
 use topology_dataplane::SocketMaps;
 use topology_model::Protocol;
 
-use crate::metrics::{Metrics, ProtocolLabels};
+use self::metrics::ProtocolLabels;
+use crate::metrics::Metrics;
 
 /// Which sockets are destroyed when their backend leaves the set.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]

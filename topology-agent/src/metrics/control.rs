@@ -8,7 +8,7 @@ use prometheus_client::metrics::{
     histogram::{Histogram, exponential_buckets},
 };
 
-use crate::metrics::{KindLabels, MapLabels, NodeLabels, ReasonLabels};
+use super::{KindLabels, MapLabels, NodeLabels, ReasonLabels};
 
 /// A bucket bound of `topology_agent_event_to_kernel_seconds`: 10 ms.
 pub const EVENT_TO_KERNEL_TARGET_S: f64 = 0.01;
