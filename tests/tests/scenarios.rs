@@ -5,12 +5,12 @@
 //! entry, slot, name, option and index position the kernel holds, read back from it. `restart`
 //! is real here: the dataplane is dropped and opened again over its pins, as a restarted agent
 //! adopts them. The unit test holds the in-memory run to the files; this holds the kernel to the
-//! in-memory run. Scripts with `fault` (which the kernel's maps cannot be made to do on demand)
-//! run in memory only, and are named. `--test-threads=1`.
+//! in-memory run. Scripts with `fault` (which the kernel's maps cannot be made to do on demand) or
+//! `traffic` (the kernel measures the load itself) run in memory only, and are named. `--test-threads=1`.
 //!
 //! Tier: kernel (root; the real kernel, one test at a time).
 
-use std::{collections::BTreeSet, fs, path::Path};
+use std::{collections::BTreeSet, fs, net::SocketAddr, path::Path};
 
 use topology_agent::controller::{
     Observation, Programmer,
@@ -20,7 +20,7 @@ use topology_agent::controller::{
         script::{self, Archive, Fault, Verb},
     },
 };
-use topology_dataplane::{ApplyReport, Capacities, Dataplane, DataplaneConfig, memory::MemoryMaps};
+use topology_dataplane::{ApplyReport, Capacities, Dataplane, DataplaneConfig, LoadCounters, memory::MemoryMaps};
 use topology_policy::desired::{DesiredState, ServicePort};
 use topology_tests::{fixture::Fixture, require_root};
 
@@ -87,11 +87,17 @@ impl ScenarioKernel for Kernel {
     fn fault(&mut self, _fault: Fault) -> Result<(), String> {
         Err("the kernel's maps cannot be made to fail on demand".into())
     }
+
+    fn measure(&mut self, _backend: SocketAddr, _load: LoadCounters) -> Result<(), String> {
+        Err("the kernel measures the load itself".into())
+    }
 }
 
-fn uses_faults(text: &str) -> bool {
+/// Whether the script tells the kernel what only the in-memory one can be told: a fault, or the
+/// load it measured.
+fn in_memory_only(text: &str) -> bool {
     let steps = script::parse(&Archive::parse(text).script).expect("the unit test parses every script");
-    steps.iter().any(|step| matches!(step.verb, Verb::Fault(_)))
+    steps.iter().any(|step| matches!(step.verb, Verb::Fault(_) | Verb::Traffic(_)))
 }
 
 #[test]
@@ -104,11 +110,11 @@ fn every_scenario_holds_the_kernels_maps_to_the_in_memory_ones() {
         .filter(|path| path.extension().is_some_and(|e| e == "txtar"))
         .collect();
     cases.sort();
-    let (mut ran, mut in_memory_only, mut differences) = (0, Vec::new(), Vec::new());
+    let (mut ran, mut in_memory, mut differences) = (0, Vec::new(), Vec::new());
     for path in &cases {
         let (origin, text) = (path.display().to_string(), fs::read_to_string(path).expect("read"));
-        if uses_faults(&text) {
-            in_memory_only.push(origin);
+        if in_memory_only(&text) {
+            in_memory.push(origin);
             continue;
         }
         let memory = scenario::run(&origin, &text, &mut MemoryKernel::new, MemoryMaps::dump_held)
@@ -125,7 +131,7 @@ fn every_scenario_holds_the_kernels_maps_to_the_in_memory_ones() {
         differences.extend(scenario::differences(&origin, &memory, &kernel));
         ran += 1;
     }
-    eprintln!("{ran} scenarios on the kernel's maps; in memory only (faults): {in_memory_only:?}");
+    eprintln!("{ran} scenarios on the kernel's maps; in memory only (faults, measured load): {in_memory:?}");
     assert!(ran >= 14, "{ran} of {} scenarios ran on the kernel's maps", cases.len());
     assert!(differences.is_empty(), "the kernel's maps differ from the in-memory ones:\n{}", differences.join("\n"));
 }

@@ -33,9 +33,15 @@ impl FeedbackLoop {
         std::time::Duration::from_millis(self.regulator.tuning().interval_ms)
     }
 
-    /// One look: returns the Services to decide again.
+    /// Milliseconds since the loop started, its clock.
+    pub fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    /// One look at `now_ms` (its clock): returns the Services to decide again.
     pub fn step(
         &mut self,
+        now_ms: u64,
         programmer: &impl Programmer,
         plan: &mut NodePlan,
         metrics: &Metrics,
@@ -52,7 +58,6 @@ impl FeedbackLoop {
             }
         };
         self.watch_room(reading.len(), metrics);
-        let now_ms = self.started.elapsed().as_millis() as u64;
         let changed = self.regulator.step(now_ms, &reading, &ports);
         for key in &changed {
             if let Some(input) = self.regulator.inputs().get(key) {

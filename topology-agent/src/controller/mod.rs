@@ -249,11 +249,7 @@ impl<P: Programmer> Controller<P> {
                     true
                 }
                 Job::Feedback => {
-                    let moved = self.feedback.step(&self.programmer, &mut self.plan, &self.ctx.metrics);
-                    if !moved.is_empty() {
-                        self.intake.dirty.extend(moved);
-                        self.sync()?;
-                    }
+                    self.look_at_feedback(self.feedback.now_ms())?;
                     true
                 }
             };
@@ -262,6 +258,17 @@ impl<P: Programmer> Controller<P> {
             }
         }
         Ok(())
+    }
+
+    /// One look of the feedback controller at `now_ms` (its clock): the Services whose shares it
+    /// moved are decided again and synced at once.
+    fn look_at_feedback(&mut self, now_ms: u64) -> Result<(), ControllerError> {
+        let moved = self.feedback.step(now_ms, &self.programmer, &mut self.plan, &self.ctx.metrics);
+        if moved.is_empty() {
+            return Ok(());
+        }
+        self.intake.dirty.extend(moved);
+        self.sync()
     }
 
     /// Refreshes the kernel's heartbeat (the programs fail open once the view has not been current

@@ -4,13 +4,14 @@
 //! record while the loop runs on another thread.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     fmt::Write as _,
+    net::SocketAddr,
     sync::{Arc, Mutex, MutexGuard},
 };
 
 use topology_dataplane::{
-    ApplyReport, Capacities, KernelState, Writer,
+    ApplyReport, Capacities, DataplaneError, KernelState, LoadCounters, MeasuredBackend, Writer,
     memory::{MemoryMaps, assert_programmed, describe},
     verify_index,
 };
@@ -34,6 +35,8 @@ pub struct Record {
     pub log: String,
     /// The ports whose last write failed.
     pub failures: Failures,
+    /// What the load signal measured per backend (cumulative, as the kernel's counters are).
+    pub load: BTreeMap<SocketAddr, LoadCounters>,
     /// The writer over the in-memory maps.
     pub writer: Writer<MemoryMaps>,
 }
@@ -135,6 +138,7 @@ impl MemoryKernel {
             partial_threads: BTreeSet::new(),
             log: String::new(),
             failures: Failures::default(),
+            load: BTreeMap::new(),
             writer,
         })))
     }
@@ -184,6 +188,19 @@ impl Programmer for MemoryKernel {
         record.partial_threads.insert(thread);
         let report = record.writer.apply_changes(changed.iter().map(|port| (*port, desired.services.get(port))));
         record.book(&format!("apply {} changed", changed.len()), Some(changed), report)
+    }
+
+    fn backend_load(&self) -> Result<Vec<MeasuredBackend>, DataplaneError> {
+        let record = self.record();
+        Ok(record
+            .load
+            .iter()
+            .map(|(backend, load)| MeasuredBackend {
+                backend: *backend,
+                in_flight: load.connects.saturating_sub(load.closed + load.refused + load.timed_out),
+                load: *load,
+            })
+            .collect())
     }
 
     fn observe(&self) -> Observation {

@@ -85,8 +85,20 @@ impl NodePlan {
 
     /// The whole plan of `node`: every Service decided, ports released retried by those waiting.
     pub fn build(state: &ClusterState, node: &str, steering: Option<Steering>) -> Result<Self, PolicyError> {
+        Self::build_with_feedback(state, node, steering, feedback::Inputs::new())
+    }
+
+    /// [`build`](Self::build), the feedback controller's `inputs` taken as they stand: the plan a
+    /// loop that made every change one by one, feedback included, must equal.
+    pub fn build_with_feedback(
+        state: &ClusterState,
+        node: &str,
+        steering: Option<Steering>,
+        inputs: feedback::Inputs,
+    ) -> Result<Self, PolicyError> {
         let this = state.node(node).ok_or_else(|| PolicyError::UnknownNode(node.to_owned()))?;
         let mut plan = Self::new(node, steering);
+        plan.feedback = inputs;
         let mut waiting = BTreeSet::new();
         for service in state.services() {
             waiting.extend(plan.update(state, this, &service.key).retry);
@@ -214,6 +226,11 @@ impl NodePlan {
                 })
             })
         })
+    }
+
+    /// The feedback controller's inputs the plan was decided with.
+    pub fn feedback(&self) -> &feedback::Inputs {
+        &self.feedback
     }
 
     /// The feedback controller's inputs from now on; returns the Services whose ports' inputs

@@ -12,13 +12,14 @@ pub mod script;
 
 use std::{
     collections::BTreeSet,
+    net::SocketAddr,
     sync::Arc,
     time::{Duration, Instant},
 };
 
 use tokio::sync::watch;
 use topology_dataplane::{
-    Capacities,
+    Capacities, LoadCounters,
     memory::{MemoryMaps, assert_programmed},
 };
 use topology_dns::{DnsPublisher, DnsView};
@@ -49,6 +50,9 @@ pub trait ScenarioKernel: Programmer + Sized {
     fn restart(self) -> Self;
     /// Makes writes fail (or stop failing); an error where this kernel cannot.
     fn fault(&mut self, fault: Fault) -> Result<(), String>;
+    /// Adds `load` to what the load signal measured of `backend`; an error where this kernel
+    /// cannot be told.
+    fn measure(&mut self, backend: SocketAddr, load: LoadCounters) -> Result<(), String>;
 }
 
 impl ScenarioKernel for MemoryKernel {
@@ -76,6 +80,16 @@ impl ScenarioKernel for MemoryKernel {
             Fault::Grace | Fault::None => None,
         };
         maps.grace.fail = fault == Fault::Grace;
+        Ok(())
+    }
+
+    fn measure(&mut self, backend: SocketAddr, load: LoadCounters) -> Result<(), String> {
+        let mut record = self.record();
+        let counters = record.load.entry(backend).or_default();
+        counters.connects += load.connects;
+        counters.closed += load.closed;
+        counters.refused += load.refused;
+        counters.lifetime_us += load.lifetime_us;
         Ok(())
     }
 }
@@ -161,13 +175,15 @@ struct Agent<K: ScenarioKernel> {
     running: Option<(Controller<K>, watch::Receiver<Arc<DnsView>>)>,
     /// The cluster as the last `cluster` left it.
     cluster: Option<ClusterState>,
+    /// The feedback controller's clock, milliseconds: one interval more at each `feedback`.
+    feedback_ms: u64,
     print: Print,
 }
 
 impl<K: ScenarioKernel> Agent<K> {
     fn new(print: Print) -> Self {
         let capacities = Capacities::default();
-        Self { node: String::new(), capacities, steering: None, running: None, cluster: None, print }
+        Self { node: String::new(), capacities, steering: None, running: None, cluster: None, feedback_ms: 0, print }
     }
 
     /// A controller over `kernel`, told the whole of `cluster` as the watch's lists.
@@ -228,6 +244,24 @@ impl<K: ScenarioKernel> Agent<K> {
                 controller.reconcile();
                 Ok(())
             })?,
+            Verb::Traffic(traffic) => {
+                let kernel = &mut self.controller()?.programmer;
+                for backend in &traffic.backends {
+                    let load = LoadCounters {
+                        connects: traffic.connects + traffic.refused,
+                        closed: traffic.closed,
+                        refused: traffic.refused,
+                        lifetime_us: traffic.closed * traffic.latency_us,
+                        ..LoadCounters::default()
+                    };
+                    kernel.measure(*backend, load)?;
+                }
+            }
+            Verb::Feedback => {
+                self.feedback_ms += self.controller()?.feedback.interval().as_millis() as u64;
+                let now_ms = self.feedback_ms;
+                self.sync(|controller| controller.look_at_feedback(now_ms))?;
+            }
             Verb::Plan(file) => return self.plan().map(|plan| Some((file.clone(), plan))),
             Verb::Maps(file) => {
                 let print = self.print;
@@ -270,7 +304,12 @@ impl<K: ScenarioKernel> Agent<K> {
         let this = controller.intake.state.node(&node).ok_or("the node is not in the cluster")?;
         let report = explain::report(&controller.intake.state, this, &controller.plan, None);
         let json = serde_json::to_string_pretty(&report).map_err(|error| error.to_string())?;
-        let whole = explain::explain(&cluster, &node, None, steering.as_ref()).map_err(|error| error.to_string())?;
+        // The plan built whole from the same cluster, with the feedback controller's inputs as
+        // they stand.
+        let inputs = controller.plan.feedback().clone();
+        let whole = NodePlan::build_with_feedback(&cluster, &node, steering, inputs).map_err(|e| e.to_string())?;
+        let this = cluster.node(&node).ok_or("the node is not in the cluster")?;
+        let whole = explain::report(&cluster, this, &whole, None);
         if json != serde_json::to_string_pretty(&whole).map_err(|error| error.to_string())? {
             return Err(format!("the incremental plan is not the whole one:\n{json}"));
         }

@@ -15,6 +15,8 @@
 //! | `reconcile` | the loop's periodic job: the whole plan applied again, retrying the ports that failed |
 //! | `plan FILE` | the plan, as `explain --output json` prints it, is FILE |
 //! | `maps FILE` | the applies since the last `maps` and the maps' contents are FILE |
+//! | `traffic ADDR[,ADDR…] connects=N closed=N latency_us=N [refused=N]` | each backend's load counters (cumulative, as the kernel's load signal keeps them) grow by one interval's traffic: connections started, ended with that lifetime, refused |
+//! | `feedback` | the feedback controller's look, one interval after its last: the ports it moves are synced at once |
 //! | `restart` | the agent stops and a new one starts over the same maps: it reads them back, adopts them, and lists the cluster again |
 //! | `fault MAP` / `fault grace` / `fault none` | writes to MAP fail (as a full or broken kernel map makes them), or every RCU grace period wait does, or nothing does |
 
@@ -95,10 +97,52 @@ pub enum Verb {
     Plan(String),
     /// `maps FILE`.
     Maps(String),
+    /// `traffic …`.
+    Traffic(Traffic),
+    /// `feedback`.
+    Feedback,
     /// `restart`.
     Restart,
     /// `fault …`.
     Fault(Fault),
+}
+
+/// One interval's traffic to some backends (`traffic`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Traffic {
+    /// The backends, each of which had it all.
+    pub backends: Vec<SocketAddr>,
+    /// Handshakes started (the refused ones besides).
+    pub connects: u64,
+    /// Connections ended.
+    pub closed: u64,
+    /// How long each ended connection lasted, microseconds.
+    pub latency_us: u64,
+    /// Handshakes refused.
+    pub refused: u64,
+}
+
+/// `traffic`'s arguments: the backends, then `name=value` counts.
+fn traffic(args: &[&str]) -> Result<Traffic, String> {
+    let usage = "`traffic` takes ADDR[,ADDR…] connects=N closed=N latency_us=N [refused=N]";
+    let (first, counts) = args.split_first().ok_or(usage)?;
+    let backends = first
+        .split(',')
+        .map(|backend| backend.parse().map_err(|error| format!("traffic: {backend:?}: {error}")))
+        .collect::<Result<Vec<SocketAddr>, String>>()?;
+    let mut traffic = Traffic { backends, connects: 0, closed: 0, latency_us: 0, refused: 0 };
+    for count in counts {
+        let (name, value) = count.split_once('=').ok_or(usage)?;
+        let value: u64 = value.parse().map_err(|error| format!("traffic: {count:?}: {error}"))?;
+        match name {
+            "connects" => traffic.connects = value,
+            "closed" => traffic.closed = value,
+            "latency_us" => traffic.latency_us = value,
+            "refused" => traffic.refused = value,
+            _ => return Err(format!("traffic: no count {name:?} (connects, closed, latency_us, refused)")),
+        }
+    }
+    Ok(traffic)
 }
 
 /// What `fault` makes fail.
@@ -180,6 +224,8 @@ fn verb(word: &str, rest: &str) -> Result<Verb, String> {
         "reconcile" => none(Verb::Reconcile),
         "plan" => one("the file the plan is").map(Verb::Plan),
         "maps" => one("the file the maps are").map(Verb::Maps),
+        "traffic" => traffic(&args).map(Verb::Traffic),
+        "feedback" => none(Verb::Feedback),
         "restart" => none(Verb::Restart),
         "fault" => match one("a map's name, grace or none")?.as_str() {
             "none" => Ok(Verb::Fault(Fault::None)),
@@ -191,7 +237,7 @@ fn verb(word: &str, rest: &str) -> Result<Verb, String> {
                 .ok_or_else(|| format!("fault: no map is named {map:?}")),
         },
         other => Err(format!(
-            "no verb {other:?} (node, capacities, steering, cluster, sync, reconcile, plan, maps, restart, fault)"
+            "no verb {other:?} (node, capacities, steering, cluster, sync, reconcile, plan, maps, traffic, feedback, restart, fault)"
         )),
     }
 }
@@ -235,7 +281,7 @@ mod tests {
         let error = |script: &str| parse(script).unwrap_err().to_string();
         assert_eq!(
             error("sync\nsink\n"),
-            "line 2: no verb \"sink\" (node, capacities, steering, cluster, sync, reconcile, plan, maps, restart, fault)"
+            "line 2: no verb \"sink\" (node, capacities, steering, cluster, sync, reconcile, plan, maps, traffic, feedback, restart, fault)"
         );
         assert_eq!(error("sync now"), "line 1: `sync` takes no argument");
         assert_eq!(error("fault topo_nothing"), "line 1: fault: no map is named \"topo_nothing\"");
@@ -245,5 +291,19 @@ mod tests {
             error("capacities {slots: x}")
         );
         assert_eq!(error("steering kube-dns 1.2.3.4:53"), "line 1: steering: \"kube-dns\" is not namespace/name");
+        let traffic = parse("traffic 10.0.1.1:80,10.0.1.2:80 connects=20 closed=10 latency_us=4000\nfeedback").unwrap();
+        let want = Traffic {
+            backends: vec!["10.0.1.1:80".parse().unwrap(), "10.0.1.2:80".parse().unwrap()],
+            connects: 20,
+            closed: 10,
+            latency_us: 4000,
+            refused: 0,
+        };
+        assert_eq!(traffic.iter().map(|s| s.verb.clone()).collect::<Vec<_>>(), [Verb::Traffic(want), Verb::Feedback]);
+        assert_eq!(
+            error("traffic 10.0.1.1:80 slow=1"),
+            "line 1: traffic: no count \"slow\" (connects, closed, latency_us, refused)"
+        );
+        assert!(error("traffic web connects=1").starts_with("line 1: traffic: \"web\": "));
     }
 }
