@@ -187,7 +187,7 @@ fn ours(sk: *const c_void) -> Option<(*mut TcpTranslation, SockTranslation)> {
 fn fail(key: &OutlierKey, flags: u32, backends: u32, client: u32) {
     // SAFETY: no arguments.
     let now = unsafe { bpf_ktime_get_ns() };
-    let Some(entry) = lookup(key).or_else(|| create(key)) else {
+    let Some(entry) = lookup(key).or_else(|| create(key, now)) else {
         return;
     };
     let (service_id, cap) = (key.service_id, ejection_cap(backends));
@@ -254,11 +254,12 @@ fn lookup(key: &OutlierKey) -> Option<*mut OutlierEntry> {
     (!found.is_null()).then_some(found)
 }
 
-/// `key`'s entry, made (zero) if the map takes it.
+/// `key`'s entry, made if the map takes it: empty, but failing since `now`, so that the agent's
+/// pruning of quiet entries, reading it before its failure is counted, keeps it.
 #[inline(always)]
-fn create(key: &OutlierKey) -> Option<*mut OutlierEntry> {
+fn create(key: &OutlierKey, now: u64) -> Option<*mut OutlierEntry> {
     let map = ptr::from_ref(&OUTLIERS).cast_mut().cast::<c_void>();
-    let zero = OutlierEntry::default();
+    let zero = OutlierEntry { last_failure_ns: now, ..OutlierEntry::default() };
     // SAFETY: as in `lookup`. NOEXIST: a CPU that lost the race to make it finds the winner's.
     let _ = unsafe {
         bpf_map_update_elem(

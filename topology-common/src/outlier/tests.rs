@@ -207,3 +207,22 @@ fn a_capped_run_is_not_ejected_and_asks_again_at_its_next_failure() {
         Failure::Ejected(now + 10 * S)
     );
 }
+
+#[test]
+fn an_entry_made_failing_at_its_first_failure_counts_it_as_an_empty_one_does() {
+    // The programs make a backend's entry at its first failure with that instant as its last
+    // failure (so that pruning never takes it for quiet before the failure is counted): it
+    // counts the failure, and the run that follows, exactly as an empty entry would.
+    let now = 500 * S;
+    let (mut made, mut empty) =
+        (OutlierEntry { last_failure_ns: now, ..OutlierEntry::default() }, OutlierEntry::default());
+    for (at, client) in [(now, 1), (now + MS, 1), (now + 2 * MS, 2), (now + 3 * MS, 1), (now + 4 * MS, 2)] {
+        let settings = EjectionSettings::DEFAULT;
+        assert_eq!(made.fail(at, settings, client, admit), empty.fail(at, settings, client, admit), "at {at}");
+        assert_eq!(
+            (made.failures, made.run_client, made.many_clients),
+            (empty.failures, empty.run_client, empty.many_clients)
+        );
+    }
+    assert_eq!(made.ejected_until_ns, now + 4 * MS + BASE_EJECTION_NS, "the fifth failure, from two clients, ejects");
+}
