@@ -108,6 +108,11 @@ pub fn run<K: ScenarioKernel>(
 ) -> Result<Archive, String> {
     let archive = Archive::parse(text);
     let steps = script::parse(&archive.script).map_err(|error| format!("{origin}: {error}"))?;
+    // A file no step reads or writes is a stale expectation or a misspelt name: never kept.
+    let named: BTreeSet<&str> = steps.iter().filter_map(|step| step.verb.file()).collect();
+    if let Some((unused, _)) = archive.files.iter().find(|(name, _)| !named.contains(name.as_str())) {
+        return Err(format!("{origin}: no step reads or writes file {unused}"));
+    }
     let mut found = archive.clone();
     let mut agent = Agent::new(print);
     for step in &steps {

@@ -107,6 +107,16 @@ pub enum Verb {
     Fault(Fault),
 }
 
+impl Verb {
+    /// The file of the archive the verb reads (`cluster`) or writes (`plan`, `maps`).
+    pub fn file(&self) -> Option<&str> {
+        match self {
+            Self::Cluster(file) | Self::Plan(file) | Self::Maps(file) => Some(file),
+            _ => None,
+        }
+    }
+}
+
 /// One interval's traffic to some backends (`traffic`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Traffic {

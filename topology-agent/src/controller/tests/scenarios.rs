@@ -36,3 +36,12 @@ fn scenarios_match_their_expectations() {
     }
     assert!(stale.is_empty(), "scenarios differ (UPDATE_GOLDEN=1 to accept):\n{}", stale.join("\n"));
 }
+
+#[test]
+fn a_file_no_step_uses_is_refused_not_kept() {
+    let script = "node node-a\ncluster one.yaml\nsync\nmaps one.maps\n-- one.yaml --\n-- one.maps --\n-- old.maps --\n";
+    let Err(error) = scenario::run("inline", script, &mut MemoryKernel::new, MemoryMaps::dump) else {
+        panic!("a stray expectation is refused");
+    };
+    assert_eq!(error, "inline: no step reads or writes file old.maps");
+}
