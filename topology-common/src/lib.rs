@@ -159,6 +159,9 @@ pub const SKC_STATE_OFFSET_GLOBAL: &str = "SKC_STATE_OFFSET";
 /// Globals the agent sets to the byte offsets of `inet_sock.uc_ttl`, `inet_sock.pinet6` and
 /// `ipv6_pinfo.hop_limit` (a socket's own TTL or hop limit: its failures are no evidence).
 pub const OWN_TTL_OFFSETS_GLOBAL: &str = "OWN_TTL_OFFSETS";
+/// Global (`.rodata`) variable: 1 when the kernel's `tcp_retransmit_skb` tracepoint passes the
+/// retransmission's error (Linux 6.17), which the outlier program then reads.
+pub const RETRANSMIT_ERR_GLOBAL: &str = "RETRANSMIT_ERR";
 /// Global (`.rodata`) variables the agent sets to the byte offsets of `tcp_sock.bytes_acked` and
 /// `tcp_sock.bytes_received` in this kernel, from its BTF (cross-zone accounting).
 pub const BYTES_ACKED_OFFSET_GLOBAL: &str = "BYTES_ACKED_OFFSET";

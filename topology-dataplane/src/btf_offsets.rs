@@ -49,8 +49,39 @@ pub fn member_offset_in(path: &Path, name: &str, member: &str) -> Result<u32, Bt
     member_offset(&data, name, member)
 }
 
-/// BTF kinds whose entry is followed by data (everything else has none).
+/// How many arguments the BTF at `path` gives `tracepoint` (its `btf_trace_<tracepoint>` typedef,
+/// less the context pointer first); `None` without one.
+pub fn tracepoint_args_in(path: &Path, tracepoint: &str) -> Result<Option<usize>, BtfOffsetError> {
+    let data =
+        std::fs::read(path).map_err(|source| BtfOffsetError::Read { path: path.display().to_string(), source })?;
+    tracepoint_args(&data, tracepoint)
+}
+
+/// [`tracepoint_args_in`] of the BTF blob `data`.
+pub fn tracepoint_args(data: &[u8], tracepoint: &str) -> Result<Option<usize>, BtfOffsetError> {
+    let types = Types::parse(data)?;
+    let name = format!("btf_trace_{tracepoint}");
+    for id in 1..=types.starts.len() as u32 {
+        let (at, name_off, kind, _, _) = types.entry(id)?;
+        if kind != TYPEDEF || types.string(name_off) != name.as_bytes() {
+            continue;
+        }
+        // typedef -> pointer -> function prototype (void *ctx, the tracepoint's arguments...).
+        let (pointer, _, pointer_kind, _, _) = types.entry(types.word(at + 8)?)?;
+        let (_, _, proto_kind, params, _) = types.entry(types.word(pointer + 8)?)?;
+        if pointer_kind != PTR || proto_kind != FUNC_PROTO {
+            return Err(BtfOffsetError::Malformed("a btf_trace_ typedef that is not a function pointer"));
+        }
+        return Ok(Some(params.saturating_sub(1)));
+    }
+    Ok(None)
+}
+
+/// BTF kinds whose entry is followed by data (everything else has none), and the two more that
+/// [`tracepoint_args`] follows.
 const INT: u32 = 1;
+const PTR: u32 = 2;
+const TYPEDEF: u32 = 8;
 const ARRAY: u32 = 3;
 const STRUCT: u32 = 4;
 const UNION: u32 = 5;
@@ -222,6 +253,22 @@ mod tests {
         push(&[10, 1, 0]);
         push(&[12, 1, if bitfield { 3 << 24 | 32 } else { 32 }]);
         assemble(&types, strings)
+    }
+
+    #[test]
+    fn a_tracepoints_arguments_are_counted_from_its_typedef() {
+        // 1 int, 2 void *, 3 proto (void *, int, int) -> int, 4 pointer to 3, 5 the typedef.
+        let strings = b"\0int\0btf_trace_tcp_retransmit_skb\0";
+        let mut types = Vec::new();
+        let mut push = |words: &[u32]| words.iter().for_each(|w| types.extend_from_slice(&w.to_ne_bytes()));
+        push(&[1, INT << 24, 4, 32]);
+        push(&[0, PTR << 24, 0]);
+        push(&[0, FUNC_PROTO << 24 | 3, 1, 0, 2, 0, 1, 0, 1]);
+        push(&[0, PTR << 24, 3]);
+        push(&[5, TYPEDEF << 24, 4]);
+        let data = assemble(&types, strings);
+        assert_eq!(tracepoint_args(&data, "tcp_retransmit_skb").unwrap(), Some(2));
+        assert_eq!(tracepoint_args(&data, "tcp_receive_reset").unwrap(), None);
     }
 
     /// A BTF blob of the type section `types` and the string section `strings`.

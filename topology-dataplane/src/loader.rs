@@ -14,9 +14,10 @@ use aya::{
 use topology_common::{
     BYTES_ACKED_OFFSET_GLOBAL, BYTES_RECEIVED_OFFSET_GLOBAL, CB_FLAGS_OFFSET_GLOBAL, INDEX_ENABLED_GLOBAL,
     INDEX_V4_MASK_GLOBAL, INDEX_V6_MASK_GLOBAL, LOAD_SIGNAL_GLOBAL, LOG_LEVEL_GLOBAL, OWN_TTL_OFFSETS_GLOBAL,
-    SK_COOKIE_OFFSET_GLOBAL, SK_PROTOCOL_OFFSET_GLOBAL, SKC_DADDR_OFFSET_GLOBAL, SKC_DPORT_OFFSET_GLOBAL,
-    SKC_STATE_OFFSET_GLOBAL, SKC_V6_DADDR_OFFSET_GLOBAL, SRTT_US_OFFSET_GLOBAL, TCP_BYTES_GLOBAL,
-    TCP_CONNECTIONS_MASK_GLOBAL, TOTAL_RETRANS_OFFSET_GLOBAL, UDP_BYTES_GLOBAL, map_names, program_names,
+    RETRANSMIT_ERR_GLOBAL, SK_COOKIE_OFFSET_GLOBAL, SK_PROTOCOL_OFFSET_GLOBAL, SKC_DADDR_OFFSET_GLOBAL,
+    SKC_DPORT_OFFSET_GLOBAL, SKC_STATE_OFFSET_GLOBAL, SKC_V6_DADDR_OFFSET_GLOBAL, SRTT_US_OFFSET_GLOBAL,
+    TCP_BYTES_GLOBAL, TCP_CONNECTIONS_MASK_GLOBAL, TOTAL_RETRANS_OFFSET_GLOBAL, UDP_BYTES_GLOBAL, map_names,
+    program_names,
 };
 
 use super::{
@@ -139,9 +140,10 @@ fn load_flavour(layout: &PinLayout, options: &LoadOptions, flavour: Flavour) -> 
         }
         None => None,
     };
-    if let Some((state, own_ttl)) = &outlier_offset {
+    if let Some((state, own_ttl, retransmit_err)) = &outlier_offset {
         loader.override_global(SKC_STATE_OFFSET_GLOBAL, state, true);
         loader.override_global(OWN_TTL_OFFSETS_GLOBAL, own_ttl, true);
+        loader.override_global(RETRANSMIT_ERR_GLOBAL, retransmit_err, true);
     }
     // So do accounting and the load signal at a connection's end, at the offsets of a TCP
     // socket's counters.
@@ -221,7 +223,7 @@ fn load_tracing(ebpf: &mut Ebpf, programs: &[(&'static str, &'static str)]) -> R
 
 /// The byte offsets the outlier ejection programs read a socket at in this kernel, from its BTF:
 /// its state, and its own TTL and IPv6 hop limit; the programs are not loaded without them.
-fn outlier_offsets() -> Result<(u32, [u32; 4]), btf_offsets::BtfOffsetError> {
+fn outlier_offsets() -> Result<(u32, [u32; 4], u32), btf_offsets::BtfOffsetError> {
     let path = Path::new(btf_offsets::VMLINUX);
     let common = btf_offsets::member_offset_in(path, "sock", "__sk_common")?;
     let state = common + btf_offsets::member_offset_in(path, "sock_common", "skc_state")?;
@@ -234,7 +236,12 @@ fn outlier_offsets() -> Result<(u32, [u32; 4]), btf_offsets::BtfOffsetError> {
         hop_word,
         hop_shift,
     ];
-    Ok((state, own_ttl))
+    // From Linux 6.17 `tcp_retransmit_skb` reports failed retransmissions too, with their error
+    // as a third argument; before, only those that left the host. The program reads it where
+    // there is one, so that on every kernel a SYN this host failed to send (its own netfilter, a
+    // full qdisc) is no evidence against the backend.
+    let retransmit_err = btf_offsets::tracepoint_args_in(path, "tcp_retransmit_skb")?.is_some_and(|args| args >= 3);
+    Ok((state, own_ttl, u32::from(retransmit_err)))
 }
 
 /// Where the programs at a connection's end (accounting, the load signal) and the sweep read a

@@ -70,9 +70,24 @@ pub fn outlier_reset(ctx: BtfTracePointContext) -> i32 {
     0
 }
 
+/// 1 when `tcp_retransmit_skb` passes the retransmission's error as its third argument (Linux
+/// 6.17), set by the agent at load from the kernel's BTF. At 0 the verifier never sees the read
+/// of an argument the kernel does not have: it prunes the branch of a frozen global.
+#[unsafe(no_mangle)]
+static RETRANSMIT_ERR: Global<u32> = Global::new(0);
+
 /// A segment retransmitted: in `SYN_SENT`, the SYN went unanswered for a retransmission timeout.
+/// A retransmission that failed to leave this host (its own netfilter, a full qdisc: traced from
+/// 6.17 on, with its error) says nothing of the backend, as before 6.17 when it was not traced.
 #[btf_tracepoint(function = "tcp_retransmit_skb")]
 pub fn outlier_retransmit(ctx: BtfTracePointContext) -> i32 {
+    if RETRANSMIT_ERR.load() != 0 {
+        // The kernel's BTF gives this tracepoint a third argument, the error.
+        let err: i32 = ctx.arg(2);
+        if err != 0 {
+            return 0;
+        }
+    }
     let _ = handshake_failed(ctx.arg(0));
     0
 }
