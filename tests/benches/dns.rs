@@ -7,8 +7,9 @@
 //! (measured first, as fast as it answers); and the control loop's event-to-kernel latency while
 //! the responder is loaded, against idle. "NOERROR per s" counts what the clients could use: a
 //! client with 768 relayed queries in flight (the 1,024 less the quarter kept for the node's
-//! other pods) gets SERVFAIL at once for more, and dnsperf is one client; unbound queues them.
-//! The last lines give the responder's own count of each outcome and of its upstream retries.
+//! other pods) has more wait for a slot in its queue (256, at most 1 s), as unbound queues them,
+//! and gets SERVFAIL past that; dnsperf is one client. The last lines give the responder's own
+//! count of each outcome, of the queries it queued and of its upstream retries.
 //!
 //! The upstream is the real CoreDNS 1.14 with kubeadm's Corefile, on another node, behind
 //! `kube-dns` (the agent finds it there, as on a cluster), forwarding names outside the cluster to
@@ -238,8 +239,8 @@ fn main() {
     agent.stop();
 }
 
-/// `topology_agent_dns_queries_total` summed by outcome, and the upstream retries, from
-/// `metrics`.
+/// `topology_agent_dns_queries_total` summed by outcome, the queries queued and the upstream
+/// retries, from `metrics`.
 fn outcomes(metrics: &str) -> String {
     let mut by_outcome = std::collections::BTreeMap::<String, f64>::new();
     for line in metrics.lines().filter(|line| line.starts_with("topology_agent_dns_queries_total{")) {
@@ -249,10 +250,13 @@ fn outcomes(metrics: &str) -> String {
             *by_outcome.entry(outcome.to_owned()).or_default() += value;
         }
     }
-    let retries =
-        metrics.lines().find_map(|line| line.strip_prefix("topology_agent_dns_upstream_retries_total ")).unwrap_or("?");
+    let total = |name: &str| {
+        let prefix = format!("topology_agent_dns_{name}_total ");
+        metrics.lines().find_map(|line| line.strip_prefix(prefix.as_str())).unwrap_or("?").to_owned()
+    };
     let mut text: Vec<String> = by_outcome.iter().map(|(outcome, n)| format!("{outcome} {n:.0}")).collect();
-    text.push(format!("upstream retries {retries}"));
+    text.push(format!("queued {}", total("relay_queued")));
+    text.push(format!("upstream retries {}", total("upstream_retries")));
     text.join(", ")
 }
 

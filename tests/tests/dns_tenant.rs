@@ -1,7 +1,8 @@
 //! One pod cannot take the node's DNS relay from the others (root, real kernel): a pod asking
 //! unique names outside the cluster as fast as its rate allows, of an upstream slow enough that
 //! they stay in flight, cannot take the slots kept for the others; another pod's lookup, asked
-//! meanwhile, is relayed and answered instead of getting SERVFAIL at once. Nor can it push the
+//! meanwhile, is relayed and answered instead of getting SERVFAIL at once; what a pod asks beyond
+//! its slots waits in its queue and is answered as they free. Nor can it push the
 //! others' answers out of the cache beyond its share; and with `--dns-clients node` a pod of
 //! another node gets REFUSED. `--test-threads=1`.
 //!
@@ -56,10 +57,40 @@ fn one_pods_flood_of_unique_names_leaves_the_relay_to_the_others() {
 
     let flooded: Lookups = serde_json::from_slice(&flood.wait_output(Duration::from_secs(30))).expect("report");
     eprintln!("the flood: {flooded:?}; the other pod's lookup: {asked:?}");
-    // The tenant got its share relayed and answered; the rest of its burst SERVFAIL at once.
+    // The tenant got its share relayed and answered; the rest of its burst waited in its queue
+    // for a slot in vain (the upstream holds them all 1.5 s) or, past the queue, SERVFAIL at once.
     let answered = flooded.answers.get(ANSWER).copied().unwrap_or(0);
     assert!(answered >= 64, "at least its share relayed: {flooded:?}");
     assert!(flooded.failed > 0, "beyond its share, refused: {flooded:?}");
+}
+
+#[test]
+fn a_pods_burst_beyond_its_slots_waits_for_them_and_is_answered() {
+    require_root!();
+    let mut fx = Fixture::new(0);
+    // An upstream that answers 1 s after each query.
+    let (upstream, _upstream) = start_upstream_after(&mut fx.network, false, None, None, Duration::from_secs(1));
+    let upstream = SocketAddr::from((upstream.v4, 53));
+    let (dns_pod, pod) = (fx.network.host("pod"), fx.network.host("pod"));
+    let file = fx.scratch().join("cluster.yaml");
+    objects::write(&file, &[objects::node("node-a", "zone-a", None, "4")]);
+    let agent = start_dns_agent(&fx, &dns_pod, &file, upstream);
+    let server = SocketAddr::from((dns_pod.v4, 53));
+
+    // 1,000 unique names in a second: 768 relayed at once (all but the others' reserve), the
+    // last 232 wait in the pod's queue until the first answers free their slots.
+    let mut command = Command::new(probe_binary());
+    command.args(["--netns", pod.netns.name(), "client", "--target", &server.to_string(), "--timeout-ms", "4000"]);
+    command.args(["lookups", "--rate", "1000", "--seconds", "1", "--threads", "1100", "--name", "b{n}.example.com"]);
+    let burst = ProcessGuard::new(command.stdout(Stdio::piped()).spawn().expect("spawn the burst"));
+    let burst: Lookups = serde_json::from_slice(&burst.wait_output(Duration::from_secs(30))).expect("report");
+    let queued = counter(&agent, "dns_relay_queued");
+    eprintln!("the burst: {burst:?}; queued: {queued}");
+    assert_eq!((burst.made, burst.failed), (1000, 0), "every lookup answered: {burst:?}");
+    assert_eq!(burst.answers.get(ANSWER).copied(), Some(1000), "{burst:?}");
+    assert!((150..=256).contains(&queued), "those beyond the slots waited: {queued}");
+    let (_, metrics) = agent.get("/metrics").expect("metrics");
+    assert!(!metrics.contains("outcome=\"source_overloaded\""), "none refused:\n{metrics}");
 }
 
 /// The value of the unlabelled counter `name` in `agent`'s metrics.

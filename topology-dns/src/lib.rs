@@ -11,6 +11,7 @@ mod cache;
 pub mod clients;
 pub mod connections;
 pub mod glance;
+mod in_flight;
 mod limit;
 pub mod names;
 pub mod relay;
@@ -253,6 +254,10 @@ topology_metrics::metrics! {
             Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(1e-4, 2.0, 15)),
             "dns_upstream_seconds",
             "Time for the upstream to answer a relayed query";
+        pub relay_queued: Counter = Counter::default(),
+            "dns_relay_queued",
+            "Relayed queries that waited for a slot, their source's share, what it may borrow and the others' reserve \
+             all in flight (what waits in vain gets SERVFAIL, outcome source_overloaded)";
         pub upstream_retries: Counter = Counter::default(),
             "dns_upstream_retries",
             "Relayed queries sent again to an upstream that had not answered within the retry time";

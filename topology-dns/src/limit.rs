@@ -2,15 +2,8 @@
 //! client cannot take the responder (or the node's CPU) from the others. When the table is full of
 //! recently active sources, a new source shares one overflow bucket with every other untracked
 //! source: a flood from many (spoofed) addresses gets one source's rate, and resets nobody's.
-//! And relayed queries in flight per source ([`InFlight`]): one client asking unique names as
-//! fast as it may cannot hold the slots the other pods' lookups need.
 
-use std::{
-    collections::HashMap,
-    net::IpAddr,
-    sync::{Arc, Mutex, PoisonError},
-    time::Instant,
-};
+use std::{collections::HashMap, net::IpAddr, time::Instant};
 
 /// Sources tracked at most; when full, idle ones are forgotten first.
 const MAX_SOURCES: usize = 16_384;
@@ -67,74 +60,6 @@ impl SourceLimiter {
     }
 }
 
-/// Relayed queries (names the upstreams answer) in flight, per source address: each source is
-/// always granted its share; beyond it, a source borrows only while the others' reserve stays
-/// free. One busy client may use most of the slots while nobody else asks, and a flooding one can
-/// never take the reserve the other pods' lookups need.
-#[derive(Debug)]
-pub struct InFlight {
-    share: usize,
-    borrowable: usize,
-    counts: Mutex<Counts>,
-}
-
-#[derive(Debug, Default)]
-struct Counts {
-    total: usize,
-    by_source: HashMap<IpAddr, usize>,
-}
-
-/// One relayed query of a source in flight; its slot is free again when dropped.
-#[derive(Debug)]
-pub struct Relaying {
-    in_flight: Arc<InFlight>,
-    source: IpAddr,
-}
-
-impl InFlight {
-    /// `share` queries in flight granted to every source, and more while fewer than
-    /// `slots - reserve` are in flight in all.
-    pub fn new(share: usize, slots: usize, reserve: usize) -> Arc<Self> {
-        Arc::new(Self { share, borrowable: slots.saturating_sub(reserve), counts: Mutex::default() })
-    }
-
-    /// A slot for one more query of `source`, if it may have one.
-    pub fn enter(self: &Arc<Self>, source: IpAddr) -> Option<Relaying> {
-        let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
-        let Counts { total, by_source } = &mut *counts;
-        let count = by_source.entry(source).or_default();
-        if *count >= self.share && *total >= self.borrowable {
-            if *count == 0 {
-                by_source.remove(&source);
-            }
-            return None;
-        }
-        *count += 1;
-        *total += 1;
-        Some(Relaying { in_flight: Arc::clone(self), source })
-    }
-
-    /// Queries of `source` in flight now.
-    #[cfg(test)]
-    pub fn of(&self, source: IpAddr) -> usize {
-        self.counts.lock().unwrap_or_else(PoisonError::into_inner).by_source.get(&source).copied().unwrap_or(0)
-    }
-}
-
-impl Drop for Relaying {
-    fn drop(&mut self) {
-        let mut counts = self.in_flight.counts.lock().unwrap_or_else(PoisonError::into_inner);
-        counts.total -= 1;
-        // A source with nothing in flight takes no room: the table holds only the busy ones.
-        if let Some(count) = counts.by_source.get_mut(&self.source) {
-            *count -= 1;
-            if *count == 0 {
-                counts.by_source.remove(&self.source);
-            }
-        }
-    }
-}
-
 /// Refills `bucket` at `rate` up to `rate` tokens, then takes one if it can.
 fn take(bucket: &mut Bucket, rate: f64, now: Instant) -> bool {
     {
@@ -168,26 +93,6 @@ mod tests {
         assert!(limiter.admit(a, start + Duration::from_millis(20)), "refilled");
         let mut unlimited = SourceLimiter::new(0);
         assert!((0..10_000).all(|_| unlimited.admit(a, start)));
-    }
-
-    #[test]
-    fn a_source_borrows_beyond_its_share_only_while_the_reserve_is_free() {
-        // 2 granted to each source; 10 slots, 4 of them kept in reserve for others.
-        let in_flight = InFlight::new(2, 10, 4);
-        let (a, b, c): (IpAddr, IpAddr, IpAddr) =
-            ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap(), "10.0.0.3".parse().unwrap());
-        let held: Vec<Relaying> = (0..20).filter_map(|_| in_flight.enter(a)).collect();
-        assert_eq!(held.len(), 6, "alone, it borrows up to the reserve");
-        let others: Vec<Relaying> =
-            [b, b, b, c, c, c].into_iter().filter_map(|source| in_flight.enter(source)).collect();
-        assert_eq!(others.len(), 4, "every other source its share, from the reserve");
-        assert_eq!((in_flight.of(b), in_flight.of(c)), (2, 2));
-        drop(held);
-        assert_eq!(in_flight.of(a), 0);
-        assert!(!in_flight.counts.lock().unwrap().by_source.contains_key(&a), "idle sources take no room");
-        assert!(in_flight.enter(b).is_some(), "with the flood gone, b borrows again");
-        drop(others);
-        assert_eq!(in_flight.counts.lock().unwrap().total, 0);
     }
 
     #[test]

@@ -30,10 +30,11 @@ use super::{
     cache::{AnswerCache, Cached},
     clients::{Admission, Clients, refused},
     glance::{Domain, glance},
-    limit::{InFlight, Relaying, SourceLimiter},
+    in_flight::{Entry, InFlight, QueueBounds},
+    limit::SourceLimiter,
     relay,
     relay_cache::{CacheSettings, Key},
-    upstream::{Lookup, Upstream},
+    upstream::{self, Lookup, Upstream},
     view::DnsView,
 };
 use crate::connections::{Limits, Pool};
@@ -87,6 +88,17 @@ pub enum Handled {
     Chase(Box<Chase>),
     /// Not a query: no reply.
     Drop,
+}
+
+impl Handled {
+    /// The client's query, where it is relayed.
+    pub fn relayed(&self) -> Option<&Message> {
+        match self {
+            Self::Forward { request, .. } | Self::Missed { request, .. } => Some(request),
+            Self::Chase(chase) => Some(&chase.request),
+            Self::Reply { .. } | Self::Drop => None,
+        }
+    }
 }
 
 /// An answer to complete: `response` (a CNAME to `target`) to `request`.
@@ -148,9 +160,10 @@ impl Responder {
             limiter: Mutex::new(SourceLimiter::new(per_source_qps)),
             unlimited: per_source_qps == 0,
             relaying: InFlight::new(
-                crate::upstream::FORWARDS_PER_SOURCE,
-                crate::upstream::MAX_FORWARDS,
-                crate::upstream::FORWARDS_RESERVED,
+                upstream::FORWARDS_PER_SOURCE,
+                upstream::MAX_FORWARDS,
+                upstream::FORWARDS_RESERVED,
+                QueueBounds { per_source: upstream::QUEUED_PER_SOURCE, total: upstream::MAX_QUEUED },
             ),
             admission,
             said_open: AtomicBool::new(false),
@@ -250,15 +263,42 @@ impl Responder {
         self.upstream.chase(&request, response, target, relay::limit(&request, tcp), source).await
     }
 
-    /// A slot for one more relayed query of `source`; `Err` with the SERVFAIL it gets instead
-    /// when it has its share in flight and only the others' reserve is left (counted as
-    /// `source_overloaded`).
-    fn relay_slot(&self, source: IpAddr, request: &Message, tcp: bool) -> Result<Relaying, Vec<u8>> {
-        self.relaying.enter(source).ok_or_else(|| {
-            self.metrics.query(request.queries.first().map(Query::query_type), "source_overloaded");
-            let limit = if tcp { u16::MAX } else { answer::udp_limit(request) };
-            encode(&answer::error(request, hickory_proto::op::ResponseCode::ServFail), limit)
-        })
+    /// Where the relayed query `request` of `source` goes: a slot now, or a place in its source's
+    /// queue; `Err` with the SERVFAIL it gets at once when that queue is full.
+    fn relay_entry(&self, source: IpAddr, request: &Message, tcp: bool) -> Result<Entry, Vec<u8>> {
+        match self.relaying.enter(source) {
+            Entry::Full => Err(self.overloaded(request, tcp)),
+            entry @ Entry::Queued(_) => {
+                self.metrics.relay_queued.inc();
+                Ok(entry)
+            }
+            entry @ Entry::Now(_) => Ok(entry),
+        }
+    }
+
+    /// Relays `handled` once `entry` has its slot: the reply, or SERVFAIL when the query waited
+    /// [`upstream::QUEUE_WAIT`] in vain.
+    async fn relay(&self, entry: Entry, handled: Handled, tcp: bool, source: IpAddr) -> Vec<u8> {
+        let Some(_slot) = entry.slot(upstream::QUEUE_WAIT).await else {
+            return handled.relayed().map(|request| self.overloaded(request, tcp)).unwrap_or_default();
+        };
+        match handled {
+            Handled::Forward { request, raw } => self.forward(&request, &raw, tcp, source).await,
+            Handled::Missed { request, raw, key } => {
+                self.upstream.ask_for(key, &request, &raw, relay::limit(&request, tcp), source).await
+            }
+            Handled::Chase(chase) => self.chase(*chase, tcp, source).await,
+            Handled::Reply { bytes, .. } => bytes,
+            Handled::Drop => Vec::new(),
+        }
+    }
+
+    /// The SERVFAIL a relayed query gets when its source has too much in flight and waiting
+    /// (counted as `source_overloaded`).
+    fn overloaded(&self, request: &Message, tcp: bool) -> Vec<u8> {
+        self.metrics.query(request.queries.first().map(Query::query_type), "source_overloaded");
+        let limit = if tcp { u16::MAX } else { answer::udp_limit(request) };
+        encode(&answer::error(request, hickory_proto::op::ResponseCode::ServFail), limit)
     }
 
     /// Whether the query `bytes` of `source` is answered: within the source's rate, and from one
@@ -340,58 +380,28 @@ pub async fn serve_udp(socket: Arc<UdpSocket>, responder: Arc<Responder>, shutdo
             }
             Admit::Drop => continue,
         }
-        match responder.handle(&buffer[..len], false, Some(&mut cache)) {
+        let handled = match responder.handle(&buffer[..len], false, Some(&mut cache)) {
             Handled::Reply { bytes, .. } => {
                 let _ = socket.send_to(&bytes, source).await;
+                continue;
             }
-            Handled::Forward { request, raw } => {
-                let slot = match responder.relay_slot(source.ip(), &request, false) {
-                    Ok(slot) => slot,
-                    Err(refusal) => {
-                        let _ = socket.send_to(&refusal, source).await;
-                        continue;
-                    }
-                };
-                let (socket, responder) = (Arc::clone(&socket), Arc::clone(&responder));
-                tokio::spawn(async move {
-                    let reply = responder.forward(&request, &raw, false, source.ip()).await;
-                    drop(slot);
-                    let _ = socket.send_to(&reply, source).await;
-                });
+            Handled::Drop => continue,
+            relayed => relayed,
+        };
+        // Taken here, so that the tasks are bounded by the slots and the queues.
+        let entry = match handled.relayed().map(|request| responder.relay_entry(source.ip(), request, false)) {
+            Some(Ok(entry)) => entry,
+            Some(Err(refusal)) => {
+                let _ = socket.send_to(&refusal, source).await;
+                continue;
             }
-            Handled::Missed { request, raw, key } => {
-                let slot = match responder.relay_slot(source.ip(), &request, false) {
-                    Ok(slot) => slot,
-                    Err(refusal) => {
-                        let _ = socket.send_to(&refusal, source).await;
-                        continue;
-                    }
-                };
-                let (socket, responder) = (Arc::clone(&socket), Arc::clone(&responder));
-                tokio::spawn(async move {
-                    let limit = relay::limit(&request, false);
-                    let reply = responder.upstream.ask_for(key, &request, &raw, limit, source.ip()).await;
-                    drop(slot);
-                    let _ = socket.send_to(&reply, source).await;
-                });
-            }
-            Handled::Chase(chase) => {
-                let slot = match responder.relay_slot(source.ip(), &chase.request, false) {
-                    Ok(slot) => slot,
-                    Err(refusal) => {
-                        let _ = socket.send_to(&refusal, source).await;
-                        continue;
-                    }
-                };
-                let (socket, responder) = (Arc::clone(&socket), Arc::clone(&responder));
-                tokio::spawn(async move {
-                    let reply = responder.chase(*chase, false, source.ip()).await;
-                    drop(slot);
-                    let _ = socket.send_to(&reply, source).await;
-                });
-            }
-            Handled::Drop => {}
-        }
+            None => continue,
+        };
+        let (socket, responder) = (Arc::clone(&socket), Arc::clone(&responder));
+        tokio::spawn(async move {
+            let reply = responder.relay(entry, handled, false, source.ip()).await;
+            let _ = socket.send_to(&reply, source).await;
+        });
     }
 }
 
@@ -438,21 +448,12 @@ async fn connection(mut stream: TcpStream, source: IpAddr, responder: &Responder
         };
         let reply = match handled {
             Handled::Reply { bytes, .. } => bytes,
-            Handled::Forward { request, raw } => match responder.relay_slot(source, &request, true) {
-                Ok(_slot) => responder.forward(&request, &raw, true, source).await,
-                Err(refusal) => refusal,
-            },
-            Handled::Missed { request, raw, key } => match responder.relay_slot(source, &request, true) {
-                Ok(_slot) => {
-                    responder.upstream.ask_for(key, &request, &raw, relay::limit(&request, true), source).await
-                }
-                Err(refusal) => refusal,
-            },
-            Handled::Chase(chase) => match responder.relay_slot(source, &chase.request, true) {
-                Ok(_slot) => responder.chase(*chase, true, source).await,
-                Err(refusal) => refusal,
-            },
             Handled::Drop => return,
+            relayed => match relayed.relayed().map(|request| responder.relay_entry(source, request, true)) {
+                Some(Ok(entry)) => responder.relay(entry, relayed, true, source).await,
+                Some(Err(refusal)) => refusal,
+                None => return,
+            },
         };
         let Ok(len) = u16::try_from(reply.len()) else { return };
         if stream.write_all(&len.to_be_bytes()).await.is_err() || stream.write_all(&reply).await.is_err() {

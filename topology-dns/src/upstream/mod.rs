@@ -36,7 +36,7 @@ use super::{
 
 /// How long an upstream has to answer before the client gets SERVFAIL (or a stale answer).
 pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(2);
-/// Relayed queries in flight; beyond, SERVFAIL at once.
+/// Relayed queries in flight; beyond, a query waits for a slot ([`QUEUE_WAIT`]).
 pub const MAX_FORWARDS: usize = 1024;
 /// Relayed queries in flight granted to every source whatever the others do: more than any
 /// resolver asks at once (glibc asks two).
@@ -46,6 +46,16 @@ pub const FORWARDS_PER_SOURCE: usize = 64;
 /// may still use the rest — the DNS bench's mix (b), 50,000 unique names a second from dnsperf's
 /// one address, keeps hundreds in flight.
 pub const FORWARDS_RESERVED: usize = MAX_FORWARDS / 4;
+/// Relayed queries of one source that may wait for a slot (its share, the others' reserve and
+/// what it borrowed all taken): four times its share. Beyond, SERVFAIL at once
+/// (`source_overloaded`).
+pub const QUEUED_PER_SOURCE: usize = 4 * FORWARDS_PER_SOURCE;
+/// Relayed queries of all sources waiting for a slot at most.
+pub const MAX_QUEUED: usize = MAX_FORWARDS;
+/// How long a relayed query waits for a slot at most before its SERVFAIL (`source_overloaded`):
+/// half the upstreams' time, so that with it a queued query is answered within a stub resolver's
+/// first timeout (glibc's 5 s).
+pub const QUEUE_WAIT: Duration = Duration::from_secs(1);
 /// Sends of a relayed query to one upstream at most (the first and two retries).
 pub const SENDS_PER_UPSTREAM: u32 = 3;
 /// The SERVFAIL response code.
