@@ -137,6 +137,17 @@ impl Agent {
         }
     }
 
+    /// Whether the agent says its kernel runs `feature`'s programs
+    /// (`topology_agent_kernel_feature`).
+    pub fn kernel_feature(&self, feature: &str) -> bool {
+        let (_, text) = self.get("/metrics").expect("GET /metrics");
+        let series = format!("topology_agent_kernel_feature{{feature=\"{feature}\"}} ");
+        match text.lines().find_map(|line| line.strip_prefix(&series)) {
+            Some(value) => value.trim() == "1",
+            None => panic!("no {series} in /metrics:\n{text}"),
+        }
+    }
+
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.process.id()

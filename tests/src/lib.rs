@@ -10,6 +10,7 @@ pub mod demo;
 pub mod dns;
 pub mod dnsperf;
 pub mod fixture;
+pub mod kernel;
 pub mod kind;
 pub mod kubernetes;
 pub mod net;

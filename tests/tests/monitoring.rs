@@ -208,6 +208,7 @@ fn every_metric_and_label_the_dashboard_and_alerts_use_is_exported() {
     );
     assert!(text.contains("topology_agent_default_policy_in_zone_ratio{service=\"default/web:http\""), "{text}");
     assert!(text.contains("topology_agent_view_current 1"), "{text}");
+    assert!(agent.kernel_feature("index"), "the agent says its programs probe the service index");
     assert!(text.contains("topology_agent_node_info{node=\"node-a\",zone=\"zone-a\",region=\"region-1\"} 1"), "{text}");
 
     let mut problems = Vec::new();

@@ -197,6 +197,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), R
     let health = Arc::new(Health::with_stale_grace(crate::controller::WATCH_STALE_GRACE));
     let metrics = Arc::new(Metrics::default());
     metrics.set_caps(config.metrics_caps);
+    metrics.control.record_kernel_features(dataplane.features());
     // The scrape reads the kernel counters on its own descriptors, never blocking the controller.
     let counters = dataplane.counter_reader()?;
     metrics.set_kernel_source(move || {

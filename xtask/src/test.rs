@@ -12,8 +12,8 @@ pub struct TestArgs {
     /// Run only these tiers (default: all).
     #[arg(long, value_enum)]
     only: Vec<Tier>,
-    /// The whole kernel matrix: the datapath's root tests in a VM of each kernel of
-    /// `xtask/src/kernels.rs` (without it, the root tier runs a load and a connect in each).
+    /// The whole kernel matrix: the datapath's and the agent-driven root tests in a VM of each kernel of
+    /// `xtask/src/kernels/` (without it, the root tier runs a load and a connect in each).
     #[arg(long)]
     kernels: bool,
 }
@@ -101,7 +101,7 @@ pub fn run(args: &TestArgs) -> anyhow::Result<()> {
         )?;
     }
     if wants(Tier::Root) && is_root() {
-        crate::kernels::matrix(args.kernels)?;
+        crate::kernels::matrix(args.kernels, &[])?;
     }
     if wants(Tier::Fuzz) {
         crate::fuzz::run_for(FUZZ_SECONDS, &[])?;

@@ -1,12 +1,16 @@
 //! The control loop's own metrics, declared once: how long syncs take, what the kernel holds,
 //! the objects skipped, whether the view is current.
 
-use prometheus_client::metrics::{
-    counter::Counter,
-    family::Family,
-    gauge::Gauge,
-    histogram::{Histogram, exponential_buckets},
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{
+        counter::Counter,
+        family::Family,
+        gauge::Gauge,
+        histogram::{Histogram, exponential_buckets},
+    },
 };
+use topology_dataplane::KernelFeatures;
 
 use super::{KindLabels, MapLabels, NodeLabels, ReasonLabels};
 
@@ -78,7 +82,33 @@ topology_metrics::metrics! {
         pub node_info: Family<NodeLabels, Gauge> = Default::default(),
             "node_info",
             "This agent's node and its zone and region (always 1)";
+        pub kernel_features: Family<FeatureLabels, Gauge> = Default::default(),
+            "kernel_feature",
+            "The optional programs this node's kernel runs, by feature: 1 where they are attached, 0 where a flag \
+             leaves them off or the kernel lacks what they need (outlier_ejection: Linux 5.15; udp_accounting: 6.3; \
+             the log at start names the program the kernel refused)";
     }
     nested {}
     own {}
+}
+
+/// Labels of an optional kernel feature.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FeatureLabels {
+    /// `index`, `outlier_ejection`, `connection_end`, `udp_accounting`.
+    pub feature: &'static str,
+}
+
+impl LoopMetrics {
+    /// Says which optional programs the kernel runs.
+    pub fn record_kernel_features(&self, features: KernelFeatures) {
+        for (feature, on) in [
+            ("index", features.index),
+            ("outlier_ejection", features.outlier_ejection),
+            ("connection_end", features.connection_end),
+            ("udp_accounting", features.udp_accounting),
+        ] {
+            self.kernel_features.get_or_create(&FeatureLabels { feature }).set(i64::from(on));
+        }
+    }
 }
