@@ -1,6 +1,7 @@
-//! The Kubernetes source's lists against the in-process fake API server: the initial list of a
-//! kind comes page by page as it is read, every relist whole, and a list whose continue token
-//! expired starts over at once as one request. No root needed.
+//! The Kubernetes source's lists against the in-process fake API server, where a list can be held
+//! between its pages while its snapshot is compacted away: a list whose continue token expired
+//! starts over at once as one request. (Pages and whole relists on the real API server:
+//! `e2e_source.rs`.) No root needed.
 //!
 //! Tier: fake-api (no root; the in-process fake API server, in parallel).
 
@@ -64,37 +65,6 @@ fn shape(event: &SourceEvent) -> (&'static str, usize) {
         SourceEvent::Stale { .. } => ("stale", 0),
         _ => ("other", 0),
     }
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn the_initial_list_comes_page_by_page_and_a_relist_whole() {
-    let api = FakeApi::start().await;
-    api.apply(objects::node("node-a", "zone-a", None, "4"));
-    for index in 0..SERVICES {
-        api.apply(service(index));
-    }
-    let (events, receiver) = EventSender::channel();
-    let shutdown = CancellationToken::new();
-    let source = KubeSource::start(&api.client(), Some("node-a"), &events, &shutdown);
-    drop(events);
-    let (receiver, initial) = service_events(receiver, 1).await;
-    let shapes: Vec<_> = initial.iter().map(shape).collect();
-    assert_eq!(shapes, [("listing", 0), ("page", 500), ("page", 500), ("replace", 200)]);
-
-    // History compacted while the API is down: resuming gets 410 Gone, and the list again (with
-    // a Service added meanwhile) comes as one replacement.
-    api.set_down(true);
-    api.abort_watches();
-    api.apply(service(SERVICES));
-    api.compact();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    api.set_down(false);
-    let (_, relisted) = service_events(receiver, 1).await;
-    let shapes: Vec<_> = relisted.iter().map(shape).filter(|(shape, _)| *shape != "stale").collect();
-    assert_eq!(shapes, [("replace", SERVICES + 1)], "a relist is never sent in pages");
-    assert!(api.lists(Resource::Services) >= 2, "listed again");
-    shutdown.cancel();
-    source.join().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

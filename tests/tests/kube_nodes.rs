@@ -2,7 +2,9 @@
 //! root): this node's own Node and a census of the others unless some Service reads other Nodes'
 //! labels (every Node's metadata) or uses spillover (whole Nodes: allocatable CPU, Ready),
 //! switching as Services come and go; and what each saves of the bytes every kubelet status
-//! report costs each agent.
+//! report costs each agent. It stays on the fake for that measurement: the fake counts the bytes
+//! it sends of each resource, at a status rate it drives; the real API server's watch cache is
+//! held to the same scopes in `e2e_churn.rs` (field selector, census from `resourceVersion=0`).
 //!
 //! Tier: fake-api (no root; the in-process fake API server, in parallel).
 

@@ -67,6 +67,11 @@ impl ApiClients {
         self.runtime.spawn(future)
     }
 
+    /// The runtime's handle.
+    pub fn handle(&self) -> tokio::runtime::Handle {
+        self.runtime.handle().clone()
+    }
+
     /// The admin's client (`system:masters`).
     pub fn admin(&self) -> Client {
         self.admin.clone()
