@@ -29,6 +29,11 @@ impl Cluster {
     /// unbound token from the TokenRequest API, so every request it makes is held to the deploy's
     /// RBAC.
     pub fn agent_client(&self) -> Client {
+        self.api.client_of(&self.agent_kubeconfig())
+    }
+
+    /// A kubeconfig with a new token of the deploy's ServiceAccount.
+    pub(super) fn agent_kubeconfig(&self) -> std::path::PathBuf {
         let admin = self.admin();
         let token = self.api.block(async move {
             let request: TokenRequest = serde_json::from_value(json!({
@@ -45,7 +50,7 @@ impl Cluster {
         });
         let path = self.dir.join("in-process-agent.kubeconfig");
         kubeconfig::write(&path, &self.server(), &self.pki.ca.cert, ACCOUNT, &Credentials::Token(token));
-        self.api.client_of(&path)
+        path
     }
 
     /// The harness's runtime (its threads in the control plane's namespace), for tasks that must

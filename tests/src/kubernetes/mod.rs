@@ -16,6 +16,7 @@ pub mod bulk;
 mod components;
 pub mod control_plane;
 pub mod coredns;
+pub mod counted;
 pub mod in_process;
 mod kubeconfig;
 pub mod load;

@@ -109,19 +109,30 @@ impl KubeProxy {
     /// Waits until it has synced its rules at least once and has no change pending: every object
     /// the API server held when it started is in the node's ruleset.
     pub fn wait_synced(&mut self, timeout: Duration) {
-        let log = self.log.clone();
-        eventually(&format!("kube-proxy on {} synced (log {})", self.node, log.display()), timeout, || {
+        if let Err(last) = self.synced_within(timeout) {
+            panic!("kube-proxy on {} not synced within {timeout:?} (log {}): {last}", self.node, self.log.display());
+        }
+    }
+
+    /// [`KubeProxy::wait_synced`], a timeout returned (with what it last reported) rather than
+    /// a panic: at scale, a mode may not finish its first sync in the time a run can give it.
+    pub fn synced_within(&mut self, timeout: Duration) -> Result<(), String> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
             if !self.running() {
-                panic!("kube-proxy on {} exited: {}", self.node, fs::read_to_string(&log).unwrap_or_default());
+                panic!("kube-proxy on {} exited: {}", self.node, fs::read_to_string(&self.log).unwrap_or_default());
             }
             let synced = self.metric("kubeproxy_sync_proxy_rules_last_timestamp_seconds").unwrap_or(0.0);
             let pending = self.metric("kubeproxy_sync_proxy_rules_endpoint_changes_pending").unwrap_or(1.0)
                 + self.metric("kubeproxy_sync_proxy_rules_service_changes_pending").unwrap_or(1.0);
             match (synced > 0.0, pending == 0.0) {
-                (true, true) => Ok(()),
-                other => Err(format!("synced, nothing pending: {other:?}")),
+                (true, true) => return Ok(()),
+                other if std::time::Instant::now() >= deadline => {
+                    return Err(format!("synced, nothing pending: {other:?}"));
+                }
+                _ => std::thread::sleep(Duration::from_millis(200)),
             }
-        });
+        }
     }
 }
 
