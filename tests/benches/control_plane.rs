@@ -12,9 +12,9 @@
 //!   Services, 150,000 endpoints): the agent binary's RSS, CPU and API bytes at steady state, and a
 //!   storm of 1,000 EndpointSlice updates/s (`limits`, `storm`), with a `scale:` line.
 //!   `cargo bench --bench control_plane -- limits` runs this one alone;
-//! - side by side with the real kube-proxy on the real API server (`control_plane/real.rs`): full
-//!   sync and network programming latency under an EndpointSlice storm, with a `real:` line
-//!   (`cargo bench --bench control_plane -- real`).
+//! - side by side with the real kube-proxy on the real API server (`control_plane/real.rs`), its
+//!   nftables and then its iptables mode: full sync and network programming latency under an
+//!   EndpointSlice storm, with a `real:` line (`cargo bench --bench control_plane -- real`).
 //!
 //! "The agent binary" is `$TOPOLOGY_AGENT`: `cargo xtask bench control-plane` sets it to the binary
 //! the image ships (static, musl, jemalloc); the in-process scenarios run on the bench's own heap.
