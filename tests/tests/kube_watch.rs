@@ -15,49 +15,26 @@ use std::{
 };
 
 use serde_json::Value;
-use tokio_util::sync::CancellationToken;
-use topology_agent::{
-    controller::{Controller, ControllerConfig, ControllerError, Health, recording::MemoryKernel},
-    metrics::Metrics,
-};
+use topology_agent::controller::{Health, recording::MemoryKernel};
 use topology_kube::{
-    EventSender,
-    events::KubeEvents,
     fake_api::{FakeApi, Resource},
     objects::{self, EndpointSpec},
     reflector::STALL,
-    watch::KubeSource,
 };
 use topology_policy::desired::DesiredState;
+use topology_tests::kubernetes::in_process::Watching;
 
 struct Harness {
     api: FakeApi,
     kernel: MemoryKernel,
     health: Arc<Health>,
-    shutdown: CancellationToken,
-    controller: Option<std::thread::JoinHandle<Result<MemoryKernel, ControllerError>>>,
-    _source: KubeSource,
+    watching: Watching,
 }
 
 impl Harness {
     async fn start(api: FakeApi, node: &str) -> Self {
-        let shutdown = CancellationToken::new();
-        let client = api.client();
-        let (events, receiver) = EventSender::channel();
-        let source = KubeSource::start(&client, Some(node), &events, &shutdown);
-        let kernel = MemoryKernel::default();
-        let health = Arc::new(Health::default());
-        let (sink, _) = KubeEvents::start(client, node);
-        let controller = Controller::new(
-            ControllerConfig::new(node),
-            kernel.clone(),
-            Arc::clone(&health),
-            Arc::new(Metrics::default()),
-            Box::new(sink),
-        );
-        let token = shutdown.clone();
-        let controller = std::thread::spawn(move || controller.run(&receiver, &token));
-        Self { api, kernel, health, shutdown, controller: Some(controller), _source: source }
+        let watching = Watching::start(&api.client(), node);
+        Self { kernel: watching.kernel.clone(), health: Arc::clone(&watching.health), api, watching }
     }
 
     /// Waits until the programmed state satisfies `check`, or fails with `what`.
@@ -67,7 +44,7 @@ impl Harness {
             if check(&self.kernel.record().current) {
                 return;
             }
-            let finished = self.controller.as_ref().is_some_and(|c| c.is_finished());
+            let finished = self.watching.controller.as_ref().is_some_and(|c| c.is_finished());
             assert!(!finished, "the controller stopped while waiting for {what}");
             assert!(Instant::now() < deadline, "timed out waiting for {what}: {:?}", self.kernel.record().current);
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -91,10 +68,8 @@ impl Harness {
 
 impl Drop for Harness {
     fn drop(&mut self) {
-        self.shutdown.cancel();
-        if let Some(controller) = self.controller.take() {
-            let _ = controller.join();
-        }
+        // The source's tasks end with the runtime.
+        drop(self.watching.stop());
     }
 }
 

@@ -60,22 +60,25 @@ impl Cluster {
     }
 }
 
-/// The agent's source, controller and writer for one node, in this process.
-pub struct InProcessAgent {
-    kernel: MemoryKernel,
-    health: Arc<Health>,
-    shutdown: CancellationToken,
-    controller: Option<std::thread::JoinHandle<Result<MemoryKernel, ControllerError>>>,
-    source: Option<KubeSource>,
-    runtime: tokio::runtime::Handle,
+/// The agent's source, controller and writer over in-memory maps for one node, in this process:
+/// started on the current runtime (the fake API server's tier builds on it too).
+pub struct Watching {
+    /// The writer's maps.
+    pub kernel: MemoryKernel,
+    /// The controller's health (`/readyz`).
+    pub health: Arc<Health>,
+    /// Stops the source and the controller.
+    pub shutdown: CancellationToken,
+    /// The controller's thread.
+    pub controller: Option<std::thread::JoinHandle<Result<MemoryKernel, ControllerError>>>,
+    /// The source.
+    pub source: Option<KubeSource>,
 }
 
-impl InProcessAgent {
+impl Watching {
     /// Starts the watch of `node`'s view with `client` and the controller over in-memory maps;
-    /// its Events go to the API server with the same client.
-    pub fn start(cluster: &Cluster, client: &Client, node: &str) -> Self {
-        let runtime = cluster.runtime();
-        let _entered = runtime.enter();
+    /// its Events go to the API server with the same client. Call within a runtime.
+    pub fn start(client: &Client, node: &str) -> Self {
         let shutdown = CancellationToken::new();
         let (events, receiver) = EventSender::channel();
         let source = KubeSource::start(client, Some(node), &events, &shutdown);
@@ -91,41 +94,73 @@ impl InProcessAgent {
         );
         let token = shutdown.clone();
         let controller = std::thread::spawn(move || controller.run(&receiver, &token));
-        Self { kernel, health, shutdown, controller: Some(controller), source: Some(source), runtime: runtime.clone() }
+        Self { kernel, health, shutdown, controller: Some(controller), source: Some(source) }
+    }
+
+    /// Stops the controller and waits for its thread; returns the source, to be joined.
+    pub fn stop(&mut self) -> Option<KubeSource> {
+        self.shutdown.cancel();
+        if let Some(controller) = self.controller.take() {
+            let _ = controller.join();
+        }
+        self.source.take()
+    }
+}
+
+/// [`Watching`] on the harness's runtime, against the real API server.
+pub struct InProcessAgent {
+    watching: Watching,
+    runtime: tokio::runtime::Handle,
+}
+
+impl InProcessAgent {
+    /// Starts the watch of `node`'s view with `client` and the controller over in-memory maps;
+    /// its Events go to the API server with the same client.
+    pub fn start(cluster: &Cluster, client: &Client, node: &str) -> Self {
+        let runtime = cluster.runtime();
+        let watching = {
+            let _entered = runtime.enter();
+            Watching::start(client, node)
+        };
+        Self { watching, runtime }
     }
 
     /// What is programmed now.
     pub fn current(&self) -> DesiredState {
-        self.kernel.record().current.clone()
+        self.watching.kernel.record().current.clone()
     }
 
     /// How many times the writer was asked to program.
     pub fn applies(&self) -> usize {
-        self.kernel.record().applies()
+        self.watching.kernel.record().applies()
     }
 
     /// The agent's readiness, as `/readyz` would answer it.
     pub fn readiness(&self) -> Result<(), String> {
-        self.health.readiness().map_err(|reason| reason.to_string())
+        self.watching.health.readiness().map_err(|reason| reason.to_string())
     }
 
     /// Waits until the programmed state satisfies `check`, or fails naming `what`.
     pub fn wait_for(&self, what: &str, check: impl Fn(&DesiredState) -> bool) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            if check(&self.kernel.record().current) {
+            if check(&self.watching.kernel.record().current) {
                 return;
             }
-            let stopped = self.controller.as_ref().is_some_and(std::thread::JoinHandle::is_finished);
+            let stopped = self.watching.controller.as_ref().is_some_and(std::thread::JoinHandle::is_finished);
             assert!(!stopped, "the controller stopped while waiting for {what}");
-            assert!(Instant::now() < deadline, "timed out waiting for {what}: {:?}", self.kernel.record().current);
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}: {:?}",
+                self.watching.kernel.record().current
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
 
     /// Waits until the controller ends by itself (an error that stops it), within `within`.
     pub fn ended(&mut self, within: Duration) -> Result<(), ControllerError> {
-        let controller = self.controller.take().expect("the controller runs");
+        let controller = self.watching.controller.take().expect("the controller runs");
         let deadline = Instant::now() + within;
         while !controller.is_finished() {
             assert!(Instant::now() < deadline, "the controller did not end within {within:?}");
@@ -137,11 +172,7 @@ impl InProcessAgent {
 
 impl Drop for InProcessAgent {
     fn drop(&mut self) {
-        self.shutdown.cancel();
-        if let Some(controller) = self.controller.take() {
-            let _ = controller.join();
-        }
-        if let Some(source) = self.source.take() {
+        if let Some(source) = self.watching.stop() {
             let _ = self.runtime.block_on(self.runtime.spawn(source.join()));
         }
     }
