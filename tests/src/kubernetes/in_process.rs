@@ -1,7 +1,8 @@
-//! The agent's watch and controller run in this process against the real API server, with a token
-//! of the deploy's own ServiceAccount, programming the real writer over in-memory maps in place
-//! of a node's kernel: what the source and the controller make of the real server's lists,
-//! watches and Events, with nothing else in the way.
+//! The agent's watch and controller run in this process, programming the real writer over
+//! in-memory maps in place of a node's kernel: against the real API server with a token of the
+//! deploy's own ServiceAccount ([`InProcessAgent`]), or the fake one (`kube_watch.rs`) — what the
+//! source and the controller make of the server's lists, watches and Events, with nothing else in
+//! the way.
 
 use std::{
     sync::Arc,
