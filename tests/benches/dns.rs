@@ -8,8 +8,11 @@
 //! the responder is loaded, against idle. "NOERROR per s" counts what the clients could use: a
 //! client with 768 relayed queries in flight (the 1,024 less the quarter kept for the node's
 //! other pods) has more wait for a slot in its queue (256, at most 1 s), as unbound queues them,
-//! and gets SERVFAIL past that; dnsperf is one client. The last lines give the responder's own
-//! count of each outcome, of the queries it queued and of its upstream retries.
+//! and gets SERVFAIL past that; dnsperf is one client. Beside each row: the responder's upstream
+//! queries meanwhile as it timed them (their p90 is the floor of mix (a)'s p99: no relay answers
+//! an uncached name before its upstream does), and the queries CoreDNS's socket had no room for
+//! (`RcvbufErrors` in its pod's namespace). The last lines give the responder's own count of each
+//! outcome, of the queries it queued and of its upstream retries.
 //!
 //! The upstream is the real CoreDNS 1.14 with kubeadm's Corefile, on another node, behind
 //! `kube-dns` (the agent finds it there, as on a cluster), forwarding names outside the cluster to
@@ -51,6 +54,7 @@ const HEADLESS: usize = 200;
 const TARGET_QPS: u32 = 50_000;
 const SECONDS: u32 = 10;
 const EVENT_TO_KERNEL: &str = "topology_agent_event_to_kernel_seconds";
+const UPSTREAM: &str = "topology_agent_dns_upstream_seconds";
 const NAMESPACE: &str = "bench";
 const NODE: &str = "node-a";
 
@@ -85,15 +89,76 @@ fn queries(path: &Path, names: impl Iterator<Item = String>) {
     std::fs::write(path, text).expect("query file");
 }
 
-fn row(what: &str, offered: &str, perf: &Perf) {
+/// One run, and what the upstreams did meanwhile.
+struct Measured {
+    perf: Perf,
+    /// The responder's upstream queries, as it timed them (`dns_upstream_seconds`): how many,
+    /// p50 / p90 / p99 in ms, linear within a bucket; `None` when the responder was not asked.
+    upstream: Option<String>,
+    /// Their p90, ms.
+    upstream_p90_ms: Option<f64>,
+    /// Queries CoreDNS's socket had no room for (its netns's `Udp: RcvbufErrors`).
+    dropped: u64,
+}
+
+/// Where the upstream's side of a run is read.
+struct Upstreams<'a> {
+    agent: &'a AgentPod,
+    coredns_netns: &'a str,
+}
+
+impl Upstreams<'_> {
+    /// `load`, with CoreDNS's drops meanwhile and, when `relayed` (the responder is asked), what
+    /// its upstream answered. The p90 is the floor of the p99 of a mix with 10 % unique names: no
+    /// relay answers an uncached name before its upstream does.
+    fn measure(&self, relayed: bool, load: impl FnOnce() -> Perf) -> Measured {
+        let metrics = || HistogramReading::parse(&self.agent.metrics().expect("metrics"), UPSTREAM);
+        let (before, dropped) = (relayed.then(metrics), receive_buffer_errors(self.coredns_netns));
+        let perf = load();
+        let dropped = receive_buffer_errors(self.coredns_netns) - dropped;
+        let (upstream, upstream_p90_ms) = before.map_or((None, None), |before| {
+            let after = metrics();
+            let ms = |q| after.quantile_since(&before, q) * 1e3;
+            match after.count.saturating_sub(before.count) {
+                0 => (Some("0".to_owned()), None),
+                asked => {
+                    let text = format!("{asked}: {:.2} / {:.2} / {:.2}", ms(0.5), ms(0.9), ms(0.99));
+                    (Some(text), Some(ms(0.9)))
+                }
+            }
+        });
+        Measured { perf, upstream, upstream_p90_ms, dropped }
+    }
+}
+
+/// `Udp: RcvbufErrors` of network namespace `netns`: datagrams its sockets had no room for.
+fn receive_buffer_errors(netns: &str) -> u64 {
+    let output = std::process::Command::new("ip")
+        .args(["netns", "exec", netns, "cat", "/proc/net/snmp"])
+        .output()
+        .expect("ip netns exec");
+    let text = String::from_utf8_lossy(&output.stdout);
+    let mut udp = text.lines().filter(|line| line.starts_with("Udp:"));
+    let (Some(names), Some(values)) = (udp.next(), udp.next()) else { return 0 };
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find_map(|(name, value)| (name == "RcvbufErrors").then(|| value.parse().unwrap_or(0)))
+        .unwrap_or(0)
+}
+
+fn row(what: &str, offered: &str, measured: &Measured) {
+    let perf = &measured.perf;
     println!(
-        "| {what} | {offered} | {:.0} | {:.0} | {:.3} | {:.3} | {} | {:?} |",
+        "| {what} | {offered} | {:.0} | {:.0} | {:.3} | {:.3} | {} | {:?} | {} | {} |",
         perf.qps,
         perf.noerror_qps(),
         perf.quantile_ms(0.5),
         perf.quantile_ms(0.99),
         perf.lost,
-        perf.rcodes
+        perf.rcodes,
+        measured.upstream.as_deref().unwrap_or("-"),
+        measured.dropped
     );
 }
 
@@ -167,33 +232,46 @@ fn main() {
 
     println!("{version}, CoreDNS 1.14 (kubeadm's Corefile) on another node as the upstream");
     println!("agent and unbound on CPUs {server_cpus}; dnsperf, CoreDNS and the control plane on CPU {load_cpu:?}\n");
-    println!("| queries | offered | answered per s | NOERROR per s | p50 ms | p99 ms | lost | rcodes |");
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
+    println!(
+        "| queries | offered | answered per s | NOERROR per s | p50 ms | p99 ms | lost | rcodes | the responder's \
+         upstream meanwhile: asked: p50 / p90 / p99 ms | dropped by CoreDNS's full socket |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |");
     let offered = format!("{TARGET_QPS}/s");
     let client = Load { netns: &client_pod.place.netns, cpu: load_cpu };
     let run = |server, file: &Path, qps| dnsperf(client, server, file, SECONDS, qps);
-    let headless_perf = run(responder, &headless, TARGET_QPS);
+    let upstreams = Upstreams { agent: &agent, coredns_netns: coredns.pod.netns() };
+    let responder_run = |file: &Path, qps| upstreams.measure(true, || run(responder, file, qps));
+    let other_run = |server, file: &Path, qps| upstreams.measure(false, || run(server, file, qps));
+    let headless_perf = responder_run(&headless, TARGET_QPS);
     row("(c) headless A (this node's choice)", &offered, &headless_perf);
-    let cluster_ip_perf = run(responder, &cluster_ip, TARGET_QPS);
+    let cluster_ip_perf = responder_run(&cluster_ip, TARGET_QPS);
     row("(c) ClusterIP A", &offered, &cluster_ip_perf);
-    let relayed = run(responder, &repeated, TARGET_QPS);
+    let relayed = responder_run(&repeated, TARGET_QPS);
     row("(a) relayed, 90 % of 1,000 names: responder", &offered, &relayed);
-    let anchored = run(anchor, &repeated, TARGET_QPS);
+    let anchored = other_run(anchor, &repeated, TARGET_QPS);
     row("(a) relayed, 90 % of 1,000 names: unbound", &offered, &anchored);
-    row("(b) relayed, every name unique: responder", &offered, &run(responder, &unique("b-"), TARGET_QPS));
-    row("(b) relayed, every name unique: unbound", &offered, &run(anchor, &unique("c-"), TARGET_QPS));
-    row("(b) every name unique, CoreDNS asked directly", &offered, &run(coredns.address(), &unique("d-"), TARGET_QPS));
-    row("(c) headless A, as fast as it answers", "max", &dnsperf(client, responder, &headless, 5, 0));
-    let capacity = dnsperf(client, coredns.address(), &unique("e-"), 5, 0);
+    row("(b) relayed, every name unique: responder", &offered, &responder_run(&unique("b-"), TARGET_QPS));
+    row("(b) relayed, every name unique: unbound", &offered, &other_run(anchor, &unique("c-"), TARGET_QPS));
+    let direct = other_run(coredns.address(), &unique("d-"), TARGET_QPS);
+    row("(b) every name unique, CoreDNS asked directly", &offered, &direct);
+    let fastest = upstreams.measure(true, || dnsperf(client, responder, &headless, 5, 0));
+    row("(c) headless A, as fast as it answers", "max", &fastest);
+    let capacity = upstreams.measure(false, || dnsperf(client, coredns.address(), &unique("e-"), 5, 0));
     row("CoreDNS directly, as fast as it answers", "max", &capacity);
     // Unique names at the rate CoreDNS sustains: what relaying through the node costs.
-    let sustained = (capacity.noerror_qps() as u32).max(100);
+    let sustained = (capacity.perf.noerror_qps() as u32).max(100);
     let at_capacity = format!("{sustained}/s");
-    let unique_perf = run(responder, &unique("f-"), sustained);
-    row("(b) every name unique at CoreDNS's rate: responder", &at_capacity, &unique_perf);
-    row("(b) every name unique at CoreDNS's rate: unbound", &at_capacity, &run(anchor, &unique("g-"), sustained));
-    let direct = run(coredns.address(), &unique("h-"), sustained);
+    let unique_run = responder_run(&unique("f-"), sustained);
+    row("(b) every name unique at CoreDNS's rate: responder", &at_capacity, &unique_run);
+    let anchored_unique = other_run(anchor, &unique("g-"), sustained);
+    row("(b) every name unique at CoreDNS's rate: unbound", &at_capacity, &anchored_unique);
+    let direct = other_run(coredns.address(), &unique("h-"), sustained);
     row("(b) every name unique at CoreDNS's rate: CoreDNS asked directly", &at_capacity, &direct);
+    let floor = relayed.upstream_p90_ms.unwrap_or(f64::NAN);
+    let (headless_perf, cluster_ip_perf, relayed, anchored) =
+        (headless_perf.perf, cluster_ip_perf.perf, relayed.perf, anchored.perf);
+    let (unique_perf, direct) = (unique_run.perf, direct.perf);
 
     // The control loop while the responder answers at the target rate, against idle.
     let idle = churn(&cluster, &agent, SECONDS);
@@ -215,8 +293,9 @@ fn main() {
     let rss = agent_rss_kib(agent.pid().expect("the agent runs"));
     println!("\nagent RSS after the runs: {:.1} MiB", rss as f64 / 1024.0);
     println!(
-        "\ntargets: relayed (a) {:.0} NOERROR/s against unbound's {:.0}/s, p99 {:.2} ms (< 2), {} lost; unique (b) \
-         at CoreDNS's rate {:.2} × CoreDNS asked directly (≥ 0.9)",
+        "\ntargets: relayed (a) {:.0} NOERROR/s against unbound's {:.0}/s, p99 {:.2} ms (< 2; its upstream's p90 \
+         meanwhile, the floor, {floor:.2} ms), {} lost; unique (b) at CoreDNS's rate {:.2} × CoreDNS asked directly \
+         (≥ 0.9)",
         relayed.noerror_qps(),
         anchored.noerror_qps(),
         relayed.quantile_ms(0.99),

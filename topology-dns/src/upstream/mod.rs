@@ -2,13 +2,18 @@
 //! ([`crate::relayed`]); identical questions in flight answered by one upstream query; asked of
 //! the upstreams in turn within [`UPSTREAM_TIMEOUT`] over the shared sockets ([`pool`]), and over
 //! kept TCP connections ([`tcp`]) when the reply is truncated; an expired answer served when every
-//! upstream fails. A query with no reply within the retry time ([`Retry`]: RFC 6298's, from the
-//! round trips of replies, doubling) is sent again, the earlier sends still awaited, as resolvers do: a datagram an
-//! upstream dropped (its socket full under load) costs a retry time, not the whole timeout and a
-//! SERVFAIL.
+//! upstream fails. A query with no reply within the retry time ([`retry`]: RFC 6298's, from the
+//! round trips of replies, doubling) is sent again when it looks lost (RACK's test: the upstream
+//! silent, or answering queries sent after it), the earlier sends still awaited, as resolvers do:
+//! a datagram an upstream dropped (its socket full under load) costs a retry time, not the whole
+//! timeout and a SERVFAIL; one in a busy upstream's queue is not asked twice. The queries at the
+//! upstreams at once are held to a congestion window ([`window`]) that shrinks when they lose
+//! queries.
 
 pub mod pool;
+mod retry;
 pub mod tcp;
+mod window;
 
 use std::{
     collections::HashMap,
@@ -22,8 +27,10 @@ use hickory_proto::{
     rr::RecordType,
 };
 use pool::SocketPool;
+use retry::{Loss, Retry};
 use tcp::TcpPool;
 use tokio::sync::{Semaphore, oneshot, watch};
+use window::Window;
 
 use super::{
     DnsMetrics,
@@ -86,49 +93,7 @@ pub struct Upstream {
     pools: [SocketPool; 2],
     tcp: TcpPool,
     retry: Retry,
-}
-
-/// When a relayed query is sent again: RFC 6298's retransmission timeout — the smoothed round
-/// trip plus four times its variation — within [`Retry::MIN`]..[`Retry::MAX`], doubling at each
-/// send; [`Retry::FIRST`] before any reply. A round trip is timed from the first send, whichever
-/// send the reply answers: Karn's rule (time only what was sent once) would never see the replies
-/// slower than the retry time and keep the estimate short of a queue; timed this way it errs
-/// long, and an upstream slowing down under load is not mistaken for one losing queries (retries
-/// would only add to its load).
-#[derive(Debug)]
-struct Retry {
-    /// The smoothed round trip and its mean deviation, microseconds (0, 0: none measured yet).
-    estimate: Mutex<(u64, u64)>,
-}
-
-impl Retry {
-    const FIRST: Duration = Duration::from_millis(250);
-    const MIN: Duration = Duration::from_millis(50);
-    const MAX: Duration = Duration::from_secs(1);
-
-    fn new() -> Self {
-        Self { estimate: Mutex::new((0, 0)) }
-    }
-
-    /// How long to wait for a reply before the first retry.
-    fn after(&self) -> Duration {
-        match *self.estimate.lock().unwrap_or_else(PoisonError::into_inner) {
-            (0, _) => Self::FIRST,
-            (smoothed, deviation) => Duration::from_micros(smoothed + 4 * deviation).clamp(Self::MIN, Self::MAX),
-        }
-    }
-
-    /// Takes the round trip of a reply, from the query's first send (RFC 6298's gains, 1/8 and 1/4).
-    fn observe(&self, rtt: Duration) {
-        let sample = u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX / 8).max(1);
-        let mut estimate = self.estimate.lock().unwrap_or_else(PoisonError::into_inner);
-        *estimate = match *estimate {
-            (0, _) => (sample, sample / 2),
-            (smoothed, deviation) => {
-                (smoothed - smoothed / 8 + sample / 8, deviation - deviation / 4 + smoothed.abs_diff(sample) / 4)
-            }
-        };
-    }
+    window: Window,
 }
 
 impl Upstream {
@@ -146,7 +111,8 @@ impl Upstream {
                 SocketPool::for_family_of(SocketAddr::from(([0u16; 8], 0))),
             ],
             tcp: TcpPool::default(),
-            retry: Retry::new(),
+            retry: Retry::default(),
+            window: Window::default(),
         }
     }
 
@@ -239,7 +205,7 @@ impl Upstream {
         owner: Option<IpAddr>,
     ) -> (Option<Vec<u8>>, &'static str) {
         let Some(key) = key else {
-            let reply = self.ask(request, raw).await;
+            let reply = self.ask(request, raw, owner).await;
             let outcome = if reply.is_some() { "forwarded" } else { "upstream_failed" };
             return (reply, outcome);
         };
@@ -284,7 +250,7 @@ impl Upstream {
         // The query leading: ask, keep, and hand the reply to those waiting. A guard ends the
         // flight if this future is dropped halfway.
         let flight = Flight { upstream: self, key };
-        let reply: Shared = self.ask(request, raw).await.map(Arc::from);
+        let reply: Shared = self.ask(request, raw, owner).await.map(Arc::from);
         if let Some(reply) = &reply {
             self.cache.put(key.clone(), reply, Instant::now(), owner);
         }
@@ -295,7 +261,7 @@ impl Upstream {
     /// Asks again, in the background, a popular answer about to expire.
     async fn refresh(&self, key: Key, raw: &[u8]) {
         let Ok(request) = Message::from_vec(raw) else { return self.cache.end_refresh(&key) };
-        match self.ask(&request, raw).await {
+        match self.ask(&request, raw, None).await {
             Some(reply) => {
                 self.cache.put(key, &reply, Instant::now(), None);
             }
@@ -349,8 +315,8 @@ impl Upstream {
 
     /// Asks the upstreams `request` (its bytes `raw`), in turn within [`UPSTREAM_TIMEOUT`]: the
     /// first reply that answers it (its id the pool's), whole (over TCP when the UDP reply was
-    /// truncated).
-    async fn ask(&self, request: &Message, raw: &[u8]) -> Option<Vec<u8>> {
+    /// truncated), for `source` (`None`: the responder's own refresh).
+    async fn ask(&self, request: &Message, raw: &[u8], source: Option<IpAddr>) -> Option<Vec<u8>> {
         let Ok(_permit) = self.forwards.try_acquire() else {
             self.metrics.query(request.queries.first().map(Query::query_type), "overloaded");
             return None;
@@ -364,7 +330,7 @@ impl Upstream {
             let left = deadline.saturating_duration_since(Instant::now());
             // Each upstream gets its share of what is left, the last one all of it.
             let budget = left / u32::try_from(upstreams.len() - i).unwrap_or(1);
-            if let Ok(Some(reply)) = tokio::time::timeout(budget, self.sends(upstream, request, raw)).await {
+            if let Ok(Some(reply)) = tokio::time::timeout(budget, self.sends(upstream, request, raw, source)).await {
                 self.metrics.upstream_seconds.observe(started.elapsed().as_secs_f64());
                 return Some(reply);
             }
@@ -372,11 +338,20 @@ impl Upstream {
         None
     }
 
-    /// `request` (its bytes `raw`) asked of `upstream`, sent again after each retry time without
-    /// a reply, up to [`SENDS_PER_UPSTREAM`] sends; the first reply to any of them.
-    async fn sends(&self, upstream: SocketAddr, request: &Message, raw: &[u8]) -> Option<Vec<u8>> {
+    /// `request` (its bytes `raw`) of `source` asked of `upstream` once the window has room,
+    /// sent again after each retry time without a reply when it looks lost, up to
+    /// [`SENDS_PER_UPSTREAM`] sends; the first reply to any of them.
+    async fn sends(
+        &self,
+        upstream: SocketAddr,
+        request: &Message,
+        raw: &[u8],
+        source: Option<IpAddr>,
+    ) -> Option<Vec<u8>> {
         use futures::StreamExt as _;
+        let _slot = self.window.slot(source).await;
         let started = Instant::now();
+        let mut last_sent = started;
         let mut wait = self.retry.after();
         let mut sent = futures::stream::FuturesUnordered::new();
         sent.push(self.exchange(upstream, request, raw));
@@ -387,7 +362,8 @@ impl Upstream {
             tokio::select! {
                 done = sent.next() => match done {
                     Some(Ok(reply)) => {
-                        self.retry.observe(started.elapsed());
+                        self.retry.answered(upstream, started, Instant::now());
+                        self.window.answered();
                         return Some(reply);
                     }
                     // A send that failed outright (no route, the socket closed): the others may
@@ -396,11 +372,21 @@ impl Upstream {
                     _ => return None,
                 },
                 () = &mut timer, if sends < SENDS_PER_UPSTREAM => {
-                    self.metrics.upstream_retries.inc();
-                    sent.push(self.exchange(upstream, request, raw));
-                    sends += 1;
-                    wait *= 2;
-                    timer.as_mut().reset(tokio::time::Instant::now() + wait);
+                    let now = Instant::now();
+                    // In the upstream's queue: waits another retry time, adding nothing to it.
+                    if let Some(loss) = self.retry.lost(upstream, last_sent, wait, now) {
+                        // Skipped while later queries were answered: the upstream's socket was
+                        // full. Silence says nothing of it (a slow upstream, or a dead one).
+                        if loss == Loss::Skipped {
+                            self.window.lost(now, self.retry.round_trip());
+                        }
+                        self.metrics.upstream_retries.inc();
+                        sent.push(self.exchange(upstream, request, raw));
+                        sends += 1;
+                        last_sent = now;
+                        wait *= 2;
+                    }
+                    timer.as_mut().reset(tokio::time::Instant::from_std(now) + wait);
                 }
             }
         }

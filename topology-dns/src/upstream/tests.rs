@@ -198,25 +198,36 @@ async fn a_query_the_upstream_dropped_is_sent_again_and_answered() {
     assert!((2..=SENDS_PER_UPSTREAM as usize).contains(&sends), "{sends} sends");
 }
 
-#[test]
-fn the_retry_time_follows_the_round_trips_and_their_variation_within_bounds() {
-    let retry = Retry::new();
-    assert_eq!(retry.after(), Retry::FIRST, "nothing measured yet");
-    retry.observe(Duration::from_millis(30));
-    assert_eq!(retry.after(), Duration::from_millis(30 + 4 * 15), "RFC 6298's first sample");
-    for _ in 0..200 {
-        retry.observe(Duration::from_micros(100));
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_skipped_query_shrinks_the_window_not_a_slow_upstream() {
+    // A slow upstream: every query answered after 600 ms, past the first retry time (250 ms).
+    let slow = stand_in(1, Duration::from_millis(600), false).await;
+    let relay = relay_to(slow.addr, CacheSettings::default());
+    let asks = (0..20u16).map(|id| {
+        let relay = Arc::clone(&relay);
+        tokio::spawn(async move { ask(&relay, &format!("slow{id}.example."), id).await })
+    });
+    assert!(futures_join(asks).await.iter().all(|reply| reply.answers.len() == 1));
+    assert_eq!(relay.window.size(), MAX_FORWARDS as f64, "silence is not a full socket");
+
+    // An upstream that drops one query and answers one sent after it: the first was skipped.
+    let dropping = stand_in(1, Duration::ZERO, false).await;
+    let relay = relay_to(dropping.addr, CacheSettings::default());
+    dropping.silent.store(true, Ordering::SeqCst);
+    let skipped = tokio::spawn({
+        let relay = Arc::clone(&relay);
+        async move { ask(&relay, "skipped.example.", 1).await }
+    });
+    while dropping.asked.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    assert_eq!(retry.after(), Retry::MIN, "a fast, steady upstream is not asked again at once");
-    // A queue: replies alternating 10 ms and 200 ms wait longer than their mean's four times.
-    for n in 0..200 {
-        retry.observe(Duration::from_millis(if n % 2 == 0 { 10 } else { 200 }));
-    }
-    assert!(retry.after() > Duration::from_millis(400), "{:?}", retry.after());
-    for _ in 0..200 {
-        retry.observe(Duration::from_secs(5));
-    }
-    assert_eq!(retry.after(), Retry::MAX);
+    dropping.silent.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(ask(&relay, "later.example.", 2).await.answers.len(), 1);
+    let skipped = skipped.await.unwrap();
+    assert_eq!((skipped.metadata.response_code, skipped.answers.len()), (ResponseCode::NoError, 1), "{skipped:?}");
+    assert_eq!(relay.metrics.upstream_retries.get(), 1);
+    assert!(relay.window.size() < MAX_FORWARDS as f64, "a full socket: {}", relay.window.size());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -257,7 +268,9 @@ async fn truncated_answers_reuse_a_kept_tcp_connection_and_survive_its_close() {
     assert_eq!(large.accepted.load(Ordering::SeqCst), 3);
 }
 
+/// The tasks' results, every task spawned before any is awaited (`tasks` may be lazy).
 async fn futures_join<T: Send + 'static>(tasks: impl Iterator<Item = tokio::task::JoinHandle<T>>) -> Vec<T> {
+    let tasks: Vec<_> = tasks.collect();
     let mut out = Vec::new();
     for task in tasks {
         out.push(task.await.unwrap());
