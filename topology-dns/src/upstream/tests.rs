@@ -176,16 +176,7 @@ async fn a_query_the_upstream_dropped_is_sent_again_and_answered() {
     let stand_in = stand_in(1, Duration::ZERO, false).await;
     let relay = relay_to(stand_in.addr, CacheSettings::default());
     // The upstream drops the first send (its socket full), then answers.
-    stand_in.silent.store(true, Ordering::SeqCst);
-    let asking = tokio::spawn({
-        let relay = Arc::clone(&relay);
-        async move { ask(&relay, "dropped.example.", 1).await }
-    });
-    while stand_in.asked.load(Ordering::SeqCst) == 0 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    stand_in.silent.store(false, Ordering::SeqCst);
-    let answer = asking.await.unwrap();
+    let answer = ask_dropping_its_first_send(&relay, &stand_in, "dropped.example.").await.await.unwrap();
     assert_eq!((answer.metadata.response_code, answer.answers.len()), (ResponseCode::NoError, 1), "{answer:?}");
     assert_eq!(stand_in.asked.load(Ordering::SeqCst), 2, "sent twice");
     assert_eq!(relay.metrics.upstream_retries.get(), 1);
@@ -213,15 +204,7 @@ async fn only_a_skipped_query_shrinks_the_window_not_a_slow_upstream() {
     // An upstream that drops one query and answers one sent after it: the first was skipped.
     let dropping = stand_in(1, Duration::ZERO, false).await;
     let relay = relay_to(dropping.addr, CacheSettings::default());
-    dropping.silent.store(true, Ordering::SeqCst);
-    let skipped = tokio::spawn({
-        let relay = Arc::clone(&relay);
-        async move { ask(&relay, "skipped.example.", 1).await }
-    });
-    while dropping.asked.load(Ordering::SeqCst) == 0 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    dropping.silent.store(false, Ordering::SeqCst);
+    let skipped = ask_dropping_its_first_send(&relay, &dropping, "skipped.example.").await;
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert_eq!(ask(&relay, "later.example.", 2).await.answers.len(), 1);
     let skipped = skipped.await.unwrap();
@@ -266,6 +249,25 @@ async fn truncated_answers_reuse_a_kept_tcp_connection_and_survive_its_close() {
     }
     // The kept one answers once more, then each answer needs a fresh connection: two more.
     assert_eq!(large.accepted.load(Ordering::SeqCst), 3);
+}
+
+/// Asks `name` in the background, `stand_in` dropping what it gets until the first send has
+/// reached it; then it answers again.
+async fn ask_dropping_its_first_send(
+    relay: &Arc<Upstream>,
+    stand_in: &StandIn,
+    name: &'static str,
+) -> tokio::task::JoinHandle<Message> {
+    stand_in.silent.store(true, Ordering::SeqCst);
+    let asking = tokio::spawn({
+        let relay = Arc::clone(relay);
+        async move { ask(&relay, name, 1).await }
+    });
+    while stand_in.asked.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    stand_in.silent.store(false, Ordering::SeqCst);
+    asking
 }
 
 /// The tasks' results, every task spawned before any is awaited (`tasks` may be lazy).
