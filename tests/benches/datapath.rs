@@ -178,7 +178,7 @@ fn main() {
         run("ip", &["-n", host.netns.name(), "route", "add", "10.96.0.0/12", "dev", "eth0"]);
         let name = match captured.mode {
             ProxyMode::Nftables => KP_NFTABLES,
-            ProxyMode::Iptables => KP_IPTABLES,
+            ProxyMode::Iptables | ProxyMode::IptablesLegacy => KP_IPTABLES,
         };
         real_proxy::load(host.netns.name(), &captured);
         let place = ClientPlace { netns: host.netns.name().to_owned(), ..client.clone() };

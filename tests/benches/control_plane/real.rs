@@ -1,6 +1,7 @@
 //! Side by side with the real kube-proxy on the real control plane (`cargo bench --bench
 //! control_plane -- real`): a node running kube-proxy 1.35 in nftables mode, another in iptables
-//! mode (each with its defaults, as users run it: iptables syncs at most once a second), and a
+//! mode through the legacy `x_tables` backend, a third in iptables mode through the node's
+//! iptables-nft (each with its defaults, as users run it: iptables syncs at most once a second), and a
 //! node running the agent deployed from `deploy/`, in one zone; 10,000 selectorless Services × 10
 //! endpoints written to the API server, each slice stamped with the time of its write
 //! (`endpoints.kubernetes.io/last-change-trigger-time`, as the EndpointSlice controller stamps
@@ -40,8 +41,12 @@ pub const STORM: Duration = Duration::from_secs(60);
 const CATCH_UP: Duration = Duration::from_secs(600);
 /// Changes in flight at most: beyond, the storm falls behind and says so.
 const IN_FLIGHT: usize = 64;
-/// kube-proxy's modes, each on a node of its own.
-const MODES: [(ProxyMode, &str); 2] = [(ProxyMode::Nftables, "node-kp-nft"), (ProxyMode::Iptables, "node-kp-ipt")];
+/// kube-proxy's modes, each on a node of its own (iptables-nft, the slowest, last).
+const MODES: [(ProxyMode, &str); 3] = [
+    (ProxyMode::Nftables, "node-kp-nft"),
+    (ProxyMode::IptablesLegacy, "node-kp-ipl"),
+    (ProxyMode::Iptables, "node-kp-ipt"),
+];
 const AGENT_NODE: &str = "node-ag";
 /// How long a kube-proxy's first sync may take: iptables mode with the iptables-nft backend
 /// (Debian's, RHEL's and Ubuntu's default) spends longer than this in one `iptables-restore` of
@@ -66,7 +71,7 @@ pub struct ProxyRun {
 pub struct Real {
     pub version: String,
     pub agent_sync: Duration,
-    /// nftables, then iptables.
+    /// In the order of [`MODES`].
     pub runs: Vec<ProxyRun>,
 }
 
@@ -102,7 +107,7 @@ pub fn run() -> Option<Real> {
         let mut proxy = cluster.start_kube_proxy(node, mode, SyncPacing::Default);
         let synced = proxy.synced_within(SYNC_LIMIT);
         let sync = started.elapsed();
-        eprintln!("real: full sync kube-proxy {} {sync:?}: {synced:?}", mode.flag());
+        eprintln!("real: full sync kube-proxy {} {sync:?}: {synced:?}", mode.label());
         if synced.is_err() {
             let none = (f64::NAN, f64::NAN, 0.0);
             runs.push(ProxyRun { mode, sync: None, changes: 0, storm: Duration::ZERO, proxy: none, agent: none });
@@ -263,14 +268,14 @@ fn seconds(run: &ProxyRun) -> String {
 /// The table and its summary line.
 pub fn print(real: &Real) {
     println!(
-        "\nside by side with the real kube-proxy ({}, nftables then iptables mode, its defaults), on the real \
-         API server: {SERVICES} Services × {ENDPOINTS} endpoints\n",
+        "\nside by side with the real kube-proxy ({}, nftables, then iptables mode through the legacy backend and \
+         through iptables-nft, its defaults), on the real API server: {SERVICES} Services × {ENDPOINTS} endpoints\n",
         real.version
     );
     println!("| measurement | kube-proxy | topology-agent | target |");
     println!("| --- | ---: | ---: | ---: |");
     for run in &real.runs {
-        let mode = run.mode.flag();
+        let mode = run.mode.label();
         println!(
             "| {mode}: full sync, process start → first sync written (agent: ready; its programs loaded) | {} | {:.1} s | agent faster |",
             full_sync(run),
@@ -296,10 +301,15 @@ pub fn print(real: &Real) {
         );
     }
     let of = |mode: ProxyMode| real.runs.iter().find(|run| run.mode == mode);
-    let (Some(nft), Some(ipt)) = (of(ProxyMode::Nftables), of(ProxyMode::Iptables)) else { return };
+    let (Some(nft), Some(ipt), Some(ipl)) =
+        (of(ProxyMode::Nftables), of(ProxyMode::Iptables), of(ProxyMode::IptablesLegacy))
+    else {
+        return;
+    };
     println!(
         "\nreal: kp_sync_p99_ms={} sync_p99_ms={} kp_sync_p50_ms={} sync_p50_ms={} kp_full_sync_s={} \
-         full_sync_s={:.2} changes_per_s={:.0} kp_ipt_sync_p99_ms={} agent_ipt_run_sync_p99_ms={} kp_ipt_full_sync_s={}",
+         full_sync_s={:.2} changes_per_s={:.0} kp_ipt_sync_p99_ms={} agent_ipt_run_sync_p99_ms={} kp_ipt_full_sync_s={} \
+         kp_ipl_sync_p99_ms={} agent_ipl_run_sync_p99_ms={} kp_ipl_full_sync_s={}",
         ms(nft.proxy.1),
         ms(nft.agent.1),
         ms(nft.proxy.0),
@@ -310,5 +320,8 @@ pub fn print(real: &Real) {
         ms(ipt.proxy.1),
         ms(ipt.agent.1),
         seconds(ipt),
+        ms(ipl.proxy.1),
+        ms(ipl.agent.1),
+        seconds(ipl),
     );
 }

@@ -44,6 +44,7 @@ pub fn load(netns: &str, captured: &Captured) {
     let loader: &[&str] = match captured.mode {
         ProxyMode::Nftables => &["nft", "-f", "-"],
         ProxyMode::Iptables => &["iptables-restore"],
+        ProxyMode::IptablesLegacy => &["iptables-legacy-restore"],
     };
     let accounts: BTreeSet<&str> =
         captured.ruleset.split("--nfacct-name").skip(1).filter_map(|rest| rest.split_whitespace().next()).collect();

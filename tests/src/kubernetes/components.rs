@@ -24,8 +24,9 @@ impl Cluster {
         path
     }
 
-    /// Starts the built component `binary` with `args` in `netns` and `cgroup`, its output in
-    /// `logs/<log>.log`; returns the process and the log's path.
+    /// Starts the built component `binary` with `args` in `netns` and `cgroup` (with
+    /// `search_path` as its `PATH` when given), its output in `logs/<log>.log`; returns the
+    /// process and the log's path.
     pub(super) fn spawn_component(
         &self,
         binary: &str,
@@ -33,6 +34,7 @@ impl Cluster {
         netns_name: &str,
         cgroup: &Path,
         log: &str,
+        search_path: Option<&str>,
     ) -> (ProcessGuard, PathBuf) {
         let logs = self.dir.join("logs");
         fs::create_dir_all(&logs).unwrap_or_else(|e| panic!("creating {}: {e}", logs.display()));
@@ -40,6 +42,9 @@ impl Cluster {
         let file = fs::File::create(&path).unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
         let mut command = self.binaries.command(binary);
         command.args(args).stdin(Stdio::null()).stdout(file.try_clone().expect("log")).stderr(file);
+        if let Some(search_path) = search_path {
+            command.env("PATH", search_path);
+        }
         netns::enter_on_spawn(&mut command, netns_name);
         join_cgroup_on_spawn(&mut command, cgroup);
         let process = command.spawn().unwrap_or_else(|e| panic!("starting {binary} ({log}): {e}"));

@@ -75,7 +75,8 @@ impl Cluster {
         let corefile_path = self.dir.join("Corefile");
         fs::write(&corefile_path, corefile_text(&kubeconfig, upstream, corefile)).expect("Corefile");
         let args = ["-conf".to_owned(), corefile_path.display().to_string()];
-        let (process, log) = self.spawn_component("coredns", &args, pod.netns(), self.node(node).cgroup(), "coredns");
+        let (process, log) =
+            self.spawn_component("coredns", &args, pod.netns(), self.node(node).cgroup(), "coredns", None);
         pod.server = Some(process);
         let address = SocketAddr::from((pod.ip, 53));
         let netns = pod.netns().to_owned();

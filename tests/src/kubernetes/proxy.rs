@@ -26,8 +26,13 @@ const HEALTHZ: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCAL
 pub enum ProxyMode {
     /// `--proxy-mode=nftables`: one verdict map per Service.
     Nftables,
-    /// `--proxy-mode=iptables` (kube-proxy's default): a chain per Service and per endpoint.
+    /// `--proxy-mode=iptables` (kube-proxy's default): a chain per Service and per endpoint,
+    /// through the `iptables` the node has — Debian's, RHEL's and Ubuntu's default, iptables-nft.
     Iptables,
+    /// The same mode through the legacy `x_tables` backend (`xtables-legacy-multi`), as on nodes
+    /// whose iptables is the legacy one — and as kube-proxy's image picks when the host's rules
+    /// are there.
+    IptablesLegacy,
 }
 
 impl ProxyMode {
@@ -35,9 +40,45 @@ impl ProxyMode {
     pub fn flag(self) -> &'static str {
         match self {
             ProxyMode::Nftables => "nftables",
-            ProxyMode::Iptables => "iptables",
+            ProxyMode::Iptables | ProxyMode::IptablesLegacy => "iptables",
         }
     }
+
+    /// Its name in a table: the flag, and the backend where it is not the node's default.
+    pub fn label(self) -> &'static str {
+        match self {
+            ProxyMode::IptablesLegacy => "iptables (legacy)",
+            other => other.flag(),
+        }
+    }
+
+    /// The command that saves the rules of its iptables backend (`None`: nftables mode).
+    fn iptables_save(self) -> Option<&'static str> {
+        match self {
+            ProxyMode::Nftables => None,
+            ProxyMode::Iptables => Some("iptables-save"),
+            ProxyMode::IptablesLegacy => Some("iptables-legacy-save"),
+        }
+    }
+}
+
+/// The commands kube-proxy runs by these names, from the legacy backend.
+const LEGACY: [&str; 6] =
+    ["iptables", "iptables-save", "iptables-restore", "ip6tables", "ip6tables-save", "ip6tables-restore"];
+
+/// A directory whose `iptables*` are the legacy backend's (`xtables-legacy-multi` picks its tool
+/// by the name it is run as), for the front of kube-proxy's `PATH`.
+fn legacy_path(dir: &std::path::Path) -> PathBuf {
+    let bin = dir.join("iptables-legacy-bin");
+    fs::create_dir_all(&bin).unwrap_or_else(|e| panic!("creating {}: {e}", bin.display()));
+    for name in LEGACY {
+        let link = bin.join(name);
+        if !link.exists() {
+            std::os::unix::fs::symlink("/usr/sbin/xtables-legacy-multi", &link)
+                .unwrap_or_else(|e| panic!("linking {}: {e}", link.display()));
+        }
+    }
+    bin
 }
 
 /// How its syncs are paced.
@@ -80,10 +121,13 @@ impl KubeProxy {
     /// mode's are not (each mode removes the other's when it starts).
     pub fn owns_the_rules(&self) -> Result<(), String> {
         let nft = crate::sandbox::run("ip", &["netns", "exec", &self.netns, "nft", "list", "tables"]);
-        let iptables = crate::sandbox::run("ip", &["netns", "exec", &self.netns, "iptables-save", "-t", "nat"]);
+        let save = self.mode.iptables_save().unwrap_or("iptables-save");
+        let iptables = crate::sandbox::run("ip", &["netns", "exec", &self.netns, save, "-t", "nat"]);
         let (in_nft, in_iptables) = (nft.contains("table ip kube-proxy"), iptables.contains("-A KUBE-SERVICES"));
         match (self.mode, in_nft, in_iptables) {
-            (ProxyMode::Nftables, true, false) | (ProxyMode::Iptables, false, true) => Ok(()),
+            (ProxyMode::Nftables, true, false) | (ProxyMode::Iptables | ProxyMode::IptablesLegacy, false, true) => {
+                Ok(())
+            }
             _ => {
                 Err(format!("{} mode on {}: nft tables {nft:?}; iptables nat {iptables}", self.mode.flag(), self.node))
             }
@@ -93,11 +137,11 @@ impl KubeProxy {
     /// The rules it programmed, in a form its mode's loader reads back (`nft -f`,
     /// `iptables-restore`): its IPv4 table, or every IPv4 table iptables holds.
     pub fn ruleset(&self) -> String {
-        match self.mode {
-            ProxyMode::Nftables => {
+        match self.mode.iptables_save() {
+            None => {
                 crate::sandbox::run("ip", &["netns", "exec", &self.netns, "nft", "list", "table", "ip", "kube-proxy"])
             }
-            ProxyMode::Iptables => crate::sandbox::run("ip", &["netns", "exec", &self.netns, "iptables-save"]),
+            Some(save) => crate::sandbox::run("ip", &["netns", "exec", &self.netns, save]),
         }
     }
 
@@ -161,7 +205,12 @@ impl Cluster {
             args.push("--iptables-min-sync-period=0s".to_owned());
         }
         let log = format!("kube-proxy-{name}-{}", mode.flag());
-        let (process, log) = self.spawn_component("kube-proxy", &args, node.netns(), node.cgroup(), &log);
+        let path = (mode == ProxyMode::IptablesLegacy).then(|| {
+            let legacy = legacy_path(&self.dir);
+            format!("{}:{}", legacy.display(), std::env::var("PATH").unwrap_or_default())
+        });
+        let (process, log) =
+            self.spawn_component("kube-proxy", &args, node.netns(), node.cgroup(), &log, path.as_deref());
         let mut proxy = KubeProxy { node: name.clone(), mode, log, netns: node.netns().to_owned(), process };
         let log = proxy.log.clone();
         eventually(&format!("kube-proxy on {name} serving (log {})", log.display()), Duration::from_secs(60), || {
