@@ -253,7 +253,7 @@ topology_metrics::metrics! {
         pub upstream_seconds: Histogram =
             Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(1e-4, 2.0, 15)),
             "dns_upstream_seconds",
-            "Time for the upstream to answer a relayed query";
+            "Time for the upstreams to answer a relayed query, a wait for the congestion window included";
         pub relay_queued: Counter = Counter::default(),
             "dns_relay_queued",
             "Relayed queries that waited for a slot, their source's share, what it may borrow and the others' reserve \
