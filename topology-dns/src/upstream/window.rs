@@ -28,7 +28,9 @@ use tokio::sync::Notify;
 
 use super::MAX_FORWARDS;
 
-/// The window after a loss, as a share of what it was.
+/// The window after a loss, as a share of what it was: a gentler cut than TCP's (Reno halves,
+/// CUBIC keeps 0.7); the DNS bench's unique names ran as fast with 0.7, and a smaller cut leaves
+/// the upstream less idle after a burst of drops.
 const DECREASE: f64 = 0.85;
 
 #[derive(Debug)]
@@ -106,7 +108,7 @@ impl Window {
         }
     }
 
-    /// A reply came: the window grows by one a window's worth of replies.
+    /// A reply came: the window grows by one for each window's worth of replies.
     pub(super) fn answered(&self) {
         let mut state = self.lock();
         state.size = (state.size + 1.0 / state.size).min(Self::MAX);
