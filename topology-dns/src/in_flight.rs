@@ -1,6 +1,8 @@
 //! Relayed queries in flight per source address: one client asking unique names as fast as it
 //! may cannot hold the slots the other pods' lookups need, and what it asks beyond them waits,
-//! within bounds, for a slot instead of failing at once.
+//! within bounds, for a slot instead of failing at once. The responder admits the queries it
+//! relays so, and the upstreams' congestion window hands out its slots so too, its size the
+//! limit of borrowing ([`InFlight::set_borrowable`]).
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -20,7 +22,6 @@ use tokio::sync::oneshot;
 #[derive(Debug)]
 pub struct InFlight {
     share: usize,
-    borrowable: usize,
     bounds: QueueBounds,
     counts: Mutex<Counts>,
 }
@@ -34,8 +35,10 @@ pub struct QueueBounds {
     pub total: usize,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Counts {
+    /// Sources may borrow while fewer than this are in flight in all.
+    borrowable: usize,
     total: usize,
     by_source: HashMap<IpAddr, usize>,
     /// Each waiting query's channel, by source, oldest first; a query that gave up has closed it.
@@ -81,7 +84,29 @@ impl InFlight {
     /// `share` queries in flight granted to every source, and more while fewer than
     /// `slots - reserve` are in flight in all; beyond that, queues within `bounds`.
     pub fn new(share: usize, slots: usize, reserve: usize, bounds: QueueBounds) -> Arc<Self> {
-        Arc::new(Self { share, borrowable: slots.saturating_sub(reserve), bounds, counts: Mutex::default() })
+        let counts = Counts {
+            borrowable: slots.saturating_sub(reserve),
+            total: 0,
+            by_source: HashMap::new(),
+            waiting: HashMap::new(),
+            turns: VecDeque::new(),
+            queued: 0,
+        };
+        Arc::new(Self { share, bounds, counts: Mutex::new(counts) })
+    }
+
+    /// Lets sources borrow while fewer than `borrowable` are in flight in all from now on; the
+    /// waiting queries this lets in are granted their slots, the queues in turn.
+    pub fn set_borrowable(self: &Arc<Self>, borrowable: usize) {
+        let granted: Vec<(Sender, Relaying)> = {
+            let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+            counts.borrowable = borrowable;
+            std::iter::from_fn(|| self.next_waiting(&mut counts, None)).collect()
+        };
+        // Handed over outside the lock, as when a slot frees.
+        for (sender, relaying) in granted {
+            let _ = sender.send(relaying);
+        }
     }
 
     /// A slot for one more query of `source` if it may have one and none of its queries waits;
@@ -107,7 +132,7 @@ impl InFlight {
     }
 
     fn may_enter(&self, counts: &Counts, source: IpAddr) -> bool {
-        counts.by_source.get(&source).copied().unwrap_or(0) < self.share || counts.total < self.borrowable
+        counts.by_source.get(&source).copied().unwrap_or(0) < self.share || counts.total < counts.borrowable
     }
 
     fn grant(self: &Arc<Self>, counts: &mut Counts, source: IpAddr) -> Relaying {
@@ -118,8 +143,11 @@ impl InFlight {
 
     /// The next waiting query that may take a slot, granted: `freed`'s first (a slot of it was
     /// just released, so it may be owed its share), then the other sources' in turn.
-    fn next_waiting(self: &Arc<Self>, counts: &mut Counts, freed: IpAddr) -> Option<(Sender, Relaying)> {
-        if counts.live_queue(freed) > 0 && self.may_enter(counts, freed) {
+    fn next_waiting(self: &Arc<Self>, counts: &mut Counts, freed: Option<IpAddr>) -> Option<(Sender, Relaying)> {
+        if let Some(freed) = freed
+            && counts.live_queue(freed) > 0
+            && counts.by_source.get(&freed).copied().unwrap_or(0) < self.share
+        {
             counts.turns.retain(|s| *s != freed);
             return Some(self.take_waiting(counts, freed));
         }
@@ -148,6 +176,12 @@ impl InFlight {
         }
         counts.queued -= 1;
         (sender, self.grant(counts, source))
+    }
+
+    /// Queries waiting for a slot now, those that gave up included.
+    #[cfg(test)]
+    pub fn queued(&self) -> usize {
+        self.counts.lock().unwrap_or_else(PoisonError::into_inner).queued
     }
 
     /// Queries of `source` in flight now.
@@ -186,7 +220,7 @@ impl Drop for Relaying {
                     counts.by_source.remove(&self.source);
                 }
             }
-            self.in_flight.next_waiting(&mut counts, self.source)
+            self.in_flight.next_waiting(&mut counts, Some(self.source))
         };
         // Handed over outside the lock: a query that gave up meanwhile drops its slot, which is
         // handed on from there.
@@ -297,6 +331,22 @@ mod tests {
         assert!(sender.send(granted).is_err());
         let counts = in_flight.counts.lock().unwrap();
         assert_eq!((counts.total, counts.queued, counts.by_source.len(), counts.turns.len()), (0, 0, 0, 0));
+    }
+
+    #[test]
+    fn a_changed_limit_lets_in_the_waiting_queries_in_turn_and_revokes_nothing() {
+        let in_flight = InFlight::new(1, 4, 0, QueueBounds { per_source: 4, total: 8 });
+        let (a, b) = (ip("10.0.0.1"), ip("10.0.0.2"));
+        let _held: Vec<Relaying> = (0..4).map(|_| in_flight.enter(a).now().unwrap()).collect();
+        let _b = in_flight.enter(b).now().expect("b's share");
+        let mut waiting_a: Vec<_> = (0..2).map(|_| in_flight.enter(a).queued()).collect();
+        let mut waiting_b = in_flight.enter(b).queued();
+        in_flight.set_borrowable(2);
+        assert_eq!(in_flight.counts.lock().unwrap().total, 5, "a smaller limit takes no slot back");
+        assert!(waiting_a[0].try_recv().is_err() && waiting_b.try_recv().is_err());
+        in_flight.set_borrowable(7);
+        let (_first, _second) = (waiting_a[0].try_recv().unwrap(), waiting_b.try_recv().unwrap());
+        assert!(waiting_a[1].try_recv().is_err(), "7 in flight: the limit");
     }
 
     #[tokio::test(start_paused = true)]

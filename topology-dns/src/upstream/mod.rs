@@ -338,7 +338,7 @@ impl Upstream {
         None
     }
 
-    /// `request` (its bytes `raw`) of `source` asked of `upstream` once the window has room,
+    /// `request` (its bytes `raw`) of `source` asked of `upstream` once the window gives it a slot,
     /// sent again after each retry time without a reply when it looks lost, up to
     /// [`SENDS_PER_UPSTREAM`] sends; the first reply to any of them.
     async fn sends(
@@ -349,7 +349,8 @@ impl Upstream {
         source: Option<IpAddr>,
     ) -> Option<Vec<u8>> {
         use futures::StreamExt as _;
-        let _slot = self.window.slot(source).await;
+        // No slot within the upstreams' time, or every queue full: this upstream fails.
+        let _slot = self.window.slot(source).await?;
         let started = Instant::now();
         let mut last_sent = started;
         let mut wait = self.retry.after();

@@ -5,7 +5,7 @@
 use std::{
     net::{Ipv4Addr, SocketAddr},
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicBool, AtomicUsize, Ordering},
     },
     time::Duration,
@@ -211,6 +211,54 @@ async fn only_a_skipped_query_shrinks_the_window_not_a_slow_upstream() {
     assert_eq!((skipped.metadata.response_code, skipped.answers.len()), (ResponseCode::NoError, 1), "{skipped:?}");
     assert_eq!(relay.metrics.upstream_retries.get(), 1);
     assert!(relay.window.size() < MAX_FORWARDS as f64, "a full socket: {}", relay.window.size());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flooding_pod_waits_for_the_shrunk_window_behind_itself_not_before_another() {
+    // Every query answered after 50 ms; the window at its floor, 32 queries.
+    let upstream = stand_in(1, Duration::from_millis(50), false).await;
+    let relay = relay_to(upstream.addr, CacheSettings::default());
+    let start = Instant::now();
+    for n in 0..100 {
+        relay.window.lost(start + Duration::from_secs(n), Duration::from_millis(1));
+    }
+    let done = Arc::new(Mutex::new(Vec::new()));
+    let asks = |who: &'static str, source: [u8; 4], count: u16| {
+        (0..count)
+            .map(|n| {
+                let (relay, done) = (Arc::clone(&relay), Arc::clone(&done));
+                tokio::spawn(async move {
+                    let (request, raw) = query(&format!("{who}{n}.example."), n);
+                    let reply = relay.forward(&request, &raw, u16::MAX, source.into()).await;
+                    done.lock().unwrap().push(who);
+                    Message::from_vec(&reply).unwrap()
+                })
+            })
+            .collect::<Vec<_>>()
+    };
+    let until = |queued: usize| {
+        let relay = Arc::clone(&relay);
+        async move {
+            while relay.window.queued() < queued {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+    };
+    // 128 unique names of the flood: 32 at the upstream, 96 waiting; then another pod's 8: its
+    // first 4 at once, 4 waiting.
+    let flood = asks("flood", [10, 0, 0, 1], 128);
+    until(96).await;
+    let pod = asks("pod", [10, 0, 0, 2], 8);
+    until(100).await;
+    let replies = futures_join(flood.into_iter().chain(pod)).await;
+    assert!(replies.iter().all(|reply| reply.answers.len() == 1), "every query answered");
+    let done = done.lock().unwrap();
+    let pods_last = done.iter().rposition(|who| *who == "pod").unwrap();
+    let flood_before = done[..pods_last].iter().filter(|who| **who == "flood").count();
+    // The pod's waiting queries take the first slots to free that are theirs (of its share, or
+    // in turn): it is done within the flood's second round trip (64 of the flood's answered).
+    // First come, first served, they would wait for all 96 of the flood's.
+    assert!(flood_before < 64, "the flood's {flood_before} answered before the pod's last: {done:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
