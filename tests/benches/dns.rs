@@ -10,7 +10,8 @@
 //! other pods) has more wait for a slot in its queue (256, at most 1 s), as unbound queues them,
 //! and gets SERVFAIL past that; dnsperf is one client. Beside each row: the responder's upstream
 //! queries meanwhile as it timed them (their p90 is the floor of mix (a)'s p99: no relay answers
-//! an uncached name before its upstream does), and the queries CoreDNS's socket had no room for
+//! an uncached name before its upstream does) and its congestion window at the end of the run
+//! (`dns_upstream_window`), and the queries CoreDNS's socket had no room for
 //! (`RcvbufErrors` in its pod's namespace). The last lines give the responder's own count of each
 //! outcome, of the queries it queued and of its upstream retries.
 //!
@@ -117,12 +118,18 @@ impl Upstreams<'_> {
         let perf = load();
         let dropped = receive_buffer_errors(self.coredns_netns) - dropped;
         let (upstream, upstream_p90_ms) = before.map_or((None, None), |before| {
-            let after = metrics();
+            let text = self.agent.metrics().expect("metrics");
+            let after = HistogramReading::parse(&text, UPSTREAM);
             let ms = |q| after.quantile_since(&before, q) * 1e3;
+            let window = text
+                .lines()
+                .find_map(|line| line.strip_prefix("topology_agent_dns_upstream_window "))
+                .unwrap_or("?")
+                .to_owned();
             match after.count.saturating_sub(before.count) {
                 0 => (Some("0".to_owned()), None),
                 asked => {
-                    let text = format!("{asked}: {:.2} / {:.2} / {:.2}", ms(0.5), ms(0.9), ms(0.99));
+                    let text = format!("{asked}: {:.2} / {:.2} / {:.2}; {window}", ms(0.5), ms(0.9), ms(0.99));
                     (Some(text), Some(ms(0.9)))
                 }
             }
@@ -234,7 +241,7 @@ fn main() {
     println!("agent and unbound on CPUs {server_cpus}; dnsperf, CoreDNS and the control plane on CPU {load_cpu:?}\n");
     println!(
         "| queries | offered | answered per s | NOERROR per s | p50 ms | p99 ms | lost | rcodes | the responder's \
-         upstream meanwhile: asked: p50 / p90 / p99 ms | dropped by CoreDNS's full socket |"
+         upstream meanwhile: asked: p50 / p90 / p99 ms; the window after | dropped by CoreDNS's full socket |"
     );
     println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |");
     let offered = format!("{TARGET_QPS}/s");

@@ -13,6 +13,7 @@ pub mod connections;
 pub mod glance;
 mod in_flight;
 mod limit;
+mod metrics;
 pub mod names;
 pub mod relay;
 pub mod relay_cache;
@@ -22,16 +23,12 @@ pub mod upstream;
 pub mod view;
 
 use std::{
-    collections::HashMap,
     net::SocketAddr,
-    sync::{Arc, RwLock, atomic::Ordering},
+    sync::{Arc, atomic::Ordering},
 };
 
-use hickory_proto::rr::{Name, RecordType};
-use prometheus_client::{
-    encoding::EncodeLabelSet,
-    metrics::{counter::Counter, family::Family, histogram::Histogram},
-};
+use hickory_proto::rr::Name;
+pub use metrics::{DnsMetrics, LocalityLabels, QueryLabels};
 use tokio::{
     net::{TcpListener, UdpSocket},
     sync::watch,
@@ -88,8 +85,6 @@ items:
   - {addresses: [10.3.0.1], nodeName: a}
 "#;
 }
-
-use topology_policy::desired::Locality;
 
 /// CoreDNS's default TTL for cluster names.
 pub const DEFAULT_TTL: u32 = 5;
@@ -219,80 +214,6 @@ pub fn parse_domain(domain: &str) -> Result<Name, DnsError> {
     let mut name = Name::from_ascii(trimmed).map_err(|e| error(e.to_string()))?;
     name.set_fqdn(true);
     Ok(name.to_lowercase())
-}
-
-/// Labels of a query.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct QueryLabels {
-    /// Query type (`A`, `AAAA`, `SRV`, …).
-    pub r#type: String,
-    /// `answer`, `nodata`, `nxdomain`, `forwarded`, `upstream_failed`, `overloaded`,
-    /// `rate_limited`, `malformed`, `error`.
-    pub outcome: String,
-}
-
-/// Labels of an answered endpoint.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct LocalityLabels {
-    /// `node`, `zone`, `region`, `other`.
-    pub locality: String,
-}
-
-topology_metrics::metrics! {
-    /// The responder's metrics. Counting a query costs no allocation once its type and outcome
-    /// have been seen: the hot path keeps the counters it has used.
-    pub struct DnsMetrics;
-    exported {
-        queries: Family<QueryLabels, Counter> = Family::default(),
-            "dns_queries",
-            "DNS queries, by type and outcome";
-        answers: Family<LocalityLabels, Counter> = Family::default(),
-            "dns_answered_endpoints",
-            "Headless-Service endpoints in DNS answers, by locality relative to this node";
-        // 100 us .. ~3 s.
-        pub upstream_seconds: Histogram =
-            Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(1e-4, 2.0, 15)),
-            "dns_upstream_seconds",
-            "Time for the upstreams to answer a relayed query, a wait for the congestion window included";
-        pub relay_queued: Counter = Counter::default(),
-            "dns_relay_queued",
-            "Relayed queries that waited for a slot, their source's share, what it may borrow and the others' reserve \
-             all in flight (what waits in vain gets SERVFAIL, outcome source_overloaded)";
-        pub upstream_retries: Counter = Counter::default(),
-            "dns_upstream_retries",
-            "Relayed queries sent again to an upstream that had not answered within the retry time";
-    }
-    nested {
-        /// The cache of relayed answers.
-        pub cache: Arc<relay_cache::CacheMetrics> = Arc::default();
-    }
-    own {
-        /// The counters of `queries` by query type (`None`: unreadable) and outcome.
-        seen: RwLock<HashMap<(Option<RecordType>, &'static str), Counter>> = RwLock::default();
-        /// The counters of `answers`, by locality class.
-        by_locality: [Counter; Locality::ALL.len()] =
-            Locality::ALL.map(|l| answers.get_or_create(&LocalityLabels { locality: l.as_str().into() }).clone());
-    }
-}
-
-impl DnsMetrics {
-    pub(crate) fn query(&self, r#type: Option<RecordType>, outcome: &'static str) {
-        let key = (r#type, outcome);
-        if let Some(counter) = self.seen.read().ok().and_then(|seen| seen.get(&key).cloned()) {
-            counter.inc();
-            return;
-        }
-        let name = r#type.map_or_else(|| "unknown".to_owned(), |t| t.to_string());
-        let counter = self.queries.get_or_create(&QueryLabels { r#type: name, outcome: outcome.into() }).clone();
-        counter.inc();
-        if let Ok(mut seen) = self.seen.write() {
-            seen.insert(key, counter);
-        }
-    }
-
-    fn answered(&self, locality: Locality) {
-        self.by_locality[usize::from(locality.class())].inc();
-    }
 }
 
 /// How long the control loop's word that the view is current holds: a loop that has not said it

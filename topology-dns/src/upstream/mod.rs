@@ -100,6 +100,7 @@ impl Upstream {
     /// Relays to the upstreams `view` names, keeping answers as `cache` says.
     pub fn new(view: watch::Receiver<Arc<DnsView>>, metrics: Arc<DnsMetrics>, cache: CacheSettings) -> Self {
         let cache = RelayCache::new(cache, Arc::clone(&metrics.cache));
+        let window = Window::new(metrics.upstream_window.clone());
         Self {
             view,
             metrics,
@@ -112,7 +113,7 @@ impl Upstream {
             ],
             tcp: TcpPool::default(),
             retry: Retry::default(),
-            window: Window::default(),
+            window,
         }
     }
 

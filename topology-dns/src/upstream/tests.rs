@@ -211,6 +211,7 @@ async fn only_a_skipped_query_shrinks_the_window_not_a_slow_upstream() {
     assert_eq!((skipped.metadata.response_code, skipped.answers.len()), (ResponseCode::NoError, 1), "{skipped:?}");
     assert_eq!(relay.metrics.upstream_retries.get(), 1);
     assert!(relay.window.size() < MAX_FORWARDS as f64, "a full socket: {}", relay.window.size());
+    assert_eq!(relay.metrics.upstream_window.get(), relay.window.size() as i64, "exported");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

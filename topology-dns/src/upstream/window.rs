@@ -26,6 +26,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use prometheus_client::metrics::gauge::Gauge;
+
 use super::{MAX_FORWARDS, UPSTREAM_TIMEOUT};
 use crate::in_flight::{Entry, InFlight, QueueBounds, Relaying};
 
@@ -50,20 +52,23 @@ struct Size {
 pub(super) struct Window {
     size: Mutex<Size>,
     slots: Arc<InFlight>,
-}
-
-impl Default for Window {
-    fn default() -> Self {
-        // Every query the responder admits may wait here, and its refreshes besides.
-        let bounds = QueueBounds { per_source: MAX_FORWARDS, total: 2 * MAX_FORWARDS };
-        Self {
-            size: Mutex::new(Size { now: Self::MAX, decreased: None }),
-            slots: InFlight::new(Self::PER_SOURCE, MAX_FORWARDS, 0, bounds),
-        }
-    }
+    /// Its whole part, exported (`dns_upstream_window`).
+    gauge: Gauge,
 }
 
 impl Window {
+    /// An open window, its size kept in `gauge`.
+    pub(super) fn new(gauge: Gauge) -> Self {
+        // Every query the responder admits may wait here, and its refreshes besides.
+        let bounds = QueueBounds { per_source: MAX_FORWARDS, total: 2 * MAX_FORWARDS };
+        gauge.set(MAX_FORWARDS as i64);
+        Self {
+            size: Mutex::new(Size { now: Self::MAX, decreased: None }),
+            slots: InFlight::new(Self::PER_SOURCE, MAX_FORWARDS, 0, bounds),
+            gauge,
+        }
+    }
+
     /// Never smaller: 32 queries in flight carry 32,000 a second at a millisecond's round trip.
     pub(super) const MIN: f64 = 32.0;
     const MAX: f64 = MAX_FORWARDS as f64;
@@ -109,6 +114,7 @@ impl Window {
         size.now = new(&mut size);
         if size.now.floor() != before.floor() {
             self.slots.set_borrowable(size.now as usize);
+            self.gauge.set(size.now as i64);
         }
     }
 
@@ -131,7 +137,7 @@ mod tests {
 
     #[test]
     fn the_window_is_open_until_a_loss_then_shrinks_once_a_round_trip_and_grows_back() {
-        let window = Window::default();
+        let window = Window::new(Gauge::default());
         assert_eq!(window.size(), MAX_FORWARDS as f64, "nothing held back before a loss");
         let (start, round_trip) = (Instant::now(), Duration::from_millis(10));
         window.lost(start, round_trip);
@@ -144,6 +150,7 @@ mod tests {
             window.lost(start + round_trip * n, round_trip);
         }
         assert_eq!(window.size(), Window::MIN, "never below its floor");
+        assert_eq!(window.gauge.get(), 32, "exported");
         // A window's worth of replies: one more query.
         for _ in 0..32 {
             window.answered();
@@ -157,7 +164,7 @@ mod tests {
 
     /// A window shrunk to its floor.
     fn shrunk() -> Window {
-        let window = Window::default();
+        let window = Window::new(Gauge::default());
         let start = Instant::now();
         for n in 0..100 {
             window.lost(start + Duration::from_secs(n), Duration::from_millis(1));
