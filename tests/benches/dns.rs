@@ -10,8 +10,9 @@
 //! other pods) has more wait for a slot in its queue (256, at most 1 s), as unbound queues them,
 //! and gets SERVFAIL past that; dnsperf is one client. Beside each row: the responder's upstream
 //! queries meanwhile as it timed them (their p90 is the floor of mix (a)'s p99: no relay answers
-//! an uncached name before its upstream does) and its congestion window at the end of the run
-//! (`dns_upstream_window`), and the queries CoreDNS's socket had no room for
+//! an uncached name before its upstream does), its congestion window at the end of the run
+//! (`dns_upstream_window`) and the agent's CPU time over the run's (one CPU is 100 %), and the
+//! queries CoreDNS's socket had no room for
 //! (`RcvbufErrors` in its pod's namespace). The last lines give the responder's own count of each
 //! outcome, of the queries it queued and of its upstream retries.
 //!
@@ -115,7 +116,10 @@ impl Upstreams<'_> {
     fn measure(&self, relayed: bool, load: impl FnOnce() -> Perf) -> Measured {
         let metrics = || HistogramReading::parse(&self.agent.metrics().expect("metrics"), UPSTREAM);
         let (before, dropped) = (relayed.then(metrics), receive_buffer_errors(self.coredns_netns));
+        let pid = self.agent.pid().expect("the agent runs");
+        let (cpu_before, started) = (cpu_seconds(pid), std::time::Instant::now());
         let perf = load();
+        let cpu = 100.0 * (cpu_seconds(pid) - cpu_before) / started.elapsed().as_secs_f64();
         let dropped = receive_buffer_errors(self.coredns_netns) - dropped;
         let (upstream, upstream_p90_ms) = before.map_or((None, None), |before| {
             let text = self.agent.metrics().expect("metrics");
@@ -129,7 +133,8 @@ impl Upstreams<'_> {
             match after.count.saturating_sub(before.count) {
                 0 => (Some("0".to_owned()), None),
                 asked => {
-                    let text = format!("{asked}: {:.2} / {:.2} / {:.2}; {window}", ms(0.5), ms(0.9), ms(0.99));
+                    let text =
+                        format!("{asked}: {:.2} / {:.2} / {:.2}; {window}; {cpu:.0} %", ms(0.5), ms(0.9), ms(0.99));
                     (Some(text), Some(ms(0.9)))
                 }
             }
@@ -241,7 +246,7 @@ fn main() {
     println!("agent and unbound on CPUs {server_cpus}; dnsperf, CoreDNS and the control plane on CPU {load_cpu:?}\n");
     println!(
         "| queries | offered | answered per s | NOERROR per s | p50 ms | p99 ms | lost | rcodes | the responder's \
-         upstream meanwhile: asked: p50 / p90 / p99 ms; the window after | dropped by CoreDNS's full socket |"
+         upstream meanwhile: asked: p50 / p90 / p99 ms; the window after; the agent's CPU | dropped by CoreDNS's full socket |"
     );
     println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |");
     let offered = format!("{TARGET_QPS}/s");
@@ -344,6 +349,17 @@ fn outcomes(metrics: &str) -> String {
     text.push(format!("queued {}", total("relay_queued")));
     text.push(format!("upstream retries {}", total("upstream_retries")));
     text.join(", ")
+}
+
+/// CPU time process `pid` has used, all its threads, in seconds (`utime` + `stime`).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace().collect();
+    let ticks: u64 = fields.get(11..13).map_or(0, |t| t.iter().filter_map(|v| v.parse::<u64>().ok()).sum());
+    // SAFETY: sysconf reads a constant of the system.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1);
+    ticks as f64 / per_second as f64
 }
 
 fn agent_rss_kib(pid: u32) -> u64 {
