@@ -66,6 +66,11 @@ impl Pod {
         self.netns.name()
     }
 
+    /// Its process's id, while it runs one.
+    pub fn pid(&self) -> Option<u32> {
+        self.server.as_ref().map(ProcessGuard::id)
+    }
+
     /// `namespace/name`.
     pub fn key(&self) -> String {
         format!("{}/{}", self.spec.namespace, self.spec.name)
