@@ -14,11 +14,12 @@
 //! other pods) has more wait for a slot in its queue (256, at most 1 s), as unbound queues them,
 //! and gets SERVFAIL past that; dnsperf is one client. Beside each row: the responder's upstream
 //! queries meanwhile as it timed them (their p90 is the floor of mix (a)'s p99: no relay answers
-//! an uncached name before its upstream does), its congestion window at the end of the run
-//! (`dns_upstream_window`) and the agent's CPU time over the run's (one CPU is 100 %), and the
-//! queries CoreDNS's socket had no room for
-//! (`RcvbufErrors` in its pod's namespace), and CoreDNS's CPU time beside how busy its CPU was
-//! (at 100 %, CoreDNS's rate is what that CPU gives it). The last lines give the responder's own count of each
+//! an uncached name before its upstream does), its congestion window over its upstreams' smoothed
+//! round trip at the end of the run (`dns_upstream_window`, `dns_upstream_round_trip_seconds`:
+//! the rate the window allows, by Little's law) and the agent's CPU time over the run's (one CPU
+//! is 100 %), and the queries CoreDNS's socket had no room for (`RcvbufErrors` in its pod's
+//! namespace), and CoreDNS's CPU time beside how busy its CPU was (at 100 %, CoreDNS's rate is
+//! what that CPU gives it). The last lines give the responder's own count of each
 //! outcome, of the queries it queued and of its upstream retries.
 //!
 //! The upstream is the real CoreDNS 1.14 with kubeadm's Corefile, on another node, behind
@@ -146,16 +147,18 @@ impl Upstreams<'_> {
             let text = self.agent.metrics().expect("metrics");
             let after = HistogramReading::parse(&text, UPSTREAM);
             let ms = |q| after.quantile_since(&before, q) * 1e3;
-            let window = text
-                .lines()
-                .find_map(|line| line.strip_prefix("topology_agent_dns_upstream_window "))
-                .unwrap_or("?")
-                .to_owned();
+            let gauge = |name: &str| {
+                let prefix = format!("topology_agent_dns_upstream_{name} ");
+                text.lines().find_map(|line| line.strip_prefix(prefix.as_str())).and_then(|v| v.parse::<f64>().ok())
+            };
+            let window = gauge("window").map_or("?".to_owned(), |window| format!("{window:.0}"));
+            let round_trip = gauge("round_trip_seconds").map_or("?".to_owned(), |rtt| format!("{:.2} ms", rtt * 1e3));
             match after.count.saturating_sub(before.count) {
                 0 => (Some("0".to_owned()), None),
                 asked => {
+                    let (p50, p90, p99) = (ms(0.5), ms(0.9), ms(0.99));
                     let text =
-                        format!("{asked}: {:.2} / {:.2} / {:.2}; {window}; {cpu:.0} %", ms(0.5), ms(0.9), ms(0.99));
+                        format!("{asked}: {p50:.2} / {p90:.2} / {p99:.2}; {window} over {round_trip}; {cpu:.0} %");
                     (Some(text), Some(ms(0.9)))
                 }
             }
@@ -273,7 +276,7 @@ fn main() {
     );
     println!(
         "| queries | offered | answered per s | NOERROR per s | p50 ms | p99 ms | lost | rcodes | the responder's \
-         upstream meanwhile: asked: p50 / p90 / p99 ms; the window after; the agent's CPU | dropped by CoreDNS's full socket \
+         upstream meanwhile: asked: p50 / p90 / p99 ms; the window over the smoothed round trip after; the agent's CPU | dropped by CoreDNS's full socket \
          | CoreDNS's CPU (its CPU busy) |"
     );
     println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |");

@@ -1,9 +1,9 @@
 //! The responder's metrics: its queries by type and outcome, the endpoints it answered by
-//! locality, and the relay's upstream time, retries, queue and congestion window.
+//! locality, and the relay's upstream time, round trip, retries, queue and congestion window.
 
 use std::{
     collections::HashMap,
-    sync::{Arc, RwLock},
+    sync::{Arc, RwLock, atomic::AtomicU64},
 };
 
 use hickory_proto::rr::RecordType;
@@ -59,6 +59,10 @@ topology_metrics::metrics! {
             "dns_upstream_window",
             "Relayed queries the upstreams may hold at once, the congestion window: 1024 until an upstream drops \
              queries (its socket full), then lower";
+        pub upstream_round_trip: Gauge<f64, AtomicU64> = Gauge::default(),
+            "dns_upstream_round_trip_seconds",
+            "The upstreams' smoothed round trip (RFC 6298's), from a relayed query's first send to its reply, \
+             without its wait for the congestion window: the window over it is the rate they are asked at most";
     }
     nested {
         /// The cache of relayed answers.

@@ -364,7 +364,8 @@ impl Upstream {
             tokio::select! {
                 done = sent.next() => match done {
                     Some(Ok(reply)) => {
-                        self.retry.answered(upstream, started, Instant::now());
+                        let round_trip = self.retry.answered(upstream, started, Instant::now());
+                        self.metrics.upstream_round_trip.set(round_trip.as_secs_f64());
                         self.window.answered();
                         return Some(reply);
                     }

@@ -76,8 +76,8 @@ impl Retry {
     }
 
     /// `upstream` answered, at `now`, a query first sent at `sent`: a round trip (RFC 6298's
-    /// gains, 1/8 and 1/4), and what it answered last.
-    pub(super) fn answered(&self, upstream: SocketAddr, sent: Instant, now: Instant) {
+    /// gains, 1/8 and 1/4), and what it answered last. The smoothed round trip after it.
+    pub(super) fn answered(&self, upstream: SocketAddr, sent: Instant, now: Instant) -> Duration {
         let rtt = now.saturating_duration_since(sent);
         let sample = u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX / 8).max(1);
         let mut state = self.lock();
@@ -93,6 +93,7 @@ impl Retry {
         let heard = state.heard.entry(upstream).or_insert(Heard { at: now, sent });
         heard.at = heard.at.max(now);
         heard.sent = heard.sent.max(sent);
+        Duration::from_micros(state.estimate.0)
     }
 
     /// Whether a query last sent to `upstream` at `sent`, waiting `wait` and unanswered at `now`,
@@ -127,11 +128,13 @@ mod tests {
         assert_eq!(retry.after(), Retry::FIRST, "nothing measured yet");
         let answered = |rtt: Duration| {
             let now = Instant::now();
-            retry.answered(UPSTREAM, now.checked_sub(rtt).unwrap(), now);
+            retry.answered(UPSTREAM, now.checked_sub(rtt).unwrap(), now)
         };
-        answered(Duration::from_millis(30));
+        assert_eq!(answered(Duration::from_millis(30)), Duration::from_millis(30), "the first sample");
+        assert_eq!(answered(Duration::from_millis(110)), Duration::from_millis(40), "an eighth of the next");
+        // Smoothed 40 ms, its variation 15 ms less a quarter plus a quarter of 80: 31.25 ms.
         let first = retry.after();
-        assert!(first.abs_diff(Duration::from_millis(30 + 4 * 15)) < Duration::from_millis(1), "{first:?}");
+        assert!(first.abs_diff(Duration::from_micros(40_000 + 4 * 31_250)) < Duration::from_millis(1), "{first:?}");
         for _ in 0..200 {
             answered(Duration::from_micros(100));
         }

@@ -145,6 +145,8 @@ async fn identical_questions_in_flight_are_one_upstream_query_then_cached() {
         assert_eq!((reply.metadata.id, reply.answers.len()), (id as u16, 1), "{reply:?}");
     }
     assert_eq!(stand_in.asked.load(Ordering::SeqCst), 1, "one upstream query for fifty questions");
+    let round_trip = relay.metrics.upstream_round_trip.get();
+    assert!((0.2..0.5).contains(&round_trip), "the upstream's 200 ms, exported: {round_trip}");
     let cached = ask(&relay, "Popular.Example.", 99).await;
     assert_eq!((cached.metadata.id, cached.answers.len()), (99, 1));
     assert_eq!(cached.queries[0].name().to_ascii(), "Popular.Example.");
