@@ -112,7 +112,7 @@ struct Measured {
     upstream_p90_ms: Option<f64>,
     /// Queries CoreDNS's socket had no room for (its netns's `Udp: RcvbufErrors`).
     dropped: u64,
-    /// CoreDNS's CPU time and the load CPU's busy time over the run's, in % of one CPU.
+    /// CoreDNS's CPU time and its CPU's busy time over the run's, in % of one CPU.
     coredns_cpu: f64,
     load_cpu_busy: f64,
 }
@@ -121,7 +121,7 @@ struct Measured {
 struct Upstreams<'a> {
     agent: &'a AgentPod,
     coredns: &'a CoreDns,
-    /// The CPU dnsperf, CoreDNS and the control plane share.
+    /// CoreDNS's CPU, the control plane's too (and dnsperf's, but where a row says otherwise).
     load_cpu: Option<usize>,
 }
 
@@ -290,7 +290,7 @@ fn main() {
     // CoreDNS with its CPU to itself, as on other nodes — the same for the responder and CoreDNS
     // asked directly. (A dnsperf on CoreDNS's CPU hands it its queries in batches, each run of
     // its sends a batch, which the responder on another CPU cannot: CoreDNS then pays a wake-up
-    // a query, about a third more of its CPU each.)
+    // a query, twice the kernel time and a quarter more CPU in all for each.)
     let beside = Load { netns: &client_pod.place.netns, cpu: load_cpu.map(|_| 0) };
     let at_rate =
         |server, file: &Path, qps, relayed| upstreams.measure(relayed, || dnsperf(beside, server, file, SECONDS, qps));
