@@ -95,8 +95,13 @@ fn a_pods_burst_beyond_its_slots_waits_for_them_and_is_answered() {
 
 /// The value of the unlabelled counter `name` in `agent`'s metrics.
 fn counter(agent: &Agent, name: &str) -> u64 {
+    value(agent, &format!("{name}_total"))
+}
+
+/// The value of the unlabelled metric `name` in `agent`'s metrics.
+fn value(agent: &Agent, name: &str) -> u64 {
     let (_, metrics) = agent.get("/metrics").expect("metrics");
-    let prefix = format!("topology_agent_{name}_total ");
+    let prefix = format!("topology_agent_{name} ");
     metrics.lines().find_map(|line| line.strip_prefix(&prefix)).map_or(0, |value| value.trim().parse().expect(name))
 }
 
@@ -118,14 +123,20 @@ fn one_pods_unique_names_take_only_its_share_of_the_cache() {
     for name in &names {
         assert_eq!(dig(Some(victim.netns.name()), server, name, "A", &[]).status, "NOERROR", "{name}");
     }
+    let victims_bytes = value(&agent, "dns_cache_bytes");
     // The tenant: 12,000 unique names, about twice the cache's worth of answers.
     let mut command = Command::new(probe_binary());
     command.args(["--netns", tenant.netns.name(), "client", "--target", &server.to_string(), "--timeout-ms", "4000"]);
     command.args(["lookups", "--rate", "3000", "--seconds", "4", "--threads", "64", "--name", "u{n}.example.com"]);
     let flood = ProcessGuard::new(command.stdout(Stdio::piped()).spawn().expect("spawn the flood"));
     let flooded: Lookups = serde_json::from_slice(&flood.wait_output(Duration::from_secs(60))).expect("report");
-    let over_share = counter(&agent, "dns_cache_over_share");
-    eprintln!("the flood: made {} failed {}; not kept over its share: {over_share}", flooded.made, flooded.failed);
+    let (over_share, evictions) = (counter(&agent, "dns_cache_over_share"), counter(&agent, "dns_cache_evictions"));
+    let bytes = value(&agent, "dns_cache_bytes");
+    eprintln!(
+        "the flood: made {} failed {}; its own answers evicted for its new ones: {evictions}, not kept: {over_share}; \
+         the cache {bytes} bytes, the victim's {victims_bytes}",
+        flooded.made, flooded.failed
+    );
     assert!(flooded.answers.get(ANSWER).copied().unwrap_or(0) >= 11_000, "the flood was answered: {flooded:?}");
 
     // The victim's answers are still there: each name again is a cache hit.
@@ -135,7 +146,9 @@ fn one_pods_unique_names_take_only_its_share_of_the_cache() {
     }
     let kept = counter(&agent, "dns_cache_hits") - hits;
     assert!(kept >= 145, "{kept} of {} of the victim's answers survived the flood", names.len());
-    assert!(over_share >= 9_000, "most of the flood's answers were not kept: {over_share}");
+    // Beyond its share (1 MiB / 8) its answers took the place of its own, unused since.
+    assert!(bytes <= victims_bytes + (1 << 20) / 8, "the flood kept {} bytes", bytes - victims_bytes);
+    assert!(evictions + over_share >= 9_000, "most of the flood's answers took the place of its own: {evictions}");
 }
 
 #[test]

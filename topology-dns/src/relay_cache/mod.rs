@@ -7,10 +7,11 @@
 //! keeps more than [`SOURCE_SHARE`] of the cache: one pod asking unique names cannot push the
 //! node's popular answers out.
 
+mod shard;
 pub mod wire;
 
 use std::{
-    collections::{HashMap, VecDeque},
+    collections::HashMap,
     hash::BuildHasher,
     net::IpAddr,
     sync::{Arc, Mutex, PoisonError},
@@ -18,6 +19,7 @@ use std::{
 };
 
 use prometheus_client::metrics::{counter::Counter, gauge::Gauge};
+use shard::Shard;
 
 /// Shards of the cache: about twice the responder's threads on a large node.
 const SHARDS: usize = 32;
@@ -36,6 +38,15 @@ pub const DEFAULT_MIB: usize = 16;
 pub const DEFAULT_MAX_TTL: u32 = 300;
 /// The longest a negative answer is kept unless told (`--dns-cache-max-negative-ttl`), seconds.
 pub const DEFAULT_MAX_NEGATIVE_TTL: u32 = 30;
+/// How long after expiry a popular answer is still served, with TTL 0, while it is fetched
+/// again: a refresh normally lands within a round trip. Behind a cache of its own (CoreDNS's
+/// `cache 30`) a refresh brings what is left of the upstream's TTL, down to a second, and every
+/// answer the upstream cached at one moment expires here at one moment too; without this, all
+/// of their askers would wait for the upstream together.
+const REFRESH_GRACE: Duration = Duration::from_secs(1);
+/// Places the CLOCK hand of a shard moves at most, for one answer, to find answers of a client
+/// over its share to evict.
+const OWN_STEPS: usize = 16;
 /// How long after expiry an answer may still be served when the upstream fails.
 const STALE_FOR: Duration = Duration::from_secs(3600);
 
@@ -156,20 +167,12 @@ impl Entry {
     }
 }
 
-#[derive(Default)]
-struct Shard {
-    /// Hashed with a seed of the process's own: names are the clients' choice.
-    entries: HashMap<Key, Entry, foldhash::fast::RandomState>,
-    /// Keys in the order the CLOCK hand visits them.
-    ring: VecDeque<Key>,
-    bytes: usize,
-}
-
 /// What the cache holds for a question.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Found {
-    /// A fresh answer for the request; `refresh`: the caller should fetch it again in the
-    /// background (it is popular and about to expire).
+    /// A fresh answer for the request, or a popular one expired less than a second ago
+    /// (with TTL 0); `refresh`: the caller should fetch it again in the background (it is
+    /// popular and about to expire, or just expired).
     Fresh { reply: Vec<u8>, refresh: bool },
     /// Nothing fresh: ask the upstream.
     Miss,
@@ -187,6 +190,9 @@ topology_metrics::metrics! {
         refreshes: Counter = Counter::default(),
             "dns_cache_refreshes",
             "Popular relayed names fetched again before they expired";
+        expired_served: Counter = Counter::default(),
+            "dns_cache_expired_served",
+            "Popular relayed names answered with TTL 0 from an entry expired less than a second ago while it was fetched again";
         evictions: Counter = Counter::default(),
             "dns_cache_evictions",
             "Entries dropped to stay within the cache's size";
@@ -241,20 +247,32 @@ impl RelayCache {
             self.metrics.misses.inc();
             return Found::Miss;
         };
-        let age = u32::try_from(now.saturating_duration_since(entry.stored).as_secs()).unwrap_or(u32::MAX);
-        if age >= entry.keep_for {
-            self.metrics.misses.inc();
-            return Found::Miss;
-        }
-        let keep_for = entry.keep_for;
-        let Some(reply) = entry.serve(request, |ttl| ttl.min(keep_for) - age.min(ttl.min(keep_for))) else {
+        let age = now.saturating_duration_since(entry.stored);
+        let keep = Duration::from_secs(u64::from(entry.keep_for));
+        // Popular: asked again since stored.
+        let popular = entry.hits >= 2;
+        let reply = if age < keep {
+            let (keep_for, seconds) = (entry.keep_for, u32::try_from(age.as_secs()).unwrap_or(u32::MAX));
+            entry.serve(request, |ttl| ttl.min(keep_for) - seconds.min(ttl.min(keep_for)))
+        } else if popular && age - keep < REFRESH_GRACE {
+            // Just expired and popular: served with TTL 0 (for no one to keep) while it is
+            // fetched again, rather than every asker waiting for the upstream at once.
+            entry.serve(request, |_| 0)
+        } else {
+            None
+        };
+        let Some(reply) = reply else {
             self.metrics.misses.inc();
             return Found::Miss;
         };
         entry.referenced = true;
         entry.hits = entry.hits.saturating_add(1);
-        // Popular (asked again since stored) and in its last tenth: fetch it again now.
-        let refresh = !entry.refreshing && entry.hits >= 2 && (keep_for - age) * 10 <= keep_for;
+        // Popular and in its last tenth, to the millisecond (so a short TTL is refreshed too),
+        // or past it: fetch it again now, one fetch at a time.
+        let refresh = !entry.refreshing && popular && keep.saturating_sub(age) * 10 <= keep;
+        if age >= keep {
+            self.metrics.expired_served.inc();
+        }
         if refresh {
             entry.refreshing = true;
             self.metrics.refreshes.inc();
@@ -324,9 +342,16 @@ impl RelayCache {
         }
         let mut owned = self.owned.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(owner) = entry.owner {
-            let already = owned.get(&owner).copied().unwrap_or(0);
+            let share = self.settings.max_bytes / SOURCE_SHARE;
             let own_replaced = old.filter(|(_, o)| *o == Some(owner)).map_or(0, |(cost, _)| cost);
-            if already.saturating_sub(own_replaced) + cost > self.settings.max_bytes / SOURCE_SHARE {
+            let mut already = owned.get(&owner).copied().unwrap_or(0).saturating_sub(own_replaced);
+            if already + cost > share {
+                // In place of its own answers, the expired and the unused: what a client asked
+                // once does not keep what it asks now out of the cache.
+                let freed = shard.evict_own(&mut owned, owner, &key, already + cost - share, now, &self.metrics);
+                already = already.saturating_sub(freed);
+            }
+            if already + cost > share {
                 drop(owned);
                 self.metrics.over_share.inc();
                 if let Some(old) = shard.entries.get_mut(&key) {
@@ -338,34 +363,15 @@ impl RelayCache {
         if replaced.is_none() {
             shard.ring.push_back(key.clone());
         }
-        let mut bytes = shard.bytes - replaced.unwrap_or(0);
-        // Each entry is passed at most twice (once to clear its second chance).
-        let mut turns = 2 * shard.ring.len() + 1;
-        while bytes + cost > budget && turns > 0 {
-            turns -= 1;
-            let Some(candidate) = shard.ring.pop_front() else { break };
-            match shard.entries.get_mut(&candidate) {
-                _ if candidate == key => shard.ring.push_back(candidate),
-                Some(old) if old.referenced => {
-                    old.referenced = false;
-                    shard.ring.push_back(candidate);
-                }
-                Some(_) => {
-                    if let Some(old) = shard.entries.remove(&candidate) {
-                        bytes -= old.cost();
-                        self.metrics.evictions.inc();
-                        self.metrics.bytes.dec_by(old.cost() as i64);
-                        uncharge(&mut owned, old.owner, old.cost());
-                    }
-                }
-                None => {}
+        let replaced_cost = replaced.unwrap_or(0);
+        if !shard.make_room(&key, cost, budget + replaced_cost, &mut owned, &self.metrics) {
+            if let Some(old) = shard.entries.get_mut(&key) {
+                old.refreshing = false;
             }
-        }
-        if bytes + cost > budget {
             return false;
         }
-        shard.bytes = bytes + cost;
-        self.metrics.bytes.inc_by(cost as i64 - replaced.unwrap_or(0) as i64);
+        shard.bytes = shard.bytes + cost - replaced_cost;
+        self.metrics.bytes.inc_by(cost as i64 - replaced_cost as i64);
         if let Some((cost, owner)) = old {
             uncharge(&mut owned, owner, cost);
         }

@@ -120,6 +120,44 @@ fn a_popular_answer_is_refreshed_once_in_its_last_tenth() {
 }
 
 #[test]
+fn a_short_ttl_is_refreshed_in_its_last_tenth_too() {
+    let cache = RelayCache::new(CacheSettings::default(), Arc::default());
+    let start = Instant::now();
+    // What CoreDNS's own cache hands back of an answer near its end: a TTL of 3 s.
+    cache.put(key("a.example."), &reply("a.example.", 3, ResponseCode::NoError), start, None);
+    let ask = |ms| fresh(cache.get(&key("a.example."), &request("a.example.", 1), start + Duration::from_millis(ms)));
+    assert!(!ask(100).1);
+    assert!(!ask(2_600).1, "popular, not yet in its last 300 ms");
+    let (served, refresh) = ask(2_750);
+    assert!(refresh, "in its last tenth");
+    assert_eq!(ttl_of(&served), 1, "counted down by whole seconds");
+}
+
+#[test]
+fn a_popular_answer_just_expired_is_served_with_ttl_0_while_fetched_again() {
+    let metrics = Arc::new(CacheMetrics::default());
+    let cache = RelayCache::new(CacheSettings::default(), Arc::clone(&metrics));
+    let start = Instant::now();
+    let at = |ms| start + Duration::from_millis(ms);
+    let get = |name: &str, ms| cache.get(&key(name), &request(name, 1), at(ms));
+    cache.put(key("popular.example."), &reply("popular.example.", 2, ResponseCode::NoError), start, None);
+    cache.put(key("once.example."), &reply("once.example.", 2, ResponseCode::NoError), start, None);
+    fresh(get("popular.example.", 100));
+    fresh(get("popular.example.", 200));
+    fresh(get("once.example.", 100));
+    let (served, refresh) = fresh(get("popular.example.", 2_100));
+    assert_eq!((ttl_of(&served), refresh), (0, true), "expired, served for no one to keep, fetched again");
+    let (_, refresh) = fresh(get("popular.example.", 2_500));
+    assert!(!refresh, "one fetch at a time");
+    assert_eq!(get("popular.example.", 3_000), Found::Miss, "a second past expiry: the upstream's to answer");
+    assert_eq!(get("once.example.", 2_100), Found::Miss, "asked once: not popular, not served expired");
+    assert_eq!(metrics.expired_served.get(), 2);
+    // The refresh lands (what CoreDNS's cache had left: 1 s): fresh again.
+    cache.put(key("popular.example."), &reply("popular.example.", 1, ResponseCode::NoError), at(2_600), None);
+    assert_eq!(ttl_of(&fresh(get("popular.example.", 2_700)).0), 1);
+}
+
+#[test]
 fn the_cache_stays_within_its_bytes_and_keeps_what_is_used() {
     let settings = CacheSettings { max_bytes: SHARDS * 2048, ..CacheSettings::default() };
     let cache = RelayCache::new(settings, Arc::default());
@@ -220,4 +258,38 @@ fn one_client_keeps_at_most_its_share_and_evicts_no_more_of_the_others() {
     // What the others keep is charged to them, and a forgotten entry is uncharged.
     let total: usize = cache.shards.iter().map(|s| s.lock().unwrap().bytes).sum();
     assert_eq!(total, cache.owned_by(pod) + cache.owned_by(flooder), "every byte is charged to its client");
+}
+
+#[test]
+fn a_client_over_its_share_keeps_what_it_asks_now_and_its_popular_answers() {
+    // A share of some 1,700 answers, 50 in each shard.
+    let settings = CacheSettings { max_bytes: SHARDS * 65_536, ..CacheSettings::default() };
+    let metrics = Arc::new(CacheMetrics::default());
+    let cache = RelayCache::new(settings, Arc::clone(&metrics));
+    let start = Instant::now();
+    let (pod, other): (IpAddr, IpAddr) = ([10, 244, 1, 5].into(), [10, 244, 1, 6].into());
+    let kept = |name: &String, at| matches!(cache.get(&key(name), &request(name, 1), at), Found::Fresh { .. });
+    let others: Vec<String> = (0..40).map(|n| format!("other{n}.example.")).collect();
+    let popular: Vec<String> = (0..20).map(|n| format!("popular{n}.example.")).collect();
+    for name in others.iter().map(|name| (name, other)).chain(popular.iter().map(|name| (name, pod))) {
+        assert!(cache.put(key(name.0), &reply(name.0, 300, ResponseCode::NoError), start, Some(name.1)));
+    }
+    // The pod asks twice its share of names once each, and its popular names all along.
+    for n in 0..3_500 {
+        let name = format!("once{n}.example.");
+        assert!(cache.put(key(&name), &reply(&name, 300, ResponseCode::NoError), start, Some(pod)), "{name}");
+        assert!(cache.owned_by(pod) <= settings.max_bytes / SOURCE_SHARE, "{n}: over its share");
+        if n % 50 == 0 {
+            assert!(popular.iter().all(|name| kept(name, start)), "{n}: its popular answers stay");
+        }
+    }
+    assert!(metrics.evictions.get() >= 1_500, "its own unused answers made the room");
+    assert!(others.iter().all(|name| kept(name, start)), "none of the others' answers went");
+    // Later, what it asked once expired: what it asks now takes its place.
+    let later = start + Duration::from_secs(400);
+    for n in 0..50 {
+        let name = format!("now{n}.example.");
+        assert!(cache.put(key(&name), &reply(&name, 300, ResponseCode::NoError), later, Some(pod)), "{name}");
+        assert!(kept(&name, later));
+    }
 }
