@@ -8,18 +8,14 @@ use std::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
     },
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use hickory_proto::{
     op::{Message, MessageType, Query},
     rr::{Name, RecordType},
 };
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::{TcpListener, TcpStream, UdpSocket},
-    sync::watch,
-};
+use tokio::{net::UdpSocket, sync::watch};
 use tokio_util::sync::CancellationToken;
 use topology_policy::desired::Locality;
 
@@ -34,19 +30,9 @@ use super::{
     limit::SourceLimiter,
     relay,
     relay_cache::{CacheSettings, Key},
-    upstream::{self, Lookup, Upstream},
+    upstream::{self, Joined, Lookup, Upstream},
     view::DnsView,
 };
-use crate::connections::{Limits, Pool};
-/// TCP connections open, in all and per client address; beyond, a new one replaces the oldest idle
-/// connection of its bound, or is closed at once. One pod cannot hold them all.
-const TCP_LIMITS: Limits = Limits { total: 256, per_source: 16 };
-/// A TCP connection idle this long is closed.
-const TCP_IDLE: Duration = Duration::from_secs(10);
-/// A TCP connection is closed this long after it opened, busy or not (RFC 7766 lets a server
-/// close one under pressure; a client that queries every few seconds keeps none forever).
-const TCP_LIFETIME: Duration = Duration::from_secs(60);
-
 /// The shared state of both sockets.
 pub struct Responder {
     zone: Zone,
@@ -88,6 +74,22 @@ pub enum Handled {
     Chase(Box<Chase>),
     /// Not a query: no reply.
     Drop,
+}
+
+/// A relayed query admitted ([`Responder::relay_entry`]).
+enum Admitted {
+    /// To be relayed once it has its slot.
+    Slot(Entry, Handled),
+    /// Waiting for its question's flight, without a slot.
+    Joined(JoinedQuery),
+}
+
+/// A query waiting for the reply to the same question asked of the upstreams by another.
+struct JoinedQuery {
+    joined: Joined,
+    request: Message,
+    raw: Vec<u8>,
+    key: Key,
 }
 
 impl Handled {
@@ -263,29 +265,55 @@ impl Responder {
         self.upstream.chase(&request, response, target, relay::limit(&request, tcp), source).await
     }
 
-    /// Where the relayed query `request` of `source` goes: a slot now, or a place in its source's
-    /// queue; `Err` with the SERVFAIL it gets at once when that queue is full.
-    fn relay_entry(&self, source: IpAddr, request: &Message, tcp: bool) -> Result<Entry, Vec<u8>> {
+    /// How the relayed query `handled` of `source` goes on: joining its question's flight when
+    /// it is asked of the upstreams now (it sends nothing, and needs no slot), else with a slot
+    /// now or a place in its source's queue; `Err` with the SERVFAIL it gets at once when that
+    /// queue is full, or with nothing when `handled` is not relayed.
+    fn relay_entry(&self, source: IpAddr, handled: Handled, tcp: bool) -> Result<Admitted, Option<Vec<u8>>> {
+        let handled = match handled {
+            Handled::Missed { request, raw, key: Some(key) } => match self.upstream.join(&key) {
+                Some(joined) => return Ok(Admitted::Joined(JoinedQuery { joined, request, raw, key })),
+                None => Handled::Missed { request, raw, key: Some(key) },
+            },
+            handled => handled,
+        };
+        let request = handled.relayed().ok_or(None)?;
         match self.relaying.enter(source) {
-            Entry::Full => Err(self.overloaded(request, tcp)),
+            Entry::Full => Err(Some(self.overloaded(request, tcp))),
             entry @ Entry::Queued(_) => {
                 self.metrics.relay_queued.inc();
-                Ok(entry)
+                Ok(Admitted::Slot(entry, handled))
             }
-            entry @ Entry::Now(_) => Ok(entry),
+            entry @ Entry::Now(_) => Ok(Admitted::Slot(entry, handled)),
         }
     }
 
-    /// Relays `handled` once `entry` has its slot: the reply, or SERVFAIL when the query waited
-    /// [`upstream::QUEUE_WAIT`] in vain.
-    async fn relay(&self, entry: Entry, handled: Handled, tcp: bool, source: IpAddr) -> Vec<u8> {
+    /// Relays what was `admitted`: once it has its slot, the reply, or SERVFAIL when the query
+    /// waited [`upstream::QUEUE_WAIT`] in vain; joined to a flight, its reply.
+    async fn relay(&self, admitted: Admitted, tcp: bool, source: IpAddr) -> Vec<u8> {
+        let (entry, handled) = match admitted {
+            Admitted::Slot(entry, handled) => (entry, handled),
+            Admitted::Joined(query) => {
+                let JoinedQuery { joined, request, raw, key } = query;
+                return self.upstream.joined(joined, &key, &request, &raw, relay::limit(&request, tcp)).await;
+            }
+        };
+        let waited = matches!(entry, Entry::Queued(_));
         let Some(_slot) = entry.slot(upstream::QUEUE_WAIT).await else {
             return handled.relayed().map(|request| self.overloaded(request, tcp)).unwrap_or_default();
         };
         match handled {
             Handled::Forward { request, raw } => self.forward(&request, &raw, tcp, source).await,
             Handled::Missed { request, raw, key } => {
-                self.upstream.ask_for(key, &request, &raw, relay::limit(&request, tcp), source).await
+                let limit = relay::limit(&request, tcp);
+                // While it waited, the answer may have come for another asker (a cold start: a
+                // popular name's askers queue behind its first): served from the cache, not
+                // asked again.
+                match waited.then(|| self.upstream.cached(&request, &raw, limit)) {
+                    Some(Lookup::Answered(reply)) => reply,
+                    Some(Lookup::Oversized(reply)) => self.upstream.cut(&request, reply, limit),
+                    Some(Lookup::Missed(_)) | None => self.upstream.ask_for(key, &request, &raw, limit, source).await,
+                }
             }
             Handled::Chase(chase) => self.chase(*chase, tcp, source).await,
             Handled::Reply { bytes, .. } => bytes,
@@ -350,13 +378,6 @@ fn formerr(bytes: &[u8]) -> Option<Vec<u8>> {
     Some(reply)
 }
 
-async fn read_framed(stream: &mut TcpStream) -> std::io::Result<Vec<u8>> {
-    let len = stream.read_u16().await?;
-    let mut message = vec![0u8; usize::from(len)];
-    stream.read_exact(&mut message).await?;
-    Ok(message)
-}
-
 /// Serves UDP on `socket` until `shutdown`.
 pub async fn serve_udp(socket: Arc<UdpSocket>, responder: Arc<Responder>, shutdown: CancellationToken) {
     let mut buffer = vec![0u8; 65_535];
@@ -388,80 +409,26 @@ pub async fn serve_udp(socket: Arc<UdpSocket>, responder: Arc<Responder>, shutdo
             Handled::Drop => continue,
             relayed => relayed,
         };
-        // Taken here, so that the tasks are bounded by the slots and the queues.
-        let entry = match handled.relayed().map(|request| responder.relay_entry(source.ip(), request, false)) {
-            Some(Ok(entry)) => entry,
-            Some(Err(refusal)) => {
+        // Taken here, so that the tasks are bounded by the slots, the queues and the flights.
+        let admitted = match responder.relay_entry(source.ip(), handled, false) {
+            Ok(admitted) => admitted,
+            Err(Some(refusal)) => {
                 let _ = socket.send_to(&refusal, source).await;
                 continue;
             }
-            None => continue,
+            Err(None) => continue,
         };
         let (socket, responder) = (Arc::clone(&socket), Arc::clone(&responder));
         tokio::spawn(async move {
-            let reply = responder.relay(entry, handled, false, source.ip()).await;
+            let reply = responder.relay(admitted, false, source.ip()).await;
             let _ = socket.send_to(&reply, source).await;
         });
     }
 }
 
-/// Serves TCP on `listener` until `shutdown`.
-pub async fn serve_tcp(listener: TcpListener, responder: Arc<Responder>, shutdown: CancellationToken) {
-    let connections = Arc::new(Pool::new(TCP_LIMITS));
-    loop {
-        let (stream, source) = tokio::select! {
-            () = shutdown.cancelled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    tracing::debug!(%error, "DNS TCP accept");
-                    continue;
-                }
-            },
-        };
-        if !connections.make_room(source.ip()) {
-            responder.metrics.query(None, "overloaded");
-            continue;
-        }
-        let busy = Arc::new(AtomicBool::new(false));
-        let (responder, shutdown, working) = (Arc::clone(&responder), shutdown.clone(), Arc::clone(&busy));
-        connections.spawn(source.ip(), busy, async move {
-            tokio::select! {
-                () = shutdown.cancelled() => {}
-                _ = tokio::time::timeout(TCP_LIFETIME, connection(stream, source.ip(), &responder, &working)) => {}
-            }
-        });
-    }
-}
+mod tcp;
 
-/// Answers the messages of one connection; `busy` is set while one is being answered.
-async fn connection(mut stream: TcpStream, source: IpAddr, responder: &Responder, busy: &AtomicBool) {
-    loop {
-        let Ok(Ok(bytes)) = tokio::time::timeout(TCP_IDLE, read_framed(&mut stream)).await else { return };
-        busy.store(true, Ordering::Relaxed);
-        let handled = match responder.admit(source, &bytes) {
-            Admit::Yes => responder.handle(&bytes, true, None),
-            Admit::Refuse(bytes) => {
-                Handled::Reply { bytes, qtype: None, outcome: "refused_client", localities: vec![] }
-            }
-            Admit::Drop => return,
-        };
-        let reply = match handled {
-            Handled::Reply { bytes, .. } => bytes,
-            Handled::Drop => return,
-            relayed => match relayed.relayed().map(|request| responder.relay_entry(source, request, true)) {
-                Some(Ok(entry)) => responder.relay(entry, relayed, true, source).await,
-                Some(Err(refusal)) => refusal,
-                None => return,
-            },
-        };
-        let Ok(len) = u16::try_from(reply.len()) else { return };
-        if stream.write_all(&len.to_be_bytes()).await.is_err() || stream.write_all(&reply).await.is_err() {
-            return;
-        }
-        busy.store(false, Ordering::Relaxed);
-    }
-}
+pub use tcp::serve_tcp;
 
 #[cfg(test)]
 mod tests;

@@ -58,3 +58,42 @@ fn kept_answers_are_the_answers_and_weighted_ones_are_drawn_every_time() {
         .get_or_create(&super::super::QueryLabels { r#type: "A".into(), outcome: "answer".into() });
     assert_eq!(counted.get(), 203, "kept answers are counted too");
 }
+
+#[tokio::test]
+async fn a_query_that_waited_for_a_slot_is_answered_from_what_came_meanwhile() {
+    use crate::{
+        in_flight::{InFlight, QueueBounds},
+        relay_cache::{Asked, Key},
+    };
+    // No upstream: an answer can only come from the cache.
+    let responder = responder();
+    let raw = query("popular.example.", 7);
+    let request = Message::from_vec(&raw).unwrap();
+    let key = Key::of(&raw, Asked::of(&request));
+    let slots = InFlight::new(1, 1, 0, QueueBounds { per_source: 1, total: 1 });
+    let source = IpAddr::from([10, 0, 0, 1]);
+    let Entry::Now(first) = slots.enter(source) else { panic!("the first query gets the slot") };
+    let queued = slots.enter(source);
+    assert!(matches!(queued, Entry::Queued(_)));
+    // Meanwhile the first asker's answer comes and is kept.
+    let mut answer = Message::new(7, MessageType::Response, OpCode::Query);
+    answer.add_query(request.queries[0].clone());
+    let owner = request.queries[0].name().clone();
+    answer.add_answer(hickory_proto::rr::Record::from_rdata(
+        owner,
+        60,
+        hickory_proto::rr::RData::A(hickory_proto::rr::rdata::A::new(192, 0, 2, 1)),
+    ));
+    let kept =
+        responder.upstream.relay_cache().put(key.clone().unwrap(), &answer.to_vec().unwrap(), Instant::now(), None);
+    assert!(kept);
+    drop(first);
+    let reply = responder.relay(Admitted::Slot(queued, Handled::Missed { request, raw, key }), false, source).await;
+    let reply = Message::from_vec(&reply).unwrap();
+    assert_eq!(
+        (reply.metadata.id, reply.metadata.response_code, reply.answers.len()),
+        (7, hickory_proto::op::ResponseCode::NoError, 1)
+    );
+    // Not the upstream's failure served stale (RFC 8767's 30 s): the fresh answer.
+    assert_eq!(reply.answers[0].ttl, 60);
+}

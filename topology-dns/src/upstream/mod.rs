@@ -10,18 +10,20 @@
 //! upstreams at once are held to a congestion window ([`window`]) that shrinks when they lose
 //! queries.
 
+mod flights;
 pub mod pool;
 mod retry;
 pub mod tcp;
 mod window;
 
 use std::{
-    collections::HashMap,
     net::{IpAddr, SocketAddr},
-    sync::{Arc, Mutex, PoisonError},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
+pub use flights::Joined;
+use flights::{Flights, Role};
 use hickory_proto::{
     op::{Message, Query, ResponseCode},
     rr::RecordType,
@@ -29,7 +31,7 @@ use hickory_proto::{
 use pool::SocketPool;
 use retry::{Loss, Retry};
 use tcp::TcpPool;
-use tokio::sync::{Semaphore, oneshot, watch};
+use tokio::sync::{Semaphore, watch};
 use window::Window;
 
 use super::{
@@ -89,7 +91,7 @@ pub struct Upstream {
     forwards: Semaphore,
     cache: RelayCache,
     /// Questions asked of the upstream now, and who else waits for each.
-    in_flight: Mutex<HashMap<Key, Vec<oneshot::Sender<Shared>>, foldhash::fast::RandomState>>,
+    flights: Flights,
     pools: [SocketPool; 2],
     tcp: TcpPool,
     retry: Retry,
@@ -97,6 +99,12 @@ pub struct Upstream {
 }
 
 impl Upstream {
+    /// The cache of relayed answers, for the responder's tests.
+    #[cfg(test)]
+    pub(crate) fn relay_cache(&self) -> &RelayCache {
+        &self.cache
+    }
+
     /// Relays to the upstreams `view` names, keeping answers as `cache` says.
     pub fn new(view: watch::Receiver<Arc<DnsView>>, metrics: Arc<DnsMetrics>, cache: CacheSettings) -> Self {
         let cache = RelayCache::new(cache, Arc::clone(&metrics.cache));
@@ -106,7 +114,7 @@ impl Upstream {
             metrics,
             forwards: Semaphore::new(MAX_FORWARDS),
             cache,
-            in_flight: Mutex::new(HashMap::default()),
+            flights: Flights::default(),
             pools: [
                 SocketPool::for_family_of(SocketAddr::from(([0, 0, 0, 0], 0))),
                 SocketPool::for_family_of(SocketAddr::from(([0u16; 8], 0))),
@@ -211,7 +219,13 @@ impl Upstream {
             return (reply, outcome);
         };
         let shared = self.shared(&key, request, raw, owner).await;
-        let reply = shared.as_deref().and_then(|reply| {
+        self.settle(&key, raw, shared.as_deref())
+    }
+
+    /// The reply to the request `raw` for `key` from the one its flight brought (`None`: the
+    /// upstreams failed), and how it was found.
+    fn settle(&self, key: &Key, raw: &[u8], shared: Option<&[u8]>) -> (Option<Vec<u8>>, &'static str) {
+        let reply = shared.and_then(|reply| {
             let mut reply = reply.to_vec();
             let end = wire::question_end(raw)?;
             wire::address_to(&mut reply, end, raw).then_some(reply)
@@ -219,7 +233,7 @@ impl Upstream {
         // The upstream failed — no answer, or SERVFAIL (its own upstream unreachable): an
         // expired answer beats a failure (RFC 8767).
         let failed = reply.as_deref().is_none_or(|reply| reply.get(3).is_some_and(|rcode| rcode & 0x0F == SERVFAIL));
-        if failed && let Some(stale) = self.cache.stale(&key, raw, Instant::now()) {
+        if failed && let Some(stale) = self.cache.stale(key, raw, Instant::now()) {
             return (Some(stale), "stale");
         }
         match reply {
@@ -231,32 +245,34 @@ impl Upstream {
     /// The upstream's reply to the question `key`, asked once however many wait for it (and kept
     /// charged to `owner`, whose query leads).
     async fn shared(&self, key: &Key, request: &Message, raw: &[u8], owner: Option<IpAddr>) -> Shared {
-        let waiting = {
-            let mut in_flight = self.in_flight.lock().unwrap_or_else(PoisonError::into_inner);
-            match in_flight.get_mut(key) {
-                Some(waiters) => {
-                    let (sender, receiver) = oneshot::channel();
-                    waiters.push(sender);
-                    Some(receiver)
-                }
-                None => {
-                    in_flight.insert(key.clone(), Vec::new());
-                    None
-                }
+        let flight = match self.flights.enter(key) {
+            Role::Wait(receiver) => {
+                return tokio::time::timeout(UPSTREAM_TIMEOUT, receiver).await.ok().and_then(Result::ok).flatten();
             }
+            Role::Lead(flight) => flight,
         };
-        if let Some(receiver) = waiting {
-            return tokio::time::timeout(UPSTREAM_TIMEOUT, receiver).await.ok().and_then(Result::ok).flatten();
-        }
-        // The query leading: ask, keep, and hand the reply to those waiting. A guard ends the
-        // flight if this future is dropped halfway.
-        let flight = Flight { upstream: self, key };
+        // The query leading: ask, keep, and hand the reply to those waiting. The flight ends
+        // (those waiting get nothing) if this future is dropped halfway.
         let reply: Shared = self.ask(request, raw, owner).await.map(Arc::from);
         if let Some(reply) = &reply {
             self.cache.put(key.clone(), reply, Instant::now(), owner);
         }
         flight.land(&reply);
         reply
+    }
+
+    /// Waits, without a relay slot, for the reply to the question `key` if it is asked of the
+    /// upstreams now (and not too many wait so already): the query sends nothing.
+    pub fn join(&self, key: &Key) -> Option<Joined> {
+        self.flights.join(key)
+    }
+
+    /// The reply to `request` (its bytes `raw`), a query for `key` that `joined` its flight,
+    /// within `limit` bytes: as [`Upstream::ask_for`] gives it.
+    pub async fn joined(&self, joined: Joined, key: &Key, request: &Message, raw: &[u8], limit: u16) -> Vec<u8> {
+        let shared = joined.reply(UPSTREAM_TIMEOUT).await;
+        let (reply, outcome) = self.settle(key, raw, shared.as_deref());
+        self.finish(request, reply, limit, outcome)
     }
 
     /// Asks again, in the background, a popular answer about to expire.
@@ -411,29 +427,6 @@ impl Upstream {
                 .map_err(|why| std::io::Error::other(format!("not the reply to the relayed query: {why:?}")));
         }
         Ok(reply)
-    }
-}
-
-/// A question being asked: ends its flight (waking whoever waits) when dropped.
-struct Flight<'a> {
-    upstream: &'a Upstream,
-    key: &'a Key,
-}
-
-impl Flight<'_> {
-    fn land(self, reply: &Shared) {
-        let waiters = self.upstream.in_flight.lock().unwrap_or_else(PoisonError::into_inner).remove(self.key);
-        for waiter in waiters.into_iter().flatten() {
-            let _ = waiter.send(reply.clone());
-        }
-        std::mem::forget(self);
-    }
-}
-
-impl Drop for Flight<'_> {
-    fn drop(&mut self) {
-        // Cancelled: those waiting get nothing, and ask again themselves next time.
-        self.upstream.in_flight.lock().unwrap_or_else(PoisonError::into_inner).remove(self.key);
     }
 }
 

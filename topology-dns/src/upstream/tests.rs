@@ -174,6 +174,48 @@ async fn an_expired_answer_is_served_stale_when_the_upstream_fails() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_question_in_flight_is_joined_without_a_slot_within_bounds() {
+    // Answers 200 ms late: before the first retry.
+    let stand_in = stand_in(1, Duration::from_millis(200), false).await;
+    let relay = relay_to(stand_in.addr, CacheSettings::default());
+    let (request, raw) = query("joined.example.", 1);
+    let key = Key::of(&raw, Asked::Plain).unwrap();
+    assert!(relay.join(&key).is_none(), "nothing in flight to join");
+    let leader = {
+        let relay = Arc::clone(&relay);
+        tokio::spawn(async move { ask(&relay, "joined.example.", 2).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let joined: Vec<_> = std::iter::from_fn(|| relay.join(&key)).take(1_000).collect();
+    assert_eq!(joined.len(), flights::JOINED_PER_QUESTION, "at most so many wait so for one question");
+    let replies = joined.into_iter().map(|joined| relay.joined(joined, &key, &request, &raw, u16::MAX));
+    for reply in futures::future::join_all(replies).await {
+        let reply = Message::from_vec(&reply).unwrap();
+        assert_eq!((reply.metadata.id, reply.answers.len()), (1, 1), "the leader's reply, under the joiner's id");
+    }
+    assert_eq!(leader.await.unwrap().answers.len(), 1);
+    assert_eq!(stand_in.asked.load(Ordering::SeqCst), 1, "asked once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_popular_answer_just_expired_is_served_while_fetched_again() {
+    // Every answer 200 ms late, kept 1 s.
+    let stand_in = stand_in(1, Duration::from_millis(200), false).await;
+    let relay = relay_to(stand_in.addr, CacheSettings { max_ttl: 1, ..CacheSettings::default() });
+    for id in 1..=3 {
+        ask(&relay, "popular.example.", id).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let asked = stand_in.asked.load(Ordering::SeqCst);
+    let expired = ask(&relay, "popular.example.", 4).await;
+    assert_eq!((expired.answers.len(), expired.answers[0].ttl), (1, 0), "the expired answer, for no one to keep");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(stand_in.asked.load(Ordering::SeqCst), asked + 1, "fetched again once, in the background");
+    let refreshed = ask(&relay, "popular.example.", 5).await;
+    assert_eq!(refreshed.answers[0].ttl, 1, "the fetched answer");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_query_the_upstream_dropped_is_sent_again_and_answered() {
     let stand_in = stand_in(1, Duration::ZERO, false).await;
     let relay = relay_to(stand_in.addr, CacheSettings::default());
