@@ -22,6 +22,18 @@
 //! what that CPU gives it). The last lines give the responder's own count of each
 //! outcome, of the queries it queued and of its upstream retries.
 //!
+//! Mix (a) at the end takes three turns, the responder then unbound in each, and each run is
+//! twice: cold (1,000 popular names nobody has asked: the run's first tenth of a second waits for
+//! CoreDNS to forward them all, as after a node's resolver starts) and warm (25 s after the cold
+//! run began, the same popular names and new unique ones: a node's steady state, the run holding
+//! the popular names' expiry, CoreDNS's `cache 30` having given them 30 s when first asked, as
+//! every 30 s of that state does). The warm p99 is the target's figure (the turn with the
+//! median); the cold start is its own: the time until a 100 ms stretch of answers (by their
+//! count: dnsperf offers at a constant rate) first has its p99 under 2 ms, and the answers of
+//! 2 ms or more before it. The summary's `relayed_*` and `unbound_*` keys are the warm runs',
+//! `relayed_cold_*` the cold ones' (the turn with the median p99), `relayed_shared_cpu_p99_ms`
+//! the first mix (a) row's (dnsperf on CoreDNS's CPU, cold).
+//!
 //! The upstream is the real CoreDNS 1.14 with kubeadm's Corefile, on another node, behind
 //! `kube-dns` (the agent finds it there, as on a cluster), forwarding names outside the cluster to
 //! a stand-in for the outside. The Services are on the real API server (headless ones with
@@ -38,12 +50,19 @@
 //! what its CPU gives it, and a dnsperf sharing that CPU would hand it its queries in batches
 //! (a run of sends before CoreDNS is scheduled) that queries from another CPU never come in.
 
+#[path = "dns/measure.rs"]
+mod measure;
+#[path = "dns/mix_a.rs"]
+mod mix_a;
+
 use std::{
     net::{Ipv4Addr, SocketAddr},
     path::Path,
     time::{Duration, Instant},
 };
 
+use measure::{Upstreams, row};
+use mix_a::{Resolver, mix};
 use topology_tests::{
     dns::{dig, start_upstream},
     dnsperf::{HistogramReading, Load, Perf, dnsperf},
@@ -51,7 +70,7 @@ use topology_tests::{
         Binaries, Cluster,
         agents::AgentPod,
         bulk::{Placed, change_endpoints},
-        coredns::{CoreDns, Corefile},
+        coredns::Corefile,
         eventually,
         nodes::NodeSpec,
     },
@@ -67,7 +86,6 @@ const SECONDS: u32 = 10;
 /// Turns of the responder and CoreDNS asked directly at CoreDNS's rate.
 const PAIRS: usize = 3;
 const EVENT_TO_KERNEL: &str = "topology_agent_event_to_kernel_seconds";
-const UPSTREAM: &str = "topology_agent_dns_upstream_seconds";
 const NAMESPACE: &str = "bench";
 const NODE: &str = "node-a";
 
@@ -81,123 +99,9 @@ fn headless_endpoints(s: usize) -> Vec<Placed> {
         .collect()
 }
 
-/// Queries of a relayed mix: `popular` of every ten from a set of 1,000 names, the rest unique.
-fn mix(path: &Path, prefix: &str, popular: u64) {
-    let mut state = 0x2545_f491_4f6c_dd1d_u64;
-    queries(
-        path,
-        (0..u64::from(TARGET_QPS) * u64::from(SECONDS)).map(|n| {
-            state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-            if (state >> 33) % 10 < popular {
-                format!("pop{}.example.com", (state >> 40) % 1000)
-            } else {
-                format!("{prefix}{n}.example.com")
-            }
-        }),
-    );
-}
-
 fn queries(path: &Path, names: impl Iterator<Item = String>) {
     let text: String = names.map(|name| format!("{name} A\n")).collect();
     std::fs::write(path, text).expect("query file");
-}
-
-/// One run, and what the upstreams did meanwhile.
-struct Measured {
-    perf: Perf,
-    /// The responder's upstream queries, as it timed them (`dns_upstream_seconds`): how many,
-    /// p50 / p90 / p99 in ms, linear within a bucket; `None` when the responder was not asked.
-    upstream: Option<String>,
-    /// Their p90, ms.
-    upstream_p90_ms: Option<f64>,
-    /// Queries CoreDNS's socket had no room for (its netns's `Udp: RcvbufErrors`).
-    dropped: u64,
-    /// CoreDNS's CPU time and its CPU's busy time over the run's, in % of one CPU.
-    coredns_cpu: f64,
-    load_cpu_busy: f64,
-}
-
-/// Where the upstream's side of a run is read.
-struct Upstreams<'a> {
-    agent: &'a AgentPod,
-    coredns: &'a CoreDns,
-    /// CoreDNS's CPU, the control plane's too (and dnsperf's, but where a row says otherwise).
-    load_cpu: Option<usize>,
-}
-
-impl Upstreams<'_> {
-    /// `load`, with CoreDNS's drops meanwhile and, when `relayed` (the responder is asked), what
-    /// its upstream answered. The p90 is the floor of the p99 of a mix with 10 % unique names: no
-    /// relay answers an uncached name before its upstream does.
-    fn measure(&self, relayed: bool, load: impl FnOnce() -> Perf) -> Measured {
-        let metrics = || HistogramReading::parse(&self.agent.metrics().expect("metrics"), UPSTREAM);
-        let netns = self.coredns.pod.netns();
-        let (before, dropped) = (relayed.then(metrics), receive_buffer_errors(netns));
-        let pid = self.agent.pid().expect("the agent runs");
-        let coredns = self.coredns.pod.pid().expect("CoreDNS runs");
-        let busy = || self.load_cpu.map_or(0.0, busy_seconds);
-        let (cpu_before, coredns_before, busy_before) = (cpu_seconds(pid), cpu_seconds(coredns), busy());
-        let started = Instant::now();
-        let perf = load();
-        let share = |seconds: f64| 100.0 * seconds / started.elapsed().as_secs_f64();
-        let cpu = share(cpu_seconds(pid) - cpu_before);
-        let (coredns_cpu, load_cpu_busy) = (share(cpu_seconds(coredns) - coredns_before), share(busy() - busy_before));
-        let dropped = receive_buffer_errors(netns) - dropped;
-        let (upstream, upstream_p90_ms) = before.map_or((None, None), |before| {
-            let text = self.agent.metrics().expect("metrics");
-            let after = HistogramReading::parse(&text, UPSTREAM);
-            let ms = |q| after.quantile_since(&before, q) * 1e3;
-            let gauge = |name: &str| {
-                let prefix = format!("topology_agent_dns_upstream_{name} ");
-                text.lines().find_map(|line| line.strip_prefix(prefix.as_str())).and_then(|v| v.parse::<f64>().ok())
-            };
-            let window = gauge("window").map_or("?".to_owned(), |window| format!("{window:.0}"));
-            let round_trip = gauge("round_trip_seconds").map_or("?".to_owned(), |rtt| format!("{:.2} ms", rtt * 1e3));
-            match after.count.saturating_sub(before.count) {
-                0 => (Some("0".to_owned()), None),
-                asked => {
-                    let (p50, p90, p99) = (ms(0.5), ms(0.9), ms(0.99));
-                    let text =
-                        format!("{asked}: {p50:.2} / {p90:.2} / {p99:.2}; {window} over {round_trip}; {cpu:.0} %");
-                    (Some(text), Some(ms(0.9)))
-                }
-            }
-        });
-        Measured { perf, upstream, upstream_p90_ms, dropped, coredns_cpu, load_cpu_busy }
-    }
-}
-
-/// `Udp: RcvbufErrors` of network namespace `netns`: datagrams its sockets had no room for.
-fn receive_buffer_errors(netns: &str) -> u64 {
-    let output = std::process::Command::new("ip")
-        .args(["netns", "exec", netns, "cat", "/proc/net/snmp"])
-        .output()
-        .expect("ip netns exec");
-    let text = String::from_utf8_lossy(&output.stdout);
-    let mut udp = text.lines().filter(|line| line.starts_with("Udp:"));
-    let (Some(names), Some(values)) = (udp.next(), udp.next()) else { return 0 };
-    names
-        .split_whitespace()
-        .zip(values.split_whitespace())
-        .find_map(|(name, value)| (name == "RcvbufErrors").then(|| value.parse().unwrap_or(0)))
-        .unwrap_or(0)
-}
-
-fn row(what: &str, offered: &str, measured: &Measured) {
-    let perf = &measured.perf;
-    println!(
-        "| {what} | {offered} | {:.0} | {:.0} | {:.3} | {:.3} | {} | {:?} | {} | {} | {:.0} % ({:.0} %) |",
-        perf.qps,
-        perf.noerror_qps(),
-        perf.quantile_ms(0.5),
-        perf.quantile_ms(0.99),
-        perf.lost,
-        perf.rcodes,
-        measured.upstream.as_deref().unwrap_or("-"),
-        measured.dropped,
-        measured.coredns_cpu,
-        measured.load_cpu_busy
-    );
 }
 
 /// Moves `svc-0`'s endpoint every 100 ms for `seconds` (a patch of its slice on the API
@@ -256,11 +160,12 @@ fn main() {
     let cluster_ip = scratch.join("clusterip.txt");
     queries(&cluster_ip, std::iter::once(format!("svc-0.{NAMESPACE}.svc.cluster.local")));
     let repeated = scratch.join("mix-a.txt");
-    mix(&repeated, "a-", 9);
+    let count = u64::from(TARGET_QPS) * u64::from(SECONDS);
+    mix(&repeated, "pop", "a-", 9, count);
     // Every run of unique names asks names nobody has asked: nothing is cached anywhere.
     let unique = |prefix: &str| {
         let path = scratch.join(format!("unique-{prefix}.txt"));
-        mix(&path, prefix, 0);
+        mix(&path, "pop", prefix, 0, count);
         path
     };
     let threads = server_cpus.split('-').next_back().and_then(|n| n.parse::<usize>().ok()).map_or(1, |n| n + 1);
@@ -333,18 +238,20 @@ fn main() {
     let ratios: Vec<String> = pairs.iter().map(|pair| format!("{:.2}", ratio(pair))).collect();
     pairs.sort_by(|a, b| ratio(a).total_cmp(&ratio(b)));
     let (unique_perf, direct) = pairs.swap_remove(pairs.len() / 2);
-    // Mix (a) placed the same way: CoreDNS's CPU no longer carries dnsperf's 50,000 a second.
-    let beside_mix = |prefix: &str| {
-        let path = scratch.join(format!("mix-a-{prefix}.txt"));
-        mix(&path, prefix, 9);
-        path
+    // Mix (a) placed the same way, cold and warm: CoreDNS's CPU no longer carries dnsperf's
+    // 50,000 a second.
+    let resolvers = [
+        Resolver { name: "responder", address: responder, relayed: true },
+        Resolver { name: "unbound", address: anchor, relayed: false },
+    ];
+    let mix_a_turns = mix_a::turns(PAIRS, &resolvers, &scratch, count, |server, file, relayed| {
+        at_rate(server, file, TARGET_QPS, relayed)
+    });
+    mix_a::print(&resolvers, &mix_a_turns);
+    let (warm, anchored_warm) = {
+        let warm_p99 = |turn: &mix_a::Turn| turn.warm.quantile_ms(0.99);
+        (mix_a::median(&mix_a_turns[0], warm_p99), mix_a::median(&mix_a_turns[1], warm_p99))
     };
-    let relayed_beside = at_rate(responder, &beside_mix("i-"), TARGET_QPS, true);
-    row("(a) relayed, 90 % of 1,000 names, dnsperf on the node's CPU: responder", &offered, &relayed_beside);
-    let anchored_beside = at_rate(anchor, &beside_mix("j-"), TARGET_QPS, false);
-    row("(a) relayed, 90 % of 1,000 names, dnsperf on the node's CPU: unbound", &offered, &anchored_beside);
-    let beside_floor = relayed_beside.upstream_p90_ms.unwrap_or(f64::NAN);
-    let (relayed_beside, anchored_beside) = (relayed_beside.perf, anchored_beside.perf);
     let floor = relayed.upstream_p90_ms.unwrap_or(f64::NAN);
     let (headless_perf, cluster_ip_perf, relayed, anchored) =
         (headless_perf.perf, cluster_ip_perf.perf, relayed.perf, anchored.perf);
@@ -368,33 +275,52 @@ fn main() {
     println!("\nthe responder's queries by outcome over the whole run: {}", outcomes(&metrics));
     let rss = agent_rss_kib(agent.pid().expect("the agent runs"));
     println!("\nagent RSS after the runs: {:.1} MiB", rss as f64 / 1024.0);
+    let turns = |resolver: usize, figure: &dyn Fn(&mix_a::Turn) -> String| {
+        mix_a_turns[resolver].iter().map(figure).collect::<Vec<_>>().join(" / ")
+    };
     println!(
-        "\ntargets: relayed (a) {:.0} NOERROR/s against unbound's {:.0}/s, p99 {:.2} ms (< 2; its upstream's p90 \
-         meanwhile, the floor, {floor:.2} ms), {} lost; with dnsperf on the node's CPU {:.0}/s against unbound's \
-         {:.0}/s, p99 {:.2} ms (floor {beside_floor:.2} ms), {} lost; unique (b) at CoreDNS's rate {:.2} × CoreDNS asked directly \
-         (≥ 0.9; the median of the turns' {})",
-        relayed.noerror_qps(),
-        anchored.noerror_qps(),
+        "\ntargets: relayed (a), dnsperf on the node's CPU, warm (the median of the turns' p99): {:.0} NOERROR/s \
+         against unbound's {:.0}/s, p99 {:.2} ms (< 2; the turns' {}; unbound's {:.2}), {} lost (0; unbound's {}); \
+         cold, the turns' p99 {} ms, {} answers ≥ 2 ms, a 100 ms stretch's p99 under 2 ms after {} s (unbound's p99 {} \
+         ms, lost {}); dnsperf on CoreDNS's CPU, cold: p99 {:.2} ms (its upstream's p90 meanwhile, the floor, \
+         {floor:.2} ms), {} lost (unbound's {:.2} ms, {} lost); unique (b) at CoreDNS's rate {:.2} × CoreDNS asked directly (≥ 0.9; the median of \
+         the turns' {})",
+        warm.warm.noerror_qps(),
+        anchored_warm.warm.noerror_qps(),
+        warm.warm.quantile_ms(0.99),
+        turns(0, &|turn| format!("{:.2}", turn.warm.quantile_ms(0.99))),
+        anchored_warm.warm.quantile_ms(0.99),
+        warm.warm.lost,
+        anchored_warm.warm.lost,
+        turns(0, &|turn| format!("{:.2}", turn.cold.quantile_ms(0.99))),
+        turns(0, &|turn| turn.settling.slow.to_string()),
+        turns(0, &|turn| format!("{:.1}", turn.settling.after)),
+        turns(1, &|turn| format!("{:.2}", turn.cold.quantile_ms(0.99))),
+        turns(1, &|turn| turn.cold.lost.to_string()),
         relayed.quantile_ms(0.99),
         relayed.lost,
-        relayed_beside.noerror_qps(),
-        anchored_beside.noerror_qps(),
-        relayed_beside.quantile_ms(0.99),
-        relayed_beside.lost,
+        anchored.quantile_ms(0.99),
+        anchored.lost,
         unique_perf.noerror_qps() / direct.noerror_qps(),
         ratios.join(", ")
     );
+    let cold = mix_a::median(&mix_a_turns[0], |turn| turn.cold.quantile_ms(0.99));
     println!(
         "\ndns: headless_qps={:.0} clusterip_qps={:.0} relayed_qps={:.0} relayed_p99_ms={:.2} relayed_lost={} \
-         unique_qps={:.0} unbound_qps={:.0} unbound_p99_ms={:.2} upstream_qps={:.0} nodelocal_qps=unbuildable",
+         relayed_cold_p99_ms={:.2} relayed_cold_slow={} relayed_shared_cpu_p99_ms={:.2} unique_qps={:.0} \
+         unbound_qps={:.0} unbound_p99_ms={:.2} unbound_lost={} upstream_qps={:.0} nodelocal_qps=unbuildable",
         headless_perf.qps,
         cluster_ip_perf.qps,
-        relayed.noerror_qps(),
+        warm.warm.noerror_qps(),
+        warm.warm.quantile_ms(0.99),
+        warm.warm.lost,
+        cold.cold.quantile_ms(0.99),
+        cold.settling.slow,
         relayed.quantile_ms(0.99),
-        relayed.lost,
         unique_perf.noerror_qps(),
-        anchored.noerror_qps(),
-        anchored.quantile_ms(0.99),
+        anchored_warm.warm.noerror_qps(),
+        anchored_warm.warm.quantile_ms(0.99),
+        anchored_warm.warm.lost,
         direct.noerror_qps()
     );
     agent.stop();
@@ -419,32 +345,6 @@ fn outcomes(metrics: &str) -> String {
     text.push(format!("queued {}", total("relay_queued")));
     text.push(format!("upstream retries {}", total("upstream_retries")));
     text.join(", ")
-}
-
-/// CPU time process `pid` has used, all its threads, in seconds (`utime` + `stime`).
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // The fields after the command name, which is in parentheses and may hold spaces.
-    let fields: Vec<&str> = stat.rsplit_once(')').map_or("", |(_, rest)| rest).split_whitespace().collect();
-    let ticks: u64 = fields.get(11..13).map_or(0, |t| t.iter().filter_map(|v| v.parse::<u64>().ok()).sum());
-    // SAFETY: sysconf reads a constant of the system.
-    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1);
-    ticks as f64 / per_second as f64
-}
-
-/// Time CPU `cpu` has spent busy (all but idle and I/O wait), in seconds.
-fn busy_seconds(cpu: usize) -> f64 {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let label = format!("cpu{cpu}");
-    let Some(line) = stat.lines().find(|line| line.split_whitespace().next() == Some(label.as_str())) else {
-        return 0.0;
-    };
-    let ticks: Vec<u64> = line.split_whitespace().skip(1).filter_map(|v| v.parse().ok()).collect();
-    // user nice system idle iowait irq softirq steal guest guest_nice; guest time is in user's.
-    let busy: u64 = ticks.iter().take(8).enumerate().filter(|(n, _)| *n != 3 && *n != 4).map(|(_, t)| t).sum();
-    // SAFETY: sysconf reads a constant of the system.
-    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1);
-    busy as f64 / per_second as f64
 }
 
 fn agent_rss_kib(pid: u32) -> u64 {

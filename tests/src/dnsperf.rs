@@ -15,6 +15,10 @@ pub struct Perf {
     pub qps: f64,
     /// Latency of each answered query, seconds, sorted.
     pub latencies: Vec<f64>,
+    /// The same, in the order the answers came (dnsperf's verbose lines).
+    pub in_order: Vec<f64>,
+    /// The run's length, seconds.
+    pub run_time: f64,
     /// Answers by RCODE.
     pub rcodes: std::collections::BTreeMap<String, u64>,
 }
@@ -29,6 +33,24 @@ impl Perf {
         self.latencies[at] * 1e3
     }
 
+    /// How the run began: the answers in stretches of `stretch` seconds (by their count over the
+    /// run's length: dnsperf offers at a constant rate), the time until a stretch's p99 first came
+    /// under `bound` seconds, and the answers slower than `bound` before it.
+    pub fn settling(&self, bound: f64, stretch: f64) -> Settling {
+        let per_stretch = ((self.in_order.len() as f64 * stretch / self.run_time.max(stretch)) as usize).max(1);
+        let mut slow = 0;
+        for (n, answers) in self.in_order.chunks(per_stretch).enumerate() {
+            let mut sorted = answers.to_vec();
+            sorted.sort_by(f64::total_cmp);
+            let p99 = sorted[((sorted.len() - 1) as f64 * 0.99).round() as usize];
+            if p99 < bound && answers.len() == per_stretch {
+                return Settling { after: n as f64 * stretch, slow };
+            }
+            slow += answers.iter().filter(|latency| **latency >= bound).count() as u64;
+        }
+        Settling { after: self.run_time, slow }
+    }
+
     /// NOERROR answers per second: what the clients could use (a SERVFAIL is an answer too).
     pub fn noerror_qps(&self) -> f64 {
         match self.completed {
@@ -36,6 +58,15 @@ impl Perf {
             completed => self.qps * self.rcodes.get("NOERROR").copied().unwrap_or(0) as f64 / completed as f64,
         }
     }
+}
+
+/// How a run began (`Perf::settling`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Settling {
+    /// Seconds from the run's start to the first stretch whose p99 held.
+    pub after: f64,
+    /// Answers slower than the bound before it.
+    pub slow: u64,
 }
 
 /// Where and how hard `dnsperf` runs.
@@ -77,7 +108,7 @@ pub fn dnsperf(load: Load<'_>, server: std::net::SocketAddr, queries: &Path, sec
                 Some(code) => {
                     *perf.rcodes.entry((*code).to_owned()).or_default() += 1;
                     if let Some(latency) = fields.last().and_then(|l| l.parse::<f64>().ok()) {
-                        perf.latencies.push(latency);
+                        perf.in_order.push(latency);
                     }
                 }
                 None => {}
@@ -88,8 +119,10 @@ pub fn dnsperf(load: Load<'_>, server: std::net::SocketAddr, queries: &Path, sec
             perf.lost = perf.lost.max(value.split_whitespace().next().and_then(|v| v.parse().ok()).unwrap_or(0));
         }
     }
-    perf.completed = perf.latencies.len() as u64;
+    perf.completed = perf.in_order.len() as u64;
     perf.qps = perf.completed as f64 / run_time;
+    perf.run_time = run_time;
+    perf.latencies.clone_from(&perf.in_order);
     perf.latencies.sort_by(f64::total_cmp);
     perf
 }
@@ -182,5 +215,18 @@ mod tests {
         assert_eq!(after.quantile_since(&before, 0.5), 0.001);
         assert!((after.quantile_since(&before, 0.99) - 0.0038).abs() < 1e-9);
         assert_eq!(before.quantile_since(&before, 0.99), 0.0, "nothing observed");
+    }
+
+    #[test]
+    fn a_cold_start_lasts_until_a_stretch_holds_its_p99() {
+        // 10 s at 1,000 answers a second: 0.3 s slow, then fast but for one slow answer at 5 s.
+        let in_order: Vec<f64> = (0..10_000).map(|n| if n < 300 || n == 5_000 { 0.010 } else { 0.000_1 }).collect();
+        let perf = Perf { in_order, run_time: 10.0, ..Perf::default() };
+        let settling = perf.settling(0.002, 0.1);
+        assert!((settling.after - 0.3).abs() < 1e-9, "{settling:?}");
+        assert_eq!(settling.slow, 300, "only the slow answers before it");
+        let always = Perf { in_order: vec![0.010; 1_000], run_time: 1.0, ..Perf::default() };
+        assert_eq!(always.settling(0.002, 0.1).after, 1.0, "never held: the whole run");
+        assert_eq!(always.settling(0.002, 0.1).slow, 1_000);
     }
 }
