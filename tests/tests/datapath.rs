@@ -3,7 +3,10 @@
 //!
 //! Tier: kernel (root; the real kernel, one test at a time).
 
-use std::{net::SocketAddr, time::Duration};
+use std::{
+    net::SocketAddr,
+    time::{Duration, Instant},
+};
 
 use topology_dataplane::Dataplane;
 use topology_model::Protocol;
@@ -282,6 +285,38 @@ fn a_thousand_swaps_under_load_fail_no_connection() {
     assert!(result.attempts > 1000, "the client must have been connecting throughout: {result:?}");
     assert_eq!(dp.kernel().slot_entries(), 2, "one live set");
     assert_eq!(dp.usage().slots, 2);
+}
+
+#[test]
+fn grace_periods_for_a_churned_service_pass_in_the_background() {
+    require_root!();
+    let fx = Fixture::new(3);
+    let mut dp = Dataplane::open(&fx.config()).expect("open dataplane");
+    let port = service("10.96.0.41", 80, Protocol::Tcp);
+    let sets: Vec<DesiredState> = (0..3)
+        .map(|i| {
+            let pair = [&fx.backends[i], &fx.backends[(i + 1) % 3]];
+            Fixture::one_service(port, pair.iter().map(|b| b.weighted(false, 1)).collect())
+        })
+        .collect();
+    assert!(dp.apply(&sets[0]).failed.is_empty());
+    let client = fx.place().spawn_loop(addr("10.96.0.41:80"), &fx.scratch(), Duration::from_secs(60), false);
+    // Every swap rewrites the Service's index position; a program inside one lookup must never
+    // see 64 of them, so a grace period must pass every few dozen — in the background, about as
+    // often as a busy control loop writes one Service (a swap every 2 ms).
+    let started = Instant::now();
+    for round in 1..=1000 {
+        assert!(dp.apply(&sets[round % 3]).failed.is_empty());
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let elapsed = started.elapsed();
+    let result = client.finish();
+    let grace = dp.grace_periods();
+    eprintln!("1000 swaps in {elapsed:?}: grace periods {grace:?}; {result:?}");
+    assert_eq!(result.failures(), 0, "no connection may fail during swaps: {result:?}");
+    assert!(grace.begun >= 1000 / 64, "periods were begun: {grace:?}");
+    assert!(grace.passed + 1 >= grace.begun, "they passed: {grace:?}");
+    assert!(grace.waited < grace.begun / 4, "the writer rarely waited itself: {grace:?}");
 }
 
 #[test]

@@ -17,7 +17,13 @@ use aya::maps::{ArrayOfMaps, Map, MapData, MapError, PerCpuArray, PerCpuValues};
 use aya_obj::generated::bpf_map_type;
 use topology_common::{COUNTER_CHUNK, ServiceCounters, map_names};
 
-use super::{batch, error::DataplaneError, grace::Grace, layout::PinLayout, typed_chunk};
+use super::{
+    batch,
+    error::DataplaneError,
+    grace::{Background, Clock, Epochs, Grace},
+    layout::PinLayout,
+    typed_chunk,
+};
 
 type Chunk = PerCpuArray<MapData, ServiceCounters>;
 
@@ -32,6 +38,10 @@ pub struct CounterChunks {
     untouched: Vec<Option<Box<[u64]>>>,
     nr_cpus: usize,
     layout: PinLayout,
+    /// The grace periods waited for here and in the background.
+    clock: Clock,
+    /// The thread that waits for them in the background, once first asked.
+    background: Option<Background>,
 }
 
 /// The chunk and the index in it of a service id.
@@ -58,7 +68,16 @@ impl CounterChunks {
         let nr_cpus = aya::util::nr_cpus().map_err(|(path, source)| DataplaneError::Cpus { path, source })?;
         let chunks = (0..outer.len()).map(|_| None).collect();
         let untouched = (0..outer.len()).map(|_| None).collect();
-        Ok(Self { outer, outer_fd, chunks, untouched, nr_cpus, layout: layout.clone() })
+        Ok(Self {
+            outer,
+            outer_fd,
+            chunks,
+            untouched,
+            nr_cpus,
+            layout: layout.clone(),
+            clock: Clock::default(),
+            background: None,
+        })
     }
 
     /// Pin path of chunk `index`.
@@ -222,7 +241,39 @@ impl Grace for CounterChunks {
         let grace_error = |error: MapError| DataplaneError::GracePeriod { source: std::io::Error::other(error) };
         self.chunk(0)?;
         let chunk = self.chunks[0].as_ref().expect("opened above");
-        self.outer.set(0, chunk, 0).map_err(grace_error)
+        self.outer.set(0, chunk, 0).map_err(grace_error)?;
+        self.clock.waited();
+        Ok(())
+    }
+
+    fn epochs(&mut self) -> Epochs {
+        if let Some(background) = &self.background {
+            self.clock.passed(background.passed());
+        }
+        self.clock.epochs()
+    }
+
+    /// Asks the background thread (started on first use, with the outer map and chunk 0) for one.
+    /// When it cannot be started, or its wait fails, the period never passes and the writer
+    /// waits itself when it must.
+    fn begin(&mut self) {
+        if self.clock.under_way() {
+            return;
+        }
+        if self.background.is_none() {
+            let Ok(chunk) = self.chunk(0) else { return };
+            let inner = chunk_data(chunk).fd().as_fd().try_clone_to_owned();
+            let outer = self.outer_fd.try_clone();
+            let (Ok(inner), Ok(outer)) = (inner, outer) else { return };
+            self.background = Background::start(outer, inner).ok();
+        }
+        if let Some(background) = &self.background {
+            let number = self.clock.began();
+            if !background.ask(number) {
+                // The thread is gone: the period will never pass; the next wait passes it.
+                self.background = None;
+            }
+        }
     }
 }
 

@@ -67,6 +67,7 @@ pub use cleanup::{Attached, CleanupReport, attached_programs, cleanup};
 pub use diff::Departure;
 pub use error::DataplaneError;
 pub use features::KernelFeatures;
+pub use grace::Epochs;
 pub use heartbeat::{DnsBeat, FailOpen, HeartbeatReading};
 pub use inspect::{PinCheck, PinnedState, read_pins, verify_pins};
 pub use layout::PinLayout;
@@ -318,6 +319,12 @@ impl Dataplane {
     /// Entries in use in the maps with a capacity.
     pub fn usage(&self) -> Usage {
         self.writer.usage()
+    }
+
+    /// The RCU grace periods since open: begun, passed, and those the writer waited for itself.
+    pub fn grace_periods(&mut self) -> Epochs {
+        use ops::MapOps as _;
+        self.writer.maps_mut().grace().epochs()
     }
 
     /// Batched map updates the kernel refused since open (each redone entry by entry): 0 on a

@@ -9,6 +9,8 @@
 //! agent's half-done rewrite does; the programs treat an odd `seq` as "not sure" and answer from
 //! the hash map.
 
+#[cfg(test)]
+mod grace_tests;
 mod placement;
 mod publish;
 #[cfg(test)]

@@ -15,6 +15,8 @@ use topology_common::{
     map_names,
 };
 
+use crate::grace::Epochs;
+
 /// The number of index positions for a services capacity: twice the capacity, rounded up to a
 /// power of two, so a full services map fills at most half the index and probes stay short.
 /// Saturates at 2^31 (a capacity beyond 2^30 services is refused before it matters).
@@ -118,13 +120,42 @@ pub(super) struct Position<K> {
     pub(super) content: Content<K>,
     /// `seq` in the kernel; odd while a rewrite is incomplete (one a killed agent left).
     pub(super) seq: u8,
-    /// Rewrites since the last grace period.
-    pub(super) rewrites: u8,
+    /// What a program running now may have seen rewritten here.
+    pub(super) rewrites: Rewrites,
 }
 
 impl<K> Position<K> {
     pub(super) fn never_written() -> Self {
-        Self { content: Content::Empty, seq: 0, rewrites: 0 }
+        Self { content: Content::Empty, seq: 0, rewrites: Rewrites::default() }
+    }
+}
+
+/// The rewrites of a position no grace period has passed over yet, counted by the grace period
+/// that was the latest begun when they were made ([`Epochs`]): those made while it was `tag`, and
+/// those made before it began. A rewrite is covered once a period begun after it has passed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Rewrites {
+    tag: u64,
+    since: u8,
+    before: u8,
+}
+
+impl Rewrites {
+    /// How many a program running now may have seen (at most; whether one passed between two
+    /// rewrites of the same tag is not known, so both count).
+    pub(super) fn uncovered(&self, epochs: Epochs) -> u8 {
+        let since = if epochs.passed > self.tag { 0 } else { self.since };
+        let before = if epochs.passed >= self.tag { 0 } else { self.before };
+        since.saturating_add(before)
+    }
+
+    /// One more, made now.
+    pub(super) fn count(&mut self, epochs: Epochs) {
+        if self.tag != epochs.begun {
+            // Everything counted so far was made before the latest period began.
+            *self = Self { tag: epochs.begun, since: 0, before: self.uncovered(epochs) };
+        }
+        self.since = self.since.saturating_add(1);
     }
 }
 
@@ -199,7 +230,7 @@ impl<K: IndexKey> Placement<K> {
     /// Records what the kernel holds at `position` (adoption).
     pub(super) fn record(&mut self, position: u32, seq: u8, content: Content<K>) {
         if seq != 0 || content != Content::Empty {
-            self.positions.insert(position, Position { content, seq, rewrites: 0 });
+            self.positions.insert(position, Position { content, seq, rewrites: Rewrites::default() });
         }
     }
 

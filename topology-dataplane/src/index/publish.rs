@@ -11,10 +11,14 @@ use topology_common::ServiceValue;
 use super::placement::{Content, IndexKey, Placement, Position};
 use crate::{error::DataplaneError, grace::Grace, ops::IndexStore};
 
-/// Rewrites of one position between grace periods. `seq` advances by two per rewrite and wraps at
-/// 256, so a program would have to stay inside one lookup for 128 rewrites of its position to see
-/// the same even `seq` twice; the agent waits for a grace period long before.
-const REWRITES_PER_GRACE: u8 = 64;
+/// Rewrites of one position a running program may see at most. `seq` advances by two per rewrite
+/// and wraps at 256, so a program would have to stay inside one lookup for 128 rewrites of its
+/// position to see the same even `seq` twice; the agent waits for a grace period long before.
+pub(super) const REWRITES_PER_GRACE: u8 = 64;
+/// Rewrites of one position a running program may see before a grace period is asked for in the
+/// background: it passes long before the position is rewritten [`REWRITES_PER_GRACE`] times but
+/// under a storm of changes to one Service, and the writer need not wait itself.
+pub(super) const REWRITES_BEFORE_BACKGROUND: u8 = REWRITES_PER_GRACE / 4;
 
 /// The index of one family: its placement, and the writes that publish it to its map.
 pub struct ServiceIndex<K: IndexKey> {
@@ -90,13 +94,6 @@ impl<K: IndexKey> ServiceIndex<K> {
         self.pending.is_empty()
     }
 
-    /// Forgets rewrite counts: a grace period has passed.
-    pub fn grace_passed(&mut self) {
-        for position in self.placement.positions.values_mut() {
-            position.rewrites = 0;
-        }
-    }
-
     /// Failures since the last call.
     pub fn take_errors(&mut self) -> Vec<DataplaneError> {
         std::mem::take(&mut self.errors)
@@ -155,9 +152,10 @@ impl<K: IndexKey> ServiceIndex<K> {
     ) -> Result<(), DataplaneError> {
         let known = *self.placement.positions.entry(position).or_insert_with(Position::never_written);
         debug_assert!(known.seq & 1 != 0, "position {position} closed before it was opened");
-        if known.rewrites >= REWRITES_PER_GRACE {
-            grace.wait()?;
-            self.grace_passed();
+        match known.rewrites.uncovered(grace.epochs()) {
+            REWRITES_PER_GRACE.. => grace.wait()?,
+            REWRITES_BEFORE_BACKGROUND.. => grace.begin(),
+            _ => {}
         }
         map.store_body(position, &K::entry(known.seq, &known.content));
         let even = known.seq.wrapping_add(1);
@@ -165,7 +163,7 @@ impl<K: IndexKey> ServiceIndex<K> {
         self.placement.published.remove(&position);
         if let Some(known) = self.placement.positions.get_mut(&position) {
             known.seq = even;
-            known.rewrites = known.rewrites.saturating_add(1);
+            known.rewrites.count(grace.epochs());
         }
         Ok(())
     }

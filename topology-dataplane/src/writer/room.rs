@@ -46,8 +46,6 @@ impl<M: MapOps> Writer<M> {
             match waited {
                 Ok(()) => {
                     self.slots.reclaim();
-                    self.index4.grace_passed();
-                    self.index6.grace_passed();
                     report.grace_periods += 1;
                     match self.slots.allocate(len) {
                         Ok(run) => return Ok(run),
