@@ -150,6 +150,53 @@ fn update_same(outer: &OwnedFd, inner: &OwnedFd) -> std::io::Result<()> {
     if done < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
 }
 
+/// Grace periods, counted; those begun in the background pass when the test says.
+#[cfg(any(test, feature = "testing"))]
+#[derive(Clone, Debug, Default)]
+pub struct CountedGrace {
+    /// Grace periods waited for.
+    pub periods: u64,
+    /// Every wait fails (the kernel refused the map-in-map update).
+    pub fail: bool,
+    /// Periods may begin in the background ([`Grace::begin`]); each passes at [`Self::pass`].
+    pub background: bool,
+    /// Periods begun in the background.
+    pub begun: u64,
+    clock: Clock,
+}
+
+#[cfg(any(test, feature = "testing"))]
+impl CountedGrace {
+    /// The period begun in the background passes.
+    pub fn pass(&mut self) {
+        let begun = self.clock.epochs().begun;
+        self.clock.passed(begun);
+    }
+}
+
+#[cfg(any(test, feature = "testing"))]
+impl Grace for CountedGrace {
+    fn wait(&mut self) -> Result<(), DataplaneError> {
+        if self.fail {
+            return Err(DataplaneError::GracePeriod { source: std::io::Error::other("injected failure") });
+        }
+        self.periods += 1;
+        self.clock.waited();
+        Ok(())
+    }
+
+    fn epochs(&mut self) -> Epochs {
+        self.clock.epochs()
+    }
+
+    fn begin(&mut self) {
+        if self.background && !self.clock.under_way() {
+            self.begun += 1;
+            self.clock.began();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::Clock;

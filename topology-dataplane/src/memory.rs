@@ -25,7 +25,7 @@ use topology_policy::{
 use super::{
     ApplyReport,
     error::DataplaneError,
-    grace::{Clock, Epochs, Grace},
+    grace::Grace,
     index::{self, positions_for},
     maps::Capacities,
     ops::{IndexStore, MapOps, ServiceKey},
@@ -71,49 +71,7 @@ impl<T: Copy + aya::Pod> IndexStore<T> for MemoryIndex<T> {
     }
 }
 
-/// Grace periods, counted; those begun in the background pass when the test says.
-#[derive(Clone, Debug, Default)]
-pub struct CountedGrace {
-    /// Grace periods waited for.
-    pub periods: u64,
-    /// Every wait fails (the kernel refused the map-in-map update).
-    pub fail: bool,
-    /// Periods may begin in the background ([`Grace::begin`]); each passes at [`Self::pass`].
-    pub background: bool,
-    /// Periods begun in the background.
-    pub begun: u64,
-    clock: Clock,
-}
-
-impl CountedGrace {
-    /// The period begun in the background passes.
-    pub fn pass(&mut self) {
-        let begun = self.clock.epochs().begun;
-        self.clock.passed(begun);
-    }
-}
-
-impl Grace for CountedGrace {
-    fn wait(&mut self) -> Result<(), DataplaneError> {
-        if self.fail {
-            return Err(DataplaneError::GracePeriod { source: io::Error::other("injected failure") });
-        }
-        self.periods += 1;
-        self.clock.waited();
-        Ok(())
-    }
-
-    fn epochs(&mut self) -> Epochs {
-        self.clock.epochs()
-    }
-
-    fn begin(&mut self) {
-        if self.background && !self.clock.under_way() {
-            self.begun += 1;
-            self.clock.began();
-        }
-    }
-}
+pub use crate::grace::CountedGrace;
 
 /// Every map the writer changes, in memory.
 #[derive(Clone, Debug)]
