@@ -122,8 +122,8 @@ impl Background {
 }
 
 /// `BPF_MAP_UPDATE_ELEM` of entry 0 of the array of maps `outer` with `inner`: the kernel waits for
-/// a grace period before it returns (`maybe_wait_bpf_programs`). One element, not a batch: Linux
-/// before 6.8 waits after a single update only.
+/// a grace period before it returns (`maybe_wait_bpf_programs`), the update [`Grace::wait`]'s
+/// own rewrite makes. One element, not a batch: the single update is the one documented to wait.
 fn update_same(outer: &OwnedFd, inner: &OwnedFd) -> std::io::Result<()> {
     const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
     #[repr(C)]
