@@ -114,7 +114,7 @@ impl Programmer for Timed {
         Programmer::reserve(&mut self.dataplane, ports);
     }
 
-    fn observe(&self) -> Observation {
+    fn observe(&mut self) -> Observation {
         self.dataplane.observe()
     }
 }

@@ -80,7 +80,7 @@ impl Programmer for Recorded {
         Programmer::reserve(&mut self.dataplane, ports);
     }
 
-    fn observe(&self) -> Observation {
+    fn observe(&mut self) -> Observation {
         self.dataplane.observe()
     }
 }

@@ -60,8 +60,8 @@ impl Programmer for Kernel {
         self.book(&format!("apply {} changed", changed.len()), Some(changed), report)
     }
 
-    fn observe(&self) -> Observation {
-        self.dataplane.as_ref().expect("open").observe()
+    fn observe(&mut self) -> Observation {
+        self.dataplane().observe()
     }
 }
 

@@ -323,8 +323,7 @@ impl Dataplane {
 
     /// The RCU grace periods since open: begun, passed, and those the writer waited for itself.
     pub fn grace_periods(&mut self) -> Epochs {
-        use ops::MapOps as _;
-        self.writer.maps_mut().grace().epochs()
+        self.writer.grace_periods()
     }
 
     /// Batched map updates the kernel refused since open (each redone entry by entry): 0 on a

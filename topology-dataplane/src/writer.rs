@@ -385,6 +385,11 @@ impl<M: MapOps> Writer<M> {
         }
     }
 
+    /// The RCU grace periods since open: begun, passed, and those the writer waited for itself.
+    pub fn grace_periods(&mut self) -> crate::Epochs {
+        self.maps.grace().epochs()
+    }
+
     /// Entries in use, from the writer's own counts (no kernel access).
     pub fn usage(&self) -> Usage {
         Usage {

@@ -191,6 +191,7 @@ impl Context {
             self.metrics.control.map_entries.get_or_create(&labels).set(*used as i64);
             self.metrics.control.map_capacity.get_or_create(&labels).set(i64::from(*capacity));
         }
+        self.metrics.control.record_grace_periods(observation.grace);
     }
 }
 

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 
 use topology_common::map_names;
-use topology_dataplane::{ApplyReport, CountedBytes, Dataplane, DataplaneError, MeasuredBackend, Outlier};
+use topology_dataplane::{ApplyReport, CountedBytes, Dataplane, DataplaneError, Epochs, MeasuredBackend, Outlier};
 use topology_policy::desired::{DesiredState, ServicePort};
 
 /// What the kernel holds, for the metrics; known without asking the kernel.
@@ -16,6 +16,8 @@ pub struct Observation {
     pub backends: usize,
     /// (map, entries in use, capacity).
     pub maps: Vec<(&'static str, u64, u32)>,
+    /// The RCU grace periods the service index's writer needed so far (none without the index).
+    pub grace: Epochs,
 }
 
 /// Something that makes the kernel hold a desired state. `Send`: the full sync of a large cluster
@@ -36,7 +38,7 @@ pub trait Programmer: Send {
     /// will bring (the full sync of a large cluster); best effort.
     fn reserve(&mut self, _ports: usize) {}
     /// What the kernel holds now (from the programmer's own record: cheap).
-    fn observe(&self) -> Observation;
+    fn observe(&mut self) -> Observation;
     /// Tells the kernel the agent is alive with a current view (see `--fail-open-after`).
     fn heartbeat(&mut self) -> Result<(), DataplaneError> {
         Ok(())
@@ -115,7 +117,7 @@ impl Programmer for Dataplane {
         Ok(())
     }
 
-    fn observe(&self) -> Observation {
+    fn observe(&mut self) -> Observation {
         let usage = self.usage();
         let capacities = self.capacities();
         Observation {
@@ -127,6 +129,7 @@ impl Programmer for Dataplane {
                 (map_names::SLOTS, usage.slots, capacities.slots),
                 (map_names::COUNTERS, usage.service_ids, capacities.service_ids),
             ],
+            grace: self.grace_periods(),
         }
     }
 }

@@ -203,13 +203,14 @@ impl Programmer for MemoryKernel {
             .collect())
     }
 
-    fn observe(&self) -> Observation {
-        let record = self.record();
+    fn observe(&mut self) -> Observation {
+        let mut record = self.record();
         let usage = record.writer.usage();
         Observation {
             services: (usage.services_v4 + usage.services_v6) as usize,
             backends: usage.slots as usize,
             maps: Vec::new(),
+            grace: record.writer.grace_periods(),
         }
     }
 }

@@ -10,7 +10,7 @@ use prometheus_client::{
         histogram::{Histogram, exponential_buckets},
     },
 };
-use topology_dataplane::KernelFeatures;
+use topology_dataplane::{Epochs, KernelFeatures};
 
 use super::{KindLabels, MapLabels, NodeLabels, ReasonLabels};
 
@@ -75,6 +75,18 @@ topology_metrics::metrics! {
         pub failed_service_ports: Gauge = Default::default(),
             "failed_service_ports",
             "Service ports not programmed now because writing them failed (they hold nothing: kube-proxy routes them)";
+        // At 0 from the start, as apply_failures.
+        pub grace_periods: Family<WaitedLabels, Counter> = {
+            let family = Family::default();
+            for waited_by in ["writer", "background"] {
+                drop(family.get_or_create(&WaitedLabels { waited_by }));
+            }
+            family
+        },
+            "grace_periods",
+            "RCU grace periods passed before reusing what a running program may still read (retired slot runs, \
+             service index positions rewritten often), by who waited: the control loop itself (each stalls it \
+             10-30 ms) or the helper thread";
         pub view_current: Gauge = Default::default(),
             "view_current",
             "1 while the kernel holds the policy of a complete, current view of the cluster (no watch stale, every \
@@ -92,6 +104,13 @@ topology_metrics::metrics! {
     own {}
 }
 
+/// Labels of a grace period.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WaitedLabels {
+    /// `writer` (the control loop) or `background` (the helper thread).
+    pub waited_by: &'static str,
+}
+
 /// Labels of an optional kernel feature.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FeatureLabels {
@@ -100,6 +119,15 @@ pub struct FeatureLabels {
 }
 
 impl LoopMetrics {
+    /// Counts the grace periods `epochs` holds (the dataplane's totals since open).
+    pub fn record_grace_periods(&self, epochs: Epochs) {
+        let background = epochs.passed.saturating_sub(epochs.waited);
+        for (waited_by, total) in [("writer", epochs.waited), ("background", background)] {
+            let counter = self.grace_periods.get_or_create(&WaitedLabels { waited_by });
+            counter.inc_by(total.saturating_sub(counter.get()));
+        }
+    }
+
     /// Says which optional programs the kernel runs.
     pub fn record_kernel_features(&self, features: KernelFeatures) {
         for (feature, on) in [

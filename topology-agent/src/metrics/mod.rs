@@ -231,5 +231,14 @@ mod tests {
         assert!(line("topology_agent_failed_service_ports 0"), "{text}");
         assert!(line("topology_agent_backends_ejected 1") && line("topology_agent_backends_failing 1"), "{text}");
         assert!(line("# TYPE topology_agent_event_to_kernel_seconds histogram"), "{text}");
+        assert!(line("topology_agent_grace_periods_total{waited_by=\"writer\"} 0"), "at 0 from the start: {text}");
+        // The dataplane's totals since open: 7 begun, 6 passed, 2 of them waited by the writer.
+        let totals = |begun, passed, waited| topology_dataplane::Epochs { begun, passed, waited };
+        metrics.control.record_grace_periods(totals(7, 6, 2));
+        metrics.control.record_grace_periods(totals(9, 9, 3));
+        let text = metrics.encode();
+        let line = |prefix: &str| text.lines().any(|l| l.starts_with(prefix));
+        assert!(line("topology_agent_grace_periods_total{waited_by=\"writer\"} 3"), "{text}");
+        assert!(line("topology_agent_grace_periods_total{waited_by=\"background\"} 6"), "{text}");
     }
 }
