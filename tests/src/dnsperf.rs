@@ -51,6 +51,23 @@ impl Perf {
         Settling { after: self.run_time, slow }
     }
 
+    /// The answers that came from `from` to `to` seconds into the run (by their count over the
+    /// run's length, as `settling` takes them): their p99 and how many took `bound` or more.
+    pub fn window(&self, from: f64, to: f64, bound: f64) -> Window {
+        let at = |seconds: f64| {
+            let share = (seconds / self.run_time.max(f64::MIN_POSITIVE)).clamp(0.0, 1.0);
+            (self.in_order.len() as f64 * share).round() as usize
+        };
+        let mut answers = self.in_order[at(from)..at(to).max(at(from))].to_vec();
+        answers.sort_by(f64::total_cmp);
+        let p99_ms = match answers.len() {
+            0 => f64::NAN,
+            n => answers[((n - 1) as f64 * 0.99).round() as usize] * 1e3,
+        };
+        let slow = answers.iter().filter(|latency| **latency >= bound).count() as u64;
+        Window { answers: answers.len() as u64, p99_ms, slow }
+    }
+
     /// NOERROR answers per second: what the clients could use (a SERVFAIL is an answer too).
     pub fn noerror_qps(&self) -> f64 {
         match self.completed {
@@ -66,6 +83,17 @@ pub struct Settling {
     /// Seconds from the run's start to the first stretch whose p99 held.
     pub after: f64,
     /// Answers slower than the bound before it.
+    pub slow: u64,
+}
+
+/// A stretch of a run's answers (`Perf::window`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Window {
+    /// Answers in it.
+    pub answers: u64,
+    /// Their p99, milliseconds (NaN when there are none).
+    pub p99_ms: f64,
+    /// Answers that took the bound or more.
     pub slow: u64,
 }
 
@@ -228,5 +256,23 @@ mod tests {
         let always = Perf { in_order: vec![0.010; 1_000], run_time: 1.0, ..Perf::default() };
         assert_eq!(always.settling(0.002, 0.1).after, 1.0, "never held: the whole run");
         assert_eq!(always.settling(0.002, 0.1).slow, 1_000);
+    }
+
+    #[test]
+    fn a_window_holds_the_answers_of_its_seconds_only() {
+        // 10 s at 1,000 answers a second: the first 40 ms slow (a generator's start), then one
+        // slow answer in each later second but the last.
+        let slow = |n: usize| n < 40 || ((1_000..9_000).contains(&n) && n % 1_000 == 500);
+        let in_order: Vec<f64> = (0..10_000).map(|n| if slow(n) { 0.004 } else { 0.000_1 }).collect();
+        let perf = Perf { in_order, run_time: 10.0, ..Perf::default() };
+        let start = perf.window(0.0, 1.0, 0.002);
+        assert_eq!((start.answers, start.slow), (1_000, 40), "{start:?}");
+        assert!((start.p99_ms - 4.0).abs() < 1e-9, "40 of 1,000 slow: the p99 is slow");
+        let steady = perf.window(1.0, 10.0, 0.002);
+        assert_eq!((steady.answers, steady.slow), (9_000, 8), "{steady:?}");
+        assert!((steady.p99_ms - 0.1).abs() < 1e-9, "8 of 9,000 slow: the p99 is not");
+        assert_eq!(perf.window(10.0, 12.0, 0.002).answers, 0, "past the run");
+        assert!(perf.window(10.0, 12.0, 0.002).p99_ms.is_nan());
+        assert_eq!(perf.window(0.0, 10.0, 0.002).slow, 48, "the whole run");
     }
 }
